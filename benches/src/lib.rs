@@ -1,0 +1,1 @@
+//! Engram benchmarks; see `benches/`.

@@ -1,0 +1,288 @@
+//! Single-query attention over a list of blocks, read straight from the packed codes.
+//!
+//! Per query head `h` (KV head `g = h / (heads / kv_heads)`, grouped-query attention):
+//! 1. the query is prepared once: `q' = Πq` (TurboQuant; F16/Q8 use `q` as is);
+//! 2. each key's score is `scale · ‖k‖ · ⟨q', codebook[idx_k]⟩` — no key is ever decoded;
+//! 3. softmax is online, one rescale per block: running max `m`, normalizer `l` and
+//!    accumulator are corrected by `exp(m_old − m_new)` when a block raises the max;
+//! 4. values are summed in the rotated space, `Σ p_i · ‖v_i‖ · codebook[idx_v,i]`, and the sum is
+//!    rotated back once (`Πᵀ`) at the end.
+//!
+//! Cost per query head: O(tokens · head_dim) code reads and multiply-adds, plus two rotations of
+//! O(d log d); the dequantize-then-attend reference pays one inverse rotation per key and value.
+//! [`attend_dense`] is the plain f32/f64 reference the codes path and the CUDA kernel are
+//! checked against.
+
+use crate::block::BlockId;
+use crate::codec::Codec;
+use crate::error::{KvError, KvResult};
+use crate::store::host::LayerBytes;
+use crate::store::{BlockStore, Tier};
+
+/// Query geometry and softmax scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads (a positive multiple of the KV heads).
+    pub num_heads: usize,
+    /// Score scale, usually `1/√head_dim`.
+    pub scale: f32,
+}
+
+impl AttentionParams {
+    /// `num_heads` query heads with the standard scale `1/√head_dim`.
+    pub fn new(num_heads: usize, head_dim: usize) -> Self {
+        Self {
+            num_heads,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        }
+    }
+}
+
+/// Geometry of one attention call, validated.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    tokens: usize,
+}
+
+impl Geometry {
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
+
+impl BlockStore {
+    /// Attention of one query token (`q`: `[num_heads, head_dim]`) over the first `num_tokens`
+    /// positions of the hot blocks `blocks` of `layer`, read from the codes; writes `out`
+    /// (`[num_heads, head_dim]`). `blocks` must be exactly `⌈num_tokens / block_size⌉` long.
+    pub fn attend(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
+        let geo = self.check_attention(layer, blocks, num_tokens, q, params, out)?;
+        let slots = self.slots_in(blocks, Tier::Hot)?;
+        let bytes = self.hot_layer(layer)?;
+        attend_codes(
+            self.layer_codec(layer),
+            &bytes,
+            &slots,
+            geo,
+            q,
+            params.scale,
+            out,
+        );
+        Ok(())
+    }
+
+    /// The dequantize-then-attend reference of [`Self::attend`]: decodes every key and value to
+    /// f32 (inverse rotation included), then runs [`attend_dense`].
+    pub fn attend_dequantized(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
+        let geo = self.check_attention(layer, blocks, num_tokens, q, params, out)?;
+        self.slots_in(blocks, Tier::Hot)?;
+        let n = num_tokens * geo.kv_heads * geo.head_dim;
+        let (mut k, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+        self.read(layer, blocks, 0, &mut k, &mut v)?;
+        attend_dense(&k, &v, geo.kv_heads, q, params, out)
+    }
+
+    fn check_attention(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &[f32],
+    ) -> KvResult<Geometry> {
+        let shape = self.shape();
+        if layer >= shape.layers {
+            return Err(KvError::UnknownLayer {
+                layer,
+                layers: shape.layers,
+            });
+        }
+        let geo = Geometry {
+            heads: params.num_heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            block_size: shape.block_size,
+            tokens: num_tokens,
+        };
+        check_heads(geo.heads, geo.kv_heads)?;
+        check_len(q.len(), geo.heads * geo.head_dim)?;
+        check_len(out.len(), geo.heads * geo.head_dim)?;
+        if num_tokens == 0 || blocks.len() != num_tokens.div_ceil(shape.block_size) {
+            return Err(KvError::TokenRange {
+                start: 0,
+                end: num_tokens,
+                capacity: blocks.len() * shape.block_size,
+            });
+        }
+        Ok(geo)
+    }
+}
+
+fn check_heads(heads: usize, kv_heads: usize) -> KvResult<()> {
+    if heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(KvError::HeadGrouping {
+            num_heads: heads,
+            kv_heads,
+        });
+    }
+    Ok(())
+}
+
+fn check_len(got: usize, expected: usize) -> KvResult<()> {
+    if got != expected {
+        return Err(KvError::RowWidth { expected, got });
+    }
+    Ok(())
+}
+
+/// The codes path; inputs are validated.
+fn attend_codes(
+    codec: &Codec,
+    bytes: &LayerBytes<'_>,
+    slots: &[u32],
+    geo: Geometry,
+    q: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (d, bs, group) = (geo.head_dim, geo.block_size, geo.group());
+    let (cr, nr) = (bytes.code_row, bytes.norm_row);
+    let mut qp = vec![0.0f32; geo.heads * d];
+    for (src, dst) in q.chunks_exact(d).zip(qp.chunks_exact_mut(d)) {
+        codec.prepare_query(src, dst);
+    }
+    let mut acc = vec![0.0f32; geo.heads * d];
+    let mut max = vec![f32::NEG_INFINITY; geo.heads];
+    let mut sum = vec![0.0f32; geo.heads];
+    let mut w = vec![0.0f32; group * bs];
+    for g in 0..geo.kv_heads {
+        for (b, &slot) in slots.iter().enumerate() {
+            let n = bs.min(geo.tokens - b * bs);
+            let row_of = |p: usize| (slot as usize * bs + p) * geo.kv_heads + g;
+            for p in 0..n {
+                let r = row_of(p);
+                let (kc, kn) = (
+                    &bytes.k_codes[r * cr..][..cr],
+                    &bytes.k_norms[r * nr..][..nr],
+                );
+                for j in 0..group {
+                    let h = g * group + j;
+                    w[j * bs + p] = scale * codec.score(&qp[h * d..][..d], kc, kn);
+                }
+            }
+            for j in 0..group {
+                let h = g * group + j;
+                let ws = &mut w[j * bs..j * bs + n];
+                let block_max = ws.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let new_max = max[h].max(block_max);
+                let correction = (max[h] - new_max).exp();
+                if correction != 1.0 {
+                    sum[h] *= correction;
+                    acc[h * d..][..d].iter_mut().for_each(|a| *a *= correction);
+                }
+                for x in ws.iter_mut() {
+                    *x = (*x - new_max).exp();
+                    sum[h] += *x;
+                }
+                max[h] = new_max;
+            }
+            for p in 0..n {
+                let r = row_of(p);
+                let (vc, vn) = (
+                    &bytes.v_codes[r * cr..][..cr],
+                    &bytes.v_norms[r * nr..][..nr],
+                );
+                for j in 0..group {
+                    let h = g * group + j;
+                    codec.accumulate(&mut acc[h * d..][..d], w[j * bs + p], vc, vn);
+                }
+            }
+        }
+    }
+    for h in 0..geo.heads {
+        let inv = 1.0 / sum[h];
+        acc[h * d..][..d].iter_mut().for_each(|a| *a *= inv);
+        codec.finish(&acc[h * d..][..d], &mut out[h * d..][..d]);
+    }
+}
+
+/// Plain attention of one query over dense keys and values `[tokens, kv_heads, head_dim]`
+/// (two-pass softmax, f64 accumulation): the reference for every other path.
+pub fn attend_dense(
+    keys: &[f32],
+    values: &[f32],
+    kv_heads: usize,
+    q: &[f32],
+    params: &AttentionParams,
+    out: &mut [f32],
+) -> KvResult<()> {
+    check_heads(params.num_heads, kv_heads)?;
+    let heads = params.num_heads;
+    check_len(out.len(), q.len())?;
+    if q.is_empty() || !q.len().is_multiple_of(heads) {
+        return Err(KvError::RowWidth {
+            expected: heads * q.len().div_ceil(heads).max(1),
+            got: q.len(),
+        });
+    }
+    let d = q.len() / heads;
+    let width = kv_heads * d;
+    if keys.is_empty() || !keys.len().is_multiple_of(width) {
+        return Err(KvError::RowWidth {
+            expected: width * keys.len().div_ceil(width).max(1),
+            got: keys.len(),
+        });
+    }
+    check_len(values.len(), keys.len())?;
+    let tokens = keys.len() / width;
+    let group = heads / kv_heads;
+    let mut scores = vec![0.0f64; tokens];
+    for h in 0..heads {
+        let g = h / group;
+        let qh = &q[h * d..][..d];
+        for (t, s) in scores.iter_mut().enumerate() {
+            let k = &keys[(t * kv_heads + g) * d..][..d];
+            let dot: f64 = qh
+                .iter()
+                .zip(k)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            *s = dot * f64::from(params.scale);
+        }
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut total = 0.0f64;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        let o = &mut out[h * d..][..d];
+        for (i, oi) in o.iter_mut().enumerate() {
+            let mut x = 0.0f64;
+            for (t, &p) in scores.iter().enumerate() {
+                x += p * f64::from(values[(t * kv_heads + g) * d + i]);
+            }
+            *oi = (x / total) as f32;
+        }
+    }
+    Ok(())
+}

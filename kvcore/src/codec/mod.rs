@@ -1,0 +1,531 @@
+//! Row codecs: how one head row of K or V becomes packed bytes plus a norm, and how attention
+//! reads those bytes back without materializing the row.
+//!
+//! | codec | code bytes per row | norm bytes | bits / element at d = 64 |
+//! |---|---|---|---|
+//! | `F16` | 2·d | 0 | 16 |
+//! | `Q8` (per-row absmax scale) | d | 2 (scale, f16) | 8.25 |
+//! | `TurboQuant { bits: b }` | b·d/8 | 2 (‖x‖, f16) | b + 0.25 |
+//!
+//! TurboQuant (MSE variant) stores `x` as `‖x‖` and the Lloyd–Max codes of `Π·x/‖x‖`, where Π is
+//! the seeded rotation of [`rotation`]; `x̂ = ‖x‖·Πᵀ·c[idx]`. Because Π is orthogonal,
+//! `⟨q, x̂⟩ = ‖x‖·⟨Πq, c[idx]⟩`: attention rotates the query once and never decodes a key, and it
+//! sums values in the rotated space and rotates the sum back once.
+//!
+//! Codebooks (centroids in `t = x·√d` units; divide by √d for the stored unit-vector scale),
+//! solved at construction by [`lloyd_max`]; the upper half is shown, the lower half mirrors it:
+//!
+//! | d | bits | upper centroids | MSE (= expected relative MSE) |
+//! |---|---|---|---|
+//! | 64 | 2 | 0.4521, 1.5000 | 0.11453 |
+//! | 64 | 3 | 0.2438, 0.7507, 1.3293, 2.1113 | 0.033391 |
+//! | 64 | 4 | 0.1274, 0.3847, 0.6505, 0.9319, 1.2394, 1.5908, 2.0233, 2.6464 | 0.0091318 |
+//! | 128 | 4 | 0.1279, 0.3864, 0.6536, 0.9371, 1.2478, 1.6043, 2.0459, 2.6888 | 0.0093153 |
+//!
+//! (`cargo test -p engram-kvcore codebook_table -- --nocapture` prints these from the code; a
+//! test fails if they drift from the table.) The Gaussian limit is the classic Max quantizer
+//! (2 bits: ±0.4528, ±1.5104, MSE 0.1175; 4 bits: MSE 0.009497).
+
+mod bitpack;
+mod lloyd_max;
+mod rng;
+mod rotation;
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{KvError, KvResult};
+use bitpack::for_each_code;
+use rotation::Rotation;
+
+/// The seed of the rotation unless configured otherwise. Part of the storage format.
+pub const DEFAULT_ROTATION_SEED: u64 = 0x454E_4752_414D_0001;
+
+/// Which codec a layer uses. Serialized in manifests as `{"kind":"turbo_quant","bits":4}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CodecKind {
+    /// IEEE half precision, no norm. The reference codec.
+    F16,
+    /// Signed 8-bit codes with a per-row absmax scale (f16).
+    Q8,
+    /// Rotation + Lloyd–Max codebook + f16 norm, at 2, 3 or 4 bits per coordinate.
+    TurboQuant {
+        /// Bits per coordinate: 2, 3 or 4.
+        bits: u8,
+    },
+}
+
+impl CodecKind {
+    /// The default: TurboQuant at 4 bits.
+    pub const TQ4: Self = Self::TurboQuant { bits: 4 };
+
+    /// Packed code bytes of one row of `head_dim` elements.
+    pub fn code_bytes(self, head_dim: usize) -> usize {
+        match self {
+            Self::F16 => 2 * head_dim,
+            Self::Q8 => head_dim,
+            Self::TurboQuant { bits } => head_dim * usize::from(bits) / 8,
+        }
+    }
+
+    /// Norm (or scale) bytes of one row.
+    pub fn norm_bytes(self) -> usize {
+        match self {
+            Self::F16 => 0,
+            Self::Q8 | Self::TurboQuant { .. } => 2,
+        }
+    }
+
+    /// Stored bits per element, norms included.
+    pub fn bits_per_element(self, head_dim: usize) -> f64 {
+        8.0 * (self.code_bytes(head_dim) + self.norm_bytes()) as f64 / head_dim as f64
+    }
+}
+
+impl std::fmt::Display for CodecKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::F16 => f.write_str("f16"),
+            Self::Q8 => f.write_str("q8"),
+            Self::TurboQuant { bits } => write!(f, "tq{bits}"),
+        }
+    }
+}
+
+/// Input rows in any of the precisions a model produces.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// f16 elements.
+    F16(&'a [f16]),
+    /// bf16 elements.
+    Bf16(&'a [bf16]),
+}
+
+impl Rows<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(x) => x.len(),
+            Self::F16(x) => x.len(),
+            Self::Bf16(x) => x.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies elements `start..start + out.len()` into `out` as f32.
+    pub(crate) fn read_into(&self, start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        match self {
+            Self::F32(x) => out.copy_from_slice(&x[start..end]),
+            Self::F16(x) => out
+                .iter_mut()
+                .zip(&x[start..end])
+                .for_each(|(o, v)| *o = v.to_f32()),
+            Self::Bf16(x) => out
+                .iter_mut()
+                .zip(&x[start..end])
+                .for_each(|(o, v)| *o = v.to_f32()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct TurboQuant {
+    bits: u8,
+    rotation: Rotation,
+    /// Ascending centroids in unit-vector scale.
+    codebook: Vec<f32>,
+    /// Midpoints between consecutive centroids.
+    thresholds: Vec<f32>,
+}
+
+/// A built codec for one head_dim: the rotation and codebook are computed once here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Codec {
+    kind: CodecKind,
+    head_dim: usize,
+    tq: Option<TurboQuant>,
+}
+
+impl Codec {
+    /// Builds the codec; TurboQuant solves its codebook and derives its rotation from `seed`.
+    pub fn new(kind: CodecKind, head_dim: usize, seed: u64) -> KvResult<Self> {
+        crate::shape::check_head_dim(head_dim)?;
+        let tq = match kind {
+            CodecKind::F16 | CodecKind::Q8 => None,
+            CodecKind::TurboQuant { bits } => {
+                if !(2..=4).contains(&bits) {
+                    return Err(KvError::UnsupportedBits { bits });
+                }
+                let q = lloyd_max::solve(head_dim, bits);
+                let scale = 1.0 / (head_dim as f64).sqrt();
+                let codebook: Vec<f32> = q.centroids.iter().map(|c| (c * scale) as f32).collect();
+                let thresholds = codebook.windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
+                Some(TurboQuant {
+                    bits,
+                    rotation: Rotation::new(head_dim, seed),
+                    codebook,
+                    thresholds,
+                })
+            }
+        };
+        Ok(Self { kind, head_dim, tq })
+    }
+
+    /// The codec's kind.
+    pub fn kind(&self) -> CodecKind {
+        self.kind
+    }
+
+    /// Elements per row.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Packed code bytes per row.
+    pub fn code_bytes(&self) -> usize {
+        self.kind.code_bytes(self.head_dim)
+    }
+
+    /// Norm bytes per row.
+    pub fn norm_bytes(&self) -> usize {
+        self.kind.norm_bytes()
+    }
+
+    /// The TurboQuant codebook in unit-vector scale (empty for F16 and Q8).
+    pub fn codebook(&self) -> &[f32] {
+        self.tq.as_ref().map_or(&[], |t| t.codebook.as_slice())
+    }
+
+    /// The expected relative MSE of the Lloyd–Max solve (None for F16 and Q8).
+    pub fn expected_relative_mse(&self) -> Option<f64> {
+        self.tq
+            .as_ref()
+            .map(|t| lloyd_max::solve(self.head_dim, t.bits).mse)
+    }
+
+    /// Encodes `rows` (a whole number of rows of `head_dim`) into `codes` and `norms`.
+    ///
+    /// Errors (and writes nothing) on a wrong buffer size or a row that is not encodable
+    /// (non-finite values, or a norm beyond f16's range).
+    pub fn encode(&self, rows: Rows<'_>, codes: &mut [u8], norms: &mut [u8]) -> KvResult<()> {
+        let d = self.head_dim;
+        if rows.is_empty() || !rows.len().is_multiple_of(d) {
+            return Err(KvError::RowWidth {
+                expected: d * rows.len().div_ceil(d).max(1),
+                got: rows.len(),
+            });
+        }
+        let n = rows.len() / d;
+        self.check_buffers(n, codes.len(), norms.len())?;
+        // Validate every row first so that a bad row leaves the outputs untouched.
+        let mut row = vec![0.0f32; d];
+        for r in 0..n {
+            rows.read_into(r * d, &mut row);
+            self.check_encodable(&row)?;
+        }
+        let mut scratch = vec![0.0f32; d];
+        let mut idx = vec![0u8; d];
+        for r in 0..n {
+            rows.read_into(r * d, &mut row);
+            let code = &mut codes[r * self.code_bytes()..(r + 1) * self.code_bytes()];
+            let norm = &mut norms[r * self.norm_bytes()..(r + 1) * self.norm_bytes()];
+            self.encode_row(&row, code, norm, &mut scratch, &mut idx);
+        }
+        Ok(())
+    }
+
+    /// Decodes `codes`/`norms` of whole rows into `out` (the dequantize reference path).
+    pub fn decode(&self, codes: &[u8], norms: &[u8], out: &mut [f32]) -> KvResult<()> {
+        let d = self.head_dim;
+        if out.is_empty() || !out.len().is_multiple_of(d) {
+            return Err(KvError::RowWidth {
+                expected: d * out.len().div_ceil(d).max(1),
+                got: out.len(),
+            });
+        }
+        let n = out.len() / d;
+        self.check_buffers(n, codes.len(), norms.len())?;
+        let mut scratch = vec![0.0f32; d];
+        for (r, o) in out.chunks_exact_mut(d).enumerate() {
+            let code = &codes[r * self.code_bytes()..(r + 1) * self.code_bytes()];
+            let norm = &norms[r * self.norm_bytes()..(r + 1) * self.norm_bytes()];
+            self.decode_row(code, norm, o, &mut scratch);
+        }
+        Ok(())
+    }
+
+    fn check_buffers(&self, rows: usize, codes: usize, norms: usize) -> KvResult<()> {
+        if codes != rows * self.code_bytes() {
+            return Err(KvError::RowWidth {
+                expected: rows * self.code_bytes(),
+                got: codes,
+            });
+        }
+        if norms != rows * self.norm_bytes() {
+            return Err(KvError::RowWidth {
+                expected: rows * self.norm_bytes(),
+                got: norms,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that a row can be encoded: finite, and its norm (Q8: absmax) fits an f16.
+    pub(crate) fn check_encodable(&self, row: &[f32]) -> KvResult<()> {
+        let magnitude = match self.kind {
+            CodecKind::F16 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+            CodecKind::Q8 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+            CodecKind::TurboQuant { .. } => l2(row),
+        };
+        let fits = magnitude.is_finite() && magnitude <= f16::MAX.to_f32();
+        if !fits || row.iter().any(|v| !v.is_finite()) {
+            return Err(KvError::NotEncodable { norm: magnitude });
+        }
+        Ok(())
+    }
+
+    /// Encodes one validated row. `scratch` and `idx` hold `head_dim` elements.
+    pub(crate) fn encode_row(
+        &self,
+        row: &[f32],
+        code: &mut [u8],
+        norm: &mut [u8],
+        scratch: &mut [f32],
+        idx: &mut [u8],
+    ) {
+        match self.kind {
+            CodecKind::F16 => {
+                for (c, &v) in code.chunks_exact_mut(2).zip(row) {
+                    c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+                }
+            }
+            CodecKind::Q8 => {
+                let absmax = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                // Quantize with the scale as it will be stored, so decode sees the same scale.
+                let scale = f16::from_f32(absmax / 127.0);
+                norm.copy_from_slice(&scale.to_le_bytes());
+                let s = scale.to_f32();
+                let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+                for (c, &v) in code.iter_mut().zip(row) {
+                    *c = ((v * inv).round().clamp(-127.0, 127.0) as i8) as u8;
+                }
+            }
+            CodecKind::TurboQuant { bits } => {
+                let Some(tq) = &self.tq else { return };
+                let n = l2(row);
+                let stored = f16::from_f32(n);
+                norm.copy_from_slice(&stored.to_le_bytes());
+                if stored.to_f32() == 0.0 {
+                    // The norm decodes to zero; any code gives x̂ = 0.
+                    code.fill(0);
+                    return;
+                }
+                // Π is linear: rotate the row, then scale to the unit sphere.
+                tq.rotation.forward(row, scratch);
+                let inv = 1.0 / n;
+                for (i, &y) in idx.iter_mut().zip(scratch.iter()) {
+                    *i = tq.thresholds.partition_point(|&t| t < y * inv) as u8;
+                }
+                bitpack::pack(idx, bits, code);
+            }
+        }
+    }
+
+    fn decode_row(&self, code: &[u8], norm: &[u8], out: &mut [f32], scratch: &mut [f32]) {
+        match self.kind {
+            CodecKind::F16 => {
+                for (o, c) in out.iter_mut().zip(code.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            CodecKind::Q8 => {
+                let s = read_norm(norm);
+                for (o, &c) in out.iter_mut().zip(code) {
+                    *o = f32::from(c as i8) * s;
+                }
+            }
+            CodecKind::TurboQuant { bits } => {
+                let Some(tq) = &self.tq else { return };
+                for_each_code(code, bits, |i, c| scratch[i] = tq.codebook[c]);
+                tq.rotation.inverse(scratch, out);
+                let s = read_norm(norm);
+                out.iter_mut().for_each(|o| *o *= s);
+            }
+        }
+    }
+
+    /// Prepares a query for [`Self::score`]: q' = Πq for TurboQuant, a copy otherwise.
+    pub(crate) fn prepare_query(&self, q: &[f32], out: &mut [f32]) {
+        match &self.tq {
+            Some(tq) => tq.rotation.forward(q, out),
+            None => out.copy_from_slice(q),
+        }
+    }
+
+    /// ⟨q, k̂⟩ read straight from the codes; `q` is prepared.
+    #[inline]
+    pub(crate) fn score(&self, q: &[f32], code: &[u8], norm: &[u8]) -> f32 {
+        match self.kind {
+            CodecKind::F16 => code
+                .chunks_exact(2)
+                .zip(q)
+                .map(|(c, &x)| f16::from_le_bytes([c[0], c[1]]).to_f32() * x)
+                .sum(),
+            CodecKind::Q8 => {
+                let dot: f32 = code
+                    .iter()
+                    .zip(q)
+                    .map(|(&c, &x)| f32::from(c as i8) * x)
+                    .sum();
+                dot * read_norm(norm)
+            }
+            CodecKind::TurboQuant { bits } => {
+                let Some(tq) = &self.tq else { return 0.0 };
+                let cb = tq.codebook.as_slice();
+                let mut dot = 0.0f32;
+                for_each_code(code, bits, |i, c| dot += q[i] * cb[c]);
+                dot * read_norm(norm)
+            }
+        }
+    }
+
+    /// acc += w · v̂, in the codec's accumulation space (rotated for TurboQuant).
+    #[inline]
+    pub(crate) fn accumulate(&self, acc: &mut [f32], w: f32, code: &[u8], norm: &[u8]) {
+        match self.kind {
+            CodecKind::F16 => {
+                for (a, c) in acc.iter_mut().zip(code.chunks_exact(2)) {
+                    *a += w * f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            CodecKind::Q8 => {
+                let ws = w * read_norm(norm);
+                for (a, &c) in acc.iter_mut().zip(code) {
+                    *a += ws * f32::from(c as i8);
+                }
+            }
+            CodecKind::TurboQuant { bits } => {
+                let Some(tq) = &self.tq else { return };
+                let cb = tq.codebook.as_slice();
+                let ws = w * read_norm(norm);
+                for_each_code(code, bits, |i, c| acc[i] += ws * cb[c]);
+            }
+        }
+    }
+
+    /// Maps an accumulator back to model space: Πᵀ·acc for TurboQuant, a copy otherwise.
+    pub(crate) fn finish(&self, acc: &[f32], out: &mut [f32]) {
+        match &self.tq {
+            Some(tq) => tq.rotation.inverse(acc, out),
+            None => out.copy_from_slice(acc),
+        }
+    }
+}
+
+#[inline]
+fn read_norm(norm: &[u8]) -> f32 {
+    f16::from_le_bytes([norm[0], norm[1]]).to_f32()
+}
+
+fn l2(row: &[f32]) -> f32 {
+    row.iter().map(|v| v * v).sum::<f32>().sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codebook_table() {
+        // Prints the doc table's rows and checks them against the values stated there.
+        let stated: [(usize, u8, &[f64], f64); 4] = [
+            (64, 2, &[0.4521, 1.5000], 0.11453),
+            (64, 3, &[0.2438, 0.7507, 1.3293, 2.1113], 0.033391),
+            (
+                64,
+                4,
+                &[
+                    0.1274, 0.3847, 0.6505, 0.9319, 1.2394, 1.5908, 2.0233, 2.6464,
+                ],
+                0.0091318,
+            ),
+            (
+                128,
+                4,
+                &[
+                    0.1279, 0.3864, 0.6536, 0.9371, 1.2478, 1.6043, 2.0459, 2.6888,
+                ],
+                0.0093153,
+            ),
+        ];
+        let solved: Vec<_> = stated
+            .iter()
+            .map(|&(d, bits, _, _)| lloyd_max::solve(d, bits))
+            .collect();
+        for (&(d, bits, _, _), q) in stated.iter().zip(&solved) {
+            let half = &q.centroids[q.centroids.len() / 2..];
+            let shown: Vec<String> = half.iter().map(|c| format!("{c:.4}")).collect();
+            println!("| {d} | {bits} | {} | {:.4e} |", shown.join(", "), q.mse);
+        }
+        for (&(d, bits, upper, mse), q) in stated.iter().zip(&solved) {
+            let half = &q.centroids[q.centroids.len() / 2..];
+            for (got, want) in half.iter().zip(upper) {
+                assert!(
+                    (got - want).abs() < 1.5e-4,
+                    "d {d} bits {bits}: {got} vs {want}"
+                );
+            }
+            assert!(
+                (q.mse - mse).abs() / mse < 2e-3,
+                "d {d} bits {bits}: {}",
+                q.mse
+            );
+        }
+    }
+
+    #[test]
+    fn bits_per_element_at_head_dim_64() {
+        assert_eq!(CodecKind::TQ4.bits_per_element(64), 4.25);
+        assert_eq!(CodecKind::TurboQuant { bits: 3 }.bits_per_element(64), 3.25);
+        assert_eq!(CodecKind::TurboQuant { bits: 2 }.bits_per_element(64), 2.25);
+        assert_eq!(CodecKind::Q8.bits_per_element(64), 8.25);
+        assert_eq!(CodecKind::F16.bits_per_element(64), 16.0);
+    }
+
+    #[test]
+    fn unsupported_bits_and_head_dims_are_rejected() {
+        for bits in [0, 1, 5, 8] {
+            assert_eq!(
+                Codec::new(CodecKind::TurboQuant { bits }, 64, 1),
+                Err(KvError::UnsupportedBits { bits })
+            );
+        }
+        for d in [0, 4, 63, 2048] {
+            assert!(matches!(
+                Codec::new(CodecKind::TQ4, d, 1),
+                Err(KvError::InvalidConfig {
+                    field: "head_dim",
+                    ..
+                })
+            ));
+        }
+    }
+
+    #[test]
+    fn serde_names_are_stable() {
+        let json = serde_json::to_string(&CodecKind::TQ4).unwrap();
+        assert_eq!(json, r#"{"kind":"turbo_quant","bits":4}"#);
+        assert_eq!(
+            serde_json::to_string(&CodecKind::Q8).unwrap(),
+            r#"{"kind":"q8"}"#
+        );
+    }
+}

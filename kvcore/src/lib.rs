@@ -1,0 +1,36 @@
+//! # engram-kvcore
+//!
+//! Engram's KV cache as a structure whose bytes are the same in every tier and whose meaning is
+//! known: packed K/V codes in a `[layer, block, pos, kv_head, packed]` layout, codecs that
+//! attention reads without decoding (TurboQuant 2/3/4-bit, Q8, F16), a hot and a cold tier with
+//! bulk spill and warm, a metadata table tagging each block with its prompt layer, tenant,
+//! session and importance, soft-capped prefix pins, and eviction by semantic priority.
+//!
+//! The crate is synchronous and knows nothing of HTTP, SQL or async runtimes.
+
+#![forbid(unsafe_code)]
+
+mod attention;
+mod block;
+mod codec;
+mod error;
+mod evict;
+mod metadata;
+mod pin;
+mod shape;
+mod store;
+
+pub use attention::{AttentionParams, attend_dense};
+pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, TokenRange};
+pub use codec::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows};
+pub use error::{KvError, KvResult};
+pub use evict::Eviction;
+pub use metadata::{
+    BlockFilter, BlockMeta, BlockMetadataTable, DEGRADED_PIN_PRIORITY, PINNED_PRIORITY, PinState,
+    PriorityTable,
+};
+pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
+pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
+pub use store::host::HostTier;
+pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
+pub use store::{BlockStore, StoreConfig, Tier};

@@ -1,0 +1,251 @@
+//! Host-memory block storage: the cold tier, and the hot tier of the CPU engine.
+//!
+//! Layout: four contiguous byte tensors — K codes and V codes `[layer, block, pos, kv_head,
+//! packed]`, K norms and V norms `[layer, block, pos, kv_head]` (f16 little-endian). A layer's
+//! codec fixes its row widths, so layer `l` starts at the sum of the earlier layers' slabs and the
+//! tensor is exactly 5D whenever all layers share a codec. `tensor[layer]` is a free slice;
+//! moving blocks `ids` of every layer is one copy per (stream, layer, run of consecutive slots).
+//!
+//! Invariant: a device tier uses this same layout, so the bytes of a block are identical in every
+//! tier and a spill or warm is a copy, never a re-encode.
+
+use crate::error::{KvError, KvResult};
+use crate::shape::KvShape;
+
+/// Per-layer row widths of the four streams: the part of the layout every tier shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub(crate) shape: KvShape,
+    /// Packed code bytes of one head row, per layer.
+    pub(crate) code_row: Vec<usize>,
+    /// Norm bytes of one head row, per layer.
+    pub(crate) norm_row: Vec<usize>,
+}
+
+impl Layout {
+    fn rows_per_block(&self) -> usize {
+        self.shape.block_size * self.shape.kv_heads
+    }
+
+    /// Bytes of one block in every layer and all four streams.
+    pub(crate) fn block_bytes(&self) -> usize {
+        let per_layer: usize = self
+            .code_row
+            .iter()
+            .zip(&self.norm_row)
+            .map(|(c, n)| 2 * (c + n))
+            .sum();
+        per_layer * self.rows_per_block()
+    }
+}
+
+/// One layer's bytes, as attention reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerBytes<'a> {
+    pub(crate) k_codes: &'a [u8],
+    pub(crate) v_codes: &'a [u8],
+    pub(crate) k_norms: &'a [u8],
+    pub(crate) v_norms: &'a [u8],
+    pub(crate) code_row: usize,
+    pub(crate) norm_row: usize,
+}
+
+/// Offsets of one stream pair (codes or norms) in the layer-major layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Strides {
+    /// Bytes of one block in layer `l`.
+    block: Vec<usize>,
+    /// Start of layer `l`; one extra entry holds the total.
+    layer: Vec<usize>,
+}
+
+impl Strides {
+    fn new(row: &[usize], rows_per_block: usize, capacity: usize) -> KvResult<Self> {
+        let block: Vec<usize> = row.iter().map(|r| r * rows_per_block).collect();
+        let mut layer = Vec::with_capacity(block.len() + 1);
+        let mut total = 0usize;
+        layer.push(0);
+        for b in &block {
+            total = b
+                .checked_mul(capacity)
+                .and_then(|x| x.checked_add(total))
+                .ok_or(KvError::InvalidConfig {
+                    field: "blocks",
+                    value: capacity as f64,
+                    reason: "the tier's byte size overflows",
+                })?;
+            layer.push(total);
+        }
+        Ok(Self { block, layer })
+    }
+
+    fn total(&self) -> usize {
+        self.layer.last().copied().unwrap_or(0)
+    }
+
+    fn range(&self, layer: usize, slot: u32, blocks: usize) -> std::ops::Range<usize> {
+        let start = self.layer[layer] + slot as usize * self.block[layer];
+        start..start + blocks * self.block[layer]
+    }
+}
+
+/// Blocks in host memory (see the module docs for the layout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostTier {
+    layout: Layout,
+    capacity: u32,
+    codes: Strides,
+    norms: Strides,
+    k_codes: Vec<u8>,
+    v_codes: Vec<u8>,
+    k_norms: Vec<u8>,
+    v_norms: Vec<u8>,
+}
+
+impl HostTier {
+    pub(crate) fn new(layout: Layout, capacity: u32) -> KvResult<Self> {
+        let rows = layout.rows_per_block();
+        let codes = Strides::new(&layout.code_row, rows, capacity as usize)?;
+        let norms = Strides::new(&layout.norm_row, rows, capacity as usize)?;
+        // Zeroed allocations map lazily: an unused tier costs address space, not memory.
+        Ok(Self {
+            k_codes: vec![0; codes.total()],
+            v_codes: vec![0; codes.total()],
+            k_norms: vec![0; norms.total()],
+            v_norms: vec![0; norms.total()],
+            layout,
+            capacity,
+            codes,
+            norms,
+        })
+    }
+
+    /// Blocks the tier holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Bytes of all four tensors.
+    pub fn bytes(&self) -> usize {
+        2 * (self.codes.total() + self.norms.total())
+    }
+
+    /// The K codes tensor, `[layer, block, pos, kv_head, packed]`.
+    pub fn k_codes(&self) -> &[u8] {
+        &self.k_codes
+    }
+
+    /// The V codes tensor, `[layer, block, pos, kv_head, packed]`.
+    pub fn v_codes(&self) -> &[u8] {
+        &self.v_codes
+    }
+
+    /// The K norms tensor, `[layer, block, pos, kv_head]`.
+    pub fn k_norms(&self) -> &[u8] {
+        &self.k_norms
+    }
+
+    /// The V norms tensor, `[layer, block, pos, kv_head]`.
+    pub fn v_norms(&self) -> &[u8] {
+        &self.v_norms
+    }
+
+    /// All bytes of one block in every layer, concatenated stream by stream (K codes, V codes,
+    /// K norms, V norms; layers in order within each): what the shadow checksums.
+    pub fn block_bytes(&self, slot: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.layout.block_bytes());
+        for (data, strides) in [
+            (&self.k_codes, &self.codes),
+            (&self.v_codes, &self.codes),
+            (&self.k_norms, &self.norms),
+            (&self.v_norms, &self.norms),
+        ] {
+            for layer in 0..self.layout.shape.layers {
+                out.extend_from_slice(&data[strides.range(layer, slot, 1)]);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn layer(&self, layer: usize) -> LayerBytes<'_> {
+        let (c, n) = (
+            self.codes.layer[layer]..self.codes.layer[layer + 1],
+            self.norms.layer[layer]..self.norms.layer[layer + 1],
+        );
+        LayerBytes {
+            k_codes: &self.k_codes[c.clone()],
+            v_codes: &self.v_codes[c],
+            k_norms: &self.k_norms[n.clone()],
+            v_norms: &self.v_norms[n],
+            code_row: self.layout.code_row[layer],
+            norm_row: self.layout.norm_row[layer],
+        }
+    }
+
+    /// Mutable slices of one row (layer, slot, pos, head): K code, V code, K norm, V norm.
+    pub(crate) fn row_mut(
+        &mut self,
+        layer: usize,
+        slot: u32,
+        row: usize,
+    ) -> (&mut [u8], &mut [u8], &mut [u8], &mut [u8]) {
+        let (cr, nr) = (self.layout.code_row[layer], self.layout.norm_row[layer]);
+        let c = self.codes.range(layer, slot, 1).start + row * cr;
+        let n = self.norms.range(layer, slot, 1).start + row * nr;
+        (
+            &mut self.k_codes[c..c + cr],
+            &mut self.v_codes[c..c + cr],
+            &mut self.k_norms[n..n + nr],
+            &mut self.v_norms[n..n + nr],
+        )
+    }
+
+    /// Copies blocks `src slot → dst slot` of every layer and stream from `src` into `self`.
+    /// Consecutive slot pairs are merged into one copy per (stream, layer, run).
+    pub(crate) fn copy_from(&mut self, src: &HostTier, pairs: &[(u32, u32)]) {
+        let runs = runs(pairs);
+        for (dst, from, to_strides, from_strides) in [
+            (&mut self.k_codes, &src.k_codes, &self.codes, &src.codes),
+            (&mut self.v_codes, &src.v_codes, &self.codes, &src.codes),
+            (&mut self.k_norms, &src.k_norms, &self.norms, &src.norms),
+            (&mut self.v_norms, &src.v_norms, &self.norms, &src.norms),
+        ] {
+            for layer in 0..self.layout.shape.layers {
+                for &(s, d, n) in &runs {
+                    let from_range = from_strides.range(layer, s, n);
+                    dst[to_strides.range(layer, d, n)].copy_from_slice(&from[from_range]);
+                }
+            }
+        }
+    }
+}
+
+/// Maximal runs `(src, dst, len)` where both slots advance by one.
+fn runs(pairs: &[(u32, u32)]) -> Vec<(u32, u32, usize)> {
+    let mut out: Vec<(u32, u32, usize)> = Vec::new();
+    for &(s, d) in pairs {
+        match out.last_mut() {
+            Some((rs, rd, n))
+                if *rs as usize + *n == s as usize && *rd as usize + *n == d as usize =>
+            {
+                *n += 1
+            }
+            _ => out.push((s, d, 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn consecutive_pairs_merge_into_runs() {
+        assert_eq!(
+            runs(&[(0, 5), (1, 6), (2, 7), (4, 8), (5, 9), (9, 1)]),
+            vec![(0, 5, 3), (4, 8, 2), (9, 1, 1)]
+        );
+        assert!(runs(&[]).is_empty());
+    }
+}

@@ -1,0 +1,657 @@
+//! The BlockStore: blocks of packed K/V codes in a hot and a cold tier, with the metadata that
+//! says what each block means.
+//!
+//! A block is `block_size` token positions of every layer. Its id is stable for its whole life;
+//! its bytes live in one slot of one tier (or in none: [`Tier::Recompute`], when the bytes were
+//! dropped and must be prefilled again from the token log). Free slots are kept on a free list
+//! per tier; ids are never reused.
+//!
+//! Invariants:
+//! - every operation validates all of its input first and mutates only when the whole call can
+//!   succeed: an error leaves the store exactly as it was (tests compare whole stores);
+//! - a block in `Hot` or `Cold` owns exactly one slot of that tier; free list ∪ owned slots is
+//!   every slot, disjointly;
+//! - a block lives while its reference count is ≥ 1; the release that drops it to 0 frees it.
+//!
+//! Costs: allocate/release/retain O(n) in the ids given; spill/warm O(n·layers) copies, merged
+//! into one per run of consecutive slots; metadata lookups O(log blocks).
+
+pub(crate) mod host;
+pub(crate) mod hot;
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::block::{BlockId, BlockTags};
+use crate::codec::{Codec, DEFAULT_ROTATION_SEED, Rows};
+use crate::error::{KvError, KvResult};
+use crate::metadata::{BlockMeta, BlockMetadataTable, PriorityTable};
+use crate::shape::{KvShape, LayerCodecs};
+use host::{HostTier, Layout};
+use hot::{HotStorage, HotTier, HotTierKind};
+
+/// Where a block's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Read by attention: VRAM, or process memory for the CPU engine.
+    Hot,
+    /// Host memory with the same bytes.
+    Cold,
+    /// No bytes: the block must be prefilled again from the token log.
+    Recompute,
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Hot => "hot",
+            Self::Cold => "cold",
+            Self::Recompute => "recompute",
+        })
+    }
+}
+
+/// How to build a [`BlockStore`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    /// Cache geometry.
+    pub shape: KvShape,
+    /// One codec per layer.
+    pub codecs: LayerCodecs,
+    /// Hot-tier backend.
+    pub hot_kind: HotTierKind,
+    /// Hot-tier capacity in blocks.
+    pub hot_blocks: u32,
+    /// Cold-tier capacity in blocks.
+    pub cold_blocks: u32,
+    /// Seed of the TurboQuant rotation (part of the storage format).
+    pub rotation_seed: u64,
+    /// Source layer → eviction priority.
+    pub priorities: PriorityTable,
+}
+
+impl StoreConfig {
+    /// A host-memory store with the same codec in every layer and default seed and priorities.
+    pub fn new(shape: KvShape, codec: crate::codec::CodecKind, hot: u32, cold: u32) -> Self {
+        Self {
+            codecs: LayerCodecs::uniform(&shape, codec),
+            shape,
+            hot_kind: HotTierKind::Host,
+            hot_blocks: hot,
+            cold_blocks: cold,
+            rotation_seed: DEFAULT_ROTATION_SEED,
+            priorities: PriorityTable::default(),
+        }
+    }
+}
+
+/// A free list of slots. Slots are handed out lowest first from a fresh pool, and a batch comes
+/// back sorted so that consecutive slots merge into single copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SlotPool {
+    free: Vec<u32>,
+}
+
+impl SlotPool {
+    fn new(capacity: u32) -> Self {
+        Self {
+            free: (0..capacity).rev().collect(),
+        }
+    }
+
+    fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Takes `n` slots; the caller has checked `n <= available()`.
+    fn take(&mut self, n: usize) -> Vec<u32> {
+        let mut slots = self.free.split_off(self.free.len() - n);
+        slots.sort_unstable();
+        slots
+    }
+
+    fn give(&mut self, slot: u32) {
+        self.free.push(slot);
+    }
+}
+
+/// Blocks, their tiers and their meaning (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockStore {
+    layout: Layout,
+    codecs: Vec<Codec>,
+    kinds: LayerCodecs,
+    rotation_seed: u64,
+    hot: HotTier,
+    cold: HostTier,
+    hot_free: SlotPool,
+    cold_free: SlotPool,
+    meta: BlockMetadataTable,
+    next_id: u64,
+}
+
+impl BlockStore {
+    /// Builds the store: validates the shape, builds one codec per layer (codecs of the same kind
+    /// are solved once and shared), and allocates both tiers.
+    pub fn new(config: StoreConfig) -> KvResult<Self> {
+        let StoreConfig {
+            shape,
+            codecs: kinds,
+            hot_kind,
+            hot_blocks,
+            cold_blocks,
+            rotation_seed,
+            priorities,
+        } = config;
+        shape.validate()?;
+        if kinds.kinds().len() != shape.layers {
+            return Err(KvError::CodecCount {
+                expected: shape.layers,
+                got: kinds.kinds().len(),
+            });
+        }
+        let mut codecs: Vec<Codec> = Vec::with_capacity(shape.layers);
+        for &kind in kinds.kinds() {
+            let codec = match codecs.iter().find(|c| c.kind() == kind) {
+                Some(built) => built.clone(),
+                None => Codec::new(kind, shape.head_dim, rotation_seed)?,
+            };
+            codecs.push(codec);
+        }
+        let layout = Layout {
+            shape,
+            code_row: codecs.iter().map(Codec::code_bytes).collect(),
+            norm_row: codecs.iter().map(Codec::norm_bytes).collect(),
+        };
+        let hot = HotTier::new(hot_kind, layout.clone(), hot_blocks)?;
+        let cold = HostTier::new(layout.clone(), cold_blocks)?;
+        Ok(Self {
+            layout,
+            codecs,
+            kinds,
+            rotation_seed,
+            hot,
+            cold,
+            hot_free: SlotPool::new(hot_blocks),
+            cold_free: SlotPool::new(cold_blocks),
+            meta: BlockMetadataTable::new(priorities),
+            next_id: 0,
+        })
+    }
+
+    /// The cache geometry.
+    pub fn shape(&self) -> &KvShape {
+        &self.layout.shape
+    }
+
+    /// The codec of each layer, as configured.
+    pub fn codec_kinds(&self) -> &LayerCodecs {
+        &self.kinds
+    }
+
+    /// The built codec of one layer.
+    pub fn codec(&self, layer: usize) -> KvResult<&Codec> {
+        self.codecs.get(layer).ok_or(KvError::UnknownLayer {
+            layer,
+            layers: self.layout.shape.layers,
+        })
+    }
+
+    /// The rotation seed.
+    pub fn rotation_seed(&self) -> u64 {
+        self.rotation_seed
+    }
+
+    /// Bytes of one block across every layer and stream.
+    pub fn block_bytes(&self) -> usize {
+        self.layout.block_bytes()
+    }
+
+    /// The metadata of every live block.
+    pub fn metadata(&self) -> &BlockMetadataTable {
+        &self.meta
+    }
+
+    /// The metadata table, for changes the store does not own (priority table).
+    pub fn metadata_mut(&mut self) -> &mut BlockMetadataTable {
+        &mut self.meta
+    }
+
+    /// The hot tier.
+    pub fn hot(&self) -> &HotTier {
+        &self.hot
+    }
+
+    /// The cold tier.
+    pub fn cold(&self) -> &HostTier {
+        &self.cold
+    }
+
+    /// Capacity of a tier in blocks (0 for `Recompute`, which holds no bytes).
+    pub fn capacity(&self, tier: Tier) -> usize {
+        match tier {
+            Tier::Hot => self.hot.capacity() as usize,
+            Tier::Cold => self.cold.capacity() as usize,
+            Tier::Recompute => 0,
+        }
+    }
+
+    /// Free slots of a tier.
+    pub fn free_blocks(&self, tier: Tier) -> usize {
+        match tier {
+            Tier::Hot => self.hot_free.available(),
+            Tier::Cold => self.cold_free.available(),
+            Tier::Recompute => 0,
+        }
+    }
+
+    /// Allocates one block per entry of `tags` in `tier` (`Hot` or `Cold`), reference count 1.
+    pub fn allocate(&mut self, tier: Tier, tags: &[BlockTags]) -> KvResult<Vec<BlockId>> {
+        for t in tags {
+            if !(0.0..=1.0).contains(&t.importance) {
+                return Err(KvError::InvalidImportance {
+                    value: t.importance,
+                });
+            }
+            if t.tokens.len() > self.layout.shape.block_size || t.tokens.start > t.tokens.end {
+                return Err(KvError::TokenRange {
+                    start: t.tokens.start as usize,
+                    end: t.tokens.end as usize,
+                    capacity: self.layout.shape.block_size,
+                });
+            }
+        }
+        let slots = self.take_slots(tier, tags.len())?;
+        let mut ids = Vec::with_capacity(tags.len());
+        for (t, slot) in tags.iter().zip(slots) {
+            let id = BlockId(self.next_id);
+            self.next_id += 1;
+            self.meta.insert(id, t, tier, slot);
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Adds one owner to each block (a shared prefix block gaining a sequence).
+    pub fn retain(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        self.check_unique_live(ids)?;
+        for &id in ids {
+            let meta = self.lookup(id)?;
+            if meta.ref_count == u32::MAX {
+                return Err(KvError::RefCountOverflow { id });
+            }
+        }
+        for &id in ids {
+            if let Some(meta) = self.meta.get_mut(id) {
+                meta.ref_count += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops one owner from each block; blocks left with no owner are freed and returned.
+    /// Releasing a freed block is [`KvError::AlreadyFreed`] (ids are never reused).
+    pub fn release(&mut self, ids: &[BlockId]) -> KvResult<Vec<BlockId>> {
+        self.check_unique_live(ids)?;
+        let mut freed = Vec::new();
+        for &id in ids {
+            let Some(meta) = self.meta.get_mut(id) else {
+                continue;
+            };
+            meta.ref_count -= 1;
+            if meta.ref_count == 0 {
+                if let Some(meta) = self.meta.remove(id) {
+                    self.free_slot(meta.tier, meta.slot);
+                }
+                freed.push(id);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Marks blocks as just attended (eviction prefers older `last_attended`).
+    pub fn touch(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        for &id in ids {
+            self.lookup(id)?;
+        }
+        for &id in ids {
+            let now = self.meta.tick();
+            if let Some(meta) = self.meta.get_mut(id) {
+                meta.last_attended = now;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets a block's importance (0..=1).
+    pub fn set_importance(&mut self, id: BlockId, importance: f32) -> KvResult<()> {
+        if !(0.0..=1.0).contains(&importance) {
+            return Err(KvError::InvalidImportance { value: importance });
+        }
+        self.lookup(id)?;
+        if let Some(meta) = self.meta.get_mut(id) {
+            meta.importance = importance;
+        }
+        Ok(())
+    }
+
+    /// Moves hot blocks to the cold tier: one bulk copy of every layer, bytes unchanged.
+    pub fn spill(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        let from = self.slots_in(ids, Tier::Hot)?;
+        let to = self.take_slots(Tier::Cold, ids.len())?;
+        let pairs: Vec<(u32, u32)> = from.iter().copied().zip(to.iter().copied()).collect();
+        if let Err(e) = self.hot.spill_to(&mut self.cold, &pairs) {
+            to.into_iter().for_each(|s| self.cold_free.give(s));
+            return Err(e);
+        }
+        self.relocate(ids, &from, &to, Tier::Cold);
+        Ok(())
+    }
+
+    /// Moves cold blocks to the hot tier: one bulk copy of every layer, bytes unchanged.
+    pub fn warm(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        let from = self.slots_in(ids, Tier::Cold)?;
+        let to = self.take_slots(Tier::Hot, ids.len())?;
+        let pairs: Vec<(u32, u32)> = from.iter().copied().zip(to.iter().copied()).collect();
+        if let Err(e) = self.hot.warm_from(&self.cold, &pairs) {
+            to.into_iter().for_each(|s| self.hot_free.give(s));
+            return Err(e);
+        }
+        self.relocate(ids, &from, &to, Tier::Hot);
+        Ok(())
+    }
+
+    /// Drops the bytes of hot or cold blocks; they stay known (tier `Recompute`) while owned, so
+    /// their owners learn that the tokens must be prefilled again.
+    pub fn remove(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        self.check_unique_live(ids)?;
+        for &id in ids {
+            let meta = self.lookup(id)?;
+            if meta.tier == Tier::Recompute {
+                return Err(KvError::WrongTier {
+                    id,
+                    expected: Tier::Hot,
+                    actual: Tier::Recompute,
+                });
+            }
+        }
+        for &id in ids {
+            if let Some(meta) = self.meta.get_mut(id) {
+                let (tier, slot) = (meta.tier, meta.slot);
+                meta.tier = Tier::Recompute;
+                self.free_slot(tier, slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `Recompute` blocks fresh hot slots, to be filled again by prefill.
+    pub fn readmit(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        self.slots_in(ids, Tier::Recompute)?;
+        let to = self.take_slots(Tier::Hot, ids.len())?;
+        for (&id, slot) in ids.iter().zip(to) {
+            if let Some(meta) = self.meta.get_mut(id) {
+                meta.tier = Tier::Hot;
+                meta.slot = slot;
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes K and V rows of one layer into the token positions `token_start..` of the block
+    /// table `blocks` (position `t` is row `t % block_size` of block `blocks[t / block_size]`).
+    ///
+    /// `k` and `v` hold `[tokens, kv_heads, head_dim]` elements. The blocks must be in a tier the
+    /// CPU can write (the host hot tier or the cold tier). Nothing is written on error.
+    pub fn write(
+        &mut self,
+        layer: usize,
+        blocks: &[BlockId],
+        token_start: usize,
+        k: Rows<'_>,
+        v: Rows<'_>,
+    ) -> KvResult<()> {
+        let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
+        let tiers = self.resident(blocks)?;
+        let codec = &self.codecs[layer];
+        let d = self.layout.shape.head_dim;
+        let mut row = vec![0.0f32; d];
+        for rows in [&k, &v] {
+            for r in 0..tokens * self.layout.shape.kv_heads {
+                rows.read_into(r * d, &mut row);
+                codec.check_encodable(&row)?;
+            }
+        }
+        if tiers.contains(&Tier::Hot) {
+            self.hot.host_mut()?;
+        }
+        let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
+        let mut scratch = vec![0.0f32; d];
+        let mut idx = vec![0u8; d];
+        for t in 0..tokens {
+            let pos = token_start + t;
+            let (block, in_block) = (pos / bs, pos % bs);
+            let target = match tiers[block] {
+                Tier::Hot => self.hot.host_mut()?,
+                _ => &mut self.cold,
+            };
+            let slot = self.meta.get(blocks[block]).map_or(0, |m| m.slot);
+            for h in 0..kv_heads {
+                let (kc, vc, kn, vn) = target.row_mut(layer, slot, in_block * kv_heads + h);
+                let r = (t * kv_heads + h) * d;
+                k.read_into(r, &mut row);
+                codec.encode_row(&row, kc, kn, &mut scratch, &mut idx);
+                v.read_into(r, &mut row);
+                codec.encode_row(&row, vc, vn, &mut scratch, &mut idx);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes K and V rows of one layer (the dequantize reference path): the inverse of
+    /// [`Self::write`] up to codec error. `k` and `v` receive `[tokens, kv_heads, head_dim]`.
+    pub fn read(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        token_start: usize,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> KvResult<()> {
+        let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
+        let tiers = self.resident(blocks)?;
+        let codec = &self.codecs[layer];
+        let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
+        let row_elems = kv_heads * self.layout.shape.head_dim;
+        for t in 0..tokens {
+            let pos = token_start + t;
+            let (block, in_block) = (pos / bs, pos % bs);
+            let tier = match tiers[block] {
+                Tier::Hot => self.hot.host()?,
+                _ => &self.cold,
+            };
+            let slot = self.meta.get(blocks[block]).map_or(0, |m| m.slot);
+            let bytes = tier.layer(layer);
+            let row0 = (slot as usize * bs + in_block) * kv_heads;
+            let codes = (row0 * bytes.code_row)..((row0 + kv_heads) * bytes.code_row);
+            let norms = (row0 * bytes.norm_row)..((row0 + kv_heads) * bytes.norm_row);
+            let out = t * row_elems..(t + 1) * row_elems;
+            codec.decode(
+                &bytes.k_codes[codes.clone()],
+                &bytes.k_norms[norms.clone()],
+                &mut k[out.clone()],
+            )?;
+            codec.decode(&bytes.v_codes[codes], &bytes.v_norms[norms], &mut v[out])?;
+        }
+        Ok(())
+    }
+
+    /// The bytes of one resident block in every layer and stream (for checksums and tests).
+    pub fn block_bytes_of(&self, id: BlockId) -> KvResult<Vec<u8>> {
+        let meta = self.lookup(id)?;
+        match meta.tier {
+            Tier::Hot => Ok(self.hot.host()?.block_bytes(meta.slot)),
+            Tier::Cold => Ok(self.cold.block_bytes(meta.slot)),
+            Tier::Recompute => Err(KvError::WrongTier {
+                id,
+                expected: Tier::Hot,
+                actual: Tier::Recompute,
+            }),
+        }
+    }
+
+    // ----- internals shared with attention, eviction and pins -----
+
+    pub(crate) fn lookup(&self, id: BlockId) -> KvResult<&BlockMeta> {
+        match self.meta.get(id) {
+            Some(m) => Ok(m),
+            None if id.0 < self.next_id => Err(KvError::AlreadyFreed { id }),
+            None => Err(KvError::UnknownBlock { id }),
+        }
+    }
+
+    pub(crate) fn hot_layer(&self, layer: usize) -> KvResult<host::LayerBytes<'_>> {
+        Ok(self.hot.host()?.layer(layer))
+    }
+
+    pub(crate) fn layer_codec(&self, layer: usize) -> &Codec {
+        &self.codecs[layer]
+    }
+
+    /// Every id exists, and none is listed twice.
+    pub(crate) fn check_unique_live(&self, ids: &[BlockId]) -> KvResult<()> {
+        let mut seen = HashSet::with_capacity(ids.len());
+        for &id in ids {
+            if !seen.insert(id) {
+                return Err(KvError::DuplicateBlock { id });
+            }
+            self.lookup(id)?;
+        }
+        Ok(())
+    }
+
+    /// The slots of `ids`, which must all be live, distinct and in `tier`.
+    pub(crate) fn slots_in(&self, ids: &[BlockId], tier: Tier) -> KvResult<Vec<u32>> {
+        self.check_unique_live(ids)?;
+        ids.iter()
+            .map(|&id| {
+                let meta = self.lookup(id)?;
+                if meta.tier == tier {
+                    Ok(meta.slot)
+                } else {
+                    Err(KvError::WrongTier {
+                        id,
+                        expected: tier,
+                        actual: meta.tier,
+                    })
+                }
+            })
+            .collect()
+    }
+
+    fn take_slots(&mut self, tier: Tier, n: usize) -> KvResult<Vec<u32>> {
+        let pool = match tier {
+            Tier::Hot => &mut self.hot_free,
+            Tier::Cold => &mut self.cold_free,
+            Tier::Recompute => {
+                return Err(KvError::TierExhausted {
+                    tier,
+                    requested: n,
+                    available: 0,
+                });
+            }
+        };
+        if pool.available() < n {
+            return Err(KvError::TierExhausted {
+                tier,
+                requested: n,
+                available: pool.available(),
+            });
+        }
+        Ok(pool.take(n))
+    }
+
+    fn free_slot(&mut self, tier: Tier, slot: u32) {
+        match tier {
+            Tier::Hot => self.hot_free.give(slot),
+            Tier::Cold => self.cold_free.give(slot),
+            Tier::Recompute => {}
+        }
+    }
+
+    fn relocate(&mut self, ids: &[BlockId], from: &[u32], to: &[u32], tier: Tier) {
+        let old_tier = match tier {
+            Tier::Hot => Tier::Cold,
+            _ => Tier::Hot,
+        };
+        for ((&id, &old), &new) in ids.iter().zip(from).zip(to) {
+            self.free_slot(old_tier, old);
+            if let Some(meta) = self.meta.get_mut(id) {
+                meta.tier = tier;
+                meta.slot = new;
+            }
+        }
+    }
+
+    /// Validates a row transfer and returns its token count.
+    fn check_rows(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        token_start: usize,
+        k_len: usize,
+        v_len: usize,
+    ) -> KvResult<usize> {
+        let shape = &self.layout.shape;
+        if layer >= shape.layers {
+            return Err(KvError::UnknownLayer {
+                layer,
+                layers: shape.layers,
+            });
+        }
+        let width = shape.token_width();
+        if k_len == 0 || !k_len.is_multiple_of(width) {
+            return Err(KvError::RowWidth {
+                expected: width * k_len.div_ceil(width).max(1),
+                got: k_len,
+            });
+        }
+        if v_len != k_len {
+            return Err(KvError::RowWidth {
+                expected: k_len,
+                got: v_len,
+            });
+        }
+        let tokens = k_len / width;
+        let capacity = blocks.len() * shape.block_size;
+        if token_start + tokens > capacity {
+            return Err(KvError::TokenRange {
+                start: token_start,
+                end: token_start + tokens,
+                capacity,
+            });
+        }
+        self.check_unique_live(blocks)?;
+        Ok(tokens)
+    }
+
+    /// The tier of each block, which must hold bytes.
+    fn resident(&self, blocks: &[BlockId]) -> KvResult<Vec<Tier>> {
+        blocks
+            .iter()
+            .map(|&id| {
+                let meta = self.lookup(id)?;
+                match meta.tier {
+                    Tier::Recompute => Err(KvError::WrongTier {
+                        id,
+                        expected: Tier::Hot,
+                        actual: Tier::Recompute,
+                    }),
+                    t => Ok(t),
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,1 @@
+//! Integration tests of engram-kvcore through its public API.
