@@ -67,7 +67,7 @@ impl BlockStore {
         params: &AttentionParams,
         out: &mut [f32],
     ) -> KvResult<()> {
-        let geo = self.check_attention(layer, blocks, num_tokens, q, params, out)?;
+        let geo = self.check_attention(layer, blocks, num_tokens, q, params, Some(out.len()))?;
         let slots = self.slots_in(blocks, Tier::Hot)?;
         let bytes = self.hot_layer(layer)?;
         attend_codes(
@@ -82,6 +82,40 @@ impl BlockStore {
         Ok(())
     }
 
+    /// Pre-softmax scores `scale·⟨q_h, k̂_t⟩` of every query head against the first `num_tokens`
+    /// positions, read from the codes, into `out` (`[num_heads, num_tokens]`).
+    pub fn scores(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
+        let geo = self.check_attention(layer, blocks, num_tokens, q, params, None)?;
+        check_len(out.len(), geo.heads * num_tokens)?;
+        let slots = self.slots_in(blocks, Tier::Hot)?;
+        let bytes = self.hot_layer(layer)?;
+        let codec = self.layer_codec(layer);
+        let (d, bs) = (geo.head_dim, geo.block_size);
+        let (cr, nr) = (bytes.code_row, bytes.norm_row);
+        let mut qp = vec![0.0f32; d];
+        for h in 0..geo.heads {
+            codec.prepare_query(&q[h * d..][..d], &mut qp);
+            let g = h / geo.group();
+            for (t, o) in out[h * num_tokens..][..num_tokens].iter_mut().enumerate() {
+                let r = (slots[t / bs] as usize * bs + t % bs) * geo.kv_heads + g;
+                let (kc, kn) = (
+                    &bytes.k_codes[r * cr..][..cr],
+                    &bytes.k_norms[r * nr..][..nr],
+                );
+                *o = params.scale * codec.score(&qp, kc, kn);
+            }
+        }
+        Ok(())
+    }
+
     /// The dequantize-then-attend reference of [`Self::attend`]: decodes every key and value to
     /// f32 (inverse rotation included), then runs [`attend_dense`].
     pub fn attend_dequantized(
@@ -93,7 +127,7 @@ impl BlockStore {
         params: &AttentionParams,
         out: &mut [f32],
     ) -> KvResult<()> {
-        let geo = self.check_attention(layer, blocks, num_tokens, q, params, out)?;
+        let geo = self.check_attention(layer, blocks, num_tokens, q, params, Some(out.len()))?;
         self.slots_in(blocks, Tier::Hot)?;
         let n = num_tokens * geo.kv_heads * geo.head_dim;
         let (mut k, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
@@ -108,7 +142,7 @@ impl BlockStore {
         num_tokens: usize,
         q: &[f32],
         params: &AttentionParams,
-        out: &[f32],
+        out_len: Option<usize>,
     ) -> KvResult<Geometry> {
         let shape = self.shape();
         if layer >= shape.layers {
@@ -126,7 +160,9 @@ impl BlockStore {
         };
         check_heads(geo.heads, geo.kv_heads)?;
         check_len(q.len(), geo.heads * geo.head_dim)?;
-        check_len(out.len(), geo.heads * geo.head_dim)?;
+        if let Some(len) = out_len {
+            check_len(len, geo.heads * geo.head_dim)?;
+        }
         if num_tokens == 0 || blocks.len() != num_tokens.div_ceil(shape.block_size) {
             return Err(KvError::TokenRange {
                 start: 0,

@@ -10,6 +10,11 @@
 
 #![forbid(unsafe_code)]
 
+/// The README's example compiles and runs as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExample;
+
 mod attention;
 mod block;
 mod codec;

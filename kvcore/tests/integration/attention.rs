@@ -1,0 +1,136 @@
+//! Attention read from codes equals the dequantize-then-attend reference.
+
+use engram_kvcore::{
+    AttentionParams, BlockStore, CodecKind, KvError, KvShape, SourceLayer, StoreConfig, Tier,
+    attend_dense,
+};
+use proptest::prelude::*;
+
+use crate::common::{ALL_CODECS, Gauss, filled, rel_l2, small_store};
+
+fn store_with(kind: CodecKind, kv_heads: usize, head_dim: usize) -> BlockStore {
+    let shape = KvShape::new(2, kv_heads, head_dim).unwrap();
+    BlockStore::new(StoreConfig::new(shape, kind, 16, 4)).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn codes_path_matches_the_dequantize_reference(
+        codec_index in 0usize..ALL_CODECS.len(),
+        // head_dim 80 exercises the dense rotation; 64 and 128 the Hadamard one.
+        head_dim in prop::sample::select(vec![64usize, 80, 128]),
+        group in 1usize..4,
+        tokens in 1usize..120,
+        seed in any::<u64>(),
+    ) {
+        let kind = ALL_CODECS[codec_index];
+        let kv_heads = 2;
+        let mut store = store_with(kind, kv_heads, head_dim);
+        let n_blocks = tokens.div_ceil(16);
+        let ids = filled(&mut store, n_blocks, SourceLayer::UserTurn, seed);
+        let params = AttentionParams::new(kv_heads * group, head_dim);
+        let q = Gauss::new(seed ^ 1).vec(params.num_heads * head_dim);
+
+        let mut scores = vec![0.0f32; params.num_heads * tokens];
+        store.scores(1, &ids, tokens, &q, &params, &mut scores).unwrap();
+        let (mut k, mut v) = (vec![0.0f32; tokens * kv_heads * head_dim], vec![0.0f32; tokens * kv_heads * head_dim]);
+        store.read(1, &ids, 0, &mut k, &mut v).unwrap();
+        let mut want = vec![0.0f32; scores.len()];
+        for h in 0..params.num_heads {
+            let g = h / group;
+            for t in 0..tokens {
+                let key = &k[(t * kv_heads + g) * head_dim..][..head_dim];
+                let dot: f64 = q[h * head_dim..][..head_dim].iter().zip(key).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                want[h * tokens + t] = (dot * f64::from(params.scale)) as f32;
+            }
+        }
+        prop_assert!(rel_l2(&scores, &want) < 1e-4, "{kind}: scores {}", rel_l2(&scores, &want));
+
+        let (mut got, mut reference) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
+        store.attend(1, &ids, tokens, &q, &params, &mut got).unwrap();
+        store.attend_dequantized(1, &ids, tokens, &q, &params, &mut reference).unwrap();
+        prop_assert!(rel_l2(&got, &reference) < 1e-4, "{kind}: output {}", rel_l2(&got, &reference));
+    }
+}
+
+#[test]
+fn tq4_attention_is_close_to_f32_attention_on_the_original_data() {
+    // Large-magnitude scores make softmax peaky; the codec error must still stay small.
+    let mut store = small_store(CodecKind::TQ4, 8, 2);
+    let shape = *store.shape();
+    let ids = store
+        .allocate(
+            Tier::Hot,
+            &vec![crate::common::tags(SourceLayer::Memories); 4],
+        )
+        .unwrap();
+    let tokens = 64;
+    let mut g = Gauss::new(11);
+    let (k, v) = (
+        g.vec(tokens * shape.token_width()),
+        g.vec(tokens * shape.token_width()),
+    );
+    store
+        .write(
+            0,
+            &ids,
+            0,
+            engram_kvcore::Rows::F32(&k),
+            engram_kvcore::Rows::F32(&v),
+        )
+        .unwrap();
+    let params = AttentionParams::new(6, 64);
+    let q = g.vec(6 * 64);
+    let (mut got, mut exact) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
+    store
+        .attend(0, &ids, tokens, &q, &params, &mut got)
+        .unwrap();
+    attend_dense(&k, &v, shape.kv_heads, &q, &params, &mut exact).unwrap();
+    let err = rel_l2(&got, &exact);
+    assert!(err < 0.15, "TQ4 vs f32 attention relative error {err}");
+    assert!(err > 0.0, "a 4-bit codec cannot be exact");
+}
+
+#[test]
+fn attention_rejects_bad_geometry() {
+    let mut store = small_store(CodecKind::TQ4, 8, 2);
+    let ids = filled(&mut store, 2, SourceLayer::Rules, 1);
+    let q = vec![0.5f32; 4 * 64];
+    let mut out = vec![0.0f32; 4 * 64];
+    let p = AttentionParams::new(4, 64);
+    // 3 query heads cannot share 2 KV heads.
+    assert!(matches!(
+        store.attend(
+            0,
+            &ids,
+            20,
+            &q[..192],
+            &AttentionParams::new(3, 64),
+            &mut out[..192]
+        ),
+        Err(KvError::HeadGrouping { .. })
+    ));
+    // Token count that needs one block, given two.
+    assert!(matches!(
+        store.attend(0, &ids, 16, &q, &p, &mut out),
+        Err(KvError::TokenRange { .. })
+    ));
+    // Query of the wrong width.
+    assert!(matches!(
+        store.attend(0, &ids, 20, &q[..200], &p, &mut out),
+        Err(KvError::RowWidth { .. })
+    ));
+    // Unknown layer.
+    assert!(matches!(
+        store.attend(2, &ids, 20, &q, &p, &mut out),
+        Err(KvError::UnknownLayer { .. })
+    ));
+    // A cold block cannot be attended.
+    store.spill(&ids[1..]).unwrap();
+    assert!(matches!(
+        store.attend(0, &ids, 20, &q, &p, &mut out),
+        Err(KvError::WrongTier { .. })
+    ));
+}

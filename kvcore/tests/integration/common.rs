@@ -1,0 +1,83 @@
+//! Helpers shared by the integration tests.
+
+use engram_kvcore::{
+    BlockId, BlockStore, BlockTags, CodecKind, KvShape, Rows, SessionId, SourceLayer, StoreConfig,
+    TenantId, Tier, TokenRange,
+};
+
+/// A small deterministic Gaussian source (xorshift64* + Box–Muller), independent of the crate's.
+pub struct Gauss(u64);
+
+impl Gauss {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    pub fn next(&mut self) -> f32 {
+        let (u1, u2) = (self.uniform(), self.uniform());
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// Every codec the crate offers.
+pub const ALL_CODECS: [CodecKind; 5] = [
+    CodecKind::F16,
+    CodecKind::Q8,
+    CodecKind::TurboQuant { bits: 2 },
+    CodecKind::TurboQuant { bits: 3 },
+    CodecKind::TurboQuant { bits: 4 },
+];
+
+pub fn tags(source: SourceLayer) -> BlockTags {
+    BlockTags {
+        source,
+        importance: 0.5,
+        tenant: TenantId(1),
+        session: Some(SessionId(7)),
+        tokens: TokenRange::new(0, 16),
+    }
+}
+
+/// A small store: 2 layers, 2 KV heads, head_dim 64, blocks of 16.
+pub fn small_store(codec: CodecKind, hot: u32, cold: u32) -> BlockStore {
+    let shape = KvShape::new(2, 2, 64).unwrap();
+    BlockStore::new(StoreConfig::new(shape, codec, hot, cold)).unwrap()
+}
+
+/// Allocates `n` hot blocks of `source` and fills every layer with Gaussian rows.
+pub fn filled(store: &mut BlockStore, n: usize, source: SourceLayer, seed: u64) -> Vec<BlockId> {
+    let ids = store.allocate(Tier::Hot, &vec![tags(source); n]).unwrap();
+    fill(store, &ids, seed);
+    ids
+}
+
+/// Writes Gaussian K and V rows into every position of every layer of `ids`.
+pub fn fill(store: &mut BlockStore, ids: &[BlockId], seed: u64) {
+    let shape = *store.shape();
+    let mut g = Gauss::new(seed);
+    let n = ids.len() * shape.block_size * shape.token_width();
+    for layer in 0..shape.layers {
+        let (k, v) = (g.vec(n), g.vec(n));
+        store
+            .write(layer, ids, 0, Rows::F32(&k), Rows::F32(&v))
+            .unwrap();
+    }
+}
+
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (num / den).sqrt()
+}

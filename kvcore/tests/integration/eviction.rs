@@ -1,0 +1,120 @@
+//! make_room evicts by semantic priority, never by recency alone.
+
+use engram_kvcore::{
+    CodecKind, KvError, PinPolicy, PrefixPinManager, PriorityTable, SourceLayer, Tier,
+};
+
+use crate::common::{filled, small_store};
+
+#[test]
+fn lowest_priority_goes_first_regardless_of_recency() {
+    let mut store = small_store(CodecKind::TQ4, 5, 0);
+    let sources = [
+        SourceLayer::Axioms,
+        SourceLayer::UserTurn,
+        SourceLayer::Memories,
+        SourceLayer::Rules,
+        SourceLayer::Affect,
+    ];
+    let ids: Vec<_> = sources
+        .iter()
+        .map(|&s| filled(&mut store, 1, s, 1)[0])
+        .collect();
+    // The user turn is the most recently attended; it still goes first.
+    store.touch(&[ids[1]]).unwrap();
+    let order = store.eviction_order();
+    assert_eq!(order, vec![ids[1], ids[4], ids[2], ids[3], ids[0]]);
+    let ev = store.make_room(2).unwrap();
+    assert_eq!(ev.removed, vec![ids[1], ids[4]]);
+    assert!(ev.spilled.is_empty());
+    assert_eq!(store.free_blocks(Tier::Hot), 2);
+    assert_eq!(
+        store.metadata().get(ids[1]).unwrap().tier(),
+        Tier::Recompute
+    );
+    assert_eq!(store.metadata().get(ids[0]).unwrap().tier(), Tier::Hot);
+}
+
+#[test]
+fn equal_priority_breaks_ties_by_last_attended_then_age() {
+    let mut store = small_store(CodecKind::TQ4, 3, 0);
+    let ids = filled(&mut store, 3, SourceLayer::UserTurn, 2);
+    // Untouched: the oldest goes first.
+    assert_eq!(store.eviction_order(), ids);
+    // Attending the oldest makes it the last candidate.
+    store.touch(&[ids[0]]).unwrap();
+    assert_eq!(store.eviction_order(), vec![ids[1], ids[2], ids[0]]);
+}
+
+#[test]
+fn cold_room_keeps_the_most_valuable_victims() {
+    let mut store = small_store(CodecKind::TQ4, 3, 1);
+    let turn = filled(&mut store, 1, SourceLayer::UserTurn, 1)[0];
+    let memory = filled(&mut store, 1, SourceLayer::Memories, 2)[0];
+    let axioms = filled(&mut store, 1, SourceLayer::Axioms, 3)[0];
+    let memory_bytes = store.block_bytes_of(memory).unwrap();
+    let ev = store.make_room(2).unwrap();
+    assert_eq!(ev.spilled, vec![memory]);
+    assert_eq!(ev.removed, vec![turn]);
+    assert_eq!(ev.freed(), 2);
+    assert_eq!(store.metadata().get(memory).unwrap().tier(), Tier::Cold);
+    assert_eq!(store.block_bytes_of(memory).unwrap(), memory_bytes);
+    assert_eq!(store.metadata().get(axioms).unwrap().tier(), Tier::Hot);
+}
+
+#[test]
+fn pinned_blocks_are_touched_only_when_nothing_else_is_left() {
+    let mut store = small_store(CodecKind::TQ4, 8, 0);
+    let pins = PrefixPinManager::new(PinPolicy::default()).unwrap();
+    let prefix = filled(&mut store, 2, SourceLayer::Identity, 1);
+    assert_eq!(pins.pin(&mut store, &prefix).unwrap().pinned, prefix);
+    // Old, unattended, low-priority blocks — and the pinned ones are still spared.
+    let rest = filled(&mut store, 6, SourceLayer::Axioms, 2);
+    store.touch(&rest).unwrap();
+    let ev = store.make_room(6).unwrap();
+    assert_eq!(ev.removed.len(), 6);
+    assert!(ev.removed.iter().all(|id| rest.contains(id)));
+    assert!(
+        prefix
+            .iter()
+            .all(|&id| store.metadata().get(id).unwrap().tier() == Tier::Hot)
+    );
+    // Only when every unpinned block is gone may a pinned one go.
+    let ev = store.make_room(7).unwrap();
+    assert_eq!(ev.removed, vec![prefix[0]]);
+}
+
+#[test]
+fn the_priority_table_is_configurable() {
+    let mut store = small_store(CodecKind::TQ4, 2, 0);
+    let turn = filled(&mut store, 1, SourceLayer::UserTurn, 1)[0];
+    let affect = filled(&mut store, 1, SourceLayer::Affect, 2)[0];
+    assert_eq!(store.eviction_order(), vec![turn, affect]);
+    let mut table = PriorityTable::default();
+    table.set(SourceLayer::UserTurn, 60).unwrap();
+    assert!(table.set(SourceLayer::UserTurn, 999).is_err());
+    store.metadata_mut().set_priorities(table);
+    assert_eq!(store.metadata().get(turn).unwrap().priority(), 60);
+    assert_eq!(store.eviction_order(), vec![affect, turn]);
+}
+
+#[test]
+fn room_beyond_capacity_is_an_error_and_changes_nothing() {
+    let mut store = small_store(CodecKind::TQ4, 2, 2);
+    filled(&mut store, 2, SourceLayer::UserTurn, 1);
+    let before = store.clone();
+    assert_eq!(
+        store.make_room(3),
+        Err(KvError::TierExhausted {
+            tier: Tier::Hot,
+            requested: 3,
+            available: 2
+        })
+    );
+    assert_eq!(store, before);
+    // Enough free room already: nothing to do.
+    store
+        .release(&store.eviction_order()[..1].to_vec())
+        .unwrap();
+    assert!(store.make_room(1).unwrap().freed() == 0);
+}

@@ -1,0 +1,107 @@
+//! Spill and warm move the same bytes between tiers.
+
+use engram_kvcore::{BlockStore, CodecKind, KvShape, LayerCodecs, SourceLayer, StoreConfig, Tier};
+use proptest::prelude::*;
+
+use crate::common::{ALL_CODECS, fill, filled, small_store, tags};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    #[test]
+    fn spill_warm_spill_is_byte_identical(
+        codec_index in 0usize..ALL_CODECS.len(),
+        n in 1usize..12,
+        // Occupy some slots first so the moved blocks land in scattered slots.
+        holes in 0usize..6,
+        seed in any::<u64>(),
+    ) {
+        let mut store = small_store(ALL_CODECS[codec_index], 24, 24);
+        let padding = filled(&mut store, holes, SourceLayer::Neurons, 1);
+        let ids = filled(&mut store, n, SourceLayer::Memories, seed);
+        store.release(&padding).unwrap();
+        let cold_pad = store.allocate(Tier::Cold, &vec![tags(SourceLayer::Neurons); holes]).unwrap();
+        let before: Vec<Vec<u8>> = ids.iter().map(|&id| store.block_bytes_of(id).unwrap()).collect();
+
+        store.spill(&ids).unwrap();
+        prop_assert!(ids.iter().all(|&id| store.metadata().get(id).unwrap().tier() == Tier::Cold));
+        let in_cold: Vec<Vec<u8>> = ids.iter().map(|&id| store.block_bytes_of(id).unwrap()).collect();
+        prop_assert_eq!(&in_cold, &before);
+
+        store.release(&cold_pad).unwrap();
+        store.warm(&ids).unwrap();
+        let warmed: Vec<Vec<u8>> = ids.iter().map(|&id| store.block_bytes_of(id).unwrap()).collect();
+        prop_assert_eq!(&warmed, &before);
+
+        store.spill(&ids).unwrap();
+        let again: Vec<Vec<u8>> = ids.iter().map(|&id| store.block_bytes_of(id).unwrap()).collect();
+        prop_assert_eq!(&again, &before);
+        prop_assert_eq!(store.free_blocks(Tier::Hot), 24);
+    }
+}
+
+#[test]
+fn mixed_codecs_per_layer_keep_their_own_widths() {
+    let shape = KvShape::new(3, 2, 64).unwrap();
+    let codecs = LayerCodecs::per_layer(
+        &shape,
+        vec![
+            CodecKind::F16,
+            CodecKind::TQ4,
+            CodecKind::TurboQuant { bits: 2 },
+        ],
+    )
+    .unwrap();
+    let mut config = StoreConfig::new(shape, CodecKind::TQ4, 4, 4);
+    config.codecs = codecs;
+    let mut store = BlockStore::new(config).unwrap();
+    // Per layer and stream pair: F16 128+0, TQ4 32+2, TQ2 16+2 bytes per row; 32 rows a block.
+    assert_eq!(store.block_bytes(), 2 * 32 * (128 + 34 + 18));
+    let ids = filled(&mut store, 2, SourceLayer::Identity, 3);
+    let before = store.block_bytes_of(ids[1]).unwrap();
+    store.spill(&ids).unwrap();
+    store.warm(&ids).unwrap();
+    assert_eq!(store.block_bytes_of(ids[1]).unwrap(), before);
+    assert_eq!(store.codec(0).unwrap().kind(), CodecKind::F16);
+    assert_eq!(
+        store.codec(2).unwrap().kind(),
+        CodecKind::TurboQuant { bits: 2 }
+    );
+}
+
+#[test]
+fn remove_drops_bytes_and_readmit_gives_a_fresh_hot_slot() {
+    let mut store = small_store(CodecKind::TQ4, 4, 4);
+    let ids = filled(&mut store, 2, SourceLayer::UserTurn, 5);
+    store.remove(&ids[..1]).unwrap();
+    let meta = store.metadata().get(ids[0]).unwrap();
+    assert_eq!(meta.tier(), Tier::Recompute);
+    assert_eq!(store.free_blocks(Tier::Hot), 3);
+    assert!(store.block_bytes_of(ids[0]).is_err());
+    store.readmit(&ids[..1]).unwrap();
+    assert_eq!(store.metadata().get(ids[0]).unwrap().tier(), Tier::Hot);
+    fill(&mut store, &ids[..1], 6);
+    assert_eq!(store.free_blocks(Tier::Hot), 2);
+}
+
+#[test]
+fn tier_bytes_follow_the_5d_layout() {
+    // [layer, block, pos, kv_head, packed]: layer 1 of slot 0 starts after all of layer 0.
+    let mut store = small_store(CodecKind::TQ4, 3, 1);
+    let ids = filled(&mut store, 1, SourceLayer::Axioms, 8);
+    let per_block_layer = 16 * 2 * 32;
+    let hot = store.hot();
+    let host = engram_kvcore::HotStorage::host(hot).unwrap();
+    assert_eq!(host.k_codes().len(), 2 * 3 * per_block_layer);
+    assert_eq!(host.k_norms().len(), 2 * 3 * 16 * 2 * 2);
+    let block = store.block_bytes_of(ids[0]).unwrap();
+    assert_eq!(
+        &block[..per_block_layer],
+        &host.k_codes()[..per_block_layer]
+    );
+    let layer1 = 3 * per_block_layer;
+    assert_eq!(
+        &block[per_block_layer..2 * per_block_layer],
+        &host.k_codes()[layer1..layer1 + per_block_layer]
+    );
+}
