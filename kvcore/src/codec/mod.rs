@@ -28,7 +28,7 @@
 
 mod bitpack;
 mod lloyd_max;
-mod rng;
+pub(crate) mod rng;
 mod rotation;
 
 use half::{bf16, f16};

@@ -5,16 +5,19 @@
 //! published, fixed algorithm that is small enough to own; Gaussian draws use Box–Muller in f64.
 //! Changing anything here changes every rotation and invalidates every stored block.
 
-/// SplitMix64 (Steele, Lea, Flood 2014).
+/// SplitMix64 (Steele, Lea, Flood 2014): the seeded stream behind rotations, and a source of
+/// reproducible test and benchmark data.
 #[derive(Debug, Clone)]
-pub(crate) struct SplitMix64(u64);
+pub struct SplitMix64(u64);
 
 impl SplitMix64 {
-    pub(crate) fn new(seed: u64) -> Self {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -22,13 +25,18 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
+    /// `n` standard normal draws as f32.
+    pub fn gaussian_vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next_gaussian() as f32).collect()
+    }
+
     /// Uniform in the open interval (0, 1), 53 bits of precision.
-    pub(crate) fn next_open01(&mut self) -> f64 {
+    pub fn next_open01(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
     /// One standard normal draw (Box–Muller, cosine branch only: simple and reproducible).
-    pub(crate) fn next_gaussian(&mut self) -> f64 {
+    pub fn next_gaussian(&mut self) -> f64 {
         let u1 = self.next_open01();
         let u2 = self.next_open01();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()

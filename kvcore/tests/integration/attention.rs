@@ -6,7 +6,7 @@ use engram_kvcore::{
 };
 use proptest::prelude::*;
 
-use crate::common::{ALL_CODECS, Gauss, filled, rel_l2, small_store};
+use crate::common::{ALL_CODECS, filled, gauss, rel_l2, small_store};
 
 fn store_with(kind: CodecKind, kv_heads: usize, head_dim: usize) -> BlockStore {
     let shape = KvShape::new(2, kv_heads, head_dim).unwrap();
@@ -31,7 +31,7 @@ proptest! {
         let n_blocks = tokens.div_ceil(16);
         let ids = filled(&mut store, n_blocks, SourceLayer::UserTurn, seed);
         let params = AttentionParams::new(kv_heads * group, head_dim);
-        let q = Gauss::new(seed ^ 1).vec(params.num_heads * head_dim);
+        let q = gauss(seed ^ 1).gaussian_vec(params.num_heads * head_dim);
 
         let mut scores = vec![0.0f32; params.num_heads * tokens];
         store.scores(1, &ids, tokens, &q, &params, &mut scores).unwrap();
@@ -67,10 +67,10 @@ fn tq4_attention_is_close_to_f32_attention_on_the_original_data() {
         )
         .unwrap();
     let tokens = 64;
-    let mut g = Gauss::new(11);
+    let mut g = gauss(11);
     let (k, v) = (
-        g.vec(tokens * shape.token_width()),
-        g.vec(tokens * shape.token_width()),
+        g.gaussian_vec(tokens * shape.token_width()),
+        g.gaussian_vec(tokens * shape.token_width()),
     );
     store
         .write(
@@ -82,7 +82,7 @@ fn tq4_attention_is_close_to_f32_attention_on_the_original_data() {
         )
         .unwrap();
     let params = AttentionParams::new(6, 64);
-    let q = g.vec(6 * 64);
+    let q = g.gaussian_vec(6 * 64);
     let (mut got, mut exact) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
     store
         .attend(0, &ids, tokens, &q, &params, &mut got)

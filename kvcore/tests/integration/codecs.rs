@@ -4,12 +4,12 @@ use engram_kvcore::{Codec, CodecKind, KvError, Rows};
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-use crate::common::{ALL_CODECS, Gauss};
+use crate::common::{ALL_CODECS, gauss};
 
 /// Mean of ‖x − x̂‖² / ‖x‖² over `n` Gaussian rows.
 fn relative_mse(codec: &Codec, n: usize, seed: u64) -> f64 {
     let d = codec.head_dim();
-    let x = Gauss::new(seed).vec(n * d);
+    let x = gauss(seed).gaussian_vec(n * d);
     let mut codes = vec![0u8; n * codec.code_bytes()];
     let mut norms = vec![0u8; n * codec.norm_bytes()];
     codec.encode(Rows::F32(&x), &mut codes, &mut norms).unwrap();
@@ -63,7 +63,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let codec = Codec::new(ALL_CODECS[codec_index], 64, 3).unwrap();
-        let x32 = Gauss::new(seed).vec(4 * 64);
+        let x32 = gauss(seed).gaussian_vec(4 * 64);
         let x16: Vec<f16> = x32.iter().map(|&v| f16::from_f32(v)).collect();
         let xb: Vec<bf16> = x32.iter().map(|&v| bf16::from_f32(v)).collect();
         for (input, widened) in [
@@ -102,7 +102,7 @@ fn bits_per_element_including_norms() {
 
 #[test]
 fn rotation_is_seeded_and_reproducible() {
-    let x = Gauss::new(9).vec(64);
+    let x = gauss(9).gaussian_vec(64);
     let encode = |seed| {
         let codec = Codec::new(CodecKind::TQ4, 64, seed).unwrap();
         let (mut c, mut n) = (vec![0u8; 32], vec![0u8; 2]);

@@ -1,34 +1,13 @@
 //! Helpers shared by the integration tests.
 
 use engram_kvcore::{
-    BlockId, BlockStore, BlockTags, CodecKind, KvShape, Rows, SessionId, SourceLayer, StoreConfig,
-    TenantId, Tier, TokenRange,
+    BlockId, BlockStore, BlockTags, CodecKind, KvShape, Rows, SessionId, SourceLayer, SplitMix64,
+    StoreConfig, TenantId, Tier, TokenRange,
 };
 
-/// A small deterministic Gaussian source (xorshift64* + Box–Muller), independent of the crate's.
-pub struct Gauss(u64);
-
-impl Gauss {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    pub fn next(&mut self) -> f32 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-    }
-
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
+/// Deterministic Gaussian data.
+pub fn gauss(seed: u64) -> SplitMix64 {
+    SplitMix64::new(seed)
 }
 
 /// Every codec the crate offers.
@@ -65,11 +44,14 @@ pub fn filled(store: &mut BlockStore, n: usize, source: SourceLayer, seed: u64) 
 
 /// Writes Gaussian K and V rows into every position of every layer of `ids`.
 pub fn fill(store: &mut BlockStore, ids: &[BlockId], seed: u64) {
+    if ids.is_empty() {
+        return;
+    }
     let shape = *store.shape();
-    let mut g = Gauss::new(seed);
+    let mut g = gauss(seed);
     let n = ids.len() * shape.block_size * shape.token_width();
     for layer in 0..shape.layers {
-        let (k, v) = (g.vec(n), g.vec(n));
+        let (k, v) = (g.gaussian_vec(n), g.gaussian_vec(n));
         store
             .write(layer, ids, 0, Rows::F32(&k), Rows::F32(&v))
             .unwrap();
