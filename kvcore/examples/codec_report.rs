@@ -65,7 +65,10 @@ fn main() -> anyhow::Result<()> {
             store.write(layer, &ids, 0, Rows::F32(&k), Rows::F32(&v))?;
             store.read(layer, &ids, 0, &mut k_back, &mut v_back)?;
             for (x, y) in [(&k, &k_back), (&v, &v_back)] {
-                for (a, b) in x.chunks_exact(shape.head_dim).zip(y.chunks_exact(shape.head_dim)) {
+                for (a, b) in x
+                    .chunks_exact(shape.head_dim)
+                    .zip(y.chunks_exact(shape.head_dim))
+                {
                     let err: f64 = a.iter().zip(b).map(|(p, q)| f64::from(p - q).powi(2)).sum();
                     let norm: f64 = a.iter().map(|p| f64::from(*p).powi(2)).sum();
                     mse_sum += err / norm;
@@ -75,7 +78,11 @@ fn main() -> anyhow::Result<()> {
             let q = rng.gaussian_vec(QUERY_HEADS * shape.head_dim);
             store.attend(layer, &ids, TOKENS, &q, &params, &mut out)?;
             attend_dense(&k, &v, shape.kv_heads, &q, &params, &mut exact)?;
-            let num: f64 = out.iter().zip(&exact).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+            let num: f64 = out
+                .iter()
+                .zip(&exact)
+                .map(|(a, b)| f64::from(a - b).powi(2))
+                .sum();
             let den: f64 = exact.iter().map(|b| f64::from(*b).powi(2)).sum();
             att_err += (num / den).sqrt();
         }

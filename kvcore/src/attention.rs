@@ -311,13 +311,15 @@ pub fn attend_dense(
             *s = (*s - max).exp();
             total += *s;
         }
-        let o = &mut out[h * d..][..d];
-        for (i, oi) in o.iter_mut().enumerate() {
-            let mut x = 0.0f64;
-            for (t, &p) in scores.iter().enumerate() {
-                x += p * f64::from(values[(t * kv_heads + g) * d + i]);
+        let mut acc = vec![0.0f64; d];
+        for (t, &p) in scores.iter().enumerate() {
+            let v = &values[(t * kv_heads + g) * d..][..d];
+            for (a, &x) in acc.iter_mut().zip(v) {
+                *a += p * f64::from(x);
             }
-            *oi = (x / total) as f32;
+        }
+        for (o, a) in out[h * d..][..d].iter_mut().zip(&acc) {
+            *o = (a / total) as f32;
         }
     }
     Ok(())

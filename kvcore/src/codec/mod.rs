@@ -253,13 +253,24 @@ impl Codec {
         }
         let n = out.len() / d;
         self.check_buffers(n, codes.len(), norms.len())?;
-        let mut scratch = vec![0.0f32; d];
+        self.decode_rows(codes, norms, out, &mut vec![0.0f32; d]);
+        Ok(())
+    }
+
+    /// Decodes whole rows whose buffer sizes the caller has checked; `scratch` holds `head_dim`.
+    pub(crate) fn decode_rows(
+        &self,
+        codes: &[u8],
+        norms: &[u8],
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        let d = self.head_dim;
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
             let code = &codes[r * self.code_bytes()..(r + 1) * self.code_bytes()];
             let norm = &norms[r * self.norm_bytes()..(r + 1) * self.norm_bytes()];
-            self.decode_row(code, norm, o, &mut scratch);
+            self.decode_row(code, norm, o, scratch);
         }
-        Ok(())
     }
 
     fn check_buffers(&self, rows: usize, codes: usize, norms: usize) -> KvResult<()> {

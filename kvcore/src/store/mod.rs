@@ -465,6 +465,7 @@ impl BlockStore {
         let codec = &self.codecs[layer];
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
         let row_elems = kv_heads * self.layout.shape.head_dim;
+        let mut scratch = vec![0.0f32; self.layout.shape.head_dim];
         for t in 0..tokens {
             let pos = token_start + t;
             let (block, in_block) = (pos / bs, pos % bs);
@@ -478,12 +479,14 @@ impl BlockStore {
             let codes = (row0 * bytes.code_row)..((row0 + kv_heads) * bytes.code_row);
             let norms = (row0 * bytes.norm_row)..((row0 + kv_heads) * bytes.norm_row);
             let out = t * row_elems..(t + 1) * row_elems;
-            codec.decode(
-                &bytes.k_codes[codes.clone()],
-                &bytes.k_norms[norms.clone()],
-                &mut k[out.clone()],
-            )?;
-            codec.decode(&bytes.v_codes[codes], &bytes.v_norms[norms], &mut v[out])?;
+            let (kc, kn) = (&bytes.k_codes[codes.clone()], &bytes.k_norms[norms.clone()]);
+            codec.decode_rows(kc, kn, &mut k[out.clone()], &mut scratch);
+            codec.decode_rows(
+                &bytes.v_codes[codes],
+                &bytes.v_norms[norms],
+                &mut v[out],
+                &mut scratch,
+            );
         }
         Ok(())
     }

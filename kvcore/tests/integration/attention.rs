@@ -61,10 +61,7 @@ fn tq4_attention_is_close_to_f32_attention_on_the_original_data() {
     let mut store = small_store(CodecKind::TQ4, 8, 2);
     let shape = *store.shape();
     let ids = store
-        .allocate(
-            Tier::Hot,
-            &vec![crate::common::tags(SourceLayer::Memories); 4],
-        )
+        .allocate(Tier::Hot, &[crate::common::tags(SourceLayer::Memories); 4])
         .unwrap();
     let tokens = 64;
     let mut g = gauss(11);

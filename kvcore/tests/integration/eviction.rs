@@ -113,8 +113,6 @@ fn room_beyond_capacity_is_an_error_and_changes_nothing() {
     );
     assert_eq!(store, before);
     // Enough free room already: nothing to do.
-    store
-        .release(&store.eviction_order()[..1].to_vec())
-        .unwrap();
+    store.release(&store.eviction_order()[..1]).unwrap();
     assert!(store.make_room(1).unwrap().freed() == 0);
 }

@@ -1,5 +1,8 @@
 //! Integration tests of engram-kvcore through its public API.
 
+// A test crate: a failed unwrap is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod attention;
 mod codecs;
 mod common;
