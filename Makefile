@@ -1,13 +1,17 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help test lint fmt-check clippy unit bench codec-report
+.PHONY: help run test lint fmt-check clippy unit bench codec-report
 
 help:
+	@echo "make run           what runs today: the codec report (the service replaces it when it lands)"
 	@echo "make test          fmt check, clippy -D warnings, every test of the workspace"
 	@echo "make lint          fmt check + clippy only"
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
+
+# Until `engram serve` exists, the one runnable program is the codec report.
+run: codec-report
 
 test: lint unit
 

@@ -213,10 +213,13 @@ impl TierCase {
         self.store.warm(&self.ids).expect("warm");
     }
 
+    /// Copies there and back. The `black_box` fences matter: without them LLVM may delete the
+    /// copy back (it restores bytes the first copy read) and the baseline would move half.
     fn memcpy(&mut self) {
-        self.dst.copy_from_slice(&self.src);
-        self.src.copy_from_slice(&self.dst);
-        black_box((&self.src, &self.dst));
+        self.dst.copy_from_slice(black_box(&self.src));
+        black_box(&mut self.dst);
+        self.src.copy_from_slice(black_box(&self.dst));
+        black_box(&mut self.src);
     }
 
     fn moved_bytes(&self) -> u64 {

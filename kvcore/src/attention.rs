@@ -14,7 +14,7 @@
 //! checked against.
 
 use crate::block::BlockId;
-use crate::codec::Codec;
+use crate::codec::{Codec, axpy, dot};
 use crate::error::{KvError, KvResult};
 use crate::store::host::LayerBytes;
 use crate::store::{BlockStore, Tier};
@@ -100,17 +100,15 @@ impl BlockStore {
         let codec = self.layer_codec(layer);
         let (d, bs) = (geo.head_dim, geo.block_size);
         let (cr, nr) = (bytes.code_row, bytes.norm_row);
-        let mut qp = vec![0.0f32; d];
+        let (mut qp, mut row) = (vec![0.0f32; d], vec![0.0f32; d]);
         for h in 0..geo.heads {
             codec.prepare_query(&q[h * d..][..d], &mut qp);
             let g = h / geo.group();
             for (t, o) in out[h * num_tokens..][..num_tokens].iter_mut().enumerate() {
                 let r = (slots[t / bs] as usize * bs + t % bs) * geo.kv_heads + g;
-                let (kc, kn) = (
-                    &bytes.k_codes[r * cr..][..cr],
-                    &bytes.k_norms[r * nr..][..nr],
-                );
-                *o = params.scale * codec.score(&qp, kc, kn);
+                codec.expand(&bytes.k_codes[r * cr..][..cr], &mut row);
+                let k_scale = params.scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);
+                *o = k_scale * dot(&qp, &row);
             }
         }
         Ok(())
@@ -211,19 +209,19 @@ fn attend_codes(
     let mut max = vec![f32::NEG_INFINITY; geo.heads];
     let mut sum = vec![0.0f32; geo.heads];
     let mut w = vec![0.0f32; group * bs];
+    let mut row = vec![0.0f32; d];
     for g in 0..geo.kv_heads {
         for (b, &slot) in slots.iter().enumerate() {
             let n = bs.min(geo.tokens - b * bs);
             let row_of = |p: usize| (slot as usize * bs + p) * geo.kv_heads + g;
             for p in 0..n {
                 let r = row_of(p);
-                let (kc, kn) = (
-                    &bytes.k_codes[r * cr..][..cr],
-                    &bytes.k_norms[r * nr..][..nr],
-                );
+                // Expand the key's codes once; every query head of the group reads them.
+                codec.expand(&bytes.k_codes[r * cr..][..cr], &mut row);
+                let k_scale = scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);
                 for j in 0..group {
                     let h = g * group + j;
-                    w[j * bs + p] = scale * codec.score(&qp[h * d..][..d], kc, kn);
+                    w[j * bs + p] = k_scale * dot(&qp[h * d..][..d], &row);
                 }
             }
             for j in 0..group {
@@ -244,13 +242,11 @@ fn attend_codes(
             }
             for p in 0..n {
                 let r = row_of(p);
-                let (vc, vn) = (
-                    &bytes.v_codes[r * cr..][..cr],
-                    &bytes.v_norms[r * nr..][..nr],
-                );
+                codec.expand(&bytes.v_codes[r * cr..][..cr], &mut row);
+                let v_scale = codec.row_scale(&bytes.v_norms[r * nr..][..nr]);
                 for j in 0..group {
                     let h = g * group + j;
-                    codec.accumulate(&mut acc[h * d..][..d], w[j * bs + p], vc, vn);
+                    axpy(&mut acc[h * d..][..d], w[j * bs + p] * v_scale, &row);
                 }
             }
         }

@@ -144,6 +144,9 @@ struct TurboQuant {
     codebook: Vec<f32>,
     /// Midpoints between consecutive centroids.
     thresholds: Vec<f32>,
+    /// For 4 and 2 bits: the codebook values of every byte's codes (256 × 8/bits floats), so a
+    /// row expands with one table read per byte. Empty for 3 bits (codes straddle bytes).
+    byte_table: Vec<f32>,
 }
 
 /// A built codec for one head_dim: the rotation and codebook are computed once here.
@@ -168,7 +171,18 @@ impl Codec {
                 let scale = 1.0 / (head_dim as f64).sqrt();
                 let codebook: Vec<f32> = q.centroids.iter().map(|c| (c * scale) as f32).collect();
                 let thresholds = codebook.windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
+                let byte_table = match bits {
+                    2 | 4 => (0..=255u8)
+                        .flat_map(|byte| {
+                            let mut values = Vec::with_capacity(8 / usize::from(bits));
+                            for_each_code(&[byte], bits, |_, c| values.push(codebook[c]));
+                            values
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
                 Some(TurboQuant {
+                    byte_table,
                     bits,
                     rotation: Rotation::new(head_dim, seed),
                     codebook,
@@ -351,29 +365,18 @@ impl Codec {
     }
 
     fn decode_row(&self, code: &[u8], norm: &[u8], out: &mut [f32], scratch: &mut [f32]) {
-        match self.kind {
-            CodecKind::F16 => {
-                for (o, c) in out.iter_mut().zip(code.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-            CodecKind::Q8 => {
-                let s = read_norm(norm);
-                for (o, &c) in out.iter_mut().zip(code) {
-                    *o = f32::from(c as i8) * s;
-                }
-            }
-            CodecKind::TurboQuant { bits } => {
-                let Some(tq) = &self.tq else { return };
-                for_each_code(code, bits, |i, c| scratch[i] = tq.codebook[c]);
+        let scale = self.row_scale(norm);
+        match &self.tq {
+            Some(tq) => {
+                self.expand(code, scratch);
                 tq.rotation.inverse(scratch, out);
-                let s = read_norm(norm);
-                out.iter_mut().for_each(|o| *o *= s);
             }
+            None => self.expand(code, out),
         }
+        out.iter_mut().for_each(|o| *o *= scale);
     }
 
-    /// Prepares a query for [`Self::score`]: q' = Πq for TurboQuant, a copy otherwise.
+    /// Prepares a query for scoring: q' = Πq for TurboQuant, a copy otherwise.
     pub(crate) fn prepare_query(&self, q: &[f32], out: &mut [f32]) {
         match &self.tq {
             Some(tq) => tq.rotation.forward(q, out),
@@ -381,54 +384,54 @@ impl Codec {
         }
     }
 
-    /// ⟨q, k̂⟩ read straight from the codes; `q` is prepared.
+    /// Writes a row's code values into `out` (`head_dim` floats), without rotating back or
+    /// scaling: `codebook[idx]` for TurboQuant, the integer codes for Q8, the halves for F16.
+    /// A row is then `row_scale · (Πᵀ) · out`, and a score is `row_scale · ⟨q', out⟩`.
     #[inline]
-    pub(crate) fn score(&self, q: &[f32], code: &[u8], norm: &[u8]) -> f32 {
-        match self.kind {
-            CodecKind::F16 => code
-                .chunks_exact(2)
-                .zip(q)
-                .map(|(c, &x)| f16::from_le_bytes([c[0], c[1]]).to_f32() * x)
-                .sum(),
-            CodecKind::Q8 => {
-                let dot: f32 = code
-                    .iter()
-                    .zip(q)
-                    .map(|(&c, &x)| f32::from(c as i8) * x)
-                    .sum();
-                dot * read_norm(norm)
+    pub(crate) fn expand(&self, code: &[u8], out: &mut [f32]) {
+        match &self.tq {
+            // Fixed-size copies per byte: the compiler keeps them in registers.
+            Some(tq) if tq.bits == 4 => {
+                let t = tq.byte_table.as_slice();
+                for (o, &byte) in out.chunks_exact_mut(2).zip(code) {
+                    let i = 2 * usize::from(byte);
+                    o[0] = t[i];
+                    o[1] = t[i + 1];
+                }
             }
-            CodecKind::TurboQuant { bits } => {
-                let Some(tq) = &self.tq else { return 0.0 };
+            Some(tq) if tq.bits == 2 => {
+                let t = tq.byte_table.as_slice();
+                for (o, &byte) in out.chunks_exact_mut(4).zip(code) {
+                    let i = 4 * usize::from(byte);
+                    o.copy_from_slice(&t[i..i + 4]);
+                }
+            }
+            Some(tq) => {
                 let cb = tq.codebook.as_slice();
-                let mut dot = 0.0f32;
-                for_each_code(code, bits, |i, c| dot += q[i] * cb[c]);
-                dot * read_norm(norm)
+                for_each_code(code, tq.bits, |i, c| out[i] = cb[c]);
             }
+            None => match self.kind {
+                CodecKind::Q8 => {
+                    for (o, &c) in out.iter_mut().zip(code) {
+                        *o = f32::from(c as i8);
+                    }
+                }
+                _ => {
+                    for (o, c) in out.iter_mut().zip(code.chunks_exact(2)) {
+                        *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                    }
+                }
+            },
         }
     }
 
-    /// acc += w · v̂, in the codec's accumulation space (rotated for TurboQuant).
+    /// The factor a row's expanded values are multiplied by: ‖x‖ (TurboQuant), the absmax
+    /// scale (Q8), 1 (F16).
     #[inline]
-    pub(crate) fn accumulate(&self, acc: &mut [f32], w: f32, code: &[u8], norm: &[u8]) {
+    pub(crate) fn row_scale(&self, norm: &[u8]) -> f32 {
         match self.kind {
-            CodecKind::F16 => {
-                for (a, c) in acc.iter_mut().zip(code.chunks_exact(2)) {
-                    *a += w * f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-            CodecKind::Q8 => {
-                let ws = w * read_norm(norm);
-                for (a, &c) in acc.iter_mut().zip(code) {
-                    *a += ws * f32::from(c as i8);
-                }
-            }
-            CodecKind::TurboQuant { bits } => {
-                let Some(tq) = &self.tq else { return };
-                let cb = tq.codebook.as_slice();
-                let ws = w * read_norm(norm);
-                for_each_code(code, bits, |i, c| acc[i] += ws * cb[c]);
-            }
+            CodecKind::F16 => 1.0,
+            CodecKind::Q8 | CodecKind::TurboQuant { .. } => read_norm(norm),
         }
     }
 
@@ -444,6 +447,27 @@ impl Codec {
 #[inline]
 fn read_norm(norm: &[u8]) -> f32 {
     f16::from_le_bytes([norm[0], norm[1]]).to_f32()
+}
+
+/// ⟨a, b⟩ with eight independent partial sums, so the loop vectorizes and is not bound by the
+/// latency of one accumulator. Lengths are multiples of 8 (head_dim invariant).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum()
+}
+
+/// y += w·x.
+#[inline]
+pub(crate) fn axpy(y: &mut [f32], w: f32, x: &[f32]) {
+    for (a, &b) in y.iter_mut().zip(x) {
+        *a += w * b;
+    }
 }
 
 fn l2(row: &[f32]) -> f32 {
