@@ -67,9 +67,8 @@ impl BlockStore {
         params: &AttentionParams,
         out: &mut [f32],
     ) -> KvResult<()> {
-        let geo = self.check_attention(layer, blocks, num_tokens, q, params, Some(out.len()))?;
-        let slots = self.slots_in(blocks, Tier::Hot)?;
-        let bytes = self.hot_layer(layer)?;
+        let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
+        check_len(out.len(), geo.heads * geo.head_dim)?;
         attend_codes(
             self.layer_codec(layer),
             &bytes,
@@ -93,10 +92,8 @@ impl BlockStore {
         params: &AttentionParams,
         out: &mut [f32],
     ) -> KvResult<()> {
-        let geo = self.check_attention(layer, blocks, num_tokens, q, params, None)?;
+        let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
         check_len(out.len(), geo.heads * num_tokens)?;
-        let slots = self.slots_in(blocks, Tier::Hot)?;
-        let bytes = self.hot_layer(layer)?;
         let codec = self.layer_codec(layer);
         let (d, bs) = (geo.head_dim, geo.block_size);
         let (cr, nr) = (bytes.code_row, bytes.norm_row);
@@ -125,23 +122,24 @@ impl BlockStore {
         params: &AttentionParams,
         out: &mut [f32],
     ) -> KvResult<()> {
-        let geo = self.check_attention(layer, blocks, num_tokens, q, params, Some(out.len()))?;
-        self.slots_in(blocks, Tier::Hot)?;
+        let (geo, _, _) = self.hot_read(layer, blocks, num_tokens, q, params)?;
+        check_len(out.len(), geo.heads * geo.head_dim)?;
         let n = num_tokens * geo.kv_heads * geo.head_dim;
         let (mut k, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
         self.read(layer, blocks, 0, &mut k, &mut v)?;
         attend_dense(&k, &v, geo.kv_heads, q, params, out)
     }
 
-    fn check_attention(
+    /// Validates a read of `num_tokens` positions of hot `blocks` by query `q`, and resolves the
+    /// blocks' slots and the layer's bytes.
+    fn hot_read(
         &self,
         layer: usize,
         blocks: &[BlockId],
         num_tokens: usize,
         q: &[f32],
         params: &AttentionParams,
-        out_len: Option<usize>,
-    ) -> KvResult<Geometry> {
+    ) -> KvResult<(Geometry, Vec<u32>, LayerBytes<'_>)> {
         let shape = self.shape();
         if layer >= shape.layers {
             return Err(KvError::UnknownLayer {
@@ -158,9 +156,6 @@ impl BlockStore {
         };
         check_heads(geo.heads, geo.kv_heads)?;
         check_len(q.len(), geo.heads * geo.head_dim)?;
-        if let Some(len) = out_len {
-            check_len(len, geo.heads * geo.head_dim)?;
-        }
         if num_tokens == 0 || blocks.len() != num_tokens.div_ceil(shape.block_size) {
             return Err(KvError::TokenRange {
                 start: 0,
@@ -168,7 +163,8 @@ impl BlockStore {
                 capacity: blocks.len() * shape.block_size,
             });
         }
-        Ok(geo)
+        let slots = self.slots_in(blocks, Tier::Hot)?;
+        Ok((geo, slots, self.hot_layer(layer)?))
     }
 }
 
