@@ -5,7 +5,8 @@
 //! 2. `attention/<codec>/codes` vs `…/dequantize`: one decode step of 9 query heads over 4,096
 //!    tokens of one layer, read from the codes vs decoded to f32 first and then attended.
 //! 3. `tiers/…`: spill + warm of 1,000 blocks across all layers vs two plain memcpys of the same
-//!    bytes; contiguous slots and scattered slots (every other slot).
+//!    bytes; slots contiguous, contiguous but listed in a shuffled order (as eviction lists them,
+//!    by priority), and scattered (every other slot, so no two blocks are adjacent).
 //!
 //! After criterion, the same pairs are timed again interleaved in this process and printed as
 //! JSON lines with their ratio (`{"bench":…, "ratio":…}`): ratios from one run are what count on a
@@ -169,6 +170,26 @@ fn dense_f32(k: &[f32], v: &[f32], q: &[f32], scale: f32, out: &mut [f32]) {
     }
 }
 
+/// Where the 1,000 moved blocks sit in the hot tier, and the order they are listed in.
+#[derive(Clone, Copy)]
+enum Slots {
+    Contiguous,
+    Shuffled,
+    Scattered,
+}
+
+impl Slots {
+    const ALL: [Self; 3] = [Self::Contiguous, Self::Shuffled, Self::Scattered];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Contiguous => "contiguous",
+            Self::Shuffled => "shuffled",
+            Self::Scattered => "scattered",
+        }
+    }
+}
+
 /// 1,000 blocks of every layer, hot and cold, for the spill/warm pair.
 struct TierCase {
     store: BlockStore,
@@ -187,7 +208,7 @@ impl TierCase {
         let config = StoreConfig::new(SHAPE, CodecKind::TQ4, hot as u32, MOVE_BLOCKS as u32);
         let mut store = BlockStore::new(config).expect("store");
         let all = store.allocate(Tier::Hot, &tags(hot)).expect("allocate");
-        let ids: Vec<BlockId> = if scattered {
+        let mut ids: Vec<BlockId> = if scattered {
             let (keep, drop): (Vec<_>, Vec<_>) =
                 all.iter().enumerate().partition(|(i, _)| i % 2 == 0);
             let drop: Vec<BlockId> = drop.into_iter().map(|(_, &id)| id).collect();
@@ -196,6 +217,12 @@ impl TierCase {
         } else {
             all
         };
+        if matches!(slots, Slots::Shuffled) {
+            let mut rng = SplitMix64::new(3);
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+        }
         // Touch every byte once so page faults are not timed.
         store.spill(&ids).expect("spill");
         store.warm(&ids).expect("warm");
@@ -247,9 +274,9 @@ fn criterion_benches(c: &mut Criterion) {
     group.finish();
 
     let mut group = c.benchmark_group("tiers");
-    for scattered in [false, true] {
-        let name = if scattered { "scattered" } else { "contiguous" };
-        let mut case = TierCase::new(scattered);
+    for slots in Slots::ALL {
+        let name = slots.name();
+        let mut case = TierCase::new(slots);
         group.throughput(Throughput::Bytes(case.moved_bytes()));
         group.bench_function(format!("{name}/spill_warm_1000"), |b| {
             b.iter(|| case.spill_warm())
@@ -319,10 +346,10 @@ fn ratios() {
             gb_per_s: None,
         });
     }
-    for scattered in [false, true] {
-        let name = if scattered { "scattered" } else { "contiguous" };
-        let mut a = TierCase::new(scattered);
-        let mut b = TierCase::new(scattered);
+    for slots in Slots::ALL {
+        let name = slots.name();
+        let mut a = TierCase::new(slots);
+        let mut b = TierCase::new(slots);
         let bytes = a.moved_bytes() as f64;
         let (ours, base) = paired(21, || a.spill_warm(), || b.memcpy());
         print(&Ratio {

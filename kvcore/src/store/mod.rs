@@ -339,28 +339,12 @@ impl BlockStore {
 
     /// Moves hot blocks to the cold tier: one bulk copy of every layer, bytes unchanged.
     pub fn spill(&mut self, ids: &[BlockId]) -> KvResult<()> {
-        let from = self.slots_in(ids, Tier::Hot)?;
-        let to = self.take_slots(Tier::Cold, ids.len())?;
-        let pairs: Vec<(u32, u32)> = from.iter().copied().zip(to.iter().copied()).collect();
-        if let Err(e) = self.hot.spill_to(&mut self.cold, &pairs) {
-            to.into_iter().for_each(|s| self.cold_free.give(s));
-            return Err(e);
-        }
-        self.relocate(ids, &from, &to, Tier::Cold);
-        Ok(())
+        self.transfer(ids, Tier::Hot, Tier::Cold)
     }
 
     /// Moves cold blocks to the hot tier: one bulk copy of every layer, bytes unchanged.
     pub fn warm(&mut self, ids: &[BlockId]) -> KvResult<()> {
-        let from = self.slots_in(ids, Tier::Cold)?;
-        let to = self.take_slots(Tier::Hot, ids.len())?;
-        let pairs: Vec<(u32, u32)> = from.iter().copied().zip(to.iter().copied()).collect();
-        if let Err(e) = self.hot.warm_from(&self.cold, &pairs) {
-            to.into_iter().for_each(|s| self.hot_free.give(s));
-            return Err(e);
-        }
-        self.relocate(ids, &from, &to, Tier::Hot);
-        Ok(())
+        self.transfer(ids, Tier::Cold, Tier::Hot)
     }
 
     /// Drops the bytes of hot or cold blocks; they stay known (tier `Recompute`) while owned, so
@@ -584,18 +568,37 @@ impl BlockStore {
         }
     }
 
-    fn relocate(&mut self, ids: &[BlockId], from: &[u32], to: &[u32], tier: Tier) {
-        let old_tier = match tier {
-            Tier::Hot => Tier::Cold,
-            _ => Tier::Hot,
+    /// Copies `ids` from `source` to `dest` (hot ↔ cold) and updates their slots and tier.
+    ///
+    /// Blocks are paired in source-slot order with destination slots in ascending order, so
+    /// blocks adjacent in the source land adjacent in the destination and move as one copy,
+    /// whatever order the caller listed them in (eviction lists them by priority).
+    fn transfer(&mut self, ids: &[BlockId], source: Tier, dest: Tier) -> KvResult<()> {
+        let from = self.slots_in(ids, source)?;
+        let mut order: Vec<(u32, BlockId)> = from.into_iter().zip(ids.iter().copied()).collect();
+        order.sort_unstable();
+        let to = self.take_slots(dest, ids.len())?;
+        let pairs: Vec<(u32, u32)> = order
+            .iter()
+            .map(|&(s, _)| s)
+            .zip(to.iter().copied())
+            .collect();
+        let copied = match dest {
+            Tier::Cold => self.hot.spill_to(&mut self.cold, &pairs),
+            _ => self.hot.warm_from(&self.cold, &pairs),
         };
-        for ((&id, &old), &new) in ids.iter().zip(from).zip(to) {
-            self.free_slot(old_tier, old);
+        if let Err(e) = copied {
+            to.into_iter().for_each(|slot| self.free_slot(dest, slot));
+            return Err(e);
+        }
+        for (&(old, id), &new) in order.iter().zip(&to) {
+            self.free_slot(source, old);
             if let Some(meta) = self.meta.get_mut(id) {
-                meta.tier = tier;
+                meta.tier = dest;
                 meta.slot = new;
             }
         }
+        Ok(())
     }
 
     /// Validates a row transfer and returns its token count.

@@ -41,6 +41,24 @@ proptest! {
 }
 
 #[test]
+fn blocks_listed_in_any_order_move_intact() {
+    // Eviction lists victims by priority, not by slot; the store reorders the copies into runs.
+    let mut store = small_store(CodecKind::TurboQuant { bits: 3 }, 8, 8);
+    let ids = filled(&mut store, 6, SourceLayer::Memories, 4);
+    let before: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|&id| store.block_bytes_of(id).unwrap())
+        .collect();
+    let shuffled = [ids[3], ids[0], ids[5], ids[1], ids[4], ids[2]];
+    store.spill(&shuffled).unwrap();
+    store.warm(&[ids[4], ids[2], ids[0]]).unwrap();
+    store.warm(&[ids[5], ids[1], ids[3]]).unwrap();
+    for (id, want) in ids.iter().zip(&before) {
+        assert_eq!(&store.block_bytes_of(*id).unwrap(), want);
+    }
+}
+
+#[test]
 fn mixed_codecs_per_layer_keep_their_own_widths() {
     let shape = KvShape::new(3, 2, 64).unwrap();
     let codecs = LayerCodecs::per_layer(
