@@ -199,7 +199,8 @@ struct TierCase {
 }
 
 impl TierCase {
-    fn new(scattered: bool) -> Self {
+    fn new(slots: Slots) -> Self {
+        let scattered = matches!(slots, Slots::Scattered);
         let hot = if scattered {
             2 * MOVE_BLOCKS
         } else {
