@@ -356,8 +356,14 @@ impl Codec {
                 // Π is linear: rotate the row, then scale to the unit sphere.
                 tq.rotation.forward(row, scratch);
                 let inv = 1.0 / n;
-                for (i, &y) in idx.iter_mut().zip(scratch.iter()) {
-                    *i = tq.thresholds.partition_point(|&t| t < y * inv) as u8;
+                scratch.iter_mut().for_each(|y| *y *= inv);
+                // idx = number of thresholds below y (thresholds ascend): counted threshold by
+                // threshold over the whole row, which is branchless and vectorizes.
+                idx.fill(0);
+                for &t in &tq.thresholds {
+                    for (i, &y) in idx.iter_mut().zip(scratch.iter()) {
+                        *i += u8::from(t < y);
+                    }
                 }
                 bitpack::pack(idx, bits, code);
             }
