@@ -144,6 +144,8 @@ struct TurboQuant {
     codebook: Vec<f32>,
     /// Midpoints between consecutive centroids.
     thresholds: Vec<f32>,
+    /// The Lloyd–Max solve's expected relative MSE.
+    expected_mse: f64,
     /// For 4 and 2 bits: the codebook values of every byte's codes (256 × 8/bits floats), so a
     /// row expands with one table read per byte. Empty for 3 bits (codes straddle bytes).
     byte_table: Vec<f32>,
@@ -182,6 +184,7 @@ impl Codec {
                     _ => Vec::new(),
                 };
                 Some(TurboQuant {
+                    expected_mse: q.mse,
                     byte_table,
                     bits,
                     rotation: Rotation::new(head_dim, seed),
@@ -220,9 +223,7 @@ impl Codec {
 
     /// The expected relative MSE of the Lloyd–Max solve (None for F16 and Q8).
     pub fn expected_relative_mse(&self) -> Option<f64> {
-        self.tq
-            .as_ref()
-            .map(|t| lloyd_max::solve(self.head_dim, t.bits).mse)
+        self.tq.as_ref().map(|t| t.expected_mse)
     }
 
     /// Encodes `rows` (a whole number of rows of `head_dim`) into `codes` and `norms`.
@@ -306,8 +307,7 @@ impl Codec {
     /// Checks that a row can be encoded: finite, and its norm (Q8: absmax) fits an f16.
     pub(crate) fn check_encodable(&self, row: &[f32]) -> KvResult<()> {
         let magnitude = match self.kind {
-            CodecKind::F16 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
-            CodecKind::Q8 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+            CodecKind::F16 | CodecKind::Q8 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
             CodecKind::TurboQuant { .. } => l2(row),
         };
         let fits = magnitude.is_finite() && magnitude <= f16::MAX.to_f32();

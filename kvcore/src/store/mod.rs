@@ -408,7 +408,7 @@ impl BlockStore {
                 codec.check_encodable(&row)?;
             }
         }
-        if tiers.contains(&Tier::Hot) {
+        if tiers.iter().any(|&(t, _)| t == Tier::Hot) {
             self.hot.host_mut()?;
         }
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
@@ -417,11 +417,11 @@ impl BlockStore {
         for t in 0..tokens {
             let pos = token_start + t;
             let (block, in_block) = (pos / bs, pos % bs);
-            let target = match tiers[block] {
+            let (tier, slot) = tiers[block];
+            let target = match tier {
                 Tier::Hot => self.hot.host_mut()?,
                 _ => &mut self.cold,
             };
-            let slot = self.meta.get(blocks[block]).map_or(0, |m| m.slot);
             for h in 0..kv_heads {
                 let (kc, vc, kn, vn) = target.row_mut(layer, slot, in_block * kv_heads + h);
                 let r = (t * kv_heads + h) * d;
@@ -453,11 +453,11 @@ impl BlockStore {
         for t in 0..tokens {
             let pos = token_start + t;
             let (block, in_block) = (pos / bs, pos % bs);
-            let tier = match tiers[block] {
+            let (tier, slot) = tiers[block];
+            let tier = match tier {
                 Tier::Hot => self.hot.host()?,
                 _ => &self.cold,
             };
-            let slot = self.meta.get(blocks[block]).map_or(0, |m| m.slot);
             let bytes = tier.layer(layer);
             let row0 = (slot as usize * bs + in_block) * kv_heads;
             let codes = (row0 * bytes.code_row)..((row0 + kv_heads) * bytes.code_row);
@@ -643,8 +643,8 @@ impl BlockStore {
         Ok(tokens)
     }
 
-    /// The tier of each block, which must hold bytes.
-    fn resident(&self, blocks: &[BlockId]) -> KvResult<Vec<Tier>> {
+    /// The tier and slot of each block, which must hold bytes.
+    fn resident(&self, blocks: &[BlockId]) -> KvResult<Vec<(Tier, u32)>> {
         blocks
             .iter()
             .map(|&id| {
@@ -655,7 +655,7 @@ impl BlockStore {
                         expected: Tier::Hot,
                         actual: Tier::Recompute,
                     }),
-                    t => Ok(t),
+                    t => Ok((t, meta.slot)),
                 }
             })
             .collect()
