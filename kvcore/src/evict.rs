@@ -7,7 +7,8 @@
 //!    older one) goes first;
 //! 2. of the victims, as many as the cold tier has free slots are spilled — the most valuable
 //!    victims (taken from the end of the order) — and the rest are removed (tier `Recompute`);
-//! 3. if the hot tier cannot free `n` slots at all, nothing happens and the call errors.
+//! 3. if the hot tier cannot free `n` slots at all, nothing happens and the call errors;
+//!    [`BlockStore::make_room_except`] also skips blocks the caller marks busy.
 //!
 //! Cost: O(hot blocks · log) for the sort, plus the spill copies.
 
@@ -56,18 +57,30 @@ impl BlockStore {
 
     /// Makes at least `n` hot slots free, evicting by the rule in the module docs.
     pub fn make_room(&mut self, n: usize) -> KvResult<Eviction> {
+        self.make_room_except(n, |_| false)
+    }
+
+    /// [`Self::make_room`], never choosing a block for which `busy` is true (an engine passes the
+    /// blocks its running sequences attend). Errors, changing nothing, when the free slots plus
+    /// the evictable blocks are fewer than `n`.
+    pub fn make_room_except(
+        &mut self,
+        n: usize,
+        busy: impl Fn(BlockId) -> bool,
+    ) -> KvResult<Eviction> {
         let free = self.free_blocks(Tier::Hot);
         if free >= n {
             return Ok(Eviction::default());
         }
-        if n > self.capacity(Tier::Hot) {
+        let mut victims = self.eviction_order();
+        victims.retain(|&id| !busy(id));
+        if free + victims.len() < n {
             return Err(KvError::TierExhausted {
                 tier: Tier::Hot,
                 requested: n,
-                available: self.capacity(Tier::Hot),
+                available: free + victims.len(),
             });
         }
-        let mut victims = self.eviction_order();
         victims.truncate(n - free);
         let to_cold = self.free_blocks(Tier::Cold).min(victims.len());
         let split = victims.len() - to_cold;

@@ -3,6 +3,7 @@
 //!
 //! | codec | code bytes per row | norm bytes | bits / element at d = 64 |
 //! |---|---|---|---|
+//! | `F32` | 4·d | 0 | 32 |
 //! | `F16` | 2·d | 0 | 16 |
 //! | `Q8` (per-row absmax scale) | d | 2 (scale, f16) | 8.25 |
 //! | `TurboQuant { bits: b }` | b·d/8 | 2 (‖x‖, f16) | b + 0.25 |
@@ -45,6 +46,8 @@ pub const DEFAULT_ROTATION_SEED: u64 = 0x454E_4752_414D_0001;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CodecKind {
+    /// IEEE single precision, no norm: exact, for correctness anchors against f32 engines.
+    F32,
     /// IEEE half precision, no norm. The reference codec.
     F16,
     /// Signed 8-bit codes with a per-row absmax scale (f16).
@@ -63,6 +66,7 @@ impl CodecKind {
     /// Packed code bytes of one row of `head_dim` elements.
     pub fn code_bytes(self, head_dim: usize) -> usize {
         match self {
+            Self::F32 => 4 * head_dim,
             Self::F16 => 2 * head_dim,
             Self::Q8 => head_dim,
             Self::TurboQuant { bits } => head_dim * usize::from(bits) / 8,
@@ -72,7 +76,7 @@ impl CodecKind {
     /// Norm (or scale) bytes of one row.
     pub fn norm_bytes(self) -> usize {
         match self {
-            Self::F16 => 0,
+            Self::F32 | Self::F16 => 0,
             Self::Q8 | Self::TurboQuant { .. } => 2,
         }
     }
@@ -86,6 +90,7 @@ impl CodecKind {
 impl std::fmt::Display for CodecKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Self::F32 => f.write_str("f32"),
             Self::F16 => f.write_str("f16"),
             Self::Q8 => f.write_str("q8"),
             Self::TurboQuant { bits } => write!(f, "tq{bits}"),
@@ -164,7 +169,7 @@ impl Codec {
     pub fn new(kind: CodecKind, head_dim: usize, seed: u64) -> KvResult<Self> {
         crate::shape::check_head_dim(head_dim)?;
         let tq = match kind {
-            CodecKind::F16 | CodecKind::Q8 => None,
+            CodecKind::F32 | CodecKind::F16 | CodecKind::Q8 => None,
             CodecKind::TurboQuant { bits } => {
                 if !(2..=4).contains(&bits) {
                     return Err(KvError::UnsupportedBits { bits });
@@ -307,6 +312,8 @@ impl Codec {
     /// Checks that a row can be encoded: finite, and its norm (Q8: absmax) fits an f16.
     pub(crate) fn check_encodable(&self, row: &[f32]) -> KvResult<()> {
         let magnitude = match self.kind {
+            // Finite f32 values are stored exactly.
+            CodecKind::F32 => 0.0,
             CodecKind::F16 | CodecKind::Q8 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
             CodecKind::TurboQuant { .. } => l2(row),
         };
@@ -327,6 +334,11 @@ impl Codec {
         idx: &mut [u8],
     ) {
         match self.kind {
+            CodecKind::F32 => {
+                for (c, &v) in code.chunks_exact_mut(4).zip(row) {
+                    c.copy_from_slice(&v.to_le_bytes());
+                }
+            }
             CodecKind::F16 => {
                 for (c, &v) in code.chunks_exact_mut(2).zip(row) {
                     c.copy_from_slice(&f16::from_f32(v).to_le_bytes());
@@ -422,6 +434,11 @@ impl Codec {
                         *o = f32::from(c as i8);
                     }
                 }
+                CodecKind::F32 => {
+                    for (o, c) in out.iter_mut().zip(code.chunks_exact(4)) {
+                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
                 _ => {
                     for (o, c) in out.iter_mut().zip(code.chunks_exact(2)) {
                         *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
@@ -436,7 +453,7 @@ impl Codec {
     #[inline]
     pub(crate) fn row_scale(&self, norm: &[u8]) -> f32 {
         match self.kind {
-            CodecKind::F16 => 1.0,
+            CodecKind::F32 | CodecKind::F16 => 1.0,
             CodecKind::Q8 | CodecKind::TurboQuant { .. } => read_norm(norm),
         }
     }

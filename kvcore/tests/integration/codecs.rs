@@ -88,6 +88,7 @@ fn bits_per_element_including_norms() {
     assert_eq!(
         table,
         vec![
+            (CodecKind::F32, 32.0),
             (CodecKind::F16, 16.0),
             (CodecKind::Q8, 8.25),
             (CodecKind::TurboQuant { bits: 2 }, 2.25),
@@ -152,4 +153,22 @@ fn bad_rows_are_rejected_and_outputs_untouched() {
         Err(KvError::NotEncodable { .. })
     ));
     assert!(c.iter().chain(&n).all(|&b| b == 0xAA));
+}
+
+#[test]
+fn f32_round_trips_bit_exactly() {
+    let codec = Codec::new(CodecKind::F32, 64, 1).unwrap();
+    let mut x = gauss(4).gaussian_vec(2 * 64);
+    x[3] = 1.0e30; // beyond f16's range: F32 stores it anyway
+    x[5] = -0.0;
+    let (mut c, mut n) = (vec![0u8; 2 * codec.code_bytes()], vec![0u8; 0]);
+    codec.encode(Rows::F32(&x), &mut c, &mut n).unwrap();
+    let mut out = vec![0.0f32; 2 * 64];
+    codec.decode(&c, &n, &mut out).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out), bits(&x));
+    assert!(matches!(
+        codec.encode(Rows::F32(&[f32::NAN; 64]), &mut c[..256], &mut n),
+        Err(KvError::NotEncodable { .. })
+    ));
 }

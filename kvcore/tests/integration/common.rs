@@ -11,7 +11,8 @@ pub fn gauss(seed: u64) -> SplitMix64 {
 }
 
 /// Every codec the crate offers.
-pub const ALL_CODECS: [CodecKind; 5] = [
+pub const ALL_CODECS: [CodecKind; 6] = [
+    CodecKind::F32,
     CodecKind::F16,
     CodecKind::Q8,
     CodecKind::TurboQuant { bits: 2 },

@@ -116,3 +116,29 @@ fn room_beyond_capacity_is_an_error_and_changes_nothing() {
     store.release(&store.eviction_order()[..1]).unwrap();
     assert!(store.make_room(1).unwrap().freed() == 0);
 }
+
+#[test]
+fn busy_blocks_are_never_chosen() {
+    let mut store = small_store(CodecKind::TQ4, 3, 0);
+    let turn = filled(&mut store, 1, SourceLayer::UserTurn, 1)[0];
+    let memory = filled(&mut store, 1, SourceLayer::Memories, 2)[0];
+    let axioms = filled(&mut store, 1, SourceLayer::Axioms, 3)[0];
+    // The user turn would go first, but a running sequence attends it.
+    let ev = store.make_room_except(1, |id| id == turn).unwrap();
+    assert_eq!(ev.removed, vec![memory]);
+    // Two busy blocks leave one candidate: asking for two frees nothing and says so.
+    let before = store.free_blocks(Tier::Hot);
+    let err = store
+        .make_room_except(3, |id| id == turn || id == axioms)
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        KvError::TierExhausted {
+            requested: 3,
+            available: 1,
+            ..
+        }
+    ));
+    assert_eq!(store.free_blocks(Tier::Hot), before);
+    assert_eq!(store.metadata().get(turn).unwrap().tier(), Tier::Hot);
+}

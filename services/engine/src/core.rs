@@ -1,0 +1,681 @@
+//! The synchronous engine: one model, one block store, the prefix cache and the running
+//! sequences. The scheduler drives it from its thread; the evaluation harness and the benches
+//! drive it directly.
+//!
+//! Life of a sequence:
+//! 1. [`EngineCore::start`] hashes the prompt's full blocks (all but the last token, which must be
+//!    computed to get logits), walks the prefix cache to the first miss, takes a reference on
+//!    every hit, and warms the cold ones with one bulk copy;
+//! 2. [`EngineCore::prefill_chunk`] computes the rest in chunks; blocks are allocated as needed
+//!    (evicting by semantic priority, never a block a running sequence attends) and tagged with
+//!    the prompt segment that fills most of them; each block that becomes full is registered in the
+//!    cache (which holds its own reference) and, if its layer is stable, pinned under the soft cap;
+//! 3. [`EngineCore::decode`] appends one token per sequence for a whole batch in one forward pass;
+//!    generated blocks are tagged `AssistantTurn` and cached too, so the next turn reuses them;
+//! 4. [`EngineCore::finish`] drops the sequence's references; blocks the cache does not hold are
+//!    freed at once, cached ones stay until eviction (hot → cold → dropped from the cache).
+//!
+//! Invariants: every block of a running sequence is hot; a cached block's hash names exactly
+//! the tokens (and the model, KV format and tenant) it holds; a block is freed only when no
+//! sequence and no cache entry owns it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use candle_core::Tensor;
+use engram_kvcore::{
+    BlockId, BlockStore, BlockTags, CodecKind, DEFAULT_ROTATION_SEED, HotTierKind, LayerCodecs,
+    PinPolicy, PrefixPinManager, PriorityTable, SessionId, SourceLayer, StoreConfig, TenantId,
+    Tier, TokenRange,
+};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{EngineError, EngineResult};
+use crate::model::{Llama, LogitRows, SeqInput};
+use crate::prefix::{BlockHash, PrefixCache, chain_hash};
+use crate::tokenizer::TextTokenizer;
+
+/// Engine options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineConfig {
+    /// Codec of every layer (default TurboQuant-4).
+    pub codec: CodecKind,
+    /// Per-layer override of `codec` (one entry per layer).
+    pub layer_codecs: Option<Vec<CodecKind>>,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Hot-tier budget in bytes.
+    pub hot_bytes: u64,
+    /// Cold-tier budget in bytes.
+    pub cold_bytes: u64,
+    /// TurboQuant rotation seed (part of the storage format).
+    pub rotation_seed: u64,
+    /// Prefill chunk in tokens.
+    pub prefill_chunk: usize,
+    /// Sequences decoded together at most.
+    pub max_running: usize,
+    /// Requests waiting at most; beyond it submission answers `Overloaded`.
+    pub queue_capacity: usize,
+    /// Which layers are pinned, and the soft cap.
+    pub pin_policy: PinPolicy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            codec: CodecKind::TQ4,
+            layer_codecs: None,
+            block_size: engram_kvcore::DEFAULT_BLOCK_SIZE,
+            hot_bytes: 1 << 30,
+            cold_bytes: 2 << 30,
+            rotation_seed: DEFAULT_ROTATION_SEED,
+            prefill_chunk: 256,
+            max_running: 16,
+            queue_capacity: 64,
+            pin_policy: PinPolicy::default(),
+        }
+    }
+}
+
+/// A running sequence's handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SeqId(pub u64);
+
+/// Whether a sequence may reuse and publish cached prefix blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefixReuse {
+    /// Reuse cached blocks and register new ones (the default).
+    #[default]
+    Enabled,
+    /// Compute everything; cache nothing (evaluation).
+    Disabled,
+}
+
+/// A tagged run of prompt tokens (one prompt layer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptSegment {
+    /// The tokens.
+    pub tokens: Vec<u32>,
+    /// Which prompt layer they come from.
+    pub source: SourceLayer,
+    /// Importance in 0..=1.
+    pub importance: f32,
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SequenceSpec {
+    /// The prompt, in order.
+    pub segments: Vec<PromptSegment>,
+    /// Owner; also the prefix cache's salt.
+    pub tenant: TenantId,
+    /// Session, if any.
+    pub session: Option<SessionId>,
+    /// Prefix reuse.
+    pub reuse: PrefixReuse,
+}
+
+impl SequenceSpec {
+    /// One untagged segment (a user turn) for `tenant`.
+    pub fn plain(tokens: Vec<u32>, tenant: TenantId) -> Self {
+        Self {
+            segments: vec![PromptSegment {
+                tokens,
+                source: SourceLayer::UserTurn,
+                importance: 0.5,
+            }],
+            tenant,
+            session: None,
+            reuse: PrefixReuse::Enabled,
+        }
+    }
+}
+
+/// What [`EngineCore::start`] found in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    /// Prompt length.
+    pub prompt_tokens: usize,
+    /// Leading tokens whose blocks were reused.
+    pub cached_tokens: usize,
+    /// Of those blocks, how many were warmed from the cold tier.
+    pub warmed_blocks: usize,
+}
+
+/// What one prefill chunk did.
+#[derive(Debug, Clone)]
+pub struct ChunkOutput {
+    /// Logits of the chunk's rows (all, or the last).
+    pub logits: Tensor,
+    /// Tokens the chunk computed.
+    pub tokens: usize,
+    /// Prompt tokens still to compute.
+    pub remaining: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Sequence {
+    tokens: Vec<u32>,
+    /// (end, source, importance) of each prompt segment.
+    segments: Vec<(usize, SourceLayer, f32)>,
+    prompt_len: usize,
+    blocks: Vec<BlockId>,
+    /// Tokens whose K/V are in `blocks`.
+    computed: usize,
+    /// Hashes of the leading full blocks.
+    hashes: Vec<BlockHash>,
+    tenant: TenantId,
+    session: Option<SessionId>,
+    reuse: PrefixReuse,
+}
+
+/// The synchronous engine (see the module docs).
+#[derive(Debug)]
+pub struct EngineCore {
+    model: Llama,
+    tokenizer: TextTokenizer,
+    store: BlockStore,
+    cache: PrefixCache,
+    pins: PrefixPinManager,
+    config: EngineConfig,
+    fingerprint: [u8; 32],
+    seqs: BTreeMap<SeqId, Sequence>,
+    next_seq: u64,
+}
+
+impl EngineCore {
+    /// Loads the model at `path` (GGUF file or safetensors directory) and its tokenizer.
+    pub fn load(path: &Path, config: EngineConfig) -> EngineResult<Self> {
+        let model = Llama::load(path)?;
+        let tokenizer = TextTokenizer::for_model(path)?;
+        Self::new(model, tokenizer, config)
+    }
+
+    /// An engine over a loaded model (cheap to repeat: weights are shared).
+    pub fn new(model: Llama, tokenizer: TextTokenizer, config: EngineConfig) -> EngineResult<Self> {
+        let shape = model.kv_shape(config.block_size)?;
+        let codecs = match &config.layer_codecs {
+            Some(kinds) => LayerCodecs::per_layer(&shape, kinds.clone())?,
+            None => LayerCodecs::uniform(&shape, config.codec),
+        };
+        let block_bytes: usize = codecs
+            .kinds()
+            .iter()
+            .map(|k| {
+                2 * shape.block_size
+                    * shape.kv_heads
+                    * (k.code_bytes(shape.head_dim) + k.norm_bytes())
+            })
+            .sum();
+        let per_context = model.config().context_length.div_ceil(shape.block_size);
+        let hot = config.hot_bytes / block_bytes as u64;
+        if hot < per_context as u64 {
+            return Err(EngineError::InvalidConfig {
+                field: "hot_bytes",
+                reason: format!(
+                    "{} bytes hold {hot} blocks of {block_bytes} bytes; one full context needs {per_context}",
+                    config.hot_bytes
+                ),
+            });
+        }
+        for (field, v) in [
+            ("prefill_chunk", config.prefill_chunk),
+            ("max_running", config.max_running),
+            ("queue_capacity", config.queue_capacity),
+        ] {
+            if v == 0 {
+                return Err(EngineError::InvalidConfig {
+                    field,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        let store = BlockStore::new(StoreConfig {
+            shape,
+            codecs: codecs.clone(),
+            hot_kind: HotTierKind::Host,
+            hot_blocks: clamp(hot),
+            cold_blocks: clamp(config.cold_bytes / block_bytes as u64),
+            rotation_seed: config.rotation_seed,
+            priorities: PriorityTable::default(),
+        })?;
+        let pins = PrefixPinManager::new(config.pin_policy.clone())?;
+        let mut h = Sha256::new();
+        h.update(model.fingerprint());
+        h.update(serde_json::to_vec(codecs.kinds()).unwrap_or_default());
+        h.update(config.rotation_seed.to_le_bytes());
+        h.update((shape.block_size as u64).to_le_bytes());
+        Ok(Self {
+            fingerprint: h.finalize().into(),
+            model,
+            tokenizer,
+            store,
+            cache: PrefixCache::default(),
+            pins,
+            config,
+            seqs: BTreeMap::new(),
+            next_seq: 1,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The options.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The block store (metadata, tiers).
+    pub fn store(&self) -> &BlockStore {
+        &self.store
+    }
+
+    /// The prefix cache.
+    pub fn cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
+    /// Hash of the model and KV format: the prefix cache's namespace.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    /// Running sequences.
+    pub fn running(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// A sequence's tokens so far (prompt and generated).
+    pub fn tokens(&self, id: SeqId) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|s| s.tokens.as_slice())
+    }
+
+    /// A sequence's block table.
+    pub fn blocks(&self, id: SeqId) -> Option<&[BlockId]> {
+        self.seqs.get(&id).map(|s| s.blocks.as_slice())
+    }
+
+    /// Admits a sequence: reuses its longest cached prefix (see the module docs).
+    pub fn start(&mut self, spec: SequenceSpec) -> EngineResult<(SeqId, Admission)> {
+        let mut tokens = Vec::new();
+        let mut segments = Vec::with_capacity(spec.segments.len());
+        for seg in &spec.segments {
+            if !(0.0..=1.0).contains(&seg.importance) {
+                return Err(EngineError::Kv(engram_kvcore::KvError::InvalidImportance {
+                    value: seg.importance,
+                }));
+            }
+            tokens.extend_from_slice(&seg.tokens);
+            segments.push((tokens.len(), seg.source, seg.importance));
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let cfg = self.model.config();
+        if tokens.len() > cfg.context_length {
+            return Err(EngineError::ContextOverflow {
+                requested: tokens.len(),
+                context: cfg.context_length,
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(EngineError::TokenOutOfRange {
+                id,
+                vocab: cfg.vocab_size,
+            });
+        }
+        let bs = self.config.block_size;
+        let mut hits = Vec::new();
+        let mut hashes = Vec::new();
+        if spec.reuse == PrefixReuse::Enabled {
+            for b in 0..(tokens.len() - 1) / bs {
+                let h = chain_hash(
+                    &self.fingerprint,
+                    spec.tenant.0,
+                    hashes.last(),
+                    &tokens[b * bs..(b + 1) * bs],
+                );
+                let Some(id) = self.cache.get(&h) else { break };
+                let tier = self.store.metadata().get(id).map(|m| m.tier());
+                if !matches!(tier, Some(Tier::Hot | Tier::Cold)) {
+                    self.drop_cached(id)?;
+                    break;
+                }
+                hits.push(id);
+                hashes.push(h);
+            }
+        }
+        self.store.retain(&hits)?;
+        let id = SeqId(self.next_seq);
+        self.next_seq += 1;
+        let cached_tokens = hits.len() * bs;
+        self.seqs.insert(
+            id,
+            Sequence {
+                prompt_len: tokens.len(),
+                tokens,
+                segments,
+                blocks: hits.clone(),
+                computed: cached_tokens,
+                hashes,
+                tenant: spec.tenant,
+                session: spec.session,
+                reuse: spec.reuse,
+            },
+        );
+        let cold: Vec<BlockId> = hits
+            .iter()
+            .copied()
+            .filter(|&b| self.store.metadata().get(b).map(|m| m.tier()) == Some(Tier::Cold))
+            .collect();
+        let warmed = self.make_hot_room(cold.len()).and_then(|()| {
+            self.store.warm(&cold)?;
+            self.store.touch(&hits)?;
+            Ok(())
+        });
+        if let Err(e) = warmed {
+            self.finish(id)?;
+            return Err(e);
+        }
+        let admission = Admission {
+            prompt_tokens: self.seqs.get(&id).map_or(0, |s| s.prompt_len),
+            cached_tokens,
+            warmed_blocks: cold.len(),
+        };
+        Ok((id, admission))
+    }
+
+    /// Computes the next prefill chunk (at most `prefill_chunk` tokens) of one sequence.
+    pub fn prefill_chunk(&mut self, id: SeqId, rows: LogitRows) -> EngineResult<ChunkOutput> {
+        let seq = self.seq(id)?;
+        let n = (seq.prompt_len - seq.computed.min(seq.prompt_len)).min(self.config.prefill_chunk);
+        if n == 0 {
+            return Err(EngineError::InvalidConfig {
+                field: "prefill",
+                reason: "the prompt is already computed".into(),
+            });
+        }
+        let logits = self.run(&[(id, n, rows)])?;
+        let seq = self.seq(id)?;
+        Ok(ChunkOutput {
+            logits,
+            tokens: n,
+            remaining: seq.prompt_len - seq.computed,
+        })
+    }
+
+    /// Prefills the whole remaining prompt; returns the last position's logits.
+    pub fn prefill(&mut self, id: SeqId) -> EngineResult<Vec<f32>> {
+        loop {
+            let out = self.prefill_chunk(id, LogitRows::Last)?;
+            if out.remaining == 0 {
+                return Ok(out.logits.squeeze(0)?.to_vec1()?);
+            }
+        }
+    }
+
+    /// Appends one token to each sequence and computes them as one batch; returns each
+    /// sequence's next-token logits, in order.
+    pub fn decode(&mut self, next: &[(SeqId, u32)]) -> EngineResult<Vec<Vec<f32>>> {
+        let vocab = self.model.config().vocab_size;
+        let mut seen = HashSet::new();
+        for &(id, tok) in next {
+            let seq = self.seq(id)?;
+            if seq.computed < seq.prompt_len || !seen.insert(id) {
+                return Err(EngineError::InvalidConfig {
+                    field: "decode",
+                    reason: format!("sequence {} is not ready to decode once", id.0),
+                });
+            }
+            if tok as usize >= vocab {
+                return Err(EngineError::TokenOutOfRange { id: tok, vocab });
+            }
+            if seq.tokens.len() >= self.model.config().context_length {
+                return Err(EngineError::ContextOverflow {
+                    requested: seq.tokens.len() + 1,
+                    context: self.model.config().context_length,
+                });
+            }
+        }
+        for &(id, tok) in next {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.tokens.push(tok);
+            }
+        }
+        let work: Vec<_> = next
+            .iter()
+            .map(|&(id, _)| (id, 1, LogitRows::Last))
+            .collect();
+        let result = self.run(&work);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // Nothing was computed: take the tokens back.
+                for &(id, _) in next {
+                    if let Some(seq) = self.seqs.get_mut(&id) {
+                        seq.tokens.pop();
+                    }
+                }
+                return Err(e);
+            }
+        };
+        Ok(logits.to_vec2()?)
+    }
+
+    /// Ends a sequence: drops its block references (cached blocks stay cached).
+    pub fn finish(&mut self, id: SeqId) -> EngineResult<()> {
+        if let Some(seq) = self.seqs.remove(&id) {
+            self.store.release(&seq.blocks)?;
+        }
+        Ok(())
+    }
+
+    fn seq(&self, id: SeqId) -> EngineResult<&Sequence> {
+        self.seqs.get(&id).ok_or(EngineError::InvalidConfig {
+            field: "sequence",
+            reason: format!("no running sequence {}", id.0),
+        })
+    }
+
+    /// Computes `n` pending tokens of each listed sequence in one forward pass.
+    fn run(&mut self, work: &[(SeqId, usize, LogitRows)]) -> EngineResult<Tensor> {
+        let bs = self.config.block_size;
+        let mut need = 0;
+        for &(id, n, _) in work {
+            let seq = self.seq(id)?;
+            need += (seq.computed + n)
+                .div_ceil(bs)
+                .saturating_sub(seq.blocks.len());
+        }
+        self.make_hot_room(need)?;
+        for &(id, n, _) in work {
+            let tags = {
+                let seq = self.seq(id)?;
+                let have = seq.blocks.len();
+                (have..(seq.computed + n).div_ceil(bs))
+                    .map(|b| block_tags(seq, b, bs))
+                    .collect::<Vec<_>>()
+            };
+            let ids = self.store.allocate(Tier::Hot, &tags)?;
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.blocks.extend(ids);
+            }
+        }
+        let seqs = &self.seqs;
+        let inputs = work
+            .iter()
+            .map(|&(id, n, rows)| {
+                let seq = seqs.get(&id).ok_or(EngineError::InvalidConfig {
+                    field: "sequence",
+                    reason: format!("no running sequence {}", id.0),
+                })?;
+                Ok(SeqInput {
+                    tokens: &seq.tokens[seq.computed..seq.computed + n],
+                    start: seq.computed,
+                    blocks: &seq.blocks,
+                    logits: rows,
+                })
+            })
+            .collect::<EngineResult<Vec<_>>>()?;
+        let logits = self.model.forward(&mut self.store, &inputs)?;
+        for &(id, n, _) in work {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.computed += n;
+            }
+            self.register(id)?;
+        }
+        Ok(logits)
+    }
+
+    /// Registers the sequence's newly full blocks in the prefix cache and pins stable ones.
+    fn register(&mut self, id: SeqId) -> EngineResult<()> {
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return Ok(());
+        };
+        self.store.touch(&seq.blocks)?;
+        if seq.reuse == PrefixReuse::Disabled {
+            return Ok(());
+        }
+        let mut stable = Vec::new();
+        while seq.hashes.len() < seq.computed / bs {
+            let b = seq.hashes.len();
+            let h = chain_hash(
+                &self.fingerprint,
+                seq.tenant.0,
+                seq.hashes.last(),
+                &seq.tokens[b * bs..(b + 1) * bs],
+            );
+            let block = seq.blocks[b];
+            if self.cache.get(&h).is_none() && self.cache.insert(h, block) {
+                self.store.retain(&[block])?;
+                let source = self.store.metadata().get(block).map(|m| m.source());
+                if source.is_some_and(|s| self.config.pin_policy.sources.contains(&s)) {
+                    stable.push(block);
+                }
+            }
+            seq.hashes.push(h);
+        }
+        if !stable.is_empty() {
+            self.pins.pin(&mut self.store, &stable)?;
+        }
+        Ok(())
+    }
+
+    /// Frees `n` hot slots: first makes cold room for what will spill, then evicts hot blocks no
+    /// running sequence attends; blocks that could not be spilled leave the cache.
+    fn make_hot_room(&mut self, n: usize) -> EngineResult<()> {
+        let free = self.store.free_blocks(Tier::Hot);
+        if free >= n {
+            return Ok(());
+        }
+        self.trim_cold(n - free)?;
+        let busy: HashSet<BlockId> = self
+            .seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        let ev = self.store.make_room_except(n, |id| busy.contains(&id))?;
+        for id in ev.removed {
+            self.drop_cached(id)?;
+        }
+        Ok(())
+    }
+
+    /// Drops cached cold blocks, lowest priority and least recently attended first, until `n`
+    /// cold slots are free (or no cached cold block is left).
+    fn trim_cold(&mut self, n: usize) -> EngineResult<()> {
+        let free = self.store.free_blocks(Tier::Cold);
+        if free >= n || self.store.capacity(Tier::Cold) == 0 {
+            return Ok(());
+        }
+        let mut cold: Vec<_> = self
+            .store
+            .metadata()
+            .iter()
+            .filter(|m| m.tier() == Tier::Cold && m.ref_count() == 1)
+            .filter(|m| self.cache.contains_block(m.id()))
+            .map(|m| (m.priority(), m.last_attended(), m.created_at(), m.id()))
+            .collect();
+        cold.sort_unstable();
+        for (_, _, _, id) in cold.into_iter().take(n - free) {
+            self.drop_cached(id)?;
+        }
+        Ok(())
+    }
+
+    /// Removes a block from the cache and drops the cache's reference.
+    fn drop_cached(&mut self, id: BlockId) -> EngineResult<()> {
+        if self.cache.remove_block(id) {
+            self.store.release(&[id])?;
+        }
+        Ok(())
+    }
+
+    /// Moves every cached hot block that no sequence attends to the cold tier (for benches and
+    /// the tier manager); returns how many moved.
+    pub fn spill_idle(&mut self) -> EngineResult<usize> {
+        let busy: HashSet<BlockId> = self
+            .seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        let idle: Vec<BlockId> = self
+            .cache
+            .blocks()
+            .filter(|id| !busy.contains(id))
+            .filter(|&id| self.store.metadata().get(id).map(|m| m.tier()) == Some(Tier::Hot))
+            .collect();
+        self.trim_cold(idle.len())?;
+        let room = self.store.free_blocks(Tier::Cold).min(idle.len());
+        self.store.spill(&idle[..room])?;
+        Ok(room)
+    }
+
+    /// Drops every cached block no sequence attends (a cold start for benches).
+    pub fn clear_cache(&mut self) -> EngineResult<()> {
+        let ids: Vec<BlockId> = self.cache.blocks().collect();
+        for id in ids {
+            self.drop_cached(id)?;
+        }
+        Ok(())
+    }
+}
+
+/// Tags of block `b`: the prompt segment covering most of its positions (earlier wins ties);
+/// positions past the prompt are the assistant's turn.
+fn block_tags(seq: &Sequence, b: usize, bs: usize) -> BlockTags {
+    let (lo, hi) = (b * bs, (b + 1) * bs);
+    let mut best = (0usize, SourceLayer::AssistantTurn, 0.5f32);
+    let mut seg_start = 0;
+    for &(end, source, importance) in &seq.segments {
+        let overlap = end.min(hi).saturating_sub(seg_start.max(lo));
+        if overlap > best.0 {
+            best = (overlap, source, importance);
+        }
+        seg_start = end;
+    }
+    let generated = hi.saturating_sub(seq.prompt_len.max(lo));
+    if generated > best.0 {
+        best = (generated, SourceLayer::AssistantTurn, 0.5);
+    }
+    BlockTags {
+        source: best.1,
+        importance: best.2,
+        tenant: seq.tenant,
+        session: seq.session,
+        tokens: TokenRange::new(lo as u32, hi as u32),
+    }
+}

@@ -1,0 +1,111 @@
+//! The engine's error type: one enum, fields not formatted strings.
+
+use std::path::PathBuf;
+
+use engram_kvcore::KvError;
+
+/// Errors of the inference core.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A model or tokenizer file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A tensor operation or a GGUF/safetensors parse failed.
+    #[error("tensor error: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// The KV store refused an operation.
+    #[error("kv store: {0}")]
+    Kv(#[from] KvError),
+    /// A model file lacks a required metadata key or config field.
+    #[error("model metadata: missing or invalid `{key}`")]
+    Metadata {
+        /// The key (GGUF metadata key or config.json field).
+        key: String,
+    },
+    /// A model file lacks a tensor.
+    #[error("model weights: missing tensor `{name}`")]
+    MissingTensor {
+        /// The tensor's name in the file.
+        name: String,
+    },
+    /// The file holds an architecture the engine does not run.
+    #[error("unsupported architecture `{arch}` (the engine runs Llama-family models)")]
+    UnsupportedArchitecture {
+        /// `general.architecture` or `model_type`.
+        arch: String,
+    },
+    /// The tokenizer could not be built or failed on input.
+    #[error("tokenizer: {reason}")]
+    Tokenizer {
+        /// What went wrong, from the tokenizers crate.
+        reason: String,
+    },
+    /// An engine option is out of range.
+    #[error("invalid engine config `{field}`: {reason}")]
+    InvalidConfig {
+        /// The option.
+        field: &'static str,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// A sampling parameter is out of range.
+    #[error("invalid sampling parameter `{field}`: {reason}")]
+    InvalidSampling {
+        /// The parameter.
+        field: &'static str,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// A token id is outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// Prompt plus generation would exceed the model's context.
+    #[error("{requested} tokens exceed the context of {context} tokens")]
+    ContextOverflow {
+        /// Prompt tokens plus `max_tokens`.
+        requested: usize,
+        /// The model's context length.
+        context: usize,
+    },
+    /// The request queue is full; retry later.
+    #[error("the engine is overloaded: {queued} requests queued (capacity {capacity})")]
+    Overloaded {
+        /// Requests waiting.
+        queued: usize,
+        /// The queue's bound.
+        capacity: usize,
+    },
+    /// The engine thread has stopped.
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// The engine's result type.
+pub type EngineResult<T> = Result<T, EngineError>;
+
+pub(crate) fn io_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
+    move |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub(crate) fn metadata(key: &str) -> EngineError {
+    EngineError::Metadata {
+        key: key.to_string(),
+    }
+}

@@ -1,0 +1,37 @@
+//! # engram-engine
+//!
+//! Engram's inference core: a candle Llama whose KV cache lives in kvcore blocks.
+//!
+//! - [`Llama`] loads GGUF (dequantized to f32) or safetensors and runs ragged batches whose
+//!   attention writes and reads [`engram_kvcore::BlockStore`] blocks;
+//! - [`EngineCore`] adds the prefix cache (chained block hashes), semantic eviction and pins;
+//! - [`Engine`] runs an `EngineCore` on its own thread with continuous batching, a bounded queue
+//!   and token streams;
+//! - [`eval`] and [`bench`] are the fidelity harness and the TTFT/decode benchmark.
+
+#![forbid(unsafe_code)]
+
+pub mod bench;
+mod core;
+mod error;
+pub mod eval;
+mod model;
+mod prefix;
+mod sampling;
+mod scheduler;
+mod tokenizer;
+mod weights;
+
+pub use crate::core::{
+    Admission, ChunkOutput, EngineConfig, EngineCore, PrefixReuse, PromptSegment, SeqId,
+    SequenceSpec,
+};
+pub use error::{EngineError, EngineResult};
+pub use model::{Llama, LogitRows, SeqInput, log_softmax_rows};
+pub use prefix::{
+    BlockHash, PARTIAL_SHARE, PrefixCache, SessionText, TextMatch, chain_hash, match_text,
+};
+pub use sampling::{Sampler, SamplingParams, argmax};
+pub use scheduler::{Engine, FinishReason, GenerateRequest, StreamEvent, Usage};
+pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
+pub use weights::ModelConfig;

@@ -1,0 +1,351 @@
+//! A Llama-family decoder whose attention reads and writes kvcore blocks.
+//!
+//! Weights are held as f32 tensors in Hugging Face layout (`[out, in]`, q/k rows in the
+//! half-split RoPE order): GGUF files are dequantized at load and their q/k rows un-permuted from
+//! llama.cpp's interleaved order; safetensors directories are read as they are.
+//!
+//! One [`Llama::forward`] call runs a ragged batch: every sequence contributes its new tokens
+//! (a prefill chunk or one decode token), all rows go through the projections and the MLP as one
+//! matrix, and attention is per sequence over its block table:
+//! - each layer first **writes** the new rows' K (after RoPE) and V into the sequence's blocks
+//!   through the layer's codec;
+//! - a single new token (decode) then attends with [`BlockStore::attend`], straight from the
+//!   packed codes;
+//! - a chunk of several tokens (prefill) decodes the blocks it needs once per layer
+//!   ([`BlockStore::read`]) and attends causally with dense matrix products.
+//!
+//! Both paths read what the store holds, so a prefix computed once and reused, or computed again,
+//! gives the same logits, and the codec's error shows in every position, exactly as in decode.
+//! Cost per layer: projections O(rows · hidden²); attention O(new · context · heads · head_dim).
+
+use std::path::Path;
+
+use candle_core::{D, DType, Device, Tensor};
+use engram_kvcore::{AttentionParams, BlockId, BlockStore, KvShape, Rows};
+
+use crate::error::{EngineError, EngineResult};
+use crate::weights::{ModelConfig, Weights};
+
+/// One layer's weights.
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    pub attn_norm: Tensor,
+    pub wq: Tensor,
+    pub wk: Tensor,
+    pub wv: Tensor,
+    pub wo: Tensor,
+    pub ffn_norm: Tensor,
+    pub w_gate: Tensor,
+    pub w_up: Tensor,
+    pub w_down: Tensor,
+}
+
+/// A loaded model.
+#[derive(Debug, Clone)]
+pub struct Llama {
+    config: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    fingerprint: [u8; 32],
+}
+
+/// One sequence's part of a forward batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// The new tokens (a prefill chunk, or one decode token).
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; positions `0..start` are already in the blocks.
+    pub start: usize,
+    /// The sequence's block table, covering at least `start + tokens.len()` positions.
+    pub blocks: &'a [BlockId],
+    /// Which rows' logits to return.
+    pub logits: LogitRows,
+}
+
+/// Which logits a sequence wants back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    /// Only the last new token's (generation).
+    Last,
+    /// Every new token's (teacher-forced evaluation).
+    All,
+}
+
+impl Llama {
+    /// Loads a GGUF file (weights dequantized to f32).
+    pub fn from_gguf(path: &Path) -> EngineResult<Self> {
+        Self::from_weights(Weights::from_gguf(path)?)
+    }
+
+    /// Loads a Hugging Face directory (`config.json` + `model.safetensors` or its index).
+    pub fn from_safetensors_dir(dir: &Path) -> EngineResult<Self> {
+        Self::from_weights(Weights::from_safetensors_dir(dir)?)
+    }
+
+    /// Loads a GGUF file or a safetensors directory, whichever `path` is.
+    pub fn load(path: &Path) -> EngineResult<Self> {
+        if path.is_dir() {
+            Self::from_safetensors_dir(path)
+        } else {
+            Self::from_gguf(path)
+        }
+    }
+
+    fn from_weights(w: Weights) -> EngineResult<Self> {
+        let config = w.config;
+        let half = config.head_dim / 2;
+        let inv: Vec<f32> = (0..half)
+            .map(|i| {
+                1.0 / config
+                    .rope_theta
+                    .powf(2.0 * i as f64 / config.head_dim as f64) as f32
+            })
+            .collect();
+        let ctx = config.context_length;
+        let mut angles = Vec::with_capacity(ctx * half);
+        for p in 0..ctx {
+            angles.extend(inv.iter().map(|f| p as f32 * f));
+        }
+        let angles = Tensor::from_vec(angles, (ctx, half), &Device::Cpu)?;
+        Ok(Self {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            config,
+            embed: w.embed,
+            layers: w.layers,
+            norm: w.norm,
+            lm_head: w.lm_head,
+            fingerprint: w.fingerprint,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// SHA-256 of the model's files: part of every prefix-cache hash.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    /// The KV geometry a store needs for this model (block size as given).
+    pub fn kv_shape(&self, block_size: usize) -> EngineResult<KvShape> {
+        Ok(KvShape::with_block_size(
+            self.config.num_layers,
+            self.config.num_kv_heads,
+            self.config.head_dim,
+            block_size,
+        )?)
+    }
+
+    /// Runs one ragged batch; writes every new token's K/V into its blocks and returns the
+    /// requested logits, `[rows, vocab]`, sequence by sequence in batch order.
+    pub fn forward(&self, store: &mut BlockStore, batch: &[SeqInput<'_>]) -> EngineResult<Tensor> {
+        let cfg = &self.config;
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let bs = store.shape().block_size;
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        for s in batch {
+            let end = s.start + s.tokens.len();
+            if s.tokens.is_empty() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if end > cfg.context_length {
+                return Err(EngineError::ContextOverflow {
+                    requested: end,
+                    context: cfg.context_length,
+                });
+            }
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(EngineError::TokenOutOfRange {
+                    id,
+                    vocab: cfg.vocab_size,
+                });
+            }
+            if s.blocks.len() < end.div_ceil(bs) {
+                return Err(EngineError::InvalidConfig {
+                    field: "blocks",
+                    reason: format!(
+                        "a block table of {} blocks cannot hold {end} tokens",
+                        s.blocks.len()
+                    ),
+                });
+            }
+            ids.extend_from_slice(s.tokens);
+            positions.extend((s.start..end).map(|p| p as u32));
+        }
+        let n = ids.len();
+        let dev = Device::Cpu;
+        let ids = Tensor::from_vec(ids, n, &dev)?;
+        let pos = Tensor::from_vec(positions, n, &dev)?;
+        let cos = self.cos.index_select(&pos, 0)?;
+        let sin = self.sin.index_select(&pos, 0)?;
+        let masks = batch
+            .iter()
+            .map(|s| causal_mask(s.start, s.tokens.len()))
+            .collect::<EngineResult<Vec<_>>>()?;
+        let params = AttentionParams::new(heads, d);
+        let eps = cfg.rms_eps as f32;
+
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let q = rope(&linear(&h, &layer.wq)?, heads, d, &cos, &sin)?;
+            let k = rope(&linear(&h, &layer.wk)?, kv_heads, d, &cos, &sin)?;
+            let v = linear(&h, &layer.wv)?;
+            let k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
+            let v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
+            let width = kv_heads * d;
+            let mut off = 0;
+            for s in batch {
+                let r = off * width..(off + s.tokens.len()) * width;
+                store.write(
+                    l,
+                    s.blocks,
+                    s.start,
+                    Rows::F32(&k_rows[r.clone()]),
+                    Rows::F32(&v_rows[r]),
+                )?;
+                off += s.tokens.len();
+            }
+            let mut outs = Vec::with_capacity(batch.len());
+            let mut off = 0;
+            for (s, mask) in batch.iter().zip(&masks) {
+                let m = s.tokens.len();
+                let total = s.start + m;
+                let blocks = &s.blocks[..total.div_ceil(bs)];
+                let q_seq = q.narrow(0, off, m)?;
+                let out = if m == 1 {
+                    let qv: Vec<f32> = q_seq.flatten_all()?.to_vec1()?;
+                    let mut o = vec![0.0f32; heads * d];
+                    store.attend(l, blocks, total, &qv, &params, &mut o)?;
+                    Tensor::from_vec(o, (1, heads * d), &dev)?
+                } else {
+                    dense_attention(store, l, blocks, total, &q_seq, mask, cfg)?
+                };
+                outs.push(out);
+                off += m;
+            }
+            let attn = Tensor::cat(&outs, 0)?;
+            x = (x + linear(&attn, &layer.wo)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+            let gate = candle_nn::ops::silu(&linear(&h, &layer.w_gate)?)?;
+            let up = linear(&h, &layer.w_up)?;
+            x = (x + linear(&(gate * up)?, &layer.w_down)?)?;
+        }
+        let mut rows = Vec::new();
+        let mut off = 0u32;
+        for s in batch {
+            let m = s.tokens.len() as u32;
+            match s.logits {
+                LogitRows::Last => rows.push(off + m - 1),
+                LogitRows::All => rows.extend(off..off + m),
+            }
+            off += m;
+        }
+        let rows = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
+        let x = x.index_select(&rows, 0)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        Ok(linear(&x, &self.lm_head)?)
+    }
+}
+
+/// `x · wᵀ` for `x: [rows, in]`, `w: [out, in]`.
+fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    x.matmul(&w.t()?)
+}
+
+/// Applies half-split RoPE to `x: [rows, heads·d]` at the rows' positions; returns
+/// `[rows, heads, d]`, contiguous.
+fn rope(
+    x: &Tensor,
+    heads: usize,
+    d: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let rows = x.dim(0)?;
+    let x = x
+        .reshape((1, rows, heads, d))?
+        .transpose(1, 2)?
+        .contiguous()?;
+    let y = candle_nn::rotary_emb::rope(&x, cos, sin)?;
+    y.squeeze(0)?.transpose(0, 1)?.contiguous()
+}
+
+/// Additive causal mask `[new, start + new]`: token `i` (position `start + i`) sees positions
+/// `≤ start + i`. `None` for a single token, which sees everything.
+fn causal_mask(start: usize, new: usize) -> EngineResult<Option<Tensor>> {
+    if new == 1 {
+        return Ok(None);
+    }
+    let total = start + new;
+    let mut m = vec![0.0f32; new * total];
+    for i in 0..new {
+        m[i * total + start + i + 1..(i + 1) * total].fill(f32::NEG_INFINITY);
+    }
+    Ok(Some(Tensor::from_vec(m, (new, total), &Device::Cpu)?))
+}
+
+/// Causal attention of `q: [new, heads, d]` over positions `0..total` of the blocks, decoded
+/// once from the store. Returns `[new, heads·d]`.
+fn dense_attention(
+    store: &BlockStore,
+    layer: usize,
+    blocks: &[BlockId],
+    total: usize,
+    q: &Tensor,
+    mask: &Option<Tensor>,
+    cfg: &ModelConfig,
+) -> EngineResult<Tensor> {
+    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let group = heads / kv_heads;
+    let new = q.dim(0)?;
+    let n = total * kv_heads * d;
+    let (mut kb, mut vb) = (vec![0.0f32; n], vec![0.0f32; n]);
+    store.read(layer, blocks, 0, &mut kb, &mut vb)?;
+    let dev = Device::Cpu;
+    let k = Tensor::from_vec(kb, (total, kv_heads, d), &dev)?
+        .transpose(0, 1)?
+        .contiguous()?;
+    let v = Tensor::from_vec(vb, (total, kv_heads, d), &dev)?
+        .transpose(0, 1)?
+        .contiguous()?;
+    // Query head h uses KV head h / group: fold the group into the row axis.
+    let q = q
+        .reshape((new, kv_heads, group, d))?
+        .permute((1, 2, 0, 3))?
+        .reshape((kv_heads, group * new, d))?
+        .contiguous()?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let att = (q.matmul(&k.t()?)? * scale)?;
+    let att = match mask {
+        Some(mask) => att
+            .reshape((kv_heads, group, new, total))?
+            .broadcast_add(mask)?
+            .reshape((kv_heads, group * new, total))?,
+        None => att,
+    };
+    let p = candle_nn::ops::softmax_last_dim(&att)?;
+    let out = p
+        .matmul(&v)?
+        .reshape((kv_heads, group, new, d))?
+        .permute((2, 0, 1, 3))?
+        .reshape((new, heads * d))?;
+    Ok(out.contiguous()?)
+}
+
+/// Row-wise log-softmax of `[rows, vocab]` logits, as f32 vectors.
+pub fn log_softmax_rows(logits: &Tensor) -> EngineResult<Vec<Vec<f32>>> {
+    let l = logits.to_dtype(DType::F32)?;
+    let max = l.max_keepdim(D::Minus1)?;
+    let shifted = l.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    Ok(shifted.broadcast_sub(&lse)?.to_vec2()?)
+}

@@ -1,0 +1,484 @@
+//! The engine thread: continuous batching over an [`EngineCore`].
+//!
+//! Callers [`Engine::submit`] a request and get a stream (a `flume` receiver, usable from
+//! threads and from async code). Requests wait in a bounded channel; a full channel answers
+//! [`EngineError::Overloaded`] at once, so a burst never becomes an unbounded backlog.
+//!
+//! Each turn of the loop:
+//! 1. admits waiting requests while fewer than `max_running` sequences run (blocking only when
+//!    nothing runs);
+//! 2. runs **one prefill chunk** (`prefill_chunk` tokens) of the oldest sequence still in prefill;
+//! 3. runs **one decode step for every decoding sequence at once**: one forward pass of the batch.
+//!
+//! A long prompt therefore delays running decodes by one chunk per turn, never by its whole
+//! prefill. A caller that drops its receiver cancels its sequence at the next turn, and its
+//! blocks are released. Cost per turn: one chunk forward plus one batched decode forward.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Admission, EngineCore, SeqId, SequenceSpec};
+use crate::error::{EngineError, EngineResult};
+use crate::model::LogitRows;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, TextTokenizer};
+use crate::weights::ModelConfig;
+
+/// A generation request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// The prompt and its tags.
+    pub spec: SequenceSpec,
+    /// Sampling and stopping.
+    pub sampling: SamplingParams,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token or stop sequence.
+    Stop,
+    /// `max_tokens`, or the model's context, was reached.
+    Length,
+}
+
+/// Token accounting of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of those, reused from the prefix cache.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// What a request's stream carries.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// Admitted; what the prefix cache provided.
+    Started(Admission),
+    /// New tokens and the text they complete (text that might begin a stop sequence is held back
+    /// until it is known not to).
+    Delta {
+        /// Token ids since the last delta.
+        tokens: Vec<u32>,
+        /// Text released.
+        text: String,
+    },
+    /// The end.
+    Done {
+        /// Why.
+        reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+    },
+    /// The request failed; nothing more follows.
+    Failed(EngineError),
+}
+
+enum Command {
+    Generate(Box<GenerateRequest>, flume::Sender<StreamEvent>),
+}
+
+/// Handle to the engine thread. Dropping it stops the thread after the running work.
+#[derive(Debug)]
+pub struct Engine {
+    tx: Option<flume::Sender<Command>>,
+    thread: Option<JoinHandle<()>>,
+    tokenizer: TextTokenizer,
+    model: ModelConfig,
+    capacity: usize,
+    running: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Command::Generate")
+    }
+}
+
+impl Engine {
+    /// Starts the engine thread over `core`.
+    pub fn spawn(core: EngineCore) -> EngineResult<Self> {
+        let capacity = core.config().queue_capacity;
+        let (tx, rx) = flume::bounded(capacity);
+        let tokenizer = core.tokenizer().clone();
+        let model = core.model().config().clone();
+        let running = Arc::new(AtomicUsize::new(0));
+        let gauge = running.clone();
+        let thread = std::thread::Builder::new()
+            .name("engram-engine".into())
+            .spawn(move || Worker::new(core, rx, gauge).run())
+            .map_err(|source| EngineError::Io {
+                path: "engram-engine thread".into(),
+                source,
+            })?;
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+            tokenizer,
+            model,
+            capacity,
+            running,
+        })
+    }
+
+    /// Queues a request; the receiver yields its events. Answers `Overloaded` when the queue is
+    /// full and `InvalidSampling`/`ContextOverflow` for a request that can never run.
+    pub fn submit(&self, req: GenerateRequest) -> EngineResult<flume::Receiver<StreamEvent>> {
+        req.sampling.validate()?;
+        let prompt: usize = req.spec.segments.iter().map(|s| s.tokens.len()).sum();
+        if prompt == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt + req.sampling.max_tokens > self.model.context_length {
+            return Err(EngineError::ContextOverflow {
+                requested: prompt + req.sampling.max_tokens,
+                context: self.model.context_length,
+            });
+        }
+        let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
+        let (etx, erx) = flume::unbounded();
+        match tx.try_send(Command::Generate(Box::new(req), etx)) {
+            Ok(()) => Ok(erx),
+            Err(flume::TrySendError::Full(_)) => Err(EngineError::Overloaded {
+                queued: tx.len(),
+                capacity: self.capacity,
+            }),
+            Err(flume::TrySendError::Disconnected(_)) => Err(EngineError::Stopped),
+        }
+    }
+
+    /// The tokenizer (for building prompts).
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's hyper-parameters.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model
+    }
+
+    /// Requests waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.tx.as_ref().map_or(0, |t| t.len())
+    }
+
+    /// Sequences running now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+enum Phase {
+    Prefill,
+    Decode(u32),
+}
+
+struct Active {
+    id: SeqId,
+    tx: flume::Sender<StreamEvent>,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    phase: Phase,
+    admission: Admission,
+    generated: usize,
+    pending_tokens: Vec<u32>,
+    /// Decoded text and how much of it was released.
+    text: String,
+    released: usize,
+}
+
+struct Worker {
+    core: EngineCore,
+    rx: flume::Receiver<Command>,
+    running: Vec<Active>,
+    gauge: Arc<AtomicUsize>,
+}
+
+impl Worker {
+    fn new(core: EngineCore, rx: flume::Receiver<Command>, gauge: Arc<AtomicUsize>) -> Self {
+        Self {
+            core,
+            rx,
+            running: Vec::new(),
+            gauge,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            if !self.admit() {
+                return;
+            }
+            self.prefill_one();
+            self.decode_all();
+            self.gauge.store(self.running.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Takes waiting requests while there is room; false when the handle is gone and no work
+    /// is left.
+    fn admit(&mut self) -> bool {
+        let max = self.core.config().max_running;
+        while self.running.len() < max {
+            let cmd = if self.running.is_empty() {
+                match self.rx.recv() {
+                    Ok(c) => c,
+                    Err(_) => return false,
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(c) => c,
+                    Err(_) => break,
+                }
+            };
+            let Command::Generate(req, tx) = cmd;
+            if tx.is_disconnected() {
+                continue;
+            }
+            match self.core.start(req.spec) {
+                Ok((id, admission)) => {
+                    let _ = tx.send(StreamEvent::Started(admission));
+                    self.running.push(Active {
+                        id,
+                        tx,
+                        sampler: Sampler::new(req.sampling),
+                        decoder: StreamDecoder::default(),
+                        phase: Phase::Prefill,
+                        admission,
+                        generated: 0,
+                        pending_tokens: Vec::new(),
+                        text: String::new(),
+                        released: 0,
+                    });
+                }
+                Err(e) => {
+                    let _ = tx.send(StreamEvent::Failed(e));
+                }
+            }
+        }
+        true
+    }
+
+    fn prefill_one(&mut self) {
+        self.drop_cancelled();
+        let Some(i) = self
+            .running
+            .iter()
+            .position(|a| matches!(a.phase, Phase::Prefill))
+        else {
+            return;
+        };
+        let id = self.running[i].id;
+        let result = self
+            .core
+            .prefill_chunk(id, LogitRows::Last)
+            .and_then(|out| {
+                if out.remaining > 0 {
+                    return Ok(None);
+                }
+                Ok(Some(out.logits.squeeze(0)?.to_vec1::<f32>()?))
+            });
+        match result {
+            Ok(None) => {}
+            Ok(Some(logits)) => self.accept(i, &logits),
+            Err(e) => self.fail(i, e),
+        }
+    }
+
+    fn decode_all(&mut self) {
+        self.drop_cancelled();
+        let batch: Vec<(usize, SeqId, u32)> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a.phase {
+                Phase::Decode(t) => Some((i, a.id, t)),
+                Phase::Prefill => None,
+            })
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        let next: Vec<(SeqId, u32)> = batch.iter().map(|&(_, id, t)| (id, t)).collect();
+        match self.core.decode(&next) {
+            Ok(rows) => {
+                // Indices stay valid: `accept` only marks sequences finished.
+                for (&(i, _, _), logits) in batch.iter().zip(rows) {
+                    self.accept(i, &logits);
+                }
+            }
+            Err(e) => {
+                for &(i, _, _) in batch.iter().rev() {
+                    self.fail(i, clone_error(&e));
+                }
+            }
+        }
+        self.reap();
+    }
+
+    /// Samples the next token of sequence `i` from `logits` and streams what it completes.
+    fn accept(&mut self, i: usize, logits: &[f32]) {
+        let stop_ids = self.core.tokenizer().stop_ids().to_vec();
+        let context = self.core.model().config().context_length;
+        let seq_len = self.core.tokens(self.running[i].id).map_or(0, <[u32]>::len);
+        let a = &mut self.running[i];
+        let tok = a.sampler.sample(logits);
+        let mut finish = None;
+        if stop_ids.contains(&tok) {
+            finish = Some(FinishReason::Stop);
+        } else {
+            a.generated += 1;
+            a.pending_tokens.push(tok);
+            match a.decoder.push(self.core.tokenizer(), tok) {
+                Ok(piece) => a.text.push_str(&piece),
+                Err(e) => {
+                    self.fail(i, e);
+                    return;
+                }
+            }
+            if let Some(pos) = find_stop(&a.text, a.released, &a.sampler.params().stop) {
+                a.text.truncate(pos);
+                finish = Some(FinishReason::Stop);
+            } else if a.generated >= a.sampler.params().max_tokens || seq_len + 1 >= context {
+                finish = Some(FinishReason::Length);
+            }
+        }
+        let hold = match finish {
+            Some(_) => 0,
+            None => held_back(&a.text, a.released, &a.sampler.params().stop),
+        };
+        let upto = a.text.len() - hold;
+        if upto > a.released || (finish.is_some() && !a.pending_tokens.is_empty()) {
+            let delta = StreamEvent::Delta {
+                tokens: std::mem::take(&mut a.pending_tokens),
+                text: a.text[a.released..upto].to_string(),
+            };
+            a.released = upto;
+            let _ = a.tx.send(delta);
+        }
+        match finish {
+            Some(reason) => {
+                let usage = Usage {
+                    prompt_tokens: a.admission.prompt_tokens,
+                    cached_tokens: a.admission.cached_tokens,
+                    completion_tokens: a.generated,
+                };
+                let _ = a.tx.send(StreamEvent::Done { reason, usage });
+                a.phase = Phase::Prefill;
+                a.generated = usize::MAX; // marks finished for `reap`
+            }
+            None => a.phase = Phase::Decode(tok),
+        }
+        if finish.is_some() {
+            self.reap();
+        }
+    }
+
+    fn fail(&mut self, i: usize, e: EngineError) {
+        let a = self.running.remove(i);
+        let _ = a.tx.send(StreamEvent::Failed(e));
+        let _ = self.core.finish(a.id);
+    }
+
+    /// Ends finished sequences.
+    fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].generated == usize::MAX {
+                let a = self.running.remove(i);
+                let _ = self.core.finish(a.id);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Ends sequences whose caller went away.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].tx.is_disconnected() {
+                let a = self.running.remove(i);
+                let _ = self.core.finish(a.id);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Byte position of the earliest stop sequence that ends after `from`, if any.
+fn find_stop(text: &str, from: usize, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter_map(|s| {
+            let start = from.saturating_sub(s.len()).min(text.len());
+            let start = (0..=start).rev().find(|&i| text.is_char_boundary(i))?;
+            text[start..].find(s.as_str()).map(|p| start + p)
+        })
+        .min()
+}
+
+/// Length of the longest suffix of `text[from..]` that begins some stop sequence.
+fn held_back(text: &str, from: usize, stops: &[String]) -> usize {
+    let tail = &text[from..];
+    stops
+        .iter()
+        .flat_map(|s| {
+            (1..s.len().min(tail.len()) + 1)
+                .filter(move |&k| tail.is_char_boundary(tail.len() - k))
+                .filter(move |&k| s.starts_with(&tail[tail.len() - k..]))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Errors are not `Clone` (they carry I/O sources); a batch failure is reported to each caller
+/// by kind.
+fn clone_error(e: &EngineError) -> EngineError {
+    match e {
+        EngineError::ContextOverflow { requested, context } => EngineError::ContextOverflow {
+            requested: *requested,
+            context: *context,
+        },
+        other => EngineError::InvalidConfig {
+            field: "decode",
+            reason: other.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_sequences_are_found_and_held_back() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(find_stop("abc END x", 0, &stops), Some(4));
+        assert_eq!(find_stop("abc\n\nx", 0, &stops), Some(3));
+        assert_eq!(find_stop("abc EN", 0, &stops), None);
+        // "EN" may begin "END": hold two bytes back.
+        assert_eq!(held_back("abc EN", 0, &stops), 2);
+        assert_eq!(held_back("abc\n", 0, &stops), 1);
+        assert_eq!(held_back("abc", 0, &stops), 0);
+        // A stop that straddles the released boundary is still found.
+        assert_eq!(find_stop("abc END", 5, &stops), Some(4));
+    }
+}
