@@ -1,1 +1,223 @@
-//! placeholder
+//! `engram bench ttft`: time to first token with and without the prefix cache, and decode
+//! throughput by batch size.
+//!
+//! For each prompt size `P` (real text: the evaluation corpus, tokenized) and a new suffix of
+//! `S` tokens, on one engine:
+//! - **cold**: an empty cache; prefill all `P + S` tokens;
+//! - **hot**: the `P`-token prefix is cached in the hot tier; a different suffix follows;
+//! - **warm**: the prefix blocks were spilled to the cold tier first; the lookup warms them
+//!   (one bulk copy) and prefills the suffix.
+//!
+//! TTFT is measured from admission to the first token's logits (sampling is greedy and
+//! negligible). Decode: `B` sequences with distinct prompts are prefilled, then `steps` batched
+//! decode steps are timed; the sequential baseline decodes the same `B` sequences one at a time.
+
+use std::time::Instant;
+
+use engram_kvcore::{CodecKind, TenantId};
+use serde::{Deserialize, Serialize};
+
+use crate::core::{EngineConfig, EngineCore, SeqId, SequenceSpec};
+use crate::error::{EngineError, EngineResult};
+use crate::model::Llama;
+use crate::sampling::argmax;
+use crate::tokenizer::TextTokenizer;
+
+/// Benchmark options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TtftOptions {
+    /// Prompt sizes in tokens.
+    pub prompt_tokens: Vec<usize>,
+    /// New suffix in tokens.
+    pub suffix_tokens: usize,
+    /// Batch sizes of the decode measurement.
+    pub batches: Vec<usize>,
+    /// Decode steps timed per batch.
+    pub decode_steps: usize,
+    /// Prompt length of each decoding sequence.
+    pub decode_prompt: usize,
+    /// KV codec.
+    pub codec: CodecKind,
+}
+
+impl Default for TtftOptions {
+    fn default() -> Self {
+        Self {
+            prompt_tokens: vec![1024, 2048, 4096, 6144],
+            suffix_tokens: 128,
+            batches: vec![1, 4, 8, 16],
+            decode_steps: 16,
+            decode_prompt: 128,
+            codec: CodecKind::TQ4,
+        }
+    }
+}
+
+/// One prompt size's TTFT (a JSON line of `engram bench ttft --json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TtftRow {
+    /// Cached-prefix length.
+    pub prompt_tokens: usize,
+    /// New tokens after it.
+    pub suffix_tokens: usize,
+    /// Nothing cached.
+    pub cold_ms: f64,
+    /// Prefix hot.
+    pub hot_ms: f64,
+    /// Prefix warmed from the cold tier.
+    pub warm_ms: f64,
+}
+
+/// One decode measurement (a JSON line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecodeRow {
+    /// Sequences decoded together (`sequential`: one at a time).
+    pub batch: usize,
+    /// `batched` or `sequential`.
+    pub mode: String,
+    /// Total generated tokens per second.
+    pub decode_tokens_per_s: f64,
+}
+
+fn engine(model: &Llama, tok: &TextTokenizer, codec: CodecKind) -> EngineResult<EngineCore> {
+    let config = EngineConfig {
+        codec,
+        ..EngineConfig::default()
+    };
+    EngineCore::new(model.clone(), tok.clone(), config)
+}
+
+fn slice(tokens: &[u32], from: usize, n: usize) -> EngineResult<Vec<u32>> {
+    tokens
+        .get(from..from + n)
+        .map(<[u32]>::to_vec)
+        .ok_or(EngineError::InvalidConfig {
+            field: "corpus",
+            reason: format!("the corpus has {} tokens; {} needed", tokens.len(), from + n),
+        })
+}
+
+/// Time to first token for `spec` on `core`, in milliseconds; the sequence is finished after.
+fn ttft_ms(core: &mut EngineCore, tokens: Vec<u32>) -> EngineResult<(f64, usize)> {
+    let t = Instant::now();
+    let (id, adm) = core.start(SequenceSpec::plain(tokens, TenantId(1)))?;
+    let logits = core.prefill(id)?;
+    let _first = argmax(&logits);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    core.finish(id)?;
+    Ok((ms, adm.cached_tokens))
+}
+
+/// TTFT rows, one per prompt size.
+pub fn ttft(
+    model: &Llama,
+    tok: &TextTokenizer,
+    corpus: &[u32],
+    opts: &TtftOptions,
+    mut progress: impl FnMut(&str),
+) -> EngineResult<Vec<TtftRow>> {
+    let mut rows = Vec::new();
+    let s = opts.suffix_tokens;
+    for &p in &opts.prompt_tokens {
+        let mut core = engine(model, tok, opts.codec)?;
+        let prefix = slice(corpus, 0, p)?;
+        let with = |k: usize| -> EngineResult<Vec<u32>> {
+            let mut t = prefix.clone();
+            t.extend(slice(corpus, p + k * s, s)?);
+            Ok(t)
+        };
+        let (cold_ms, _) = ttft_ms(&mut core, with(0)?)?;
+        let (hot_ms, hot_cached) = ttft_ms(&mut core, with(1)?)?;
+        core.spill_idle()?;
+        let (warm_ms, warm_cached) = ttft_ms(&mut core, with(2)?)?;
+        let bs = core.config().block_size;
+        if hot_cached < p / bs * bs || warm_cached < p / bs * bs {
+            return Err(EngineError::InvalidConfig {
+                field: "prefix cache",
+                reason: format!("reused {hot_cached}/{warm_cached} of {p} prefix tokens"),
+            });
+        }
+        progress(&format!(
+            "{p}+{s}: cold {cold_ms:.0} ms, hot {hot_ms:.0} ms, warm {warm_ms:.0} ms"
+        ));
+        rows.push(TtftRow {
+            prompt_tokens: p,
+            suffix_tokens: s,
+            cold_ms,
+            hot_ms,
+            warm_ms,
+        });
+    }
+    Ok(rows)
+}
+
+/// Starts `n` sequences with distinct prompts and prefills them; returns their ids and first
+/// tokens.
+fn prefilled(
+    core: &mut EngineCore,
+    corpus: &[u32],
+    n: usize,
+    len: usize,
+) -> EngineResult<Vec<(SeqId, u32)>> {
+    (0..n)
+        .map(|i| {
+            let (id, _) = core.start(SequenceSpec::plain(
+                slice(corpus, i * len, len)?,
+                TenantId(i as u64 + 1),
+            ))?;
+            let logits = core.prefill(id)?;
+            Ok((id, argmax(&logits)))
+        })
+        .collect()
+}
+
+fn decode_steps(core: &mut EngineCore, seqs: &mut [(SeqId, u32)], steps: usize) -> EngineResult<()> {
+    for _ in 0..steps {
+        let rows = core.decode(seqs)?;
+        for (s, logits) in seqs.iter_mut().zip(rows) {
+            s.1 = argmax(&logits);
+        }
+    }
+    Ok(())
+}
+
+/// Decode throughput for each batch size, batched; and for the largest batch ≤ 8 also
+/// sequentially (the same sequences decoded one after another).
+pub fn decode(
+    model: &Llama,
+    tok: &TextTokenizer,
+    corpus: &[u32],
+    opts: &TtftOptions,
+    mut progress: impl FnMut(&str),
+) -> EngineResult<Vec<DecodeRow>> {
+    let mut rows = Vec::new();
+    for &b in &opts.batches {
+        let mut core = engine(model, tok, opts.codec)?;
+        let mut seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
+        let t = Instant::now();
+        decode_steps(&mut core, &mut seqs, opts.decode_steps)?;
+        let tps = (b * opts.decode_steps) as f64 / t.elapsed().as_secs_f64();
+        progress(&format!("batch {b}: {tps:.1} tokens/s"));
+        rows.push(DecodeRow {
+            batch: b,
+            mode: "batched".into(),
+            decode_tokens_per_s: tps,
+        });
+        if b == 8 {
+            let mut core = engine(model, tok, opts.codec)?;
+            let seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
+            let t = Instant::now();
+            for s in seqs {
+                decode_steps(&mut core, &mut [s], opts.decode_steps)?;
+            }
+            let tps = (b * opts.decode_steps) as f64 / t.elapsed().as_secs_f64();
+            progress(&format!("8 sequential: {tps:.1} tokens/s"));
+            rows.push(DecodeRow {
+                batch: b,
+                mode: "sequential".into(),
+                decode_tokens_per_s: tps,
+            });
+        }
+    }
+    Ok(rows)
+}

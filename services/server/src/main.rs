@@ -1,1 +1,218 @@
-fn main() {}
+//! `engram`: the command-line entry point. Today: the KV fidelity harness and the TTFT/decode
+//! benchmark; the HTTP service joins as `engram serve`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use engram_engine::bench::{self, TtftOptions};
+use engram_engine::eval::{self, EvalOptions};
+use engram_engine::{Llama, TextTokenizer};
+use engram_kvcore::CodecKind;
+
+/// The default model, as `make models` places it.
+const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Debug, Parser)]
+#[command(name = "engram", version, about = "Agent memory with a semantic KV cache")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Evaluations.
+    #[command(subcommand)]
+    Eval(EvalCommand),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum EvalCommand {
+    /// Teacher-forced fidelity of each KV codec against exact (f32) KV.
+    Kv(EvalKvArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Time to first token (cold / hot / warm prefix) and decode tokens/s by batch.
+    Ttft(TtftArgs),
+}
+
+#[derive(Debug, Args)]
+struct ModelArgs {
+    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
+    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
+    model: PathBuf,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct EvalKvArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A text file or a directory of them.
+    #[arg(long, default_value = eval::DEFAULT_CORPUS)]
+    corpus: PathBuf,
+    /// Predictions scored at most.
+    #[arg(long, default_value_t = 16_384)]
+    tokens: usize,
+    /// Window length in tokens.
+    #[arg(long, default_value_t = 2_048)]
+    window: usize,
+    /// Codecs to compare with the f32 reference.
+    #[arg(long, value_delimiter = ',', default_value = "f16,q8,tq4,tq3,tq2")]
+    codecs: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct TtftArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt sizes in tokens.
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,6144")]
+    sizes: Vec<usize>,
+    /// New suffix in tokens.
+    #[arg(long, default_value_t = 128)]
+    suffix: usize,
+    /// Decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    batches: Vec<usize>,
+    /// Decode steps timed per batch.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// KV codec.
+    #[arg(long, default_value = "tq4")]
+    codec: String,
+    /// Text the prompts are cut from.
+    #[arg(long, default_value = eval::DEFAULT_CORPUS)]
+    corpus: PathBuf,
+}
+
+fn parse_codec(s: &str) -> Result<CodecKind> {
+    Ok(match s.trim() {
+        "f32" => CodecKind::F32,
+        "f16" => CodecKind::F16,
+        "q8" => CodecKind::Q8,
+        "tq4" => CodecKind::TurboQuant { bits: 4 },
+        "tq3" => CodecKind::TurboQuant { bits: 3 },
+        "tq2" => CodecKind::TurboQuant { bits: 2 },
+        other => anyhow::bail!("unknown codec `{other}` (f32, f16, q8, tq4, tq3, tq2)"),
+    })
+}
+
+fn load(path: &Path) -> Result<(Llama, TextTokenizer)> {
+    let model = Llama::load(path)
+        .with_context(|| format!("loading {} (run `make models` for the default)", path.display()))?;
+    let tok = TextTokenizer::for_model(path)?;
+    Ok((model, tok))
+}
+
+fn print_json(rows: impl IntoIterator<Item = serde_json::Value>) {
+    for r in rows {
+        println!("{r}");
+    }
+}
+
+fn eval_kv(args: EvalKvArgs) -> Result<()> {
+    let (model, tok) = load(&args.model.model)?;
+    let opts = EvalOptions {
+        corpus: args.corpus,
+        max_tokens: args.tokens,
+        window: args.window,
+        codecs: args
+            .codecs
+            .iter()
+            .map(|c| parse_codec(c))
+            .collect::<Result<_>>()?,
+        ..EvalOptions::default()
+    };
+    let rows = eval::evaluate(&model, &tok, &opts, |m| eprintln!("eval: {m}"))?;
+    if args.model.json {
+        print_json(rows.iter().map(|r| serde_json::json!(r)));
+    } else {
+        println!(
+            "{:<6} {:>8} {:>12} {:>10} {:>10} {:>8} {:>8}",
+            "codec", "bits/el", "KL (nats)", "ppl", "Δppl", "top-1", "tokens"
+        );
+        for r in rows {
+            println!(
+                "{:<6} {:>8.2} {:>12.6} {:>10.4} {:>+9.3}% {:>7.2}% {:>8}",
+                r.codec,
+                r.bits_per_element,
+                r.kl_nats,
+                r.ppl,
+                100.0 * r.ppl_delta_rel,
+                100.0 * r.top1_agreement,
+                r.tokens
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench_ttft(args: TtftArgs) -> Result<()> {
+    let (model, tok) = load(&args.model.model)?;
+    let text = eval::read_corpus(&args.corpus)?;
+    let corpus = tok.encode(&text)?;
+    let opts = TtftOptions {
+        prompt_tokens: args.sizes,
+        suffix_tokens: args.suffix,
+        batches: args.batches,
+        decode_steps: args.steps,
+        codec: parse_codec(&args.codec)?,
+        ..TtftOptions::default()
+    };
+    let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| eprintln!("ttft: {m}"))?;
+    let decode = bench::decode(&model, &tok, &corpus, &opts, |m| eprintln!("decode: {m}"))?;
+    if args.model.json {
+        print_json(ttft.iter().map(|r| {
+            serde_json::json!({
+                "prompt_tokens": r.prompt_tokens,
+                "suffix_tokens": r.suffix_tokens,
+                "cold_ms": r.cold_ms,
+                "hot_ms": r.hot_ms,
+                "warm_ms": r.warm_ms,
+                "cold_over_hot": r.cold_ms / r.hot_ms,
+                "cold_over_warm": r.cold_ms / r.warm_ms,
+            })
+        }));
+        print_json(decode.iter().map(|r| serde_json::json!(r)));
+    } else {
+        println!(
+            "{:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>10}",
+            "prompt", "suffix", "cold ms", "hot ms", "warm ms", "cold/hot", "cold/warm"
+        );
+        for r in &ttft {
+            println!(
+                "{:>8} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>8.1}x {:>9.1}x",
+                r.prompt_tokens,
+                r.suffix_tokens,
+                r.cold_ms,
+                r.hot_ms,
+                r.warm_ms,
+                r.cold_ms / r.hot_ms,
+                r.cold_ms / r.warm_ms
+            );
+        }
+        for r in &decode {
+            println!(
+                "decode {:>10} batch {:>2}: {:>8.1} tokens/s",
+                r.mode, r.batch, r.decode_tokens_per_s
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
+        Command::Bench(BenchCommand::Ttft(args)) => bench_ttft(args),
+    }
+}
