@@ -93,7 +93,11 @@ fn slice(tokens: &[u32], from: usize, n: usize) -> EngineResult<Vec<u32>> {
         .map(<[u32]>::to_vec)
         .ok_or(EngineError::InvalidConfig {
             field: "corpus",
-            reason: format!("the corpus has {} tokens; {} needed", tokens.len(), from + n),
+            reason: format!(
+                "the corpus has {} tokens; {} needed",
+                tokens.len(),
+                from + n
+            ),
         })
 }
 
@@ -171,7 +175,11 @@ fn prefilled(
         .collect()
 }
 
-fn decode_steps(core: &mut EngineCore, seqs: &mut [(SeqId, u32)], steps: usize) -> EngineResult<()> {
+fn decode_steps(
+    core: &mut EngineCore,
+    seqs: &mut [(SeqId, u32)],
+    steps: usize,
+) -> EngineResult<()> {
     for _ in 0..steps {
         let rows = core.decode(seqs)?;
         for (s, logits) in seqs.iter_mut().zip(rows) {

@@ -654,8 +654,8 @@ impl EngineCore {
     }
 }
 
-/// Tags of block `b`: the prompt segment covering most of its positions (earlier wins ties);
-/// positions past the prompt are the assistant's turn.
+/// Tags of block `b`: the prompt segment covering most of its prompt positions (earlier wins
+/// ties); a block past the prompt holds the assistant's turn.
 fn block_tags(seq: &Sequence, b: usize, bs: usize) -> BlockTags {
     let (lo, hi) = (b * bs, (b + 1) * bs);
     let mut best = (0usize, SourceLayer::AssistantTurn, 0.5f32);
@@ -666,10 +666,6 @@ fn block_tags(seq: &Sequence, b: usize, bs: usize) -> BlockTags {
             best = (overlap, source, importance);
         }
         seg_start = end;
-    }
-    let generated = hi.saturating_sub(seq.prompt_len.max(lo));
-    if generated > best.0 {
-        best = (generated, SourceLayer::AssistantTurn, 0.5);
     }
     BlockTags {
         source: best.1,

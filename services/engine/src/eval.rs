@@ -167,7 +167,8 @@ pub fn evaluate(
             // Rows with a next token in the window.
             let rows = n.min(w - 1 - pos.min(w - 1));
             if rows > 0 {
-                let targets = Tensor::new(&win[pos + 1..pos + 1 + rows], &candle_core::Device::Cpu)?;
+                let targets =
+                    Tensor::new(&win[pos + 1..pos + 1 + rows], &candle_core::Device::Cpu)?;
                 score(&logs, rows, &targets, &mut sums)?;
             }
             pos += n;

@@ -197,6 +197,8 @@ struct Active {
     phase: Phase,
     admission: Admission,
     generated: usize,
+    /// Set when the stream has ended; `reap` releases the sequence.
+    finished: bool,
     pending_tokens: Vec<u32>,
     /// Decoded text and how much of it was released.
     text: String,
@@ -262,6 +264,7 @@ impl Worker {
                         phase: Phase::Prefill,
                         admission,
                         generated: 0,
+                        finished: false,
                         pending_tokens: Vec::new(),
                         text: String::new(),
                         released: 0,
@@ -280,7 +283,7 @@ impl Worker {
         let Some(i) = self
             .running
             .iter()
-            .position(|a| matches!(a.phase, Phase::Prefill))
+            .position(|a| !a.finished && matches!(a.phase, Phase::Prefill))
         else {
             return;
         };
@@ -299,6 +302,7 @@ impl Worker {
             Ok(Some(logits)) => self.accept(i, &logits),
             Err(e) => self.fail(i, e),
         }
+        self.reap();
     }
 
     fn decode_all(&mut self) {
@@ -308,8 +312,8 @@ impl Worker {
             .iter()
             .enumerate()
             .filter_map(|(i, a)| match a.phase {
-                Phase::Decode(t) => Some((i, a.id, t)),
-                Phase::Prefill => None,
+                Phase::Decode(t) if !a.finished => Some((i, a.id, t)),
+                _ => None,
             })
             .collect();
         if batch.is_empty() {
@@ -324,7 +328,7 @@ impl Worker {
                 }
             }
             Err(e) => {
-                for &(i, _, _) in batch.iter().rev() {
+                for &(i, _, _) in &batch {
                     self.fail(i, clone_error(&e));
                 }
             }
@@ -380,27 +384,24 @@ impl Worker {
                     completion_tokens: a.generated,
                 };
                 let _ = a.tx.send(StreamEvent::Done { reason, usage });
-                a.phase = Phase::Prefill;
-                a.generated = usize::MAX; // marks finished for `reap`
+                a.finished = true;
             }
             None => a.phase = Phase::Decode(tok),
         }
-        if finish.is_some() {
-            self.reap();
-        }
     }
 
+    /// Ends sequence `i` with an error (released by the next `reap`).
     fn fail(&mut self, i: usize, e: EngineError) {
-        let a = self.running.remove(i);
+        let a = &mut self.running[i];
         let _ = a.tx.send(StreamEvent::Failed(e));
-        let _ = self.core.finish(a.id);
+        a.finished = true;
     }
 
     /// Ends finished sequences.
     fn reap(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].generated == usize::MAX {
+            if self.running[i].finished {
                 let a = self.running.remove(i);
                 let _ = self.core.finish(a.id);
             } else {

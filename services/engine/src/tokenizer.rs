@@ -20,6 +20,9 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::{EngineError, EngineResult, io_error, metadata};
 
+/// A token's `start..end` byte range in the text it came from.
+pub type ByteSpan = (usize, usize);
+
 /// A tokenizer plus the ids generation stops at.
 #[derive(Debug, Clone)]
 pub struct TextTokenizer {
@@ -150,7 +153,7 @@ impl TextTokenizer {
     }
 
     /// Token ids of `text` and each token's byte range in it.
-    pub fn encode_with_offsets(&self, text: &str) -> EngineResult<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_with_offsets(&self, text: &str) -> EngineResult<(Vec<u32>, Vec<ByteSpan>)> {
         let enc = self.inner.encode(text, false).map_err(tok_err)?;
         Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }

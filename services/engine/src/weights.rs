@@ -215,10 +215,11 @@ fn default_theta() -> f64 {
 
 fn validate(c: &ModelConfig) -> EngineResult<()> {
     let bad = |key: &str| Err(metadata(key));
-    if c.num_heads == 0 || c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0 {
+    if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
         return bad("num_kv_heads");
     }
-    if c.head_dim == 0 || c.head_dim % 2 != 0 || c.num_heads * c.head_dim != c.hidden_size {
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) || c.num_heads * c.head_dim != c.hidden_size
+    {
         return bad("head_dim");
     }
     if c.num_layers == 0 || c.context_length == 0 || c.vocab_size == 0 {

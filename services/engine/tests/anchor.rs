@@ -10,16 +10,16 @@ use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use engram_engine::{
-    ChatMessage, EngineConfig, EngineCore, Role, SequenceSpec, argmax, chatml,
-};
+use engram_engine::{ChatMessage, EngineConfig, EngineCore, Role, SequenceSpec, argmax, chatml};
 use engram_kvcore::{CodecKind, TenantId};
 
 fn model_path() -> PathBuf {
-    let p = std::env::var_os("ENGRAM_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let p = std::env::var_os("ENGRAM_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
     assert!(p.is_file(), "{} is missing: run `make models`", p.display());
     p
 }
@@ -76,13 +76,19 @@ fn greedy_tokens_and_teacher_forced_logits_match_candle_transformers() {
         for step in 0..32 {
             let err = rel_l2(&ours, &ref_logits);
             worst = worst.max(err);
-            assert!(err < 1e-3, "{prompt:?} step {step}: logits differ by {err:.2e}");
+            assert!(
+                err < 1e-3,
+                "{prompt:?} step {step}: logits differ by {err:.2e}"
+            );
             let (r, o) = (argmax(&ref_logits), argmax(&ours));
             ref_tokens.push(r);
             our_tokens.push(o);
             // Teacher forcing: both continue with the reference's token.
             let pos = tokens.len() + step;
-            let next = Tensor::new(&[r], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+            let next = Tensor::new(&[r], &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
             ref_logits = reference
                 .forward(&next, pos)
                 .unwrap()

@@ -14,7 +14,11 @@ use engram_kvcore::CodecKind;
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, Parser)]
-#[command(name = "engram", version, about = "Agent memory with a semantic KV cache")]
+#[command(
+    name = "engram",
+    version,
+    about = "Agent memory with a semantic KV cache"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -107,8 +111,12 @@ fn parse_codec(s: &str) -> Result<CodecKind> {
 }
 
 fn load(path: &Path) -> Result<(Llama, TextTokenizer)> {
-    let model = Llama::load(path)
-        .with_context(|| format!("loading {} (run `make models` for the default)", path.display()))?;
+    let model = Llama::load(path).with_context(|| {
+        format!(
+            "loading {} (run `make models` for the default)",
+            path.display()
+        )
+    })?;
     let tok = TextTokenizer::for_model(path)?;
     Ok((model, tok))
 }

@@ -1,0 +1,64 @@
+//! The model, loaded once per test binary, and helpers.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use engram_engine::{ChatMessage, EngineConfig, EngineCore, Llama, Role, TextTokenizer, chatml};
+use engram_kvcore::CodecKind;
+
+pub fn model_path() -> PathBuf {
+    let p = std::env::var_os("ENGRAM_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(p.is_file(), "{} is missing: run `make models`", p.display());
+    p
+}
+
+pub fn model() -> &'static (Llama, TextTokenizer) {
+    static MODEL: OnceLock<(Llama, TextTokenizer)> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let p = model_path();
+        (
+            Llama::from_gguf(&p).unwrap(),
+            TextTokenizer::from_gguf(&p).unwrap(),
+        )
+    })
+}
+
+pub fn core(codec: CodecKind) -> EngineCore {
+    core_with(EngineConfig {
+        codec,
+        ..EngineConfig::default()
+    })
+}
+
+pub fn core_with(config: EngineConfig) -> EngineCore {
+    let (m, t) = model();
+    EngineCore::new(m.clone(), t.clone(), config).unwrap()
+}
+
+pub fn chat(user: &str) -> Vec<u32> {
+    let text = chatml(&[ChatMessage::new(Role::User, user)], true);
+    model().1.encode(&text).unwrap()
+}
+
+/// Real text: the GPL-3 from the Debian license directory.
+pub fn license_tokens(n: usize) -> Vec<u32> {
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
+    let t = model().1.encode(&text).unwrap();
+    assert!(t.len() >= n, "GPL-3 has {} tokens", t.len());
+    t[..n].to_vec()
+}
+
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += f64::from(x - y).powi(2);
+        den += f64::from(*y).powi(2);
+    }
+    (num / den).sqrt()
+}

@@ -1,0 +1,10 @@
+//! Integration tests of engram-engine, on the real SmolLM2-135M-Instruct (`make models`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod eval;
+mod prefix;
+mod safetensors;
+mod scheduler;
+mod tokenizer;

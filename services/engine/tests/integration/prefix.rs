@@ -1,0 +1,207 @@
+//! Prefix reuse: reused blocks give the logits that recomputing them gives; tags, tenants,
+//! tiers and pins.
+
+use engram_engine::{EngineConfig, PromptSegment, SequenceSpec};
+use engram_kvcore::{CodecKind, PinState, SessionId, SourceLayer, TenantId, Tier};
+
+use crate::common::{core, core_with, license_tokens, rel_l2};
+
+fn with_suffix(prefix: &[u32], suffix: &[u32]) -> Vec<u32> {
+    let mut t = prefix.to_vec();
+    t.extend_from_slice(suffix);
+    t
+}
+
+#[test]
+fn reused_prefix_blocks_give_the_logits_of_recomputing_them() {
+    let text = license_tokens(600);
+    let (prefix, s1, s2, s3) = (
+        &text[..400],
+        &text[400..450],
+        &text[450..500],
+        &text[500..550],
+    );
+    let mut cached = core(CodecKind::TQ4);
+    let (a, adm) = cached
+        .start(SequenceSpec::plain(with_suffix(prefix, s1), TenantId(1)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 0);
+    cached.prefill(a).unwrap();
+    cached.finish(a).unwrap();
+
+    // Hot reuse: the prefix's 25 full blocks come from the cache.
+    let (b, adm) = cached
+        .start(SequenceSpec::plain(with_suffix(prefix, s2), TenantId(1)))
+        .unwrap();
+    assert_eq!((adm.cached_tokens, adm.warmed_blocks), (400, 0));
+    let hot = cached.prefill(b).unwrap();
+    cached.finish(b).unwrap();
+
+    let mut fresh = core(CodecKind::TQ4);
+    let (c, adm) = fresh
+        .start(SequenceSpec::plain(with_suffix(prefix, s2), TenantId(1)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 0);
+    let recomputed = fresh.prefill(c).unwrap();
+    let err = rel_l2(&hot, &recomputed);
+    assert!(err < 1e-3, "hot reuse vs recompute: {err:.2e}");
+
+    // Warm reuse: spill everything idle, then the lookup warms the prefix back.
+    let spilled = cached.spill_idle().unwrap();
+    assert!(spilled >= 25, "{spilled}");
+    let (d, adm) = cached
+        .start(SequenceSpec::plain(with_suffix(prefix, s3), TenantId(1)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 400);
+    assert_eq!(adm.warmed_blocks, 25);
+    for &blk in cached.blocks(d).unwrap() {
+        assert_eq!(
+            cached.store().metadata().get(blk).unwrap().tier(),
+            Tier::Hot
+        );
+    }
+    let warm = cached.prefill(d).unwrap();
+    let (e, _) = fresh
+        .start(SequenceSpec::plain(with_suffix(prefix, s3), TenantId(2)))
+        .unwrap();
+    let recomputed = fresh.prefill(e).unwrap();
+    let err = rel_l2(&warm, &recomputed);
+    assert!(err < 1e-3, "warm reuse vs recompute: {err:.2e}");
+}
+
+#[test]
+fn the_partial_last_block_is_recomputed_and_tenants_never_share() {
+    let text = license_tokens(100);
+    let mut core = core(CodecKind::TQ4);
+    let (a, _) = core
+        .start(SequenceSpec::plain(text[..70].to_vec(), TenantId(1)))
+        .unwrap();
+    core.prefill(a).unwrap();
+    core.finish(a).unwrap();
+    // 70 tokens: 4 full blocks cached; the 6 tokens of block 5 are not.
+    assert_eq!(core.cache().len(), 4);
+    let (b, adm) = core
+        .start(SequenceSpec::plain(text[..70].to_vec(), TenantId(1)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 64);
+    core.finish(b).unwrap();
+    // Exactly 64 tokens: the last token must be computed, so only 3 blocks are reused.
+    let (c, adm) = core
+        .start(SequenceSpec::plain(text[..64].to_vec(), TenantId(1)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 48);
+    core.finish(c).unwrap();
+    // Another tenant with the same text reuses nothing.
+    let (d, adm) = core
+        .start(SequenceSpec::plain(text[..70].to_vec(), TenantId(2)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 0);
+    core.finish(d).unwrap();
+}
+
+#[test]
+fn blocks_carry_the_segment_tags_and_stable_layers_are_pinned() {
+    let text = license_tokens(120);
+    let mut core = core(CodecKind::TQ4);
+    let spec = SequenceSpec {
+        segments: vec![
+            PromptSegment {
+                tokens: text[..40].to_vec(),
+                source: SourceLayer::Axioms,
+                importance: 1.0,
+            },
+            PromptSegment {
+                tokens: text[40..70].to_vec(),
+                source: SourceLayer::Memories,
+                importance: 0.7,
+            },
+            PromptSegment {
+                tokens: text[70..100].to_vec(),
+                source: SourceLayer::UserTurn,
+                importance: 0.4,
+            },
+        ],
+        tenant: TenantId(9),
+        session: Some(SessionId(3)),
+        reuse: Default::default(),
+    };
+    let (id, _) = core.start(spec).unwrap();
+    core.prefill(id).unwrap();
+    let blocks = core.blocks(id).unwrap().to_vec();
+    assert_eq!(blocks.len(), 7); // 100 tokens in blocks of 16
+    let meta = |i: usize| core.store().metadata().get(blocks[i]).unwrap().clone();
+    // Block 2 (32..48) is 8 axioms + 8 memories: the earlier segment wins the tie.
+    let sources: Vec<_> = (0..7).map(|i| meta(i).source()).collect();
+    use SourceLayer::*;
+    assert_eq!(
+        sources,
+        vec![
+            Axioms, Axioms, Axioms, Memories, UserTurn, UserTurn, UserTurn
+        ]
+    );
+    assert_eq!(meta(3).importance(), 0.7);
+    assert_eq!(meta(0).tenant(), TenantId(9));
+    assert_eq!(meta(0).session(), Some(SessionId(3)));
+    assert_eq!((meta(4).tokens().start, meta(4).tokens().end), (64, 80));
+    // Full axiom blocks are cached and pinned; the others are cached unpinned.
+    assert_eq!(meta(0).pin(), PinState::Pinned);
+    assert_eq!(meta(2).pin(), PinState::Pinned);
+    assert_eq!(meta(3).pin(), PinState::Unpinned);
+    // Sequence + cache own each full block; the partial last block is the sequence's alone.
+    assert_eq!(meta(0).ref_count(), 2);
+    assert_eq!(meta(6).ref_count(), 1);
+    core.finish(id).unwrap();
+    assert!(
+        core.store().metadata().get(blocks[6]).is_none(),
+        "uncached block freed"
+    );
+    assert_eq!(
+        core.store().metadata().get(blocks[0]).unwrap().ref_count(),
+        1
+    );
+}
+
+#[test]
+fn generated_blocks_are_cached_for_the_next_turn() {
+    let prompt = crate::common::chat("Count from one to twenty in words.");
+    let mut core = core(CodecKind::TQ4);
+    let (id, _) = core
+        .start(SequenceSpec::plain(prompt.clone(), TenantId(1)))
+        .unwrap();
+    let mut logits = core.prefill(id).unwrap();
+    for _ in 0..40 {
+        let t = engram_engine::argmax(&logits);
+        logits = core.decode(&[(id, t)]).unwrap().remove(0);
+    }
+    let all = core.tokens(id).unwrap().to_vec();
+    let blocks = core.blocks(id).unwrap().to_vec();
+    core.finish(id).unwrap();
+    let last_full = all.len() / 16 - 1;
+    let meta = core.store().metadata().get(blocks[last_full]).unwrap();
+    assert_eq!(meta.source(), SourceLayer::AssistantTurn);
+    // The next turn's prompt starts with this whole conversation.
+    let (next, adm) = core
+        .start(SequenceSpec::plain(all.clone(), TenantId(1)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, (all.len() - 1) / 16 * 16);
+    core.finish(next).unwrap();
+}
+
+#[test]
+fn bad_prompts_are_rejected_without_side_effects() {
+    let mut core = core_with(EngineConfig::default());
+    assert!(matches!(
+        core.start(SequenceSpec::plain(vec![], TenantId(1))),
+        Err(engram_engine::EngineError::EmptyPrompt)
+    ));
+    assert!(matches!(
+        core.start(SequenceSpec::plain(vec![1, 2, 999_999], TenantId(1))),
+        Err(engram_engine::EngineError::TokenOutOfRange { id: 999_999, .. })
+    ));
+    assert!(matches!(
+        core.start(SequenceSpec::plain(vec![1; 9000], TenantId(1))),
+        Err(engram_engine::EngineError::ContextOverflow { .. })
+    ));
+    assert_eq!(core.running(), 0);
+    assert!(core.store().metadata().is_empty());
+}

@@ -1,0 +1,113 @@
+//! A Hugging Face safetensors directory loads into the same model as the GGUF file.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Content;
+use candle_core::{Device, Tensor};
+use engram_engine::{EngineConfig, EngineCore, EngineError, Llama, SequenceSpec, TextTokenizer};
+use engram_kvcore::{CodecKind, TenantId};
+
+use crate::common::{chat, model, model_path, rel_l2};
+use crate::tokenizer::tempdir;
+
+/// Writes the GGUF as a Hugging Face directory: dequantized weights under HF names with q/k
+/// rows in HF order (llama.cpp interleaves each head's RoPE pairs), config.json, tokenizer.json.
+fn export_hf(dir: &std::path::Path) {
+    let path = model_path();
+    let mut f = std::fs::File::open(&path).unwrap();
+    let ct = Content::read(&mut f).unwrap();
+    let dev = Device::Cpu;
+    let cfg = model().0.config().clone();
+    let mut get = |name: &str| {
+        ct.tensor(&mut f, name, &dev)
+            .unwrap()
+            .dequantize(&dev)
+            .unwrap()
+    };
+    let hf_order = |w: Tensor, heads: usize| -> Tensor {
+        let (out, inp) = w.dims2().unwrap();
+        // GGUF row (h, i, j) with i < d/2, j ∈ {0,1} is HF row (h, j, i).
+        w.reshape((heads, cfg.head_dim / 2, 2, inp))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .reshape((out, inp))
+            .unwrap()
+            .contiguous()
+            .unwrap()
+    };
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), get("token_embd.weight"));
+    t.insert("model.norm.weight".into(), get("output_norm.weight"));
+    for i in 0..cfg.num_layers {
+        let mut put = |hf: &str, gg: &str| {
+            let w = get(&format!("blk.{i}.{gg}.weight"));
+            let w = match gg {
+                "attn_q" => hf_order(w, cfg.num_heads),
+                "attn_k" => hf_order(w, cfg.num_kv_heads),
+                _ => w,
+            };
+            t.insert(format!("model.layers.{i}.{hf}.weight"), w);
+        };
+        put("input_layernorm", "attn_norm");
+        put("self_attn.q_proj", "attn_q");
+        put("self_attn.k_proj", "attn_k");
+        put("self_attn.v_proj", "attn_v");
+        put("self_attn.o_proj", "attn_output");
+        put("post_attention_layernorm", "ffn_norm");
+        put("mlp.gate_proj", "ffn_gate");
+        put("mlp.up_proj", "ffn_up");
+        put("mlp.down_proj", "ffn_down");
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.context_length,
+        "tie_word_embeddings": true,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    model().1.save_json(&dir.join("tokenizer.json")).unwrap();
+}
+
+#[test]
+fn a_safetensors_directory_runs_like_the_gguf() {
+    let dir = tempdir("hf");
+    export_hf(&dir);
+    let loaded = Llama::load(&dir).unwrap();
+    assert_eq!(loaded.config(), model().0.config());
+    assert_ne!(loaded.fingerprint(), model().0.fingerprint());
+    let tok = TextTokenizer::for_model(&dir).unwrap();
+    let config = EngineConfig {
+        codec: CodecKind::F32,
+        ..EngineConfig::default()
+    };
+    let mut from_dir = EngineCore::new(loaded, tok, config.clone()).unwrap();
+    let mut from_gguf = EngineCore::new(model().0.clone(), model().1.clone(), config).unwrap();
+    let prompt = chat("What is the capital of France?");
+    assert_eq!(
+        from_dir.tokenizer().encode("Paris, 2026").unwrap(),
+        model().1.encode("Paris, 2026").unwrap()
+    );
+    let (a, _) = from_dir
+        .start(SequenceSpec::plain(prompt.clone(), TenantId(1)))
+        .unwrap();
+    let (b, _) = from_gguf
+        .start(SequenceSpec::plain(prompt, TenantId(1)))
+        .unwrap();
+    let la = from_dir.prefill(a).unwrap();
+    let lb = from_gguf.prefill(b).unwrap();
+    let err = rel_l2(&la, &lb);
+    assert!(err < 1e-5, "{err:.2e}");
+
+    // A directory without weights is a clear error, not a panic.
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    assert!(matches!(Llama::load(&dir), Err(EngineError::Io { .. })));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,229 @@
+//! The engine thread: streams, batching, stops, cancellation and the bounded queue.
+
+use std::time::{Duration, Instant};
+
+use engram_engine::{
+    Engine, EngineConfig, EngineError, FinishReason, GenerateRequest, SamplingParams, SequenceSpec,
+    StreamEvent, argmax,
+};
+use engram_kvcore::{CodecKind, TenantId};
+
+use crate::common::{chat, core, core_with};
+
+struct Outcome {
+    tokens: Vec<u32>,
+    text: String,
+    reason: FinishReason,
+    completion: usize,
+}
+
+fn collect(rx: flume::Receiver<StreamEvent>) -> Outcome {
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    for ev in rx.iter() {
+        match ev {
+            StreamEvent::Started(_) => {}
+            StreamEvent::Delta { tokens: t, text: s } => {
+                tokens.extend(t);
+                text.push_str(&s);
+            }
+            StreamEvent::Done { reason, usage } => {
+                return Outcome {
+                    tokens,
+                    text,
+                    reason,
+                    completion: usage.completion_tokens,
+                };
+            }
+            StreamEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("stream ended without Done");
+}
+
+fn request(user: &str, sampling: SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        spec: SequenceSpec::plain(chat(user), TenantId(1)),
+        sampling,
+    }
+}
+
+/// Greedy tokens of `user` decoded alone on an EngineCore.
+fn alone(user: &str, n: usize) -> Vec<u32> {
+    let mut core = core(CodecKind::TQ4);
+    let (id, _) = core
+        .start(SequenceSpec::plain(chat(user), TenantId(1)))
+        .unwrap();
+    let mut logits = core.prefill(id).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = argmax(&logits);
+        if core.tokenizer().stop_ids().contains(&t) {
+            break;
+        }
+        out.push(t);
+        logits = core.decode(&[(id, t)]).unwrap().remove(0);
+    }
+    out
+}
+
+#[test]
+fn concurrent_requests_are_batched_and_match_running_alone() {
+    let engine = Engine::spawn(core(CodecKind::TQ4)).unwrap();
+    let prompts = [
+        "What is the capital of France?",
+        "Name three colours.",
+        "Say hello in Spanish.",
+    ];
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            engine
+                .submit(request(p, SamplingParams::greedy(12)))
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Outcome> = rxs.into_iter().map(collect).collect();
+    for (p, o) in prompts.iter().zip(&outs) {
+        assert_eq!(o.tokens, alone(p, 12), "{p}");
+        assert_eq!(o.completion, o.tokens.len());
+        assert_eq!(o.text, engine.tokenizer().decode(&o.tokens).unwrap());
+    }
+    assert!(outs[0].text.contains("Paris"), "{}", outs[0].text);
+}
+
+#[test]
+fn max_tokens_and_stop_sequences_end_generation() {
+    let engine = Engine::spawn(core(CodecKind::TQ4)).unwrap();
+    let o = collect(
+        engine
+            .submit(request("Count from one to ten.", SamplingParams::greedy(5)))
+            .unwrap(),
+    );
+    assert_eq!((o.reason, o.completion), (FinishReason::Length, 5));
+
+    let full = collect(
+        engine
+            .submit(request(
+                "What is the capital of France?",
+                SamplingParams::greedy(20),
+            ))
+            .unwrap(),
+    );
+    assert_eq!(full.reason, FinishReason::Stop, "{}", full.text);
+    let cut = full.text.find(" Paris").expect("the answer names Paris");
+    let stopped = collect(
+        engine
+            .submit(request(
+                "What is the capital of France?",
+                SamplingParams {
+                    stop: vec![" Paris".into()],
+                    ..SamplingParams::greedy(20)
+                },
+            ))
+            .unwrap(),
+    );
+    assert_eq!(stopped.reason, FinishReason::Stop);
+    assert_eq!(stopped.text, full.text[..cut]);
+}
+
+#[test]
+fn a_caller_that_goes_away_cancels_its_sequence() {
+    let engine = Engine::spawn(core(CodecKind::TQ4)).unwrap();
+    let rx = engine
+        .submit(request(
+            "Write a long story about the sea.",
+            SamplingParams::greedy(400),
+        ))
+        .unwrap();
+    // Wait for the first text, then hang up.
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+            StreamEvent::Delta { .. } => break,
+            StreamEvent::Started(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    drop(rx);
+    let t = Instant::now();
+    while engine.running() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "not cancelled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The engine still serves.
+    let o = collect(
+        engine
+            .submit(request("Say hi.", SamplingParams::greedy(3)))
+            .unwrap(),
+    );
+    assert!(o.completion <= 3);
+}
+
+#[test]
+fn a_full_queue_answers_overloaded_and_bad_requests_are_refused() {
+    let engine = Engine::spawn(core_with(EngineConfig {
+        max_running: 1,
+        queue_capacity: 1,
+        ..EngineConfig::default()
+    }))
+    .unwrap();
+    let mut accepted = Vec::new();
+    let mut overloaded = 0;
+    for _ in 0..4 {
+        match engine.submit(request("Tell me about whales.", SamplingParams::greedy(30))) {
+            Ok(rx) => accepted.push(rx),
+            Err(EngineError::Overloaded { capacity, .. }) => {
+                assert_eq!(capacity, 1);
+                overloaded += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        overloaded >= 1,
+        "four requests into one slot and a queue of one"
+    );
+    assert!(accepted.len() <= 2);
+    for rx in accepted {
+        assert_eq!(collect(rx).completion, 30);
+    }
+    assert!(matches!(
+        engine.submit(request(
+            "x",
+            SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::default()
+            }
+        )),
+        Err(EngineError::InvalidSampling {
+            field: "temperature",
+            ..
+        })
+    ));
+    assert!(matches!(
+        engine.submit(request("x", SamplingParams::greedy(9000))),
+        Err(EngineError::ContextOverflow { .. })
+    ));
+}
+
+#[test]
+fn sampling_with_a_seed_is_reproducible() {
+    let engine = Engine::spawn(core(CodecKind::TQ4)).unwrap();
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 7,
+        ..SamplingParams::greedy(16)
+    };
+    let a = collect(
+        engine
+            .submit(request("Invent a name for a cat.", params.clone()))
+            .unwrap(),
+    );
+    let b = collect(
+        engine
+            .submit(request("Invent a name for a cat.", params))
+            .unwrap(),
+    );
+    assert_eq!(a.tokens, b.tokens);
+}

@@ -1,0 +1,94 @@
+//! The GGUF-built tokenizer, the chat template and the session text matcher.
+
+use engram_engine::{ChatMessage, Role, SessionText, TextMatch, TextTokenizer, chatml};
+
+use crate::common::model;
+
+#[test]
+fn text_round_trips_exactly() {
+    let tok = &model().1;
+    let license = std::fs::read_to_string("/usr/share/common-licenses/Apache-2.0").unwrap();
+    for text in [
+        license.as_str(),
+        "  leading spaces, digits 12345, tabs\tand ünïcödé — 東京 🙂\n\n",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+    }
+    // Digits are split one by one.
+    let ids = tok.encode("2026").unwrap();
+    assert_eq!(ids.len(), 4);
+}
+
+#[test]
+fn chatml_control_tokens_are_single_ids_and_stop_generation() {
+    let tok = &model().1;
+    let text = chatml(&[ChatMessage::new(Role::User, "Hi")], true);
+    assert_eq!(
+        text,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = tok.encode(&text).unwrap();
+    let im_start = tok.encode("<|im_start|>").unwrap();
+    let im_end = tok.encode("<|im_end|>").unwrap();
+    assert_eq!((im_start.len(), im_end.len()), (1, 1));
+    assert_eq!(ids[0], im_start[0]);
+    assert!(tok.stop_ids().contains(&im_end[0]));
+    assert_eq!(ids.iter().filter(|&&i| i == im_end[0]).count(), 1);
+}
+
+#[test]
+fn a_saved_tokenizer_json_gives_the_same_ids() {
+    let tok = &model().1;
+    let dir = tempdir("tokjson");
+    let path = dir.join("tokenizer.json");
+    tok.save_json(&path).unwrap();
+    let reloaded = TextTokenizer::from_json_file(&path).unwrap();
+    let text = chatml(
+        &[ChatMessage::new(Role::System, "You are terse. 42 × 7?")],
+        true,
+    );
+    assert_eq!(reloaded.encode(&text).unwrap(), tok.encode(&text).unwrap());
+    assert_eq!(reloaded.stop_ids(), tok.stop_ids());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn session_text_keeps_old_tokens_on_extend_and_partial() {
+    let tok = &model().1;
+    let turn1 = chatml(&[ChatMessage::new(Role::User, "Name a colour.")], true);
+    let mut s = SessionText::default();
+    assert_eq!(s.update(tok, &turn1).unwrap().0, TextMatch::Extend);
+    let first = s.tokens().to_vec();
+    assert_eq!(first, tok.encode(&turn1).unwrap());
+
+    assert_eq!(
+        s.update(tok, &turn1).unwrap(),
+        (TextMatch::Exact, first.len())
+    );
+
+    let turn2 = format!("{turn1}Blue.<|im_end|>\n<|im_start|>user\nAnother one.<|im_end|>\n");
+    let (kind, kept) = s.update(tok, &turn2).unwrap();
+    assert_eq!(kind, TextMatch::Extend);
+    assert_eq!(kept, first.len() - 1);
+    assert_eq!(&s.tokens()[..kept], &first[..kept]);
+    assert_eq!(s.tokens(), tok.encode(&turn2).unwrap().as_slice());
+
+    // Editing the last words keeps most of the text: a partial match.
+    let edited = turn2.replace("Another one.", "Another colour.");
+    let (kind, kept) = s.update(tok, &edited).unwrap();
+    assert_eq!(kind, TextMatch::Partial);
+    assert!(kept > first.len());
+    assert_eq!(s.tokens(), tok.encode(&edited).unwrap().as_slice());
+
+    let (kind, kept) = s.update(tok, "Something else entirely").unwrap();
+    assert_eq!((kind, kept), (TextMatch::Diverge, 0));
+    assert_eq!(s.text(), "Something else entirely");
+}
+
+pub fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("engram-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
