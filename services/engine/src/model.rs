@@ -24,6 +24,7 @@ use candle_core::{D, DType, Device, Tensor};
 use engram_kvcore::{AttentionParams, BlockId, BlockStore, KvShape, Rows};
 
 use crate::error::{EngineError, EngineResult};
+use crate::probe::KvProbe;
 use crate::weights::{ModelConfig, Weights};
 
 /// One layer's weights.
@@ -146,6 +147,16 @@ impl Llama {
     /// Runs one ragged batch; writes every new token's K/V into its blocks and returns the
     /// requested logits, `[rows, vocab]`, sequence by sequence in batch order.
     pub fn forward(&self, store: &mut BlockStore, batch: &[SeqInput<'_>]) -> EngineResult<Tensor> {
+        self.forward_probed(store, batch, None)
+    }
+
+    /// [`Self::forward`] with a KV ablation applied to every new row before it is stored.
+    pub fn forward_probed(
+        &self,
+        store: &mut BlockStore,
+        batch: &[SeqInput<'_>],
+        probe: Option<&KvProbe>,
+    ) -> EngineResult<Tensor> {
         let cfg = &self.config;
         let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let bs = store.shape().block_size;
@@ -183,6 +194,7 @@ impl Llama {
         let n = ids.len();
         let dev = Device::Cpu;
         let ids = Tensor::from_vec(ids, n, &dev)?;
+        let pos_list: Vec<usize> = positions.iter().map(|&p| p as usize).collect();
         let pos = Tensor::from_vec(positions, n, &dev)?;
         let cos = self.cos.index_select(&pos, 0)?;
         let sin = self.sin.index_select(&pos, 0)?;
@@ -199,8 +211,11 @@ impl Llama {
             let q = rope(&linear(&h, &layer.wq)?, heads, d, &cos, &sin)?;
             let k = rope(&linear(&h, &layer.wk)?, kv_heads, d, &cos, &sin)?;
             let v = linear(&h, &layer.wv)?;
-            let k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
-            let v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
+            let mut k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
+            let mut v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
+            if let Some(p) = probe {
+                p.apply(l, &pos_list, d, &mut k_rows, &mut v_rows)?;
+            }
             let width = kv_heads * d;
             let mut off = 0;
             for s in batch {

@@ -7,8 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use engram_engine::bench::{self, TtftOptions};
 use engram_engine::eval::{self, EvalOptions};
-use engram_engine::{Llama, TextTokenizer};
-use engram_kvcore::CodecKind;
+use engram_engine::{KvProbe, Llama, TextTokenizer, parse_codec};
 
 /// The default model, as `make models` places it.
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -72,6 +71,10 @@ struct EvalKvArgs {
     /// Codecs to compare with the f32 reference.
     #[arg(long, value_delimiter = ',', default_value = "f16,q8,tq4,tq3,tq2")]
     codecs: Vec<String>,
+    /// An ablation, e.g. `k=tq4` (keys only), `v=tq4`, `k=tq4,layers=10-19`,
+    /// `k=tq4,v=tq4,exact_first=16`; repeat for more.
+    #[arg(long)]
+    probe: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -96,18 +99,6 @@ struct TtftArgs {
     /// Text the prompts are cut from.
     #[arg(long, default_value = eval::DEFAULT_CORPUS)]
     corpus: PathBuf,
-}
-
-fn parse_codec(s: &str) -> Result<CodecKind> {
-    Ok(match s.trim() {
-        "f32" => CodecKind::F32,
-        "f16" => CodecKind::F16,
-        "q8" => CodecKind::Q8,
-        "tq4" => CodecKind::TurboQuant { bits: 4 },
-        "tq3" => CodecKind::TurboQuant { bits: 3 },
-        "tq2" => CodecKind::TurboQuant { bits: 2 },
-        other => anyhow::bail!("unknown codec `{other}` (f32, f16, q8, tq4, tq3, tq2)"),
-    })
 }
 
 fn load(path: &Path) -> Result<(Llama, TextTokenizer)> {
@@ -137,7 +128,12 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
             .codecs
             .iter()
             .map(|c| parse_codec(c))
-            .collect::<Result<_>>()?,
+            .collect::<Result<_, _>>()?,
+        probes: args
+            .probe
+            .iter()
+            .map(|p| KvProbe::parse(p))
+            .collect::<Result<_, _>>()?,
         ..EvalOptions::default()
     };
     let rows = eval::evaluate(&model, &tok, &opts, |m| eprintln!("eval: {m}"))?;

@@ -1,0 +1,173 @@
+//! KV ablations for the fidelity harness: which part of the cache is sensitive to quantization.
+//!
+//! A [`KvProbe`] makes the engine pass K and V through *separate* codecs (a round trip: encode,
+//! decode) before storing them exactly in an F32 store, optionally only in a range of layers and
+//! sparing the first positions. The stored values are then exactly what a store with those codecs
+//! would return, so `engram eval kv --probe k=tq4,v=f32` measures keys alone, `layers=10-19` one
+//! band of layers, `exact_first=16` the value of keeping attention-sink tokens exact.
+//! A probe is an instrument: it costs an encode and decode per row and is never used to serve.
+
+use std::ops::RangeInclusive;
+
+use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, EngineResult};
+
+/// An ablation (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvProbe {
+    /// Codec the keys go through.
+    pub keys: CodecKind,
+    /// Codec the values go through.
+    pub values: CodecKind,
+    /// Layers affected (all when `None`).
+    pub layers: Option<RangeInclusive<usize>>,
+    /// Positions below this stay exact.
+    pub exact_first: usize,
+}
+
+impl KvProbe {
+    /// Parses `k=tq4,v=f32,layers=10-19,exact_first=16` (every part optional; codecs default to
+    /// f32, i.e. exact).
+    pub fn parse(spec: &str) -> EngineResult<Self> {
+        let bad = |reason: String| EngineError::InvalidConfig {
+            field: "probe",
+            reason,
+        };
+        let mut probe = Self {
+            keys: CodecKind::F32,
+            values: CodecKind::F32,
+            layers: None,
+            exact_first: 0,
+        };
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{part}` is not key=value")))?;
+            match key {
+                "k" => probe.keys = parse_codec(value)?,
+                "v" => probe.values = parse_codec(value)?,
+                "layers" => {
+                    let (a, b) = value.split_once('-').unwrap_or((value, value));
+                    let (a, b) = (a.parse::<usize>(), b.parse::<usize>());
+                    match (a, b) {
+                        (Ok(a), Ok(b)) if a <= b => probe.layers = Some(a..=b),
+                        _ => return Err(bad(format!("layers `{value}` is not A-B"))),
+                    }
+                }
+                "exact_first" => {
+                    probe.exact_first = value
+                        .parse()
+                        .map_err(|_| bad(format!("exact_first `{value}` is not a count")))?;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown key `{other}` (k, v, layers, exact_first)"
+                    )));
+                }
+            }
+        }
+        Ok(probe)
+    }
+
+    /// A short name for reports: `k:tq4/v:f32/layers:10-19/exact_first:16`.
+    pub fn label(&self) -> String {
+        let mut s = format!("k:{}/v:{}", self.keys, self.values);
+        if let Some(r) = &self.layers {
+            s.push_str(&format!("/layers:{}-{}", r.start(), r.end()));
+        }
+        if self.exact_first > 0 {
+            s.push_str(&format!("/exact_first:{}", self.exact_first));
+        }
+        s
+    }
+
+    /// Mean stored bits per element of K and V in affected layers.
+    pub fn bits_per_element(&self, head_dim: usize) -> f64 {
+        (self.keys.bits_per_element(head_dim) + self.values.bits_per_element(head_dim)) / 2.0
+    }
+
+    /// Applies the round trips to one layer's new rows (`[rows, kv_heads, head_dim]`) at
+    /// `positions` (one per row).
+    pub(crate) fn apply(
+        &self,
+        layer: usize,
+        positions: &[usize],
+        head_dim: usize,
+        k: &mut [f32],
+        v: &mut [f32],
+    ) -> EngineResult<()> {
+        if self.layers.as_ref().is_some_and(|r| !r.contains(&layer)) {
+            return Ok(());
+        }
+        let width = k.len() / positions.len().max(1);
+        for (kind, rows) in [(self.keys, k), (self.values, v)] {
+            if kind == CodecKind::F32 {
+                continue;
+            }
+            let codec = Codec::new(kind, head_dim, DEFAULT_ROTATION_SEED)?;
+            let (mut code, mut norm) =
+                (vec![0u8; codec.code_bytes()], vec![0u8; codec.norm_bytes()]);
+            for (token, &pos) in rows.chunks_exact_mut(width).zip(positions) {
+                if pos < self.exact_first {
+                    continue;
+                }
+                for row in token.chunks_exact_mut(head_dim) {
+                    codec.encode(Rows::F32(row), &mut code, &mut norm)?;
+                    codec.decode(&code, &norm, row)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `f32`, `f16`, `q8`, `tq4`, `tq3`, `tq2`.
+pub fn parse_codec(s: &str) -> EngineResult<CodecKind> {
+    Ok(match s.trim() {
+        "f32" => CodecKind::F32,
+        "f16" => CodecKind::F16,
+        "q8" => CodecKind::Q8,
+        "tq4" => CodecKind::TurboQuant { bits: 4 },
+        "tq3" => CodecKind::TurboQuant { bits: 3 },
+        "tq2" => CodecKind::TurboQuant { bits: 2 },
+        other => {
+            return Err(EngineError::InvalidConfig {
+                field: "codec",
+                reason: format!("unknown codec `{other}` (f32, f16, q8, tq4, tq3, tq2)"),
+            });
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_label() {
+        let p = KvProbe::parse("k=tq4, layers=10-19,exact_first=16").unwrap();
+        assert_eq!(p.keys, CodecKind::TQ4);
+        assert_eq!(p.values, CodecKind::F32);
+        assert_eq!(p.layers, Some(10..=19));
+        assert_eq!(p.label(), "k:tq4/v:f32/layers:10-19/exact_first:16");
+        assert_eq!(p.bits_per_element(64), (4.25 + 32.0) / 2.0);
+        for bad in ["k=tq5", "layers=9-3", "nonsense", "w=f16"] {
+            assert!(KvProbe::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_probe_rounds_only_what_it_names() {
+        let p = KvProbe::parse("v=tq4,layers=1-1,exact_first=1").unwrap();
+        let k0: Vec<f32> = (0..2 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (mut k, mut v) = (k0.clone(), k0.clone());
+        p.apply(0, &[0, 1], 64, &mut k, &mut v).unwrap();
+        assert_eq!((&k, &v), (&k0, &k0), "layer 0 is outside the probe");
+        p.apply(1, &[0, 1], 64, &mut k, &mut v).unwrap();
+        assert_eq!(k, k0, "keys stay exact");
+        assert_eq!(v[..64], k0[..64], "position 0 is spared");
+        assert_ne!(v[64..], k0[64..], "position 1's values went through TQ4");
+    }
+}
