@@ -36,6 +36,7 @@ use crate::model::{Llama, LogitRows, SeqInput};
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
+use crate::weights::WeightFormat;
 
 /// Engine options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +62,8 @@ pub struct EngineConfig {
     pub queue_capacity: usize,
     /// Which layers are pinned, and the soft cap.
     pub pin_policy: PinPolicy,
+    /// How GGUF weights are held (f32 by default; quantized for files too large for that).
+    pub weights: WeightFormat,
     /// A KV ablation for the fidelity harness (needs `codec: F32`); never set when serving.
     pub probe: Option<KvProbe>,
 }
@@ -78,6 +81,7 @@ impl Default for EngineConfig {
             max_running: 16,
             queue_capacity: 64,
             pin_policy: PinPolicy::default(),
+            weights: WeightFormat::F32,
             probe: None,
         }
     }
@@ -193,7 +197,7 @@ pub struct EngineCore {
 impl EngineCore {
     /// Loads the model at `path` (GGUF file or safetensors directory) and its tokenizer.
     pub fn load(path: &Path, config: EngineConfig) -> EngineResult<Self> {
-        let model = Llama::load(path)?;
+        let model = Llama::load_as(path, config.weights)?;
         let tokenizer = TextTokenizer::for_model(path)?;
         Self::new(model, tokenizer, config)
     }

@@ -36,4 +36,4 @@ pub use probe::{KvProbe, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{Engine, FinishReason, GenerateRequest, StreamEvent, Usage};
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
-pub use weights::ModelConfig;
+pub use weights::{ModelConfig, WeightFormat};

@@ -25,20 +25,20 @@ use engram_kvcore::{AttentionParams, BlockId, BlockStore, KvShape, Rows};
 
 use crate::error::{EngineError, EngineResult};
 use crate::probe::KvProbe;
-use crate::weights::{ModelConfig, Weights};
+use crate::weights::{Linear, ModelConfig, WeightFormat, Weights};
 
 /// One layer's weights.
 #[derive(Debug, Clone)]
 pub(crate) struct Layer {
     pub attn_norm: Tensor,
-    pub wq: Tensor,
-    pub wk: Tensor,
-    pub wv: Tensor,
-    pub wo: Tensor,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
     pub ffn_norm: Tensor,
-    pub w_gate: Tensor,
-    pub w_up: Tensor,
-    pub w_down: Tensor,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
 }
 
 /// A loaded model.
@@ -48,7 +48,7 @@ pub struct Llama {
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
-    lm_head: Tensor,
+    lm_head: Linear,
     cos: Tensor,
     sin: Tensor,
     fingerprint: [u8; 32],
@@ -79,7 +79,12 @@ pub enum LogitRows {
 impl Llama {
     /// Loads a GGUF file (weights dequantized to f32).
     pub fn from_gguf(path: &Path) -> EngineResult<Self> {
-        Self::from_weights(Weights::from_gguf(path)?)
+        Self::from_gguf_as(path, WeightFormat::F32)
+    }
+
+    /// Loads a GGUF file with its weights held as `format`.
+    pub fn from_gguf_as(path: &Path, format: WeightFormat) -> EngineResult<Self> {
+        Self::from_weights(Weights::from_gguf(path, format)?)
     }
 
     /// Loads a Hugging Face directory (`config.json` + `model.safetensors` or its index).
@@ -87,12 +92,17 @@ impl Llama {
         Self::from_weights(Weights::from_safetensors_dir(dir)?)
     }
 
-    /// Loads a GGUF file or a safetensors directory, whichever `path` is.
+    /// Loads a GGUF file or a safetensors directory, whichever `path` is (f32 weights).
     pub fn load(path: &Path) -> EngineResult<Self> {
+        Self::load_as(path, WeightFormat::F32)
+    }
+
+    /// [`Self::load`] with GGUF weights held as `format` (safetensors are always dense).
+    pub fn load_as(path: &Path, format: WeightFormat) -> EngineResult<Self> {
         if path.is_dir() {
             Self::from_safetensors_dir(path)
         } else {
-            Self::from_gguf(path)
+            Self::from_gguf_as(path, format)
         }
     }
 
@@ -208,9 +218,9 @@ impl Llama {
         let mut x = self.embed.index_select(&ids, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = rope(&linear(&h, &layer.wq)?, heads, d, &cos, &sin)?;
-            let k = rope(&linear(&h, &layer.wk)?, kv_heads, d, &cos, &sin)?;
-            let v = linear(&h, &layer.wv)?;
+            let q = rope(&layer.wq.forward(&h)?, heads, d, &cos, &sin)?;
+            let k = rope(&layer.wk.forward(&h)?, kv_heads, d, &cos, &sin)?;
+            let v = layer.wv.forward(&h)?;
             let mut k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
             let mut v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
             if let Some(p) = probe {
@@ -248,11 +258,11 @@ impl Llama {
                 off += m;
             }
             let attn = Tensor::cat(&outs, 0)?;
-            x = (x + linear(&attn, &layer.wo)?)?;
+            x = (x + layer.wo.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate = candle_nn::ops::silu(&linear(&h, &layer.w_gate)?)?;
-            let up = linear(&h, &layer.w_up)?;
-            x = (x + linear(&(gate * up)?, &layer.w_down)?)?;
+            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
+            let up = layer.w_up.forward(&h)?;
+            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
         }
         let mut rows = Vec::new();
         let mut off = 0u32;
@@ -267,13 +277,8 @@ impl Llama {
         let rows = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
         let x = x.index_select(&rows, 0)?;
         let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
-        Ok(linear(&x, &self.lm_head)?)
+        Ok(self.lm_head.forward(&x)?)
     }
-}
-
-/// `x · wᵀ` for `x: [rows, in]`, `w: [out, in]`.
-fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
-    x.matmul(&w.t()?)
 }
 
 /// Applies half-split RoPE to `x: [rows, heads·d]` at the rows' positions; returns

@@ -11,7 +11,8 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::{DType, Device, Tensor};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -43,18 +44,48 @@ pub struct ModelConfig {
     pub context_length: usize,
 }
 
+/// How GGUF weights are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightFormat {
+    /// Dequantized to f32 at load (the default: candle 0.11 has no SIMD kernel for Q4_1, and its
+    /// quantized matmul also quantizes activations, which garbles small models).
+    #[default]
+    F32,
+    /// Kept quantized; candle's quantized matmul (for files too large to dequantize). q/k
+    /// projections and the embedding are still dequantized (they are permuted or gathered).
+    Quantized,
+}
+
+/// A projection: a dense `[out, in]` matrix or a quantized one.
+#[derive(Debug, Clone)]
+pub(crate) enum Linear {
+    Dense(Tensor),
+    Quant(QMatMul),
+}
+
+impl Linear {
+    /// `x · wᵀ` for `x: [rows, in]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Dense(w) => x.matmul(&w.t()?),
+            Self::Quant(q) => q.forward(x),
+        }
+    }
+}
+
 /// Weights as loaded, before the model builds its RoPE tables.
 pub(crate) struct Weights {
     pub config: ModelConfig,
     pub embed: Tensor,
     pub layers: Vec<Layer>,
     pub norm: Tensor,
-    pub lm_head: Tensor,
+    pub lm_head: Linear,
     pub fingerprint: [u8; 32],
 }
 
 impl Weights {
-    pub fn from_gguf(path: &Path) -> EngineResult<Self> {
+    pub fn from_gguf(path: &Path, format: WeightFormat) -> EngineResult<Self> {
         let fingerprint = hash_files(&[path.to_path_buf()])?;
         let mut f = BufReader::new(File::open(path).map_err(io_error(path))?);
         let ct = Content::read(&mut f)?;
@@ -69,36 +100,38 @@ impl Weights {
             Err(_) => hidden / heads.max(1),
         };
         let dev = Device::Cpu;
-        let mut load = |name: &str| -> EngineResult<Tensor> {
+        let mut raw = |name: &str| -> EngineResult<QTensor> {
             if !ct.tensor_infos.contains_key(name) {
                 return Err(EngineError::MissingTensor {
                     name: name.to_string(),
                 });
             }
-            Ok(ct.tensor(&mut f, name, &dev)?.dequantize(&dev)?)
+            Ok(ct.tensor(&mut f, name, &dev)?)
         };
+        let mut load = |name: &str| -> EngineResult<Tensor> { Ok(raw(name)?.dequantize(&dev)?) };
         let embed = load("token_embd.weight")?;
         let norm = load("output_norm.weight")?;
-        let lm_head = match load("output.weight") {
-            Ok(t) => t,
-            Err(EngineError::MissingTensor { .. }) => embed.clone(),
+        let lm_head = match raw("output.weight") {
+            Ok(t) => linear(t, format)?,
+            Err(EngineError::MissingTensor { .. }) => Linear::Dense(embed.clone()),
             Err(e) => return Err(e),
         };
         let num_layers = md_usize(&ct, "llama.block_count")?;
         let kv_heads = md_usize(&ct, "llama.attention.head_count_kv").unwrap_or(heads);
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {
-            let mut t = |suffix: &str| load(&format!("blk.{i}.{suffix}.weight"));
+            let mut t = |suffix: &str| raw(&format!("blk.{i}.{suffix}.weight"));
+            let dense = |q: QTensor| -> EngineResult<Tensor> { Ok(q.dequantize(&dev)?) };
             layers.push(Layer {
-                attn_norm: t("attn_norm")?,
-                wq: unpermute(&t("attn_q")?, heads, head_dim)?,
-                wk: unpermute(&t("attn_k")?, kv_heads, head_dim)?,
-                wv: t("attn_v")?,
-                wo: t("attn_output")?,
-                ffn_norm: t("ffn_norm")?,
-                w_gate: t("ffn_gate")?,
-                w_up: t("ffn_up")?,
-                w_down: t("ffn_down")?,
+                attn_norm: dense(t("attn_norm")?)?,
+                wq: Linear::Dense(unpermute(&dense(t("attn_q")?)?, heads, head_dim)?),
+                wk: Linear::Dense(unpermute(&dense(t("attn_k")?)?, kv_heads, head_dim)?),
+                wv: linear(t("attn_v")?, format)?,
+                wo: linear(t("attn_output")?, format)?,
+                ffn_norm: dense(t("ffn_norm")?)?,
+                w_gate: linear(t("ffn_gate")?, format)?,
+                w_up: linear(t("ffn_up")?, format)?,
+                w_down: linear(t("ffn_down")?, format)?,
             });
         }
         let config = ModelConfig {
@@ -146,24 +179,24 @@ impl Weights {
         };
         let embed = take("model.embed_tokens.weight")?;
         let norm = take("model.norm.weight")?;
-        let lm_head = if hf.tie_word_embeddings {
+        let lm_head = Linear::Dense(if hf.tie_word_embeddings {
             embed.clone()
         } else {
             take("lm_head.weight")?
-        };
+        });
         let mut layers = Vec::with_capacity(hf.num_hidden_layers);
         for i in 0..hf.num_hidden_layers {
             let mut t = |suffix: &str| take(&format!("model.layers.{i}.{suffix}.weight"));
             layers.push(Layer {
                 attn_norm: t("input_layernorm")?,
-                wq: t("self_attn.q_proj")?,
-                wk: t("self_attn.k_proj")?,
-                wv: t("self_attn.v_proj")?,
-                wo: t("self_attn.o_proj")?,
+                wq: Linear::Dense(t("self_attn.q_proj")?),
+                wk: Linear::Dense(t("self_attn.k_proj")?),
+                wv: Linear::Dense(t("self_attn.v_proj")?),
+                wo: Linear::Dense(t("self_attn.o_proj")?),
                 ffn_norm: t("post_attention_layernorm")?,
-                w_gate: t("mlp.gate_proj")?,
-                w_up: t("mlp.up_proj")?,
-                w_down: t("mlp.down_proj")?,
+                w_gate: Linear::Dense(t("mlp.gate_proj")?),
+                w_up: Linear::Dense(t("mlp.up_proj")?),
+                w_down: Linear::Dense(t("mlp.down_proj")?),
             });
         }
         let heads = hf.num_attention_heads;
@@ -249,6 +282,14 @@ fn safetensors_files(dir: &Path) -> EngineResult<Vec<PathBuf>> {
     files.sort();
     files.dedup();
     Ok(files)
+}
+
+/// A projection in the requested format.
+fn linear(q: QTensor, format: WeightFormat) -> EngineResult<Linear> {
+    Ok(match format {
+        WeightFormat::F32 => Linear::Dense(q.dequantize(&Device::Cpu)?),
+        WeightFormat::Quantized => Linear::Quant(QMatMul::QTensor(std::sync::Arc::new(q))),
+    })
 }
 
 /// Inverts llama.cpp's q/k row permutation: `[heads, 2, d/2]` rows from `[heads, d/2, 2]`.

@@ -6,32 +6,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
-
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use engram_engine::{ChatMessage, EngineConfig, EngineCore, Role, SequenceSpec, argmax, chatml};
 use engram_kvcore::{CodecKind, TenantId};
 
-fn model_path() -> PathBuf {
-    let p = std::env::var_os("ENGRAM_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(p.is_file(), "{} is missing: run `make models`", p.display());
-    p
-}
+#[allow(dead_code)]
+#[path = "integration/common.rs"]
+mod common;
 
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        num += f64::from(x - y).powi(2);
-        den += f64::from(*y).powi(2);
-    }
-    (num / den).sqrt()
-}
+use common::{model_path, rel_l2};
 
 #[test]
 fn greedy_tokens_and_teacher_forced_logits_match_candle_transformers() {

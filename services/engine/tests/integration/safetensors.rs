@@ -111,3 +111,40 @@ fn a_safetensors_directory_runs_like_the_gguf() {
     assert!(matches!(Llama::load(&dir), Err(EngineError::Io { .. })));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn quantized_weights_and_per_layer_codecs_are_options() {
+    let mut codecs = vec![CodecKind::TQ4; 30];
+    codecs[..2].fill(CodecKind::Q8);
+    let config = EngineConfig {
+        weights: engram_engine::WeightFormat::Quantized,
+        layer_codecs: Some(codecs),
+        ..EngineConfig::default()
+    };
+    let mut core = EngineCore::load(&model_path(), config).unwrap();
+    assert_eq!(core.store().codec(0).unwrap().kind(), CodecKind::Q8);
+    assert_eq!(core.store().codec(2).unwrap().kind(), CodecKind::TQ4);
+    let (id, _) = core
+        .start(SequenceSpec::plain(chat("Hello!"), TenantId(1)))
+        .unwrap();
+    let logits = core.prefill(id).unwrap();
+    assert_eq!(logits.len(), model().0.config().vocab_size);
+    assert!(logits.iter().all(|l| l.is_finite()));
+    // Candle's quantized matmul also quantizes activations: close to, not equal to, f32.
+    let mut dense = crate::common::core(CodecKind::TQ4);
+    let (d, _) = dense
+        .start(SequenceSpec::plain(chat("Hello!"), TenantId(1)))
+        .unwrap();
+    let err = rel_l2(&logits, &dense.prefill(d).unwrap());
+    assert!(err > 1e-4 && err < 1.0, "{err}");
+
+    // A per-layer list of the wrong length is refused.
+    let bad = EngineConfig {
+        layer_codecs: Some(vec![CodecKind::TQ4; 3]),
+        ..EngineConfig::default()
+    };
+    assert!(matches!(
+        EngineCore::new(model().0.clone(), model().1.clone(), bad),
+        Err(EngineError::Kv(_))
+    ));
+}
