@@ -227,3 +227,59 @@ fn sampling_with_a_seed_is_reproducible() {
     );
     assert_eq!(a.tokens, b.tokens);
 }
+
+#[test]
+fn a_long_prefill_does_not_stall_running_decodes() {
+    let engine = Engine::spawn(core(CodecKind::TQ4)).unwrap();
+    let a = engine
+        .submit(request(
+            "Count from one to fifty.",
+            SamplingParams::greedy(60),
+        ))
+        .unwrap();
+    // Let A reach decode, then collect its deltas' arrival times on a thread.
+    loop {
+        if let StreamEvent::Delta { .. } = a.recv().unwrap() {
+            break;
+        }
+    }
+    let watcher = std::thread::spawn(move || {
+        let mut times = Vec::new();
+        for ev in a.iter() {
+            match ev {
+                StreamEvent::Delta { .. } => times.push(Instant::now()),
+                StreamEvent::Done { .. } => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        times
+    });
+    // B: a 2,000-token prompt, prefilled in 256-token chunks.
+    let mut long = crate::common::license_tokens(2000);
+    long.extend(chat("Summarize."));
+    let b = engine
+        .submit(GenerateRequest {
+            spec: SequenceSpec::plain(long, TenantId(2)),
+            sampling: SamplingParams::greedy(2),
+        })
+        .unwrap();
+    let mut admitted = None;
+    let mut first = None;
+    for ev in b.iter() {
+        match ev {
+            StreamEvent::Started(_) => admitted = Some(Instant::now()),
+            StreamEvent::Delta { .. } if first.is_none() => first = Some(Instant::now()),
+            StreamEvent::Done { .. } => break,
+            _ => {}
+        }
+    }
+    let (admitted, first) = (admitted.unwrap(), first.unwrap());
+    let during = watcher
+        .join()
+        .unwrap()
+        .into_iter()
+        .filter(|&t| t > admitted && t < first)
+        .count();
+    // Eight chunks, one decode step of A after each.
+    assert!(during >= 4, "A produced {during} deltas during B's prefill");
+}
