@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{EngineError, EngineResult};
-use crate::model::{Llama, LogitRows, SeqInput};
+use crate::model::{KvTransform, Llama, LogitRows, SeqInput};
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
@@ -64,6 +64,9 @@ pub struct EngineConfig {
     pub pin_policy: PinPolicy,
     /// How GGUF weights are held (f32 by default; quantized for files too large for that).
     pub weights: WeightFormat,
+    /// Subtract each head's calibrated mean key before storing (exact for attention, lowers
+    /// quantization error; part of the KV format).
+    pub key_centering: KeyCentering,
     /// A KV ablation for the fidelity harness (needs `codec: F32`); never set when serving.
     pub probe: Option<KvProbe>,
 }
@@ -82,9 +85,21 @@ impl Default for EngineConfig {
             queue_capacity: 64,
             pin_policy: PinPolicy::default(),
             weights: WeightFormat::F32,
+            key_centering: KeyCentering::Calibrated,
             probe: None,
         }
     }
+}
+
+/// Whether keys are centered before they are stored (see [`Llama::key_means`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyCentering {
+    /// Keys are stored as computed.
+    Off,
+    /// Each (layer, KV head) subtracts its mean key over the calibration text (the default).
+    #[default]
+    Calibrated,
 }
 
 /// A running sequence's handle.
@@ -192,6 +207,7 @@ pub struct EngineCore {
     fingerprint: [u8; 32],
     seqs: BTreeMap<SeqId, Sequence>,
     next_seq: u64,
+    key_means: Option<Vec<f32>>,
 }
 
 impl EngineCore {
@@ -260,7 +276,14 @@ impl EngineCore {
             priorities: PriorityTable::default(),
         })?;
         let pins = PrefixPinManager::new(config.pin_policy.clone())?;
+        let key_means = match config.key_centering {
+            KeyCentering::Off => None,
+            KeyCentering::Calibrated => Some(model.key_means(&tokenizer)?.to_vec()),
+        };
         let mut h = Sha256::new();
+        if let Some(m) = &key_means {
+            m.iter().for_each(|x| h.update(x.to_le_bytes()));
+        }
         h.update(model.fingerprint());
         h.update(serde_json::to_vec(codecs.kinds()).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
@@ -275,6 +298,7 @@ impl EngineCore {
             config,
             seqs: BTreeMap::new(),
             next_seq: 1,
+            key_means,
         })
     }
 
@@ -545,9 +569,13 @@ impl EngineCore {
                 })
             })
             .collect::<EngineResult<Vec<_>>>()?;
-        let logits =
-            self.model
-                .forward_probed(&mut self.store, &inputs, self.config.probe.as_ref())?;
+        let transform = KvTransform {
+            key_means: self.key_means.as_deref(),
+            probe: self.config.probe.as_ref(),
+        };
+        let logits = self
+            .model
+            .forward_with(&mut self.store, &inputs, transform)?;
         for &(id, n, _) in work {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.computed += n;

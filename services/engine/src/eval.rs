@@ -22,7 +22,7 @@ use candle_core::{D, Tensor};
 use engram_kvcore::{CodecKind, TenantId};
 use serde::{Deserialize, Serialize};
 
-use crate::core::{EngineConfig, EngineCore, PrefixReuse, SequenceSpec};
+use crate::core::{EngineConfig, EngineCore, KeyCentering, PrefixReuse, SequenceSpec};
 use crate::error::{EngineResult, io_error};
 use crate::model::{Llama, LogitRows};
 use crate::probe::KvProbe;
@@ -48,6 +48,8 @@ pub struct EvalOptions {
     pub codecs: Vec<CodecKind>,
     /// Ablations compared with it (after the codecs).
     pub probes: Vec<KvProbe>,
+    /// Key centering of every run, the reference's included.
+    pub key_centering: KeyCentering,
 }
 
 impl Default for EvalOptions {
@@ -66,6 +68,7 @@ impl Default for EvalOptions {
                 CodecKind::TurboQuant { bits: 2 },
             ],
             probes: Vec::new(),
+            key_centering: KeyCentering::default(),
         }
     }
 }
@@ -153,6 +156,7 @@ pub fn evaluate(
             let config = EngineConfig {
                 codec: *codec,
                 probe: probe.clone(),
+                key_centering: opts.key_centering,
                 prefill_chunk: opts.chunk,
                 cold_bytes: 0,
                 ..EngineConfig::default()

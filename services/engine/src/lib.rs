@@ -24,11 +24,11 @@ mod tokenizer;
 mod weights;
 
 pub use crate::core::{
-    Admission, ChunkOutput, EngineConfig, EngineCore, PrefixReuse, PromptSegment, SeqId,
-    SequenceSpec,
+    Admission, ChunkOutput, EngineConfig, EngineCore, KeyCentering, PrefixReuse, PromptSegment,
+    SeqId, SequenceSpec,
 };
 pub use error::{EngineError, EngineResult};
-pub use model::{Llama, LogitRows, SeqInput, log_softmax_rows};
+pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};
 pub use prefix::{
     BlockHash, PARTIAL_SHARE, PrefixCache, SessionText, TextMatch, chain_hash, match_text,
 };

@@ -21,10 +21,15 @@
 use std::path::Path;
 
 use candle_core::{D, DType, Device, Tensor};
-use engram_kvcore::{AttentionParams, BlockId, BlockStore, KvShape, Rows};
+use std::sync::{Arc, OnceLock};
+
+use engram_kvcore::{
+    AttentionParams, BlockId, BlockStore, BlockTags, CodecKind, KvShape, Rows, StoreConfig, Tier,
+};
 
 use crate::error::{EngineError, EngineResult};
 use crate::probe::KvProbe;
+use crate::tokenizer::TextTokenizer;
 use crate::weights::{Linear, ModelConfig, WeightFormat, Weights};
 
 /// One layer's weights.
@@ -52,6 +57,29 @@ pub struct Llama {
     cos: Tensor,
     sin: Tensor,
     fingerprint: [u8; 32],
+    key_means: Arc<OnceLock<Vec<f32>>>,
+}
+
+/// The fixed text key means are calibrated on (part of the KV format: changing it changes the
+/// stored bytes, and the engine fingerprint covers the means).
+const CALIBRATION_TEXT: &str = "<|im_start|>system\nYou are a helpful assistant that remembers \
+what matters.<|im_end|>\n<|im_start|>user\nThe library opened at nine in the morning, and by \
+ten the reading room was full. Students checked out books on history, chemistry and music; a \
+retired engineer asked for the 1987 railway timetables, and two children argued about whether \
+whales are fish. The librarian, who had worked there for thirty-one years, kept a notebook of \
+every question nobody could answer. Section 4(b) of the lending rules says that reference works \
+may not leave the building, but maps may be copied for a fee of 0.50 per page. What would you \
+add to the notebook today, and why?<|im_end|>\n<|im_start|>assistant\nI would add the question \
+about whales: they are mammals, they breathe air and feed their young with milk, although they \
+live in the sea like fish.<|im_end|>\n";
+
+/// What happens to new K/V rows between the projections and the store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvTransform<'a> {
+    /// Per-(layer, KV head) key means to subtract, `[layers, kv_heads, head_dim]`.
+    pub key_means: Option<&'a [f32]>,
+    /// A fidelity probe.
+    pub probe: Option<&'a KvProbe>,
 }
 
 /// One sequence's part of a forward batch.
@@ -131,7 +159,72 @@ impl Llama {
             norm: w.norm,
             lm_head: w.lm_head,
             fingerprint: w.fingerprint,
+            key_means: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// Mean post-RoPE key of every (layer, KV head) over a fixed calibration text,
+    /// `[layers, kv_heads, head_dim]`, computed once per loaded model.
+    ///
+    /// Subtracting one vector from every key of a head shifts each query's scores by the same
+    /// amount, so attention is unchanged exactly; but keys carry a large common component (on
+    /// SmolLM2-135M about 60 % of their energy), and removing it before quantization lowers the
+    /// codec's error, which is relative to the row norm.
+    pub fn key_means(&self, tokenizer: &TextTokenizer) -> EngineResult<&[f32]> {
+        if let Some(m) = self.key_means.get() {
+            return Ok(m);
+        }
+        let m = self.calibrate_key_means(tokenizer)?;
+        Ok(self.key_means.get_or_init(|| m))
+    }
+
+    fn calibrate_key_means(&self, tokenizer: &TextTokenizer) -> EngineResult<Vec<f32>> {
+        let tokens = tokenizer.encode(CALIBRATION_TEXT)?;
+        let cfg = &self.config;
+        let shape = self.kv_shape(engram_kvcore::DEFAULT_BLOCK_SIZE)?;
+        let n = tokens.len().min(cfg.context_length);
+        let blocks_needed = n.div_ceil(shape.block_size);
+        let mut store = BlockStore::new(StoreConfig::new(
+            shape,
+            CodecKind::F32,
+            blocks_needed as u32,
+            0,
+        ))?;
+        let tags = BlockTags {
+            source: engram_kvcore::SourceLayer::SystemState,
+            importance: 0.0,
+            tenant: engram_kvcore::TenantId(0),
+            session: None,
+            tokens: engram_kvcore::TokenRange::new(0, shape.block_size as u32),
+        };
+        let blocks = store.allocate(Tier::Hot, &vec![tags; blocks_needed])?;
+        self.forward(
+            &mut store,
+            &[SeqInput {
+                tokens: &tokens[..n],
+                start: 0,
+                blocks: &blocks,
+                logits: LogitRows::Last,
+            }],
+        )?;
+        let width = cfg.num_kv_heads * cfg.head_dim;
+        let mut means = vec![0.0f32; cfg.num_layers * width];
+        let (mut k, mut v) = (vec![0.0f32; n * width], vec![0.0f32; n * width]);
+        // Position 0 (an attention sink with an unusual key) is left out of the mean.
+        let counted = (n - 1).max(1) as f64;
+        for (l, mean) in means.chunks_exact_mut(width).enumerate() {
+            store.read(l, &blocks, 0, &mut k, &mut v)?;
+            let mut acc = vec![0.0f64; width];
+            for row in k.chunks_exact(width).skip(1) {
+                acc.iter_mut()
+                    .zip(row)
+                    .for_each(|(a, &x)| *a += f64::from(x));
+            }
+            mean.iter_mut()
+                .zip(&acc)
+                .for_each(|(m, a)| *m = (a / counted) as f32);
+        }
+        Ok(means)
     }
 
     /// The model's hyper-parameters.
@@ -157,15 +250,16 @@ impl Llama {
     /// Runs one ragged batch; writes every new token's K/V into its blocks and returns the
     /// requested logits, `[rows, vocab]`, sequence by sequence in batch order.
     pub fn forward(&self, store: &mut BlockStore, batch: &[SeqInput<'_>]) -> EngineResult<Tensor> {
-        self.forward_probed(store, batch, None)
+        self.forward_with(store, batch, KvTransform::default())
     }
 
-    /// [`Self::forward`] with a KV ablation applied to every new row before it is stored.
-    pub fn forward_probed(
+    /// [`Self::forward`] with a transform of every new K/V row before it is stored: key
+    /// centering (see [`Self::key_means`]) and, for the fidelity harness, a probe.
+    pub fn forward_with(
         &self,
         store: &mut BlockStore,
         batch: &[SeqInput<'_>],
-        probe: Option<&KvProbe>,
+        transform: KvTransform<'_>,
     ) -> EngineResult<Tensor> {
         let cfg = &self.config;
         let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -223,7 +317,13 @@ impl Llama {
             let v = layer.wv.forward(&h)?;
             let mut k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
             let mut v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
-            if let Some(p) = probe {
+            if let Some(means) = transform.key_means {
+                let m = &means[l * kv_heads * d..(l + 1) * kv_heads * d];
+                for row in k_rows.chunks_exact_mut(kv_heads * d) {
+                    row.iter_mut().zip(m).for_each(|(x, c)| *x -= c);
+                }
+            }
+            if let Some(p) = transform.probe {
                 p.apply(l, &pos_list, d, &mut k_rows, &mut v_rows)?;
             }
             let width = kv_heads * d;

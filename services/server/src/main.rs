@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use engram_engine::bench::{self, TtftOptions};
 use engram_engine::eval::{self, EvalOptions};
-use engram_engine::{KvProbe, Llama, TextTokenizer, parse_codec};
+use engram_engine::{KeyCentering, KvProbe, Llama, TextTokenizer, parse_codec};
 
 /// The default model, as `make models` places it.
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -75,6 +75,9 @@ struct EvalKvArgs {
     /// `k=tq4,v=tq4,exact_first=16`; repeat for more.
     #[arg(long)]
     probe: Vec<String>,
+    /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
+    #[arg(long, default_value = "calibrated")]
+    key_centering: String,
 }
 
 #[derive(Debug, Args)]
@@ -129,6 +132,11 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
             .iter()
             .map(|c| parse_codec(c))
             .collect::<Result<_, _>>()?,
+        key_centering: match args.key_centering.as_str() {
+            "calibrated" => KeyCentering::Calibrated,
+            "off" => KeyCentering::Off,
+            other => anyhow::bail!("--key-centering `{other}`: calibrated or off"),
+        },
         probes: args
             .probe
             .iter()

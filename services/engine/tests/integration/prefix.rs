@@ -205,3 +205,55 @@ fn bad_prompts_are_rejected_without_side_effects() {
     assert_eq!(core.running(), 0);
     assert!(core.store().metadata().is_empty());
 }
+
+#[test]
+fn key_centering_is_exact_for_attention_and_lowers_codec_error() {
+    use engram_engine::{KeyCentering, LogitRows};
+    let text = license_tokens(256);
+    let logits = |codec, key_centering| {
+        let mut core = core_with(EngineConfig {
+            codec,
+            key_centering,
+            ..EngineConfig::default()
+        });
+        let (id, _) = core
+            .start(SequenceSpec::plain(text.clone(), TenantId(1)))
+            .unwrap();
+        let out = core.prefill_chunk(id, LogitRows::All).unwrap();
+        assert_eq!(out.remaining, 0);
+        out.logits.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    };
+    let exact = logits(CodecKind::F32, KeyCentering::Off);
+    let centered = logits(CodecKind::F32, KeyCentering::Calibrated);
+    let err = rel_l2(&centered, &exact);
+    assert!(err < 1e-4, "centering changed exact attention by {err:.2e}");
+    let tq4_off = mean_kl(&exact, &logits(CodecKind::TQ4, KeyCentering::Off));
+    let tq4_on = mean_kl(&exact, &logits(CodecKind::TQ4, KeyCentering::Calibrated));
+    assert!(
+        tq4_on < 0.95 * tq4_off,
+        "KL centered {tq4_on:.4} vs plain {tq4_off:.4}"
+    );
+}
+
+/// Mean KL(p ‖ q) in nats over rows of 49,152 logits.
+fn mean_kl(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |row: &[f32]| {
+        let max = row.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
+        let lse = row
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln()
+            + max;
+        row.iter().map(|&x| x as f64 - lse).collect::<Vec<_>>()
+    };
+    let rows: Vec<f64> = p
+        .chunks(49_152)
+        .zip(q.chunks(49_152))
+        .map(|(a, b)| {
+            let (la, lb) = (log_softmax(a), log_softmax(b));
+            la.iter().zip(&lb).map(|(x, y)| x.exp() * (x - y)).sum()
+        })
+        .collect();
+    rows.iter().sum::<f64>() / rows.len() as f64
+}
