@@ -189,8 +189,44 @@ fn decode_steps(
     Ok(())
 }
 
-/// Decode throughput for each batch size, batched; and for the largest batch ≤ 8 also
-/// sequentially (the same sequences decoded one after another).
+/// How a decode measurement steps its sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DecodeMode {
+    /// One forward pass per step for all sequences.
+    Batched,
+    /// Each sequence decoded to the end before the next starts.
+    Sequential,
+}
+
+/// Tokens per second of `b` fresh sequences decoded `opts.decode_steps` times in `mode`.
+fn measure(
+    model: &Llama,
+    tok: &TextTokenizer,
+    corpus: &[u32],
+    opts: &TtftOptions,
+    b: usize,
+    mode: DecodeMode,
+) -> EngineResult<DecodeRow> {
+    let mut core = engine(model, tok, opts.codec)?;
+    let mut seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
+    let t = Instant::now();
+    match mode {
+        DecodeMode::Batched => decode_steps(&mut core, &mut seqs, opts.decode_steps)?,
+        DecodeMode::Sequential => {
+            for s in seqs.chunks_mut(1) {
+                decode_steps(&mut core, s, opts.decode_steps)?;
+            }
+        }
+    }
+    Ok(DecodeRow {
+        batch: b,
+        mode: format!("{mode:?}").to_lowercase(),
+        decode_tokens_per_s: (b * opts.decode_steps) as f64 / t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Decode throughput for each batch size, batched; batch 8 is also measured sequentially (the
+/// same eight sequences decoded one after another), the baseline batching must beat.
 pub fn decode(
     model: &Llama,
     tok: &TextTokenizer,
@@ -200,31 +236,18 @@ pub fn decode(
 ) -> EngineResult<Vec<DecodeRow>> {
     let mut rows = Vec::new();
     for &b in &opts.batches {
-        let mut core = engine(model, tok, opts.codec)?;
-        let mut seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
-        let t = Instant::now();
-        decode_steps(&mut core, &mut seqs, opts.decode_steps)?;
-        let tps = (b * opts.decode_steps) as f64 / t.elapsed().as_secs_f64();
-        progress(&format!("batch {b}: {tps:.1} tokens/s"));
-        rows.push(DecodeRow {
-            batch: b,
-            mode: "batched".into(),
-            decode_tokens_per_s: tps,
-        });
-        if b == 8 {
-            let mut core = engine(model, tok, opts.codec)?;
-            let seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
-            let t = Instant::now();
-            for s in seqs {
-                decode_steps(&mut core, &mut [s], opts.decode_steps)?;
-            }
-            let tps = (b * opts.decode_steps) as f64 / t.elapsed().as_secs_f64();
-            progress(&format!("8 sequential: {tps:.1} tokens/s"));
-            rows.push(DecodeRow {
-                batch: b,
-                mode: "sequential".into(),
-                decode_tokens_per_s: tps,
-            });
+        let modes: &[DecodeMode] = if b == 8 {
+            &[DecodeMode::Batched, DecodeMode::Sequential]
+        } else {
+            &[DecodeMode::Batched]
+        };
+        for &mode in modes {
+            let row = measure(model, tok, corpus, opts, b, mode)?;
+            progress(&format!(
+                "{} {b}: {:.1} tokens/s",
+                row.mode, row.decode_tokens_per_s
+            ));
+            rows.push(row);
         }
     }
     Ok(rows)

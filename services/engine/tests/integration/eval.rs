@@ -44,3 +44,41 @@ fn codecs_are_ranked_by_their_error() {
     assert_eq!(tq4.bits_per_element, 4.25);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn the_ttft_bench_reuses_the_prefix_it_times() {
+    use engram_engine::bench::{TtftOptions, decode, ttft};
+    let (m, t) = model();
+    let corpus = crate::common::license_tokens(700);
+    let opts = TtftOptions {
+        prompt_tokens: vec![96, 160],
+        suffix_tokens: 16,
+        batches: vec![2, 8],
+        decode_steps: 2,
+        decode_prompt: 32,
+        ..TtftOptions::default()
+    };
+    // `ttft` fails if the hot or warm run reused less than the whole prefix.
+    let rows = ttft(m, t, &corpus, &opts, |_| {}).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!((rows[1].prompt_tokens, rows[1].suffix_tokens), (160, 16));
+    assert!(
+        rows.iter()
+            .all(|r| r.cold_ms > 0.0 && r.hot_ms > 0.0 && r.warm_ms > 0.0)
+    );
+    let modes: Vec<_> = decode(m, t, &corpus, &opts, |_| {})
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.batch, r.mode))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            (2, "batched".into()),
+            (8, "batched".into()),
+            (8, "sequential".to_string())
+        ]
+    );
+    // A corpus too short for the prompt is a clear error.
+    assert!(ttft(m, t, &corpus[..50], &opts, |_| {}).is_err());
+}
