@@ -1,0 +1,51 @@
+//! Embedded migrations, one set per backend (`migrations/sqlite`, `migrations/postgres`), given
+//! to sqlx's migrator as a [`MigrationSource`], so the binary needs no files at run time.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+
+use sqlx::error::BoxDynError;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType};
+
+use crate::model::Backend;
+
+const SQLITE: &[(i64, &str, &str)] = &[(
+    1,
+    "initial",
+    include_str!("../../../migrations/sqlite/0001_initial.sql"),
+)];
+
+const POSTGRES: &[(i64, &str, &str)] = &[(
+    1,
+    "initial",
+    include_str!("../../../migrations/postgres/0001_initial.sql"),
+)];
+
+/// The migrations of one backend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Embedded(pub Backend);
+
+type Resolved = Pin<Box<dyn Future<Output = Result<Vec<Migration>, BoxDynError>> + Send>>;
+
+impl MigrationSource<'static> for Embedded {
+    fn resolve(self) -> Resolved {
+        let set = match self.0 {
+            Backend::Sqlite => SQLITE,
+            Backend::Postgres => POSTGRES,
+        };
+        let migrations = set
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    Cow::Borrowed(sql),
+                    false,
+                )
+            })
+            .collect();
+        Box::pin(async move { Ok(migrations) })
+    }
+}

@@ -1,0 +1,129 @@
+//! Rows.
+
+use serde::{Deserialize, Serialize};
+
+/// Which database backs the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SQLite (embedded).
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+/// Per-tenant limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    /// Hot-tier blocks the tenant may hold.
+    pub hot_blocks: u64,
+    /// Cold-tier blocks.
+    pub cold_blocks: u64,
+    /// Sessions.
+    pub sessions: u64,
+}
+
+/// A tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenant {
+    /// Id.
+    pub id: String,
+    /// Unique name.
+    pub name: String,
+    /// Salt mixed into the tenant's KV block hashes.
+    pub cache_salt: u64,
+    /// Limits.
+    pub quotas: Quotas,
+    /// Creation time.
+    pub created_at: i64,
+}
+
+/// An API key's public part (the secret is shown once, at creation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKey {
+    /// Id.
+    pub id: String,
+    /// Owner.
+    pub tenant_id: String,
+    /// Creation time.
+    pub created_at: i64,
+    /// Revocation time, if revoked.
+    pub revoked_at: Option<i64>,
+}
+
+/// An agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Agent {
+    /// Id.
+    pub id: String,
+    /// Owner.
+    pub tenant_id: String,
+    /// Name, unique per tenant.
+    pub name: String,
+    /// Creation time.
+    pub created_at: i64,
+}
+
+/// One version of a layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerRow {
+    /// Layer kind (`axioms`, `identity`, …).
+    pub kind: String,
+    /// Version, from 1.
+    pub version: i64,
+    /// Text.
+    pub content: String,
+    /// Token budget.
+    pub budget: u64,
+    /// Part of the stable prefix.
+    pub stable: bool,
+    /// Importance, 0..=1.
+    pub importance: f64,
+    /// Time of this version.
+    pub created_at: i64,
+}
+
+/// Who spoke a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The user.
+    User,
+    /// The agent.
+    Assistant,
+}
+
+impl Role {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Assistant => "assistant",
+        }
+    }
+}
+
+/// One turn of the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnRow {
+    /// Position in the session, from 1.
+    pub seq: i64,
+    /// Speaker.
+    pub role: Role,
+    /// Text.
+    pub text: String,
+    /// Token ids of the text.
+    pub tokens: Vec<u32>,
+    /// Time.
+    pub created_at: i64,
+}
+
+/// A spilled line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkingLine {
+    /// Layer it came from.
+    pub kind: String,
+    /// The line.
+    pub line: String,
+    /// Time.
+    pub created_at: i64,
+}

@@ -1,0 +1,553 @@
+//! The repository: every query of the service.
+
+use std::io::Read;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, Executor, Row};
+
+use crate::error::{StoreError, StoreResult};
+use crate::migrate::Embedded;
+use crate::model::{Agent, ApiKey, Backend, LayerRow, Quotas, Role, Tenant, TurnRow, WorkingLine};
+
+/// The durable store (cheap to clone: a pool handle).
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn random_hex(bytes: usize) -> StoreResult<String> {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(StoreError::Random)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn hash_secret(secret: &str) -> String {
+    Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Maps a unique violation to `Conflict`.
+fn conflict<'a>(entity: &'static str, id: &'a str) -> impl FnOnce(sqlx::Error) -> StoreError + 'a {
+    move |e| match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict {
+            entity,
+            id: id.to_string(),
+        },
+        _ => StoreError::Database(e),
+    }
+}
+
+fn u64_of(v: i64, entity: &'static str) -> StoreResult<u64> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt {
+        entity,
+        reason: format!("negative count {v}"),
+    })
+}
+
+impl Store {
+    /// Connects (`sqlite://path?mode=rwc` or `postgres://…`) and applies the migrations.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        sqlx::any::install_default_drivers();
+        let scheme = url.split(':').next().unwrap_or_default();
+        let backend = match scheme {
+            "sqlite" => Backend::Sqlite,
+            "postgres" | "postgresql" => Backend::Postgres,
+            other => {
+                return Err(StoreError::UnsupportedUrl {
+                    scheme: other.to_string(),
+                });
+            }
+        };
+        let mut options = AnyPoolOptions::new().max_connections(8);
+        if backend == Backend::Sqlite {
+            options = options.after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("PRAGMA foreign_keys = ON").await?;
+                    conn.execute("PRAGMA busy_timeout = 5000").await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = options.connect(url).await?;
+        let store = Self { pool, backend };
+        Migrator::new(Embedded(backend))
+            .await?
+            .run(&store.pool)
+            .await?;
+        Ok(store)
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// True when the database answers.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    // ---- tenants and keys ----
+
+    /// Creates a tenant with a fresh cache salt.
+    pub async fn create_tenant(&self, name: &str, quotas: Quotas) -> StoreResult<Tenant> {
+        let salt_hex = random_hex(8)?;
+        let salt = u64::from_str_radix(&salt_hex, 16).unwrap_or(0) >> 1; // fits i64
+        let t = Tenant {
+            id: format!("tn_{}", random_hex(8)?),
+            name: name.to_string(),
+            cache_salt: salt,
+            quotas,
+            created_at: now_ms(),
+        };
+        sqlx::query(
+            "INSERT INTO tenants (id, name, cache_salt, quota_hot_blocks, quota_cold_blocks, \
+             quota_sessions, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&t.id)
+        .bind(&t.name)
+        .bind(t.cache_salt as i64)
+        .bind(quotas.hot_blocks as i64)
+        .bind(quotas.cold_blocks as i64)
+        .bind(quotas.sessions as i64)
+        .bind(t.created_at)
+        .execute(&self.pool)
+        .await
+        .map_err(conflict("tenant", name))?;
+        Ok(t)
+    }
+
+    fn tenant_of(row: &AnyRow) -> StoreResult<Tenant> {
+        Ok(Tenant {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            cache_salt: u64_of(row.try_get("cache_salt")?, "tenant")?,
+            quotas: Quotas {
+                hot_blocks: u64_of(row.try_get("quota_hot_blocks")?, "tenant")?,
+                cold_blocks: u64_of(row.try_get("quota_cold_blocks")?, "tenant")?,
+                sessions: u64_of(row.try_get("quota_sessions")?, "tenant")?,
+            },
+            created_at: row.try_get("created_at")?,
+        })
+    }
+
+    /// A tenant by id.
+    pub async fn tenant(&self, id: &str) -> StoreResult<Tenant> {
+        let row = sqlx::query("SELECT * FROM tenants WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                entity: "tenant",
+                id: id.to_string(),
+            })?;
+        Self::tenant_of(&row)
+    }
+
+    /// Every tenant, oldest first.
+    pub async fn tenants(&self) -> StoreResult<Vec<Tenant>> {
+        sqlx::query("SELECT * FROM tenants ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(Self::tenant_of)
+            .collect()
+    }
+
+    /// Issues an API key; returns its record and the secret (shown once; only its hash is kept).
+    pub async fn create_key(&self, tenant_id: &str) -> StoreResult<(ApiKey, String)> {
+        self.tenant(tenant_id).await?;
+        let secret = format!("ek_{}", random_hex(24)?);
+        let key = ApiKey {
+            id: format!("key_{}", random_hex(8)?),
+            tenant_id: tenant_id.to_string(),
+            created_at: now_ms(),
+            revoked_at: None,
+        };
+        sqlx::query(
+            "INSERT INTO api_keys (id, tenant_id, key_hash, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&key.id)
+        .bind(tenant_id)
+        .bind(hash_secret(&secret))
+        .bind(key.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok((key, secret))
+    }
+
+    /// The tenant a secret belongs to, if the key exists and is not revoked.
+    pub async fn authenticate(&self, secret: &str) -> StoreResult<Option<Tenant>> {
+        let row = sqlx::query(
+            "SELECT t.* FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+             WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
+        )
+        .bind(hash_secret(secret))
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(Self::tenant_of).transpose()
+    }
+
+    /// Revokes a key of a tenant.
+    pub async fn revoke_key(&self, tenant_id: &str, key_id: &str) -> StoreResult<()> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND tenant_id = $3 \
+             AND revoked_at IS NULL",
+        )
+        .bind(now_ms())
+        .bind(key_id)
+        .bind(tenant_id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                entity: "api key",
+                id: key_id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    // ---- agents and layers ----
+
+    /// Creates an agent; names are unique per tenant.
+    pub async fn create_agent(&self, tenant_id: &str, name: &str) -> StoreResult<Agent> {
+        let agent = Agent {
+            id: format!("ag_{}", random_hex(8)?),
+            tenant_id: tenant_id.to_string(),
+            name: name.to_string(),
+            created_at: now_ms(),
+        };
+        sqlx::query("INSERT INTO agents (id, tenant_id, name, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&agent.id)
+            .bind(tenant_id)
+            .bind(name)
+            .bind(agent.created_at)
+            .execute(&self.pool)
+            .await
+            .map_err(conflict("agent", name))?;
+        Ok(agent)
+    }
+
+    fn agent_of(row: &AnyRow) -> StoreResult<Agent> {
+        Ok(Agent {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            name: row.try_get("name")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
+
+    /// A tenant's agent, by id or by name.
+    pub async fn agent(&self, tenant_id: &str, id_or_name: &str) -> StoreResult<Agent> {
+        let row =
+            sqlx::query("SELECT * FROM agents WHERE tenant_id = $1 AND (id = $2 OR name = $3)")
+                .bind(tenant_id)
+                .bind(id_or_name)
+                .bind(id_or_name)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(|| StoreError::NotFound {
+                    entity: "agent",
+                    id: id_or_name.to_string(),
+                })?;
+        Self::agent_of(&row)
+    }
+
+    /// A tenant's agents, oldest first.
+    pub async fn agents(&self, tenant_id: &str) -> StoreResult<Vec<Agent>> {
+        sqlx::query("SELECT * FROM agents WHERE tenant_id = $1 ORDER BY created_at, id")
+            .bind(tenant_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(Self::agent_of)
+            .collect()
+    }
+
+    /// Stores a new version of a layer; returns it.
+    pub async fn put_layer(
+        &self,
+        agent_id: &str,
+        kind: &str,
+        content: &str,
+        budget: u64,
+        stable: bool,
+        importance: f64,
+    ) -> StoreResult<LayerRow> {
+        let mut tx = self.pool.begin().await?;
+        let version: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(version), 0) AS v FROM layers WHERE agent_id = $1 AND kind = $2",
+        )
+        .bind(agent_id)
+        .bind(kind)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("v")?;
+        let row = LayerRow {
+            kind: kind.to_string(),
+            version: version + 1,
+            content: content.to_string(),
+            budget,
+            stable,
+            importance,
+            created_at: now_ms(),
+        };
+        sqlx::query(
+            "INSERT INTO layers (agent_id, kind, version, content, budget, stable, importance, \
+             created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(agent_id)
+        .bind(kind)
+        .bind(row.version)
+        .bind(content)
+        .bind(budget as i64)
+        .bind(i64::from(stable))
+        .bind(importance)
+        .bind(row.created_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    fn layer_of(row: &AnyRow) -> StoreResult<LayerRow> {
+        Ok(LayerRow {
+            kind: row.try_get("kind")?,
+            version: row.try_get("version")?,
+            content: row.try_get("content")?,
+            budget: u64_of(row.try_get("budget")?, "layer")?,
+            stable: row.try_get::<i64, _>("stable")? != 0,
+            importance: row.try_get("importance")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
+
+    /// The newest version of each of an agent's layers, by kind.
+    pub async fn layers(&self, agent_id: &str) -> StoreResult<Vec<LayerRow>> {
+        sqlx::query(
+            "SELECT l.* FROM layers l WHERE l.agent_id = $1 AND l.version = \
+             (SELECT MAX(version) FROM layers m WHERE m.agent_id = l.agent_id AND m.kind = l.kind) \
+             ORDER BY l.kind",
+        )
+        .bind(agent_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(Self::layer_of)
+        .collect()
+    }
+
+    /// Every version of one layer, oldest first.
+    pub async fn layer_history(&self, agent_id: &str, kind: &str) -> StoreResult<Vec<LayerRow>> {
+        sqlx::query("SELECT * FROM layers WHERE agent_id = $1 AND kind = $2 ORDER BY version")
+            .bind(agent_id)
+            .bind(kind)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(Self::layer_of)
+            .collect()
+    }
+
+    // ---- sessions, turns, working memory ----
+
+    /// Creates the session if it does not exist; true when it was created.
+    pub async fn ensure_session(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        session_id: &str,
+    ) -> StoreResult<bool> {
+        let exists = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .is_some();
+        if exists {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO sessions (agent_id, id, tenant_id, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .bind(tenant_id)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await
+        .map_err(conflict("session", session_id))?;
+        Ok(true)
+    }
+
+    /// Sessions a tenant holds.
+    pub async fn session_count(&self, tenant_id: &str) -> StoreResult<u64> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM sessions WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?;
+        u64_of(n, "session")
+    }
+
+    /// Appends a turn; returns its sequence number.
+    pub async fn append_turn(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+        role: Role,
+        text: &str,
+        tokens: &[u32],
+    ) -> StoreResult<i64> {
+        let tokens_json = format!(
+            "[{}]",
+            tokens
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let mut tx = self.pool.begin().await?;
+        let seq: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(seq), 0) AS s FROM turns WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("s")?;
+        sqlx::query(
+            "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .bind(seq + 1)
+        .bind(role.as_str())
+        .bind(text)
+        .bind(tokens_json)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(seq + 1)
+    }
+
+    /// A session's turns in order.
+    pub async fn turns(&self, agent_id: &str, session_id: &str) -> StoreResult<Vec<TurnRow>> {
+        let rows =
+            sqlx::query("SELECT * FROM turns WHERE agent_id = $1 AND session_id = $2 ORDER BY seq")
+                .bind(agent_id)
+                .bind(session_id)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| {
+                let role: String = r.try_get("role")?;
+                let tokens: String = r.try_get("tokens")?;
+                let corrupt = |reason: String| StoreError::Corrupt {
+                    entity: "turn",
+                    reason,
+                };
+                let ids = tokens
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse::<u32>().map_err(|e| corrupt(e.to_string())))
+                    .collect::<StoreResult<Vec<_>>>()?;
+                Ok(TurnRow {
+                    seq: r.try_get("seq")?,
+                    role: match role.as_str() {
+                        "user" => Role::User,
+                        "assistant" => Role::Assistant,
+                        other => return Err(corrupt(format!("role `{other}`"))),
+                    },
+                    text: r.try_get("text")?,
+                    tokens: ids,
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds spilled lines to a session's working memory.
+    pub async fn add_working_memory(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+        kind: &str,
+        lines: &[String],
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let mut seq: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(seq), 0) AS s FROM working_memory \
+             WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("s")?;
+        for line in lines {
+            seq += 1;
+            sqlx::query(
+                "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(agent_id)
+            .bind(session_id)
+            .bind(seq)
+            .bind(kind)
+            .bind(line)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A session's working memory, oldest first.
+    pub async fn working_memory(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+    ) -> StoreResult<Vec<WorkingLine>> {
+        sqlx::query(
+            "SELECT * FROM working_memory WHERE agent_id = $1 AND session_id = $2 ORDER BY seq",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(WorkingLine {
+                kind: r.try_get("kind")?,
+                line: r.try_get("line")?,
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .collect()
+    }
+}

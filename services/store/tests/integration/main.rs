@@ -1,0 +1,209 @@
+//! The store against both backends: SQLite (a temp file) and PostgreSQL (a fresh database on
+//! `ENGRAM_TEST_POSTGRES` or `postgres://postgres@127.0.0.1:5432/test`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use engram_store::{Backend, Quotas, Role, Store, StoreError};
+use sqlx::Executor;
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+const QUOTAS: Quotas = Quotas {
+    hot_blocks: 100,
+    cold_blocks: 200,
+    sessions: 3,
+};
+
+fn admin_url() -> String {
+    std::env::var("ENGRAM_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// Drops the PostgreSQL databases of finished tests.
+async fn drop_database(db: &str) {
+    let admin = sqlx::AnyPool::connect(&admin_url()).await.unwrap();
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str())
+        .await
+        .unwrap();
+}
+
+/// Runs `f` on a fresh store of each backend, then removes them.
+async fn for_each_backend<F, Fut>(f: F)
+where
+    F: Fn(Store) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (stores, db) = stores().await;
+    for s in stores {
+        f(s.clone()).await;
+        s.close().await;
+    }
+    drop_database(&db).await;
+}
+
+/// A fresh store of each backend, and the PostgreSQL database's name.
+async fn stores() -> (Vec<Store>, String) {
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let tag = format!("{}_{n}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("engram-store-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = Store::connect(&format!("sqlite://{}/db.sqlite?mode=rwc", dir.display()))
+        .await
+        .unwrap();
+    sqlx::any::install_default_drivers();
+    let admin = sqlx::AnyPool::connect(&admin_url())
+        .await
+        .expect("PostgreSQL at 127.0.0.1:5432 (database `test`, trust auth) is required");
+    let db = format!("engram_test_{tag}");
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {db}").as_str())
+        .await
+        .unwrap();
+    admin
+        .execute(format!("CREATE DATABASE {db}").as_str())
+        .await
+        .unwrap();
+    let base = admin_url();
+    let url = format!("{}/{db}", &base[..base.rfind('/').unwrap()]);
+    let pg = Store::connect(&url).await.unwrap();
+    assert_eq!(
+        (sqlite.backend(), pg.backend()),
+        (Backend::Sqlite, Backend::Postgres)
+    );
+    (vec![sqlite, pg], db)
+}
+
+#[tokio::test]
+async fn tenants_keys_and_isolation() {
+    for_each_backend(|s| async move {
+        let a = s.create_tenant("acme", QUOTAS).await.unwrap();
+        let b = s.create_tenant("globex", QUOTAS).await.unwrap();
+        assert_ne!(a.cache_salt, b.cache_salt);
+        assert!(matches!(
+            s.create_tenant("acme", QUOTAS).await,
+            Err(StoreError::Conflict { .. })
+        ));
+        assert_eq!(s.tenants().await.unwrap().len(), 2);
+        let (key, secret) = s.create_key(&a.id).await.unwrap();
+        assert!(secret.starts_with("ek_") && secret.len() > 40);
+        assert_eq!(s.authenticate(&secret).await.unwrap().unwrap().id, a.id);
+        assert!(s.authenticate("ek_wrong").await.unwrap().is_none());
+        // Another tenant cannot revoke it; its owner can, and then it stops working.
+        assert!(matches!(
+            s.revoke_key(&b.id, &key.id).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        s.revoke_key(&a.id, &key.id).await.unwrap();
+        assert!(s.authenticate(&secret).await.unwrap().is_none());
+
+        let agent = s.create_agent(&a.id, "helper").await.unwrap();
+        assert_eq!(s.agent(&a.id, "helper").await.unwrap(), agent);
+        assert_eq!(s.agent(&a.id, &agent.id).await.unwrap(), agent);
+        assert!(matches!(
+            s.agent(&b.id, &agent.id).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        // Names are unique per tenant, not globally.
+        s.create_agent(&b.id, "helper").await.unwrap();
+        assert!(matches!(
+            s.create_agent(&a.id, "helper").await,
+            Err(StoreError::Conflict { .. })
+        ));
+        assert_eq!(s.agents(&a.id).await.unwrap().len(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn layers_are_versioned() {
+    for_each_backend(|s| async move {
+        let t = s.create_tenant("t", QUOTAS).await.unwrap();
+        let a = s.create_agent(&t.id, "a").await.unwrap();
+        s.put_layer(&a.id, "axioms", "be honest", 200, true, 1.0)
+            .await
+            .unwrap();
+        s.put_layer(&a.id, "memories", "likes tea", 1100, false, 0.6)
+            .await
+            .unwrap();
+        let v2 = s
+            .put_layer(&a.id, "axioms", "be kind", 250, true, 0.9)
+            .await
+            .unwrap();
+        assert_eq!(v2.version, 2);
+        let current = s.layers(&a.id).await.unwrap();
+        assert_eq!(current.len(), 2);
+        let axioms = current.iter().find(|l| l.kind == "axioms").unwrap();
+        assert_eq!(
+            (axioms.content.as_str(), axioms.budget, axioms.stable),
+            ("be kind", 250, true)
+        );
+        assert!((axioms.importance - 0.9).abs() < 1e-9);
+        let history = s.layer_history(&a.id, "axioms").await.unwrap();
+        assert_eq!(
+            history
+                .iter()
+                .map(|l| l.content.as_str())
+                .collect::<Vec<_>>(),
+            ["be honest", "be kind"]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_turn_log_and_working_memory_persist() {
+    for_each_backend(|s| async move {
+        let t = s.create_tenant("t", QUOTAS).await.unwrap();
+        let a = s.create_agent(&t.id, "a").await.unwrap();
+        assert!(s.ensure_session(&t.id, &a.id, "s1").await.unwrap());
+        assert!(!s.ensure_session(&t.id, &a.id, "s1").await.unwrap());
+        assert_eq!(s.session_count(&t.id).await.unwrap(), 1);
+        assert_eq!(
+            s.append_turn(&a.id, "s1", Role::User, "hi ünïcode", &[1, 2, 3])
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            s.append_turn(&a.id, "s1", Role::Assistant, "hello", &[])
+                .await
+                .unwrap(),
+            2
+        );
+        let turns = s.turns(&a.id, "s1").await.unwrap();
+        assert_eq!(turns.len(), 2);
+        assert_eq!(
+            (turns[0].role, turns[0].text.as_str()),
+            (Role::User, "hi ünïcode")
+        );
+        assert_eq!(turns[0].tokens, vec![1, 2, 3]);
+        assert!(turns[1].tokens.is_empty());
+        // A turn for a session that does not exist is refused (foreign key), nothing stored.
+        assert!(
+            s.append_turn(&a.id, "nope", Role::User, "x", &[])
+                .await
+                .is_err()
+        );
+        assert!(s.turns(&a.id, "nope").await.unwrap().is_empty());
+        s.add_working_memory(&a.id, "s1", "memories", &["l1".into(), "l2".into()])
+            .await
+            .unwrap();
+        let wm = s.working_memory(&a.id, "s1").await.unwrap();
+        assert_eq!(
+            wm.iter().map(|w| w.line.as_str()).collect::<Vec<_>>(),
+            ["l1", "l2"]
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unknown_scheme_is_refused() {
+    assert!(matches!(
+        Store::connect("mysql://x").await,
+        Err(StoreError::UnsupportedUrl { .. })
+    ));
+}
