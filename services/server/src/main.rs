@@ -25,12 +25,27 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs the HTTP service.
+    Serve(ServeArgs),
     /// Evaluations.
     #[command(subcommand)]
     Eval(EvalCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// A TOML config file (defaults, then this file, then ENGRAM__SECTION__KEY variables).
+    #[arg(long, env = "ENGRAM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Overrides `database.url` (e.g. postgres://user@host/db).
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Overrides `server.bind`.
+    #[arg(long)]
+    bind: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -222,8 +237,22 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
     Ok(())
 }
 
+fn serve(args: ServeArgs) -> Result<()> {
+    let mut env: Vec<(String, String)> = std::env::vars().collect();
+    if let Some(url) = args.database_url {
+        env.push(("ENGRAM__DATABASE__URL".into(), url));
+    }
+    if let Some(bind) = args.bind {
+        env.push(("ENGRAM__SERVER__BIND".into(), bind));
+    }
+    let config = engram_server::Config::load(args.config.as_deref(), env)?;
+    actix_web::rt::System::new().block_on(engram_server::serve(config))?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Serve(args) => serve(args),
         Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
         Command::Bench(BenchCommand::Ttft(args)) => bench_ttft(args),
     }

@@ -1,0 +1,261 @@
+//! Agents, their layers and the context preview.
+
+use actix_web::{HttpResponse, get, post, put, web};
+use engram_context::{
+    Budgets, BuiltContext, ContextRequest, Layer, LayerKind, Speaker, TokenCounter, Turn,
+    Volatility, build,
+};
+use engram_store::{Agent, LayerRow, Role};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::admin::check_name;
+use crate::auth::TenantCaller;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Body of `POST /v1/agents`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewAgent {
+    /// Name, unique per tenant.
+    pub name: String,
+    /// Initial layers.
+    #[serde(default)]
+    pub layers: Vec<LayerInput>,
+}
+
+/// A layer as written by a client.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerInput {
+    /// Kind (`axioms`, `identity`, `rules`, …); in a path it comes from the URL.
+    #[serde(default)]
+    pub kind: Option<LayerKind>,
+    /// Text, one fact per line (at most 256 KiB).
+    pub content: String,
+    /// Token budget (default per kind; at most 65,536).
+    pub budget: Option<u64>,
+    /// Part of the stable prefix (default: axioms … soul).
+    pub stable: Option<bool>,
+    /// KV importance, 0..=1.
+    pub importance: Option<f64>,
+}
+
+const MAX_LAYER_BYTES: usize = 256 * 1024;
+const MAX_BUDGET: u64 = 65_536;
+
+fn kind_name(kind: LayerKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn parse_kind(s: &str) -> Result<LayerKind, ApiError> {
+    serde_json::from_value(json!(s)).map_err(|_| {
+        ApiError::invalid(format!(
+            "unknown layer kind `{s}` (axioms, identity, rules, capabilities, soul, partner, \
+             neurons, memories, system_state, current_time, affect, awareness)"
+        ))
+    })
+}
+
+async fn store_layer(
+    state: &AppState,
+    agent: &Agent,
+    kind: LayerKind,
+    input: &LayerInput,
+) -> Result<LayerRow, ApiError> {
+    if input.content.len() > MAX_LAYER_BYTES {
+        return Err(ApiError::invalid("layer content is over 256 KiB"));
+    }
+    let budget = input.budget.unwrap_or(Budgets::standard().get(kind) as u64);
+    if budget > MAX_BUDGET {
+        return Err(ApiError::invalid(format!(
+            "budget must be at most {MAX_BUDGET} tokens"
+        )));
+    }
+    let defaults = Layer::new(kind, "");
+    let importance = input
+        .importance
+        .unwrap_or((f64::from(defaults.importance) * 1e3).round() / 1e3);
+    if !(0.0..=1.0).contains(&importance) {
+        return Err(ApiError::invalid("importance must be within 0..=1"));
+    }
+    let stable = input
+        .stable
+        .unwrap_or(defaults.volatility == Volatility::Stable);
+    Ok(state
+        .store
+        .put_layer(
+            &agent.id,
+            &kind_name(kind),
+            &input.content,
+            budget,
+            stable,
+            importance,
+        )
+        .await?)
+}
+
+/// Creates an agent with optional initial layers.
+#[post("/v1/agents")]
+pub async fn create_agent(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    body: web::Json<NewAgent>,
+) -> Result<HttpResponse, ApiError> {
+    check_name("name", &body.name)?;
+    let mut kinds = Vec::new();
+    for l in &body.layers {
+        let kind = l
+            .kind
+            .ok_or_else(|| ApiError::invalid("every layer needs a `kind`"))?;
+        if kinds.contains(&kind) {
+            return Err(ApiError::invalid(format!(
+                "layer `{}` given twice",
+                kind_name(kind)
+            )));
+        }
+        kinds.push(kind);
+    }
+    let agent = state.store.create_agent(&caller.0.id, &body.name).await?;
+    let mut layers = Vec::new();
+    for (l, kind) in body.layers.iter().zip(kinds) {
+        layers.push(store_layer(&state, &agent, kind, l).await?);
+    }
+    Ok(HttpResponse::Created().json(json!({"agent": agent, "layers": layers})))
+}
+
+/// Lists the caller's agents.
+#[get("/v1/agents")]
+pub async fn list_agents(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(json!({"agents": state.store.agents(&caller.0.id).await?})))
+}
+
+/// One agent (by id or name) and its current layers.
+#[get("/v1/agents/{agent}")]
+pub async fn get_agent(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let agent = state.store.agent(&caller.0.id, &path).await?;
+    let layers = state.store.layers(&agent.id).await?;
+    Ok(HttpResponse::Ok().json(json!({"agent": agent, "layers": layers})))
+}
+
+/// Writes a new version of a layer.
+#[put("/v1/agents/{agent}/layers/{kind}")]
+pub async fn put_layer(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Json<LayerInput>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, kind) = path.into_inner();
+    let kind = parse_kind(&kind)?;
+    let agent = state.store.agent(&caller.0.id, &agent).await?;
+    let row = store_layer(&state, &agent, kind, &body).await?;
+    Ok(HttpResponse::Ok().json(row))
+}
+
+/// The current version of every layer.
+#[get("/v1/agents/{agent}/layers")]
+pub async fn list_layers(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let agent = state.store.agent(&caller.0.id, &path).await?;
+    Ok(HttpResponse::Ok().json(json!({"layers": state.store.layers(&agent.id).await?})))
+}
+
+/// Body of the context preview.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewRequest {
+    /// The user message the prompt is built for.
+    pub message: String,
+    /// A session whose conversation is included.
+    pub session: Option<String>,
+}
+
+/// The agent's layers as the pipeline sees them.
+pub(crate) fn pipeline_layers(rows: &[LayerRow]) -> Result<Vec<Layer>, ApiError> {
+    rows.iter()
+        .map(|r| {
+            let kind = parse_kind(&r.kind).map_err(|_| ApiError::internal("stored layer kind"))?;
+            Ok(Layer {
+                kind,
+                content: r.content.clone(),
+                budget: r.budget as usize,
+                volatility: if r.stable {
+                    Volatility::Stable
+                } else {
+                    match kind.default_volatility() {
+                        Volatility::Stable => Volatility::Slow,
+                        v => v,
+                    }
+                },
+                importance: r.importance as f32,
+            })
+        })
+        .collect()
+}
+
+/// Builds an agent's prompt for `message` (and the session's conversation).
+pub(crate) async fn build_context(
+    state: &AppState,
+    agent: &Agent,
+    session: Option<&str>,
+    message: &str,
+) -> Result<BuiltContext, ApiError> {
+    let layers = pipeline_layers(&state.store.layers(&agent.id).await?)?;
+    let history: Vec<Turn> = match session {
+        Some(s) => state
+            .store
+            .turns(&agent.id, s)
+            .await?
+            .into_iter()
+            .map(|t| Turn {
+                speaker: match t.role {
+                    Role::User => Speaker::User,
+                    Role::Assistant => Speaker::Assistant,
+                },
+                text: t.text,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let req = ContextRequest {
+        layers: &layers,
+        history: &history,
+        user_message: message,
+    };
+    Ok(build(&req, &state.counter())?)
+}
+
+/// Previews a prompt build: layers, tokens per layer, spilled lines, the stable prefix hash.
+#[post("/v1/agents/{agent}/context")]
+pub async fn preview_context(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<PreviewRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let agent = state.store.agent(&caller.0.id, &path).await?;
+    let built = build_context(&state, &agent, body.session.as_deref(), &body.message).await?;
+    let counter = state.counter();
+    let prompt_tokens: usize = built.segments.iter().map(|s| counter.count(&s.text)).sum();
+    Ok(HttpResponse::Ok().json(json!({
+        "stable_prefix_hash": built.stable_prefix_hex(),
+        "prompt_tokens": prompt_tokens,
+        "layers": built.layers,
+        "segments": built.segments.len(),
+    })))
+}

@@ -1,0 +1,26 @@
+//! HTTP resources, one module each; handlers are thin over the store, context and engine.
+
+pub mod admin;
+pub mod agents;
+pub mod health;
+pub mod turns;
+
+use actix_web::web;
+
+/// Registers every route.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(health::healthz)
+        .service(health::readyz)
+        .service(admin::create_tenant)
+        .service(admin::list_tenants)
+        .service(admin::create_key)
+        .service(admin::revoke_key)
+        .service(agents::create_agent)
+        .service(agents::list_agents)
+        .service(agents::get_agent)
+        .service(agents::put_layer)
+        .service(agents::list_layers)
+        .service(agents::preview_context)
+        .service(turns::create_turn)
+        .service(turns::working_memory);
+}

@@ -1,0 +1,400 @@
+//! Agent turns: the durable turn log, generation through the engine (JSON or SSE), and the
+//! session's working memory.
+//!
+//! A turn: authenticate → load the agent's layers and the session's turns → build the prompt
+//! (engram-context) → tokenize it segment by segment, tagged with source layers → the engine
+//! (prefix cache, tenant salt) → append the user and assistant turns to the log and the spilled
+//! lines to working memory → prefill the canonical prefix (stable + slow layers + conversation,
+//! without the volatile block) in the background, so the next turn reuses this one too.
+
+use std::time::Instant;
+
+use actix_web::http::StatusCode;
+use actix_web::web::Bytes;
+use actix_web::{HttpResponse, get, post, web};
+use engram_context::{BuiltContext, Volatility};
+use engram_engine::{
+    FinishReason, GenerateRequest, PromptSegment, SamplingParams, SequenceSpec, StreamEvent, Usage,
+};
+use engram_kvcore::{SessionId, TenantId};
+use engram_store::{Agent, Role, Tenant};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::api::admin::check_name;
+use crate::api::agents::build_context;
+use crate::auth::TenantCaller;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Body of a turn.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnRequest {
+    /// The user's message (1 byte to 64 KiB).
+    pub message: String,
+    /// Tokens to generate at most (default 256).
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature (0 = greedy, the default).
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k.
+    pub top_k: Option<usize>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Stop sequences.
+    pub stop: Option<Vec<String>>,
+    /// Answer as server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// The JSON answer of a turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct TurnResponse {
+    /// Generated text.
+    pub text: String,
+    /// `stop` or `length`.
+    pub finish_reason: FinishReason,
+    /// Token counts (`cached_tokens`: prompt tokens reused from the KV cache).
+    pub usage: Usage,
+    /// Milliseconds from submission to the first token.
+    pub ttft_ms: f64,
+    /// SHA-256 of the stable prefix.
+    pub stable_prefix_hash: String,
+}
+
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+pub(crate) fn session_key(agent: &Agent, session: &str) -> SessionId {
+    let h = Sha256::digest(format!("{}/{session}", agent.id).as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h[..8]);
+    SessionId(u64::from_le_bytes(b))
+}
+
+/// Tokenizes the built prompt segment by segment.
+pub(crate) fn spec_of(
+    state: &AppState,
+    built: &BuiltContext,
+    tenant: &Tenant,
+    session: Option<SessionId>,
+    keep: impl Fn(Volatility) -> bool,
+) -> Result<SequenceSpec, ApiError> {
+    let tok = state.engine()?.tokenizer();
+    let segments = built
+        .segments
+        .iter()
+        .filter(|s| keep(s.volatility))
+        .map(|s| {
+            Ok(PromptSegment {
+                tokens: tok.encode(&s.text)?,
+                source: s.source,
+                importance: s.importance,
+            })
+        })
+        .collect::<Result<Vec<_>, engram_engine::EngineError>>()?;
+    Ok(SequenceSpec {
+        segments,
+        tenant: TenantId(tenant.cache_salt),
+        session,
+        reuse: Default::default(),
+    })
+}
+
+fn sampling(body: &TurnRequest) -> SamplingParams {
+    let d = SamplingParams::default();
+    SamplingParams {
+        temperature: body.temperature.unwrap_or(d.temperature),
+        top_k: body.top_k.unwrap_or(d.top_k),
+        top_p: body.top_p.unwrap_or(d.top_p),
+        seed: body.seed.unwrap_or(d.seed),
+        max_tokens: body.max_tokens.unwrap_or(d.max_tokens),
+        stop: body.stop.clone().unwrap_or_default(),
+    }
+}
+
+/// Checks the request and opens (or finds) the session, enforcing the session quota.
+pub(crate) async fn open_session(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: &str,
+    message: &str,
+) -> Result<(), ApiError> {
+    check_name("session", session)?;
+    if message.trim().is_empty() || message.len() > MAX_MESSAGE_BYTES {
+        return Err(ApiError::invalid(
+            "message must be 1 byte to 64 KiB of text",
+        ));
+    }
+    state.engine()?;
+    let known = !state.store.turns(&agent.id, session).await?.is_empty();
+    if !known && state.store.session_count(&tenant.id).await? >= tenant.quotas.sessions {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exceeded",
+            format!(
+                "the tenant's session quota ({}) is used up",
+                tenant.quotas.sessions
+            ),
+        ));
+    }
+    state
+        .store
+        .ensure_session(&tenant.id, &agent.id, session)
+        .await?;
+    Ok(())
+}
+
+/// Collected output of one generation.
+pub(crate) struct Generated {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub reason: FinishReason,
+    pub usage: Usage,
+    pub ttft_ms: f64,
+}
+
+/// Runs one generation to the end.
+pub(crate) async fn generate(
+    state: &AppState,
+    spec: SequenceSpec,
+    sampling: SamplingParams,
+) -> Result<Generated, ApiError> {
+    let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
+    let t = Instant::now();
+    let mut out = Generated {
+        text: String::new(),
+        tokens: Vec::new(),
+        reason: FinishReason::Stop,
+        usage: Usage {
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+        },
+        ttft_ms: 0.0,
+    };
+    while let Ok(ev) = rx.recv_async().await {
+        match ev {
+            StreamEvent::Started(_) => {}
+            StreamEvent::Delta { tokens, text } => {
+                if out.tokens.is_empty() {
+                    out.ttft_ms = t.elapsed().as_secs_f64() * 1e3;
+                }
+                out.tokens.extend(tokens);
+                out.text.push_str(&text);
+            }
+            StreamEvent::Done { reason, usage } => {
+                out.reason = reason;
+                out.usage = usage;
+                return Ok(out);
+            }
+            StreamEvent::Failed(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::internal("the engine closed a stream early"))
+}
+
+/// Appends the turn to the log and spilled lines to working memory, then warms the canonical
+/// prefix for the next turn in the background.
+pub(crate) async fn record(
+    state: &web::Data<AppState>,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: &str,
+    message: &str,
+    built: &BuiltContext,
+    generated: &Generated,
+) -> Result<(), ApiError> {
+    let tok = state.engine()?.tokenizer();
+    let user_tokens = tok.encode(message).map_err(ApiError::from)?;
+    let store = &state.store;
+    store
+        .append_turn(&agent.id, session, Role::User, message, &user_tokens)
+        .await?;
+    store
+        .append_turn(
+            &agent.id,
+            session,
+            Role::Assistant,
+            &generated.text,
+            &generated.tokens,
+        )
+        .await?;
+    for l in &built.layers {
+        if !l.spilled.is_empty() {
+            let kind = serde_json::to_value(l.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            store
+                .add_working_memory(&agent.id, session, &kind, &l.spilled)
+                .await?;
+        }
+    }
+    // The canonical prefix: everything but the volatile block and the (placeholder) message.
+    let next = build_context(state, agent, Some(session), ".").await?;
+    let spec = spec_of(
+        state,
+        &next,
+        tenant,
+        Some(session_key(agent, session)),
+        |v| v != Volatility::Volatile,
+    )?;
+    let warm = SamplingParams::greedy(1);
+    if let Ok(rx) = state.engine()?.submit(GenerateRequest {
+        spec,
+        sampling: warm,
+    }) {
+        actix_web::rt::spawn(async move { while rx.recv_async().await.is_ok() {} });
+    }
+    Ok(())
+}
+
+/// One turn of a session: answers JSON, or server-sent events with `"stream": true`.
+#[post("/v1/agents/{agent}/sessions/{session}/turns")]
+pub async fn create_turn(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Json<TurnRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    let tenant = caller.0;
+    let agent = state.store.agent(&tenant.id, &agent).await?;
+    open_session(&state, &tenant, &agent, &session, &body.message).await?;
+    let sampling = sampling(&body);
+    sampling.validate().map_err(ApiError::from)?;
+    let built = build_context(&state, &agent, Some(&session), &body.message).await?;
+    let spec = spec_of(
+        &state,
+        &built,
+        &tenant,
+        Some(session_key(&agent, &session)),
+        |_| true,
+    )?;
+    if body.stream {
+        return stream_turn(
+            state,
+            tenant,
+            agent,
+            session,
+            body.into_inner(),
+            built,
+            spec,
+            sampling,
+        );
+    }
+    let generated = generate(&state, spec, sampling).await?;
+    record(
+        &state,
+        &tenant,
+        &agent,
+        &session,
+        &body.message,
+        &built,
+        &generated,
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(TurnResponse {
+        text: generated.text,
+        finish_reason: generated.reason,
+        usage: generated.usage,
+        ttft_ms: generated.ttft_ms,
+        stable_prefix_hash: built.stable_prefix_hex(),
+    }))
+}
+
+fn sse(value: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The SSE variant: `data: {"delta": …}` per piece, then `data: {"done": true, …}`.
+#[allow(clippy::too_many_arguments)]
+fn stream_turn(
+    state: web::Data<AppState>,
+    tenant: Tenant,
+    agent: Agent,
+    session: String,
+    body: TurnRequest,
+    built: BuiltContext,
+    spec: SequenceSpec,
+    sampling: SamplingParams,
+) -> Result<HttpResponse, ApiError> {
+    let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
+    let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
+    actix_web::rt::spawn(async move {
+        let t = Instant::now();
+        let mut g = Generated {
+            text: String::new(),
+            tokens: Vec::new(),
+            reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                completion_tokens: 0,
+            },
+            ttft_ms: 0.0,
+        };
+        while let Ok(ev) = rx.recv_async().await {
+            match ev {
+                StreamEvent::Started(_) => {}
+                StreamEvent::Delta { tokens, text } => {
+                    if g.tokens.is_empty() {
+                        g.ttft_ms = t.elapsed().as_secs_f64() * 1e3;
+                    }
+                    g.tokens.extend(tokens);
+                    g.text.push_str(&text);
+                    if tx.send(Ok(sse(&json!({"delta": text})))).is_err() {
+                        return; // the client left; dropping `rx` cancels the sequence
+                    }
+                }
+                StreamEvent::Done { reason, usage } => {
+                    g.reason = reason;
+                    g.usage = usage;
+                    let saved =
+                        record(&state, &tenant, &agent, &session, &body.message, &built, &g).await;
+                    let mut done = json!({
+                        "done": true,
+                        "finish_reason": reason,
+                        "usage": usage,
+                        "ttft_ms": g.ttft_ms,
+                        "stable_prefix_hash": built.stable_prefix_hex(),
+                    });
+                    if let Err(e) = saved {
+                        done = json!({"error": {"code": e.code, "message": e.message}});
+                    }
+                    let _ = tx.send(Ok(sse(&done)));
+                    return;
+                }
+                StreamEvent::Failed(e) => {
+                    let e = ApiError::from(e);
+                    let _ = tx.send(Ok(sse(
+                        &json!({"error": {"code": e.code, "message": e.message}}),
+                    )));
+                    return;
+                }
+            }
+        }
+    });
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(out.into_stream()))
+}
+
+/// The lines the synthesizer spilled in a session.
+#[get("/v1/agents/{agent}/sessions/{session}/working-memory")]
+pub async fn working_memory(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    let agent = state.store.agent(&caller.0.id, &agent).await?;
+    let lines = state.store.working_memory(&agent.id, &session).await?;
+    Ok(HttpResponse::Ok().json(json!({"lines": lines})))
+}

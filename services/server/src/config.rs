@@ -1,0 +1,303 @@
+//! Typed, layered configuration: defaults in code → a TOML file → environment variables
+//! `ENGRAM__SECTION__KEY` (e.g. `ENGRAM__AUTH__ADMIN_KEY`), validated at load.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A secret: never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "<unset>"
+        } else {
+            "<redacted>"
+        })
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// HTTP listener.
+    pub server: ServerSection,
+    /// Authentication.
+    pub auth: AuthSection,
+    /// The database.
+    pub database: DatabaseSection,
+    /// The model and its KV cache.
+    pub model: ModelSection,
+    /// Defaults for new tenants.
+    pub tenants: TenantSection,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on.
+    pub bind: String,
+    /// Largest accepted request body in bytes.
+    pub body_limit_bytes: usize,
+    /// Seconds running requests get to finish on shutdown.
+    pub shutdown_grace_secs: u64,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// The operator's key (at least 16 characters); admin endpoints need it.
+    pub admin_key: Secret,
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSection {
+    /// `sqlite://…` (default, under ./data) or `postgres://…`.
+    pub url: String,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// GGUF file or safetensors directory; generation answers 503 when it is missing.
+    pub path: PathBuf,
+    /// KV codec: f32, f16, q8, tq4, tq3, tq2.
+    pub codec: String,
+    /// Hot-tier budget in MiB.
+    pub hot_mib: u64,
+    /// Cold-tier budget in MiB.
+    pub cold_mib: u64,
+}
+
+/// `[tenants]`: quotas given to new tenants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantSection {
+    /// Hot-tier blocks per tenant.
+    pub hot_blocks: u64,
+    /// Cold-tier blocks per tenant.
+    pub cold_blocks: u64,
+    /// Sessions per tenant.
+    pub sessions: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".into(),
+            body_limit_bytes: 1 << 20,
+            shutdown_grace_secs: 10,
+        }
+    }
+}
+
+impl Default for DatabaseSection {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/engram.db?mode=rwc".into(),
+        }
+    }
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            codec: "tq4".into(),
+            hot_mib: 1024,
+            cold_mib: 2048,
+        }
+    }
+}
+
+impl Default for TenantSection {
+    fn default() -> Self {
+        Self {
+            hot_blocks: 4096,
+            cold_blocks: 16_384,
+            sessions: 1000,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file or an override is not valid.
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    /// A value is out of range.
+    #[error("invalid configuration `{key}`: {reason}")]
+    Invalid {
+        /// The key, as `section.key`.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Defaults, then `file` (if any), then `ENGRAM__SECTION__KEY` variables of `env`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut value = toml::Value::try_from(Self::default())
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let file: toml::Value =
+                toml::from_str(&text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            merge(&mut value, file);
+        }
+        for (key, raw) in env {
+            let Some(path) = key.strip_prefix("ENGRAM__") else {
+                continue;
+            };
+            let parts: Vec<String> = path.split("__").map(str::to_lowercase).collect();
+            let [section, name] = parts.as_slice() else {
+                return Err(ConfigError::Parse(format!(
+                    "{key}: expected ENGRAM__SECTION__KEY"
+                )));
+            };
+            let v = raw
+                .parse::<i64>()
+                .map(toml::Value::Integer)
+                .or_else(|_| raw.parse::<bool>().map(toml::Value::Boolean))
+                .unwrap_or_else(|_| toml::Value::String(raw.clone()));
+            let mut patch = toml::map::Map::new();
+            let mut inner = toml::map::Map::new();
+            inner.insert(name.clone(), v);
+            patch.insert(section.clone(), toml::Value::Table(inner));
+            merge(&mut value, toml::Value::Table(patch));
+        }
+        let config: Self = value
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and formats.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_string(),
+            })
+        };
+        if self.server.bind.parse::<std::net::SocketAddr>().is_err() {
+            return bad("server.bind", "must be an address like 127.0.0.1:8080");
+        }
+        if self.server.body_limit_bytes < 1024 {
+            return bad("server.body_limit_bytes", "must be at least 1024");
+        }
+        let key = &self.auth.admin_key.0;
+        if !key.is_empty() && key.len() < 16 {
+            return bad("auth.admin_key", "must be at least 16 characters");
+        }
+        let url = &self.database.url;
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres:")
+            || url.starts_with("postgresql:"))
+        {
+            return bad("database.url", "must start with sqlite: or postgres:");
+        }
+        if engram_engine::parse_codec(&self.model.codec).is_err() {
+            return bad("model.codec", "one of f32, f16, q8, tq4, tq3, tq2");
+        }
+        if self.model.hot_mib == 0 {
+            return bad("model.hot_mib", "must be positive");
+        }
+        Ok(())
+    }
+}
+
+fn merge(base: &mut toml::Value, patch: toml::Value) {
+    match (base, patch) {
+        (toml::Value::Table(b), toml::Value::Table(p)) => {
+            for (k, v) in p {
+                match b.get_mut(&k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_in_order_and_secrets_stay_hidden() {
+        let dir = std::env::temp_dir().join(format!("engram-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("engram.toml");
+        std::fs::write(
+            &file,
+            "[server]\nbind = \"0.0.0.0:9000\"\n[model]\ncodec = \"q8\"\n",
+        )
+        .unwrap();
+        let env = vec![
+            ("ENGRAM__MODEL__CODEC".to_string(), "f16".to_string()),
+            (
+                "ENGRAM__AUTH__ADMIN_KEY".to_string(),
+                "a-very-long-admin-key".to_string(),
+            ),
+            ("ENGRAM__TENANTS__SESSIONS".to_string(), "7".to_string()),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let c = Config::load(Some(&file), env).unwrap();
+        assert_eq!(c.server.bind, "0.0.0.0:9000");
+        assert_eq!(c.model.codec, "f16", "env beats file");
+        assert_eq!(c.tenants.sessions, 7);
+        assert_eq!(c.database.url, DatabaseSection::default().url);
+        assert!(!format!("{c:?}").contains("a-very-long-admin-key"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let load = |k: &str, v: &str| Config::load(None, vec![(k.to_string(), v.to_string())]);
+        for (k, v, key) in [
+            ("ENGRAM__SERVER__BIND", "nowhere", "server.bind"),
+            ("ENGRAM__AUTH__ADMIN_KEY", "short", "auth.admin_key"),
+            ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
+            ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
+        ] {
+            match load(k, v) {
+                Err(ConfigError::Invalid { key: got, .. }) => assert_eq!(got, key),
+                other => panic!("{k}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            load("ENGRAM__SERVER__NOPE", "1"),
+            Err(ConfigError::Parse(_))
+        ));
+    }
+}

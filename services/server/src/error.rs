@@ -1,0 +1,139 @@
+//! The one place errors become HTTP: `{code, message}` bodies with stable codes; a 5xx never
+//! carries internal text (it is logged instead).
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use engram_context::ContextError;
+use engram_engine::EngineError;
+use engram_store::StoreError;
+use serde::Serialize;
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// Human-readable explanation (generic for 5xx).
+    pub message: String,
+}
+
+/// The JSON body of every error.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    /// Stable code.
+    pub code: &'a str,
+    /// Explanation.
+    pub message: &'a str,
+}
+
+impl ApiError {
+    /// A 4xx (or 503) with its message shown to the client.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A 500: the detail goes to the log, the client sees a generic text.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        eprintln!("engram: internal error: {detail}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; see the server log",
+        )
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(ErrorBody {
+            code: self.code,
+            message: &self.message,
+        })
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { entity, id } => {
+                Self::not_found(format!("{entity} `{id}` not found"))
+            }
+            StoreError::Conflict { entity, id } => Self::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!("{entity} `{id}` already exists"),
+            ),
+            StoreError::UnsupportedUrl { .. }
+            | StoreError::Database(_)
+            | StoreError::Migration(_)
+            | StoreError::Corrupt { .. }
+            | StoreError::Random(_) => Self::internal(e),
+            _ => Self::internal(e),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match &e {
+            EngineError::Overloaded { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the engine queue is full; retry later",
+            ),
+            EngineError::InvalidSampling { .. } => Self::invalid(e.to_string()),
+            EngineError::ContextOverflow { .. } => {
+                Self::new(StatusCode::BAD_REQUEST, "context_overflow", e.to_string())
+            }
+            EngineError::EmptyPrompt | EngineError::TokenOutOfRange { .. } => {
+                Self::invalid(e.to_string())
+            }
+            EngineError::Stopped => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                "the engine has stopped",
+            ),
+            EngineError::Io { .. }
+            | EngineError::Candle(_)
+            | EngineError::Kv(_)
+            | EngineError::Metadata { .. }
+            | EngineError::MissingTensor { .. }
+            | EngineError::UnsupportedArchitecture { .. }
+            | EngineError::Tokenizer { .. }
+            | EngineError::InvalidConfig { .. } => Self::internal(e),
+            _ => Self::internal(e),
+        }
+    }
+}
+
+impl From<ContextError> for ApiError {
+    fn from(e: ContextError) -> Self {
+        Self::invalid(e.to_string())
+    }
+}

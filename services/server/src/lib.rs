@@ -1,0 +1,127 @@
+//! # engram-server
+//!
+//! The HTTP service: actix-web over the store, the context pipeline and the engine. `main`
+//! and the end-to-end tests build the same app through [`configure_app`].
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod state;
+
+use std::path::Path;
+
+use actix_web::error::JsonPayloadError;
+use actix_web::http::StatusCode;
+use actix_web::{App, HttpResponse, HttpServer, web};
+use engram_engine::{Engine, EngineConfig, EngineCore};
+use engram_store::Store;
+
+pub use config::{Config, ConfigError};
+pub use error::ApiError;
+pub use state::AppState;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened or migrated.
+    #[error("database: {0}")]
+    Store(#[from] engram_store::StoreError),
+    /// The model exists but could not be loaded.
+    #[error("model: {0}")]
+    Engine(#[from] engram_engine::EngineError),
+    /// The listener or a directory failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Opens the store and, when the model file exists, the engine.
+pub async fn build_state(config: Config) -> Result<AppState, StartError> {
+    if let Some(path) = config
+        .database
+        .url
+        .strip_prefix("sqlite://")
+        .map(|p| p.split('?').next().unwrap_or(p))
+        && let Some(dir) = Path::new(path).parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir)?;
+    }
+    let store = Store::connect(&config.database.url).await?;
+    let engine = if config.model.path.exists() {
+        let engine_config = EngineConfig {
+            codec: engram_engine::parse_codec(&config.model.codec)?,
+            hot_bytes: config.model.hot_mib << 20,
+            cold_bytes: config.model.cold_mib << 20,
+            ..EngineConfig::default()
+        };
+        let core = EngineCore::load(&config.model.path, engine_config)?;
+        Some(Engine::spawn(core)?)
+    } else {
+        eprintln!(
+            "engram: no model at {}; generation answers 503 (run `make models`)",
+            config.model.path.display()
+        );
+        None
+    };
+    Ok(AppState::new(store, engine, config))
+}
+
+fn json_error(err: JsonPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {
+    let e = match &err {
+        JsonPayloadError::Overflow { .. } | JsonPayloadError::OverflowKnownLength { .. } => {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the request body is over the limit",
+            )
+        }
+        JsonPayloadError::ContentType => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send `Content-Type: application/json`",
+        ),
+        other => ApiError::invalid(format!("invalid JSON body: {other}")),
+    };
+    e.into()
+}
+
+/// Registers state, limits, error handlers and every route on an app.
+pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg: &mut web::ServiceConfig| {
+        let limit = state.config.server.body_limit_bytes;
+        cfg.app_data(state)
+            .app_data(
+                web::JsonConfig::default()
+                    .limit(limit)
+                    .error_handler(json_error),
+            )
+            .app_data(web::PayloadConfig::default().limit(limit))
+            .configure(api::configure)
+            .default_service(web::to(|| async {
+                HttpResponse::NotFound()
+                    .json(serde_json::json!({"code": "not_found", "message": "no such route"}))
+            }));
+    }
+}
+
+/// Serves until SIGINT/SIGTERM, then drains running requests for the grace period.
+pub async fn serve(config: Config) -> Result<(), StartError> {
+    let bind = config.server.bind.clone();
+    let grace = config.server.shutdown_grace_secs;
+    let state = web::Data::new(build_state(config).await?);
+    eprintln!("engram: serving on http://{bind}");
+    let app_state = state.clone();
+    HttpServer::new(move || App::new().configure(configure_app(app_state.clone())))
+        .bind(&bind)?
+        .shutdown_timeout(grace)
+        .run()
+        .await?;
+    state.store.close().await;
+    Ok(())
+}

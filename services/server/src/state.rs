@@ -1,0 +1,68 @@
+//! What every handler shares.
+
+use engram_context::TokenCounter;
+use engram_engine::{Engine, TextTokenizer};
+use engram_store::Store;
+use sha2::{Digest, Sha256};
+
+use crate::config::Config;
+use crate::error::ApiError;
+
+/// Shared state (held in `web::Data`).
+#[derive(Debug)]
+pub struct AppState {
+    /// The durable store.
+    pub store: Store,
+    /// The engine; `None` when no model could be loaded (generation answers 503).
+    pub engine: Option<Engine>,
+    /// The configuration.
+    pub config: Config,
+    /// SHA-256 of the admin key (none: admin endpoints are closed).
+    pub admin_key_hash: Option<[u8; 32]>,
+}
+
+impl AppState {
+    /// State over a store and an optional engine.
+    pub fn new(store: Store, engine: Option<Engine>, config: Config) -> Self {
+        let key = &config.auth.admin_key.0;
+        let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
+        Self {
+            store,
+            engine,
+            config,
+            admin_key_hash,
+        }
+    }
+
+    /// The engine, or 503 `model_unavailable`.
+    pub fn engine(&self) -> Result<&Engine, ApiError> {
+        self.engine.as_ref().ok_or_else(|| {
+            ApiError::new(
+                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                "model_unavailable",
+                format!(
+                    "no model is loaded (expected at {}); run `make models`",
+                    self.config.model.path.display()
+                ),
+            )
+        })
+    }
+
+    /// Counts tokens with the model's tokenizer, or estimates 4 bytes per token without one.
+    pub fn counter(&self) -> Counter<'_> {
+        Counter(self.engine.as_ref().map(Engine::tokenizer))
+    }
+}
+
+/// A token counter over the engine's tokenizer (or an estimate).
+#[derive(Debug, Clone, Copy)]
+pub struct Counter<'a>(Option<&'a TextTokenizer>);
+
+impl TokenCounter for Counter<'_> {
+    fn count(&self, text: &str) -> usize {
+        match self.0.map(|t| t.encode(text)) {
+            Some(Ok(ids)) => ids.len(),
+            _ => text.len().div_ceil(4),
+        }
+    }
+}
