@@ -5,7 +5,7 @@
 //! (engram-context) → tokenize it segment by segment, tagged with source layers → the engine
 //! (prefix cache, tenant salt) → append the user and assistant turns to the log and the spilled
 //! lines to working memory → prefill the canonical prefix (stable + slow layers + conversation,
-//! without the volatile block) in the background, so the next turn reuses this one too.
+//! without the volatile block), so the next turn reuses this one too.
 
 use std::time::Instant;
 
@@ -244,12 +244,14 @@ pub(crate) async fn record(
         Some(session_key(agent, session)),
         |v| v != Volatility::Volatile,
     )?;
+    // Awaited, so the session's next turn finds these blocks cached (it costs the prefill of this
+    // turn's tokens only: everything before them is already cached).
     let warm = SamplingParams::greedy(1);
     if let Ok(rx) = state.engine()?.submit(GenerateRequest {
         spec,
         sampling: warm,
     }) {
-        actix_web::rt::spawn(async move { while rx.recv_async().await.is_ok() {} });
+        while rx.recv_async().await.is_ok() {}
     }
     Ok(())
 }

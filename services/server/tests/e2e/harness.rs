@@ -1,0 +1,140 @@
+//! Starts a server per backend and speaks plain HTTP/1.1 to it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use actix_web::{App, HttpServer, web};
+use engram_server::{Config, build_state, configure_app};
+use serde_json::Value;
+
+pub const ADMIN: &str = "test-admin-key-0123456789";
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+pub fn model_path() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run `make models`", p.display());
+    p
+}
+
+fn pg_admin_url() -> String {
+    std::env::var("ENGRAM_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A database URL of each backend, fresh.
+pub fn database_urls() -> Vec<String> {
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let tag = format!("{}_{n}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("engram-e2e-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
+    let db = format!("engram_e2e_{tag}");
+    let admin = pg_admin_url();
+    let status = std::process::Command::new("psql")
+        .args([&admin, "-qc", &format!("DROP DATABASE IF EXISTS {db}")])
+        .status();
+    let created = std::process::Command::new("psql")
+        .args([&admin, "-qc", &format!("CREATE DATABASE {db}")])
+        .status();
+    assert!(
+        status.is_ok_and(|s| s.success()) && created.is_ok_and(|s| s.success()),
+        "PostgreSQL at {admin} (psql) is required"
+    );
+    let pg = format!("{}/{db}", &admin[..admin.rfind('/').unwrap()]);
+    vec![sqlite, pg]
+}
+
+/// A running server.
+pub struct Server {
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    pub fn start(database_url: &str, body_limit: usize) -> Self {
+        let mut config = Config::default();
+        config.database.url = database_url.to_string();
+        config.auth.admin_key.0 = ADMIN.into();
+        config.model.path = model_path();
+        config.model.hot_mib = 256;
+        config.model.cold_mib = 256;
+        config.server.body_limit_bytes = body_limit;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let state = web::Data::new(build_state(config).await.unwrap());
+                let server =
+                    HttpServer::new(move || App::new().configure(configure_app(state.clone())))
+                        .workers(2)
+                        .bind(("127.0.0.1", 0))
+                        .unwrap();
+                tx.send(server.addrs()[0]).unwrap();
+                server.run().await.unwrap();
+            });
+        });
+        Self {
+            addr: rx.recv().unwrap(),
+        }
+    }
+
+    /// Sends a request; returns the status and the body.
+    pub fn raw(&self, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
+        let mut s = TcpStream::connect(self.addr).unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        if let Some(k) = key {
+            head.push_str(&format!("authorization: Bearer {k}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let status_line = String::from_utf8_lossy(&out[..split]).to_string();
+        let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+        let mut body = out[split + 4..].to_vec();
+        if status_line
+            .to_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            body = dechunk(&body);
+        }
+        (status, body)
+    }
+
+    /// JSON in, JSON out.
+    pub fn call(&self, method: &str, path: &str, key: Option<&str>, body: Value) -> (u16, Value) {
+        let bytes = if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        };
+        let (status, out) = self.raw(method, path, key, &bytes);
+        let v = serde_json::from_slice(&out)
+            .unwrap_or(Value::String(String::from_utf8_lossy(&out).into()));
+        (status, v)
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 4 + size..];
+    }
+}

@@ -1,0 +1,7 @@
+//! End-to-end: the real `engram serve` app on a local port, over HTTP, against SQLite and
+//! PostgreSQL (`ENGRAM_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/test`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod harness;
+mod service;
