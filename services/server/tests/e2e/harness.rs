@@ -25,13 +25,25 @@ fn pg_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+fn tag() -> String {
+    format!(
+        "{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A fresh SQLite database URL.
+pub fn sqlite_url() -> String {
+    let dir = std::env::temp_dir().join(format!("engram-e2e-{}", tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    format!("sqlite://{}/engram.db?mode=rwc", dir.display())
+}
+
 /// A database URL of each backend, fresh.
 pub fn database_urls() -> Vec<String> {
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let tag = format!("{}_{n}", std::process::id());
-    let dir = std::env::temp_dir().join(format!("engram-e2e-{tag}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sqlite = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
+    let sqlite = sqlite_url();
+    let tag = tag();
     let db = format!("engram_e2e_{tag}");
     let admin = pg_admin_url();
     let status = std::process::Command::new("psql")

@@ -1,0 +1,267 @@
+//! OpenAI-compatible endpoints, so agent frameworks work unchanged.
+//!
+//! How the official SDK names an agent and a session:
+//! - `model` is the **agent** (its name or id; `GET /v1/models` lists the caller's agents);
+//! - `user` (a standard request field) is the **session**: with it, the conversation comes from
+//!   the session's durable turn log and the turn is appended to it; the request's earlier
+//!   messages are ignored. Without it, the request is stateless: the earlier `user`/`assistant`
+//!   messages are the conversation and nothing is stored.
+//!
+//! The last message must be the user's; `system` messages are ignored (the agent's layers are
+//! the system prompt). `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
+//! reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
+//! `data: [DONE]`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix_web::web::Bytes;
+use actix_web::{HttpResponse, get, post, web};
+use engram_context::{Speaker, Turn};
+use engram_engine::{FinishReason, GenerateRequest, SamplingParams, StreamEvent, Usage};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api::agents::{build_context, build_with_history};
+use crate::api::turns::{Generated, generate, open_session, record, session_key, spec_of};
+use crate::auth::TenantCaller;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// Text (string content only).
+    pub content: Option<String>,
+}
+
+/// Body of `POST /v1/chat/completions` (unknown OpenAI fields are accepted and ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The agent.
+    pub model: String,
+    /// The conversation; the last message is the new user message.
+    pub messages: Vec<Message>,
+    /// The session (optional).
+    pub user: Option<String>,
+    /// Streaming.
+    #[serde(default)]
+    pub stream: bool,
+    /// Tokens to generate at most (`max_completion_tokens` is accepted too).
+    pub max_tokens: Option<usize>,
+    /// Alias of `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+    /// Temperature (OpenAI's default is 1; Engram's is greedy when absent).
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Stop: a string or a list.
+    pub stop: Option<Value>,
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn finish(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// The caller's agents, as models.
+#[get("/v1/models")]
+pub async fn list_models(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let data: Vec<Value> = state
+        .store
+        .agents(&caller.0.id)
+        .await?
+        .into_iter()
+        .map(|a| json!({"id": a.name, "object": "model", "created": a.created_at / 1000, "owned_by": "engram"}))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"object": "list", "data": data})))
+}
+
+/// A chat completion through an agent (see the module docs).
+#[post("/v1/chat/completions")]
+pub async fn chat_completions(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    body: web::Json<ChatRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = caller.0;
+    let req = body.into_inner();
+    let agent = state.store.agent(&tenant.id, &req.model).await?;
+    let Some((last, earlier)) = req.messages.split_last() else {
+        return Err(ApiError::invalid("`messages` is empty"));
+    };
+    let message = match (last.role.as_str(), &last.content) {
+        ("user", Some(text)) => text.clone(),
+        _ => {
+            return Err(ApiError::invalid(
+                "the last message must be the user's, with text content",
+            ));
+        }
+    };
+    let stop = match &req.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid("`stop` must be a string or a list of strings"))?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "`stop` must be a string or a list of strings",
+            ));
+        }
+    };
+    let sampling = SamplingParams {
+        temperature: req.temperature.unwrap_or(0.0),
+        top_p: req.top_p.unwrap_or(1.0),
+        seed: req.seed.unwrap_or(0),
+        max_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(256),
+        stop,
+        ..SamplingParams::default()
+    };
+    sampling.validate().map_err(ApiError::from)?;
+    let session = req.user.clone();
+    let built = match &session {
+        Some(s) => {
+            open_session(&state, &tenant, &agent, s, &message).await?;
+            build_context(&state, &agent, Some(s), &message).await?
+        }
+        None => {
+            state.engine()?;
+            let history: Vec<Turn> = earlier
+                .iter()
+                .filter_map(|m| {
+                    let speaker = match m.role.as_str() {
+                        "user" => Speaker::User,
+                        "assistant" => Speaker::Assistant,
+                        _ => return None,
+                    };
+                    Some(Turn {
+                        speaker,
+                        text: m.content.clone().unwrap_or_default(),
+                    })
+                })
+                .collect();
+            build_with_history(&state, &agent, &history, &message).await?
+        }
+    };
+    let session_id = session.as_deref().map(|s| session_key(&agent, s));
+    let spec = spec_of(&state, &built, &tenant, session_id, |_| true)?;
+    let id = format!("chatcmpl-{}", now_s());
+    let created = now_s();
+    let model = agent.name.clone();
+    if !req.stream {
+        let g = generate(&state, spec, sampling).await?;
+        if let Some(s) = &session {
+            record(&state, &tenant, &agent, s, &message, &built, &g).await?;
+        }
+        return Ok(HttpResponse::Ok().json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": g.text},
+                "finish_reason": finish(g.reason),
+            }],
+            "usage": usage_json(&g.usage),
+        })));
+    }
+    let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
+    let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
+    let chunk = move |delta: Value, reason: Option<&str>, usage: Option<Value>| {
+        let mut v = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        Bytes::from(format!("data: {v}\n\n"))
+    };
+    actix_web::rt::spawn(async move {
+        let mut g = Generated {
+            text: String::new(),
+            tokens: Vec::new(),
+            reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                completion_tokens: 0,
+            },
+            ttft_ms: 0.0,
+        };
+        let _ = tx.send(Ok(chunk(
+            json!({"role": "assistant", "content": ""}),
+            None,
+            None,
+        )));
+        while let Ok(ev) = rx.recv_async().await {
+            match ev {
+                StreamEvent::Started(_) => {}
+                StreamEvent::Delta { tokens, text } => {
+                    g.tokens.extend(tokens);
+                    g.text.push_str(&text);
+                    if tx
+                        .send(Ok(chunk(json!({"content": text}), None, None)))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                StreamEvent::Done { reason, usage } => {
+                    g.reason = reason;
+                    g.usage = usage;
+                    if let Some(s) = &session {
+                        let _ = record(&state, &tenant, &agent, s, &message, &built, &g).await;
+                    }
+                    let _ = tx.send(Ok(chunk(
+                        json!({}),
+                        Some(finish(reason)),
+                        Some(usage_json(&usage)),
+                    )));
+                    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+                    return;
+                }
+                StreamEvent::Failed(e) => {
+                    let e = ApiError::from(e);
+                    let body = json!({"error": {"code": e.code, "message": e.message}});
+                    let _ = tx.send(Ok(Bytes::from(format!("data: {body}\n\n"))));
+                    return;
+                }
+            }
+        }
+    });
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(out.into_stream()))
+}

@@ -1,0 +1,55 @@
+"""The official openai SDK against a running Engram server (run by the e2e tests).
+
+usage: openai_sdk.py BASE_URL API_KEY AGENT
+"""
+import sys
+
+import openai
+
+base, key, agent = sys.argv[1:4]
+client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
+
+models = [m.id for m in client.models.list().data]
+assert agent in models, models
+
+question = [{"role": "user", "content": "What is the capital of France?"}]
+first = client.chat.completions.create(
+    model=agent, messages=question, max_tokens=16, user="sdk-session"
+)
+answer = first.choices[0].message.content
+assert "Paris" in answer, answer
+assert first.usage.prompt_tokens > 0
+
+second = client.chat.completions.create(
+    model=agent,
+    messages=[{"role": "user", "content": "And of Italy?"}],
+    max_tokens=8,
+    user="sdk-session",
+)
+cached = second.usage.prompt_tokens_details.cached_tokens
+assert cached > 0, second.usage
+
+stream = client.chat.completions.create(
+    model=agent,
+    messages=question,
+    max_tokens=16,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+pieces, usage = [], None
+for chunk in stream:
+    if chunk.choices:
+        pieces.append(chunk.choices[0].delta.content or "")
+    if chunk.usage is not None:
+        usage = chunk.usage
+text = "".join(pieces)
+assert "Paris" in text, text
+assert usage is not None and usage.completion_tokens > 0
+
+try:
+    client.chat.completions.create(model="no-such-agent", messages=question, max_tokens=4)
+    raise AssertionError("unknown agent accepted")
+except openai.NotFoundError:
+    pass
+
+print(f"openai sdk ok: {answer!r}, second turn cached {cached}, streamed {text!r}")
