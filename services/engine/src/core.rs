@@ -168,6 +168,40 @@ pub struct Admission {
     pub warmed_blocks: usize,
 }
 
+/// Running totals of cache activity, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheCounters {
+    /// Prompt blocks found hot in the prefix cache.
+    pub hot_hits: u64,
+    /// Prompt blocks found cold and warmed.
+    pub cold_hits: u64,
+    /// Full prompt blocks that had to be computed.
+    pub misses: u64,
+    /// Blocks spilled to the cold tier, by source layer.
+    pub spilled: BTreeMap<SourceLayer, u64>,
+    /// Blocks whose bytes were dropped (hot or cold), by source layer.
+    pub dropped: BTreeMap<SourceLayer, u64>,
+}
+
+/// Occupancy of the tiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Occupancy {
+    /// Hot-tier capacity in blocks.
+    pub hot_capacity: usize,
+    /// Hot blocks in use.
+    pub hot_used: usize,
+    /// Cold-tier capacity in blocks.
+    pub cold_capacity: usize,
+    /// Cold blocks in use.
+    pub cold_used: usize,
+    /// Blocks in the prefix cache.
+    pub cached_blocks: usize,
+    /// Bytes of one block (all layers, K and V).
+    pub block_bytes: usize,
+    /// Running sequences.
+    pub running: usize,
+}
+
 /// What one prefill chunk did.
 #[derive(Debug, Clone)]
 pub struct ChunkOutput {
@@ -208,6 +242,7 @@ pub struct EngineCore {
     seqs: BTreeMap<SeqId, Sequence>,
     next_seq: u64,
     key_means: Option<Vec<f32>>,
+    counters: CacheCounters,
 }
 
 impl EngineCore {
@@ -299,6 +334,7 @@ impl EngineCore {
             seqs: BTreeMap::new(),
             next_seq: 1,
             key_means,
+            counters: CacheCounters::default(),
         })
     }
 
@@ -330,6 +366,25 @@ impl EngineCore {
     /// Hash of the model and KV format: the prefix cache's namespace.
     pub fn fingerprint(&self) -> [u8; 32] {
         self.fingerprint
+    }
+
+    /// Cache activity so far.
+    pub fn counters(&self) -> &CacheCounters {
+        &self.counters
+    }
+
+    /// Tier occupancy.
+    pub fn occupancy(&self) -> Occupancy {
+        let cap = |t| self.store.capacity(t);
+        Occupancy {
+            hot_capacity: cap(Tier::Hot),
+            hot_used: cap(Tier::Hot) - self.store.free_blocks(Tier::Hot),
+            cold_capacity: cap(Tier::Cold),
+            cold_used: cap(Tier::Cold) - self.store.free_blocks(Tier::Cold),
+            cached_blocks: self.cache.len(),
+            block_bytes: self.store.block_bytes(),
+            running: self.seqs.len(),
+        }
     }
 
     /// Running sequences.
@@ -420,6 +475,12 @@ impl EngineCore {
             .copied()
             .filter(|&b| self.store.metadata().get(b).map(|m| m.tier()) == Some(Tier::Cold))
             .collect();
+        if spec.reuse == PrefixReuse::Enabled {
+            let full = self.seqs.get(&id).map_or(0, |s| (s.prompt_len - 1) / bs);
+            self.counters.hot_hits += (hits.len() - cold.len()) as u64;
+            self.counters.cold_hits += cold.len() as u64;
+            self.counters.misses += (full - hits.len()) as u64;
+        }
         let warmed = self.make_hot_room(cold.len()).and_then(|()| {
             self.store.warm(&cold)?;
             self.store.touch(&hits)?;
@@ -634,6 +695,11 @@ impl EngineCore {
             .flat_map(|s| s.blocks.iter().copied())
             .collect();
         let ev = self.store.make_room_except(n, |id| busy.contains(&id))?;
+        for &id in &ev.spilled {
+            if let Some(m) = self.store.metadata().get(id) {
+                *self.counters.spilled.entry(m.source()).or_default() += 1;
+            }
+        }
         for id in ev.removed {
             self.drop_cached(id)?;
         }
@@ -664,6 +730,9 @@ impl EngineCore {
 
     /// Removes a block from the cache and drops the cache's reference.
     fn drop_cached(&mut self, id: BlockId) -> EngineResult<()> {
+        if let Some(m) = self.store.metadata().get(id) {
+            *self.counters.dropped.entry(m.source()).or_default() += 1;
+        }
         if self.cache.remove_block(id) {
             self.store.release(&[id])?;
         }

@@ -24,8 +24,8 @@ mod tokenizer;
 mod weights;
 
 pub use crate::core::{
-    Admission, ChunkOutput, EngineConfig, EngineCore, KeyCentering, PrefixReuse, PromptSegment,
-    SeqId, SequenceSpec,
+    Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, KeyCentering, Occupancy,
+    PrefixReuse, PromptSegment, SeqId, SequenceSpec,
 };
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};
@@ -34,6 +34,9 @@ pub use prefix::{
 };
 pub use probe::{KvProbe, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
-pub use scheduler::{Engine, FinishReason, GenerateRequest, StreamEvent, Usage};
+pub use scheduler::{
+    BlockInfo, BlockPage, BlockQuery, Engine, EngineSnapshot, FinishReason, GenerateRequest,
+    StreamEvent, Usage,
+};
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
 pub use weights::{ModelConfig, WeightFormat};

@@ -20,7 +20,9 @@ use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::{Admission, EngineCore, SeqId, SequenceSpec};
+use engram_kvcore::{BlockFilter, PinState, SourceLayer, Tier};
+
+use crate::core::{Admission, CacheCounters, EngineCore, Occupancy, SeqId, SequenceSpec};
 use crate::error::{EngineError, EngineResult};
 use crate::model::LogitRows;
 use crate::sampling::{Sampler, SamplingParams};
@@ -83,6 +85,66 @@ pub enum StreamEvent {
 
 enum Command {
     Generate(Box<GenerateRequest>, flume::Sender<StreamEvent>),
+    Snapshot(flume::Sender<EngineSnapshot>),
+    Blocks(BlockQuery, flume::Sender<BlockPage>),
+}
+
+/// Occupancy and counters, for admin endpoints and metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineSnapshot {
+    /// Tier occupancy.
+    pub occupancy: Occupancy,
+    /// Cache activity so far.
+    pub counters: CacheCounters,
+    /// Requests waiting.
+    pub queued: usize,
+}
+
+/// A page of the block listing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BlockQuery {
+    /// Which blocks.
+    pub filter: BlockFilter,
+    /// Blocks to skip (in id order).
+    pub offset: usize,
+    /// Blocks to return at most.
+    pub limit: usize,
+}
+
+/// One block and its meaning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockInfo {
+    /// Id.
+    pub id: u64,
+    /// Source layer.
+    pub source: SourceLayer,
+    /// Importance.
+    pub importance: f32,
+    /// Tenant (the tenant's cache salt).
+    pub tenant: u64,
+    /// Session key, if any.
+    pub session: Option<u64>,
+    /// Token positions `[start, end)`.
+    pub tokens: [u32; 2],
+    /// Tier.
+    pub tier: Tier,
+    /// Pin state.
+    pub pin: PinState,
+    /// Eviction priority.
+    pub priority: u16,
+    /// Owners (sequences and the prefix cache).
+    pub ref_count: u32,
+    /// Logical time of the last attention.
+    pub last_attended: u64,
+}
+
+/// A page of blocks and the total that matched.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockPage {
+    /// Blocks matching the filter.
+    pub total: usize,
+    /// This page.
+    pub blocks: Vec<BlockInfo>,
 }
 
 /// Handle to the engine thread. Dropping it stops the thread after the running work.
@@ -98,7 +160,11 @@ pub struct Engine {
 
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Command::Generate")
+        f.write_str(match self {
+            Self::Generate(..) => "Command::Generate",
+            Self::Snapshot(_) => "Command::Snapshot",
+            Self::Blocks(..) => "Command::Blocks",
+        })
     }
 }
 
@@ -152,6 +218,31 @@ impl Engine {
             }),
             Err(flume::TrySendError::Disconnected(_)) => Err(EngineError::Stopped),
         }
+    }
+
+    fn ask(&self, cmd: Command) -> EngineResult<()> {
+        let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
+        tx.try_send(cmd).map_err(|e| match e {
+            flume::TrySendError::Full(_) => EngineError::Overloaded {
+                queued: tx.len(),
+                capacity: self.capacity,
+            },
+            flume::TrySendError::Disconnected(_) => EngineError::Stopped,
+        })
+    }
+
+    /// Occupancy and counters (answered between engine steps).
+    pub fn snapshot(&self) -> EngineResult<flume::Receiver<EngineSnapshot>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Snapshot(tx))?;
+        Ok(rx)
+    }
+
+    /// A page of blocks with their meaning.
+    pub fn blocks(&self, query: BlockQuery) -> EngineResult<flume::Receiver<BlockPage>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Blocks(query, tx))?;
+        Ok(rx)
     }
 
     /// The tokenizer (for building prompts).
@@ -249,7 +340,21 @@ impl Worker {
                     Err(_) => break,
                 }
             };
-            let Command::Generate(req, tx) = cmd;
+            let (req, tx) = match cmd {
+                Command::Generate(req, tx) => (req, tx),
+                Command::Snapshot(reply) => {
+                    let _ = reply.send(EngineSnapshot {
+                        occupancy: self.core.occupancy(),
+                        counters: self.core.counters().clone(),
+                        queued: self.rx.len(),
+                    });
+                    continue;
+                }
+                Command::Blocks(q, reply) => {
+                    let _ = reply.send(self.page(&q));
+                    continue;
+                }
+            };
             if tx.is_disconnected() {
                 continue;
             }
@@ -276,6 +381,30 @@ impl Worker {
             }
         }
         true
+    }
+
+    fn page(&self, q: &BlockQuery) -> BlockPage {
+        let meta = self.core.store().metadata();
+        let matching = meta.iter().filter(|m| q.filter.matches(m));
+        let total = meta.count(&q.filter);
+        let blocks = matching
+            .skip(q.offset)
+            .take(q.limit)
+            .map(|m| BlockInfo {
+                id: m.id().get(),
+                source: m.source(),
+                importance: m.importance(),
+                tenant: m.tenant().0,
+                session: m.session().map(|s| s.0),
+                tokens: [m.tokens().start, m.tokens().end],
+                tier: m.tier(),
+                pin: m.pin(),
+                priority: m.priority(),
+                ref_count: m.ref_count(),
+                last_attended: m.last_attended(),
+            })
+            .collect();
+        BlockPage { total, blocks }
     }
 
     fn prefill_one(&mut self) {

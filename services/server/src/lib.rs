@@ -9,6 +9,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod state;
 
 use std::path::Path;

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 /// Shared state (held in `web::Data`).
 #[derive(Debug)]
@@ -19,6 +20,8 @@ pub struct AppState {
     pub config: Config,
     /// SHA-256 of the admin key (none: admin endpoints are closed).
     pub admin_key_hash: Option<[u8; 32]>,
+    /// Server-side metrics.
+    pub metrics: Metrics,
 }
 
 impl AppState {
@@ -31,6 +34,7 @@ impl AppState {
             engine,
             config,
             admin_key_hash,
+            metrics: Metrics::default(),
         }
     }
 

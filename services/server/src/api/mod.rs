@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod agents;
 pub mod health;
+pub mod inspect;
 pub mod openai;
 pub mod turns;
 
@@ -25,5 +26,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(turns::create_turn)
         .service(turns::working_memory)
         .service(openai::list_models)
-        .service(openai::chat_completions);
+        .service(openai::chat_completions)
+        .service(inspect::cache)
+        .service(inspect::blocks)
+        .service(inspect::metrics);
 }

@@ -190,6 +190,7 @@ pub(crate) async fn generate(
             StreamEvent::Done { reason, usage } => {
                 out.reason = reason;
                 out.usage = usage;
+                state.metrics.observe_ttft(out.ttft_ms);
                 return Ok(out);
             }
             StreamEvent::Failed(e) => return Err(e.into()),

@@ -137,6 +137,44 @@ fn tenancy_turns_reuse_isolation_and_bad_input() {
         );
         assert!(wm["lines"].as_array().unwrap().is_empty());
 
+        // Admin inspection: A's axioms blocks are pinned at 999, tagged with source and tenant.
+        let tenant_a = a["tenant"]["id"].as_str().unwrap();
+        let (s, page) = srv.call(
+            "GET",
+            &format!("/v1/admin/blocks?tenant={tenant_a}&source=axioms&limit=1000"),
+            Some(ADMIN),
+            Value::Null,
+        );
+        assert_eq!(s, 200, "{page}");
+        let blocks = page["blocks"].as_array().unwrap();
+        assert!(!blocks.is_empty(), "{page}");
+        let full_pinned = blocks
+            .iter()
+            .filter(|b| b["pin"] == "pinned" && b["priority"] == 999)
+            .count();
+        assert!(full_pinned >= 2, "{page}");
+        for blk in blocks {
+            assert_eq!(
+                (blk["source"].as_str(), blk["tenant_id"].as_str()),
+                (Some("axioms"), Some(tenant_a))
+            );
+        }
+        let (s, _) = srv.call("GET", "/v1/admin/blocks", Some(&ka), Value::Null);
+        assert_eq!(s, 401, "a tenant key is not the admin key");
+        let (_, cache) = srv.call("GET", "/v1/admin/cache", Some(ADMIN), Value::Null);
+        assert!(
+            cache["counters"]["hot_hits"].as_u64().unwrap() > 0,
+            "{cache}"
+        );
+        let (s, metrics) = srv.raw("GET", "/metrics", Some(ADMIN), b"");
+        let metrics = String::from_utf8_lossy(&metrics);
+        assert_eq!(s, 200);
+        assert!(
+            metrics.contains("engram_cache_blocks_total{result=\"hot_hit\"}"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("engram_ttft_seconds_count"), "{metrics}");
+
         // Bad input: 4xx with a code, nothing stored changes.
         let before = srv
             .call("GET", "/v1/agents/helper/layers", Some(&ka), Value::Null)

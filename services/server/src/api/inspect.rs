@@ -1,0 +1,179 @@
+//! Admin inspection: tier occupancy and counters, the block listing by meaning, and `/metrics`.
+
+use actix_web::{HttpResponse, get, web};
+use engram_engine::{BlockQuery, EngineSnapshot};
+use engram_kvcore::{BlockFilter, SessionId, SourceLayer, TenantId, Tier};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api::turns::session_key;
+use crate::auth::AdminCaller;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
+    let rx = state.engine()?.snapshot()?;
+    rx.recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))
+}
+
+/// Tier occupancy, prefix-cache size, hits by tier, evictions by source layer, queue depth.
+#[get("/v1/admin/cache")]
+pub async fn cache(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(snapshot(&state).await?))
+}
+
+/// Filters of the block listing.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockParams {
+    /// Tenant id.
+    pub tenant: Option<String>,
+    /// Agent (with `session`).
+    pub agent: Option<String>,
+    /// Session (needs `tenant` and `agent`).
+    pub session: Option<String>,
+    /// Source layer (`axioms`, `user_turn`, …).
+    pub source: Option<String>,
+    /// `hot`, `cold` or `recompute`.
+    pub tier: Option<String>,
+    /// Only pinned (`true`) or unpinned (`false`) blocks.
+    pub pinned: Option<bool>,
+    /// Blocks to skip.
+    #[serde(default)]
+    pub offset: usize,
+    /// Page size (1–1000, default 100).
+    pub limit: Option<usize>,
+}
+
+/// Blocks with their meaning (source layer, importance, tenant, session, tokens, tier, pin,
+/// priority), filtered and paginated in id order.
+#[get("/v1/admin/blocks")]
+pub async fn blocks(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+    params: web::Query<BlockParams>,
+) -> Result<HttpResponse, ApiError> {
+    let mut filter = BlockFilter::default();
+    let tenants = state.store.tenants().await?;
+    if let Some(t) = &params.tenant {
+        let tenant = state.store.tenant(t).await?;
+        filter.tenant = Some(TenantId(tenant.cache_salt));
+        if let Some(session) = &params.session {
+            let agent = params
+                .agent
+                .as_deref()
+                .ok_or_else(|| ApiError::invalid("`session` needs `agent`"))?;
+            let agent = state.store.agent(&tenant.id, agent).await?;
+            let SessionId(key) = session_key(&agent, session);
+            filter.session = Some(SessionId(key));
+        }
+    } else if params.session.is_some() {
+        return Err(ApiError::invalid("`session` needs `tenant` and `agent`"));
+    }
+    if let Some(s) = &params.source {
+        let source: SourceLayer = serde_json::from_value(json!(s))
+            .map_err(|_| ApiError::invalid(format!("unknown source layer `{s}`")))?;
+        filter.source = Some(source);
+    }
+    if let Some(t) = &params.tier {
+        filter.tier = Some(match t.as_str() {
+            "hot" => Tier::Hot,
+            "cold" => Tier::Cold,
+            "recompute" => Tier::Recompute,
+            _ => return Err(ApiError::invalid("tier is hot, cold or recompute")),
+        });
+    }
+    filter.pinned = params.pinned;
+    let limit = params.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be within 1..=1000"));
+    }
+    let rx = state.engine()?.blocks(BlockQuery {
+        filter,
+        offset: params.offset,
+        limit,
+    })?;
+    let page = rx
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let blocks: Vec<Value> = page
+        .blocks
+        .iter()
+        .map(|b| {
+            let mut v = json!(b);
+            let owner = tenants.iter().find(|t| t.cache_salt == b.tenant);
+            v["tenant_id"] = json!(owner.map(|t| t.id.clone()));
+            v
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "total": page.total,
+        "offset": params.offset,
+        "limit": limit,
+        "blocks": blocks,
+    })))
+}
+
+/// Prometheus metrics: cache hits by tier, evictions by layer, queue depth, occupancy, TTFT.
+#[get("/metrics")]
+pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let mut out = String::new();
+    if let Some(engine) = &state.engine {
+        let rx = engine.snapshot()?;
+        let s = rx
+            .recv_async()
+            .await
+            .map_err(|_| ApiError::internal("the engine did not answer"))?;
+        let c = &s.counters;
+        out.push_str(
+            "# HELP engram_cache_blocks_total Prompt blocks by how the prefix cache served them.\n",
+        );
+        out.push_str("# TYPE engram_cache_blocks_total counter\n");
+        for (kind, n) in [
+            ("hot_hit", c.hot_hits),
+            ("cold_hit", c.cold_hits),
+            ("miss", c.misses),
+        ] {
+            out.push_str(&format!(
+                "engram_cache_blocks_total{{result=\"{kind}\"}} {n}\n"
+            ));
+        }
+        out.push_str("# HELP engram_evictions_total Blocks evicted, by source layer and kind.\n");
+        out.push_str("# TYPE engram_evictions_total counter\n");
+        for (kind, map) in [("spilled", &c.spilled), ("dropped", &c.dropped)] {
+            for (layer, n) in map {
+                let layer = serde_json::to_value(layer)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "engram_evictions_total{{layer=\"{layer}\",kind=\"{kind}\"}} {n}\n"
+                ));
+            }
+        }
+        let o = &s.occupancy;
+        out.push_str("# TYPE engram_queue_depth gauge\n");
+        out.push_str(&format!("engram_queue_depth {}\n", s.queued));
+        out.push_str("# TYPE engram_running_sequences gauge\n");
+        out.push_str(&format!("engram_running_sequences {}\n", o.running));
+        out.push_str("# TYPE engram_tier_blocks gauge\n");
+        for (tier, used, cap) in [
+            ("hot", o.hot_used, o.hot_capacity),
+            ("cold", o.cold_used, o.cold_capacity),
+        ] {
+            out.push_str(&format!(
+                "engram_tier_blocks{{tier=\"{tier}\",state=\"used\"}} {used}\n"
+            ));
+            out.push_str(&format!(
+                "engram_tier_blocks{{tier=\"{tier}\",state=\"capacity\"}} {cap}\n"
+            ));
+        }
+    }
+    state.metrics.render_ttft(&mut out);
+    Ok(HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(out))
+}
