@@ -139,6 +139,10 @@ pub struct SequenceSpec {
     pub session: Option<SessionId>,
     /// Prefix reuse.
     pub reuse: PrefixReuse,
+    /// Hot blocks the tenant's running sequences may hold together (checked at admission
+    /// against the prompt; decode may exceed it by the generated blocks).
+    #[serde(default)]
+    pub hot_block_quota: Option<usize>,
 }
 
 impl SequenceSpec {
@@ -153,6 +157,7 @@ impl SequenceSpec {
             tenant,
             session: None,
             reuse: PrefixReuse::Enabled,
+            hot_block_quota: None,
         }
     }
 }
@@ -432,6 +437,22 @@ impl EngineCore {
             });
         }
         let bs = self.config.block_size;
+        if let Some(quota) = spec.hot_block_quota {
+            let used: usize = self
+                .seqs
+                .values()
+                .filter(|s| s.tenant == spec.tenant)
+                .map(|s| s.blocks.len().max(s.prompt_len.div_ceil(bs)))
+                .sum();
+            let wanted = tokens.len().div_ceil(bs);
+            if used + wanted > quota {
+                return Err(EngineError::QuotaExceeded {
+                    resource: "hot_blocks",
+                    requested: used + wanted,
+                    quota,
+                });
+            }
+        }
         let mut hits = Vec::new();
         let mut hashes = Vec::new();
         if spec.reuse == PrefixReuse::Enabled {

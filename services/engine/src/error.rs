@@ -89,6 +89,16 @@ pub enum EngineError {
         /// The queue's bound.
         capacity: usize,
     },
+    /// A tenant's quota would be exceeded.
+    #[error("quota `{resource}` exceeded: {requested} requested, {quota} allowed")]
+    QuotaExceeded {
+        /// Which quota.
+        resource: &'static str,
+        /// What the request would bring the tenant to.
+        requested: usize,
+        /// The limit.
+        quota: usize,
+    },
     /// The engine thread has stopped.
     #[error("the engine has stopped")]
     Stopped,

@@ -114,6 +114,11 @@ impl From<EngineError> for ApiError {
             EngineError::EmptyPrompt | EngineError::TokenOutOfRange { .. } => {
                 Self::invalid(e.to_string())
             }
+            EngineError::QuotaExceeded { .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                e.to_string(),
+            ),
             EngineError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine_unavailable",

@@ -124,6 +124,7 @@ fn blocks_carry_the_segment_tags_and_stable_layers_are_pinned() {
         tenant: TenantId(9),
         session: Some(SessionId(3)),
         reuse: Default::default(),
+        hot_block_quota: None,
     };
     let (id, _) = core.start(spec).unwrap();
     core.prefill(id).unwrap();
@@ -256,4 +257,30 @@ fn mean_kl(p: &[f32], q: &[f32]) -> f64 {
         })
         .collect();
     rows.iter().sum::<f64>() / rows.len() as f64
+}
+
+#[test]
+fn a_tenant_over_its_hot_block_quota_is_refused_at_admission() {
+    let mut core = core(CodecKind::TQ4);
+    let text = license_tokens(200);
+    let spec = |n: usize, tenant, quota| SequenceSpec {
+        hot_block_quota: Some(quota),
+        ..SequenceSpec::plain(text[..n].to_vec(), TenantId(tenant))
+    };
+    let (a, _) = core.start(spec(100, 1, 10)).unwrap(); // 7 blocks
+    assert!(matches!(
+        core.start(spec(64, 1, 10)), // 7 + 4 > 10
+        Err(engram_engine::EngineError::QuotaExceeded {
+            resource: "hot_blocks",
+            requested: 11,
+            quota: 10
+        })
+    ));
+    // Another tenant has its own quota; the refused sequence left nothing behind.
+    let (b, _) = core.start(spec(64, 2, 10)).unwrap();
+    assert_eq!(core.running(), 2);
+    core.finish(a).unwrap();
+    core.finish(b).unwrap();
+    let (c, _) = core.start(spec(64, 1, 10)).unwrap();
+    core.finish(c).unwrap();
 }

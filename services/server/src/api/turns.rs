@@ -101,6 +101,7 @@ pub(crate) fn spec_of(
         tenant: TenantId(tenant.cache_salt),
         session,
         reuse: Default::default(),
+        hot_block_quota: usize::try_from(tenant.quotas.hot_blocks).ok(),
     })
 }
 
