@@ -19,7 +19,7 @@
 //! the tokens (and the model, KV format and tenant) it holds; a block is freed only when no
 //! sequence and no cache entry owns it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use candle_core::Tensor;
@@ -143,6 +143,10 @@ pub struct SequenceSpec {
     /// against the prompt; decode may exceed it by the generated blocks).
     #[serde(default)]
     pub hot_block_quota: Option<usize>,
+    /// Names the stable prefix this sequence pins (e.g. a hash of tenant and prefix text), so
+    /// that [`EngineCore::unpin_prefix`] can release exactly those pins when the prefix changes.
+    #[serde(default)]
+    pub pin_key: Option<[u8; 32]>,
 }
 
 impl SequenceSpec {
@@ -158,6 +162,7 @@ impl SequenceSpec {
             session: None,
             reuse: PrefixReuse::Enabled,
             hot_block_quota: None,
+            pin_key: None,
         }
     }
 }
@@ -232,6 +237,7 @@ struct Sequence {
     tenant: TenantId,
     session: Option<SessionId>,
     reuse: PrefixReuse,
+    pin_key: Option<[u8; 32]>,
 }
 
 /// The synchronous engine (see the module docs).
@@ -248,6 +254,7 @@ pub struct EngineCore {
     next_seq: u64,
     key_means: Option<Vec<f32>>,
     counters: CacheCounters,
+    pins_by_key: HashMap<[u8; 32], Vec<BlockId>>,
 }
 
 impl EngineCore {
@@ -340,6 +347,7 @@ impl EngineCore {
             next_seq: 1,
             key_means,
             counters: CacheCounters::default(),
+            pins_by_key: HashMap::new(),
         })
     }
 
@@ -489,6 +497,7 @@ impl EngineCore {
                 tenant: spec.tenant,
                 session: spec.session,
                 reuse: spec.reuse,
+                pin_key: spec.pin_key,
             },
         );
         let cold: Vec<BlockId> = hits
@@ -698,6 +707,9 @@ impl EngineCore {
         }
         if !stable.is_empty() {
             self.pins.pin(&mut self.store, &stable)?;
+            if let Some(key) = seq.pin_key {
+                self.pins_by_key.entry(key).or_default().extend(&stable);
+            }
         }
         Ok(())
     }
@@ -778,6 +790,19 @@ impl EngineCore {
         let room = self.store.free_blocks(Tier::Cold).min(idle.len());
         self.store.spill(&idle[..room])?;
         Ok(room)
+    }
+
+    /// Unpins the blocks pinned under `key` (a stable prefix that changed); they keep their
+    /// layer's priority and leave by eviction like any other block. Returns how many.
+    pub fn unpin_prefix(&mut self, key: &[u8; 32]) -> EngineResult<usize> {
+        let Some(ids) = self.pins_by_key.remove(key) else {
+            return Ok(0);
+        };
+        let live: Vec<BlockId> = ids
+            .into_iter()
+            .filter(|&id| self.store.metadata().get(id).is_some())
+            .collect();
+        Ok(self.pins.unpin(&mut self.store, &live)?.unpinned.len())
     }
 
     /// Drops every cached block no sequence attends (a cold start for benches).

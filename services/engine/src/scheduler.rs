@@ -87,6 +87,7 @@ enum Command {
     Generate(Box<GenerateRequest>, flume::Sender<StreamEvent>),
     Snapshot(flume::Sender<EngineSnapshot>),
     Blocks(BlockQuery, flume::Sender<BlockPage>),
+    UnpinPrefix([u8; 32], flume::Sender<EngineResult<usize>>),
 }
 
 /// Occupancy and counters, for admin endpoints and metrics.
@@ -164,6 +165,7 @@ impl std::fmt::Debug for Command {
             Self::Generate(..) => "Command::Generate",
             Self::Snapshot(_) => "Command::Snapshot",
             Self::Blocks(..) => "Command::Blocks",
+            Self::UnpinPrefix(..) => "Command::UnpinPrefix",
         })
     }
 }
@@ -242,6 +244,16 @@ impl Engine {
     pub fn blocks(&self, query: BlockQuery) -> EngineResult<flume::Receiver<BlockPage>> {
         let (tx, rx) = flume::bounded(1);
         self.ask(Command::Blocks(query, tx))?;
+        Ok(rx)
+    }
+
+    /// Unpins the blocks a stable prefix pinned under `key`; answers how many.
+    pub fn unpin_prefix(
+        &self,
+        key: [u8; 32],
+    ) -> EngineResult<flume::Receiver<EngineResult<usize>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::UnpinPrefix(key, tx))?;
         Ok(rx)
     }
 
@@ -352,6 +364,10 @@ impl Worker {
                 }
                 Command::Blocks(q, reply) => {
                     let _ = reply.send(self.page(&q));
+                    continue;
+                }
+                Command::UnpinPrefix(key, reply) => {
+                    let _ = reply.send(self.core.unpin_prefix(&key));
                     continue;
                 }
             };

@@ -125,6 +125,7 @@ fn blocks_carry_the_segment_tags_and_stable_layers_are_pinned() {
         session: Some(SessionId(3)),
         reuse: Default::default(),
         hot_block_quota: None,
+        pin_key: Some([7; 32]),
     };
     let (id, _) = core.start(spec).unwrap();
     core.prefill(id).unwrap();

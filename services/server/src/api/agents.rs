@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::admin::check_name;
+use crate::api::turns::pin_key;
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -160,8 +161,23 @@ pub async fn put_layer(
     let (agent, kind) = path.into_inner();
     let kind = parse_kind(&kind)?;
     let agent = state.store.agent(&caller.0.id, &agent).await?;
+    let before = build_context(&state, &agent, None, ".").await?;
     let row = store_layer(&state, &agent, kind, &body).await?;
-    Ok(HttpResponse::Ok().json(row))
+    // An edit that changes the stable prefix releases the old prefix's pins.
+    let after = build_context(&state, &agent, None, ".").await?;
+    let mut unpinned = 0;
+    if before.stable_prefix_hash != after.stable_prefix_hash
+        && let Some(engine) = &state.engine
+    {
+        let rx = engine.unpin_prefix(pin_key(&caller.0, &before))?;
+        unpinned = rx
+            .recv_async()
+            .await
+            .map_err(|_| ApiError::internal("the engine did not answer"))??;
+    }
+    let mut v = json!(row);
+    v["unpinned_blocks"] = json!(unpinned);
+    Ok(HttpResponse::Ok().json(v))
 }
 
 /// The current version of every layer.

@@ -102,7 +102,16 @@ pub(crate) fn spec_of(
         session,
         reuse: Default::default(),
         hot_block_quota: usize::try_from(tenant.quotas.hot_blocks).ok(),
+        pin_key: Some(pin_key(tenant, built)),
     })
+}
+
+/// The key a tenant's stable prefix is pinned under: SHA-256 of the tenant and the prefix hash.
+pub(crate) fn pin_key(tenant: &Tenant, built: &BuiltContext) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(tenant.id.as_bytes());
+    h.update(built.stable_prefix_hash);
+    h.finalize().into()
 }
 
 fn sampling(body: &TurnRequest) -> SamplingParams {

@@ -161,6 +161,25 @@ fn tenancy_turns_reuse_isolation_and_bad_input() {
         }
         let (s, _) = srv.call("GET", "/v1/admin/blocks", Some(&ka), Value::Null);
         assert_eq!(s, 401, "a tenant key is not the admin key");
+        // Editing a stable layer changes the prefix hash and unpins the old prefix.
+        let (s, edited) = srv.call(
+            "PUT",
+            "/v1/agents/helper/layers/identity",
+            Some(&ka),
+            json!({"content": "I am the Acme helper, version 2."}),
+        );
+        assert_eq!(s, 200, "{edited}");
+        assert!(
+            edited["unpinned_blocks"].as_u64().unwrap() >= full_pinned as u64,
+            "{edited}"
+        );
+        let (_, page) = srv.call(
+            "GET",
+            &format!("/v1/admin/blocks?tenant={tenant_a}&source=axioms&pinned=true"),
+            Some(ADMIN),
+            Value::Null,
+        );
+        assert_eq!(page["total"], 0, "{page}");
         let (_, cache) = srv.call("GET", "/v1/admin/cache", Some(ADMIN), Value::Null);
         assert!(
             cache["counters"]["hot_hits"].as_u64().unwrap() > 0,
