@@ -25,6 +25,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(agents::preview_context)
         .service(turns::create_turn)
         .service(turns::working_memory)
+        .service(turns::session_cache)
         .service(openai::list_models)
         .service(openai::chat_completions)
         .service(inspect::cache)

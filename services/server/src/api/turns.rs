@@ -411,3 +411,46 @@ pub async fn working_memory(
     let lines = state.store.working_memory(&agent.id, &session).await?;
     Ok(HttpResponse::Ok().json(json!({"lines": lines})))
 }
+
+/// The session's KV blocks: how many, by tier and by source layer, and tokens covered.
+#[get("/v1/agents/{agent}/sessions/{session}/cache")]
+pub async fn session_cache(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    let agent = state.store.agent(&caller.0.id, &agent).await?;
+    let filter = engram_kvcore::BlockFilter {
+        tenant: Some(TenantId(caller.0.cache_salt)),
+        session: Some(session_key(&agent, &session)),
+        ..Default::default()
+    };
+    let rx = state.engine()?.blocks(engram_engine::BlockQuery {
+        filter,
+        offset: 0,
+        limit: usize::MAX,
+    })?;
+    let page = rx
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let mut by_tier = std::collections::BTreeMap::<String, usize>::new();
+    let mut by_source = std::collections::BTreeMap::<String, usize>::new();
+    let mut pinned = 0;
+    for b in &page.blocks {
+        *by_tier.entry(format!("{}", b.tier)).or_default() += 1;
+        let source = serde_json::to_value(b.source)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        *by_source.entry(source).or_default() += 1;
+        pinned += usize::from(b.pin == engram_kvcore::PinState::Pinned);
+    }
+    Ok(HttpResponse::Ok().json(json!({
+        "blocks": page.total,
+        "by_tier": by_tier,
+        "by_source": by_source,
+        "pinned": pinned,
+    })))
+}

@@ -116,6 +116,19 @@ fn tenancy_turns_reuse_isolation_and_bad_input() {
         );
         assert!(t1["stable_prefix_hash"] == t2["stable_prefix_hash"]);
 
+        // The session's cache state: its blocks by tier and source.
+        let (s, sc) = srv.call(
+            "GET",
+            "/v1/agents/helper/sessions/s1/cache",
+            Some(&ka),
+            Value::Null,
+        );
+        assert_eq!(s, 200, "{sc}");
+        assert!(
+            sc["blocks"].as_u64().unwrap() > 0 && sc["by_source"]["axioms"].as_u64().unwrap() > 0,
+            "{sc}"
+        );
+
         // Tenant B sees nothing of A's, and reuses nothing even with the same layers.
         let (s, v) = srv.call("GET", "/v1/agents/helper", Some(&kb), Value::Null);
         assert_eq!((s, v["code"].as_str()), (404, Some("not_found")));
