@@ -12,17 +12,17 @@
 //! reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
 //! `data: [DONE]`.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::web::Bytes;
 use actix_web::{HttpResponse, get, post, web};
 use engram_context::{Speaker, Turn};
-use engram_engine::{FinishReason, GenerateRequest, SamplingParams, StreamEvent, Usage};
+use engram_engine::{FinishReason, GenerateRequest, SamplingParams, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::agents::{build_context, build_with_history};
-use crate::api::turns::{Generated, generate, open_session, record, session_key, spec_of};
+use crate::api::turns::{Generated, Step, generate, open_session, record, session_key, spec_of};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -208,28 +208,17 @@ pub async fn chat_completions(
         Bytes::from(format!("data: {v}\n\n"))
     };
     actix_web::rt::spawn(async move {
-        let mut g = Generated {
-            text: String::new(),
-            tokens: Vec::new(),
-            reason: FinishReason::Stop,
-            usage: Usage {
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                completion_tokens: 0,
-            },
-            ttft_ms: 0.0,
-        };
+        let t = Instant::now();
+        let mut g = Generated::new();
         let _ = tx.send(Ok(chunk(
             json!({"role": "assistant", "content": ""}),
             None,
             None,
         )));
         while let Ok(ev) = rx.recv_async().await {
-            match ev {
-                StreamEvent::Started(_) => {}
-                StreamEvent::Delta { tokens, text } => {
-                    g.tokens.extend(tokens);
-                    g.text.push_str(&text);
+            match g.absorb(ev, t) {
+                Step::Wait => {}
+                Step::Delta(text) => {
                     if tx
                         .send(Ok(chunk(json!({"content": text}), None, None)))
                         .is_err()
@@ -237,22 +226,19 @@ pub async fn chat_completions(
                         return;
                     }
                 }
-                StreamEvent::Done { reason, usage } => {
-                    g.reason = reason;
-                    g.usage = usage;
+                Step::Done => {
                     if let Some(s) = &session {
                         let _ = record(&state, &tenant, &agent, s, &message, &built, &g).await;
                     }
                     let _ = tx.send(Ok(chunk(
                         json!({}),
-                        Some(finish(reason)),
-                        Some(usage_json(&usage)),
+                        Some(finish(g.reason)),
+                        Some(usage_json(&g.usage)),
                     )));
                     let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
                     return;
                 }
-                StreamEvent::Failed(e) => {
-                    let e = ApiError::from(e);
+                Step::Failed(e) => {
                     let body = json!({"error": {"code": e.code, "message": e.message}});
                     let _ = tx.send(Ok(Bytes::from(format!("data: {body}\n\n"))));
                     return;

@@ -168,6 +168,56 @@ pub(crate) struct Generated {
     pub ttft_ms: f64,
 }
 
+/// What one engine event meant for a generation being collected.
+pub(crate) enum Step {
+    /// Nothing to pass on.
+    Wait,
+    /// New text.
+    Delta(String),
+    /// The end (the reason and usage are in the `Generated`).
+    Done,
+    /// The request failed.
+    Failed(ApiError),
+}
+
+impl Generated {
+    /// Nothing generated yet.
+    pub(crate) fn new() -> Self {
+        Self {
+            text: String::new(),
+            tokens: Vec::new(),
+            reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                completion_tokens: 0,
+            },
+            ttft_ms: 0.0,
+        }
+    }
+
+    /// Folds one engine event in; `submitted` is when the request went to the engine.
+    pub(crate) fn absorb(&mut self, ev: StreamEvent, submitted: Instant) -> Step {
+        match ev {
+            StreamEvent::Started(_) => Step::Wait,
+            StreamEvent::Delta { tokens, text } => {
+                if self.tokens.is_empty() {
+                    self.ttft_ms = submitted.elapsed().as_secs_f64() * 1e3;
+                }
+                self.tokens.extend(tokens);
+                self.text.push_str(&text);
+                Step::Delta(text)
+            }
+            StreamEvent::Done { reason, usage } => {
+                self.reason = reason;
+                self.usage = usage;
+                Step::Done
+            }
+            StreamEvent::Failed(e) => Step::Failed(e.into()),
+        }
+    }
+}
+
 /// Runs one generation to the end.
 pub(crate) async fn generate(
     state: &AppState,
@@ -176,34 +226,15 @@ pub(crate) async fn generate(
 ) -> Result<Generated, ApiError> {
     let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
     let t = Instant::now();
-    let mut out = Generated {
-        text: String::new(),
-        tokens: Vec::new(),
-        reason: FinishReason::Stop,
-        usage: Usage {
-            prompt_tokens: 0,
-            cached_tokens: 0,
-            completion_tokens: 0,
-        },
-        ttft_ms: 0.0,
-    };
+    let mut out = Generated::new();
     while let Ok(ev) = rx.recv_async().await {
-        match ev {
-            StreamEvent::Started(_) => {}
-            StreamEvent::Delta { tokens, text } => {
-                if out.tokens.is_empty() {
-                    out.ttft_ms = t.elapsed().as_secs_f64() * 1e3;
-                }
-                out.tokens.extend(tokens);
-                out.text.push_str(&text);
-            }
-            StreamEvent::Done { reason, usage } => {
-                out.reason = reason;
-                out.usage = usage;
+        match out.absorb(ev, t) {
+            Step::Wait | Step::Delta(_) => {}
+            Step::Done => {
                 state.metrics.observe_ttft(out.ttft_ms);
                 return Ok(out);
             }
-            StreamEvent::Failed(e) => return Err(e.into()),
+            Step::Failed(e) => return Err(e),
         }
     }
     Err(ApiError::internal("the engine closed a stream early"))
@@ -341,50 +372,32 @@ fn stream_turn(
     let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
     actix_web::rt::spawn(async move {
         let t = Instant::now();
-        let mut g = Generated {
-            text: String::new(),
-            tokens: Vec::new(),
-            reason: FinishReason::Stop,
-            usage: Usage {
-                prompt_tokens: 0,
-                cached_tokens: 0,
-                completion_tokens: 0,
-            },
-            ttft_ms: 0.0,
-        };
+        let mut g = Generated::new();
         while let Ok(ev) = rx.recv_async().await {
-            match ev {
-                StreamEvent::Started(_) => {}
-                StreamEvent::Delta { tokens, text } => {
-                    if g.tokens.is_empty() {
-                        g.ttft_ms = t.elapsed().as_secs_f64() * 1e3;
-                    }
-                    g.tokens.extend(tokens);
-                    g.text.push_str(&text);
+            match g.absorb(ev, t) {
+                Step::Wait => {}
+                Step::Delta(text) => {
                     if tx.send(Ok(sse(&json!({"delta": text})))).is_err() {
                         return; // the client left; dropping `rx` cancels the sequence
                     }
                 }
-                StreamEvent::Done { reason, usage } => {
-                    g.reason = reason;
-                    g.usage = usage;
+                Step::Done => {
                     let saved =
                         record(&state, &tenant, &agent, &session, &body.message, &built, &g).await;
-                    let mut done = json!({
-                        "done": true,
-                        "finish_reason": reason,
-                        "usage": usage,
-                        "ttft_ms": g.ttft_ms,
-                        "stable_prefix_hash": built.stable_prefix_hex(),
-                    });
-                    if let Err(e) = saved {
-                        done = json!({"error": {"code": e.code, "message": e.message}});
-                    }
+                    let done = match saved {
+                        Ok(()) => json!({
+                            "done": true,
+                            "finish_reason": g.reason,
+                            "usage": g.usage,
+                            "ttft_ms": g.ttft_ms,
+                            "stable_prefix_hash": built.stable_prefix_hex(),
+                        }),
+                        Err(e) => json!({"error": {"code": e.code, "message": e.message}}),
+                    };
                     let _ = tx.send(Ok(sse(&done)));
                     return;
                 }
-                StreamEvent::Failed(e) => {
-                    let e = ApiError::from(e);
+                Step::Failed(e) => {
                     let _ = tx.send(Ok(sse(
                         &json!({"error": {"code": e.code, "message": e.message}}),
                     )));
