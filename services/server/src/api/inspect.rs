@@ -19,13 +19,22 @@ async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
 }
 
 /// Tier occupancy, prefix-cache size, hits by tier, evictions by source layer, queue depth.
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 200, description = "Occupancy, counters, queue depth", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/admin/cache")]
 pub async fn cache(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(snapshot(&state).await?))
 }
 
 /// Filters of the block listing.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct BlockParams {
     /// Tenant id.
@@ -49,6 +58,15 @@ pub struct BlockParams {
 
 /// Blocks with their meaning (source layer, importance, tenant, session, tokens, tier, pin,
 /// priority), filtered and paginated in id order.
+#[utoipa::path(
+    tag = "admin",
+    params(BlockParams),
+    responses(
+        (status = 200, description = "A page of blocks", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/admin/blocks")]
 pub async fn blocks(
     _: AdminCaller,
@@ -118,6 +136,14 @@ pub async fn blocks(
 }
 
 /// Prometheus metrics: cache hits by tier, evictions by layer, queue depth, occupancy, TTFT.
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 200, description = "Prometheus text format", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/metrics")]
 pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let mut out = String::new();

@@ -28,7 +28,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// One chat message.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct Message {
     /// `system`, `user` or `assistant`.
     pub role: String,
@@ -37,7 +37,7 @@ pub struct Message {
 }
 
 /// Body of `POST /v1/chat/completions` (unknown OpenAI fields are accepted and ignored).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
     /// The agent.
     pub model: String,
@@ -59,6 +59,7 @@ pub struct ChatRequest {
     /// Seed.
     pub seed: Option<u64>,
     /// Stop: a string or a list.
+    #[schema(value_type = Option<Object>)]
     pub stop: Option<Value>,
 }
 
@@ -85,6 +86,14 @@ fn usage_json(u: &Usage) -> Value {
 }
 
 /// The caller's agents, as models.
+#[utoipa::path(
+    tag = "openai",
+    responses(
+        (status = 200, description = "The caller's agents as models", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/models")]
 pub async fn list_models(
     caller: TenantCaller,
@@ -101,6 +110,16 @@ pub async fn list_models(
 }
 
 /// A chat completion through an agent (see the module docs).
+#[utoipa::path(
+    tag = "openai",
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "A chat.completion, or chat.completion.chunk events", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[post("/v1/chat/completions")]
 pub async fn chat_completions(
     caller: TenantCaller,

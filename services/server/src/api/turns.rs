@@ -29,7 +29,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Body of a turn.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TurnRequest {
     /// The user's message (1 byte to 64 KiB).
@@ -299,6 +299,17 @@ pub(crate) async fn record(
 }
 
 /// One turn of a session: answers JSON, or server-sent events with `"stream": true`.
+#[utoipa::path(
+    tag = "sessions",
+    request_body = TurnRequest,
+    responses(
+        (status = 200, description = "The reply (JSON), or server-sent events", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[post("/v1/agents/{agent}/sessions/{session}/turns")]
 pub async fn create_turn(
     caller: TenantCaller,
@@ -413,6 +424,15 @@ fn stream_turn(
 }
 
 /// The lines the synthesizer spilled in a session.
+#[utoipa::path(
+    tag = "sessions",
+    responses(
+        (status = 200, description = "Spilled lines", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/agents/{agent}/sessions/{session}/working-memory")]
 pub async fn working_memory(
     caller: TenantCaller,
@@ -426,6 +446,15 @@ pub async fn working_memory(
 }
 
 /// The session's KV blocks: how many, by tier and by source layer, and tokens covered.
+#[utoipa::path(
+    tag = "sessions",
+    responses(
+        (status = 200, description = "The session's blocks by tier and source", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
 #[get("/v1/agents/{agent}/sessions/{session}/cache")]
 pub async fn session_cache(
     caller: TenantCaller,

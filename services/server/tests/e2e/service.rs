@@ -37,6 +37,21 @@ fn tenancy_turns_reuse_isolation_and_bad_input() {
         );
         assert_eq!(s, 401);
 
+        // The spec and an offline Swagger UI.
+        let (s, spec) = srv.call("GET", "/openapi.json", None, Value::Null);
+        assert_eq!(s, 200);
+        assert!(
+            spec["paths"]["/v1/chat/completions"]["post"].is_object(),
+            "{spec}"
+        );
+        let (s, page) = srv.raw("GET", "/docs/", None, b"");
+        assert_eq!(s, 200);
+        assert!(
+            String::from_utf8_lossy(&page)
+                .to_lowercase()
+                .contains("swagger")
+        );
+
         let (s, a) = srv.call(
             "POST",
             "/v1/admin/tenants",
