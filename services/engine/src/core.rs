@@ -193,6 +193,17 @@ pub struct CacheCounters {
     pub dropped: BTreeMap<SourceLayer, u64>,
 }
 
+/// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixLookup {
+    /// Leading blocks cached in the hot tier.
+    pub hot: usize,
+    /// Leading blocks cached in the cold tier (warmed on use).
+    pub cold: usize,
+    /// Blocks the prompt spans.
+    pub blocks: usize,
+}
+
 /// Occupancy of the tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Occupancy {
@@ -413,6 +424,46 @@ impl EngineCore {
     /// A sequence's block table.
     pub fn blocks(&self, id: SeqId) -> Option<&[BlockId]> {
         self.seqs.get(&id).map(|s| s.blocks.as_slice())
+    }
+
+    /// What [`Self::start`] would reuse for `spec`, without admitting it: the leading cached
+    /// blocks that are hot and cold, and the prompt's total blocks.
+    pub fn lookup(&self, spec: &SequenceSpec) -> PrefixLookup {
+        let tokens: Vec<u32> = spec
+            .segments
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let bs = self.config.block_size;
+        let mut out = PrefixLookup {
+            hot: 0,
+            cold: 0,
+            blocks: tokens.len().div_ceil(bs),
+        };
+        if spec.reuse == PrefixReuse::Disabled || tokens.is_empty() {
+            return out;
+        }
+        let mut parent: Option<BlockHash> = None;
+        for b in 0..(tokens.len() - 1) / bs {
+            let h = chain_hash(
+                &self.fingerprint,
+                spec.tenant.0,
+                parent.as_ref(),
+                &tokens[b * bs..(b + 1) * bs],
+            );
+            let tier = self
+                .cache
+                .get(&h)
+                .and_then(|id| self.store.metadata().get(id))
+                .map(|m| m.tier());
+            match tier {
+                Some(Tier::Hot) => out.hot += 1,
+                Some(Tier::Cold) => out.cold += 1,
+                _ => break,
+            }
+            parent = Some(h);
+        }
+        out
     }
 
     /// Admits a sequence: reuses its longest cached prefix (see the module docs).

@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use engram_kvcore::{BlockFilter, PinState, SourceLayer, Tier};
 
-use crate::core::{Admission, CacheCounters, EngineCore, Occupancy, SeqId, SequenceSpec};
+use crate::core::{
+    Admission, CacheCounters, EngineCore, Occupancy, PrefixLookup, SeqId, SequenceSpec,
+};
 use crate::error::{EngineError, EngineResult};
 use crate::model::LogitRows;
 use crate::sampling::{Sampler, SamplingParams};
@@ -88,6 +90,7 @@ enum Command {
     Snapshot(flume::Sender<EngineSnapshot>),
     Blocks(BlockQuery, flume::Sender<BlockPage>),
     UnpinPrefix([u8; 32], flume::Sender<EngineResult<usize>>),
+    Lookup(Box<SequenceSpec>, flume::Sender<PrefixLookup>),
 }
 
 /// Occupancy and counters, for admin endpoints and metrics.
@@ -166,6 +169,7 @@ impl std::fmt::Debug for Command {
             Self::Snapshot(_) => "Command::Snapshot",
             Self::Blocks(..) => "Command::Blocks",
             Self::UnpinPrefix(..) => "Command::UnpinPrefix",
+            Self::Lookup(..) => "Command::Lookup",
         })
     }
 }
@@ -254,6 +258,13 @@ impl Engine {
     ) -> EngineResult<flume::Receiver<EngineResult<usize>>> {
         let (tx, rx) = flume::bounded(1);
         self.ask(Command::UnpinPrefix(key, tx))?;
+        Ok(rx)
+    }
+
+    /// What the prefix cache holds for a prompt, without running it.
+    pub fn lookup(&self, spec: SequenceSpec) -> EngineResult<flume::Receiver<PrefixLookup>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Lookup(Box::new(spec), tx))?;
         Ok(rx)
     }
 
@@ -364,6 +375,10 @@ impl Worker {
                 }
                 Command::Blocks(q, reply) => {
                     let _ = reply.send(self.page(&q));
+                    continue;
+                }
+                Command::Lookup(spec, reply) => {
+                    let _ = reply.send(self.core.lookup(&spec));
                     continue;
                 }
                 Command::UnpinPrefix(key, reply) => {

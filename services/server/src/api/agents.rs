@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::admin::check_name;
-use crate::api::turns::pin_key;
+use crate::api::turns::{pin_key, session_key, spec_of};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -337,10 +337,25 @@ pub async fn preview_context(
     let built = build_context(&state, &agent, body.session.as_deref(), &body.message).await?;
     let counter = state.counter();
     let prompt_tokens: usize = built.segments.iter().map(|s| counter.count(&s.text)).sum();
+    // With a model: which blocks of this prompt the cache would reuse (hot, or warmed from cold).
+    let blocks = match &state.engine {
+        Some(engine) => {
+            let session = body.session.as_deref().map(|s| session_key(&agent, s));
+            let spec = spec_of(&state, &built, &caller.0, session, |_| true)?;
+            let l = engine
+                .lookup(spec)?
+                .recv_async()
+                .await
+                .map_err(|_| ApiError::internal("the engine did not answer"))?;
+            json!({"reused_hot": l.hot, "reused_cold": l.cold, "new": l.blocks - l.hot - l.cold})
+        }
+        None => serde_json::Value::Null,
+    };
     Ok(HttpResponse::Ok().json(json!({
         "stable_prefix_hash": built.stable_prefix_hex(),
         "prompt_tokens": prompt_tokens,
         "layers": built.layers,
         "segments": built.segments.len(),
+        "blocks": blocks,
     })))
 }

@@ -120,6 +120,12 @@ fn tenancy_turns_reuse_isolation_and_bad_input() {
             })
             .map(|l| l["tokens"].as_u64().unwrap())
             .sum();
+        let reused = preview["blocks"]["reused_hot"].as_u64().unwrap();
+        assert!(
+            reused * 16 >= stable,
+            "the preview sees {reused} reusable blocks: {preview}"
+        );
+        assert!(preview["blocks"]["new"].as_u64().unwrap() > 0, "{preview}");
         let (s, t2) = turn(&ka, "helper", "s1", "And Italy?");
         assert_eq!(s, 200, "{t2}");
         let (p2, c2) = usage(&t2);
