@@ -186,6 +186,10 @@ pub struct Layer {
     pub volatility: Volatility,
     /// Importance of its blocks in the KV cache, 0..=1.
     pub importance: f32,
+    /// Marked public by the operator: when it and every layer before it are public, its KV
+    /// blocks are shared across tenants (see [`crate::BuiltContext::public_segments`]).
+    #[serde(default)]
+    pub public: bool,
 }
 
 impl Layer {
@@ -201,6 +205,7 @@ impl Layer {
                 Volatility::Slow => 0.6,
                 Volatility::Volatile => 0.3,
             },
+            public: false,
         }
     }
 }

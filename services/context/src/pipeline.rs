@@ -92,6 +92,9 @@ pub struct Segment {
     pub volatility: Volatility,
     /// Its text.
     pub text: String,
+    /// From a layer the operator marked public (the opening header counts as public).
+    #[serde(default)]
+    pub public: bool,
 }
 
 /// What the synthesizer did to one layer.
@@ -124,6 +127,15 @@ impl BuiltContext {
     /// The whole prompt text.
     pub fn text(&self) -> String {
         self.segments.iter().map(|s| s.text.as_str()).collect()
+    }
+
+    /// How many leading segments are public: the opening header and the public layers up to
+    /// the first one that is not. Only these may share KV blocks across tenants, since a
+    /// block's hash chains over everything before it.
+    pub fn public_segments(&self) -> usize {
+        let n = self.segments.iter().take_while(|s| s.public).count();
+        // The header alone shares nothing worth a block.
+        if n <= 1 { 0 } else { n }
     }
 
     /// The stable prefix hash in hex.
@@ -177,6 +189,7 @@ pub fn build(
                 importance: l.importance,
                 volatility: l.volatility,
                 text: format!("## {}\n{}\n\n", l.kind.title(), s.text),
+                public: l.public,
             });
         }
     };
@@ -185,12 +198,16 @@ pub fn build(
         importance: 1.0,
         volatility,
         text: text.to_string(),
+        public: false,
     };
-    segments.push(header(
-        SourceLayer::Axioms,
-        Volatility::Stable,
-        "<|im_start|>system\n",
-    ));
+    segments.push(Segment {
+        public: true,
+        ..header(
+            SourceLayer::Axioms,
+            Volatility::Stable,
+            "<|im_start|>system\n",
+        )
+    });
     for l in of_class(Volatility::Stable) {
         push_layer(&mut segments, l);
     }
@@ -218,6 +235,7 @@ pub fn build(
             importance: 0.5,
             volatility: Volatility::Slow,
             text: format!("<|im_start|>{role}\n{}<|im_end|>\n", t.text),
+            public: false,
         });
     }
     let volatile = of_class(Volatility::Volatile);
@@ -244,6 +262,7 @@ pub fn build(
             "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
             req.user_message
         ),
+        public: false,
     });
     Ok(BuiltContext {
         segments,
@@ -403,5 +422,37 @@ mod tests {
             user_message: "  ",
         };
         assert_eq!(build(&req, &Chars), Err(ContextError::EmptyMessage));
+    }
+
+    #[test]
+    fn only_a_leading_run_of_public_layers_is_public() {
+        let public_run = |marks: &[LayerKind]| {
+            let mut layers = agent("noon");
+            layers.push(Layer::new(LayerKind::Rules, "answer briefly"));
+            for l in &mut layers {
+                l.public = marks.contains(&l.kind);
+            }
+            let req = ContextRequest {
+                layers: &layers,
+                history: &[],
+                user_message: "hi",
+            };
+            let built = build(&req, &Chars).unwrap();
+            let n = built.public_segments();
+            built.segments[..n]
+                .iter()
+                .map(|s| s.source)
+                .collect::<Vec<_>>()
+        };
+        use LayerKind::*;
+        use SourceLayer as S;
+        // Header, axioms, identity; rules is not public, so nothing after it is either.
+        assert_eq!(
+            public_run(&[Axioms, Identity, Memories]),
+            [S::Axioms, S::Axioms, S::Identity]
+        );
+        // Identity alone follows a private axioms layer: nothing is shared.
+        assert!(public_run(&[Identity]).is_empty());
+        assert!(public_run(&[]).is_empty());
     }
 }

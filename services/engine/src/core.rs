@@ -25,7 +25,7 @@ use std::path::Path;
 use candle_core::Tensor;
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, CodecKind, DEFAULT_ROTATION_SEED, HotTierKind, LayerCodecs,
-    PinPolicy, PrefixPinManager, PriorityTable, SessionId, SourceLayer, StoreConfig, TenantId,
+    PinPolicy, PinState, PrefixPinManager, PriorityTable, SessionId, SourceLayer, StoreConfig, TenantId,
     Tier, TokenRange,
 };
 use serde::{Deserialize, Serialize};
@@ -147,7 +147,23 @@ pub struct SequenceSpec {
     /// that [`EngineCore::unpin_prefix`] can release exactly those pins when the prefix changes.
     #[serde(default)]
     pub pin_key: Option<[u8; 32]>,
+    /// Cold-tier blocks the tenant's cached blocks may occupy: a spill past it drops the
+    /// tenant's own lowest-priority cold blocks (never another tenant's).
+    #[serde(default)]
+    pub cold_block_quota: Option<usize>,
+    /// Leading prompt tokens an operator marked public. The full blocks inside them are hashed
+    /// with [`PUBLIC_TENANT`]'s salt instead of the tenant's and owned by [`PUBLIC_TENANT`], so
+    /// every tenant whose prompt starts with the same public tokens reuses them.
+    #[serde(default)]
+    pub public_tokens: usize,
+    /// The key public blocks are pinned under (instead of `pin_key`), so that one tenant's
+    /// edit never unpins blocks other tenants share.
+    #[serde(default)]
+    pub public_pin_key: Option<[u8; 32]>,
 }
+
+/// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
+pub const PUBLIC_TENANT: TenantId = TenantId(0);
 
 impl SequenceSpec {
     /// One untagged segment (a user turn) for `tenant`.
@@ -163,6 +179,9 @@ impl SequenceSpec {
             reuse: PrefixReuse::Enabled,
             hot_block_quota: None,
             pin_key: None,
+            cold_block_quota: None,
+            public_tokens: 0,
+            public_pin_key: None,
         }
     }
 }
@@ -191,6 +210,9 @@ pub struct CacheCounters {
     pub spilled: BTreeMap<SourceLayer, u64>,
     /// Blocks whose bytes were dropped (hot or cold), by source layer.
     pub dropped: BTreeMap<SourceLayer, u64>,
+    /// Of the dropped blocks, those dropped because their tenant was over its cold quota.
+    #[serde(default)]
+    pub cold_quota_dropped: u64,
 }
 
 /// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
@@ -249,6 +271,18 @@ struct Sequence {
     session: Option<SessionId>,
     reuse: PrefixReuse,
     pin_key: Option<[u8; 32]>,
+    /// Leading full blocks that are public (hashed with the public salt).
+    public_blocks: usize,
+    public_pin_key: Option<[u8; 32]>,
+}
+
+/// The hash salt of block `b` of a prompt whose first `public_blocks` blocks are public.
+fn block_salt(tenant: TenantId, public_blocks: usize, b: usize) -> u64 {
+    if b < public_blocks {
+        PUBLIC_TENANT.0
+    } else {
+        tenant.0
+    }
 }
 
 /// The synchronous engine (see the module docs).
@@ -266,6 +300,7 @@ pub struct EngineCore {
     key_means: Option<Vec<f32>>,
     counters: CacheCounters,
     pins_by_key: HashMap<[u8; 32], Vec<BlockId>>,
+    cold_quotas: HashMap<TenantId, usize>,
 }
 
 impl EngineCore {
@@ -359,6 +394,7 @@ impl EngineCore {
             key_means,
             counters: CacheCounters::default(),
             pins_by_key: HashMap::new(),
+            cold_quotas: HashMap::new(),
         })
     }
 
@@ -443,11 +479,12 @@ impl EngineCore {
         if spec.reuse == PrefixReuse::Disabled || tokens.is_empty() {
             return out;
         }
+        let public_blocks = spec.public_tokens.min(tokens.len()) / bs;
         let mut parent: Option<BlockHash> = None;
         for b in 0..(tokens.len() - 1) / bs {
             let h = chain_hash(
                 &self.fingerprint,
-                spec.tenant.0,
+                block_salt(spec.tenant, public_blocks, b),
                 parent.as_ref(),
                 &tokens[b * bs..(b + 1) * bs],
             );
@@ -512,13 +549,27 @@ impl EngineCore {
                 });
             }
         }
+        if spec.public_tokens > tokens.len() {
+            return Err(EngineError::InvalidConfig {
+                field: "public_tokens",
+                reason: format!(
+                    "{} public tokens in a prompt of {}",
+                    spec.public_tokens,
+                    tokens.len()
+                ),
+            });
+        }
+        let public_blocks = spec.public_tokens / bs;
+        if let Some(quota) = spec.cold_block_quota {
+            self.cold_quotas.insert(spec.tenant, quota);
+        }
         let mut hits = Vec::new();
         let mut hashes = Vec::new();
         if spec.reuse == PrefixReuse::Enabled {
             for b in 0..(tokens.len() - 1) / bs {
                 let h = chain_hash(
                     &self.fingerprint,
-                    spec.tenant.0,
+                    block_salt(spec.tenant, public_blocks, b),
                     hashes.last(),
                     &tokens[b * bs..(b + 1) * bs],
                 );
@@ -549,6 +600,8 @@ impl EngineCore {
                 session: spec.session,
                 reuse: spec.reuse,
                 pin_key: spec.pin_key,
+                public_blocks,
+                public_pin_key: spec.public_pin_key,
             },
         );
         let cold: Vec<BlockId> = hits
@@ -565,7 +618,20 @@ impl EngineCore {
         let warmed = self.make_hot_room(cold.len()).and_then(|()| {
             self.store.warm(&cold)?;
             self.store.touch(&hits)?;
-            Ok(())
+            // A reused stable block whose pin was released (its first owner's prefix changed)
+            // is pinned again under this sequence's key.
+            let unpinned: Vec<(usize, BlockId)> = hits
+                .iter()
+                .copied()
+                .enumerate()
+                .filter(|&(_, b)| {
+                    self.store.metadata().get(b).is_some_and(|m| {
+                        m.pin() == PinState::Unpinned
+                            && self.config.pin_policy.sources.contains(&m.source())
+                    })
+                })
+                .collect();
+            self.pin_blocks(id, &unpinned)
         });
         if let Err(e) = warmed {
             self.finish(id)?;
@@ -742,7 +808,7 @@ impl EngineCore {
             let b = seq.hashes.len();
             let h = chain_hash(
                 &self.fingerprint,
-                seq.tenant.0,
+                block_salt(seq.tenant, seq.public_blocks, b),
                 seq.hashes.last(),
                 &seq.tokens[b * bs..(b + 1) * bs],
             );
@@ -751,15 +817,33 @@ impl EngineCore {
                 self.store.retain(&[block])?;
                 let source = self.store.metadata().get(block).map(|m| m.source());
                 if source.is_some_and(|s| self.config.pin_policy.sources.contains(&s)) {
-                    stable.push(block);
+                    stable.push((b, block));
                 }
             }
             seq.hashes.push(h);
         }
-        if !stable.is_empty() {
-            self.pins.pin(&mut self.store, &stable)?;
-            if let Some(key) = seq.pin_key {
-                self.pins_by_key.entry(key).or_default().extend(&stable);
+        self.pin_blocks(id, &stable)
+    }
+
+    /// Pins blocks `(index in the sequence, id)` of sequence `id` and files each under the key
+    /// that may release it: the public key for public blocks, the sequence's key otherwise.
+    fn pin_blocks(&mut self, id: SeqId, blocks: &[(usize, BlockId)]) -> EngineResult<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<BlockId> = blocks.iter().map(|&(_, b)| b).collect();
+        self.pins.pin(&mut self.store, &ids)?;
+        let Some(seq) = self.seqs.get(&id) else {
+            return Ok(());
+        };
+        for &(b, block) in blocks {
+            let key = if b < seq.public_blocks {
+                seq.public_pin_key
+            } else {
+                seq.pin_key
+            };
+            if let Some(key) = key {
+                self.pins_by_key.entry(key).or_default().push(block);
             }
         }
         Ok(())
@@ -786,6 +870,45 @@ impl EngineCore {
         }
         for id in ev.removed {
             self.drop_cached(id)?;
+        }
+        if !ev.spilled.is_empty() {
+            self.enforce_cold_quotas()?;
+        }
+        Ok(())
+    }
+
+    /// Drops cached cold blocks of every tenant over its cold quota, its lowest priority and
+    /// least recently attended first, until it is within the quota.
+    fn enforce_cold_quotas(&mut self) -> EngineResult<()> {
+        if self.cold_quotas.is_empty() {
+            return Ok(());
+        }
+        let mut by_tenant: HashMap<TenantId, Vec<_>> = HashMap::new();
+        for m in self.store.metadata().iter() {
+            if m.tier() == Tier::Cold
+                && m.ref_count() == 1
+                && self.cold_quotas.contains_key(&m.tenant())
+                && self.cache.contains_block(m.id())
+            {
+                by_tenant.entry(m.tenant()).or_default().push((
+                    m.priority(),
+                    m.last_attended(),
+                    m.created_at(),
+                    m.id(),
+                ));
+            }
+        }
+        for (tenant, mut blocks) in by_tenant {
+            let quota = self.cold_quotas.get(&tenant).copied().unwrap_or(usize::MAX);
+            if blocks.len() <= quota {
+                continue;
+            }
+            blocks.sort_unstable();
+            let over = blocks.len() - quota;
+            for (_, _, _, id) in blocks.into_iter().take(over) {
+                self.drop_cached(id)?;
+                self.counters.cold_quota_dropped += 1;
+            }
         }
         Ok(())
     }
@@ -840,15 +963,18 @@ impl EngineCore {
         self.trim_cold(idle.len())?;
         let room = self.store.free_blocks(Tier::Cold).min(idle.len());
         self.store.spill(&idle[..room])?;
+        self.enforce_cold_quotas()?;
         Ok(room)
     }
 
     /// Unpins the blocks pinned under `key` (a stable prefix that changed); they keep their
     /// layer's priority and leave by eviction like any other block. Returns how many.
     pub fn unpin_prefix(&mut self, key: &[u8; 32]) -> EngineResult<usize> {
-        let Some(ids) = self.pins_by_key.remove(key) else {
+        let Some(mut ids) = self.pins_by_key.remove(key) else {
             return Ok(0);
         };
+        ids.sort_unstable();
+        ids.dedup();
         let live: Vec<BlockId> = ids
             .into_iter()
             .filter(|&id| self.store.metadata().get(id).is_some())
@@ -882,8 +1008,16 @@ fn block_tags(seq: &Sequence, b: usize, bs: usize) -> BlockTags {
     BlockTags {
         source: best.1,
         importance: best.2,
-        tenant: seq.tenant,
-        session: seq.session,
+        tenant: if b < seq.public_blocks {
+            PUBLIC_TENANT
+        } else {
+            seq.tenant
+        },
+        session: if b < seq.public_blocks {
+            None
+        } else {
+            seq.session
+        },
         tokens: TokenRange::new(lo as u32, hi as u32),
     }
 }

@@ -36,6 +36,7 @@ impl Modify for BearerAuth {
         api::admin::list_tenants,
         api::admin::create_key,
         api::admin::revoke_key,
+        api::admin::mark_layer_public,
         api::agents::create_agent,
         api::agents::list_agents,
         api::agents::get_agent,

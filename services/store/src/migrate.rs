@@ -10,17 +10,31 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 
 use crate::model::Backend;
 
-const SQLITE: &[(i64, &str, &str)] = &[(
-    1,
-    "initial",
-    include_str!("../../../migrations/sqlite/0001_initial.sql"),
-)];
+const SQLITE: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "initial",
+        include_str!("../../../migrations/sqlite/0001_initial.sql"),
+    ),
+    (
+        2,
+        "public_layers",
+        include_str!("../../../migrations/sqlite/0002_public_layers.sql"),
+    ),
+];
 
-const POSTGRES: &[(i64, &str, &str)] = &[(
-    1,
-    "initial",
-    include_str!("../../../migrations/postgres/0001_initial.sql"),
-)];
+const POSTGRES: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "initial",
+        include_str!("../../../migrations/postgres/0001_initial.sql"),
+    ),
+    (
+        2,
+        "public_layers",
+        include_str!("../../../migrations/postgres/0002_public_layers.sql"),
+    ),
+];
 
 /// The migrations of one backend.
 #[derive(Debug, Clone, Copy)]

@@ -79,6 +79,8 @@ pub struct LayerRow {
     pub stable: bool,
     /// Importance, 0..=1.
     pub importance: f64,
+    /// Marked public by the operator: its KV blocks are shared across tenants.
+    pub public: bool,
     /// Time of this version.
     pub created_at: i64,
 }

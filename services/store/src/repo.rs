@@ -111,7 +111,8 @@ impl Store {
     /// Creates a tenant with a fresh cache salt.
     pub async fn create_tenant(&self, name: &str, quotas: Quotas) -> StoreResult<Tenant> {
         let salt_hex = random_hex(8)?;
-        let salt = u64::from_str_radix(&salt_hex, 16).unwrap_or(0) >> 1; // fits i64
+        // Fits i64; never 0, the salt of blocks an operator marked public.
+        let salt = (u64::from_str_radix(&salt_hex, 16).unwrap_or(0) >> 1).max(1);
         let t = Tenant {
             id: format!("tn_{}", random_hex(8)?),
             name: name.to_string(),
@@ -310,6 +311,7 @@ impl Store {
             budget,
             stable,
             importance,
+            public: false,
             created_at: now_ms(),
         };
         sqlx::query(
@@ -338,8 +340,41 @@ impl Store {
             budget: u64_of(row.try_get("budget")?, "layer")?,
             stable: row.try_get::<i64, _>("stable")? != 0,
             importance: row.try_get("importance")?,
+            public: row.try_get::<i64, _>("is_public")? != 0,
             created_at: row.try_get("created_at")?,
         })
+    }
+
+    /// Marks (or unmarks) the current version of a layer public; returns it.
+    pub async fn set_layer_public(
+        &self,
+        agent_id: &str,
+        kind: &str,
+        public: bool,
+    ) -> StoreResult<LayerRow> {
+        let done = sqlx::query(
+            "UPDATE layers SET is_public = $3 WHERE agent_id = $1 AND kind = $2 AND version = \
+             (SELECT MAX(version) FROM layers m WHERE m.agent_id = $1 AND m.kind = $2)",
+        )
+        .bind(agent_id)
+        .bind(kind)
+        .bind(i64::from(public))
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                entity: "layer",
+                id: format!("{agent_id}/{kind}"),
+            });
+        }
+        self.layers(agent_id)
+            .await?
+            .into_iter()
+            .find(|l| l.kind == kind)
+            .ok_or_else(|| StoreError::NotFound {
+                entity: "layer",
+                id: format!("{agent_id}/{kind}"),
+            })
     }
 
     /// The newest version of each of an agent's layers, by kind.

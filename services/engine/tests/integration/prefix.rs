@@ -1,7 +1,7 @@
 //! Prefix reuse: reused blocks give the logits that recomputing them gives; tags, tenants,
 //! tiers and pins.
 
-use engram_engine::{EngineConfig, PromptSegment, SequenceSpec};
+use engram_engine::{EngineConfig, EngineCore, PUBLIC_TENANT, PromptSegment, SequenceSpec};
 use engram_kvcore::{CodecKind, PinState, SessionId, SourceLayer, TenantId, Tier};
 
 use crate::common::{core, core_with, license_tokens, rel_l2};
@@ -126,6 +126,9 @@ fn blocks_carry_the_segment_tags_and_stable_layers_are_pinned() {
         reuse: Default::default(),
         hot_block_quota: None,
         pin_key: Some([7; 32]),
+        cold_block_quota: None,
+        public_tokens: 0,
+        public_pin_key: None,
     };
     let (id, _) = core.start(spec).unwrap();
     core.prefill(id).unwrap();
@@ -284,4 +287,116 @@ fn a_tenant_over_its_hot_block_quota_is_refused_at_admission() {
     core.finish(b).unwrap();
     let (c, _) = core.start(spec(64, 1, 10)).unwrap();
     core.finish(c).unwrap();
+}
+
+#[test]
+fn public_blocks_are_shared_across_tenants_and_pinned_under_their_own_key() {
+    let mut core = core(CodecKind::TQ4);
+    let text = license_tokens(120);
+    let spec = |tenant: u64, public: usize, key: u8| SequenceSpec {
+        segments: vec![
+            PromptSegment {
+                tokens: text[..48].to_vec(),
+                source: SourceLayer::Axioms,
+                importance: 1.0,
+            },
+            PromptSegment {
+                tokens: text[48..100].to_vec(),
+                source: SourceLayer::Identity,
+                importance: 1.0,
+            },
+        ],
+        pin_key: Some([key; 32]),
+        public_tokens: public,
+        public_pin_key: Some([0xAB; 32]),
+        ..SequenceSpec::plain(Vec::new(), TenantId(tenant))
+    };
+    let (a, adm) = core.start(spec(1, 48, 1)).unwrap();
+    assert_eq!(adm.cached_tokens, 0);
+    core.prefill(a).unwrap();
+    let blocks = core.blocks(a).unwrap().to_vec();
+    core.finish(a).unwrap();
+    let meta = |core: &EngineCore, id| core.store().metadata().get(id).unwrap().clone();
+    for (i, &b) in blocks.iter().enumerate().take(6) {
+        let want = if i < 3 { PUBLIC_TENANT } else { TenantId(1) };
+        assert_eq!(meta(&core, b).tenant(), want, "block {i}");
+        assert_eq!(meta(&core, b).pin(), PinState::Pinned, "block {i}");
+    }
+    // Tenant 2 marks the same 48 tokens public: it reuses exactly those three blocks.
+    let (b, adm) = core.start(spec(2, 48, 2)).unwrap();
+    assert_eq!(adm.cached_tokens, 48);
+    assert_eq!(core.blocks(b).unwrap()[..3], blocks[..3]);
+    core.finish(b).unwrap();
+    // Fewer public tokens: only the blocks wholly inside them are public.
+    let (c, adm) = core.start(spec(3, 40, 3)).unwrap();
+    assert_eq!(adm.cached_tokens, 32);
+    core.finish(c).unwrap();
+    // Nothing public: nothing shared.
+    let (d, adm) = core.start(spec(4, 0, 4)).unwrap();
+    assert_eq!(adm.cached_tokens, 0);
+    core.finish(d).unwrap();
+    // Tenant 1's prefix changes: its own stable blocks are unpinned, the shared ones stay.
+    assert_eq!(core.unpin_prefix(&[1; 32]).unwrap(), 3);
+    for (i, &b) in blocks.iter().enumerate().take(6) {
+        let want = if i < 3 {
+            PinState::Pinned
+        } else {
+            PinState::Unpinned
+        };
+        assert_eq!(meta(&core, b).pin(), want, "block {i}");
+    }
+    // Reusing an unpinned stable block pins it again under the new sequence's key.
+    let (e, adm) = core.start(spec(1, 48, 5)).unwrap();
+    assert_eq!(adm.cached_tokens, 96);
+    core.finish(e).unwrap();
+    assert!(
+        blocks[3..6]
+            .iter()
+            .all(|&b| meta(&core, b).pin() == PinState::Pinned)
+    );
+    assert_eq!(core.unpin_prefix(&[5; 32]).unwrap(), 3);
+    // More public tokens than the prompt holds is refused.
+    assert!(matches!(
+        core.start(spec(1, 101, 1)),
+        Err(engram_engine::EngineError::InvalidConfig {
+            field: "public_tokens",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_tenant_over_its_cold_quota_loses_its_own_cold_blocks_only() {
+    let mut core = core(CodecKind::TQ4);
+    let text = license_tokens(300);
+    let cold_of = |core: &EngineCore, t: u64| {
+        core.store()
+            .metadata()
+            .iter()
+            .filter(|m| m.tier() == Tier::Cold && m.tenant() == TenantId(t))
+            .count()
+    };
+    let run = |core: &mut EngineCore, tokens: &[u32], tenant: u64, quota: Option<usize>| {
+        let spec = SequenceSpec {
+            cold_block_quota: quota,
+            ..SequenceSpec::plain(tokens.to_vec(), TenantId(tenant))
+        };
+        let (id, _) = core.start(spec).unwrap();
+        core.prefill(id).unwrap();
+        core.finish(id).unwrap();
+    };
+    run(&mut core, &text[..100], 1, Some(2)); // 6 full blocks cached
+    run(&mut core, &text[100..200], 2, None);
+    let spilled = core.spill_idle().unwrap();
+    assert_eq!(spilled, 12);
+    assert_eq!(cold_of(&core, 1), 2);
+    assert_eq!(cold_of(&core, 2), 6);
+    assert_eq!(core.counters().cold_quota_dropped, 4);
+    // Tenant 2 lost nothing: its next turn reuses its whole prompt, warmed from cold.
+    let (id, adm) = core
+        .start(SequenceSpec::plain(text[100..200].to_vec(), TenantId(2)))
+        .unwrap();
+    assert_eq!(adm.cached_tokens, 96);
+    assert_eq!(adm.warmed_blocks, 6);
+    core.finish(id).unwrap();
 }

@@ -1,10 +1,13 @@
 //! Operator endpoints: tenants and their API keys.
 
-use actix_web::{HttpResponse, delete, get, post, web};
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, delete, get, post, put, web};
 use engram_store::Quotas;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::agents::{build_context, kind_name, parse_kind, unpin};
+use crate::api::turns::public_pin_key;
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -117,4 +120,70 @@ pub async fn revoke_key(
     let (tenant, key) = path.into_inner();
     state.store.revoke_key(&tenant, &key).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Body of the public mark.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublicMark {
+    /// Share this layer's KV blocks across tenants.
+    pub public: bool,
+}
+
+/// Marks (or unmarks) the current version of a stable layer public.
+///
+/// A public layer's KV blocks are hashed without the tenant's salt, so every tenant whose
+/// prompt starts with the same public text reuses them. Only a leading run counts: the
+/// stable layers in prompt order up to the first one that is not public. The mark belongs to
+/// this version; the tenant's next edit is private until marked again. Unmarking releases the
+/// public blocks' pins.
+#[utoipa::path(
+    tag = "admin",
+    request_body = PublicMark,
+    responses(
+        (status = 200, description = "The layer version, with `unpinned_blocks`", body = serde_json::Value),
+        (status = 400, description = "Invalid input, or `layer_not_stable`", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown tenant, agent or layer", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[put("/v1/admin/tenants/{tenant}/agents/{agent}/layers/{kind}/public")]
+pub async fn mark_layer_public(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String, String)>,
+    body: web::Json<PublicMark>,
+) -> Result<HttpResponse, ApiError> {
+    let (tenant, agent, kind) = path.into_inner();
+    let kind = kind_name(parse_kind(&kind)?);
+    let tenant = state.store.tenant(&tenant).await?;
+    let agent = state.store.agent(&tenant.id, &agent).await?;
+    let current = state.store.layers(&agent.id).await?;
+    let layer = current
+        .iter()
+        .find(|l| l.kind == kind)
+        .ok_or_else(|| ApiError::not_found(format!("the agent has no `{kind}` layer")))?;
+    if !layer.stable {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "layer_not_stable",
+            "only a stable layer can be public",
+        ));
+    }
+    let before = build_context(&state, &agent, None, ".").await?;
+    let row = state
+        .store
+        .set_layer_public(&agent.id, &kind, body.public)
+        .await?;
+    let after = build_context(&state, &agent, None, ".").await?;
+    let old = public_pin_key(&before);
+    let unpinned = if old != public_pin_key(&after) {
+        unpin(&state, old).await?
+    } else {
+        0
+    };
+    let mut v = json!(row);
+    v["unpinned_blocks"] = json!(unpinned);
+    Ok(HttpResponse::Ok().json(v))
 }

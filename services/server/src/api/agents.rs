@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::admin::check_name;
-use crate::api::turns::{pin_key, session_key, spec_of};
+use crate::api::turns::{pin_key, public_pin_key, session_key, spec_of};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -47,14 +47,14 @@ pub struct LayerInput {
 const MAX_LAYER_BYTES: usize = 256 * 1024;
 const MAX_BUDGET: u64 = 65_536;
 
-fn kind_name(kind: LayerKind) -> String {
+pub(crate) fn kind_name(kind: LayerKind) -> String {
     serde_json::to_value(kind)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default()
 }
 
-fn parse_kind(s: &str) -> Result<LayerKind, ApiError> {
+pub(crate) fn parse_kind(s: &str) -> Result<LayerKind, ApiError> {
     serde_json::from_value(json!(s)).map_err(|_| {
         ApiError::invalid(format!(
             "unknown layer kind `{s}` (axioms, identity, rules, capabilities, soul, partner, \
@@ -205,18 +205,31 @@ pub async fn put_layer(
     // An edit that changes the stable prefix releases the old prefix's pins.
     let after = build_context(&state, &agent, None, ".").await?;
     let mut unpinned = 0;
-    if before.stable_prefix_hash != after.stable_prefix_hash
-        && let Some(engine) = &state.engine
-    {
-        let rx = engine.unpin_prefix(pin_key(&caller.0, &before))?;
-        unpinned = rx
-            .recv_async()
-            .await
-            .map_err(|_| ApiError::internal("the engine did not answer"))??;
+    if before.stable_prefix_hash != after.stable_prefix_hash {
+        unpinned += unpin(&state, Some(pin_key(&caller.0, &before))).await?;
+    }
+    // Public blocks other tenants share are released too; a tenant that still reuses them pins
+    // them again on its next turn.
+    let old_public = public_pin_key(&before);
+    if old_public != public_pin_key(&after) {
+        unpinned += unpin(&state, old_public).await?;
     }
     let mut v = json!(row);
     v["unpinned_blocks"] = json!(unpinned);
     Ok(HttpResponse::Ok().json(v))
+}
+
+/// Releases the pins filed under `key` (nothing without a model or a key); returns how many.
+pub(crate) async fn unpin(state: &AppState, key: Option<[u8; 32]>) -> Result<usize, ApiError> {
+    let (Some(engine), Some(key)) = (&state.engine, key) else {
+        return Ok(0);
+    };
+    engine
+        .unpin_prefix(key)?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?
+        .map_err(ApiError::from)
 }
 
 /// The current version of every layer.
@@ -267,6 +280,7 @@ pub(crate) fn pipeline_layers(rows: &[LayerRow]) -> Result<Vec<Layer>, ApiError>
                     }
                 },
                 importance: r.importance as f32,
+                public: r.public && r.stable,
             })
         })
         .collect()

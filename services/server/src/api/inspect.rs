@@ -1,7 +1,7 @@
 //! Admin inspection: tier occupancy and counters, the block listing by meaning, and `/metrics`.
 
 use actix_web::{HttpResponse, get, web};
-use engram_engine::{BlockQuery, EngineSnapshot};
+use engram_engine::{BlockQuery, EngineSnapshot, PUBLIC_TENANT};
 use engram_kvcore::{BlockFilter, SessionId, SourceLayer, TenantId, Tier};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -37,7 +37,7 @@ pub async fn cache(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpRes
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct BlockParams {
-    /// Tenant id.
+    /// Tenant id, or `public` for the blocks of layers an operator marked public.
     pub tenant: Option<String>,
     /// Agent (with `session`).
     pub agent: Option<String>,
@@ -75,7 +75,12 @@ pub async fn blocks(
 ) -> Result<HttpResponse, ApiError> {
     let mut filter = BlockFilter::default();
     let tenants = state.store.tenants().await?;
-    if let Some(t) = &params.tenant {
+    if params.tenant.as_deref() == Some("public") {
+        filter.tenant = Some(PUBLIC_TENANT);
+        if params.session.is_some() {
+            return Err(ApiError::invalid("public blocks belong to no session"));
+        }
+    } else if let Some(t) = &params.tenant {
         let tenant = state.store.tenant(t).await?;
         filter.tenant = Some(TenantId(tenant.cache_salt));
         if let Some(session) = &params.session {
@@ -122,8 +127,12 @@ pub async fn blocks(
         .iter()
         .map(|b| {
             let mut v = json!(b);
-            let owner = tenants.iter().find(|t| t.cache_salt == b.tenant);
-            v["tenant_id"] = json!(owner.map(|t| t.id.clone()));
+            v["tenant_id"] = if b.tenant == PUBLIC_TENANT.0 {
+                json!("public")
+            } else {
+                let owner = tenants.iter().find(|t| t.cache_salt == b.tenant);
+                json!(owner.map(|t| t.id.clone()))
+            };
             v
         })
         .collect();

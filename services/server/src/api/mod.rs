@@ -17,6 +17,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(admin::list_tenants)
         .service(admin::create_key)
         .service(admin::revoke_key)
+        .service(admin::mark_layer_public)
         .service(agents::create_agent)
         .service(agents::list_agents)
         .service(agents::get_agent)

@@ -84,18 +84,23 @@ pub(crate) fn spec_of(
     keep: impl Fn(Volatility) -> bool,
 ) -> Result<SequenceSpec, ApiError> {
     let tok = state.engine()?.tokenizer();
-    let segments = built
-        .segments
-        .iter()
-        .filter(|s| keep(s.volatility))
-        .map(|s| {
-            Ok(PromptSegment {
-                tokens: tok.encode(&s.text)?,
-                source: s.source,
-                importance: s.importance,
-            })
-        })
-        .collect::<Result<Vec<_>, engram_engine::EngineError>>()?;
+    let public = built.public_segments();
+    let mut public_tokens = 0;
+    let mut segments = Vec::with_capacity(built.segments.len());
+    for (i, s) in built.segments.iter().enumerate() {
+        if !keep(s.volatility) {
+            continue;
+        }
+        let tokens = tok.encode(&s.text)?;
+        if i < public {
+            public_tokens += tokens.len();
+        }
+        segments.push(PromptSegment {
+            tokens,
+            source: s.source,
+            importance: s.importance,
+        });
+    }
     Ok(SequenceSpec {
         segments,
         tenant: TenantId(tenant.cache_salt),
@@ -103,7 +108,25 @@ pub(crate) fn spec_of(
         reuse: Default::default(),
         hot_block_quota: usize::try_from(tenant.quotas.hot_blocks).ok(),
         pin_key: Some(pin_key(tenant, built)),
+        cold_block_quota: usize::try_from(tenant.quotas.cold_blocks).ok(),
+        public_tokens,
+        public_pin_key: public_pin_key(built),
     })
+}
+
+/// The key public blocks are pinned under: SHA-256 of the public segments' text (no tenant),
+/// or `None` when the prompt has no public part.
+pub(crate) fn public_pin_key(built: &BuiltContext) -> Option<[u8; 32]> {
+    let n = built.public_segments();
+    if n == 0 {
+        return None;
+    }
+    let mut h = Sha256::new();
+    h.update(b"engram-public\0");
+    built.segments[..n]
+        .iter()
+        .for_each(|s| h.update(s.text.as_bytes()));
+    Some(h.finalize().into())
 }
 
 /// The key a tenant's stable prefix is pinned under: SHA-256 of the tenant and the prefix hash.

@@ -149,6 +149,27 @@ async fn layers_are_versioned() {
                 .collect::<Vec<_>>(),
             ["be honest", "be kind"]
         );
+        // The operator's public mark belongs to one version: a later edit is private again.
+        let marked = s.set_layer_public(&a.id, "axioms", true).await.unwrap();
+        assert_eq!((marked.version, marked.public), (2, true));
+        assert!(!history[0].public && !history[1].public);
+        let v3 = s
+            .put_layer(&a.id, "axioms", "be brief", 250, true, 0.9)
+            .await
+            .unwrap();
+        assert!(!v3.public);
+        let flags: Vec<bool> = s
+            .layer_history(&a.id, "axioms")
+            .await
+            .unwrap()
+            .iter()
+            .map(|l| l.public)
+            .collect();
+        assert_eq!(flags, [false, true, false]);
+        assert!(matches!(
+            s.set_layer_public(&a.id, "soul", true).await,
+            Err(StoreError::NotFound { .. })
+        ));
     })
     .await;
 }
