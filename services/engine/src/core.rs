@@ -25,8 +25,8 @@ use std::path::Path;
 use candle_core::Tensor;
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, CodecKind, DEFAULT_ROTATION_SEED, HotTierKind, LayerCodecs,
-    PinPolicy, PinState, PrefixPinManager, PriorityTable, SessionId, SourceLayer, StoreConfig, TenantId,
-    Tier, TokenRange,
+    PinPolicy, PinState, PrefixPinManager, PriorityTable, SessionId, SourceLayer, StoreConfig,
+    TenantId, Tier, TokenRange,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

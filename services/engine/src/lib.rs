@@ -25,7 +25,7 @@ mod weights;
 
 pub use crate::core::{
     Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, KeyCentering, Occupancy,
-    PrefixLookup, PUBLIC_TENANT, PrefixReuse, PromptSegment, SeqId, SequenceSpec,
+    PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, SeqId, SequenceSpec,
 };
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};

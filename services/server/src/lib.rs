@@ -116,18 +116,55 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
     }
 }
 
-/// Serves until SIGINT/SIGTERM, then drains running requests for the grace period.
+/// Serves until SIGTERM or SIGINT (Ctrl-C), then stops accepting connections and gives
+/// running requests (streams included) `server.shutdown_grace_secs` to finish before it closes
+/// the database. A second signal does not cut the grace short; SIGKILL does.
 pub async fn serve(config: Config) -> Result<(), StartError> {
     let bind = config.server.bind.clone();
     let grace = config.server.shutdown_grace_secs;
     let state = web::Data::new(build_state(config).await?);
-    eprintln!("engram: serving on http://{bind}");
     let app_state = state.clone();
-    HttpServer::new(move || App::new().configure(configure_app(app_state.clone())))
+    let server = HttpServer::new(move || App::new().configure(configure_app(app_state.clone())))
         .bind(&bind)?
         .shutdown_timeout(grace)
-        .run()
-        .await?;
+        .disable_signals();
+    for addr in server.addrs() {
+        eprintln!("engram: serving on http://{addr}");
+    }
+    let server = server.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(async move {
+        let reason = shutdown_signal().await;
+        eprintln!("engram: {reason}: draining running requests for up to {grace} s");
+        handle.stop(true).await;
+    });
+    server.await?;
     state.store.close().await;
+    eprintln!("engram: stopped");
     Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT; names the one that came.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use actix_web::rt::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = actix_web::rt::signal::ctrl_c() => "SIGINT",
+                }
+            }
+            Err(_) => {
+                let _ = actix_web::rt::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = actix_web::rt::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
 }

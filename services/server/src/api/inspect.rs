@@ -189,6 +189,14 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
                 ));
             }
         }
+        out.push_str(
+            "# HELP engram_cold_quota_dropped_total Cold blocks dropped because their tenant was over its cold quota.\n",
+        );
+        out.push_str("# TYPE engram_cold_quota_dropped_total counter\n");
+        out.push_str(&format!(
+            "engram_cold_quota_dropped_total {}\n",
+            c.cold_quota_dropped
+        ));
         let o = &s.occupancy;
         out.push_str("# TYPE engram_queue_depth gauge\n");
         out.push_str(&format!("engram_queue_depth {}\n", s.queued));

@@ -149,7 +149,9 @@ fn sampling(body: &TurnRequest) -> SamplingParams {
     }
 }
 
-/// Checks the request and opens (or finds) the session, enforcing the session quota.
+/// Checks the request and the session quota. The session row itself is written with the turn
+/// (see [`record`]), so a refused or failed turn stores nothing. Two concurrent first turns
+/// of new sessions may both pass the check; the quota is exceeded by at most the concurrency.
 pub(crate) async fn open_session(
     state: &AppState,
     tenant: &Tenant,
@@ -175,10 +177,6 @@ pub(crate) async fn open_session(
             ),
         ));
     }
-    state
-        .store
-        .ensure_session(&tenant.id, &agent.id, session)
-        .await?;
     Ok(())
 }
 
@@ -277,6 +275,7 @@ pub(crate) async fn record(
     let tok = state.engine()?.tokenizer();
     let user_tokens = tok.encode(message).map_err(ApiError::from)?;
     let store = &state.store;
+    store.ensure_session(&tenant.id, &agent.id, session).await?;
     store
         .append_turn(&agent.id, session, Role::User, message, &user_tokens)
         .await?;
@@ -343,9 +342,9 @@ pub async fn create_turn(
     let (agent, session) = path.into_inner();
     let tenant = caller.0;
     let agent = state.store.agent(&tenant.id, &agent).await?;
-    open_session(&state, &tenant, &agent, &session, &body.message).await?;
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
+    open_session(&state, &tenant, &agent, &session, &body.message).await?;
     let built = build_context(&state, &agent, Some(&session), &body.message).await?;
     let spec = spec_of(
         &state,

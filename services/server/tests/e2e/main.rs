@@ -6,3 +6,5 @@
 mod harness;
 mod openai;
 mod service;
+mod shutdown;
+mod tenancy;

@@ -4,14 +4,14 @@ use serde_json::{Value, json};
 
 use crate::harness::{ADMIN, Server, database_urls};
 
-fn long_text(topic: &str, lines: usize) -> String {
+pub(crate) fn long_text(topic: &str, lines: usize) -> String {
     (0..lines)
         .map(|i| format!("Rule {i} about {topic}: always explain the reasoning step {i} clearly."))
         .collect::<Vec<_>>()
         .join("\n")
 }
 
-fn usage(v: &Value) -> (u64, u64) {
+pub(crate) fn usage(v: &Value) -> (u64, u64) {
     (
         v["usage"]["prompt_tokens"].as_u64().unwrap(),
         v["usage"]["cached_tokens"].as_u64().unwrap(),
