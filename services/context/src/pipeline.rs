@@ -19,6 +19,9 @@
 //! prefills the canonical prefix — steps 1–3 — once the turn ends.)
 //!
 //! The stable prefix's hash is SHA-256 over step 1's text; an edit to a stable layer changes it.
+//! Stable layers over their budget are fitted without the user's message (importance tags and
+//! position only), so the prefix never depends on what the user just asked; the other layers
+//! use the overlap with the message too (see [`crate::synth`]).
 
 use engram_kvcore::SourceLayer;
 use serde::{Deserialize, Serialize};
@@ -176,7 +179,14 @@ pub fn build(
     let mut segments = Vec::new();
     let mut reports = Vec::new();
     let mut push_layer = |segments: &mut Vec<Segment>, l: &Layer| {
-        let s = synthesize(&l.content, l.budget, req.user_message, counter);
+        // A stable layer is fitted without the user's message, so its text (and the prefix
+        // hash) depends on its content alone and its KV is reused turn after turn.
+        let turn = if l.volatility == Volatility::Stable {
+            ""
+        } else {
+            req.user_message
+        };
+        let s = synthesize(&l.content, l.budget, turn, counter);
         reports.push(LayerReport {
             kind: l.kind,
             budget: l.budget,
@@ -454,5 +464,26 @@ mod tests {
         // Identity alone follows a private axioms layer: nothing is shared.
         assert!(public_run(&[Identity]).is_empty());
         assert!(public_run(&[]).is_empty());
+    }
+
+    #[test]
+    fn an_over_budget_stable_layer_does_not_depend_on_the_message() {
+        let mut layers = agent("noon");
+        layers[3].content = (0..50).map(|i| format!("axiom number {i}\n")).collect();
+        layers[3].budget = 20;
+        let hash = |msg: &str| {
+            let req = ContextRequest {
+                layers: &layers,
+                history: &[],
+                user_message: msg,
+            };
+            let built = build(&req, &Chars).unwrap();
+            assert!(!built.layers[0].spilled.is_empty());
+            built.stable_prefix_hash
+        };
+        assert_eq!(
+            hash("what is axiom number 42?"),
+            hash("and axiom number 7?")
+        );
     }
 }

@@ -5,6 +5,7 @@
 
 mod harness;
 mod openai;
+mod reuse;
 mod service;
 mod shutdown;
 mod tenancy;
