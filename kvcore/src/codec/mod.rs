@@ -156,6 +156,23 @@ struct TurboQuant {
     byte_table: Vec<f32>,
 }
 
+/// The constants of a TurboQuant codec with a Hadamard rotation (see
+/// [`Codec::turboquant_tables`]): `Πx = scale · H · (signs ⊙ x)`, code `i` of a unit row is the
+/// number of `thresholds` below `(Πx)_i / ‖x‖`, and decodes to `codebook[i]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurboQuantTables {
+    /// Bits per coordinate.
+    pub bits: u8,
+    /// The random signs `D` (±1), `head_dim` of them.
+    pub signs: Vec<f32>,
+    /// `1/√head_dim`.
+    pub scale: f32,
+    /// Ascending centroids, `2^bits` of them.
+    pub codebook: Vec<f32>,
+    /// Midpoints between consecutive centroids.
+    pub thresholds: Vec<f32>,
+}
+
 /// A built codec for one head_dim: the rotation and codebook are computed once here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Codec {
@@ -224,6 +241,23 @@ impl Codec {
     /// The TurboQuant codebook in unit-vector scale (empty for F16 and Q8).
     pub fn codebook(&self) -> &[f32] {
         self.tq.as_ref().map_or(&[], |t| t.codebook.as_slice())
+    }
+
+    /// What a GPU kernel needs to reproduce this codec's TurboQuant encoding and attention:
+    /// `None` for the other codecs and for a head_dim that is not a power of two (dense
+    /// rotation).
+    pub fn turboquant_tables(&self) -> Option<TurboQuantTables> {
+        let tq = self.tq.as_ref()?;
+        match &tq.rotation {
+            Rotation::Hadamard { signs, scale } => Some(TurboQuantTables {
+                bits: tq.bits,
+                signs: signs.clone(),
+                scale: *scale,
+                codebook: tq.codebook.clone(),
+                thresholds: tq.thresholds.clone(),
+            }),
+            Rotation::Dense { .. } => None,
+        }
     }
 
     /// The expected relative MSE of the Lloyd–Max solve (None for F16 and Q8).

@@ -74,6 +74,11 @@ impl Server {
         config.model.hot_mib = 256;
         config.model.cold_mib = 256;
         config.server.body_limit_bytes = body_limit;
+        Self::start_with(config)
+    }
+
+    /// Serves `config` as is.
+    pub fn start_with(config: Config) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {

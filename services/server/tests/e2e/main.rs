@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod harness;
+mod lifecycle;
 mod openai;
 mod reuse;
 mod service;
-mod shutdown;
 mod tenancy;

@@ -1,5 +1,6 @@
-//! Graceful shutdown of the real binary: SIGTERM stops new connections, lets a running stream
-//! finish and reach the turn log, then the process exits 0.
+//! Lifecycle: graceful shutdown of the real binary (SIGTERM stops new connections, lets a
+//! running stream finish and reach the turn log, then the process exits 0), and a service
+//! started without a model.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -116,4 +117,65 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
     assert_eq!(turns.len(), 2);
     assert_eq!(turns[1].text, streamed);
     assert!(!turns[1].tokens.is_empty());
+}
+
+#[test]
+fn without_a_model_the_service_runs_and_generation_answers_503() {
+    let mut config = engram_server::Config::default();
+    config.database.url = sqlite_url();
+    config.auth.admin_key.0 = ADMIN.into();
+    config.model.path = std::env::temp_dir().join("engram-no-such-model.gguf");
+    let srv = Server::start_with(config);
+    let (s, ready) = srv.call("GET", "/readyz", None, Value::Null);
+    assert_eq!(s, 200);
+    assert_eq!(
+        (ready["database"].as_bool(), ready["model"].as_bool()),
+        (Some(true), Some(false))
+    );
+    let (s, t) = srv.call(
+        "POST",
+        "/v1/admin/tenants",
+        Some(ADMIN),
+        json!({"name": "t"}),
+    );
+    assert_eq!(s, 201, "{t}");
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let (s, _) = srv.call(
+        "POST",
+        "/v1/agents",
+        Some(&key),
+        json!({"name": "bot", "layers": [{"kind": "axioms", "content": "Be kind."}]}),
+    );
+    assert_eq!(s, 201);
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/turns",
+        Some(&key),
+        json!({"message": "hi"}),
+    );
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (503, Some("model_unavailable")),
+        "{v}"
+    );
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/chat/completions",
+        Some(&key),
+        json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (503, Some("model_unavailable")),
+        "{v}"
+    );
+    // The preview still works (token counts are estimated without a tokenizer).
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/context",
+        Some(&key),
+        json!({"message": "hi"}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(v["blocks"].is_null(), "{v}");
 }

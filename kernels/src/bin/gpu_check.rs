@@ -1,0 +1,200 @@
+//! Compares every TurboQuant-4 kernel with its CPU reference in engram-kvcore on random inputs;
+//! prints one JSON line per check and exits non-zero when a bound is missed.
+//!
+//! Bounds: `tq4_encode` writes the CPU's bytes for ≥ 99.9 % of code bytes and norms (a row
+//! whose f32 norm sum rounds differently may move one coordinate across a threshold), and every
+//! norm within one f16 step; decode attention is within 1e-4 relative L2 of the f64 reference
+//! over the CPU-decoded rows (`attend_dense`), for every sequence of a ragged batch.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use cudarc::driver::CudaContext;
+use engram_kernels::DEFAULT_CHUNK;
+use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
+use engram_kvcore::{AttentionParams, attend_dense};
+use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows, SplitMix64};
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += f64::from(x - y).powi(2);
+        den += f64::from(y).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn main() -> Result<ExitCode> {
+    let ctx = CudaContext::new(0).context("CUDA device 0")?;
+    let stream = ctx.default_stream();
+    println!(
+        "{{\"device\":\"{}\",\"compute_capability\":\"{:?}\"}}",
+        ctx.name()?,
+        ctx.compute_capability()?
+    );
+    let mut ok = true;
+    let mut rng = SplitMix64::new(7);
+    for head_dim in [64usize, 128] {
+        let codec = Codec::new(
+            CodecKind::TurboQuant { bits: 4 },
+            head_dim,
+            DEFAULT_ROTATION_SEED,
+        )?;
+        let group = 4;
+        let k = Tq4Kernels::new(stream.clone(), &codec, group, DEFAULT_CHUNK)?;
+        let cb = head_dim / 2;
+
+        // Encode: 8,192 rows of varied scale, into a shuffled destination order.
+        let rows = 8192;
+        let mut x = rng.gaussian_vec(rows * head_dim);
+        for (r, row) in x.chunks_exact_mut(head_dim).enumerate() {
+            let s = (1 + r % 17) as f32 * 0.25;
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        x[..head_dim].fill(0.0); // a zero row
+        let dst: Vec<i32> = (0..rows as i32).map(|r| (r * 7919) % rows as i32).collect();
+        let mut cpu_codes = vec![0u8; rows * cb];
+        let mut cpu_norms = vec![0u8; rows * 2];
+        codec.encode(Rows::F32(&x), &mut cpu_codes, &mut cpu_norms)?;
+        let x_d = stream.clone_htod(&x)?;
+        let dst_d = stream.clone_htod(&dst)?;
+        let mut codes_d = stream.alloc_zeros::<u8>(rows * cb)?;
+        let mut norms_d = stream.alloc_zeros::<u16>(rows)?;
+        k.encode(
+            &x_d,
+            rows,
+            &dst_d,
+            &mut codes_d.as_view_mut(),
+            &mut norms_d.as_view_mut(),
+        )?;
+        let gpu_codes = stream.clone_dtoh(&codes_d)?;
+        let gpu_norms = stream.clone_dtoh(&norms_d)?;
+        let (mut same_bytes, mut same_norms, mut worst_norm_steps) = (0usize, 0usize, 0i32);
+        for r in 0..rows {
+            let d = dst[r] as usize;
+            same_bytes += cpu_codes[r * cb..][..cb]
+                .iter()
+                .zip(&gpu_codes[d * cb..][..cb])
+                .filter(|(a, b)| a == b)
+                .count();
+            let cpu = u16::from_le_bytes([cpu_norms[2 * r], cpu_norms[2 * r + 1]]);
+            same_norms += usize::from(cpu == gpu_norms[d]);
+            worst_norm_steps =
+                worst_norm_steps.max((i32::from(cpu) - i32::from(gpu_norms[d])).abs());
+        }
+        let byte_share = same_bytes as f64 / (rows * cb) as f64;
+        let norm_share = same_norms as f64 / rows as f64;
+        let pass = byte_share >= 0.999 && norm_share >= 0.999 && worst_norm_steps <= 1;
+        ok &= pass;
+        println!(
+            "{{\"check\":\"tq4_encode\",\"head_dim\":{head_dim},\"rows\":{rows},\"identical_code_bytes\":{byte_share:.6},\"identical_norms\":{norm_share:.6},\"worst_norm_f16_steps\":{worst_norm_steps},\"pass\":{pass}}}"
+        );
+
+        // Decode attention over a ragged batch with shuffled block tables.
+        let (kv_heads, bs) = (8usize, 16usize);
+        let heads = kv_heads * group;
+        let lens = [1usize, 700, 2085, 4096 + 512 + 3];
+        let max_len = *lens.iter().max().unwrap_or(&1);
+        let max_blocks = max_len.div_ceil(bs);
+        let slots: usize = lens.iter().map(|l| l.div_ceil(bs)).sum();
+        let plane_rows = slots * bs * kv_heads;
+        let kx = rng.gaussian_vec(plane_rows * head_dim);
+        let vx = rng.gaussian_vec(plane_rows * head_dim);
+        let mut kc = vec![0u8; plane_rows * cb];
+        let mut kn = vec![0u8; plane_rows * 2];
+        let mut vc = vec![0u8; plane_rows * cb];
+        let mut vn = vec![0u8; plane_rows * 2];
+        codec.encode(Rows::F32(&kx), &mut kc, &mut kn)?;
+        codec.encode(Rows::F32(&vx), &mut vc, &mut vn)?;
+        let mut kd = vec![0f32; plane_rows * head_dim];
+        let mut vd = vec![0f32; plane_rows * head_dim];
+        codec.decode(&kc, &kn, &mut kd)?;
+        codec.decode(&vc, &vn, &mut vd)?;
+        // Slots handed out in a scrambled order.
+        let mut order: Vec<usize> = (0..slots).collect();
+        for i in (1..slots).rev() {
+            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let mut tables = vec![0i32; lens.len() * max_blocks];
+        let mut next = 0;
+        for (b, &len) in lens.iter().enumerate() {
+            for blk in 0..len.div_ceil(bs) {
+                tables[b * max_blocks + blk] = order[next] as i32;
+                next += 1;
+            }
+        }
+        let q = rng.gaussian_vec(lens.len() * heads * head_dim);
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let u16s = |v: &[u8]| -> Vec<u16> {
+            v.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        let (kc_d, vc_d) = (stream.clone_htod(&kc)?, stream.clone_htod(&vc)?);
+        let (kn_d, vn_d) = (
+            stream.clone_htod(&u16s(&kn))?,
+            stream.clone_htod(&u16s(&vn))?,
+        );
+        let tables_d = stream.clone_htod(&tables)?;
+        let lens_i: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        let lens_d = stream.clone_htod(&lens_i)?;
+        let q_d = stream.clone_htod(&q)?;
+        let mut out_d = stream.alloc_zeros::<f32>(lens.len() * heads * head_dim)?;
+        let mut work = k.workspace(lens.len(), kv_heads, max_len)?;
+        k.decode_attention(
+            &DecodeBatch {
+                q: &q_d,
+                heads,
+                kv_heads,
+                k_codes: kc_d.as_view(),
+                k_norms: kn_d.as_view(),
+                v_codes: vc_d.as_view(),
+                v_norms: vn_d.as_view(),
+                block_tables: &tables_d,
+                max_blocks,
+                seq_lens: &lens_d,
+                batch: lens.len(),
+                max_len,
+                block_size: bs,
+                scale,
+            },
+            &mut work,
+            &mut out_d,
+        )?;
+        let out = stream.clone_dtoh(&out_d)?;
+        let row = kv_heads * head_dim;
+        for (b, &len) in lens.iter().enumerate() {
+            let mut keys = Vec::with_capacity(len * row);
+            let mut values = Vec::with_capacity(len * row);
+            for pos in 0..len {
+                let slot = tables[b * max_blocks + pos / bs] as usize;
+                let r = (slot * bs + pos % bs) * kv_heads;
+                keys.extend_from_slice(&kd[r * head_dim..][..row]);
+                values.extend_from_slice(&vd[r * head_dim..][..row]);
+            }
+            let qb = &q[b * heads * head_dim..][..heads * head_dim];
+            let mut want = vec![0f32; heads * head_dim];
+            attend_dense(
+                &keys,
+                &values,
+                kv_heads,
+                qb,
+                &AttentionParams::new(heads, head_dim),
+                &mut want,
+            )?;
+            let got = &out[b * heads * head_dim..][..heads * head_dim];
+            let err = rel_l2(got, &want);
+            let pass = err <= 1e-4;
+            ok &= pass;
+            println!(
+                "{{\"check\":\"tq4_decode_attention\",\"head_dim\":{head_dim},\"heads\":{heads},\"kv_heads\":{kv_heads},\"tokens\":{len},\"rel_l2\":{err:.3e},\"bound\":1e-4,\"pass\":{pass}}}"
+            );
+        }
+    }
+    println!("{{\"all_pass\":{ok}}}");
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,283 @@
+//! Launching the TurboQuant-4 kernels with cudarc (feature `cuda`).
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use engram_kvcore::{Codec, CodecKind};
+
+use crate::{KernelError, SplitPlan, TQ4_SOURCE, defines};
+
+fn driver(e: impl std::fmt::Display) -> KernelError {
+    KernelError::Driver(e.to_string())
+}
+
+fn int(v: usize, what: &str) -> Result<i32, KernelError> {
+    i32::try_from(v).map_err(|_| KernelError::Invalid(format!("{what} {v} is over i32")))
+}
+
+/// The compiled kernels of one (head_dim, group, chunk) and the codec's tables on the device.
+#[derive(Debug)]
+pub struct Tq4Kernels {
+    stream: Arc<CudaStream>,
+    encode: CudaFunction,
+    attend: CudaFunction,
+    combine: CudaFunction,
+    signs: CudaSlice<f32>,
+    thresholds: CudaSlice<f32>,
+    codebook: CudaSlice<f32>,
+    rot_scale: f32,
+    head_dim: usize,
+    group: usize,
+    chunk: usize,
+}
+
+/// The inputs of one decode-attention launch over one layer.
+#[derive(Debug)]
+pub struct DecodeBatch<'a> {
+    /// Queries `[batch, heads, head_dim]` (model space; the kernel rotates them).
+    pub q: &'a CudaSlice<f32>,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads (`heads / group`).
+    pub kv_heads: usize,
+    /// The layer's key code plane `[slots, block_size, kv_heads, head_dim/2]`.
+    pub k_codes: CudaView<'a, u8>,
+    /// The layer's key norms `[slots, block_size, kv_heads]` (f16 bits).
+    pub k_norms: CudaView<'a, u16>,
+    /// Value codes, as the keys.
+    pub v_codes: CudaView<'a, u8>,
+    /// Value norms.
+    pub v_norms: CudaView<'a, u16>,
+    /// Block tables `[batch, max_blocks]` (slots of the layer plane).
+    pub block_tables: &'a CudaSlice<i32>,
+    /// Entries per block-table row.
+    pub max_blocks: usize,
+    /// Positions per sequence `[batch]`.
+    pub seq_lens: &'a CudaSlice<i32>,
+    /// Sequences.
+    pub batch: usize,
+    /// The longest sequence (sizes the split).
+    pub max_len: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Softmax scale (usually 1/√head_dim).
+    pub scale: f32,
+}
+
+/// Scratch for the split-K partials, reusable across launches of the same or smaller size.
+#[derive(Debug)]
+pub struct Workspace {
+    acc: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    l: CudaSlice<f32>,
+}
+
+impl Tq4Kernels {
+    /// Compiles the kernels for `codec` (TurboQuant 4-bit, head_dim 64 or 128) with `group`
+    /// query heads per KV head and `chunk` positions per attention CTA.
+    pub fn new(
+        stream: Arc<CudaStream>,
+        codec: &Codec,
+        group: usize,
+        chunk: usize,
+    ) -> Result<Self, KernelError> {
+        if codec.kind() != (CodecKind::TurboQuant { bits: 4 }) {
+            return Err(KernelError::Unsupported(format!(
+                "codec {:?} (the kernels are TurboQuant 4-bit)",
+                codec.kind()
+            )));
+        }
+        let tables = codec.turboquant_tables().ok_or_else(|| {
+            KernelError::Unsupported("a head_dim without a Hadamard rotation".into())
+        })?;
+        let head_dim = codec.head_dim();
+        let ctx: &Arc<CudaContext> = stream.context();
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let arch: &'static str = match (major, minor) {
+            (9, 0) => "sm_90",
+            (8, 9) => "sm_89",
+            (8, 6) => "sm_86",
+            (8, 0) => "sm_80",
+            _ => "compute_80",
+        };
+        let ptx = compile_ptx_with_opts(
+            TQ4_SOURCE,
+            CompileOptions {
+                options: defines(head_dim, group, chunk)?,
+                arch: Some(arch),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| KernelError::Compile(e.to_string()))?;
+        let module = ctx.load_module(ptx).map_err(driver)?;
+        let f = |name: &str| module.load_function(name).map_err(driver);
+        Ok(Self {
+            encode: f("tq4_encode")?,
+            attend: f("tq4_decode_attention")?,
+            combine: f("tq4_combine")?,
+            signs: stream.clone_htod(&tables.signs).map_err(driver)?,
+            thresholds: stream.clone_htod(&tables.thresholds).map_err(driver)?,
+            codebook: stream.clone_htod(&tables.codebook).map_err(driver)?,
+            rot_scale: tables.scale,
+            head_dim,
+            group,
+            chunk,
+            stream,
+        })
+    }
+
+    /// The stream the kernels run on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Encodes `rows` rows of `x` (`[rows, head_dim]` f32); row `r` lands in row `dst[r]` of
+    /// `codes` (`head_dim/2` bytes a row) and `norms`.
+    pub fn encode(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        dst: &CudaSlice<i32>,
+        codes: &mut CudaViewMut<'_, u8>,
+        norms: &mut CudaViewMut<'_, u16>,
+    ) -> Result<(), KernelError> {
+        if x.len() < rows * self.head_dim || dst.len() < rows {
+            return Err(KernelError::Invalid(format!(
+                "{rows} rows need {} input floats and {rows} destinations",
+                rows * self.head_dim
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let n = int(rows, "rows")?;
+        let warps = 4;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(warps) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.encode);
+        launch
+            .arg(x)
+            .arg(&n)
+            .arg(dst)
+            .arg(&self.signs)
+            .arg(&self.thresholds)
+            .arg(&self.rot_scale)
+            .arg(codes)
+            .arg(norms);
+        // SAFETY: the argument list matches `tq4_encode`'s signature; `x` holds `rows` rows and
+        // `dst` `rows` entries (checked above); each `dst` entry must name a row inside `codes`
+        // and `norms`, which the caller's block allocation guarantees.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// A workspace for `batch` sequences of up to `max_len` positions and `kv_heads` KV heads.
+    pub fn workspace(
+        &self,
+        batch: usize,
+        kv_heads: usize,
+        max_len: usize,
+    ) -> Result<Workspace, KernelError> {
+        let plan = SplitPlan::new(max_len, self.chunk)?;
+        let parts = batch * kv_heads * plan.splits * self.group;
+        Ok(Workspace {
+            acc: self
+                .stream
+                .alloc_zeros(parts * self.head_dim)
+                .map_err(driver)?,
+            m: self.stream.alloc_zeros(parts).map_err(driver)?,
+            l: self.stream.alloc_zeros(parts).map_err(driver)?,
+        })
+    }
+
+    /// Decode attention of one query token per sequence over one layer; writes `out`
+    /// (`[batch, heads, head_dim]`, model space).
+    pub fn decode_attention(
+        &self,
+        a: &DecodeBatch<'_>,
+        work: &mut Workspace,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        if a.heads != a.kv_heads * self.group {
+            return Err(KernelError::Invalid(format!(
+                "{} heads over {} KV heads is not a group of {}",
+                a.heads, a.kv_heads, self.group
+            )));
+        }
+        let plan = SplitPlan::new(a.max_len, self.chunk)?;
+        let parts = a.batch * a.kv_heads * plan.splits * self.group;
+        if work.m.len() < parts
+            || out.len() < a.batch * a.heads * self.head_dim
+            || a.q.len() < a.batch * a.heads * self.head_dim
+            || a.block_tables.len() < a.batch * a.max_blocks
+            || a.seq_lens.len() < a.batch
+            || a.max_blocks * a.block_size < a.max_len
+        {
+            return Err(KernelError::Invalid(
+                "a buffer is smaller than the batch it is given for".into(),
+            ));
+        }
+        let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
+        let (max_blocks, block_size) = (
+            int(a.max_blocks, "max_blocks")?,
+            int(a.block_size, "block_size")?,
+        );
+        let splits = int(plan.splits, "splits")?;
+        let cfg = LaunchConfig {
+            grid_dim: (plan.splits as u32, a.kv_heads as u32, a.batch as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.attend);
+        launch
+            .arg(a.q)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&a.k_codes)
+            .arg(&a.k_norms)
+            .arg(&a.v_codes)
+            .arg(&a.v_norms)
+            .arg(a.block_tables)
+            .arg(&max_blocks)
+            .arg(a.seq_lens)
+            .arg(&block_size)
+            .arg(&splits)
+            .arg(&self.signs)
+            .arg(&self.rot_scale)
+            .arg(&self.codebook)
+            .arg(&a.scale)
+            .arg(&mut work.acc)
+            .arg(&mut work.m)
+            .arg(&mut work.l);
+        // SAFETY: the arguments match `tq4_decode_attention`; the sizes were checked above, and
+        // every block-table entry of a sequence's first ⌈len/block_size⌉ blocks must name a slot
+        // of the code planes (the block store hands out only such slots).
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        let cfg = LaunchConfig {
+            grid_dim: (a.heads.div_ceil(4) as u32, a.batch as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.combine);
+        launch
+            .arg(&work.acc)
+            .arg(&work.m)
+            .arg(&work.l)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&splits)
+            .arg(&self.signs)
+            .arg(&self.rot_scale)
+            .arg(out);
+        // SAFETY: the arguments match `tq4_combine`; the partials were sized for this plan.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+}
