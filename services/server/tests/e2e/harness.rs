@@ -126,6 +126,27 @@ impl Server {
         (status, body)
     }
 
+    /// Creates tenant `tenant` (admin) and an agent `bot` with one axioms layer; returns the
+    /// tenant's API key and the created agent's JSON.
+    pub fn tenant_with_bot(&self, tenant: &str, axioms: &str) -> (String, Value) {
+        let (s, t) = self.call(
+            "POST",
+            "/v1/admin/tenants",
+            Some(ADMIN),
+            serde_json::json!({ "name": tenant }),
+        );
+        assert_eq!(s, 201, "{t}");
+        let key = t["api_key"].as_str().unwrap().to_string();
+        let (s, a) = self.call(
+            "POST",
+            "/v1/agents",
+            Some(&key),
+            serde_json::json!({"name": "bot", "layers": [{"kind": "axioms", "content": axioms}]}),
+        );
+        assert_eq!(s, 201, "{a}");
+        (key, a)
+    }
+
     /// JSON in, JSON out.
     pub fn call(&self, method: &str, path: &str, key: Option<&str>, body: Value) -> (u16, Value) {
         let bytes = if body.is_null() {

@@ -41,21 +41,7 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
         }
     };
     let srv = Server { addr };
-    let (s, t) = srv.call(
-        "POST",
-        "/v1/admin/tenants",
-        Some(ADMIN),
-        json!({"name": "t"}),
-    );
-    assert_eq!(s, 201, "{t}");
-    let key = t["api_key"].as_str().unwrap().to_string();
-    let (s, a) = srv.call(
-        "POST",
-        "/v1/agents",
-        Some(&key),
-        json!({"name": "bot", "layers": [{"kind": "axioms", "content": "Be thorough."}]}),
-    );
-    assert_eq!(s, 201, "{a}");
+    let (key, a) = srv.tenant_with_bot("t", "Be thorough.");
     let agent_id = a["agent"]["id"].as_str().unwrap().to_string();
 
     // A streamed turn is under way when SIGTERM arrives.
@@ -132,21 +118,7 @@ fn without_a_model_the_service_runs_and_generation_answers_503() {
         (ready["database"].as_bool(), ready["model"].as_bool()),
         (Some(true), Some(false))
     );
-    let (s, t) = srv.call(
-        "POST",
-        "/v1/admin/tenants",
-        Some(ADMIN),
-        json!({"name": "t"}),
-    );
-    assert_eq!(s, 201, "{t}");
-    let key = t["api_key"].as_str().unwrap().to_string();
-    let (s, _) = srv.call(
-        "POST",
-        "/v1/agents",
-        Some(&key),
-        json!({"name": "bot", "layers": [{"kind": "axioms", "content": "Be kind."}]}),
-    );
-    assert_eq!(s, 201);
+    let (key, _) = srv.tenant_with_bot("t", "Be kind.");
     let (s, v) = srv.call(
         "POST",
         "/v1/agents/bot/sessions/s/turns",
