@@ -1,0 +1,214 @@
+//! The engine's cache management: registering and pinning computed blocks, making room in the
+//! hot tier (spill to cold, trim cold, per-tenant cold quotas), and releasing pins and blocks.
+
+use std::collections::{HashMap, HashSet};
+
+use engram_kvcore::{BlockId, TenantId, Tier};
+
+use super::{EngineCore, PrefixReuse, SeqId, block_salt};
+use crate::error::EngineResult;
+use crate::prefix::chain_hash;
+
+impl EngineCore {
+    /// Registers the sequence's newly full blocks in the prefix cache and pins stable ones.
+    pub(super) fn register(&mut self, id: SeqId) -> EngineResult<()> {
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return Ok(());
+        };
+        self.store.touch(&seq.blocks)?;
+        if seq.reuse == PrefixReuse::Disabled {
+            return Ok(());
+        }
+        let mut stable = Vec::new();
+        while seq.hashes.len() < seq.computed / bs {
+            let b = seq.hashes.len();
+            let h = chain_hash(
+                &self.fingerprint,
+                block_salt(seq.tenant, seq.public_blocks, b),
+                seq.hashes.last(),
+                &seq.tokens[b * bs..(b + 1) * bs],
+            );
+            let block = seq.blocks[b];
+            if self.cache.get(&h).is_none() && self.cache.insert(h, block) {
+                self.store.retain(&[block])?;
+                let source = self.store.metadata().get(block).map(|m| m.source());
+                if source.is_some_and(|s| self.config.pin_policy.sources.contains(&s)) {
+                    stable.push((b, block));
+                }
+            }
+            seq.hashes.push(h);
+        }
+        self.pin_blocks(id, &stable)
+    }
+
+    /// Pins blocks `(index in the sequence, id)` of sequence `id` and files each under the key
+    /// that may release it: the public key for public blocks, the sequence's key otherwise.
+    pub(super) fn pin_blocks(
+        &mut self,
+        id: SeqId,
+        blocks: &[(usize, BlockId)],
+    ) -> EngineResult<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<BlockId> = blocks.iter().map(|&(_, b)| b).collect();
+        self.pins.pin(&mut self.store, &ids)?;
+        let Some(seq) = self.seqs.get(&id) else {
+            return Ok(());
+        };
+        for &(b, block) in blocks {
+            let key = if b < seq.public_blocks {
+                seq.public_pin_key
+            } else {
+                seq.pin_key
+            };
+            if let Some(key) = key {
+                self.pins_by_key.entry(key).or_default().push(block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees `n` hot slots: first makes cold room for what will spill, then evicts hot blocks no
+    /// running sequence attends; blocks that could not be spilled leave the cache.
+    pub(super) fn make_hot_room(&mut self, n: usize) -> EngineResult<()> {
+        let free = self.store.free_blocks(Tier::Hot);
+        if free >= n {
+            return Ok(());
+        }
+        self.trim_cold(n - free)?;
+        let busy: HashSet<BlockId> = self
+            .seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        let ev = self.store.make_room_except(n, |id| busy.contains(&id))?;
+        for &id in &ev.spilled {
+            if let Some(m) = self.store.metadata().get(id) {
+                *self.counters.spilled.entry(m.source()).or_default() += 1;
+            }
+        }
+        for id in ev.removed {
+            self.drop_cached(id)?;
+        }
+        if !ev.spilled.is_empty() {
+            self.enforce_cold_quotas()?;
+        }
+        Ok(())
+    }
+
+    /// Drops cached cold blocks of every tenant over its cold quota, its lowest priority and
+    /// least recently attended first, until it is within the quota.
+    pub(super) fn enforce_cold_quotas(&mut self) -> EngineResult<()> {
+        if self.cold_quotas.is_empty() {
+            return Ok(());
+        }
+        let mut by_tenant: HashMap<TenantId, Vec<_>> = HashMap::new();
+        for m in self.store.metadata().iter() {
+            if m.tier() == Tier::Cold
+                && m.ref_count() == 1
+                && self.cold_quotas.contains_key(&m.tenant())
+                && self.cache.contains_block(m.id())
+            {
+                by_tenant.entry(m.tenant()).or_default().push((
+                    m.priority(),
+                    m.last_attended(),
+                    m.created_at(),
+                    m.id(),
+                ));
+            }
+        }
+        for (tenant, mut blocks) in by_tenant {
+            let quota = self.cold_quotas.get(&tenant).copied().unwrap_or(usize::MAX);
+            if blocks.len() <= quota {
+                continue;
+            }
+            blocks.sort_unstable();
+            let over = blocks.len() - quota;
+            for (_, _, _, id) in blocks.into_iter().take(over) {
+                self.drop_cached(id)?;
+                self.counters.cold_quota_dropped += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops cached cold blocks, lowest priority and least recently attended first, until `n`
+    /// cold slots are free (or no cached cold block is left).
+    pub(super) fn trim_cold(&mut self, n: usize) -> EngineResult<()> {
+        let free = self.store.free_blocks(Tier::Cold);
+        if free >= n || self.store.capacity(Tier::Cold) == 0 {
+            return Ok(());
+        }
+        let mut cold: Vec<_> = self
+            .store
+            .metadata()
+            .iter()
+            .filter(|m| m.tier() == Tier::Cold && m.ref_count() == 1)
+            .filter(|m| self.cache.contains_block(m.id()))
+            .map(|m| (m.priority(), m.last_attended(), m.created_at(), m.id()))
+            .collect();
+        cold.sort_unstable();
+        for (_, _, _, id) in cold.into_iter().take(n - free) {
+            self.drop_cached(id)?;
+        }
+        Ok(())
+    }
+
+    /// Removes a block from the cache and drops the cache's reference.
+    pub(super) fn drop_cached(&mut self, id: BlockId) -> EngineResult<()> {
+        if let Some(m) = self.store.metadata().get(id) {
+            *self.counters.dropped.entry(m.source()).or_default() += 1;
+        }
+        if self.cache.remove_block(id) {
+            self.store.release(&[id])?;
+        }
+        Ok(())
+    }
+
+    /// Moves every cached hot block that no sequence attends to the cold tier (for benches and
+    /// the tier manager); returns how many moved.
+    pub fn spill_idle(&mut self) -> EngineResult<usize> {
+        let busy: HashSet<BlockId> = self
+            .seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        let idle: Vec<BlockId> = self
+            .cache
+            .blocks()
+            .filter(|id| !busy.contains(id))
+            .filter(|&id| self.store.metadata().get(id).map(|m| m.tier()) == Some(Tier::Hot))
+            .collect();
+        self.trim_cold(idle.len())?;
+        let room = self.store.free_blocks(Tier::Cold).min(idle.len());
+        self.store.spill(&idle[..room])?;
+        self.enforce_cold_quotas()?;
+        Ok(room)
+    }
+
+    /// Unpins the blocks pinned under `key` (a stable prefix that changed); they keep their
+    /// layer's priority and leave by eviction like any other block. Returns how many.
+    pub fn unpin_prefix(&mut self, key: &[u8; 32]) -> EngineResult<usize> {
+        let Some(mut ids) = self.pins_by_key.remove(key) else {
+            return Ok(0);
+        };
+        ids.sort_unstable();
+        ids.dedup();
+        let live: Vec<BlockId> = ids
+            .into_iter()
+            .filter(|&id| self.store.metadata().get(id).is_some())
+            .collect();
+        Ok(self.pins.unpin(&mut self.store, &live)?.unpinned.len())
+    }
+
+    /// Drops every cached block no sequence attends (a cold start for benches).
+    pub fn clear_cache(&mut self) -> EngineResult<()> {
+        let ids: Vec<BlockId> = self.cache.blocks().collect();
+        for id in ids {
+            self.drop_cached(id)?;
+        }
+        Ok(())
+    }
+}
