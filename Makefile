@@ -14,7 +14,7 @@ help:
 	@echo "make openapi       rewrite openapi/openapi.json from the code"
 	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
-	@echo "make build-cuda    CUDA build env from PyPI wheels, then the stripped, gzipped GPU check and bench binaries in gpu-dist/"
+	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped, gzipped engram (feature cuda), GPU check and bench binaries in gpu-dist/"
 
 models:
 	./scripts/fetch-models.sh
@@ -71,6 +71,7 @@ bench-ttft: models
 CUDA_TARGET_DIR ?= $(HOME)/.cache/engram-target-cuda
 build-cuda:
 	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-kernels --features cuda --bins
+	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-server --features cuda --bin engram
 	rm -rf gpu-dist && mkdir -p gpu-dist
-	for b in engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
+	for b in engram engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
 	cp benches/gpu_sdpa_baseline.py gpu-dist/

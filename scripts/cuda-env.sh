@@ -39,6 +39,16 @@ _engram_cuda_setup() {
     local sys
     sys=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.*/src/driver/sys/mod.rs 2>/dev/null | head -1)
     if [ -z "$sys" ]; then
+      # cargo fetch downloads crates but unpacks them only when building: unpack cudarc here.
+      local crate
+      crate=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/cudarc-0.19.*.crate 2>/dev/null | head -1)
+      if [ -n "$crate" ]; then
+        local unpack="${TMPDIR:-/tmp}/engram-cudarc-src"
+        mkdir -p "$unpack" && tar xzf "$crate" -C "$unpack" || return 1
+        sys=$(ls -d "$unpack"/cudarc-0.19.*/src/driver/sys/mod.rs 2>/dev/null | head -1)
+      fi
+    fi
+    if [ -z "$sys" ]; then
       echo "cuda-env: cudarc 0.19 sources not found (run cargo fetch with network)" >&2
       return 1
     fi

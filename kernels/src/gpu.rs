@@ -24,6 +24,7 @@ fn int(v: usize, what: &str) -> Result<i32, KernelError> {
 pub struct Tq4Kernels {
     stream: Arc<CudaStream>,
     encode: CudaFunction,
+    decode_rows: CudaFunction,
     attend: CudaFunction,
     combine: CudaFunction,
     signs: CudaSlice<f32>,
@@ -39,19 +40,19 @@ pub struct Tq4Kernels {
 #[derive(Debug)]
 pub struct DecodeBatch<'a> {
     /// Queries `[batch, heads, head_dim]` (model space; the kernel rotates them).
-    pub q: &'a CudaSlice<f32>,
+    pub q: CudaView<'a, f32>,
     /// Query heads.
     pub heads: usize,
     /// KV heads (`heads / group`).
     pub kv_heads: usize,
     /// The layer's key code plane `[slots, block_size, kv_heads, head_dim/2]`.
     pub k_codes: CudaView<'a, u8>,
-    /// The layer's key norms `[slots, block_size, kv_heads]` (f16 bits).
-    pub k_norms: CudaView<'a, u16>,
+    /// The layer's key norms `[slots, block_size, kv_heads]` (f16, little-endian bytes).
+    pub k_norms: CudaView<'a, u8>,
     /// Value codes, as the keys.
     pub v_codes: CudaView<'a, u8>,
     /// Value norms.
-    pub v_norms: CudaView<'a, u16>,
+    pub v_norms: CudaView<'a, u8>,
     /// Block tables `[batch, max_blocks]` (slots of the layer plane).
     pub block_tables: &'a CudaSlice<i32>,
     /// Entries per block-table row.
@@ -117,6 +118,7 @@ impl Tq4Kernels {
         let f = |name: &str| module.load_function(name).map_err(driver);
         Ok(Self {
             encode: f("tq4_encode")?,
+            decode_rows: f("tq4_decode_rows")?,
             attend: f("tq4_decode_attention")?,
             combine: f("tq4_combine")?,
             signs: stream.clone_htod(&tables.signs).map_err(driver)?,
@@ -136,20 +138,25 @@ impl Tq4Kernels {
     }
 
     /// Encodes `rows` rows of `x` (`[rows, head_dim]` f32); row `r` lands in row `dst[r]` of
-    /// `codes` (`head_dim/2` bytes a row) and `norms`.
+    /// `codes` (`head_dim/2` bytes a row) and `norms` (2 bytes a row, f16 little-endian).
     pub fn encode(
         &self,
-        x: &CudaSlice<f32>,
+        x: &CudaView<'_, f32>,
         rows: usize,
         dst: &CudaSlice<i32>,
         codes: &mut CudaViewMut<'_, u8>,
-        norms: &mut CudaViewMut<'_, u16>,
+        norms: &mut CudaViewMut<'_, u8>,
     ) -> Result<(), KernelError> {
         if x.len() < rows * self.head_dim || dst.len() < rows {
             return Err(KernelError::Invalid(format!(
                 "{rows} rows need {} input floats and {rows} destinations",
                 rows * self.head_dim
             )));
+        }
+        if norms.len() % 2 != 0 || codes.len() / (self.head_dim / 2) != norms.len() / 2 {
+            return Err(KernelError::Invalid(
+                "the code and norm planes hold different row counts".into(),
+            ));
         }
         if rows == 0 {
             return Ok(());
@@ -176,6 +183,58 @@ impl Tq4Kernels {
         // and `norms`, which the caller's block allocation guarantees.
         unsafe { launch.launch(cfg) }.map_err(driver)?;
         Ok(())
+    }
+
+    /// Decodes plane rows `src[r]` of `codes`/`norms` into row `r` of `out`
+    /// (`[rows, head_dim]` f32, model space): the dequantize path of prefill attention.
+    pub fn decode_rows(
+        &self,
+        codes: &CudaView<'_, u8>,
+        norms: &CudaView<'_, u8>,
+        src: &CudaSlice<i32>,
+        rows: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), KernelError> {
+        if out.len() < rows * self.head_dim || src.len() < rows {
+            return Err(KernelError::Invalid(format!(
+                "{rows} rows need {} output floats and {rows} sources",
+                rows * self.head_dim
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let n = int(rows, "rows")?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.decode_rows);
+        launch
+            .arg(codes)
+            .arg(norms)
+            .arg(src)
+            .arg(&n)
+            .arg(&self.signs)
+            .arg(&self.rot_scale)
+            .arg(&self.codebook)
+            .arg(out);
+        // SAFETY: the arguments match `tq4_decode_rows`; `out` and `src` hold `rows` rows
+        // (checked above) and every `src` entry must name a row of the planes, which the
+        // caller's block table guarantees.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// The head dimension the kernels were compiled for.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.group
     }
 
     /// A workspace for `batch` sequences of up to `max_len` positions and `kv_heads` KV heads.
@@ -214,6 +273,7 @@ impl Tq4Kernels {
         let plan = SplitPlan::new(a.max_len, self.chunk)?;
         let parts = a.batch * a.kv_heads * plan.splits * self.group;
         if work.m.len() < parts
+            || work.acc.len() < parts * self.head_dim
             || out.len() < a.batch * a.heads * self.head_dim
             || a.q.len() < a.batch * a.heads * self.head_dim
             || a.block_tables.len() < a.batch * a.max_blocks
@@ -237,7 +297,7 @@ impl Tq4Kernels {
         };
         let mut launch = self.stream.launch_builder(&self.attend);
         launch
-            .arg(a.q)
+            .arg(&a.q)
             .arg(&heads)
             .arg(&kv_heads)
             .arg(&a.k_codes)

@@ -16,6 +16,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod reference;
 
 /// The CUDA C source of the TurboQuant-4 kernels.
 pub const TQ4_SOURCE: &str = include_str!("tq4.cu");

@@ -293,3 +293,31 @@ extern "C" __global__ void tq4_combine(
     float* o = out + ((size_t)b * heads + h) * HEAD_DIM;
     for (int i = lane; i < HEAD_DIM; i += WARP) o[i] = y[i] * signs[i] * rot_scale;
 }
+
+// Decodes rows of a layer's planes back to model space (kvcore's Codec::decode_rows):
+// out row r = signs ⊙ (H · (codebook[codes] · norm)) · rot_scale for plane row src[r].
+// One warp per row. Prefill attention reads the blocks of a chunk's context this way.
+extern "C" __global__ void tq4_decode_rows(
+    const unsigned char* __restrict__ codes, const unsigned short* __restrict__ norms,
+    const int* __restrict__ src, int rows, const float* __restrict__ signs, float rot_scale,
+    const float* __restrict__ codebook, float* __restrict__ out) {
+    __shared__ float buf[WARPS][HEAD_DIM];
+    __shared__ float cb[16];
+    if (threadIdx.x < 16) cb[threadIdx.x] = codebook[threadIdx.x];
+    __syncthreads();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int r = blockIdx.x * WARPS + warp;
+    if (r >= rows) return;
+    size_t s = (size_t)src[r];
+    float n = f16_to_f32(norms[s]);
+    float* b = buf[warp];
+    for (int i = lane; i < CODE_BYTES; i += WARP) {
+        unsigned int c = codes[s * CODE_BYTES + i];
+        b[2 * i] = cb[c & 15u] * n;
+        b[2 * i + 1] = cb[c >> 4] * n;
+    }
+    __syncwarp();
+    fwht_warp(b, lane);
+    float* o = out + (size_t)r * HEAD_DIM;
+    for (int i = lane; i < HEAD_DIM; i += WARP) o[i] = b[i] * signs[i] * rot_scale;
+}

@@ -132,4 +132,7 @@ pub enum KvError {
     /// The CUDA hot tier was requested but the crate was built without the `cuda` feature.
     #[error("the CUDA hot tier needs engram-kvcore built with the `cuda` feature")]
     CudaNotCompiled,
+    /// A CUDA driver call failed (device memory, copies, the copy kernel).
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }

@@ -8,7 +8,7 @@
 //!
 //! The crate is synchronous and knows nothing of HTTP, SQL or async runtimes.
 
-#![forbid(unsafe_code)]
+#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 
 /// The README's example compiles and runs as a doc test.
 #[cfg(doctest)]

@@ -6,6 +6,13 @@
 //! (132 bytes per position and KV head), plus the queries and outputs. Each sequence has its
 //! own blocks (no sharing through L2). Times are CUDA-event times of `--reps` launches after
 //! `--warmup` launches.
+//!
+//! Tiers (`--only tiers`, or by default after attention): warm and spill of 1,000 blocks of the
+//! same shape across all 32 layers (540,672 bytes a block, 540.7 MB in all) between VRAM and the
+//! page-locked cold tier, for consecutive slots (one `cuMemcpyAsync` per tensor, layer and run)
+//! and scattered slots (one copy-kernel launch), against one plain pinned `cuMemcpy` of the same
+//! byte count in each direction. Wall time of the whole call (it returns when the bytes have
+//! landed), median of `--reps` rounds.
 
 use std::io::Write;
 
@@ -14,7 +21,10 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUevent_flags;
 use engram_kernels::DEFAULT_CHUNK;
 use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
-use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, SplitMix64};
+use engram_kvcore::{
+    BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, SourceLayer,
+    SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
+};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -36,6 +46,7 @@ fn main() -> Result<()> {
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
+    let only = flag("--only").unwrap_or_default();
     let mut out_file = match flag("--out") {
         Some(p) => Some(std::fs::File::create(&p).with_context(|| p.clone())?),
         None => None,
@@ -83,7 +94,8 @@ fn main() -> Result<()> {
     )?;
     let k = Tq4Kernels::new(stream.clone(), &codec, group, DEFAULT_CHUNK)?;
     let mut rng = SplitMix64::new(11);
-    for &ctx_len in &contexts {
+    let attention = only.is_empty() || only == "attention";
+    for &ctx_len in contexts.iter().filter(|_| attention) {
         for &batch in &batches {
             let blocks = ctx_len.div_ceil(bs);
             let slots = blocks * batch;
@@ -96,7 +108,9 @@ fn main() -> Result<()> {
                         .rotate_left(17) as u8
                 })
                 .collect();
-            let norms: Vec<u16> = (0..rows).map(|i| 0x3C00 | (i as u16 & 0xFF)).collect();
+            let norms: Vec<u8> = (0..rows)
+                .flat_map(|i| (0x3C00 | (i as u16 & 0xFF)).to_le_bytes())
+                .collect();
             let kc = stream.clone_htod(&codes)?;
             let vc = stream.clone_htod(&codes)?;
             let kn = stream.clone_htod(&norms)?;
@@ -112,7 +126,7 @@ fn main() -> Result<()> {
             let mut out = stream.alloc_zeros::<f32>(batch * heads * head_dim)?;
             let mut work = k.workspace(batch, kv_heads, ctx_len)?;
             let a = DecodeBatch {
-                q: &q,
+                q: q.as_view(),
                 heads,
                 kv_heads,
                 k_codes: kc.as_view(),
@@ -146,6 +160,106 @@ fn main() -> Result<()> {
                 bw / copy_bw
             ))?;
         }
+    }
+    if only.is_empty() || only == "tiers" {
+        bench_tiers(&stream, reps.min(7), &mut rng, &mut emit)?;
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench_tiers(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    reps: usize,
+    rng: &mut SplitMix64,
+    emit: &mut impl FnMut(String) -> Result<()>,
+) -> Result<()> {
+    use std::time::Instant;
+    let shape = KvShape::with_block_size(32, 8, 128, 16)?;
+    let n = 1000usize;
+    let capacity = 2 * n as u32 + 64;
+    let config = StoreConfig::new(shape, CodecKind::TurboQuant { bits: 4 }, capacity, capacity);
+    let mut store = BlockStore::on_cuda_stream(config, stream.clone())?;
+    let bytes = n * store.block_bytes();
+    let tags = vec![
+        BlockTags {
+            source: SourceLayer::Memories,
+            importance: 0.5,
+            tenant: TenantId(1),
+            session: None,
+            tokens: TokenRange::new(0, 16),
+        };
+        2 * n
+    ];
+
+    // Baseline: one pinned memcpy of the same bytes each way.
+    let ctx = stream.context();
+    // Same flags as the cold tier (portable, mapped, not write-combined).
+    let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE
+        | cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    // SAFETY: the bytes are only copied, never interpreted; their value does not matter.
+    let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, flags) }?;
+    let mut dev = stream.alloc_zeros::<u8>(bytes)?;
+    stream.memcpy_htod(&host, &mut dev)?;
+    stream.synchronize()?;
+    let (mut h2d, mut d2h) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        stream.memcpy_htod(&host, &mut dev)?;
+        stream.synchronize()?;
+        h2d.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        stream.memcpy_dtoh(&dev, &mut host)?;
+        stream.synchronize()?;
+        d2h.push(t.elapsed().as_secs_f64());
+    }
+    drop((host, dev));
+    let (h2d, d2h) = (median(h2d), median(d2h));
+    emit(format!(
+        "{{\"bench\":\"pinned_memcpy\",\"bytes\":{bytes},\"h2d_seconds\":{h2d:.6},\"h2d_bytes_per_s\":{:.4e},\"d2h_seconds\":{d2h:.6},\"d2h_bytes_per_s\":{:.4e}}}",
+        bytes as f64 / h2d,
+        bytes as f64 / d2h
+    ))?;
+
+    for layout in ["consecutive", "scattered"] {
+        let ids = if layout == "consecutive" {
+            store.allocate(Tier::Hot, &tags[..n])?
+        } else {
+            let all = store.allocate(Tier::Hot, &tags)?;
+            let mut order: Vec<usize> = (0..all.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let (keep, drop_idx) = order.split_at(n);
+            let gone: Vec<_> = drop_idx.iter().map(|&i| all[i]).collect();
+            store.release(&gone)?;
+            keep.iter().map(|&i| all[i]).collect()
+        };
+        let (mut spill, mut warm) = (Vec::new(), Vec::new());
+        for _ in 0..reps + 1 {
+            let t = Instant::now();
+            store.spill(&ids)?;
+            spill.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            store.warm(&ids)?;
+            warm.push(t.elapsed().as_secs_f64());
+        }
+        // The first round includes first-touch costs (module load, page mapping).
+        let (spill, warm) = (median(spill[1..].to_vec()), median(warm[1..].to_vec()));
+        let hot = store.hot_slots(&ids)?;
+        let runs = 1 + hot.windows(2).filter(|w| w[1] != w[0] + 1).count();
+        emit(format!(
+            "{{\"bench\":\"tier_transfer\",\"slots\":\"{layout}\",\"blocks\":{n},\"layers\":32,\"bytes\":{bytes},\"hot_runs\":{runs},\"spill_seconds\":{spill:.6},\"spill_bytes_per_s\":{:.4e},\"spill_vs_pinned_memcpy\":{:.3},\"warm_seconds\":{warm:.6},\"warm_bytes_per_s\":{:.4e},\"warm_vs_pinned_memcpy\":{:.3}}}",
+            bytes as f64 / spill,
+            d2h / spill,
+            bytes as f64 / warm,
+            h2d / warm
+        ))?;
+        store.release(&ids)?;
     }
     Ok(())
 }

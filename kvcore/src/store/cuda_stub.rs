@@ -7,13 +7,27 @@ use crate::store::host::{HostTier, Layout};
 use crate::store::hot::HotStorage;
 
 /// The CUDA hot tier (not compiled in).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct CudaTier {
     _not_constructible: (),
 }
 
 impl CudaTier {
     pub(crate) fn new(_device: usize, _layout: Layout, _capacity: u32) -> KvResult<Self> {
+        Err(KvError::CudaNotCompiled)
+    }
+
+    pub(crate) fn cold_tier(&self, _capacity: u32) -> KvResult<HostTier> {
+        Err(KvError::CudaNotCompiled)
+    }
+
+    /// Never reached: no value exists.
+    pub fn try_clone(&self) -> KvResult<Self> {
+        Err(KvError::CudaNotCompiled)
+    }
+
+    /// Never reached: no value exists.
+    pub fn block_bytes(&self, _slot: u32) -> KvResult<Vec<u8>> {
         Err(KvError::CudaNotCompiled)
     }
 }

@@ -11,6 +11,7 @@
 
 use crate::error::{KvError, KvResult};
 use crate::shape::KvShape;
+use crate::store::buf::HostBuf;
 
 /// Per-layer row widths of the four streams: the part of the layout every tier shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +24,7 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    fn rows_per_block(&self) -> usize {
+    pub(crate) fn rows_per_block(&self) -> usize {
         self.shape.block_size * self.shape.kv_heads
     }
 
@@ -52,15 +53,15 @@ pub(crate) struct LayerBytes<'a> {
 
 /// Offsets of one stream pair (codes or norms) in the layer-major layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Strides {
+pub(crate) struct Strides {
     /// Bytes of one block in layer `l`.
-    block: Vec<usize>,
+    pub(crate) block: Vec<usize>,
     /// Start of layer `l`; one extra entry holds the total.
-    layer: Vec<usize>,
+    pub(crate) layer: Vec<usize>,
 }
 
 impl Strides {
-    fn new(row: &[usize], rows_per_block: usize, capacity: usize) -> KvResult<Self> {
+    pub(crate) fn new(row: &[usize], rows_per_block: usize, capacity: usize) -> KvResult<Self> {
         let block: Vec<usize> = row.iter().map(|r| r * rows_per_block).collect();
         let mut layer = Vec::with_capacity(block.len() + 1);
         let mut total = 0usize;
@@ -79,11 +80,11 @@ impl Strides {
         Ok(Self { block, layer })
     }
 
-    fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.layer.last().copied().unwrap_or(0)
     }
 
-    fn range(&self, layer: usize, slot: u32, blocks: usize) -> std::ops::Range<usize> {
+    pub(crate) fn range(&self, layer: usize, slot: u32, blocks: usize) -> std::ops::Range<usize> {
         let start = self.layer[layer] + slot as usize * self.block[layer];
         start..start + blocks * self.block[layer]
     }
@@ -96,23 +97,33 @@ pub struct HostTier {
     capacity: u32,
     codes: Strides,
     norms: Strides,
-    k_codes: Vec<u8>,
-    v_codes: Vec<u8>,
-    k_norms: Vec<u8>,
-    v_norms: Vec<u8>,
+    k_codes: HostBuf,
+    v_codes: HostBuf,
+    k_norms: HostBuf,
+    v_norms: HostBuf,
 }
 
 impl HostTier {
     pub(crate) fn new(layout: Layout, capacity: u32) -> KvResult<Self> {
+        // Zeroed allocations map lazily: an unused tier costs address space, not memory.
+        Self::with_alloc(layout, capacity, |n| Ok(HostBuf::heap(n)))
+    }
+
+    /// A tier whose four tensors come from `alloc` (zeroed buffers of the given byte length):
+    /// process memory, or page-locked memory a device copies to and from.
+    pub(crate) fn with_alloc(
+        layout: Layout,
+        capacity: u32,
+        mut alloc: impl FnMut(usize) -> KvResult<HostBuf>,
+    ) -> KvResult<Self> {
         let rows = layout.rows_per_block();
         let codes = Strides::new(&layout.code_row, rows, capacity as usize)?;
         let norms = Strides::new(&layout.norm_row, rows, capacity as usize)?;
-        // Zeroed allocations map lazily: an unused tier costs address space, not memory.
         Ok(Self {
-            k_codes: vec![0; codes.total()],
-            v_codes: vec![0; codes.total()],
-            k_norms: vec![0; norms.total()],
-            v_norms: vec![0; norms.total()],
+            k_codes: alloc(codes.total())?,
+            v_codes: alloc(codes.total())?,
+            k_norms: alloc(norms.total())?,
+            v_norms: alloc(norms.total())?,
             layout,
             capacity,
             codes,
@@ -154,17 +165,37 @@ impl HostTier {
     /// K norms, V norms; layers in order within each): what the shadow checksums.
     pub fn block_bytes(&self, slot: u32) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.layout.block_bytes());
-        for (data, strides) in [
-            (&self.k_codes, &self.codes),
-            (&self.v_codes, &self.codes),
-            (&self.k_norms, &self.norms),
-            (&self.v_norms, &self.norms),
-        ] {
+        for (data, strides) in self.planes() {
             for layer in 0..self.layout.shape.layers {
                 out.extend_from_slice(&data[strides.range(layer, slot, 1)]);
             }
         }
         out
+    }
+
+    /// Whether the tensors are page-locked (a device copies them without staging).
+    pub fn is_pinned(&self) -> bool {
+        self.k_codes.is_pinned()
+    }
+
+    /// The four tensors (K codes, V codes, K norms, V norms) with the strides of each.
+    pub(crate) fn planes(&self) -> [(&HostBuf, &Strides); 4] {
+        [
+            (&self.k_codes, &self.codes),
+            (&self.v_codes, &self.codes),
+            (&self.k_norms, &self.norms),
+            (&self.v_norms, &self.norms),
+        ]
+    }
+
+    /// The four tensors, mutable, with the strides of each.
+    pub(crate) fn planes_mut(&mut self) -> [(&mut HostBuf, &Strides); 4] {
+        [
+            (&mut self.k_codes, &self.codes),
+            (&mut self.v_codes, &self.codes),
+            (&mut self.k_norms, &self.norms),
+            (&mut self.v_norms, &self.norms),
+        ]
     }
 
     pub(crate) fn layer(&self, layer: usize) -> LayerBytes<'_> {
@@ -204,16 +235,12 @@ impl HostTier {
     /// Consecutive slot pairs are merged into one copy per (stream, layer, run).
     pub(crate) fn copy_from(&mut self, src: &HostTier, pairs: &[(u32, u32)]) {
         let runs = runs(pairs);
-        for (dst, from, to_strides, from_strides) in [
-            (&mut self.k_codes, &src.k_codes, &self.codes, &src.codes),
-            (&mut self.v_codes, &src.v_codes, &self.codes, &src.codes),
-            (&mut self.k_norms, &src.k_norms, &self.norms, &src.norms),
-            (&mut self.v_norms, &src.v_norms, &self.norms, &src.norms),
-        ] {
-            for layer in 0..self.layout.shape.layers {
+        let layers = self.layout.shape.layers;
+        for ((dst, to), (from, from_strides)) in self.planes_mut().into_iter().zip(src.planes()) {
+            for layer in 0..layers {
                 for &(s, d, n) in &runs {
-                    let from_range = from_strides.range(layer, s, n);
-                    dst[to_strides.range(layer, d, n)].copy_from_slice(&from[from_range]);
+                    dst[to.range(layer, d, n)]
+                        .copy_from_slice(&from[from_strides.range(layer, s, n)]);
                 }
             }
         }
@@ -221,7 +248,7 @@ impl HostTier {
 }
 
 /// Maximal runs `(src, dst, len)` where both slots advance by one.
-fn runs(pairs: &[(u32, u32)]) -> Vec<(u32, u32, usize)> {
+pub(crate) fn runs(pairs: &[(u32, u32)]) -> Vec<(u32, u32, usize)> {
     let mut out: Vec<(u32, u32, usize)> = Vec::new();
     for &(s, d) in pairs {
         match out.last_mut() {

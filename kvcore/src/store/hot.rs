@@ -8,13 +8,12 @@
 use crate::error::KvResult;
 use crate::store::host::{HostTier, Layout};
 
+#[cfg(feature = "cuda")]
+#[path = "cuda.rs"]
+pub(crate) mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
-mod cuda;
-#[cfg(feature = "cuda")]
-compile_error!(
-    "engram-kvcore: the CUDA hot tier arrives with the CUDA backend; build without `cuda`"
-);
+pub(crate) mod cuda;
 
 pub use cuda::CudaTier;
 
@@ -75,7 +74,7 @@ impl HotStorage for HostTier {
 /// The hot tier in use.
 // One value per store; boxing the host variant would only add an indirection on every read.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub enum HotTier {
     /// Process memory.
     Host(HostTier),
@@ -90,6 +89,38 @@ impl HotTier {
             HotTierKind::Cuda { device } => {
                 Ok(Self::Cuda(CudaTier::new(device, layout, capacity)?))
             }
+        }
+    }
+
+    /// A copy of the tier and its bytes (device memory is copied on the device).
+    pub fn try_clone(&self) -> KvResult<Self> {
+        Ok(match self {
+            Self::Host(h) => Self::Host(h.clone()),
+            Self::Cuda(c) => Self::Cuda(c.try_clone()?),
+        })
+    }
+
+    /// The CUDA tier, when the hot tier is on a device.
+    pub fn cuda(&self) -> Option<&CudaTier> {
+        match self {
+            Self::Host(_) => None,
+            Self::Cuda(c) => Some(c),
+        }
+    }
+
+    /// The CUDA tier, mutable.
+    pub fn cuda_mut(&mut self) -> Option<&mut CudaTier> {
+        match self {
+            Self::Host(_) => None,
+            Self::Cuda(c) => Some(c),
+        }
+    }
+
+    /// A cold tier that suits this hot tier: page-locked memory for a device.
+    pub(crate) fn cold_tier(&self, layout: Layout, capacity: u32) -> KvResult<HostTier> {
+        match self {
+            Self::Host(_) => HostTier::new(layout, capacity),
+            Self::Cuda(c) => c.cold_tier(capacity),
         }
     }
 

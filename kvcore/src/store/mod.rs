@@ -16,6 +16,7 @@
 //! Costs: allocate/release/retain O(n) in the ids given; spill/warm O(n·layers) copies, merged
 //! into one per run of consecutive slots; metadata lookups O(log blocks).
 
+mod buf;
 pub(crate) mod host;
 pub(crate) mod hot;
 
@@ -29,6 +30,8 @@ use crate::error::{KvError, KvResult};
 use crate::metadata::{BlockMeta, BlockMetadataTable, PriorityTable};
 use crate::shape::{KvShape, LayerCodecs};
 use host::{HostTier, Layout};
+#[cfg(feature = "cuda")]
+use hot::CudaTier;
 use hot::{HotStorage, HotTier, HotTierKind};
 
 /// Where a block's bytes are.
@@ -118,7 +121,7 @@ impl SlotPool {
 }
 
 /// Blocks, their tiers and their meaning (see the module docs).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct BlockStore {
     layout: Layout,
     codecs: Vec<Codec>,
@@ -136,6 +139,42 @@ impl BlockStore {
     /// Builds the store: validates the shape, builds one codec per layer (codecs of the same kind
     /// are solved once and shared), and allocates both tiers.
     pub fn new(config: StoreConfig) -> KvResult<Self> {
+        Self::build(config, HotTier::new)
+    }
+
+    /// A store whose hot tier lives on the device of `stream`, with compute (the kernels that
+    /// write and read blocks) on that stream; `config.hot_kind` is ignored. The cold tier is
+    /// page-locked host memory.
+    #[cfg(feature = "cuda")]
+    pub fn on_cuda_stream(
+        config: StoreConfig,
+        stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> KvResult<Self> {
+        Self::build(config, |_, layout, capacity| {
+            Ok(HotTier::Cuda(CudaTier::on_stream(stream, layout, capacity)?))
+        })
+    }
+
+    /// A copy of the store, its metadata and the bytes of both tiers.
+    pub fn try_clone(&self) -> KvResult<Self> {
+        Ok(Self {
+            layout: self.layout.clone(),
+            codecs: self.codecs.clone(),
+            kinds: self.kinds.clone(),
+            rotation_seed: self.rotation_seed,
+            hot: self.hot.try_clone()?,
+            cold: self.cold.clone(),
+            hot_free: self.hot_free.clone(),
+            cold_free: self.cold_free.clone(),
+            meta: self.meta.clone(),
+            next_id: self.next_id,
+        })
+    }
+
+    fn build(
+        config: StoreConfig,
+        hot: impl FnOnce(HotTierKind, Layout, u32) -> KvResult<HotTier>,
+    ) -> KvResult<Self> {
         let StoreConfig {
             shape,
             codecs: kinds,
@@ -165,8 +204,8 @@ impl BlockStore {
             code_row: codecs.iter().map(Codec::code_bytes).collect(),
             norm_row: codecs.iter().map(Codec::norm_bytes).collect(),
         };
-        let hot = HotTier::new(hot_kind, layout.clone(), hot_blocks)?;
-        let cold = HostTier::new(layout.clone(), cold_blocks)?;
+        let hot = hot(hot_kind, layout.clone(), hot_blocks)?;
+        let cold = hot.cold_tier(layout.clone(), cold_blocks)?;
         Ok(Self {
             layout,
             codecs,
@@ -222,6 +261,17 @@ impl BlockStore {
     /// The hot tier.
     pub fn hot(&self) -> &HotTier {
         &self.hot
+    }
+
+    /// The hot tier, mutable (device kernels write blocks through it).
+    pub fn hot_mut(&mut self) -> &mut HotTier {
+        &mut self.hot
+    }
+
+    /// The hot-tier slots of `ids` (block tables for device kernels); every id must be live,
+    /// distinct and hot.
+    pub fn hot_slots(&self, ids: &[BlockId]) -> KvResult<Vec<u32>> {
+        self.slots_in(ids, Tier::Hot)
     }
 
     /// The cold tier.
@@ -479,7 +529,10 @@ impl BlockStore {
     pub fn block_bytes_of(&self, id: BlockId) -> KvResult<Vec<u8>> {
         let meta = self.lookup(id)?;
         match meta.tier {
-            Tier::Hot => Ok(self.hot.host()?.block_bytes(meta.slot)),
+            Tier::Hot => match &self.hot {
+                HotTier::Host(h) => Ok(h.block_bytes(meta.slot)),
+                HotTier::Cuda(c) => c.block_bytes(meta.slot),
+            },
             Tier::Cold => Ok(self.cold.block_bytes(meta.slot)),
             Tier::Recompute => Err(KvError::WrongTier {
                 id,

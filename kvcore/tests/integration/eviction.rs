@@ -102,7 +102,7 @@ fn the_priority_table_is_configurable() {
 fn room_beyond_capacity_is_an_error_and_changes_nothing() {
     let mut store = small_store(CodecKind::TQ4, 2, 2);
     filled(&mut store, 2, SourceLayer::UserTurn, 1);
-    let before = store.clone();
+    let before = store.try_clone().unwrap();
     assert_eq!(
         store.make_room(3),
         Err(KvError::TierExhausted {

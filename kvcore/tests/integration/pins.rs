@@ -125,7 +125,7 @@ fn policy_is_validated_and_bad_ids_change_nothing() {
     let pins = PrefixPinManager::new(PinPolicy::default()).unwrap();
     let ids = filled(&mut store, 2, SourceLayer::Axioms, 1);
     store.release(&ids[1..]).unwrap();
-    let before = store.clone();
+    let before = store.try_clone().unwrap();
     assert!(matches!(
         pins.pin(&mut store, &ids),
         Err(KvError::AlreadyFreed { .. })

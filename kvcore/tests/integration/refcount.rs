@@ -22,7 +22,7 @@ fn a_shared_block_outlives_all_but_its_last_owner() {
     assert_eq!(store.release(&[id]).unwrap(), vec![id]);
     assert_eq!(store.free_blocks(Tier::Hot), 4);
     // No underflow: a fourth release is a double free, and changes nothing.
-    let before = store.clone();
+    let before = store.try_clone().unwrap();
     assert_eq!(store.release(&[id]), Err(KvError::AlreadyFreed { id }));
     assert_eq!(store.retain(&[id]), Err(KvError::AlreadyFreed { id }));
     assert_eq!(store, before);
@@ -61,7 +61,7 @@ proptest! {
         let mut model: BTreeMap<BlockId, u32> = BTreeMap::new();
         let mut ever: Vec<BlockId> = Vec::new();
         for op in ops {
-            let before = store.clone();
+            let before = store.try_clone().unwrap();
             let pick = |i: usize| ever.get(i % ever.len().max(1)).copied();
             let result = match op {
                 Op::Allocate(n) => store.allocate(Tier::Hot, &vec![tags(SourceLayer::Memories); n]).map(|ids| {

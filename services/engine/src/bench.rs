@@ -38,6 +38,8 @@ pub struct TtftOptions {
     pub decode_prompt: usize,
     /// KV codec.
     pub codec: CodecKind,
+    /// The engine's options besides the codec (device, tiers, key centering).
+    pub engine: EngineConfig,
 }
 
 impl Default for TtftOptions {
@@ -49,6 +51,7 @@ impl Default for TtftOptions {
             decode_steps: 16,
             decode_prompt: 128,
             codec: CodecKind::TQ4,
+            engine: EngineConfig::default(),
         }
     }
 }
@@ -79,10 +82,10 @@ pub struct DecodeRow {
     pub decode_tokens_per_s: f64,
 }
 
-fn engine(model: &Llama, tok: &TextTokenizer, codec: CodecKind) -> EngineResult<EngineCore> {
+fn engine(model: &Llama, tok: &TextTokenizer, opts: &TtftOptions) -> EngineResult<EngineCore> {
     let config = EngineConfig {
-        codec,
-        ..EngineConfig::default()
+        codec: opts.codec,
+        ..opts.engine.clone()
     };
     EngineCore::new(model.clone(), tok.clone(), config)
 }
@@ -123,7 +126,7 @@ pub fn ttft(
     let mut rows = Vec::new();
     let s = opts.suffix_tokens;
     for &p in &opts.prompt_tokens {
-        let mut core = engine(model, tok, opts.codec)?;
+        let mut core = engine(model, tok, opts)?;
         let prefix = slice(corpus, 0, p)?;
         let with = |k: usize| -> EngineResult<Vec<u32>> {
             let mut t = prefix.clone();
@@ -207,7 +210,7 @@ fn measure(
     b: usize,
     mode: DecodeMode,
 ) -> EngineResult<DecodeRow> {
-    let mut core = engine(model, tok, opts.codec)?;
+    let mut core = engine(model, tok, opts)?;
     let mut seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
     let t = Instant::now();
     match mode {
@@ -249,6 +252,134 @@ pub fn decode(
             ));
             rows.push(row);
         }
+    }
+    Ok(rows)
+}
+
+/// One step of [`device_parity`] (a JSON line of `engram check device`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParityRow {
+    /// `prefill` (last-token logits of each sequence) or `decode` (a batched step).
+    pub phase: String,
+    /// Step index within the phase.
+    pub step: usize,
+    /// Relative L2 distance of the device's logits from the CPU engine's.
+    pub rel_l2: f64,
+    /// Whether both pick the same greedy token for every sequence.
+    pub same_argmax: bool,
+}
+
+/// The forward pass on `device` against the CPU on the same random weights (`shape`): two
+/// sequences of `prompt` and `prompt / 2 + 7` random tokens prefilled in 256-token chunks
+/// through TurboQuant-4 blocks, then `steps` batched decode steps fed the CPU's greedy tokens.
+pub fn device_parity(
+    device: crate::core::EngineDevice,
+    shape: crate::weights::ModelConfig,
+    prompt: usize,
+    steps: usize,
+) -> EngineResult<Vec<ParityRow>> {
+    use engram_kvcore::{
+        BlockStore, BlockTags, KvShape, SourceLayer, SplitMix64, StoreConfig, Tier, TokenRange,
+    };
+
+    use crate::model::{LogitRows, SeqInput};
+
+    let cpu = Llama::random(shape.clone(), &candle_core::Device::Cpu, 7)?;
+    let kv = KvShape::with_block_size(
+        shape.num_layers,
+        shape.num_kv_heads,
+        shape.head_dim,
+        engram_kvcore::DEFAULT_BLOCK_SIZE,
+    )?;
+    let lens = [prompt, prompt / 2 + 7];
+    let blocks_per = (prompt + steps).div_ceil(kv.block_size) + 1;
+    let config = StoreConfig::new(kv, CodecKind::TQ4, (3 * blocks_per) as u32, 0);
+    let (dev_model, mut dev_store) = crate::core::open_on(device, cpu.clone(), config.clone())?;
+    let mut cpu_store = BlockStore::new(config)?;
+    let tags = vec![
+        BlockTags {
+            source: SourceLayer::UserTurn,
+            importance: 0.5,
+            tenant: TenantId(1),
+            session: None,
+            tokens: TokenRange::new(0, 16),
+        };
+        blocks_per
+    ];
+    let mut rng = SplitMix64::new(3);
+    let mut seqs = Vec::new();
+    for &len in &lens {
+        let tokens: Vec<u32> = (0..len)
+            .map(|_| (rng.next_u64() % shape.vocab_size as u64) as u32)
+            .collect();
+        let a = cpu_store.allocate(Tier::Hot, &tags)?;
+        let b = dev_store.allocate(Tier::Hot, &tags)?;
+        seqs.push((tokens, a, b));
+    }
+    let compare = |a: &candle_core::Tensor, b: &candle_core::Tensor| -> EngineResult<(f64, bool)> {
+        let (x, y): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (a.to_vec2()?, b.to_vec2()?);
+        let (mut num, mut den, mut same) = (0.0f64, 0.0f64, true);
+        for (r, s) in x.iter().zip(&y) {
+            for (&p, &q) in r.iter().zip(s) {
+                num += f64::from(p - q).powi(2);
+                den += f64::from(p).powi(2);
+            }
+            same &= argmax(r) == argmax(s);
+        }
+        Ok(((num / den.max(1e-30)).sqrt(), same))
+    };
+    let mut rows = Vec::new();
+    let mut next: Vec<u32> = Vec::new();
+    for (i, (tokens, a, b)) in seqs.iter().enumerate() {
+        let (mut la, mut lb) = (None, None);
+        for start in (0..tokens.len()).step_by(256) {
+            let chunk = &tokens[start..tokens.len().min(start + 256)];
+            let input = |blocks| SeqInput {
+                tokens: chunk,
+                start,
+                blocks,
+                logits: LogitRows::Last,
+            };
+            la = Some(cpu.forward(&mut cpu_store, &[input(a)])?);
+            lb = Some(dev_model.forward(&mut dev_store, &[input(b)])?);
+        }
+        if let (Some(la), Some(lb)) = (la, lb) {
+            let (rel_l2, same_argmax) = compare(&la, &lb)?;
+            rows.push(ParityRow {
+                phase: "prefill".into(),
+                step: i,
+                rel_l2,
+                same_argmax,
+            });
+            next.push(argmax(&la.to_vec2::<f32>()?.concat()));
+        }
+    }
+    let mut pos: Vec<usize> = lens.to_vec();
+    for step in 0..steps {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let batch = |side: usize| -> Vec<SeqInput<'_>> {
+            seqs.iter()
+                .zip(&toks)
+                .zip(&pos)
+                .map(|(((_, a, b), t), &p)| SeqInput {
+                    tokens: t,
+                    start: p,
+                    blocks: if side == 0 { a } else { b },
+                    logits: LogitRows::Last,
+                })
+                .collect()
+        };
+        let la = cpu.forward(&mut cpu_store, &batch(0))?;
+        let lb = dev_model.forward(&mut dev_store, &batch(1))?;
+        let (rel_l2, same_argmax) = compare(&la, &lb)?;
+        rows.push(ParityRow {
+            phase: "decode".into(),
+            step,
+            rel_l2,
+            same_argmax,
+        });
+        next = la.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect();
+        pos.iter_mut().for_each(|p| *p += 1);
     }
     Ok(rows)
 }

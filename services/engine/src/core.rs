@@ -71,6 +71,54 @@ pub struct EngineConfig {
     pub key_centering: KeyCentering,
     /// A KV ablation for the fidelity harness (needs `codec: F32`); never set when serving.
     pub probe: Option<KvProbe>,
+    /// Where the model and the KV hot tier live.
+    pub device: EngineDevice,
+}
+
+impl EngineDevice {
+    /// The candle device (a CUDA device needs a build with feature `cuda`).
+    pub fn candle(&self) -> EngineResult<candle_core::Device> {
+        Ok(match *self {
+            Self::Cpu => candle_core::Device::Cpu,
+            Self::Cuda { ordinal } => candle_core::Device::new_cuda(ordinal)?,
+        })
+    }
+
+    /// `cpu`, `cuda` (device 0) or `cuda:N`.
+    pub fn parse(s: &str) -> EngineResult<Self> {
+        let s = s.trim();
+        let bad = || EngineError::InvalidConfig {
+            field: "device",
+            reason: format!("unknown device `{s}` (cpu, cuda, cuda:N)"),
+        };
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda { ordinal: 0 }),
+            _ => match s.strip_prefix("cuda:") {
+                Some(n) => n
+                    .parse()
+                    .map(|ordinal| Self::Cuda { ordinal })
+                    .map_err(|_| bad()),
+                None => Err(bad()),
+            },
+        }
+    }
+}
+
+/// Where the engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum EngineDevice {
+    /// The model and the hot tier in process memory.
+    #[default]
+    Cpu,
+    /// The model on a CUDA device, the hot tier in its VRAM, the cold tier page-locked (needs a
+    /// build with feature `cuda`).
+    Cuda {
+        /// Device ordinal.
+        #[serde(default)]
+        ordinal: usize,
+    },
 }
 
 impl Default for EngineConfig {
@@ -89,6 +137,7 @@ impl Default for EngineConfig {
             weights: WeightFormat::F32,
             key_centering: KeyCentering::Calibrated,
             probe: None,
+            device: EngineDevice::Cpu,
         }
     }
 }
@@ -287,6 +336,51 @@ fn block_salt(tenant: TenantId, public_blocks: usize, b: usize) -> u64 {
     }
 }
 
+/// The model on `device` and a block store whose hot tier is on the same device.
+pub(crate) fn open_on(
+    device: EngineDevice,
+    model: Llama,
+    store: StoreConfig,
+) -> EngineResult<(Llama, BlockStore)> {
+    match device {
+        EngineDevice::Cpu if model.device().is_cpu() => Ok((model, BlockStore::new(store)?)),
+        EngineDevice::Cpu => Ok((
+            model.to_device(&candle_core::Device::Cpu)?,
+            BlockStore::new(store)?,
+        )),
+        EngineDevice::Cuda { ordinal } => on_cuda(model, store, ordinal),
+    }
+}
+
+/// The model on CUDA device `ordinal` (unless it is on a device already) and a store whose hot
+/// tier shares the model's stream.
+#[cfg(feature = "cuda")]
+fn on_cuda(
+    model: Llama,
+    store: StoreConfig,
+    ordinal: usize,
+) -> EngineResult<(Llama, BlockStore)> {
+    let model = match model.device() {
+        candle_core::Device::Cuda(_) => model,
+        _ => model.to_device(&candle_core::Device::new_cuda(ordinal)?)?,
+    };
+    let stream = model.device().as_cuda_device()?.cuda_stream();
+    let store = BlockStore::on_cuda_stream(store, stream)?;
+    Ok((model, store))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_cuda(
+    _model: Llama,
+    _store: StoreConfig,
+    _ordinal: usize,
+) -> EngineResult<(Llama, BlockStore)> {
+    Err(EngineError::InvalidConfig {
+        field: "device",
+        reason: "this build has no CUDA support (build with feature `cuda`)".into(),
+    })
+}
+
 /// The synchronous engine (see the module docs).
 #[derive(Debug)]
 pub struct EngineCore {
@@ -361,7 +455,12 @@ impl EngineCore {
             });
         }
         let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-        let store = BlockStore::new(StoreConfig {
+        let pins = PrefixPinManager::new(config.pin_policy.clone())?;
+        let key_means = match config.key_centering {
+            KeyCentering::Off => None,
+            KeyCentering::Calibrated => Some(model.key_means(&tokenizer)?.to_vec()),
+        };
+        let store_config = StoreConfig {
             shape,
             codecs: codecs.clone(),
             hot_kind: HotTierKind::Host,
@@ -369,12 +468,8 @@ impl EngineCore {
             cold_blocks: clamp(config.cold_bytes / block_bytes as u64),
             rotation_seed: config.rotation_seed,
             priorities: PriorityTable::default(),
-        })?;
-        let pins = PrefixPinManager::new(config.pin_policy.clone())?;
-        let key_means = match config.key_centering {
-            KeyCentering::Off => None,
-            KeyCentering::Calibrated => Some(model.key_means(&tokenizer)?.to_vec()),
         };
+        let (model, store) = open_on(config.device, model, store_config)?;
         let mut h = Sha256::new();
         if let Some(m) = &key_means {
             m.iter().for_each(|x| h.update(x.to_le_bytes()));

@@ -46,6 +46,9 @@ pub enum EngineError {
         /// What went wrong, from the tokenizers crate.
         reason: String,
     },
+    /// A device kernel or driver call failed (CUDA builds).
+    #[error("device: {0}")]
+    Device(String),
     /// An engine option is out of range.
     #[error("invalid engine config `{field}`: {reason}")]
     InvalidConfig {

@@ -24,6 +24,7 @@ mod tokenizer;
 mod weights;
 
 pub use crate::core::{
+    EngineDevice,
     Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, KeyCentering, Occupancy,
     PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, SeqId, SequenceSpec,
 };

@@ -46,9 +46,16 @@ pub(crate) struct Layer {
     pub w_down: Linear,
 }
 
+#[cfg(feature = "cuda")]
+#[path = "model_cuda.rs"]
+mod cuda;
+
 /// A loaded model.
 #[derive(Debug, Clone)]
 pub struct Llama {
+    device: Device,
+    #[cfg(feature = "cuda")]
+    kernels: cuda::KernelCache,
     config: ModelConfig,
     embed: Tensor,
     layers: Vec<Layer>,
@@ -151,6 +158,9 @@ impl Llama {
         }
         let angles = Tensor::from_vec(angles, (ctx, half), &Device::Cpu)?;
         Ok(Self {
+            device: Device::Cpu,
+            #[cfg(feature = "cuda")]
+            kernels: cuda::KernelCache::default(),
             cos: angles.cos()?,
             sin: angles.sin()?,
             config,
@@ -161,6 +171,60 @@ impl Llama {
             fingerprint: w.fingerprint,
             key_means: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// A model of the given shape with random weights (normal, σ 0.02; norms 1) built on
+    /// `device`: for speed work where a real checkpoint cannot travel (the fingerprint covers the
+    /// shape and the seed).
+    pub fn random(config: ModelConfig, device: &Device, seed: u64) -> EngineResult<Self> {
+        let w = Weights::random(config, device, seed)?;
+        let mut m = Self::from_weights(w)?;
+        m.cos = m.cos.to_device(device)?;
+        m.sin = m.sin.to_device(device)?;
+        m.device = device.clone();
+        Ok(m)
+    }
+
+    /// The same model with its weights on `device` (dense weights only). Key means already
+    /// calibrated come along.
+    pub fn to_device(&self, device: &Device) -> EngineResult<Self> {
+        let mv = |t: &Tensor| t.to_device(device);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    attn_norm: mv(&l.attn_norm)?,
+                    wq: l.wq.to_device(device)?,
+                    wk: l.wk.to_device(device)?,
+                    wv: l.wv.to_device(device)?,
+                    wo: l.wo.to_device(device)?,
+                    ffn_norm: mv(&l.ffn_norm)?,
+                    w_gate: l.w_gate.to_device(device)?,
+                    w_up: l.w_up.to_device(device)?,
+                    w_down: l.w_down.to_device(device)?,
+                })
+            })
+            .collect::<EngineResult<Vec<_>>>()?;
+        Ok(Self {
+            device: device.clone(),
+            #[cfg(feature = "cuda")]
+            kernels: cuda::KernelCache::default(),
+            config: self.config.clone(),
+            embed: mv(&self.embed)?,
+            layers,
+            norm: mv(&self.norm)?,
+            lm_head: self.lm_head.to_device(device)?,
+            cos: mv(&self.cos)?,
+            sin: mv(&self.sin)?,
+            fingerprint: self.fingerprint,
+            key_means: self.key_means.clone(),
+        })
+    }
+
+    /// The device the weights are on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Mean post-RoPE key of every (layer, KV head) over a fixed calibration text,
@@ -261,8 +325,28 @@ impl Llama {
         batch: &[SeqInput<'_>],
         transform: KvTransform<'_>,
     ) -> EngineResult<Tensor> {
+        #[cfg(feature = "cuda")]
+        if store.hot().cuda().is_some() {
+            return self.forward_cuda(store, batch, transform);
+        }
+        if !self.device.is_cpu() {
+            return Err(EngineError::InvalidConfig {
+                field: "device",
+                reason: "the model is on a device but the KV hot tier is in host memory".into(),
+            });
+        }
+        let (ids, positions) = self.check_batch(store, batch)?;
+        self.forward_cpu_layers(store, batch, transform, ids, positions)
+    }
+
+    /// Validates a batch against the model and the store; returns the concatenated new tokens
+    /// and their positions.
+    fn check_batch(
+        &self,
+        store: &BlockStore,
+        batch: &[SeqInput<'_>],
+    ) -> EngineResult<(Vec<u32>, Vec<u32>)> {
         let cfg = &self.config;
-        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let bs = store.shape().block_size;
         let mut ids = Vec::new();
         let mut positions = Vec::new();
@@ -295,6 +379,35 @@ impl Llama {
             ids.extend_from_slice(s.tokens);
             positions.extend((s.start..end).map(|p| p as u32));
         }
+        Ok((ids, positions))
+    }
+
+    /// The logit rows `batch` asks for, as indices into its concatenated new tokens.
+    fn logit_rows(batch: &[SeqInput<'_>]) -> Vec<u32> {
+        let mut rows = Vec::new();
+        let mut off = 0u32;
+        for s in batch {
+            let m = s.tokens.len() as u32;
+            match s.logits {
+                LogitRows::Last => rows.push(off + m - 1),
+                LogitRows::All => rows.extend(off..off + m),
+            }
+            off += m;
+        }
+        rows
+    }
+
+    fn forward_cpu_layers(
+        &self,
+        store: &mut BlockStore,
+        batch: &[SeqInput<'_>],
+        transform: KvTransform<'_>,
+        ids: Vec<u32>,
+        positions: Vec<u32>,
+    ) -> EngineResult<Tensor> {
+        let cfg = &self.config;
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let bs = store.shape().block_size;
         let n = ids.len();
         let dev = Device::Cpu;
         let ids = Tensor::from_vec(ids, n, &dev)?;
@@ -364,16 +477,7 @@ impl Llama {
             let up = layer.w_up.forward(&h)?;
             x = (x + layer.w_down.forward(&(gate * up)?)?)?;
         }
-        let mut rows = Vec::new();
-        let mut off = 0u32;
-        for s in batch {
-            let m = s.tokens.len() as u32;
-            match s.logits {
-                LogitRows::Last => rows.push(off + m - 1),
-                LogitRows::All => rows.extend(off..off + m),
-            }
-            off += m;
-        }
+        let rows = Self::logit_rows(batch);
         let rows = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
         let x = x.index_select(&rows, 0)?;
         let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
@@ -402,6 +506,11 @@ fn rope(
 /// Additive causal mask `[new, start + new]`: token `i` (position `start + i`) sees positions
 /// `≤ start + i`. `None` for a single token, which sees everything.
 fn causal_mask(start: usize, new: usize) -> EngineResult<Option<Tensor>> {
+    causal_mask_on(start, new, &Device::Cpu)
+}
+
+/// [`causal_mask`] on `dev`.
+fn causal_mask_on(start: usize, new: usize, dev: &Device) -> EngineResult<Option<Tensor>> {
     if new == 1 {
         return Ok(None);
     }
@@ -410,7 +519,7 @@ fn causal_mask(start: usize, new: usize) -> EngineResult<Option<Tensor>> {
     for i in 0..new {
         m[i * total + start + i + 1..(i + 1) * total].fill(f32::NEG_INFINITY);
     }
-    Ok(Some(Tensor::from_vec(m, (new, total), &Device::Cpu)?))
+    Ok(Some(Tensor::from_vec(m, (new, total), dev)?))
 }
 
 /// Causal attention of `q: [new, heads, d]` over positions `0..total` of the blocks, decoded
@@ -424,19 +533,31 @@ fn dense_attention(
     mask: &Option<Tensor>,
     cfg: &ModelConfig,
 ) -> EngineResult<Tensor> {
-    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let group = heads / kv_heads;
-    let new = q.dim(0)?;
+    let (kv_heads, d) = (cfg.num_kv_heads, cfg.head_dim);
     let n = total * kv_heads * d;
     let (mut kb, mut vb) = (vec![0.0f32; n], vec![0.0f32; n]);
     store.read(layer, blocks, 0, &mut kb, &mut vb)?;
     let dev = Device::Cpu;
-    let k = Tensor::from_vec(kb, (total, kv_heads, d), &dev)?
-        .transpose(0, 1)?
-        .contiguous()?;
-    let v = Tensor::from_vec(vb, (total, kv_heads, d), &dev)?
-        .transpose(0, 1)?
-        .contiguous()?;
+    let k = Tensor::from_vec(kb, (total, kv_heads, d), &dev)?;
+    let v = Tensor::from_vec(vb, (total, kv_heads, d), &dev)?;
+    attend_rows(&k, &v, q, mask, cfg)
+}
+
+/// Causal attention of `q: [new, heads, d]` over decoded `k`, `v`: `[total, kv_heads, d]` on
+/// the same device. Returns `[new, heads·d]`.
+pub(crate) fn attend_rows(
+    k: &Tensor,
+    v: &Tensor,
+    q: &Tensor,
+    mask: &Option<Tensor>,
+    cfg: &ModelConfig,
+) -> EngineResult<Tensor> {
+    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let group = heads / kv_heads;
+    let new = q.dim(0)?;
+    let total = k.dim(0)?;
+    let k = k.transpose(0, 1)?.contiguous()?;
+    let v = v.transpose(0, 1)?.contiguous()?;
     // Query head h uses KV head h / group: fold the group into the row axis.
     let q = q
         .reshape((new, kv_heads, group, d))?

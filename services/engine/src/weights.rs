@@ -64,7 +64,56 @@ pub(crate) enum Linear {
     Quant(QMatMul),
 }
 
+impl ModelConfig {
+    /// SmolLM2-135M's shape (30 layers, 9 query and 3 KV heads of 64, hidden 576).
+    pub fn smollm2_135m() -> Self {
+        Self {
+            vocab_size: 49_152,
+            hidden_size: 576,
+            intermediate_size: 1536,
+            num_layers: 30,
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            rope_theta: 100_000.0,
+            rms_eps: 1e-5,
+            context_length: 8192,
+        }
+    }
+
+    /// Llama-3.1-8B's shape (32 layers, 32 query and 8 KV heads of 128, hidden 4096), with the
+    /// context capped at 32K (the RoPE tables are precomputed for it).
+    pub fn llama3_8b() -> Self {
+        Self {
+            vocab_size: 128_256,
+            hidden_size: 4096,
+            intermediate_size: 14_336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rope_theta: 500_000.0,
+            rms_eps: 1e-5,
+            context_length: 32_768,
+        }
+    }
+}
+
 impl Linear {
+    /// The projection on `device` (dense weights only: candle's quantized matmul here is the
+    /// CPU path).
+    pub fn to_device(&self, device: &Device) -> EngineResult<Self> {
+        match self {
+            Self::Dense(w) => Ok(Self::Dense(w.to_device(device)?)),
+            Self::Quant(_) if device.is_cpu() => Ok(self.clone()),
+            Self::Quant(_) => Err(EngineError::InvalidConfig {
+                field: "weights",
+                reason: "quantized weights run on the CPU only; use weights = \"f32\" on a device"
+                    .into(),
+            }),
+        }
+    }
+
     /// `x · wᵀ` for `x: [rows, in]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
@@ -85,6 +134,48 @@ pub(crate) struct Weights {
 }
 
 impl Weights {
+    /// Random weights of `config`'s shape on `device`: normal with σ 0.02, norms 1.
+    pub fn random(config: ModelConfig, device: &Device, seed: u64) -> EngineResult<Self> {
+        if !device.is_cpu() {
+            device.set_seed(seed)?;
+        }
+        let c = &config;
+        let (h, kv, ff) = (
+            c.hidden_size,
+            c.num_kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let q = c.num_heads * c.head_dim;
+        let randn = |rows: usize, cols: usize| Tensor::randn(0f32, 0.02, (rows, cols), device);
+        let ones = || Tensor::ones(h, DType::F32, device);
+        let layers = (0..c.num_layers)
+            .map(|_| {
+                Ok(Layer {
+                    attn_norm: ones()?,
+                    wq: Linear::Dense(randn(q, h)?),
+                    wk: Linear::Dense(randn(kv, h)?),
+                    wv: Linear::Dense(randn(kv, h)?),
+                    wo: Linear::Dense(randn(h, q)?),
+                    ffn_norm: ones()?,
+                    w_gate: Linear::Dense(randn(ff, h)?),
+                    w_up: Linear::Dense(randn(ff, h)?),
+                    w_down: Linear::Dense(randn(h, ff)?),
+                })
+            })
+            .collect::<EngineResult<Vec<_>>>()?;
+        let mut hash = Sha256::new();
+        hash.update(serde_json::to_vec(&config).unwrap_or_default());
+        hash.update(seed.to_le_bytes());
+        Ok(Self {
+            embed: randn(c.vocab_size, h)?,
+            lm_head: Linear::Dense(randn(c.vocab_size, h)?),
+            norm: ones()?,
+            layers,
+            fingerprint: hash.finalize().into(),
+            config,
+        })
+    }
+
     pub fn from_gguf(path: &Path, format: WeightFormat) -> EngineResult<Self> {
         let fingerprint = hash_files(&[path.to_path_buf()])?;
         let mut f = BufReader::new(File::open(path).map_err(io_error(path))?);

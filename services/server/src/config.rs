@@ -76,6 +76,9 @@ pub struct ModelSection {
     pub hot_mib: u64,
     /// Cold-tier budget in MiB.
     pub cold_mib: u64,
+    /// Where the engine runs: `cpu`, `cuda` or `cuda:N` (CUDA needs a build with `--features
+    /// cuda`, e.g. `make build-cuda`).
+    pub device: String,
 }
 
 /// `[tenants]`: quotas given to new tenants.
@@ -115,6 +118,7 @@ impl Default for ModelSection {
             codec: "tq4".into(),
             hot_mib: 1024,
             cold_mib: 2048,
+            device: "cpu".into(),
         }
     }
 }

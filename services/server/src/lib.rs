@@ -60,6 +60,7 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
             codec: engram_engine::parse_codec(&config.model.codec)?,
             hot_bytes: config.model.hot_mib << 20,
             cold_bytes: config.model.cold_mib << 20,
+            device: engram_engine::EngineDevice::parse(&config.model.device)?,
             ..EngineConfig::default()
         };
         let core = EngineCore::load(&config.model.path, engine_config)?;

@@ -7,7 +7,10 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use engram_engine::bench::{self, TtftOptions};
 use engram_engine::eval::{self, EvalOptions};
-use engram_engine::{KeyCentering, KvProbe, Llama, TextTokenizer, parse_codec};
+use engram_engine::{
+    EngineConfig, EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, TextTokenizer,
+    parse_codec,
+};
 
 /// The default model, as `make models` places it.
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -33,6 +36,35 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Checks against the CPU reference.
+    #[command(subcommand)]
+    Check(CheckCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CheckCommand {
+    /// The engine's forward pass on `--device` against the CPU engine on the same random
+    /// weights (prefill and batched decode through TQ4 blocks); exits 1 above the bound.
+    Device(CheckDeviceArgs),
+}
+
+#[derive(Debug, Args)]
+struct CheckDeviceArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// smollm2-135m or llama3-8b.
+    #[arg(long, default_value = "smollm2-135m")]
+    shape: String,
+    /// Tokens of the first sequence's prompt (the second has half + 7).
+    #[arg(long, default_value_t = 600)]
+    prompt: usize,
+    /// Batched decode steps.
+    #[arg(long, default_value_t = 8)]
+    steps: usize,
+    /// Largest relative L2 distance of the logits allowed.
+    #[arg(long, default_value_t = 5e-3)]
+    bound: f64,
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +149,27 @@ struct TtftArgs {
     /// Text the prompts are cut from.
     #[arg(long, default_value = eval::DEFAULT_CORPUS)]
     corpus: PathBuf,
+    /// Where the engine runs: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Random weights of a known shape instead of `--model`: smollm2-135m or llama3-8b (speed
+    /// work on a machine the checkpoint cannot reach; the tokenizer still comes from
+    /// `--tokenizer`).
+    #[arg(long)]
+    random_weights: Option<String>,
+    /// A tokenizer.json (default: the model's).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Subtract each head's calibrated mean key before storing: `calibrated` or `off` (random
+    /// weights: always off).
+    #[arg(long, default_value = "calibrated")]
+    key_centering: String,
+    /// Hot-tier budget in MiB.
+    #[arg(long, default_value_t = 1024)]
+    hot_mib: u64,
+    /// Cold-tier budget in MiB.
+    #[arg(long, default_value_t = 2048)]
+    cold_mib: u64,
 }
 
 fn load(path: &Path) -> Result<(Llama, TextTokenizer)> {
@@ -147,11 +200,7 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
             .iter()
             .map(|c| parse_codec(c))
             .collect::<Result<_, _>>()?,
-        key_centering: match args.key_centering.as_str() {
-            "calibrated" => KeyCentering::Calibrated,
-            "off" => KeyCentering::Off,
-            other => anyhow::bail!("--key-centering `{other}`: calibrated or off"),
-        },
+        key_centering: parse_key_centering(&args.key_centering)?,
         probes: args
             .probe
             .iter()
@@ -183,8 +232,31 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
     Ok(())
 }
 
+fn parse_key_centering(s: &str) -> Result<KeyCentering> {
+    match s {
+        "calibrated" => Ok(KeyCentering::Calibrated),
+        "off" => Ok(KeyCentering::Off),
+        other => anyhow::bail!("--key-centering `{other}`: calibrated or off"),
+    }
+}
+
 fn bench_ttft(args: TtftArgs) -> Result<()> {
-    let (model, tok) = load(&args.model.model)?;
+    let device = EngineDevice::parse(&args.device)?;
+    let mut key_centering = parse_key_centering(&args.key_centering)?;
+    let (model, tok) = match &args.random_weights {
+        None => load(&args.model.model)?,
+        Some(shape) => {
+            let config = crate::shape(shape)?;
+            let dev = device.candle()?;
+            let path = args.tokenizer.clone().unwrap_or(args.model.model.clone());
+            key_centering = KeyCentering::Off;
+            (Llama::random(config, &dev, 7)?, TextTokenizer::for_model(&path)?)
+        }
+    };
+    let tok = match &args.tokenizer {
+        Some(p) => TextTokenizer::for_model(p)?,
+        None => tok,
+    };
     let text = eval::read_corpus(&args.corpus)?;
     let corpus = tok.encode(&text)?;
     let opts = TtftOptions {
@@ -193,6 +265,13 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         batches: args.batches,
         decode_steps: args.steps,
         codec: parse_codec(&args.codec)?,
+        engine: EngineConfig {
+            device,
+            key_centering,
+            hot_bytes: args.hot_mib << 20,
+            cold_bytes: args.cold_mib << 20,
+            ..EngineConfig::default()
+        },
         ..TtftOptions::default()
     };
     let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| eprintln!("ttft: {m}"))?;
@@ -255,5 +334,33 @@ fn main() -> Result<()> {
         Command::Serve(args) => serve(args),
         Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
         Command::Bench(BenchCommand::Ttft(args)) => bench_ttft(args),
+        Command::Check(CheckCommand::Device(args)) => check_device(args),
     }
+}
+
+fn shape(name: &str) -> Result<ModelConfig> {
+    Ok(match name {
+        "smollm2-135m" => ModelConfig::smollm2_135m(),
+        "llama3-8b" => ModelConfig::llama3_8b(),
+        other => anyhow::bail!("unknown shape `{other}`: smollm2-135m or llama3-8b"),
+    })
+}
+
+fn check_device(args: CheckDeviceArgs) -> Result<()> {
+    let device = EngineDevice::parse(&args.device)?;
+    let rows = bench::device_parity(device, shape(&args.shape)?, args.prompt, args.steps)?;
+    let mut worst = 0.0f64;
+    for r in &rows {
+        println!("{}", serde_json::json!(r));
+        worst = worst.max(r.rel_l2);
+    }
+    let pass = worst <= args.bound;
+    println!(
+        "{}",
+        serde_json::json!({"device": args.device, "shape": args.shape, "worst_rel_l2": worst, "bound": args.bound, "pass": pass})
+    );
+    if !pass {
+        std::process::exit(1);
+    }
+    Ok(())
 }

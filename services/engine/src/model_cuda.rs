@@ -1,0 +1,309 @@
+//! The forward pass on a CUDA device (feature `cuda`): the same API and the same arithmetic as
+//! the CPU path, with the KV hot tier in VRAM.
+//!
+//! - Projections, RoPE, norms and the MLP are candle ops on the model's device.
+//! - New K/V rows are written into their blocks by `tq4_encode` (one launch each for K and V
+//!   per layer), straight from the projection's output.
+//! - Decode tokens of the whole batch attend in one `tq4_decode_attention` launch per layer, over
+//!   their block tables, from the packed codes.
+//! - A prefill chunk decodes the rows of its context once per layer with `tq4_decode_rows` and
+//!   attends causally with dense products ([`super::attend_rows`], shared with the CPU path).
+//!
+//! Index tables (encode destinations, block tables, decoded row sources) depend only on the
+//! batch, so they are built and uploaded once per forward, not per layer.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
+use engram_kernels::{DEFAULT_CHUNK, KernelError};
+use engram_kvcore::{BlockStore, CodecKind};
+
+use super::{KvTransform, Llama, SeqInput, attend_rows, causal_mask_on, rope};
+use crate::error::{EngineError, EngineResult};
+
+fn dev_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Device(e.to_string())
+}
+
+impl From<KernelError> for EngineError {
+    fn from(e: KernelError) -> Self {
+        dev_err(e)
+    }
+}
+
+/// The TQ4 kernels compiled for a store's codec, shared by clones of the model.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KernelCache(Arc<Mutex<Option<(u64, Arc<Tq4Kernels>)>>>);
+
+/// A contiguous f32 tensor's device memory as a view.
+fn view<'a>(slice: &'a CudaSlice<f32>, offset: usize, len: usize) -> CudaView<'a, f32> {
+    slice.slice(offset..offset + len)
+}
+
+/// Runs `f` over the device memory of `t` (made contiguous first).
+fn with_view<R>(
+    t: &Tensor,
+    f: impl FnOnce(CudaView<'_, f32>) -> EngineResult<R>,
+) -> EngineResult<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*storage else {
+        return Err(dev_err("a tensor of the CUDA forward is not on the device"));
+    };
+    let slice = cs.as_cuda_slice::<f32>()?;
+    f(view(slice, layout.start_offset(), t.elem_count()))
+}
+
+/// Wraps device memory as a tensor of `shape`.
+fn tensor(slice: CudaSlice<f32>, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
+    let storage = CudaStorage::wrap_cuda_slice(slice, dev.clone());
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+/// One prefill sequence's part of the batch.
+struct Prefill {
+    /// Row offset of its new tokens in the batch.
+    off: usize,
+    /// New tokens.
+    m: usize,
+    /// Context positions (start + m).
+    total: usize,
+    /// Plane rows of positions `0..total`, `[total, kv_heads]` flattened.
+    src: CudaSlice<i32>,
+    mask: Option<Tensor>,
+}
+
+impl Llama {
+    fn kernels(&self, store: &BlockStore, stream: &Arc<CudaStream>) -> EngineResult<Arc<Tq4Kernels>> {
+        let kinds = store.codec_kinds().kinds();
+        if kinds.iter().any(|&k| k != CodecKind::TurboQuant { bits: 4 }) {
+            return Err(EngineError::InvalidConfig {
+                field: "codec",
+                reason: "the CUDA engine stores KV as TurboQuant-4 (codec tq4) in every layer"
+                    .into(),
+            });
+        }
+        let seed = store.rotation_seed();
+        let mut cache = self
+            .kernels
+            .0
+            .lock()
+            .map_err(|_| dev_err("the kernel cache lock is poisoned"))?;
+        if let Some((s, k)) = cache.as_ref()
+            && *s == seed
+        {
+            return Ok(k.clone());
+        }
+        let group = self.config.num_heads / self.config.num_kv_heads;
+        let k = Arc::new(Tq4Kernels::new(
+            stream.clone(),
+            store.codec(0)?,
+            group,
+            DEFAULT_CHUNK,
+        )?);
+        *cache = Some((seed, k.clone()));
+        Ok(k)
+    }
+
+    /// [`Llama::forward_with`] when the store's hot tier is in VRAM.
+    pub(super) fn forward_cuda(
+        &self,
+        store: &mut BlockStore,
+        batch: &[SeqInput<'_>],
+        transform: KvTransform<'_>,
+    ) -> EngineResult<Tensor> {
+        if transform.probe.is_some() {
+            return Err(EngineError::InvalidConfig {
+                field: "probe",
+                reason: "the fidelity probe runs on the CPU engine".into(),
+            });
+        }
+        let Device::Cuda(cuda) = &self.device else {
+            return Err(EngineError::InvalidConfig {
+                field: "device",
+                reason: "the KV hot tier is in VRAM but the model is on the CPU".into(),
+            });
+        };
+        let stream = cuda.cuda_stream();
+        let kernels = self.kernels(store, &stream)?;
+        let cfg = &self.config;
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (ids, positions) = self.check_batch(store, batch)?;
+        let n = ids.len();
+        let bs = store.shape().block_size;
+        let dev = &self.device;
+        let up_i32 = |v: &[i32]| stream.clone_htod(v).map_err(dev_err);
+
+        // Index tables, once per forward.
+        let mut dst = Vec::with_capacity(n * kv_heads);
+        let (mut dec_rows, mut dec_tables, mut dec_lens) = (Vec::new(), Vec::new(), Vec::new());
+        let mut dec_slots: Vec<Vec<u32>> = Vec::new();
+        let mut prefills = Vec::new();
+        let mut off = 0usize;
+        for s in batch {
+            let m = s.tokens.len();
+            let total = s.start + m;
+            let slots = store.hot_slots(&s.blocks[..total.div_ceil(bs)])?;
+            let row = |p: usize| (slots[p / bs] as usize * bs + p % bs) * kv_heads;
+            for p in s.start..total {
+                dst.extend((0..kv_heads).map(|h| (row(p) + h) as i32));
+            }
+            if m == 1 {
+                dec_rows.push(off as u32);
+                dec_lens.push(total as i32);
+                dec_slots.push(slots);
+            } else {
+                let src: Vec<i32> = (0..total)
+                    .flat_map(|p| (0..kv_heads).map(move |h| (row(p) + h) as i32))
+                    .collect();
+                prefills.push(Prefill {
+                    off,
+                    m,
+                    total,
+                    src: up_i32(&src)?,
+                    mask: causal_mask_on(s.start, m, dev)?,
+                });
+            }
+            off += m;
+        }
+        let dst = up_i32(&dst)?;
+        let max_blocks = dec_slots.iter().map(Vec::len).max().unwrap_or(0);
+        for slots in &dec_slots {
+            dec_tables.extend(slots.iter().map(|&s| s as i32));
+            dec_tables.extend(std::iter::repeat_n(0, max_blocks - slots.len()));
+        }
+        let nd = dec_rows.len();
+        let max_len = dec_lens.iter().copied().max().unwrap_or(1).max(1) as usize;
+        let decode = if nd > 0 {
+            Some((
+                up_i32(&dec_tables)?,
+                up_i32(&dec_lens)?,
+                Tensor::from_vec(dec_rows, nd, dev)?,
+                kernels.workspace(nd, kv_heads, max_len)?,
+            ))
+        } else {
+            None
+        };
+        let means = match transform.key_means {
+            Some(m) => Some(Tensor::from_slice(m, (cfg.num_layers, kv_heads, d), dev)?),
+            None => None,
+        };
+
+        let ids = Tensor::from_vec(ids, n, dev)?;
+        let pos = Tensor::from_vec(positions, n, dev)?;
+        let cos = self.cos.index_select(&pos, 0)?;
+        let sin = self.sin.index_select(&pos, 0)?;
+        let eps = cfg.rms_eps as f32;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut decode = decode;
+
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let q = rope(&layer.wq.forward(&h)?, heads, d, &cos, &sin)?;
+            let mut k = rope(&layer.wk.forward(&h)?, kv_heads, d, &cos, &sin)?;
+            if let Some(m) = &means {
+                k = k.broadcast_sub(&m.get(l)?)?;
+            }
+            let v = layer.wv.forward(&h)?;
+            {
+                let tier = store
+                    .hot_mut()
+                    .cuda_mut()
+                    .ok_or_else(|| dev_err("the hot tier left the device"))?;
+                let [mut kc, mut vc, mut kn, mut vn] = tier.layer_mut(l)?;
+                with_view(&k, |kv| Ok(kernels.encode(&kv, n * kv_heads, &dst, &mut kc, &mut kn)?))?;
+                with_view(&v, |vv| Ok(kernels.encode(&vv, n * kv_heads, &dst, &mut vc, &mut vn)?))?;
+            }
+            let tier = store
+                .hot()
+                .cuda()
+                .ok_or_else(|| dev_err("the hot tier left the device"))?;
+            let planes = tier.layer(l)?;
+
+            let dec_out = match decode.as_mut() {
+                Some((tables, lens, rows, work)) => {
+                    let q_dec = q.index_select(rows, 0)?;
+                    let mut out = stream
+                        .alloc_zeros::<f32>(nd * heads * d)
+                        .map_err(dev_err)?;
+                    with_view(&q_dec, |qv| {
+                        kernels.decode_attention(
+                            &DecodeBatch {
+                                q: qv,
+                                heads,
+                                kv_heads,
+                                k_codes: planes.k_codes.slice(..),
+                                k_norms: planes.k_norms.slice(..),
+                                v_codes: planes.v_codes.slice(..),
+                                v_norms: planes.v_norms.slice(..),
+                                block_tables: tables,
+                                max_blocks,
+                                seq_lens: lens,
+                                batch: nd,
+                                max_len,
+                                block_size: bs,
+                                scale,
+                            },
+                            work,
+                            &mut out,
+                        )?;
+                        Ok(())
+                    })?;
+                    Some(tensor(out, cuda, (nd, heads * d)))
+                }
+                None => None,
+            };
+
+            let mut outs = Vec::with_capacity(batch.len());
+            let (mut next_dec, mut next_pre) = (0usize, 0usize);
+            for s in batch {
+                if s.tokens.len() == 1 {
+                    let o = dec_out
+                        .as_ref()
+                        .ok_or_else(|| dev_err("a decode row without its output"))?;
+                    outs.push(o.narrow(0, next_dec, 1)?);
+                    next_dec += 1;
+                } else {
+                    let p = &prefills[next_pre];
+                    next_pre += 1;
+                    let rows = p.total * kv_heads;
+                    let mut kb = stream.alloc_zeros::<f32>(rows * d).map_err(dev_err)?;
+                    let mut vb = stream.alloc_zeros::<f32>(rows * d).map_err(dev_err)?;
+                    kernels.decode_rows(
+                        &planes.k_codes,
+                        &planes.k_norms,
+                        &p.src,
+                        rows,
+                        &mut kb.slice_mut(..),
+                    )?;
+                    kernels.decode_rows(
+                        &planes.v_codes,
+                        &planes.v_norms,
+                        &p.src,
+                        rows,
+                        &mut vb.slice_mut(..),
+                    )?;
+                    let kt = tensor(kb, cuda, (rows, d)).reshape((p.total, kv_heads, d))?;
+                    let vt = tensor(vb, cuda, (rows, d)).reshape((p.total, kv_heads, d))?;
+                    let q_seq = q.narrow(0, p.off, p.m)?;
+                    outs.push(attend_rows(&kt, &vt, &q_seq, &p.mask, cfg)?);
+                }
+            }
+            let attn = Tensor::cat(&outs, 0)?;
+            x = (x + layer.wo.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
+            let up = layer.w_up.forward(&h)?;
+            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+        }
+        let rows = Self::logit_rows(batch);
+        let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
+        let x = x.index_select(&rows, 0)?;
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        Ok(self.lm_head.forward(&x)?.to_device(&Device::Cpu)?)
+    }
+}
