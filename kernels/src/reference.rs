@@ -69,7 +69,9 @@ pub fn split_k_decode(
     let (kv_heads, bs) = (planes.kv_heads, planes.block_size);
     let heads = kv_heads * group;
     if q.len() != heads * d || out.len() != heads * d || block_table.len() * bs < len {
-        return Err(KernelError::Invalid("buffer sizes do not match the shape".into()));
+        return Err(KernelError::Invalid(
+            "buffer sizes do not match the shape".into(),
+        ));
     }
     let plan = SplitPlan::new(len.max(1), chunk)?;
     let cb = d / 2;
@@ -147,8 +149,8 @@ mod tests {
     fn split_k_matches_the_dense_reference_over_decoded_rows() {
         let mut rng = SplitMix64::new(5);
         for (d, group, kv_heads) in [(64usize, 3usize, 3usize), (128, 4, 2)] {
-            let codec = Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED)
-                .unwrap();
+            let codec =
+                Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
             let bs = 16;
             let slots = 50;
             let rows = slots * bs * kv_heads;
@@ -174,8 +176,10 @@ mod tests {
                 let q = rng.gaussian_vec(heads * d);
                 let mut got = vec![0f32; heads * d];
                 let scale = 1.0 / (d as f32).sqrt();
-                split_k_decode(&codec, group, chunk, &q, &planes, &table, len, scale, &mut got)
-                    .unwrap();
+                split_k_decode(
+                    &codec, group, chunk, &q, &planes, &table, len, scale, &mut got,
+                )
+                .unwrap();
                 let row = kv_heads * d;
                 let (mut keys, mut values) = (Vec::new(), Vec::new());
                 for p in 0..len {
@@ -194,7 +198,10 @@ mod tests {
                 )
                 .unwrap();
                 let err = rel_l2(&got, &want);
-                assert!(err < 1e-5, "d {d} len {len} chunk {chunk}: rel L2 {err:.3e}");
+                assert!(
+                    err < 1e-5,
+                    "d {d} len {len} chunk {chunk}: rel L2 {err:.3e}"
+                );
             }
         }
     }

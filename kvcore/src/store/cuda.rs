@@ -436,10 +436,10 @@ impl HotStorage for CudaTier {
 /// Launches the copy kernel for `pairs` (`(src slot, dst slot)`) over every plane and layer,
 /// with the per-plane source and destination layer addresses given.
 fn launch_copy(
-copy: &Arc<CudaStream>,
-kernel: &CudaFunction,
-planes: &[u64],
-pairs: &[(u32, u32)],
+    copy: &Arc<CudaStream>,
+    kernel: &CudaFunction,
+    planes: &[u64],
+    pairs: &[(u32, u32)],
 ) -> KvResult<()> {
     let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
     let planes_dev = copy.clone_htod(planes).map_err(cuda)?;
@@ -459,4 +459,3 @@ pairs: &[(u32, u32)],
     unsafe { launch.launch(cfg) }.map_err(cuda)?;
     Ok(())
 }
-

@@ -151,7 +151,9 @@ impl BlockStore {
         stream: std::sync::Arc<cudarc::driver::CudaStream>,
     ) -> KvResult<Self> {
         Self::build(config, |_, layout, capacity| {
-            Ok(HotTier::Cuda(CudaTier::on_stream(stream, layout, capacity)?))
+            Ok(HotTier::Cuda(CudaTier::on_stream(
+                stream, layout, capacity,
+            )?))
         })
     }
 

@@ -355,11 +355,7 @@ pub(crate) fn open_on(
 /// The model on CUDA device `ordinal` (unless it is on a device already) and a store whose hot
 /// tier shares the model's stream.
 #[cfg(feature = "cuda")]
-fn on_cuda(
-    model: Llama,
-    store: StoreConfig,
-    ordinal: usize,
-) -> EngineResult<(Llama, BlockStore)> {
+fn on_cuda(model: Llama, store: StoreConfig, ordinal: usize) -> EngineResult<(Llama, BlockStore)> {
     let model = match model.device() {
         candle_core::Device::Cuda(_) => model,
         _ => model.to_device(&candle_core::Device::new_cuda(ordinal)?)?,

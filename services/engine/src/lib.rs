@@ -24,9 +24,8 @@ mod tokenizer;
 mod weights;
 
 pub use crate::core::{
-    EngineDevice,
-    Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, KeyCentering, Occupancy,
-    PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, SeqId, SequenceSpec,
+    Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, EngineDevice, KeyCentering,
+    Occupancy, PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, SeqId, SequenceSpec,
 };
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};

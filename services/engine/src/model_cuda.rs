@@ -77,9 +77,16 @@ struct Prefill {
 }
 
 impl Llama {
-    fn kernels(&self, store: &BlockStore, stream: &Arc<CudaStream>) -> EngineResult<Arc<Tq4Kernels>> {
+    fn kernels(
+        &self,
+        store: &BlockStore,
+        stream: &Arc<CudaStream>,
+    ) -> EngineResult<Arc<Tq4Kernels>> {
         let kinds = store.codec_kinds().kinds();
-        if kinds.iter().any(|&k| k != CodecKind::TurboQuant { bits: 4 }) {
+        if kinds
+            .iter()
+            .any(|&k| k != CodecKind::TurboQuant { bits: 4 })
+        {
             return Err(EngineError::InvalidConfig {
                 field: "codec",
                 reason: "the CUDA engine stores KV as TurboQuant-4 (codec tq4) in every layer"
@@ -215,8 +222,12 @@ impl Llama {
                     .cuda_mut()
                     .ok_or_else(|| dev_err("the hot tier left the device"))?;
                 let [mut kc, mut vc, mut kn, mut vn] = tier.layer_mut(l)?;
-                with_view(&k, |kv| Ok(kernels.encode(&kv, n * kv_heads, &dst, &mut kc, &mut kn)?))?;
-                with_view(&v, |vv| Ok(kernels.encode(&vv, n * kv_heads, &dst, &mut vc, &mut vn)?))?;
+                with_view(&k, |kv| {
+                    Ok(kernels.encode(&kv, n * kv_heads, &dst, &mut kc, &mut kn)?)
+                })?;
+                with_view(&v, |vv| {
+                    Ok(kernels.encode(&vv, n * kv_heads, &dst, &mut vc, &mut vn)?)
+                })?;
             }
             let tier = store
                 .hot()
@@ -227,9 +238,7 @@ impl Llama {
             let dec_out = match decode.as_mut() {
                 Some((tables, lens, rows, work)) => {
                     let q_dec = q.index_select(rows, 0)?;
-                    let mut out = stream
-                        .alloc_zeros::<f32>(nd * heads * d)
-                        .map_err(dev_err)?;
+                    let mut out = stream.alloc_zeros::<f32>(nd * heads * d).map_err(dev_err)?;
                     with_view(&q_dec, |qv| {
                         kernels.decode_attention(
                             &DecodeBatch {

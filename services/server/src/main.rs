@@ -39,6 +39,19 @@ enum Command {
     /// Checks against the CPU reference.
     #[command(subcommand)]
     Check(CheckCommand),
+    /// Writes the model's tokenizer as a `tokenizer.json` (for machines the checkpoint cannot
+    /// reach: `bench ttft --random-weights … --tokenizer FILE`).
+    ExportTokenizer(ExportTokenizerArgs),
+}
+
+#[derive(Debug, Args)]
+struct ExportTokenizerArgs {
+    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
+    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
+    model: PathBuf,
+    /// Where to write it.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -250,7 +263,10 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
             let dev = device.candle()?;
             let path = args.tokenizer.clone().unwrap_or(args.model.model.clone());
             key_centering = KeyCentering::Off;
-            (Llama::random(config, &dev, 7)?, TextTokenizer::for_model(&path)?)
+            (
+                Llama::random(config, &dev, 7)?,
+                TextTokenizer::for_model(&path)?,
+            )
         }
     };
     let tok = match &args.tokenizer {
@@ -335,6 +351,10 @@ fn main() -> Result<()> {
         Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
         Command::Bench(BenchCommand::Ttft(args)) => bench_ttft(args),
         Command::Check(CheckCommand::Device(args)) => check_device(args),
+        Command::ExportTokenizer(args) => {
+            TextTokenizer::for_model(&args.model)?.save_json(&args.out)?;
+            Ok(())
+        }
     }
 }
 
