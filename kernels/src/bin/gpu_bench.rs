@@ -47,6 +47,7 @@ fn main() -> Result<()> {
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let only = flag("--only").unwrap_or_default();
+    let chunk: usize = flag("--chunk").map_or(Ok(DEFAULT_CHUNK), |v| v.parse())?;
     let mut out_file = match flag("--out") {
         Some(p) => Some(std::fs::File::create(&p).with_context(|| p.clone())?),
         None => None,
@@ -92,7 +93,7 @@ fn main() -> Result<()> {
         head_dim,
         DEFAULT_ROTATION_SEED,
     )?;
-    let k = Tq4Kernels::new(stream.clone(), &codec, group, DEFAULT_CHUNK)?;
+    let k = Tq4Kernels::new(stream.clone(), &codec, group, chunk)?;
     let mut rng = SplitMix64::new(11);
     let attention = only.is_empty() || only == "attention";
     for &ctx_len in contexts.iter().filter(|_| attention) {
@@ -155,7 +156,7 @@ fn main() -> Result<()> {
                 + (2 * batch * heads * head_dim * 4) as f64;
             let bw = bytes / s;
             emit(format!(
-                "{{\"bench\":\"tq4_decode_attention\",\"layers\":1,\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_copy_bw\":{:.3}}}",
+                "{{\"bench\":\"tq4_decode_attention\",\"layers\":1,\"chunk\":{chunk},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_copy_bw\":{:.3}}}",
                 s * 32.0,
                 bw / copy_bw
             ))?;

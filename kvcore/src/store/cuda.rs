@@ -451,7 +451,7 @@ fn launch_copy(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut launch = copy.launch_builder(&kernel);
+    let mut launch = copy.launch_builder(kernel);
     launch.arg(&planes_dev).arg(&pairs_dev).arg(&n);
     // SAFETY: `tier_copy(const Plane*, const unsigned*, int)` with `Plane` = three u64s;
     // every slot in `pairs` was checked against both tiers' capacities by the store, so each

@@ -48,8 +48,8 @@ fn request(user: &str, sampling: SamplingParams) -> GenerateRequest {
 }
 
 /// Greedy tokens of `user` decoded alone on an EngineCore.
-fn alone(user: &str, n: usize) -> Vec<u32> {
-    let mut core = core(CodecKind::TQ4);
+fn alone(codec: CodecKind, user: &str, n: usize) -> Vec<u32> {
+    let mut core = core(codec);
     let (id, _) = core
         .start(SequenceSpec::plain(chat(user), TenantId(1)))
         .unwrap();
@@ -66,9 +66,38 @@ fn alone(user: &str, n: usize) -> Vec<u32> {
     out
 }
 
+/// Largest gap, in logits, between the token `batched` chose and the best token of the same
+/// sequence decoded alone, teacher-forced on `batched`. Zero when both pick the same tokens; a
+/// small positive gap is a near-tie that the batched matrix products (a different summation
+/// order on some CPUs) resolved the other way.
+fn worst_gap_alone(codec: CodecKind, user: &str, batched: &[u32]) -> f32 {
+    let mut core = core(codec);
+    let (id, _) = core
+        .start(SequenceSpec::plain(chat(user), TenantId(1)))
+        .unwrap();
+    let mut logits = core.prefill(id).unwrap();
+    let mut worst = 0.0f32;
+    for &t in batched {
+        let best = logits[argmax(&logits) as usize];
+        worst = worst.max(best - logits[t as usize]);
+        logits = core.decode(&[(id, t)]).unwrap().remove(0);
+    }
+    worst
+}
+
+/// Batching changes the order of floating-point sums in the matrix products (by CPU: the gemm
+/// kernels block differently for 1 and 3 rows). With exact KV (f32) that is noise far below a
+/// logit gap; with TurboQuant-4 such noise can move a K/V coordinate across a codebook
+/// threshold, so the TQ4 run gets a looser near-tie bound.
 #[test]
 fn concurrent_requests_are_batched_and_match_running_alone() {
-    let engine = Engine::spawn(core(CodecKind::TQ4)).unwrap();
+    for (codec, bound) in [(CodecKind::F32, 1e-2f32), (CodecKind::TQ4, 0.5)] {
+        batched_matches_alone(codec, bound);
+    }
+}
+
+fn batched_matches_alone(codec: CodecKind, bound: f32) {
+    let engine = Engine::spawn(core(codec)).unwrap();
     let prompts = [
         "What is the capital of France?",
         "Name three colours.",
@@ -84,7 +113,15 @@ fn concurrent_requests_are_batched_and_match_running_alone() {
         .collect();
     let outs: Vec<Outcome> = rxs.into_iter().map(collect).collect();
     for (p, o) in prompts.iter().zip(&outs) {
-        assert_eq!(o.tokens, alone(p, 12), "{p}");
+        // Same greedy path as alone, up to near-ties: every batched token is within `bound`
+        // of the best logit of the sequence run alone (logits here span tens of units).
+        if o.tokens != alone(codec, p, 12) {
+            let gap = worst_gap_alone(codec, p, &o.tokens);
+            assert!(
+                gap < bound,
+                "{codec:?} {p}: batched token {gap} below the best alone"
+            );
+        }
         assert_eq!(o.completion, o.tokens.len());
         assert_eq!(o.text, engine.tokenizer().decode(&o.tokens).unwrap());
     }
