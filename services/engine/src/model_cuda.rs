@@ -34,9 +34,12 @@ impl From<KernelError> for EngineError {
     }
 }
 
+/// Kernels compiled for one rotation seed.
+type SeededKernels = (u64, Arc<Tq4Kernels>);
+
 /// The TQ4 kernels compiled for a store's codec, shared by clones of the model.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct KernelCache(Arc<Mutex<Option<(u64, Arc<Tq4Kernels>)>>>);
+pub(crate) struct KernelCache(Arc<Mutex<Option<SeededKernels>>>);
 
 /// A contiguous f32 tensor's device memory as a view.
 fn view<'a>(slice: &'a CudaSlice<f32>, offset: usize, len: usize) -> CudaView<'a, f32> {
