@@ -86,6 +86,18 @@ impl Tq4Kernels {
         group: usize,
         chunk: usize,
     ) -> Result<Self, KernelError> {
+        Self::with_defines(stream, codec, group, chunk, &[])
+    }
+
+    /// [`Self::new`] with extra NVRTC options (`-DNAME=VALUE`), for kernel experiments and
+    /// profiling variants (e.g. `-DPROFILE_SKIP_VALUES`).
+    pub fn with_defines(
+        stream: Arc<CudaStream>,
+        codec: &Codec,
+        group: usize,
+        chunk: usize,
+        extra: &[String],
+    ) -> Result<Self, KernelError> {
         if codec.kind() != (CodecKind::TurboQuant { bits: 4 }) {
             return Err(KernelError::Unsupported(format!(
                 "codec {:?} (the kernels are TurboQuant 4-bit)",
@@ -108,7 +120,10 @@ impl Tq4Kernels {
         let ptx = compile_ptx_with_opts(
             TQ4_SOURCE,
             CompileOptions {
-                options: defines(head_dim, group, chunk)?,
+                options: defines(head_dim, group, chunk)?
+                    .into_iter()
+                    .chain(extra.iter().cloned())
+                    .collect(),
                 arch: Some(arch),
                 ..Default::default()
             },

@@ -8,7 +8,12 @@
 #define CODE_BYTES (HEAD_DIM / 2)
 #define THREADS 128
 #define WARPS (THREADS / WARP)
+#ifndef PPT
 #define PPT 4  // positions per thread in the score phase
+#endif
+#ifndef VBYTES
+#define VBYTES 8  // value-code bytes per lane in the value phase (4 or 8)
+#endif
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ unsigned short f32_to_f16(float f) {
@@ -83,9 +88,11 @@ extern "C" __global__ void tq4_encode(
 // Split-K paged decode attention over TQ4 codes, one CTA per (split, kv_head, sequence):
 // the GROUP query heads of the KV head are rotated into shared memory once, then
 // phase 1 scores CHUNK positions straight from the key codes (PPT positions per thread, the
-// query read once per PPT positions), phase 2 sums the value codes weighted by exp(s - m)
-// (one warp per position, 4 dims per lane, coalesced 64-byte rows), and the CTA writes its
-// (max, normalizer, rotated accumulator) per head for tq4_combine.
+// query read once per PPT positions; the value norms are read there too), phase 2 sums the
+// value codes weighted by exp(s - m)·‖v‖ (CODE_BYTES/VBYTES lanes a row, 2·VBYTES dims a lane,
+// several rows per warp pass, summed with shuffles at the end), and the CTA writes its
+// (max, normalizer, rotated accumulator) per head for tq4_combine. PROFILE_SKIP_SCORES and
+// PROFILE_SKIP_VALUES drop a phase (timing experiments only: the results are wrong).
 extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
     const float* __restrict__ q, int heads, int kv_heads,
     const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
@@ -98,6 +105,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
     __shared__ float qs[GROUP][HEAD_DIM];
     __shared__ float cb[16];
     __shared__ float p[GROUP][CHUNK];
+    __shared__ float vns[CHUNK];
     __shared__ float red[GROUP][WARPS];
     __shared__ float accs[WARPS][GROUP][HEAD_DIM];
     int split = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
@@ -128,6 +136,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
     int n = end - start;
 
     // Phase 1: scores. Thread t takes positions t, t + THREADS, ... PPT at a time.
+#ifdef PROFILE_SKIP_SCORES
+    for (int t = tid; t < n; t += THREADS) {
+        vns[t] = 1.0f;
+        for (int h = 0; h < GROUP; h++) p[h][t] = 0.0f;
+    }
+    if (n < 0)
+#endif
     for (int base = tid; base < n; base += PPT * THREADS) {
         const uint4* rows[PPT];
         float kn[PPT];
@@ -140,6 +155,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
             size_t row = ((size_t)table[pos / block_size] * block_size + pos % block_size) * kv_heads + g;
             rows[j] = (const uint4*)(k_codes + row * CODE_BYTES);
             kn[j] = f16_to_f32(k_norms[row]);
+            if (live[j]) vns[t] = f16_to_f32(v_norms[row]);
         }
         float acc[PPT][GROUP];
 #pragma unroll
@@ -196,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
         float s = 0.0f;
         for (int t = tid; t < n; t += THREADS) {
             float e = __expf(p[h][t] - m[h]);
-            p[h][t] = e;
+            p[h][t] = e * vns[t];  // the value row's norm folded into its weight
             s += e;
         }
         for (int o = WARP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -209,41 +225,56 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
         l[h] = s;
     }
 
-    // Phase 2: values. Warp w takes positions w, w + WARPS, ...; lane holds dims 4·lane..+4.
-    float acc[GROUP][4];
-    for (int h = 0; h < GROUP; h++)
-        for (int i = 0; i < 4; i++) acc[h][i] = 0.0f;
-    // Warp w takes runs of 8 positions (w·8, w·8 + WARPS·8, ...): the 8 rows' loads are all
-    // issued before the arithmetic, so each warp keeps 512 bytes in flight.
-    for (int t0 = warp * 8; t0 < n; t0 += WARPS * 8) {
-        unsigned int two[8];
-        float vn[8];
+    // Phase 2: values. LPR lanes share a row, VBYTES code bytes (2·VBYTES dims) each, so a warp
+    // covers RPW rows per pass; two passes are loaded before the arithmetic. The weights carry
+    // the value norm (folded in above); the RPW row slots are summed with shuffles at the end.
+#define LPR (CODE_BYTES / VBYTES)
+#define RPW (WARP / LPR)
+#define VD (2 * VBYTES)
+    __syncthreads();
+    int slot = lane / LPR, lw = lane % LPR;
+    float acc[GROUP][VD];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int t = min(t0 + u, n - 1);
-            int pos = start + t;
+    for (int h = 0; h < GROUP; h++)
+#pragma unroll
+        for (int i = 0; i < VD; i++) acc[h][i] = 0.0f;
+#ifdef PROFILE_SKIP_VALUES
+    if (n > 0) {} else
+#endif
+    for (int t0 = warp * 2 * RPW; t0 < n; t0 += WARPS * 2 * RPW) {
+        unsigned int cw[2][VBYTES / 4];
+        int tt[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int t = t0 + u * RPW + slot;
+            tt[u] = t;
+            int pos = start + min(t, n - 1);
             size_t row = ((size_t)table[pos / block_size] * block_size + pos % block_size) * kv_heads + g;
-            vn[u] = t0 + u < n ? f16_to_f32(v_norms[row]) : 0.0f;
-            two[u] = lane < CODE_BYTES / 2
-                ? ((const unsigned short*)(v_codes + row * CODE_BYTES))[lane] : 0u;
+            const unsigned int* src = (const unsigned int*)(v_codes + row * CODE_BYTES) + lw * (VBYTES / 4);
+#pragma unroll
+            for (int x = 0; x < VBYTES / 4; x++) cw[u][x] = t < n ? src[x] : 0u;
         }
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int t = min(t0 + u, n - 1);
-            float vv[4];
+        for (int u = 0; u < 2; u++) {
+            float w[GROUP];
 #pragma unroll
-            for (int i = 0; i < 4; i++) vv[i] = cb[(two[u] >> (4 * i)) & 15u] * vn[u];
+            for (int h = 0; h < GROUP; h++) w[h] = tt[u] < n ? p[h][tt[u]] : 0.0f;
 #pragma unroll
-            for (int h = 0; h < GROUP; h++) {
-                float w = p[h][t];
+            for (int i = 0; i < VD; i++) {
+                float c = cb[(cw[u][i / 8] >> (4 * (i % 8))) & 15u];
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[h][i] = fmaf(w, vv[i], acc[h][i]);
+                for (int h = 0; h < GROUP; h++) acc[h][i] = fmaf(w[h], c, acc[h][i]);
             }
         }
     }
-    if (lane < CODE_BYTES / 2)
-        for (int h = 0; h < GROUP; h++)
-            for (int i = 0; i < 4; i++) accs[warp][h][4 * lane + i] = acc[h][i];
+#pragma unroll
+    for (int h = 0; h < GROUP; h++)
+#pragma unroll
+        for (int i = 0; i < VD; i++) {
+            float v = acc[h][i];
+            for (int o = LPR; o < WARP; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (slot == 0) accs[warp][h][lw * VD + i] = v;
+        }
     __syncthreads();
     for (int i = tid; i < GROUP * HEAD_DIM; i += THREADS) {
         int h = i / HEAD_DIM, d = i % HEAD_DIM;

@@ -93,7 +93,11 @@ fn main() -> Result<()> {
         head_dim,
         DEFAULT_ROTATION_SEED,
     )?;
-    let k = Tq4Kernels::new(stream.clone(), &codec, group, chunk)?;
+    // `--define NAME[=V],…`: extra NVRTC defines (kernel variants, profiling switches).
+    let extra: Vec<String> = flag("--define")
+        .map(|v| v.split(',').map(|d| format!("-D{d}")).collect())
+        .unwrap_or_default();
+    let k = Tq4Kernels::with_defines(stream.clone(), &codec, group, chunk, &extra)?;
     let mut rng = SplitMix64::new(11);
     let attention = only.is_empty() || only == "attention";
     for &ctx_len in contexts.iter().filter(|_| attention) {
@@ -156,7 +160,8 @@ fn main() -> Result<()> {
                 + (2 * batch * heads * head_dim * 4) as f64;
             let bw = bytes / s;
             emit(format!(
-                "{{\"bench\":\"tq4_decode_attention\",\"layers\":1,\"chunk\":{chunk},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_copy_bw\":{:.3}}}",
+                "{{\"bench\":\"tq4_decode_attention\",\"layers\":1,\"chunk\":{chunk},\"defines\":\"{}\",\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_copy_bw\":{:.3}}}",
+                extra.join(" "),
                 s * 32.0,
                 bw / copy_bw
             ))?;
