@@ -40,6 +40,16 @@ fn fwht(b: &mut [f32]) {
     }
 }
 
+/// Relative L2 distance `‖a − b‖ / ‖b‖` (f64 sums): the error measure of every kernel check.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += f64::from(x - y).powi(2);
+        den += f64::from(y).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
 fn norm(bytes: &[u8], row: usize) -> f32 {
     half::f16::from_le_bytes([bytes[2 * row], bytes[2 * row + 1]]).to_f32()
 }
@@ -133,15 +143,6 @@ mod tests {
     };
 
     use super::*;
-
-    fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-        let (mut num, mut den) = (0.0f64, 0.0f64);
-        for (&x, &y) in a.iter().zip(b) {
-            num += f64::from(x - y).powi(2);
-            den += f64::from(y).powi(2);
-        }
-        (num / den.max(1e-30)).sqrt()
-    }
 
     /// Every length shape the kernel meets: one position, an exact chunk, a ragged tail over
     /// several splits, and a shuffled block table; GQA groups of 3 (SmolLM2) and 4 (8B).

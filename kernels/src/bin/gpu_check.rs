@@ -17,20 +17,12 @@ use anyhow::{Context, Result};
 use cudarc::driver::CudaContext;
 use engram_kernels::DEFAULT_CHUNK;
 use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
+use engram_kernels::reference::rel_l2;
 use engram_kvcore::{AttentionParams, attend_dense};
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, Rows,
     SourceLayer, SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
 };
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        num += f64::from(x - y).powi(2);
-        den += f64::from(y).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
 
 fn main() -> Result<ExitCode> {
     let ctx = CudaContext::new(0).context("CUDA device 0")?;

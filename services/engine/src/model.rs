@@ -50,6 +50,18 @@ pub(crate) struct Layer {
 #[path = "model_cuda.rs"]
 mod cuda;
 
+impl Layer {
+    /// The rest of a decoder layer once attention is done: output projection and residual, then
+    /// the SwiGLU MLP and its residual.
+    fn finish(&self, x: &Tensor, attn: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+        let x = (x + self.wo.forward(attn)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)?;
+        let gate = candle_nn::ops::silu(&self.w_gate.forward(&h)?)?;
+        let up = self.w_up.forward(&h)?;
+        x + self.w_down.forward(&(gate * up)?)?
+    }
+}
+
 /// A loaded model.
 #[derive(Debug, Clone)]
 pub struct Llama {
@@ -382,6 +394,19 @@ impl Llama {
         Ok((ids, positions))
     }
 
+    /// The final norm of the rows whose logits `batch` asks for.
+    fn final_norm(
+        &self,
+        x: &Tensor,
+        batch: &[SeqInput<'_>],
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let rows = Self::logit_rows(batch);
+        let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
+        let x = x.index_select(&rows, 0)?;
+        candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)
+    }
+
     /// The logit rows `batch` asks for, as indices into its concatenated new tokens.
     fn logit_rows(batch: &[SeqInput<'_>]) -> Vec<u32> {
         let mut rows = Vec::new();
@@ -470,17 +495,9 @@ impl Llama {
                 outs.push(out);
                 off += m;
             }
-            let attn = Tensor::cat(&outs, 0)?;
-            x = (x + layer.wo.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
-            let up = layer.w_up.forward(&h)?;
-            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps)?;
         }
-        let rows = Self::logit_rows(batch);
-        let rows = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
-        let x = x.index_select(&rows, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        let x = self.final_norm(&x, batch, &dev)?;
         Ok(self.lm_head.forward(&x)?)
     }
 }

@@ -305,17 +305,9 @@ impl Llama {
                     outs.push(attend_rows(&kt, &vt, &q_seq, &p.mask, cfg)?);
                 }
             }
-            let attn = Tensor::cat(&outs, 0)?;
-            x = (x + layer.wo.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
-            let up = layer.w_up.forward(&h)?;
-            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps)?;
         }
-        let rows = Self::logit_rows(batch);
-        let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
-        let x = x.index_select(&rows, 0)?;
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
+        let x = self.final_norm(&x, batch, dev)?;
         Ok(self.lm_head.forward(&x)?.to_device(&Device::Cpu)?)
     }
 }
