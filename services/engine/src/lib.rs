@@ -13,6 +13,7 @@
 
 pub mod bench;
 mod core;
+pub mod embed;
 mod error;
 pub mod eval;
 mod model;

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod embed;
 mod eval;
 mod prefix;
 mod safetensors;
