@@ -145,12 +145,12 @@ pub struct Node {
     pub id: NodeId,
     /// Kind.
     pub kind: NodeKind,
-    /// Owner tenant.
-    pub tenant: u64,
-    /// Owner agent.
-    pub agent: u64,
+    /// Owner tenant (the database's tenant id).
+    pub tenant: String,
+    /// Owner agent (the database's agent id).
+    pub agent: String,
     /// The session of an episode.
-    pub session: Option<u64>,
+    pub session: Option<String>,
     /// What is remembered.
     pub text: String,
     /// 0..=1.
@@ -210,9 +210,9 @@ pub enum GraphError {
     #[error("an edge cannot join tenant {from} and tenant {to}")]
     CrossTenant {
         /// Source's tenant.
-        from: u64,
+        from: String,
         /// Target's tenant.
-        to: u64,
+        to: String,
     },
     /// An edge from a node to itself.
     #[error("an edge cannot join node {0} to itself")]
@@ -321,9 +321,9 @@ impl Default for Scoring {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct QueryFilter {
     /// The tenant (always enforced).
-    pub tenant: u64,
+    pub tenant: String,
     /// Only this agent's nodes.
-    pub agent: Option<u64>,
+    pub agent: Option<String>,
     /// Only these kinds (`None`: all).
     pub kinds: Option<Vec<NodeKind>>,
 }
@@ -332,7 +332,7 @@ impl QueryFilter {
     /// Whether `n` may be returned.
     pub fn admits(&self, n: &Node) -> bool {
         n.tenant == self.tenant
-            && self.agent.is_none_or(|a| a == n.agent)
+            && self.agent.as_ref().is_none_or(|a| *a == n.agent)
             && self.kinds.as_ref().is_none_or(|k| k.contains(&n.kind))
     }
 }
@@ -437,7 +437,7 @@ impl MemoryGraph {
         let old = &self.graph[i];
         if old.tenant != node.tenant {
             return Err(GraphError::CrossTenant {
-                from: old.tenant,
+                from: old.tenant.clone(),
                 to: node.tenant,
             });
         }
@@ -477,9 +477,12 @@ impl MemoryGraph {
         if a == b {
             return Err(GraphError::SelfLoop(edge.from));
         }
-        let (ta, tb) = (self.graph[a].tenant, self.graph[b].tenant);
+        let (ta, tb) = (&self.graph[a].tenant, &self.graph[b].tenant);
         if ta != tb {
-            return Err(GraphError::CrossTenant { from: ta, to: tb });
+            return Err(GraphError::CrossTenant {
+                from: ta.clone(),
+                to: tb.clone(),
+            });
         }
         unit("weight", edge.weight)?;
         if let (Some(f), Some(t)) = (edge.valid_from_ms, edge.valid_to_ms)

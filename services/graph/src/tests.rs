@@ -7,8 +7,8 @@ fn node(id: u64, kind: NodeKind, tenant: u64, text: &str) -> Node {
     Node {
         id: NodeId(id),
         kind,
-        tenant,
-        agent: 1,
+        tenant: format!("t{tenant}"),
+        agent: "a1".into(),
         session: None,
         text: text.into(),
         importance: 0.5,
@@ -70,7 +70,7 @@ fn ids(r: &[Recall]) -> Vec<u64> {
 
 fn tenant(t: u64) -> QueryFilter {
     QueryFilter {
-        tenant: t,
+        tenant: format!("t{t}"),
         ..QueryFilter::default()
     }
 }
@@ -132,7 +132,10 @@ fn another_tenant_is_never_reached() {
     let before = g.edge_count();
     assert_eq!(
         g.add_edge(edge(99, 10, 3, EdgeKind::RelatesTo)),
-        Err(GraphError::CrossTenant { from: 2, to: 1 })
+        Err(GraphError::CrossTenant {
+            from: "t2".into(),
+            to: "t1".into()
+        })
     );
     assert_eq!(g.edge_count(), before);
 }
@@ -142,14 +145,14 @@ fn filters_scoring_terms_and_order_are_as_documented() {
     let mut g = fixture();
     let s = Scoring::default();
     let facts = QueryFilter {
-        tenant: 1,
-        agent: Some(1),
+        tenant: "t1".into(),
+        agent: Some("a1".into()),
         kinds: Some(vec![NodeKind::Fact]),
     };
     let r = g.hybrid_query(&[(NodeId(1), 0.9)], 10, 3, &facts, &s, NOW);
     assert_eq!(ids(&r), vec![5]);
     let other_agent = QueryFilter {
-        agent: Some(2),
+        agent: Some("a2".into()),
         ..facts.clone()
     };
     assert!(
@@ -213,14 +216,13 @@ fn bad_changes_are_refused_and_change_nothing() {
     backwards.valid_from_ms = Some(10);
     backwards.valid_to_ms = Some(10);
     assert!(g.add_edge(backwards).is_err());
-    let mut moved = node(3, NodeKind::Entity, 2, "Alice");
-    moved.tenant = 2;
+    let moved = node(3, NodeKind::Entity, 2, "Alice");
     assert!(matches!(
         g.update_node(moved),
         Err(GraphError::CrossTenant { .. })
     ));
     assert_eq!((g.node_count(), g.edge_count()), (n, e));
-    assert_eq!(g.node(NodeId(3)).unwrap().tenant, 1);
+    assert_eq!(g.node(NodeId(3)).unwrap().tenant, "t1");
 }
 
 #[test]
@@ -321,7 +323,7 @@ mod props {
             let mut seen = std::collections::HashSet::new();
             for r in &ra {
                 prop_assert!(seen.insert(r.id));
-                prop_assert_eq!(a.node(r.id).unwrap().tenant, 1);
+                prop_assert_eq!(&a.node(r.id).unwrap().tenant, "t1");
                 prop_assert!(!a.is_superseded(r.id, NOW));
                 prop_assert!(r.hops <= hops);
             }

@@ -18,5 +18,8 @@ mod model;
 mod repo;
 
 pub use error::{StoreError, StoreResult};
-pub use model::{Agent, ApiKey, Backend, LayerRow, Quotas, Role, Tenant, TurnRow, WorkingLine};
+pub use model::{
+    Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow, NewMemoryEdge, NewMemoryNode,
+    Quotas, Role, Tenant, TurnRow, WorkingLine,
+};
 pub use repo::Store;

@@ -21,6 +21,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "public_layers",
         include_str!("../../../migrations/sqlite/0002_public_layers.sql"),
     ),
+    (
+        3,
+        "memory_graph",
+        include_str!("../../../migrations/sqlite/0003_memory_graph.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -33,6 +38,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         2,
         "public_layers",
         include_str!("../../../migrations/postgres/0002_public_layers.sql"),
+    ),
+    (
+        3,
+        "memory_graph",
+        include_str!("../../../migrations/postgres/0003_memory_graph.sql"),
     ),
 ];
 

@@ -129,3 +129,91 @@ pub struct WorkingLine {
     /// Time.
     pub created_at: i64,
 }
+
+/// A memory-graph node as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryNodeRow {
+    /// Id (assigned by the database).
+    pub id: i64,
+    /// Owner tenant.
+    pub tenant_id: String,
+    /// Owner agent.
+    pub agent_id: String,
+    /// The session of an episode.
+    pub session_id: Option<String>,
+    /// `episode`, `fact`, `entity` or `concept`.
+    pub kind: String,
+    /// What is remembered.
+    pub text: String,
+    /// 0..=1.
+    pub importance: f64,
+    /// Tokens of `text`.
+    pub tokens: i64,
+    /// Creation time, ms.
+    pub created_at: i64,
+    /// Last change, ms.
+    pub updated_at: i64,
+    /// Last recall, ms.
+    pub last_accessed_at: i64,
+}
+
+/// A node to insert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMemoryNode {
+    /// Owner tenant.
+    pub tenant_id: String,
+    /// Owner agent.
+    pub agent_id: String,
+    /// The session of an episode.
+    pub session_id: Option<String>,
+    /// Kind.
+    pub kind: String,
+    /// Text.
+    pub text: String,
+    /// 0..=1.
+    pub importance: f64,
+    /// Tokens of `text`.
+    pub tokens: i64,
+}
+
+/// A memory-graph edge as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryEdgeRow {
+    /// Id (assigned by the database).
+    pub id: i64,
+    /// Owner tenant (both ends belong to it).
+    pub tenant_id: String,
+    /// Source node.
+    pub from_id: i64,
+    /// Target node.
+    pub to_id: i64,
+    /// `mentions`, `relates_to`, `derived_from`, `follows` or `supersedes`.
+    pub kind: String,
+    /// 0..=1.
+    pub weight: f64,
+    /// Start of validity, ms (inclusive).
+    pub valid_from: Option<i64>,
+    /// End of validity, ms (exclusive).
+    pub valid_to: Option<i64>,
+    /// Creation time, ms.
+    pub created_at: i64,
+}
+
+/// An edge to insert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewMemoryEdge {
+    /// Owner tenant.
+    pub tenant_id: String,
+    /// Source node.
+    pub from_id: i64,
+    /// Target node.
+    pub to_id: i64,
+    /// Kind.
+    pub kind: String,
+    /// 0..=1.
+    pub weight: f64,
+    /// Start of validity, ms.
+    pub valid_from: Option<i64>,
+    /// End of validity, ms.
+    pub valid_to: Option<i64>,
+}

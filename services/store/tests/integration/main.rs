@@ -228,3 +228,122 @@ async fn an_unknown_scheme_is_refused() {
         Err(StoreError::UnsupportedUrl { .. })
     ));
 }
+
+#[tokio::test]
+async fn memory_nodes_and_edges_persist_per_tenant() {
+    use engram_store::{NewMemoryEdge, NewMemoryNode};
+    for_each_backend(|s| async move {
+        let (a, b) = (
+            s.create_tenant("mem-a", QUOTAS).await.unwrap(),
+            s.create_tenant("mem-b", QUOTAS).await.unwrap(),
+        );
+        let (aa, ab) = (
+            s.create_agent(&a.id, "bot").await.unwrap(),
+            s.create_agent(&b.id, "bot").await.unwrap(),
+        );
+        let node = |t: &str, ag: &str, kind: &str, text: &str| NewMemoryNode {
+            tenant_id: t.into(),
+            agent_id: ag.into(),
+            session_id: None,
+            kind: kind.into(),
+            text: text.into(),
+            importance: 0.5,
+            tokens: 4,
+        };
+        let alice = s
+            .insert_memory_node(&node(&a.id, &aa.id, "entity", "Alice"))
+            .await
+            .unwrap();
+        let fact = s
+            .insert_memory_node(&node(&a.id, &aa.id, "fact", "Alice lives in Berlin"))
+            .await
+            .unwrap();
+        let other = s
+            .insert_memory_node(&node(&b.id, &ab.id, "fact", "Bob likes tea"))
+            .await
+            .unwrap();
+        assert!(fact.id > alice.id);
+        assert_eq!(fact.created_at, fact.last_accessed_at);
+        let edge = |t: &str, from: i64, to: i64| NewMemoryEdge {
+            tenant_id: t.into(),
+            from_id: from,
+            to_id: to,
+            kind: "mentions".into(),
+            weight: 1.0,
+            valid_from: Some(10),
+            valid_to: None,
+        };
+        let e = s
+            .insert_memory_edge(&edge(&a.id, fact.id, alice.id))
+            .await
+            .unwrap();
+        assert_eq!((e.valid_from, e.valid_to), (Some(10), None));
+        // An edge to another tenant's node, or as another tenant, is refused and stores nothing.
+        for bad in [
+            edge(&a.id, fact.id, other.id),
+            edge(&b.id, fact.id, alice.id),
+        ] {
+            assert!(matches!(
+                s.insert_memory_edge(&bad).await,
+                Err(StoreError::NotFound { .. })
+            ));
+        }
+        assert_eq!(s.memory_edges(None).await.unwrap(), vec![e.clone()]);
+        assert_eq!(
+            s.memory_nodes(Some(&b.id)).await.unwrap(),
+            vec![other.clone()]
+        );
+        assert_eq!(s.memory_nodes(None).await.unwrap().len(), 3);
+        // Tenant-scoped reads, updates and deletes.
+        assert!(s.memory_node(&b.id, fact.id).await.is_err());
+        let upd = s
+            .update_memory_node(&a.id, fact.id, "Alice lives in Paris", 0.9, 5)
+            .await
+            .unwrap();
+        assert_eq!(
+            (upd.text.as_str(), upd.importance, upd.tokens),
+            ("Alice lives in Paris", 0.9, 5)
+        );
+        assert!(
+            s.update_memory_node(&b.id, fact.id, "x", 0.1, 1)
+                .await
+                .is_err()
+        );
+        s.touch_memory_nodes(&a.id, &[alice.id], alice.created_at + 1000)
+            .await
+            .unwrap();
+        s.touch_memory_nodes(&a.id, &[alice.id], alice.created_at)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.memory_node(&a.id, alice.id)
+                .await
+                .unwrap()
+                .last_accessed_at,
+            alice.created_at + 1000
+        );
+        assert!(s.delete_memory_node(&b.id, alice.id).await.is_err());
+        s.delete_memory_node(&a.id, alice.id).await.unwrap();
+        assert!(
+            s.memory_edges(Some(&a.id)).await.unwrap().is_empty(),
+            "edges go with the node"
+        );
+        assert!(s.delete_memory_edge(&a.id, e.id).await.is_err());
+        // Derived-state values.
+        assert_eq!(s.memory_meta("embedding_fingerprint").await.unwrap(), None);
+        s.set_memory_meta("embedding_fingerprint", "abc")
+            .await
+            .unwrap();
+        s.set_memory_meta("embedding_fingerprint", "def")
+            .await
+            .unwrap();
+        assert_eq!(
+            s.memory_meta("embedding_fingerprint")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("def")
+        );
+    })
+    .await;
+}

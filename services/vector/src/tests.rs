@@ -1,0 +1,135 @@
+use super::*;
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("engram-vector-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A unit vector pointing mostly along axis `axis`.
+fn unit(dim: usize, axis: usize, tilt: f32) -> Vec<f32> {
+    let mut v = vec![0.0; dim];
+    v[axis % dim] = 1.0;
+    v[(axis + 1) % dim] = tilt;
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter().map(|x| x / n).collect()
+}
+
+fn point(id: u64, tenant: u64, agent: u64, kind: &str, v: Vec<f32>) -> VectorPoint {
+    VectorPoint {
+        id,
+        vector: v,
+        tenant: format!("t{tenant}"),
+        agent: format!("a{agent}"),
+        kind: kind.into(),
+    }
+}
+
+fn filter(tenant: u64) -> VectorFilter {
+    VectorFilter {
+        tenant: format!("t{tenant}"),
+        ..VectorFilter::default()
+    }
+}
+
+#[test]
+fn search_is_tenant_scoped_filtered_ordered_and_survives_reopening() {
+    let d = dir("scoped");
+    let dim = 8;
+    let store = EdgeStore::open(&d, dim).unwrap();
+    // The same direction stored by two tenants; tenant 2's copy is the exact match.
+    store
+        .upsert(&[
+            point(1, 1, 10, "fact", unit(dim, 0, 0.1)),
+            point(2, 1, 10, "episode", unit(dim, 0, 0.3)),
+            point(3, 1, 11, "fact", unit(dim, 3, 0.0)),
+            point(4, 2, 20, "fact", unit(dim, 0, 0.0)),
+        ])
+        .unwrap();
+    assert_eq!(store.count().unwrap(), 4);
+    let q = unit(dim, 0, 0.0);
+    let hits = store.search(&q, 10, &filter(1)).unwrap();
+    let ids: Vec<u64> = hits.iter().map(|h| h.id).collect();
+    assert_eq!(ids, vec![1, 2, 3], "tenant 1 only, nearest first");
+    assert!(hits[0].score > hits[1].score && hits[1].score > hits[2].score);
+    assert!(
+        (hits[0].score - 1.0 / 1.01f32.sqrt()).abs() < 1e-4,
+        "{}",
+        hits[0].score
+    );
+    assert_eq!(
+        store
+            .search(&q, 10, &filter(2))
+            .unwrap()
+            .iter()
+            .map(|h| h.id)
+            .collect::<Vec<_>>(),
+        vec![4]
+    );
+    assert!(store.search(&q, 10, &filter(3)).unwrap().is_empty());
+    let facts_of_10 = VectorFilter {
+        tenant: "t1".into(),
+        agent: Some("a10".into()),
+        kinds: Some(vec!["fact".into()]),
+    };
+    let hits = store.search(&q, 10, &facts_of_10).unwrap();
+    assert_eq!(hits.iter().map(|h| h.id).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(store.search(&q, 1, &filter(1)).unwrap().len(), 1);
+    store.flush().unwrap();
+    drop(store);
+
+    let store = EdgeStore::open(&d, dim).unwrap();
+    assert_eq!(store.count().unwrap(), 4);
+    let again = store.search(&q, 10, &filter(1)).unwrap();
+    assert_eq!(
+        again.iter().map(|h| h.id).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    // Replace, delete, clear.
+    store
+        .upsert(&[point(3, 1, 11, "fact", unit(dim, 0, 0.0))])
+        .unwrap();
+    assert_eq!(store.search(&q, 1, &filter(1)).unwrap()[0].id, 3);
+    store.delete(&[3, 99]).unwrap();
+    assert_eq!(store.count().unwrap(), 3);
+    store.clear().unwrap();
+    assert_eq!(store.count().unwrap(), 0);
+    // qdrant-edge flushes on drop (and panics if its directory is gone): drop it first.
+    drop(store);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_vectors_and_a_width_change_are_refused() {
+    let d = dir("bad");
+    let store = EdgeStore::open(&d, 4).unwrap();
+    store
+        .upsert(&[point(1, 1, 1, "fact", unit(4, 0, 0.0))])
+        .unwrap();
+    assert!(matches!(
+        store.upsert(&[point(2, 1, 1, "fact", vec![1.0; 5])]),
+        Err(VectorError::Dimension {
+            expected: 4,
+            got: 5
+        })
+    ));
+    assert!(matches!(
+        store.upsert(&[point(3, 1, 1, "fact", vec![f32::NAN, 0.0, 0.0, 1.0])]),
+        Err(VectorError::NotFinite(3))
+    ));
+    assert!(matches!(
+        store.search(&[1.0; 3], 5, &filter(1)),
+        Err(VectorError::Dimension { .. })
+    ));
+    assert_eq!(store.count().unwrap(), 1, "nothing stored by refused calls");
+    drop(store);
+    assert!(matches!(
+        EdgeStore::open(&d, 8),
+        Err(VectorError::Mismatch {
+            found: 4,
+            expected: 8,
+            ..
+        })
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+}
