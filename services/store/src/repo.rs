@@ -627,6 +627,27 @@ impl Store {
         })
     }
 
+    /// `columns` of every row of `table` (of one tenant, or of all when `tenant_id` is `None`),
+    /// by id.
+    async fn tenant_rows(
+        &self,
+        columns: &str,
+        table: &str,
+        tenant_id: Option<&str>,
+    ) -> StoreResult<Vec<AnyRow>> {
+        let filter = if tenant_id.is_some() {
+            " WHERE tenant_id = $1"
+        } else {
+            ""
+        };
+        let sql = format!("SELECT {columns} FROM {table}{filter} ORDER BY id");
+        let mut q = sqlx::query(&sql);
+        if let Some(t) = tenant_id {
+            q = q.bind(t);
+        }
+        Ok(q.fetch_all(&self.pool).await?)
+    }
+
     /// Inserts a node; returns it with its id.
     pub async fn insert_memory_node(&self, n: &NewMemoryNode) -> StoreResult<MemoryNodeRow> {
         let now = now_ms();
@@ -650,23 +671,9 @@ impl Store {
 
     /// Every node (of one tenant, or of all when `tenant_id` is `None`), by id.
     pub async fn memory_nodes(&self, tenant_id: Option<&str>) -> StoreResult<Vec<MemoryNodeRow>> {
-        let rows = match tenant_id {
-            Some(t) => {
-                sqlx::query(&format!(
-                    "SELECT {NODE_COLUMNS} FROM memory_nodes WHERE tenant_id = $1 ORDER BY id"
-                ))
-                .bind(t)
-                .fetch_all(&self.pool)
-                .await?
-            }
-            None => {
-                sqlx::query(&format!(
-                    "SELECT {NODE_COLUMNS} FROM memory_nodes ORDER BY id"
-                ))
-                .fetch_all(&self.pool)
-                .await?
-            }
-        };
+        let rows = self
+            .tenant_rows(NODE_COLUMNS, "memory_nodes", tenant_id)
+            .await?;
         rows.iter().map(Self::node_of).collect()
     }
 
@@ -796,23 +803,9 @@ impl Store {
 
     /// Every edge (of one tenant, or of all), by id.
     pub async fn memory_edges(&self, tenant_id: Option<&str>) -> StoreResult<Vec<MemoryEdgeRow>> {
-        let rows = match tenant_id {
-            Some(t) => {
-                sqlx::query(&format!(
-                    "SELECT {EDGE_COLUMNS} FROM memory_edges WHERE tenant_id = $1 ORDER BY id"
-                ))
-                .bind(t)
-                .fetch_all(&self.pool)
-                .await?
-            }
-            None => {
-                sqlx::query(&format!(
-                    "SELECT {EDGE_COLUMNS} FROM memory_edges ORDER BY id"
-                ))
-                .fetch_all(&self.pool)
-                .await?
-            }
-        };
+        let rows = self
+            .tenant_rows(EDGE_COLUMNS, "memory_edges", tenant_id)
+            .await?;
         rows.iter().map(Self::edge_of).collect()
     }
 
