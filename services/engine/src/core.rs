@@ -34,6 +34,10 @@ use sha2::{Digest, Sha256};
 use crate::error::{EngineError, EngineResult};
 
 mod cache;
+mod reserve;
+pub use reserve::{
+    ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
+};
 use crate::model::{KvTransform, Llama, LogitRows, SeqInput};
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
@@ -246,6 +250,9 @@ pub struct Admission {
     pub cached_tokens: usize,
     /// Of those blocks, how many were warmed from the cold tier.
     pub warmed_blocks: usize,
+    /// Of those blocks, how many a reservation held (see [`EngineCore::reserve`]).
+    #[serde(default)]
+    pub reserved_blocks: usize,
 }
 
 /// Running totals of cache activity, for metrics.
@@ -393,6 +400,7 @@ pub struct EngineCore {
     counters: CacheCounters,
     pins_by_key: HashMap<[u8; 32], Vec<BlockId>>,
     cold_quotas: HashMap<TenantId, usize>,
+    reservations: reserve::Reservations,
 }
 
 impl EngineCore {
@@ -488,6 +496,7 @@ impl EngineCore {
             counters: CacheCounters::default(),
             pins_by_key: HashMap::new(),
             cold_quotas: HashMap::new(),
+            reservations: reserve::Reservations::default(),
         })
     }
 
@@ -677,6 +686,7 @@ impl EngineCore {
             }
         }
         self.store.retain(&hits)?;
+        let reserved_blocks = self.claim_reservations(&hits)?;
         let id = SeqId(self.next_seq);
         self.next_seq += 1;
         let cached_tokens = hits.len() * bs;
@@ -734,6 +744,7 @@ impl EngineCore {
             prompt_tokens: self.seqs.get(&id).map_or(0, |s| s.prompt_len),
             cached_tokens,
             warmed_blocks: cold.len(),
+            reserved_blocks,
         };
         Ok((id, admission))
     }

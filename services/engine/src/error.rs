@@ -102,7 +102,21 @@ pub enum EngineError {
         /// The limit.
         quota: usize,
     },
-    /// The engine thread has stopped.
+    /// A reservation does not fit in the cold tier.
+    #[error("the cold tier cannot hold {needed} more blocks ({available} free or reclaimable)")]
+    NoColdRoom {
+        /// Blocks needed.
+        needed: usize,
+        /// Free or reclaimable cold blocks.
+        available: usize,
+    },
+    /// No live reservation has this id.
+    #[error("no live reservation {id}")]
+    UnknownReservation {
+        /// The id asked for.
+        id: u64,
+    },
+    /// The engine thread is gone.
     #[error("the engine has stopped")]
     Stopped,
 }

@@ -26,7 +26,8 @@ mod weights;
 
 pub use crate::core::{
     Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, EngineDevice, KeyCentering,
-    Occupancy, PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, SeqId, SequenceSpec,
+    Occupancy, PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters,
+    ReservationId, ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec,
 };
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};

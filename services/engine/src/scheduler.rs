@@ -17,13 +17,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use engram_kvcore::{BlockFilter, PinState, SourceLayer, Tier};
+use engram_kvcore::{BlockFilter, PinState, SourceLayer, TenantId, Tier};
 
 use crate::core::{
-    Admission, CacheCounters, EngineCore, Occupancy, PrefixLookup, SeqId, SequenceSpec,
+    Admission, CacheCounters, EngineCore, Occupancy, PrefixLookup, ReservationCounters,
+    ReservationId, ReservationInfo, ReserveRequest, SeqId, SequenceSpec,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::model::LogitRows;
@@ -91,6 +93,9 @@ enum Command {
     Blocks(BlockQuery, flume::Sender<BlockPage>),
     UnpinPrefix([u8; 32], flume::Sender<EngineResult<usize>>),
     Lookup(Box<SequenceSpec>, flume::Sender<PrefixLookup>),
+    Reserve(Box<ReserveRequest>, flume::Sender<EngineResult<ReservationId>>),
+    WarmReservation(ReservationId, flume::Sender<EngineResult<usize>>),
+    Reservations(Option<TenantId>, flume::Sender<Vec<ReservationInfo>>),
 }
 
 /// Occupancy and counters, for admin endpoints and metrics.
@@ -102,6 +107,9 @@ pub struct EngineSnapshot {
     pub counters: CacheCounters,
     /// Requests waiting.
     pub queued: usize,
+    /// Reservation totals.
+    #[serde(default)]
+    pub reservations: ReservationCounters,
 }
 
 /// A page of the block listing.
@@ -170,6 +178,9 @@ impl std::fmt::Debug for Command {
             Self::Blocks(..) => "Command::Blocks",
             Self::UnpinPrefix(..) => "Command::UnpinPrefix",
             Self::Lookup(..) => "Command::Lookup",
+            Self::Reserve(..) => "Command::Reserve",
+            Self::WarmReservation(..) => "Command::WarmReservation",
+            Self::Reservations(..) => "Command::Reservations",
         })
     }
 }
@@ -268,6 +279,37 @@ impl Engine {
         Ok(rx)
     }
 
+    /// Reserves cold-tier blocks for a prompt segment and computes them in the background (see
+    /// [`EngineCore::reserve`]); answers the reservation once it is admitted (`pending`).
+    pub fn reserve(
+        &self,
+        req: ReserveRequest,
+    ) -> EngineResult<flume::Receiver<EngineResult<ReservationId>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Reserve(Box::new(req), tx))?;
+        Ok(rx)
+    }
+
+    /// Promotes a ready reservation to the hot tier; answers how many blocks moved.
+    pub fn warm_reservation(
+        &self,
+        id: ReservationId,
+    ) -> EngineResult<flume::Receiver<EngineResult<usize>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::WarmReservation(id, tx))?;
+        Ok(rx)
+    }
+
+    /// Live reservations, then recent finished ones (of one tenant, or all).
+    pub fn reservations(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> EngineResult<flume::Receiver<Vec<ReservationInfo>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Reservations(tenant, tx))?;
+        Ok(rx)
+    }
+
     /// The tokenizer (for building prompts).
     pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
@@ -323,6 +365,8 @@ struct Worker {
     core: EngineCore,
     rx: flume::Receiver<Command>,
     running: Vec<Active>,
+    /// Reservations being computed: prefilled only when no request is in prefill.
+    reserving: Vec<(SeqId, ReservationId)>,
     gauge: Arc<AtomicUsize>,
 }
 
@@ -332,6 +376,7 @@ impl Worker {
             core,
             rx,
             running: Vec::new(),
+            reserving: Vec::new(),
             gauge,
         }
     }
@@ -341,7 +386,11 @@ impl Worker {
             if !self.admit() {
                 return;
             }
+            if self.core.next_expiry().is_some_and(|t| t <= Instant::now()) {
+                let _ = self.core.expire_reservations(Instant::now());
+            }
             self.prefill_one();
+            self.reserve_one();
             self.decode_all();
             self.gauge.store(self.running.len(), Ordering::Relaxed);
         }
@@ -352,10 +401,18 @@ impl Worker {
     fn admit(&mut self) -> bool {
         let max = self.core.config().max_running;
         while self.running.len() < max {
-            let cmd = if self.running.is_empty() {
-                match self.rx.recv() {
+            let cmd = if self.running.is_empty() && self.reserving.is_empty() {
+                // Idle: wait for a command, or until the next reservation expires.
+                let got = match self.core.next_expiry() {
+                    Some(t) => self.rx.recv_deadline(t).map_err(|e| {
+                        matches!(e, flume::RecvTimeoutError::Disconnected)
+                    }),
+                    None => self.rx.recv().map_err(|_| true),
+                };
+                match got {
                     Ok(c) => c,
-                    Err(_) => return false,
+                    Err(true) => return false,
+                    Err(false) => break,
                 }
             } else {
                 match self.rx.try_recv() {
@@ -370,6 +427,7 @@ impl Worker {
                         occupancy: self.core.occupancy(),
                         counters: self.core.counters().clone(),
                         queued: self.rx.len(),
+                        reservations: self.core.reservation_counters(),
                     });
                     continue;
                 }
@@ -383,6 +441,29 @@ impl Worker {
                 }
                 Command::UnpinPrefix(key, reply) => {
                     let _ = reply.send(self.core.unpin_prefix(&key));
+                    continue;
+                }
+                Command::Reserve(req, reply) => {
+                    let answer = if self.reserving.len() >= max {
+                        Err(EngineError::Overloaded {
+                            queued: self.reserving.len(),
+                            capacity: max,
+                        })
+                    } else {
+                        self.core.reserve(*req).map(|(id, seq)| {
+                            self.reserving.push((seq, id));
+                            id
+                        })
+                    };
+                    let _ = reply.send(answer);
+                    continue;
+                }
+                Command::WarmReservation(id, reply) => {
+                    let _ = reply.send(self.core.warm_reservation(id));
+                    continue;
+                }
+                Command::Reservations(tenant, reply) => {
+                    let _ = reply.send(self.core.reservations(tenant));
                     continue;
                 }
             };
@@ -463,6 +544,30 @@ impl Worker {
             Err(e) => self.fail(i, e),
         }
         self.reap();
+    }
+
+    /// Computes one chunk of the oldest reservation when no request is in prefill (so
+    /// reservations never delay a turn by more than one chunk).
+    fn reserve_one(&mut self) {
+        let busy = self
+            .running
+            .iter()
+            .any(|a| !a.finished && matches!(a.phase, Phase::Prefill));
+        let Some(&(seq, id)) = self.reserving.first() else {
+            return;
+        };
+        if busy {
+            return;
+        }
+        let done = match self.core.prefill_chunk(seq, LogitRows::Last) {
+            Ok(out) if out.remaining > 0 => return,
+            Ok(_) => self.core.complete_reservation(id, false),
+            Err(_) => self.core.complete_reservation(id, true),
+        };
+        if done.is_err() {
+            let _ = self.core.finish(seq);
+        }
+        self.reserving.remove(0);
     }
 
     fn decode_all(&mut self) {

@@ -326,6 +326,10 @@ pub struct QueryFilter {
     pub agent: Option<String>,
     /// Only these kinds (`None`: all).
     pub kinds: Option<Vec<NodeKind>>,
+    /// Never this session's episodes (the conversation already holds them). They may still
+    /// seed and relay proximity.
+    #[serde(default)]
+    pub exclude_session: Option<String>,
 }
 
 impl QueryFilter {
@@ -334,6 +338,7 @@ impl QueryFilter {
         n.tenant == self.tenant
             && self.agent.as_ref().is_none_or(|a| *a == n.agent)
             && self.kinds.as_ref().is_none_or(|k| k.contains(&n.kind))
+            && (self.exclude_session.is_none() || n.session != self.exclude_session)
     }
 }
 

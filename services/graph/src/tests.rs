@@ -148,6 +148,7 @@ fn filters_scoring_terms_and_order_are_as_documented() {
         tenant: "t1".into(),
         agent: Some("a1".into()),
         kinds: Some(vec![NodeKind::Fact]),
+        exclude_session: None,
     };
     let r = g.hybrid_query(&[(NodeId(1), 0.9)], 10, 3, &facts, &s, NOW);
     assert_eq!(ids(&r), vec![5]);
@@ -329,4 +330,37 @@ mod props {
             }
         }
     }
+}
+
+#[test]
+fn the_current_sessions_episodes_relay_proximity_but_do_not_surface() {
+    let mut g = fixture();
+    for id in [1, 2] {
+        let mut n = g.node(NodeId(id)).unwrap().clone();
+        n.session = Some("s1".into());
+        g.update_node(n).unwrap();
+    }
+    let s = Scoring::default();
+    let all = g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &tenant(1), &s, NOW);
+    assert!(ids(&all).contains(&2) && ids(&all).contains(&3));
+    let other = QueryFilter {
+        exclude_session: Some("s1".into()),
+        ..tenant(1)
+    };
+    let r = g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &other, &s, NOW);
+    // Episodes 1 and 2 are hidden, yet Alice (two hops through them) is still reached.
+    assert!(!ids(&r).contains(&1) && !ids(&r).contains(&2));
+    assert!(ids(&r).contains(&3));
+    let r3 = r.iter().find(|x| x.id == NodeId(3)).unwrap();
+    let a3 = all.iter().find(|x| x.id == NodeId(3)).unwrap();
+    assert_eq!(r3.score, a3.score);
+    // Another session's name hides nothing.
+    let s2 = QueryFilter {
+        exclude_session: Some("s2".into()),
+        ..tenant(1)
+    };
+    assert_eq!(
+        ids(&g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &s2, &s, NOW)),
+        ids(&all)
+    );
 }

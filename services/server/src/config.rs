@@ -34,6 +34,50 @@ pub struct Config {
     pub model: ModelSection,
     /// Defaults for new tenants.
     pub tenants: TenantSection,
+    /// The memory graph, its vector index and the reserver.
+    pub memory: MemorySection,
+}
+
+/// `[memory]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemorySection {
+    /// Turn ingest, recall into the memories layer and the memory API (`false`: the API answers
+    /// 503 `memory_unavailable`).
+    pub enabled: bool,
+    /// Directory of the embedding model (`config.json`, `model.safetensors`, `tokenizer.json`).
+    pub embedder_path: PathBuf,
+    /// Where the embedded vector index lives (empty: beside the SQLite file, or
+    /// `data/vectors/<hash of the URL>` for PostgreSQL).
+    pub vector_dir: PathBuf,
+    /// Nodes recalled into the memories layer at most.
+    pub recall_k: usize,
+    /// Hops of graph expansion.
+    pub hops: u32,
+    /// Vector seeds per query at least.
+    pub seeds: usize,
+    /// Every turn becomes an episode node linked to its predecessor.
+    pub ingest_turns: bool,
+    /// After each turn, reserve cold-tier blocks for the neighbourhood of what was just said.
+    pub reserve: bool,
+    /// How long an unused reservation lives, seconds.
+    pub reservation_ttl_secs: u64,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            embedder_path: PathBuf::from("models/all-MiniLM-L6-v2"),
+            vector_dir: PathBuf::new(),
+            recall_k: 8,
+            hops: 2,
+            seeds: 16,
+            ingest_turns: true,
+            reserve: true,
+            reservation_ttl_secs: 600,
+        }
+    }
 }
 
 /// `[server]`.
@@ -232,6 +276,15 @@ impl Config {
         }
         if self.model.hot_mib == 0 {
             return bad("model.hot_mib", "must be positive");
+        }
+        if self.memory.recall_k > 256 {
+            return bad("memory.recall_k", "must be at most 256");
+        }
+        if self.memory.hops > 8 {
+            return bad("memory.hops", "must be at most 8");
+        }
+        if self.memory.reservation_ttl_secs == 0 {
+            return bad("memory.reservation_ttl_secs", "must be positive");
         }
         Ok(())
     }

@@ -128,6 +128,12 @@ impl From<EngineError> for ApiError {
                 "quota_exceeded",
                 e.to_string(),
             ),
+            EngineError::NoColdRoom { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_cold_room",
+                e.to_string(),
+            ),
+            EngineError::UnknownReservation { .. } => Self::not_found(e.to_string()),
             EngineError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine_unavailable",

@@ -7,8 +7,11 @@
 
 pub mod api;
 pub mod auth;
+pub mod bench_conversation;
+pub mod bench_memory;
 pub mod config;
 pub mod error;
+pub mod memory;
 pub mod metrics;
 pub mod openapi;
 pub mod state;
@@ -37,6 +40,9 @@ pub enum StartError {
     /// The model exists but could not be loaded.
     #[error("model: {0}")]
     Engine(#[from] engram_engine::EngineError),
+    /// The memory graph or its vector index could not be opened.
+    #[error("memory: {0}")]
+    Memory(#[from] memory::MemoryError),
     /// The listener or a directory failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -72,7 +78,42 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
         );
         None
     };
-    Ok(AppState::new(store, engine, config))
+    let memory = open_memory(&config, &store).await?;
+    Ok(AppState::new(store, engine, memory, config))
+}
+
+/// The memory service, unless it is disabled or its embedding model is missing.
+async fn open_memory(
+    config: &Config,
+    store: &Store,
+) -> Result<Option<memory::MemoryService>, StartError> {
+    let m = &config.memory;
+    if !m.enabled {
+        return Ok(None);
+    }
+    if !m.embedder_path.join("model.safetensors").is_file() {
+        eprintln!(
+            "engram: no embedding model at {}; the memory graph is off (run `make models`)",
+            m.embedder_path.display()
+        );
+        return Ok(None);
+    }
+    let dir = if m.vector_dir.as_os_str().is_empty() {
+        memory::default_vector_dir(&config.database.url)
+    } else {
+        m.vector_dir.clone()
+    };
+    std::fs::create_dir_all(&dir)?;
+    let service = memory::MemoryService::open(m, store, &dir).await?;
+    let s = service.startup();
+    eprintln!(
+        "engram: memory graph: {} nodes, {} edges, {} re-embedded; vectors in {}",
+        s.nodes,
+        s.edges,
+        s.reembedded,
+        dir.display()
+    );
+    Ok(Some(service))
 }
 
 fn json_error(err: JsonPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {

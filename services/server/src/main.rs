@@ -103,6 +103,56 @@ enum EvalCommand {
 enum BenchCommand {
     /// Time to first token (cold / hot / warm prefix) and decode tokens/s by batch.
     Ttft(TtftArgs),
+    /// Hybrid recall latency (p50/p99) on synthetic graphs of random unit vectors, and the
+    /// embedding model's sentences per second. One JSON object per line.
+    Memory(MemoryBenchArgs),
+    /// A scripted 20-turn conversation over overlapping memories, with and without cold-tier
+    /// reservation (same process): memories tokens served from reserved blocks, and TTFT.
+    Conversation(ConversationBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct ConversationBenchArgs {
+    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
+    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
+    model: PathBuf,
+    /// The embedding model's directory.
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    embedder: PathBuf,
+    /// Turns per run.
+    #[arg(long, default_value_t = 20)]
+    turns: usize,
+    /// Tokens generated per turn.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    /// Runs per mode (alternating off, on).
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Scratch directory (a fresh database and index per run).
+    #[arg(long, default_value = "data/bench-conversation")]
+    dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct MemoryBenchArgs {
+    /// Graph sizes.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    nodes: Vec<usize>,
+    /// Queries timed per size.
+    #[arg(long, default_value_t = 500)]
+    queries: usize,
+    /// Sentences embedded for the throughput figure (0: skip).
+    #[arg(long, default_value_t = 512)]
+    embed: usize,
+    /// Sentences per embedding call.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// The embedding model's directory.
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    embedder: PathBuf,
+    /// Where the indexes are built (a fresh subdirectory per size, removed after).
+    #[arg(long, default_value = "data/bench-memory")]
+    dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -350,12 +400,80 @@ fn main() -> Result<()> {
         Command::Serve(args) => serve(args),
         Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
         Command::Bench(BenchCommand::Ttft(args)) => bench_ttft(args),
+        Command::Bench(BenchCommand::Memory(args)) => bench_memory(args),
+        Command::Bench(BenchCommand::Conversation(args)) => bench_conversation(args),
         Command::Check(CheckCommand::Device(args)) => check_device(args),
         Command::ExportTokenizer(args) => {
             TextTokenizer::for_model(&args.model)?.save_json(&args.out)?;
             Ok(())
         }
     }
+}
+
+fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
+    actix_web::rt::System::new().block_on(async move {
+        let mut summaries = Vec::new();
+        for r in 0..args.repeats {
+            for reserve in [false, true] {
+                let dir = args.dir.join(format!("run{r}-{reserve}"));
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir)?;
+                let mut config = engram_server::Config::default();
+                config.database.url = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
+                config.model.path = args.model.clone();
+                config.memory.embedder_path = args.embedder.clone();
+                config.memory.vector_dir = dir.join("vectors");
+                let (turns, summary) = engram_server::bench_conversation::run(
+                    config,
+                    reserve,
+                    args.turns,
+                    args.max_tokens,
+                )
+                .await?;
+                for t in &turns {
+                    println!("{}", serde_json::json!({"bench": "conversation_turn", "run": r, "figures": t}));
+                }
+                println!("{}", serde_json::json!({"bench": "conversation", "run": r, "summary": summary}));
+                summaries.push(summary);
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        let mean = |on: bool, f: fn(&engram_server::bench_conversation::RunSummary) -> f64| {
+            let v: Vec<f64> = summaries.iter().filter(|s| s.reserve == on).map(f).collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "conversation_ratio",
+                "mean_ttft_ms_off": mean(false, |s| s.mean_ttft_ms),
+                "mean_ttft_ms_on": mean(true, |s| s.mean_ttft_ms),
+                "ttft_on_over_off": mean(true, |s| s.mean_ttft_ms) / mean(false, |s| s.mean_ttft_ms).max(1e-9),
+                "reserved_share_on": mean(true, |s| s.reserved_share),
+                "cached_share_off": mean(false, |s| s.cached_share),
+                "cached_share_on": mean(true, |s| s.cached_share),
+            })
+        );
+        Ok(())
+    })
+}
+
+fn bench_memory(args: MemoryBenchArgs) -> Result<()> {
+    use engram_server::bench_memory::{embed_rate, scale};
+    if args.embed > 0 {
+        let e = engram_engine::embed::Embedder::load(&args.embedder, &candle_core::Device::Cpu)
+            .with_context(|| format!("embedding model at {}", args.embedder.display()))?;
+        let r = embed_rate(&e, args.embed, args.batch)?;
+        println!("{}", serde_json::json!({"bench": "embed", "model": args.embedder, "report": r}));
+    }
+    for &n in &args.nodes {
+        let dir = args.dir.join(format!("n{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = scale(n, args.queries, &dir, 42)?;
+        let _ = std::fs::remove_dir_all(&dir);
+        println!("{}", serde_json::json!({"bench": "hybrid_query", "report": r}));
+    }
+    Ok(())
 }
 
 fn shape(name: &str) -> Result<ModelConfig> {

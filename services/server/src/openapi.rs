@@ -26,7 +26,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(
         title = "Engram",
-        description = "Agent memory with a semantic KV cache: tenants, agents, layered prompts, turns, OpenAI-compatible chat and cache inspection.",
+        description = "Agent memory with a semantic KV cache: tenants, agents, layered prompts, turns, a memory graph with hybrid recall and cold-tier reservations, OpenAI-compatible chat and cache inspection.",
         license(name = "Apache-2.0")
     ),
     paths(
@@ -51,6 +51,19 @@ impl Modify for BearerAuth {
         api::inspect::cache,
         api::inspect::blocks,
         api::inspect::metrics,
+        api::memory::create_node,
+        api::memory::list_nodes,
+        api::memory::get_node,
+        api::memory::update_node,
+        api::memory::delete_node,
+        api::memory::create_edge,
+        api::memory::list_edges,
+        api::memory::delete_edge,
+        api::memory::query,
+        api::memory::list_reservations,
+        api::memory::warm_reservation,
+        api::memory::admin_reservations,
+        api::memory::admin_memory,
     ),
     components(schemas(crate::error::ErrorSchema)),
     modifiers(&BearerAuth),
@@ -60,6 +73,7 @@ impl Modify for BearerAuth {
         (name = "agents", description = "Agents, layers and prompt previews"),
         (name = "sessions", description = "Turns and session state"),
         (name = "openai", description = "OpenAI-compatible endpoints"),
+        (name = "memory", description = "The agent's memory graph: nodes, edges, hybrid recall, cold-tier reservations"),
     )
 )]
 pub struct ApiDoc;
@@ -93,6 +107,8 @@ mod tests {
             "/v1/agents",
             "/v1/chat/completions",
             "/v1/admin/blocks",
+            "/v1/agents/{agent}/memory/query",
+            "/v1/agents/{agent}/memory/reservations",
             "/healthz",
         ] {
             assert!(spec.contains(&format!("\"{route}\"")), "{route}");

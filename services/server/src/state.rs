@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::memory::MemoryService;
 use crate::metrics::Metrics;
 
 /// Shared state (held in `web::Data`).
@@ -22,11 +23,19 @@ pub struct AppState {
     pub admin_key_hash: Option<[u8; 32]>,
     /// Server-side metrics.
     pub metrics: Metrics,
+    /// The memory graph; `None` when disabled or its embedding model is missing (the memory API
+    /// answers 503).
+    pub memory: Option<MemoryService>,
 }
 
 impl AppState {
     /// State over a store and an optional engine.
-    pub fn new(store: Store, engine: Option<Engine>, config: Config) -> Self {
+    pub fn new(
+        store: Store,
+        engine: Option<Engine>,
+        memory: Option<MemoryService>,
+        config: Config,
+    ) -> Self {
         let key = &config.auth.admin_key.0;
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {
@@ -35,7 +44,24 @@ impl AppState {
             config,
             admin_key_hash,
             metrics: Metrics::default(),
+            memory,
         }
+    }
+
+    /// The memory service, or 503 `memory_unavailable`.
+    pub fn memory(&self) -> Result<&MemoryService, ApiError> {
+        self.memory.as_ref().ok_or_else(|| {
+            ApiError::new(
+                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                "memory_unavailable",
+                format!(
+                    "the memory graph is off (memory.enabled = {}; embedding model expected at {}; \
+                     run `make models`)",
+                    self.config.memory.enabled,
+                    self.config.memory.embedder_path.display()
+                ),
+            )
+        })
     }
 
     /// The engine, or 503 `model_unavailable`.

@@ -120,6 +120,11 @@ pub trait VectorStore: Send + Sync + std::fmt::Debug {
     fn clear(&self) -> VectorResult<()>;
     /// Makes every change durable.
     fn flush(&self) -> VectorResult<()>;
+    /// Builds search indexes over what was written (HNSW above the engine's size threshold);
+    /// blocking. A no-op where the engine indexes on its own.
+    fn optimize(&self) -> VectorResult<()> {
+        Ok(())
+    }
 }
 
 fn check(dim: usize, id: u64, v: &[f32]) -> VectorResult<()> {
@@ -345,6 +350,11 @@ impl VectorStore for EdgeStore {
 
     fn flush(&self) -> VectorResult<()> {
         self.shard.flush();
+        Ok(())
+    }
+
+    fn optimize(&self) -> VectorResult<()> {
+        self.shard.optimize().map_err(engine)?;
         Ok(())
     }
 }

@@ -133,3 +133,27 @@ fn bad_vectors_and_a_width_change_are_refused() {
     ));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn optimizing_keeps_every_point_and_the_tenant_filter() {
+    let d = dir("optimize");
+    let dim = 16;
+    let store = EdgeStore::open(&d, dim).unwrap();
+    let points: Vec<VectorPoint> = (0..3_000u64)
+        .map(|i| point(i + 1, 1 + i % 2, 1, "fact", unit(dim, i as usize, (i % 7) as f32 / 7.0)))
+        .collect();
+    for chunk in points.chunks(500) {
+        store.upsert(chunk).unwrap();
+    }
+    let q = unit(dim, 4, 0.0);
+    let before = store.search(&q, 10, &filter(1)).unwrap();
+    store.optimize().unwrap();
+    assert_eq!(store.count().unwrap(), 3_000);
+    let after = store.search(&q, 10, &filter(1)).unwrap();
+    assert_eq!(after.len(), 10);
+    // Tenant 1 holds the odd ids (i even → id odd).
+    assert!(after.iter().all(|h| h.id % 2 == 1), "{after:?}");
+    assert_eq!(after[0].score, before[0].score);
+    drop(store);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -205,6 +205,7 @@ impl EngineCore {
 
     /// Drops every cached block no sequence attends (a cold start for benches).
     pub fn clear_cache(&mut self) -> EngineResult<()> {
+        self.expire_all_reservations()?;
         let ids: Vec<BlockId> = self.cache.blocks().collect();
         for id in ids {
             self.drop_cached(id)?;

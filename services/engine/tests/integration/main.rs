@@ -6,6 +6,7 @@ mod common;
 mod embed;
 mod eval;
 mod prefix;
+mod reserve;
 mod safetensors;
 mod scheduler;
 mod tokenizer;

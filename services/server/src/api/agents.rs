@@ -5,7 +5,7 @@ use engram_context::{
     Budgets, BuiltContext, ContextRequest, Layer, LayerKind, Speaker, TokenCounter, Turn,
     Volatility, build,
 };
-use engram_store::{Agent, LayerRow, Role};
+use engram_store::{Agent, LayerRow, Role, Tenant};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -13,6 +13,7 @@ use crate::api::admin::check_name;
 use crate::api::turns::{pin_key, public_pin_key, session_key, spec_of};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
+use crate::memory::{Neighbourhood, RecallQuery, now_ms, render};
 use crate::state::AppState;
 
 /// Body of `POST /v1/agents`.
@@ -262,9 +263,14 @@ pub struct PreviewRequest {
     pub session: Option<String>,
 }
 
-/// The agent's layers as the pipeline sees them.
-pub(crate) fn pipeline_layers(rows: &[LayerRow]) -> Result<Vec<Layer>, ApiError> {
-    rows.iter()
+/// The agent's layers as the pipeline sees them; a recalled neighbourhood is appended to the
+/// memories layer (which is created with its standard budget when the agent has none).
+pub(crate) fn pipeline_layers(
+    rows: &[LayerRow],
+    memories: Option<&Neighbourhood>,
+) -> Result<Vec<Layer>, ApiError> {
+    let mut layers = rows
+        .iter()
         .map(|r| {
             let kind = parse_kind(&r.kind).map_err(|_| ApiError::internal("stored layer kind"))?;
             Ok(Layer {
@@ -283,49 +289,141 @@ pub(crate) fn pipeline_layers(rows: &[LayerRow]) -> Result<Vec<Layer>, ApiError>
                 public: r.public && r.stable,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    if let Some(m) = memories.filter(|m| !m.text.is_empty()) {
+        match layers.iter_mut().find(|l| l.kind == LayerKind::Memories) {
+            Some(l) if l.content.trim().is_empty() => l.content = m.text.clone(),
+            Some(l) => l.content = format!("{}\n{}", l.content.trim_end(), m.text),
+            None => layers.push(Layer::new(LayerKind::Memories, m.text.clone())),
+        }
+    }
+    Ok(layers)
 }
 
-/// Builds an agent's prompt for `message` (and the session's conversation).
+/// A session's conversation so far.
+pub(crate) async fn history_of(
+    state: &AppState,
+    agent: &Agent,
+    session: &str,
+) -> Result<Vec<Turn>, ApiError> {
+    Ok(state
+        .store
+        .turns(&agent.id, session)
+        .await?
+        .into_iter()
+        .map(|t| Turn {
+            speaker: match t.role {
+                Role::User => Speaker::User,
+                Role::Assistant => Speaker::Assistant,
+            },
+            text: t.text,
+        })
+        .collect())
+}
+
+/// Builds an agent's prompt for `message` (and the session's conversation), without recalled
+/// memories: what the stable prefix and layer edits are judged on.
 pub(crate) async fn build_context(
     state: &AppState,
     agent: &Agent,
     session: Option<&str>,
     message: &str,
 ) -> Result<BuiltContext, ApiError> {
-    let history: Vec<Turn> = match session {
-        Some(s) => state
-            .store
-            .turns(&agent.id, s)
-            .await?
-            .into_iter()
-            .map(|t| Turn {
-                speaker: match t.role {
-                    Role::User => Speaker::User,
-                    Role::Assistant => Speaker::Assistant,
-                },
-                text: t.text,
-            })
-            .collect(),
+    let history = match session {
+        Some(s) => history_of(state, agent, s).await?,
         None => Vec::new(),
     };
-    build_with_history(state, agent, &history, message).await
+    build_with_history(state, agent, &history, message, None).await
 }
 
-/// Builds an agent's prompt over a conversation the caller supplies.
+/// Builds an agent's prompt over a conversation the caller supplies, with `memories` in the
+/// memories layer.
 pub(crate) async fn build_with_history(
     state: &AppState,
     agent: &Agent,
     history: &[Turn],
     message: &str,
+    memories: Option<&Neighbourhood>,
 ) -> Result<BuiltContext, ApiError> {
-    let layers = pipeline_layers(&state.store.layers(&agent.id).await?)?;
+    let layers = pipeline_layers(&state.store.layers(&agent.id).await?, memories)?;
     let req = ContextRequest {
         layers: &layers,
         history,
         user_message: message,
     };
     Ok(build(&req, &state.counter())?)
+}
+
+/// A turn's prompt and the neighbourhood recalled into it.
+#[derive(Debug, Clone)]
+pub(crate) struct Turned {
+    /// The prompt.
+    pub built: BuiltContext,
+    /// The recalled memories (none without the memory service or when nothing was recalled).
+    pub memories: Option<Neighbourhood>,
+}
+
+/// Tokens the memories layer leaves for recalled nodes: its budget less its own text.
+fn recall_budget(state: &AppState, rows: &[LayerRow]) -> u32 {
+    let (budget, own) = match rows.iter().find(|r| r.kind == "memories") {
+        Some(r) => (r.budget as usize, state.counter().count(&r.content)),
+        None => (Budgets::standard().get(LayerKind::Memories), 0),
+    };
+    u32::try_from(budget.saturating_sub(own + 4)).unwrap_or(u32::MAX)
+}
+
+/// The neighbourhood the memories layer shows for `text`: recalled for the agent (without the
+/// session's own episodes), fitted to the layer's budget, in canonical order.
+pub(crate) async fn neighbourhood(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: Option<&str>,
+    text: &str,
+) -> Result<Option<Neighbourhood>, ApiError> {
+    let Some(memory) = &state.memory else {
+        return Ok(None);
+    };
+    let rows = state.store.layers(&agent.id).await?;
+    let cfg = memory.config();
+    let recalled = memory
+        .recall(&RecallQuery {
+            tenant: &tenant.id,
+            agent: &agent.id,
+            text,
+            k: cfg.recall_k,
+            hops: cfg.hops,
+            kinds: None,
+            exclude_session: session,
+            at_ms: now_ms(),
+        })
+        .await?;
+    let n = render(recalled, recall_budget(state, &rows));
+    Ok((!n.nodes.is_empty()).then_some(n))
+}
+
+/// Builds a turn's prompt: the conversation (the session's, or `history` when given), the
+/// neighbourhood recalled for the user's message, and the message.
+pub(crate) async fn turn_context(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: Option<&str>,
+    history: Option<&[Turn]>,
+    message: &str,
+) -> Result<Turned, ApiError> {
+    let memories = neighbourhood(state, tenant, agent, session, message).await?;
+    let owned;
+    let history = match (history, session) {
+        (Some(h), _) => h,
+        (None, Some(s)) => {
+            owned = history_of(state, agent, s).await?;
+            &owned
+        }
+        (None, None) => &[],
+    };
+    let built = build_with_history(state, agent, history, message, memories.as_ref()).await?;
+    Ok(Turned { built, memories })
 }
 
 /// Previews a prompt build: layers, tokens per layer, spilled lines, the stable prefix hash.
@@ -348,14 +446,23 @@ pub async fn preview_context(
     body: web::Json<PreviewRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let agent = state.store.agent(&caller.0.id, &path).await?;
-    let built = build_context(&state, &agent, body.session.as_deref(), &body.message).await?;
+    let turned = turn_context(
+        &state,
+        &caller.0,
+        &agent,
+        body.session.as_deref(),
+        None,
+        &body.message,
+    )
+    .await?;
+    let built = &turned.built;
     let counter = state.counter();
     let prompt_tokens: usize = built.segments.iter().map(|s| counter.count(&s.text)).sum();
     // With a model: which blocks of this prompt the cache would reuse (hot, or warmed from cold).
     let blocks = match &state.engine {
         Some(engine) => {
             let session = body.session.as_deref().map(|s| session_key(&agent, s));
-            let spec = spec_of(&state, &built, &caller.0, session, |_| true)?;
+            let spec = spec_of(&state, built, &caller.0, session, |_| true)?;
             let l = engine
                 .lookup(spec)?
                 .recv_async()
@@ -371,5 +478,6 @@ pub async fn preview_context(
         "layers": built.layers,
         "segments": built.segments.len(),
         "blocks": blocks,
+        "memories": turned.memories.as_ref().map(|m| m.ids()),
     })))
 }

@@ -197,6 +197,38 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
             "engram_cold_quota_dropped_total {}\n",
             c.cold_quota_dropped
         ));
+        let r = &s.reservations;
+        out.push_str(
+            "# HELP engram_reservations_total Cold-tier reservations of memory neighbourhoods, by outcome.\n",
+        );
+        out.push_str("# TYPE engram_reservations_total counter\n");
+        for (kind, n) in [
+            ("made", r.made),
+            ("warmed", r.warmed),
+            ("expired", r.expired),
+            ("refused", r.refused),
+            ("failed", r.failed),
+        ] {
+            out.push_str(&format!(
+                "engram_reservations_total{{result=\"{kind}\"}} {n}\n"
+            ));
+        }
+        out.push_str(
+            "# HELP engram_reservation_blocks_served_total Prompt blocks turns reused from reservations.\n",
+        );
+        out.push_str("# TYPE engram_reservation_blocks_served_total counter\n");
+        out.push_str(&format!(
+            "engram_reservation_blocks_served_total {}\n",
+            r.blocks_served
+        ));
+        out.push_str(
+            "# HELP engram_reservation_hit_rate Reservations used over those used or expired.\n",
+        );
+        out.push_str("# TYPE engram_reservation_hit_rate gauge\n");
+        out.push_str(&format!(
+            "engram_reservation_hit_rate {}\n",
+            r.hit_rate().unwrap_or(0.0)
+        ));
         let o = &s.occupancy;
         out.push_str("# TYPE engram_queue_depth gauge\n");
         out.push_str(&format!("engram_queue_depth {}\n", s.queued));

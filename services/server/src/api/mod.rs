@@ -4,6 +4,7 @@ pub mod admin;
 pub mod agents;
 pub mod health;
 pub mod inspect;
+pub mod memory;
 pub mod openai;
 pub mod turns;
 
@@ -31,5 +32,18 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(openai::chat_completions)
         .service(inspect::cache)
         .service(inspect::blocks)
-        .service(inspect::metrics);
+        .service(inspect::metrics)
+        .service(memory::create_node)
+        .service(memory::list_nodes)
+        .service(memory::get_node)
+        .service(memory::update_node)
+        .service(memory::delete_node)
+        .service(memory::create_edge)
+        .service(memory::list_edges)
+        .service(memory::delete_edge)
+        .service(memory::query)
+        .service(memory::list_reservations)
+        .service(memory::warm_reservation)
+        .service(memory::admin_reservations)
+        .service(memory::admin_memory);
 }

@@ -21,7 +21,7 @@ use engram_engine::{FinishReason, GenerateRequest, SamplingParams, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::agents::{build_context, build_with_history};
+use crate::api::agents::turn_context;
 use crate::api::turns::{Generated, Step, generate, open_session, record, session_key, spec_of};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
@@ -164,10 +164,10 @@ pub async fn chat_completions(
     };
     sampling.validate().map_err(ApiError::from)?;
     let session = req.user.clone();
-    let built = match &session {
+    let turned = match &session {
         Some(s) => {
             open_session(&state, &tenant, &agent, s, &message).await?;
-            build_context(&state, &agent, Some(s), &message).await?
+            turn_context(&state, &tenant, &agent, Some(s), None, &message).await?
         }
         None => {
             state.engine()?;
@@ -185,18 +185,18 @@ pub async fn chat_completions(
                     })
                 })
                 .collect();
-            build_with_history(&state, &agent, &history, &message).await?
+            turn_context(&state, &tenant, &agent, None, Some(&history), &message).await?
         }
     };
     let session_id = session.as_deref().map(|s| session_key(&agent, s));
-    let spec = spec_of(&state, &built, &tenant, session_id, |_| true)?;
+    let spec = spec_of(&state, &turned.built, &tenant, session_id, |_| true)?;
     let id = format!("chatcmpl-{}", now_s());
     let created = now_s();
     let model = agent.name.clone();
     if !req.stream {
         let g = generate(&state, spec, sampling).await?;
         if let Some(s) = &session {
-            record(&state, &tenant, &agent, s, &message, &built, &g).await?;
+            record(&state, &tenant, &agent, s, &message, &turned, &g).await?;
         }
         return Ok(HttpResponse::Ok().json(json!({
             "id": id,
@@ -247,7 +247,7 @@ pub async fn chat_completions(
                 }
                 Step::Done => {
                     if let Some(s) = &session {
-                        let _ = record(&state, &tenant, &agent, s, &message, &built, &g).await;
+                        let _ = record(&state, &tenant, &agent, s, &message, &turned, &g).await;
                     }
                     let _ = tx.send(Ok(chunk(
                         json!({}),

@@ -14,8 +14,11 @@ use actix_web::web::Bytes;
 use actix_web::{HttpResponse, get, post, web};
 use engram_context::{BuiltContext, Volatility};
 use engram_engine::{
-    FinishReason, GenerateRequest, PromptSegment, SamplingParams, SequenceSpec, StreamEvent, Usage,
+    Admission, FinishReason, GenerateRequest, PromptSegment, ReserveRequest, SamplingParams,
+    SequenceSpec, StreamEvent, Usage,
 };
+use engram_graph::{NodeId, NodeKind};
+use engram_kvcore::SourceLayer;
 use engram_kvcore::{SessionId, TenantId};
 use engram_store::{Agent, Role, Tenant};
 use serde::{Deserialize, Serialize};
@@ -23,7 +26,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::api::admin::check_name;
-use crate::api::agents::build_context;
+use crate::api::agents::{Turned, build_with_history, history_of, neighbourhood, turn_context};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -64,6 +67,22 @@ pub struct TurnResponse {
     pub ttft_ms: f64,
     /// SHA-256 of the stable prefix.
     pub stable_prefix_hash: String,
+    /// What the memory graph put in the prompt (absent without the memory service).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memories: Option<MemoryUsage>,
+}
+
+/// The memories layer of a turn.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct MemoryUsage {
+    /// Recalled node ids, in the order the layer shows them.
+    pub nodes: Vec<u64>,
+    /// Prompt tokens of the memories layer.
+    pub tokens: usize,
+    /// Of those, tokens whose KV came from a reservation (computed ahead, warmed for this turn).
+    pub reserved_tokens: usize,
+    /// Of those, tokens whose KV was reused from the cache by any route.
+    pub cached_tokens: usize,
 }
 
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -182,6 +201,7 @@ pub(crate) async fn open_session(
 
 /// Collected output of one generation.
 pub(crate) struct Generated {
+    pub admission: Option<Admission>,
     pub text: String,
     pub tokens: Vec<u32>,
     pub reason: FinishReason,
@@ -205,6 +225,7 @@ impl Generated {
     /// Nothing generated yet.
     pub(crate) fn new() -> Self {
         Self {
+            admission: None,
             text: String::new(),
             tokens: Vec::new(),
             reason: FinishReason::Stop,
@@ -220,7 +241,10 @@ impl Generated {
     /// Folds one engine event in; `submitted` is when the request went to the engine.
     pub(crate) fn absorb(&mut self, ev: StreamEvent, submitted: Instant) -> Step {
         match ev {
-            StreamEvent::Started(_) => Step::Wait,
+            StreamEvent::Started(a) => {
+                self.admission = Some(a);
+                Step::Wait
+            }
             StreamEvent::Delta { tokens, text } => {
                 if self.tokens.is_empty() {
                     self.ttft_ms = submitted.elapsed().as_secs_f64() * 1e3;
@@ -261,17 +285,19 @@ pub(crate) async fn generate(
     Err(ApiError::internal("the engine closed a stream early"))
 }
 
-/// Appends the turn to the log and spilled lines to working memory, then warms the canonical
-/// prefix for the next turn in the background.
+/// Appends the turn to the log and spilled lines to working memory, records it as an episode
+/// of the memory graph, warms the canonical prefix for the next turn, and in the background
+/// reserves cold-tier blocks for the neighbourhood of what was just said.
 pub(crate) async fn record(
     state: &web::Data<AppState>,
     tenant: &Tenant,
     agent: &Agent,
     session: &str,
     message: &str,
-    built: &BuiltContext,
+    turned: &Turned,
     generated: &Generated,
 ) -> Result<(), ApiError> {
+    let built = &turned.built;
     let tok = state.engine()?.tokenizer();
     let user_tokens = tok.encode(message).map_err(ApiError::from)?;
     let store = &state.store;
@@ -299,8 +325,12 @@ pub(crate) async fn record(
                 .await?;
         }
     }
-    // The canonical prefix: everything but the volatile block and the (placeholder) message.
-    let next = build_context(state, agent, Some(session), ".").await?;
+    let episode = format!("user: {message}\nassistant: {}", generated.text);
+    ingest_episode(state, tenant, agent, session, &episode, turned).await?;
+    // The canonical prefix: everything but the volatile block and the (placeholder) message,
+    // with this turn's memories.
+    let history = history_of(state, agent, session).await?;
+    let next = build_with_history(state, agent, &history, ".", turned.memories.as_ref()).await?;
     let spec = spec_of(
         state,
         &next,
@@ -317,7 +347,172 @@ pub(crate) async fn record(
     }) {
         while rx.recv_async().await.is_ok() {}
     }
+    if state.memory.as_ref().is_some_and(|m| m.config().reserve) {
+        let (state, tenant, agent) = (state.clone(), tenant.clone(), agent.clone());
+        let (session, current) = (session.to_string(), turned.memories.as_ref().map(|m| m.ids()));
+        actix_web::rt::spawn(async move {
+            if let Err(e) =
+                reserve_next(&state, &tenant, &agent, &session, &episode, current).await
+            {
+                eprintln!("engram: reservation after a turn: {e}");
+            }
+        });
+    }
     Ok(())
+}
+
+/// Records a turn as an episode node linked `follows` to the session's previous episode, and
+/// marks the nodes the turn recalled as accessed.
+async fn ingest_episode(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: &str,
+    text: &str,
+    turned: &Turned,
+) -> Result<(), ApiError> {
+    let Some(memory) = &state.memory else {
+        return Ok(());
+    };
+    let now = crate::memory::now_ms();
+    if let Some(m) = &turned.memories {
+        let ids: Vec<i64> = m.ids().iter().map(|&i| i as i64).collect();
+        state.store.touch_memory_nodes(&tenant.id, &ids, now).await?;
+        memory.touch(&m.nodes.iter().map(|n| n.recall.id).collect::<Vec<_>>(), now)?;
+    }
+    if !memory.config().ingest_turns {
+        return Ok(());
+    }
+    let previous = memory.last_episode(&agent.id, session);
+    let row = state
+        .store
+        .insert_memory_node(&engram_store::NewMemoryNode {
+            tenant_id: tenant.id.clone(),
+            agent_id: agent.id.clone(),
+            session_id: Some(session.to_string()),
+            kind: NodeKind::Episode.as_str().to_string(),
+            text: text.to_string(),
+            importance: 0.5,
+            tokens: state.counter().count(text) as i64,
+        })
+        .await?;
+    let node = memory.add(&row).await?;
+    if let Some(NodeId(prev)) = previous {
+        let edge = state
+            .store
+            .insert_memory_edge(&engram_store::NewMemoryEdge {
+                tenant_id: tenant.id.clone(),
+                from_id: node.id.0 as i64,
+                to_id: prev as i64,
+                kind: engram_graph::EdgeKind::Follows.as_str().to_string(),
+                weight: 1.0,
+                valid_from: None,
+                valid_to: None,
+            })
+            .await?;
+        memory.add_edge(&edge)?;
+    }
+    Ok(())
+}
+
+/// The prompt of a neighbourhood as a turn of `agent` would show it, cut after the memories
+/// layer, and that layer's segment index; `None` when the prompt has no memories layer.
+pub(crate) async fn memories_prompt(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    memories: &crate::memory::Neighbourhood,
+) -> Result<Option<(SequenceSpec, usize)>, ApiError> {
+    let built = build_with_history(state, agent, &[], ".", Some(memories)).await?;
+    let Some(at) = built
+        .segments
+        .iter()
+        .position(|s| s.source == SourceLayer::Memories && s.text.starts_with("## "))
+    else {
+        return Ok(None);
+    };
+    let mut spec = spec_of(state, &built, tenant, None, |_| true)?;
+    spec.segments.truncate(at + 1);
+    Ok(Some((spec, at)))
+}
+
+/// Reserves cold-tier blocks for `memories` (see `EngineCore::reserve`); answers the
+/// reservation id.
+pub(crate) async fn reserve(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    memories: &crate::memory::Neighbourhood,
+) -> Result<Option<u64>, ApiError> {
+    let Some((spec, segment)) = memories_prompt(state, tenant, agent, memories).await? else {
+        return Ok(None);
+    };
+    let ttl = std::time::Duration::from_secs(state.memory()?.config().reservation_ttl_secs);
+    let id = state
+        .engine()?
+        .reserve(ReserveRequest {
+            spec,
+            segment,
+            labels: memories.ids(),
+            ttl,
+        })?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))??;
+    Ok(Some(id.0))
+}
+
+/// After a turn: the neighbourhood of what was just said (the episode's text) is the likely
+/// memories of the next turn; unless it is what this turn already showed (and computed),
+/// reserve it.
+async fn reserve_next(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: &str,
+    text: &str,
+    current: Option<Vec<u64>>,
+) -> Result<(), ApiError> {
+    let Some(next) = neighbourhood(state, tenant, agent, Some(session), text).await? else {
+        return Ok(());
+    };
+    if current.as_deref() == Some(&next.ids()) {
+        return Ok(());
+    }
+    match reserve(state, tenant, agent, &next).await {
+        Ok(_) => Ok(()),
+        // A full cold tier or queue is not an error of the turn: the reservation is skipped.
+        Err(e) if e.code == "no_cold_room" || e.code == "overloaded" => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What the memories layer of a turn cost and where its KV came from.
+fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<MemoryUsage> {
+    let m = turned.memories.as_ref()?;
+    let (mut start, mut end) = (0, 0);
+    for s in &spec.segments {
+        let len = s.tokens.len();
+        if s.source == SourceLayer::Memories && end == 0 && len > 0 && start > 0 {
+            end = start + len;
+            break;
+        }
+        start += len;
+    }
+    let a = g.admission.unwrap_or(Admission {
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        warmed_blocks: 0,
+        reserved_blocks: 0,
+    });
+    let covered = |upto: usize| upto.clamp(start, end) - start;
+    let cached = covered(a.cached_tokens);
+    Some(MemoryUsage {
+        nodes: m.ids(),
+        tokens: end - start,
+        reserved_tokens: if a.reserved_blocks > 0 { cached } else { 0 },
+        cached_tokens: cached,
+    })
 }
 
 /// One turn of a session: answers JSON, or server-sent events with `"stream": true`.
@@ -345,10 +540,18 @@ pub async fn create_turn(
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
     open_session(&state, &tenant, &agent, &session, &body.message).await?;
-    let built = build_context(&state, &agent, Some(&session), &body.message).await?;
+    let turned = turn_context(
+        &state,
+        &tenant,
+        &agent,
+        Some(&session),
+        None,
+        &body.message,
+    )
+    .await?;
     let spec = spec_of(
         &state,
-        &built,
+        &turned.built,
         &tenant,
         Some(session_key(&agent, &session)),
         |_| true,
@@ -360,11 +563,12 @@ pub async fn create_turn(
             agent,
             session,
             body.into_inner(),
-            built,
+            turned,
             spec,
             sampling,
         );
     }
+    let layout = spec.clone();
     let generated = generate(&state, spec, sampling).await?;
     record(
         &state,
@@ -372,16 +576,17 @@ pub async fn create_turn(
         &agent,
         &session,
         &body.message,
-        &built,
+        &turned,
         &generated,
     )
     .await?;
     Ok(HttpResponse::Ok().json(TurnResponse {
+        memories: memory_usage(&turned, &layout, &generated),
         text: generated.text,
         finish_reason: generated.reason,
         usage: generated.usage,
         ttft_ms: generated.ttft_ms,
-        stable_prefix_hash: built.stable_prefix_hex(),
+        stable_prefix_hash: turned.built.stable_prefix_hex(),
     }))
 }
 
@@ -397,10 +602,11 @@ fn stream_turn(
     agent: Agent,
     session: String,
     body: TurnRequest,
-    built: BuiltContext,
+    turned: Turned,
     spec: SequenceSpec,
     sampling: SamplingParams,
 ) -> Result<HttpResponse, ApiError> {
+    let layout = spec.clone();
     let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
     let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
     actix_web::rt::spawn(async move {
@@ -416,14 +622,16 @@ fn stream_turn(
                 }
                 Step::Done => {
                     let saved =
-                        record(&state, &tenant, &agent, &session, &body.message, &built, &g).await;
+                        record(&state, &tenant, &agent, &session, &body.message, &turned, &g)
+                            .await;
                     let done = match saved {
                         Ok(()) => json!({
                             "done": true,
                             "finish_reason": g.reason,
                             "usage": g.usage,
                             "ttft_ms": g.ttft_ms,
-                            "stable_prefix_hash": built.stable_prefix_hex(),
+                            "stable_prefix_hash": turned.built.stable_prefix_hex(),
+                            "memories": memory_usage(&turned, &layout, &g),
                         }),
                         Err(e) => json!({"error": {"code": e.code, "message": e.message}}),
                     };

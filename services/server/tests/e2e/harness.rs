@@ -60,9 +60,22 @@ pub fn database_urls() -> Vec<String> {
     vec![sqlite, pg]
 }
 
+pub fn embedder_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2")
+}
+
+/// A fresh directory for a server's vector index.
+pub fn vector_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("engram-e2e-vectors-{}", tag()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A running server.
 pub struct Server {
     pub addr: SocketAddr,
+    handle: Option<actix_web::dev::ServerHandle>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -74,13 +87,15 @@ impl Server {
         config.model.hot_mib = 256;
         config.model.cold_mib = 256;
         config.server.body_limit_bytes = body_limit;
+        config.memory.embedder_path = embedder_path();
+        config.memory.vector_dir = vector_dir();
         Self::start_with(config)
     }
 
     /// Serves `config` as is.
     pub fn start_with(config: Config) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
+        let thread = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
                 let state = web::Data::new(build_state(config).await.unwrap());
                 let server =
@@ -88,12 +103,37 @@ impl Server {
                         .workers(2)
                         .bind(("127.0.0.1", 0))
                         .unwrap();
-                tx.send(server.addrs()[0]).unwrap();
-                server.run().await.unwrap();
+                let addr = server.addrs()[0];
+                let server = server.run();
+                tx.send((addr, server.handle())).unwrap();
+                server.await.unwrap();
             });
         });
+        let (addr, handle) = rx.recv().unwrap();
         Self {
-            addr: rx.recv().unwrap(),
+            addr,
+            handle: Some(handle),
+            thread: Some(thread),
+        }
+    }
+
+    /// A server started elsewhere (a child process).
+    pub fn at(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            handle: None,
+            thread: None,
+        }
+    }
+
+    /// Stops the server and waits until its state (database pool, engine, vector index) is
+    /// dropped, as a process exit would.
+    pub fn stop(mut self) {
+        if let Some(h) = self.handle.take() {
+            actix_web::rt::System::new().block_on(h.stop(true));
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
         }
     }
 

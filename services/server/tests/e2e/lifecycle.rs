@@ -40,7 +40,7 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
             break a.parse().unwrap();
         }
     };
-    let srv = Server { addr };
+    let srv = Server::at(addr);
     let (key, a) = srv.tenant_with_bot("t", "Be thorough.");
     let agent_id = a["agent"]["id"].as_str().unwrap().to_string();
 

@@ -5,6 +5,7 @@
 
 mod harness;
 mod lifecycle;
+mod memory;
 mod openai;
 mod reuse;
 mod service;

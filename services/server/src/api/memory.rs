@@ -1,0 +1,626 @@
+//! The memory graph of an agent: nodes and edges (CRUD), hybrid recall, and the cold-tier
+//! reservations of recalled neighbourhoods. Everything is scoped to the caller's tenant and the
+//! agent in the path; the database is written first, then the graph and the vector index.
+
+use actix_web::{HttpResponse, delete, get, patch, post, web};
+use engram_engine::ReservationId;
+use engram_graph::{EdgeKind, NodeId, NodeKind};
+use engram_kvcore::TenantId;
+use engram_store::{Agent, NewMemoryEdge, NewMemoryNode};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::admin::check_name;
+use crate::api::agents::neighbourhood;
+use crate::api::turns::reserve;
+use crate::auth::{AdminCaller, TenantCaller};
+use crate::error::ApiError;
+use crate::memory::{RecallQuery, now_ms, render};
+use crate::state::AppState;
+
+const MAX_TEXT_BYTES: usize = 16 * 1024;
+const MAX_K: usize = 256;
+const MAX_HOPS: u32 = 8;
+
+/// Body of `POST /v1/agents/{agent}/memory/nodes`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewNode {
+    /// `fact`, `entity`, `concept` or `episode`.
+    pub kind: String,
+    /// What is remembered (1 byte to 16 KiB).
+    pub text: String,
+    /// 0..=1 (default 0.5).
+    pub importance: Option<f64>,
+    /// The session of an episode.
+    pub session: Option<String>,
+}
+
+/// Body of `PATCH /v1/agents/{agent}/memory/nodes/{id}`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodePatch {
+    /// New text (re-embedded).
+    pub text: Option<String>,
+    /// New importance.
+    pub importance: Option<f64>,
+}
+
+/// Body of `POST /v1/agents/{agent}/memory/edges`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewEdge {
+    /// Source node id.
+    pub from: i64,
+    /// Target node id.
+    pub to: i64,
+    /// `mentions`, `relates_to`, `derived_from`, `follows` or `supersedes` (`new → old`).
+    pub kind: String,
+    /// 0..=1 (default 1).
+    pub weight: Option<f64>,
+    /// Start of validity, ms since the epoch (inclusive).
+    pub valid_from_ms: Option<i64>,
+    /// End of validity, ms since the epoch (exclusive).
+    pub valid_to_ms: Option<i64>,
+}
+
+/// Body of `POST /v1/agents/{agent}/memory/query`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QueryRequest {
+    /// The query text.
+    pub text: String,
+    /// Results at most (default `memory.recall_k`, at most 256).
+    pub k: Option<usize>,
+    /// Hops of graph expansion (default `memory.hops`, at most 8).
+    pub hops: Option<u32>,
+    /// Only these kinds.
+    pub kinds: Option<Vec<String>>,
+    /// Leave this session's episodes out.
+    pub exclude_session: Option<String>,
+    /// Evaluate recency at this time (ms since the epoch; default now).
+    pub at_ms: Option<i64>,
+    /// Also reserve cold-tier blocks for the neighbourhood as the memories layer would show it
+    /// (needs the model).
+    #[serde(default)]
+    pub reserve: bool,
+}
+
+fn check_text(text: &str) -> Result<(), ApiError> {
+    if text.trim().is_empty() || text.len() > MAX_TEXT_BYTES {
+        return Err(ApiError::invalid("text must be 1 byte to 16 KiB"));
+    }
+    Ok(())
+}
+
+fn check_unit(field: &str, v: f64) -> Result<(), ApiError> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(ApiError::invalid(format!("{field} must be within 0..=1")));
+    }
+    Ok(())
+}
+
+fn node_kind(s: &str) -> Result<NodeKind, ApiError> {
+    NodeKind::parse(s).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "unknown node kind `{s}` (episode, fact, entity, concept)"
+        ))
+    })
+}
+
+/// The agent and the memory service, or 404 / 503.
+async fn scope<'a>(
+    state: &'a AppState,
+    caller: &TenantCaller,
+    agent: &str,
+) -> Result<(Agent, &'a crate::memory::MemoryService), ApiError> {
+    let memory = state.memory()?;
+    let agent = state.store.agent(&caller.0.id, agent).await?;
+    Ok((agent, memory))
+}
+
+/// A node of this agent, or 404.
+fn own_node(
+    memory: &crate::memory::MemoryService,
+    tenant: &str,
+    agent: &Agent,
+    id: i64,
+) -> Result<engram_graph::Node, ApiError> {
+    memory
+        .node(tenant, NodeId(id as u64))?
+        .filter(|n| n.agent == agent.id && id >= 0)
+        .ok_or_else(|| ApiError::not_found(format!("memory node `{id}` not found")))
+}
+
+/// Adds a node (a fact, an entity, a concept or an episode) to the agent's memory.
+#[utoipa::path(
+    tag = "memory",
+    request_body = NewNode,
+    responses(
+        (status = 201, description = "The node", body = serde_json::Value),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 503, description = "The memory graph is off", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/memory/nodes")]
+pub async fn create_node(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<NewNode>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, memory) = scope(&state, &caller, &path).await?;
+    let kind = node_kind(&body.kind)?;
+    check_text(&body.text)?;
+    let importance = body.importance.unwrap_or(0.5);
+    check_unit("importance", importance)?;
+    if let Some(s) = &body.session {
+        check_name("session", s)?;
+    }
+    let row = state
+        .store
+        .insert_memory_node(&NewMemoryNode {
+            tenant_id: caller.0.id.clone(),
+            agent_id: agent.id.clone(),
+            session_id: body.session.clone(),
+            kind: kind.as_str().to_string(),
+            text: body.text.clone(),
+            importance,
+            tokens: state.counter().count(&body.text) as i64,
+        })
+        .await?;
+    memory.add(&row).await?;
+    Ok(HttpResponse::Created().json(row))
+}
+
+/// The agent's memory nodes.
+#[utoipa::path(
+    tag = "memory",
+    responses(
+        (status = 200, description = "`{nodes: [...]}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/memory/nodes")]
+pub async fn list_nodes(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, _) = scope(&state, &caller, &path).await?;
+    let nodes: Vec<_> = state
+        .store
+        .memory_nodes(Some(&caller.0.id))
+        .await?
+        .into_iter()
+        .filter(|n| n.agent_id == agent.id)
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "nodes": nodes })))
+}
+
+/// One memory node and its edges.
+#[utoipa::path(
+    tag = "memory",
+    responses(
+        (status = 200, description = "`{node, edges}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/memory/nodes/{id}")]
+pub async fn get_node(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, i64)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, id) = path.into_inner();
+    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    own_node(memory, &caller.0.id, &agent, id)?;
+    let row = state.store.memory_node(&caller.0.id, id).await?;
+    let edges: Vec<_> = state
+        .store
+        .memory_edges(Some(&caller.0.id))
+        .await?
+        .into_iter()
+        .filter(|e| e.from_id == id || e.to_id == id)
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "node": row, "edges": edges })))
+}
+
+/// Changes a node's text (re-embedded) or importance.
+#[utoipa::path(
+    tag = "memory",
+    request_body = NodePatch,
+    responses(
+        (status = 200, description = "The node", body = serde_json::Value),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[patch("/v1/agents/{agent}/memory/nodes/{id}")]
+pub async fn update_node(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, i64)>,
+    body: web::Json<NodePatch>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, id) = path.into_inner();
+    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let node = own_node(memory, &caller.0.id, &agent, id)?;
+    let text = body.text.clone().unwrap_or(node.text);
+    check_text(&text)?;
+    let importance = body.importance.unwrap_or(f64::from(node.importance));
+    check_unit("importance", importance)?;
+    let tokens = state.counter().count(&text) as i64;
+    let row = state
+        .store
+        .update_memory_node(&caller.0.id, id, &text, importance, tokens)
+        .await?;
+    memory.update(&row).await?;
+    Ok(HttpResponse::Ok().json(row))
+}
+
+/// Deletes a node and its edges.
+#[utoipa::path(
+    tag = "memory",
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[delete("/v1/agents/{agent}/memory/nodes/{id}")]
+pub async fn delete_node(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, i64)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, id) = path.into_inner();
+    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    own_node(memory, &caller.0.id, &agent, id)?;
+    state.store.delete_memory_node(&caller.0.id, id).await?;
+    memory.remove(NodeId(id as u64))?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Links two of the agent's nodes.
+#[utoipa::path(
+    tag = "memory",
+    request_body = NewEdge,
+    responses(
+        (status = 201, description = "The edge", body = serde_json::Value),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/memory/edges")]
+pub async fn create_edge(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<NewEdge>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, memory) = scope(&state, &caller, &path).await?;
+    let kind = EdgeKind::parse(&body.kind).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "unknown edge kind `{}` (mentions, relates_to, derived_from, follows, supersedes)",
+            body.kind
+        ))
+    })?;
+    let weight = body.weight.unwrap_or(1.0);
+    check_unit("weight", weight)?;
+    if body.from == body.to {
+        return Err(ApiError::invalid("an edge cannot join a node to itself"));
+    }
+    if let (Some(f), Some(t)) = (body.valid_from_ms, body.valid_to_ms)
+        && f >= t
+    {
+        return Err(ApiError::invalid("valid_from_ms must be before valid_to_ms"));
+    }
+    own_node(memory, &caller.0.id, &agent, body.from)?;
+    own_node(memory, &caller.0.id, &agent, body.to)?;
+    let row = state
+        .store
+        .insert_memory_edge(&NewMemoryEdge {
+            tenant_id: caller.0.id.clone(),
+            from_id: body.from,
+            to_id: body.to,
+            kind: kind.as_str().to_string(),
+            weight,
+            valid_from: body.valid_from_ms,
+            valid_to: body.valid_to_ms,
+        })
+        .await?;
+    memory.add_edge(&row)?;
+    Ok(HttpResponse::Created().json(row))
+}
+
+/// The edges between the agent's nodes.
+#[utoipa::path(
+    tag = "memory",
+    responses(
+        (status = 200, description = "`{edges: [...]}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/memory/edges")]
+pub async fn list_edges(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, memory) = scope(&state, &caller, &path).await?;
+    let mut edges = Vec::new();
+    for e in state.store.memory_edges(Some(&caller.0.id)).await? {
+        if own_node(memory, &caller.0.id, &agent, e.from_id).is_ok() {
+            edges.push(e);
+        }
+    }
+    Ok(HttpResponse::Ok().json(json!({ "edges": edges })))
+}
+
+/// Deletes an edge.
+#[utoipa::path(
+    tag = "memory",
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or edge", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[delete("/v1/agents/{agent}/memory/edges/{id}")]
+pub async fn delete_edge(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, i64)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, id) = path.into_inner();
+    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let edge = state
+        .store
+        .memory_edges(Some(&caller.0.id))
+        .await?
+        .into_iter()
+        .find(|e| e.id == id)
+        .filter(|e| own_node(memory, &caller.0.id, &agent, e.from_id).is_ok())
+        .ok_or_else(|| ApiError::not_found(format!("memory edge `{id}` not found")))?;
+    state.store.delete_memory_edge(&caller.0.id, edge.id).await?;
+    memory.remove_edge(engram_graph::EdgeId(id as u64))?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Hybrid recall: vector seeds expanded through the graph, scored by similarity, proximity,
+/// recency and importance (best first, ties by node id). With `reserve`, the neighbourhood as
+/// the memories layer would show it is reserved in the cold tier.
+#[utoipa::path(
+    tag = "memory",
+    request_body = QueryRequest,
+    responses(
+        (status = 200, description = "`{results: [...], memories: {nodes, tokens}, reservation}`", body = serde_json::Value),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 503, description = "The memory graph is off, or no cold room", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/memory/query")]
+pub async fn query(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: web::Json<QueryRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, memory) = scope(&state, &caller, &path).await?;
+    check_text(&body.text)?;
+    let k = body.k.unwrap_or(memory.config().recall_k);
+    if k == 0 || k > MAX_K {
+        return Err(ApiError::invalid(format!("k must be 1 to {MAX_K}")));
+    }
+    let hops = body.hops.unwrap_or(memory.config().hops);
+    if hops > MAX_HOPS {
+        return Err(ApiError::invalid(format!("hops must be at most {MAX_HOPS}")));
+    }
+    let kinds = body
+        .kinds
+        .as_ref()
+        .map(|ks| ks.iter().map(|k| node_kind(k)).collect::<Result<Vec<_>, _>>())
+        .transpose()?;
+    let results = memory
+        .recall(&RecallQuery {
+            tenant: &caller.0.id,
+            agent: &agent.id,
+            text: &body.text,
+            k,
+            hops,
+            kinds,
+            exclude_session: body.exclude_session.as_deref(),
+            at_ms: body.at_ms.unwrap_or_else(now_ms),
+        })
+        .await?;
+    let reservation = if body.reserve {
+        match neighbourhood(
+            &state,
+            &caller.0,
+            &agent,
+            body.exclude_session.as_deref(),
+            &body.text,
+        )
+        .await?
+        {
+            Some(n) => reserve(&state, &caller.0, &agent, &n).await?,
+            None => None,
+        }
+    } else {
+        None
+    };
+    let shown = render(results.clone(), u32::MAX);
+    Ok(HttpResponse::Ok().json(json!({
+        "results": results,
+        "canonical_order": shown.ids(),
+        "tokens": shown.tokens,
+        "reservation": reservation,
+    })))
+}
+
+/// Filters of the reservation listing.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationParams {
+    /// Only reservations holding this node.
+    pub node: Option<u64>,
+}
+
+/// The tenant's cold-tier reservations (live first, then the most recent finished ones).
+#[utoipa::path(
+    tag = "memory",
+    params(ReservationParams),
+    responses(
+        (status = 200, description = "`{reservations: [...]}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model or memory graph", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/memory/reservations")]
+pub async fn list_reservations(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    params: web::Query<ReservationParams>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, memory) = scope(&state, &caller, &path).await?;
+    let list = state
+        .engine()?
+        .reservations(Some(TenantId(caller.0.cache_salt)))?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    // Reservations are per tenant in the engine; keep those whose nodes are this agent's.
+    let list: Vec<_> = list
+        .into_iter()
+        .filter(|r| {
+            r.labels
+                .iter()
+                .all(|&n| own_node(memory, &caller.0.id, &agent, n as i64).is_ok())
+        })
+        .filter(|r| params.node.is_none_or(|n| r.labels.contains(&n)))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "reservations": list })))
+}
+
+/// Promotes a ready reservation's blocks to the hot tier (a turn that uses them is coming).
+#[utoipa::path(
+    tag = "memory",
+    responses(
+        (status = 200, description = "`{warmed_blocks}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or reservation", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/memory/reservations/{id}/warm")]
+pub async fn warm_reservation(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, u64)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, id) = path.into_inner();
+    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let engine = state.engine()?;
+    let mine = engine
+        .reservations(Some(TenantId(caller.0.cache_salt)))?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?
+        .into_iter()
+        .any(|r| {
+            r.id.0 == id
+                && r.labels
+                    .iter()
+                    .all(|&n| own_node(memory, &caller.0.id, &agent, n as i64).is_ok())
+        });
+    if !mine {
+        return Err(ApiError::not_found(format!("reservation `{id}` not found")));
+    }
+    let n = engine
+        .warm_reservation(ReservationId(id))?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))??;
+    Ok(HttpResponse::Ok().json(json!({ "warmed_blocks": n })))
+}
+
+/// Every tenant's reservations and the totals (operator view).
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 200, description = "`{reservations: [...], counters}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/admin/reservations")]
+pub async fn admin_reservations(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let engine = state.engine()?;
+    let list = engine
+        .reservations(None)?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let snap = engine
+        .snapshot()?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let c = snap.reservations;
+    Ok(HttpResponse::Ok().json(json!({
+        "reservations": list,
+        "counters": c,
+        "hit_rate": c.hit_rate(),
+    })))
+}
+
+/// The memory graph's size and how the last start rebuilt it (operator view).
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 200, description = "`{nodes, edges, vectors, startup}`", body = serde_json::Value),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 503, description = "The memory graph is off", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/admin/memory")]
+pub async fn admin_memory(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let memory = state.memory()?;
+    let (nodes, edges, vectors) = memory.counts()?;
+    Ok(HttpResponse::Ok().json(json!({
+        "nodes": nodes,
+        "edges": edges,
+        "vectors": vectors,
+        "startup": memory.startup(),
+    })))
+}

@@ -1,0 +1,367 @@
+//! The memory graph through the API, on both backends: a fixed fixture recalled with the
+//! expected neighbours, superseded facts hidden, tenants isolated (graph and vector index),
+//! answers equal across a restart, turns ingested as linked episodes and recalled into other
+//! sessions' prompts, and a neighbourhood reserved in the cold tier and used by a turn.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use engram_server::Config;
+use serde_json::{Value, json};
+
+use crate::harness::{ADMIN, Server, database_urls, embedder_path, model_path, vector_dir};
+
+fn config(url: &str, vectors: &std::path::Path) -> Config {
+    let mut c = Config::default();
+    c.database.url = url.to_string();
+    c.auth.admin_key.0 = ADMIN.into();
+    c.model.path = model_path();
+    c.model.hot_mib = 256;
+    c.model.cold_mib = 256;
+    c.memory.embedder_path = embedder_path();
+    c.memory.vector_dir = vectors.to_path_buf();
+    c
+}
+
+fn node(srv: &Server, key: &str, kind: &str, text: &str) -> i64 {
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/memory/nodes",
+        Some(key),
+        json!({"kind": kind, "text": text}),
+    );
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_i64().unwrap()
+}
+
+fn edge(srv: &Server, key: &str, from: i64, to: i64, kind: &str) -> i64 {
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/memory/edges",
+        Some(key),
+        json!({"from": from, "to": to, "kind": kind}),
+    );
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_i64().unwrap()
+}
+
+fn query(srv: &Server, key: &str, body: Value) -> Value {
+    let (s, v) = srv.call("POST", "/v1/agents/bot/memory/query", Some(key), body);
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+fn ids(v: &Value) -> Vec<i64> {
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect()
+}
+
+struct Fixture {
+    paris: i64,
+    berlin: i64,
+    alice: i64,
+    housing: i64,
+    coffee: i64,
+}
+
+/// Alice moved from Paris to Berlin (the Berlin fact supersedes the Paris one); Berlin relates
+/// to housing; an unrelated fact about the office coffee machine.
+fn fixture(srv: &Server, key: &str) -> Fixture {
+    let f = Fixture {
+        paris: node(srv, key, "fact", "Alice lives in Paris."),
+        berlin: node(srv, key, "fact", "Alice lives in Berlin."),
+        alice: node(srv, key, "entity", "Alice, the user's sister."),
+        housing: node(srv, key, "concept", "Renting a flat near the river."),
+        coffee: node(srv, key, "fact", "The office coffee machine is broken."),
+    };
+    edge(srv, key, f.paris, f.alice, "mentions");
+    edge(srv, key, f.berlin, f.alice, "mentions");
+    edge(srv, key, f.berlin, f.housing, "relates_to");
+    edge(srv, key, f.berlin, f.paris, "supersedes");
+    f
+}
+
+const AT: i64 = 1_800_000_000_000;
+
+fn ask(srv: &Server, key: &str) -> Value {
+    query(
+        srv,
+        key,
+        json!({"text": "Where does Alice live?", "k": 4, "hops": 2, "at_ms": AT}),
+    )
+}
+
+fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+    let t = Instant::now();
+    while !done() {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn reservations(srv: &Server, key: &str) -> Vec<Value> {
+    let (s, v) = srv.call(
+        "GET",
+        "/v1/agents/bot/memory/reservations",
+        Some(key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{v}");
+    v["reservations"].as_array().unwrap().clone()
+}
+
+#[test]
+fn recall_supersession_isolation_restart_ingest_and_reservation() {
+    for url in database_urls() {
+        let vectors = vector_dir();
+        let srv = Server::start_with(config(&url, &vectors));
+        let (key_a, _) = srv.tenant_with_bot("tenant-a", "Be brief.");
+        let (key_b, _) = srv.tenant_with_bot("tenant-b", "Be brief.");
+        let f = fixture(&srv, &key_a);
+
+        // The expected neighbours: Berlin first (the closest text), Alice and housing through
+        // edges; Paris is superseded and never surfaces; the coffee machine ranks below them.
+        let r = ask(&srv, &key_a);
+        let got = ids(&r);
+        assert_eq!(got[0], f.berlin, "{url}: {r}");
+        assert!(got.contains(&f.alice) && got.contains(&f.housing), "{r}");
+        assert!(!got.contains(&f.paris), "superseded fact surfaced: {r}");
+        let pos = |id: i64| got.iter().position(|&x| x == id).unwrap_or(usize::MAX);
+        assert!(pos(f.coffee) > pos(f.alice), "{r}");
+        let housing = &r["results"][pos(f.housing)];
+        assert_eq!(housing["hops"], 1, "{housing}");
+        // Canonical order is by node id; the token estimate is there.
+        let canon: Vec<i64> = r["canonical_order"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert_eq!(canon, sorted);
+        assert!(r["tokens"].as_u64().unwrap() > 10);
+        // Without the supersedes edge, Paris comes back.
+        let (_, e) = srv.call("GET", "/v1/agents/bot/memory/edges", Some(&key_a), Value::Null);
+        let sup = e["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["kind"] == "supersedes")
+            .unwrap()["id"]
+            .as_i64()
+            .unwrap();
+        let (s, _) = srv.raw(
+            "DELETE",
+            &format!("/v1/agents/bot/memory/edges/{sup}"),
+            Some(&key_a),
+            b"",
+        );
+        assert_eq!(s, 204);
+        assert!(ids(&ask(&srv, &key_a)).contains(&f.paris));
+        edge(&srv, &key_a, f.berlin, f.paris, "supersedes");
+        assert_eq!(ids(&ask(&srv, &key_a)), got, "the same answer with the edge back");
+
+        // Tenant B stores the same text; neither tenant ever sees the other's nodes, even with
+        // the vector search asked for many seeds.
+        let b_paris = node(&srv, &key_b, "fact", "Alice lives in Paris.");
+        let rb = query(
+            &srv,
+            &key_b,
+            json!({"text": "Alice lives in Paris.", "k": 50, "hops": 8}),
+        );
+        assert_eq!(ids(&rb), vec![b_paris], "{rb}");
+        let ra = query(
+            &srv,
+            &key_a,
+            json!({"text": "Alice lives in Paris.", "k": 50, "hops": 8}),
+        );
+        assert!(!ids(&ra).contains(&b_paris), "{ra}");
+        // B cannot read, link or delete A's nodes.
+        let (s, _) = srv.call(
+            "GET",
+            &format!("/v1/agents/bot/memory/nodes/{}", f.berlin),
+            Some(&key_b),
+            Value::Null,
+        );
+        assert_eq!(s, 404);
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/memory/edges",
+            Some(&key_b),
+            json!({"from": b_paris, "to": f.alice, "kind": "mentions"}),
+        );
+        assert_eq!((s, v["code"].as_str()), (404, Some("not_found")), "{v}");
+        // Bad input: clear codes, nothing stored.
+        for body in [
+            json!({"kind": "rumour", "text": "x"}),
+            json!({"kind": "fact", "text": " "}),
+            json!({"kind": "fact", "text": "x", "importance": 2.0}),
+        ] {
+            let (s, v) = srv.call("POST", "/v1/agents/bot/memory/nodes", Some(&key_b), body);
+            assert_eq!((s, v["code"].as_str()), (400, Some("invalid_request")), "{v}");
+        }
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/memory/query",
+            Some(&key_b),
+            json!({"text": "x", "k": 0}),
+        );
+        assert_eq!(s, 400, "{v}");
+        let (_, listed) = srv.call("GET", "/v1/agents/bot/memory/nodes", Some(&key_b), Value::Null);
+        assert_eq!(listed["nodes"].as_array().unwrap().len(), 1);
+
+        // Restart: the graph comes back from the database and the persisted index is reused
+        // (nothing re-embedded); the answers are equal, scores included.
+        let before_a = ask(&srv, &key_a);
+        srv.stop();
+        let srv = Server::start_with(config(&url, &vectors));
+        let (_, m) = srv.call("GET", "/v1/admin/memory", Some(ADMIN), Value::Null);
+        assert_eq!(m["startup"]["nodes"], 6, "{m}");
+        assert_eq!(m["startup"]["edges"], 4, "{m}");
+        assert_eq!(m["startup"]["reembedded"], 0, "{m}");
+        assert_eq!(m["vectors"], 6, "{m}");
+        assert_eq!(ask(&srv, &key_a), before_a, "{url}");
+        // A fresh index directory: every vector is embedded again from the database, and the
+        // answers are still equal.
+        srv.stop();
+        let srv = Server::start_with(config(&url, &vector_dir()));
+        let (_, m) = srv.call("GET", "/v1/admin/memory", Some(ADMIN), Value::Null);
+        assert_eq!(m["startup"]["reembedded"], 6, "{m}");
+        let after = ask(&srv, &key_a);
+        assert_eq!(ids(&after), ids(&before_a));
+        for (x, y) in after["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(before_a["results"].as_array().unwrap())
+        {
+            let (x, y) = (x["score"].as_f64().unwrap(), y["score"].as_f64().unwrap());
+            assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+        }
+
+        // Turns become episodes linked `follows` to their predecessor.
+        let turn = |session: &str, msg: &str| {
+            let (s, v) = srv.call(
+                "POST",
+                &format!("/v1/agents/bot/sessions/{session}/turns"),
+                Some(&key_a),
+                json!({"message": msg, "max_tokens": 3}),
+            );
+            assert_eq!(s, 200, "{v}");
+            v
+        };
+        turn("s1", "My sister Alice just moved.");
+        let t2 = turn("s1", "She found a flat near the river.");
+        let (_, nodes) = srv.call("GET", "/v1/agents/bot/memory/nodes", Some(&key_a), Value::Null);
+        let episodes: Vec<i64> = nodes["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["kind"] == "episode" && n["session_id"] == "s1")
+            .map(|n| n["id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(episodes.len(), 2, "{nodes}");
+        let (_, e) = srv.call(
+            "GET",
+            &format!("/v1/agents/bot/memory/nodes/{}", episodes[1]),
+            Some(&key_a),
+            Value::Null,
+        );
+        assert!(
+            e["edges"].as_array().unwrap().iter().any(|x| x["kind"] == "follows"
+                && x["from_id"] == episodes[1]
+                && x["to_id"] == episodes[0]),
+            "{e}"
+        );
+        // The session's own episodes stay out of its memories layer; the facts come in.
+        let shown: BTreeSet<i64> = t2["memories"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        assert!(!shown.contains(&episodes[0]), "{t2}");
+        assert!(!shown.contains(&f.paris), "{t2}");
+
+        // Another session recalls the first session's episodes.
+        let (_, p) = srv.call(
+            "POST",
+            "/v1/agents/bot/context",
+            Some(&key_a),
+            json!({"message": "Where did my sister move to?", "session": "s2"}),
+        );
+        let recalled: Vec<i64> = p["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        assert!(
+            recalled.iter().any(|id| episodes.contains(id)),
+            "{p}"
+        );
+
+        // Reservation: wait until the turns' background reservations settled, then reserve the
+        // neighbourhood of a question explicitly and ask it in a new session.
+        wait_for(
+            || {
+                reservations(&srv, &key_a)
+                    .iter()
+                    .all(|r| r["state"] != "pending")
+            },
+            "background reservations",
+        );
+        let q = "Which city does Alice live in now?";
+        let r = query(&srv, &key_a, json!({"text": q, "reserve": true}));
+        let id = r["reservation"].as_u64().unwrap();
+        wait_for(
+            || {
+                reservations(&srv, &key_a)
+                    .iter()
+                    .any(|r| r["id"] == id && r["state"] == "ready")
+            },
+            "the reservation",
+        );
+        let ready = reservations(&srv, &key_a)
+            .into_iter()
+            .find(|r| r["id"] == id)
+            .unwrap();
+        assert_eq!(ready["source"], "memories");
+        assert!(ready["held"].as_u64().unwrap() > 0, "{ready}");
+        // Tenant B does not see it.
+        assert!(reservations(&srv, &key_b).iter().all(|r| r["id"] != id));
+        let t = turn("s3", q);
+        let m = &t["memories"];
+        assert!(m["reserved_tokens"].as_u64().unwrap() > 0, "{t}");
+        assert!(m["reserved_tokens"].as_u64() <= m["tokens"].as_u64(), "{t}");
+        let used = reservations(&srv, &key_a)
+            .into_iter()
+            .find(|r| r["id"] == id)
+            .unwrap();
+        assert_eq!(used["state"], "warmed", "{used}");
+        // Metrics and the operator view count it.
+        let (_, metrics) = srv.raw("GET", "/metrics", Some(ADMIN), b"");
+        let metrics = String::from_utf8_lossy(&metrics).to_string();
+        let made: u64 = metrics
+            .lines()
+            .find(|l| l.starts_with("engram_reservations_total{result=\"made\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(made >= 1, "{metrics}");
+        assert!(metrics.contains("engram_reservation_hit_rate"), "{metrics}");
+        let (s, all) = srv.call("GET", "/v1/admin/reservations", Some(ADMIN), Value::Null);
+        assert_eq!(s, 200);
+        assert!(all["counters"]["warmed"].as_u64().unwrap() >= 1, "{all}");
+        srv.stop();
+    }
+}
