@@ -35,14 +35,14 @@ use crate::error::{EngineError, EngineResult};
 
 mod cache;
 mod reserve;
-pub use reserve::{
-    ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
-};
 use crate::model::{KvTransform, Llama, LogitRows, SeqInput};
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::WeightFormat;
+pub use reserve::{
+    ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
+};
 
 /// Engine options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -93,7 +93,10 @@ enum Command {
     Blocks(BlockQuery, flume::Sender<BlockPage>),
     UnpinPrefix([u8; 32], flume::Sender<EngineResult<usize>>),
     Lookup(Box<SequenceSpec>, flume::Sender<PrefixLookup>),
-    Reserve(Box<ReserveRequest>, flume::Sender<EngineResult<ReservationId>>),
+    Reserve(
+        Box<ReserveRequest>,
+        flume::Sender<EngineResult<ReservationId>>,
+    ),
     WarmReservation(ReservationId, flume::Sender<EngineResult<usize>>),
     Reservations(Option<TenantId>, flume::Sender<Vec<ReservationInfo>>),
 }
@@ -404,9 +407,10 @@ impl Worker {
             let cmd = if self.running.is_empty() && self.reserving.is_empty() {
                 // Idle: wait for a command, or until the next reservation expires.
                 let got = match self.core.next_expiry() {
-                    Some(t) => self.rx.recv_deadline(t).map_err(|e| {
-                        matches!(e, flume::RecvTimeoutError::Disconnected)
-                    }),
+                    Some(t) => self
+                        .rx
+                        .recv_deadline(t)
+                        .map_err(|e| matches!(e, flume::RecvTimeoutError::Disconnected)),
                     None => self.rx.recv().map_err(|_| true),
                 };
                 match got {

@@ -34,11 +34,17 @@ pub const FACTS: [(&str, &str); 26] = [
     ("fact", "The user booked a hotel near Alexanderplatz."),
     ("fact", "The user is afraid of flying."),
     ("concept", "Health and appointments."),
-    ("fact", "The user has a dentist appointment next Tuesday at 10:00."),
+    (
+        "fact",
+        "The user has a dentist appointment next Tuesday at 10:00.",
+    ),
     ("fact", "The user is allergic to penicillin."),
     ("fact", "The user runs 5 km three times a week."),
     ("entity", "The Isar amateur orchestra."),
-    ("fact", "The user plays the violin in the Isar amateur orchestra."),
+    (
+        "fact",
+        "The user plays the violin in the Isar amateur orchestra.",
+    ),
     ("fact", "The orchestra rehearses on Thursday evenings."),
     ("fact", "The user is learning Bach's second violin partita."),
     ("concept", "Christmas plans."),
@@ -148,7 +154,7 @@ pub struct RunSummary {
 
 /// One JSON request to the in-process app: `(status, body)`.
 macro_rules! call {
-    ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr) => {{
+    ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr $(,)?) => {{
         let body: Value = $body;
         let mut req = match $method {
             "GET" => test::TestRequest::get(),
@@ -181,9 +187,18 @@ pub async fn run(
     config.memory.reserve = reserve;
     let state = web::Data::new(build_state(config).await?);
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
-    anyhow::ensure!(state.memory.is_some(), "no embedding model: run `make models`");
+    anyhow::ensure!(
+        state.memory.is_some(),
+        "no embedding model: run `make models`"
+    );
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
-    let (s, t) = call!(&app, "POST", "/v1/admin/tenants", ADMIN, json!({"name": "bench"}));
+    let (s, t) = call!(
+        &app,
+        "POST",
+        "/v1/admin/tenants",
+        ADMIN,
+        json!({"name": "bench"})
+    );
     anyhow::ensure!(s == 201, "tenant: {t}");
     let key = t["api_key"].as_str().unwrap_or_default().to_string();
     let rules: Vec<String> = (0..12)
@@ -194,7 +209,8 @@ pub async fn run(
         {"kind": "identity", "content": "You are Mneme, the user's personal assistant."},
         {"kind": "rules", "content": rules.join("\n")},
     ]);
-    let (s, a) = call!(&app,
+    let (s, a) = call!(
+        &app,
         "POST",
         "/v1/agents",
         &key,
@@ -203,7 +219,8 @@ pub async fn run(
     anyhow::ensure!(s == 201, "agent: {a}");
     let mut ids = Vec::new();
     for (kind, text) in FACTS {
-        let (s, n) = call!(&app,
+        let (s, n) = call!(
+            &app,
             "POST",
             "/v1/agents/mneme/memory/nodes",
             &key,
@@ -213,7 +230,8 @@ pub async fn run(
         ids.push(n["id"].as_i64().unwrap_or_default());
     }
     for (from, to, kind) in EDGES {
-        let (s, e) = call!(&app,
+        let (s, e) = call!(
+            &app,
             "POST",
             "/v1/agents/mneme/memory/edges",
             &key,
@@ -221,7 +239,9 @@ pub async fn run(
         );
         anyhow::ensure!(s == 201, "edge: {e}");
     }
-    let engine = state.engine()?;
+    let engine = state
+        .engine()
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let mut out = Vec::new();
     for (i, q) in QUESTIONS.iter().cycle().take(turns).enumerate() {
         let w = Instant::now();
@@ -238,7 +258,8 @@ pub async fn run(
             actix_web::rt::time::sleep(Duration::from_millis(20)).await;
         }
         let waited_ms = w.elapsed().as_secs_f64() * 1e3;
-        let (s, v) = call!(&app,
+        let (s, v) = call!(
+            &app,
             "POST",
             "/v1/agents/mneme/sessions/conversation/turns",
             &key,

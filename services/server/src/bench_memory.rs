@@ -252,12 +252,24 @@ pub struct EmbedReport {
 }
 
 const SUBJECTS: [&str; 8] = [
-    "Alice", "My manager", "The landlord", "Our team", "The doctor", "My brother", "The client",
+    "Alice",
+    "My manager",
+    "The landlord",
+    "Our team",
+    "The doctor",
+    "My brother",
+    "The client",
     "Grandma",
 ];
 const VERBS: [&str; 8] = [
-    "moved to", "asked about", "complained about", "booked a trip to", "recommended",
-    "forgot", "paid for", "is worried about",
+    "moved to",
+    "asked about",
+    "complained about",
+    "booked a trip to",
+    "recommended",
+    "forgot",
+    "paid for",
+    "is worried about",
 ];
 const OBJECTS: [&str; 8] = [
     "the flat near the river",

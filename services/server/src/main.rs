@@ -464,14 +464,20 @@ fn bench_memory(args: MemoryBenchArgs) -> Result<()> {
         let e = engram_engine::embed::Embedder::load(&args.embedder, &candle_core::Device::Cpu)
             .with_context(|| format!("embedding model at {}", args.embedder.display()))?;
         let r = embed_rate(&e, args.embed, args.batch)?;
-        println!("{}", serde_json::json!({"bench": "embed", "model": args.embedder, "report": r}));
+        println!(
+            "{}",
+            serde_json::json!({"bench": "embed", "model": args.embedder, "report": r})
+        );
     }
     for &n in &args.nodes {
         let dir = args.dir.join(format!("n{n}"));
         let _ = std::fs::remove_dir_all(&dir);
         let r = scale(n, args.queries, &dir, 42)?;
         let _ = std::fs::remove_dir_all(&dir);
-        println!("{}", serde_json::json!({"bench": "hybrid_query", "report": r}));
+        println!(
+            "{}",
+            serde_json::json!({"bench": "hybrid_query", "report": r})
+        );
     }
     Ok(())
 }

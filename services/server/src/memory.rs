@@ -226,12 +226,13 @@ impl MemoryService {
         store: &Store,
         vector_dir: &Path,
     ) -> Result<Self, MemoryError> {
-        let embedder = Embedder::load(&config.embedder_path, &candle_core::Device::Cpu).map_err(
-            |source| MemoryError::Embedder {
-                path: config.embedder_path.clone(),
-                source,
-            },
-        )?;
+        let embedder =
+            Embedder::load(&config.embedder_path, &candle_core::Device::Cpu).map_err(|source| {
+                MemoryError::Embedder {
+                    path: config.embedder_path.clone(),
+                    source,
+                }
+            })?;
         let vectors: Box<dyn VectorStore> = Box::new(EdgeStore::open(vector_dir, embedder.dim())?);
         let rows = store.memory_nodes(None).await?;
         let edges = store.memory_edges(None).await?;
@@ -469,11 +470,17 @@ pub fn render(mut recalls: Vec<Recalled>, budget: u32) -> Neighbourhood {
     });
     let mut order: Vec<Recall> = recalls.iter().map(|r| r.recall.clone()).collect();
     canonical_order(&mut order);
-    let mut by_id: HashMap<NodeId, Recalled> = recalls.into_iter().map(|r| (r.recall.id, r)).collect();
+    let mut by_id: HashMap<NodeId, Recalled> =
+        recalls.into_iter().map(|r| (r.recall.id, r)).collect();
     let nodes: Vec<Recalled> = order.iter().filter_map(|r| by_id.remove(&r.id)).collect();
     let text = nodes
         .iter()
-        .map(|n| format!("- {}", n.text.split_whitespace().collect::<Vec<_>>().join(" ")))
+        .map(|n| {
+            format!(
+                "- {}",
+                n.text.split_whitespace().collect::<Vec<_>>().join(" ")
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n");
     let tokens = nodes.iter().map(|n| n.recall.tokens).sum();

@@ -140,7 +140,15 @@ fn optimizing_keeps_every_point_and_the_tenant_filter() {
     let dim = 16;
     let store = EdgeStore::open(&d, dim).unwrap();
     let points: Vec<VectorPoint> = (0..3_000u64)
-        .map(|i| point(i + 1, 1 + i % 2, 1, "fact", unit(dim, i as usize, (i % 7) as f32 / 7.0)))
+        .map(|i| {
+            point(
+                i + 1,
+                1 + i % 2,
+                1,
+                "fact",
+                unit(dim, i as usize, (i % 7) as f32 / 7.0),
+            )
+        })
         .collect();
     for chunk in points.chunks(500) {
         store.upsert(chunk).unwrap();

@@ -196,9 +196,8 @@ impl EngineCore {
         let end = start + seg.tokens.len();
         let total: usize = req.spec.segments.iter().map(|s| s.tokens.len()).sum();
         let bs = self.config.block_size;
-        // Full blocks the prompt caches (the last token is always computed), overlapping the
-        // segment.
-        let full = total.saturating_sub(1) / bs;
+        // Full blocks the computed prompt leaves in the cache, overlapping the segment.
+        let full = total / bs;
         let (first, last) = (start / bs, end.div_ceil(bs).min(full));
         if first >= last {
             return Err(EngineError::InvalidConfig {
@@ -440,7 +439,14 @@ impl EngineCore {
             .map(|r| &r.info)
             .filter(|i| of(i))
             .cloned()
-            .chain(self.reservations.history.iter().rev().filter(|i| of(i)).cloned())
+            .chain(
+                self.reservations
+                    .history
+                    .iter()
+                    .rev()
+                    .filter(|i| of(i))
+                    .cloned(),
+            )
             .collect()
     }
 

@@ -74,23 +74,25 @@ fn a_reservation_is_held_cold_and_a_turn_that_uses_it_warms_it() {
     let info = core.reservations(None).remove(0);
     assert_eq!(info.state, ReservationState::Ready);
     assert_eq!(info.tokens, [48, 112]);
-    // Memories cover tokens 48..112: blocks 3..7 of 16 tokens; the prompt (112 tokens) caches
-    // its first 6 full blocks (the last token is always computed), so blocks 3, 4 and 5.
-    assert_eq!((info.blocks, info.held), (3, 3));
+    // Memories cover tokens 48..112: blocks 3, 4, 5 and 6 of 16 tokens, all full.
+    assert_eq!((info.blocks, info.held), (4, 4));
     assert_eq!(info.labels, vec![11, 12]);
     // Held in the cold tier with the reservation's reference beside the cache's.
     let mem = tier_of(&core, SourceLayer::Memories);
-    assert_eq!(mem, vec![(Tier::Cold, 2); 3]);
+    assert_eq!(mem, vec![(Tier::Cold, 2); 4]);
     // Cold trimming cannot take them.
     core.spill_idle().unwrap();
-    assert_eq!(tier_of(&core, SourceLayer::Memories).len(), 3);
+    assert_eq!(tier_of(&core, SourceLayer::Memories).len(), 4);
 
     // The turn builds the same prompt plus the user's message: it reuses the reserved blocks.
     let (seq, adm) = core.start(spec(&text, true)).unwrap();
-    assert_eq!(adm.reserved_blocks, 3);
-    assert_eq!(adm.cached_tokens, 96); // blocks 0..6: the stable prefix and the memories
+    assert_eq!(adm.reserved_blocks, 4);
+    assert_eq!(adm.cached_tokens, 112); // blocks 0..7: the stable prefix and the memories
     let info = core.reservations(None).remove(0);
-    assert_eq!((info.id, info.state, info.used_blocks), (id, ReservationState::Warmed, 3));
+    assert_eq!(
+        (info.id, info.state, info.used_blocks),
+        (id, ReservationState::Warmed, 4)
+    );
     // Warmed: hot, owned by the turn and the cache only.
     assert!(
         tier_of(&core, SourceLayer::Memories)
@@ -99,7 +101,7 @@ fn a_reservation_is_held_cold_and_a_turn_that_uses_it_warms_it() {
     );
     core.finish(seq).unwrap();
     let c = core.reservation_counters();
-    assert_eq!((c.made, c.warmed, c.expired, c.blocks_served), (1, 1, 0, 3));
+    assert_eq!((c.made, c.warmed, c.expired, c.blocks_served), (1, 1, 0, 4));
     assert_eq!(c.hit_rate(), Some(1.0));
 }
 
@@ -107,18 +109,21 @@ fn a_reservation_is_held_cold_and_a_turn_that_uses_it_warms_it() {
 fn an_unused_reservation_expires_and_frees_its_cold_blocks() {
     let text = license_tokens(160);
     let mut core = core(CodecKind::TQ4);
-    let id = make(&mut core, request(&text, Duration::from_millis(50)));
+    let id = make(&mut core, request(&text, Duration::from_secs(30)));
     let cold_used = core.occupancy().cold_used;
-    assert_eq!(cold_used, 3);
+    assert_eq!(cold_used, 4);
     // Not due yet.
     assert_eq!(core.expire_reservations(Instant::now()).unwrap(), 0);
     assert!(core.next_expiry().is_some());
-    let later = Instant::now() + Duration::from_secs(1);
+    let later = Instant::now() + Duration::from_secs(31);
     assert_eq!(core.expire_reservations(later).unwrap(), 1);
     assert_eq!(core.occupancy().cold_used, 0);
     assert!(tier_of(&core, SourceLayer::Memories).is_empty());
     let info = core.reservations(None).remove(0);
-    assert_eq!((info.id, info.state, info.held), (id, ReservationState::Expired, 0));
+    assert_eq!(
+        (info.id, info.state, info.held),
+        (id, ReservationState::Expired, 0)
+    );
     assert_eq!(core.next_expiry(), None);
     // A turn after expiry computes its memories again.
     let (seq, adm) = core.start(spec(&text, true)).unwrap();
@@ -140,7 +145,7 @@ fn warm_reservation_promotes_and_listing_is_per_tenant() {
     let text = license_tokens(160);
     let mut core = core(CodecKind::TQ4);
     let id = make(&mut core, request(&text, Duration::from_secs(600)));
-    assert_eq!(core.warm_reservation(id).unwrap(), 3);
+    assert_eq!(core.warm_reservation(id).unwrap(), 4);
     assert!(
         tier_of(&core, SourceLayer::Memories)
             .iter()
@@ -162,16 +167,16 @@ fn warm_reservation_promotes_and_listing_is_per_tenant() {
 #[test]
 fn a_reservation_the_cold_tier_cannot_hold_is_refused_and_bad_segments_are_errors() {
     let text = license_tokens(160);
-    let mut core = core_with(EngineConfig {
+    let mut no_cold = core_with(EngineConfig {
         codec: CodecKind::TQ4,
         cold_bytes: 0,
         ..EngineConfig::default()
     });
     assert!(matches!(
-        core.reserve(request(&text, Duration::from_secs(1))),
-        Err(EngineError::NoColdRoom { needed: 3, .. })
+        no_cold.reserve(request(&text, Duration::from_secs(1))),
+        Err(EngineError::NoColdRoom { needed: 4, .. })
     ));
-    assert_eq!(core.reservation_counters().refused, 1);
+    assert_eq!(no_cold.reservation_counters().refused, 1);
     let mut core = core(CodecKind::TQ4);
     let mut bad = request(&text, Duration::from_secs(1));
     bad.segment = 2;
@@ -190,13 +195,15 @@ fn a_reservation_over_another_ones_blocks_does_not_claim_it() {
     let first = make(&mut core, request(&text, Duration::from_secs(600)));
     // The same neighbourhood reserved again (another turn predicted it too): the second
     // computes nothing new and holds nothing twice; the first stays ready.
-    let (second, seq) = core.reserve(request(&text, Duration::from_secs(600))).unwrap();
+    let (second, seq) = core
+        .reserve(request(&text, Duration::from_secs(600)))
+        .unwrap();
     core.prefill(seq).unwrap();
     core.complete_reservation(second, false).unwrap();
     let list = core.reservations(None);
     let state = |id| list.iter().find(|r| r.id == id).unwrap().clone();
     assert_eq!(state(first).state, ReservationState::Ready);
-    assert_eq!(state(first).held, 3);
+    assert_eq!(state(first).held, 4);
     assert_eq!(state(second).held, 0);
     assert_eq!(core.reservation_counters().warmed, 0);
 }

@@ -17,6 +17,7 @@ use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
 use crate::memory::{RecallQuery, now_ms, render};
 use crate::state::AppState;
+use engram_context::TokenCounter;
 
 const MAX_TEXT_BYTES: usize = 16 * 1024;
 const MAX_K: usize = 256;
@@ -326,7 +327,9 @@ pub async fn create_edge(
     if let (Some(f), Some(t)) = (body.valid_from_ms, body.valid_to_ms)
         && f >= t
     {
-        return Err(ApiError::invalid("valid_from_ms must be before valid_to_ms"));
+        return Err(ApiError::invalid(
+            "valid_from_ms must be before valid_to_ms",
+        ));
     }
     own_node(memory, &caller.0.id, &agent, body.from)?;
     own_node(memory, &caller.0.id, &agent, body.to)?;
@@ -398,7 +401,10 @@ pub async fn delete_edge(
         .find(|e| e.id == id)
         .filter(|e| own_node(memory, &caller.0.id, &agent, e.from_id).is_ok())
         .ok_or_else(|| ApiError::not_found(format!("memory edge `{id}` not found")))?;
-    state.store.delete_memory_edge(&caller.0.id, edge.id).await?;
+    state
+        .store
+        .delete_memory_edge(&caller.0.id, edge.id)
+        .await?;
     memory.remove_edge(engram_graph::EdgeId(id as u64))?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -433,12 +439,18 @@ pub async fn query(
     }
     let hops = body.hops.unwrap_or(memory.config().hops);
     if hops > MAX_HOPS {
-        return Err(ApiError::invalid(format!("hops must be at most {MAX_HOPS}")));
+        return Err(ApiError::invalid(format!(
+            "hops must be at most {MAX_HOPS}"
+        )));
     }
     let kinds = body
         .kinds
         .as_ref()
-        .map(|ks| ks.iter().map(|k| node_kind(k)).collect::<Result<Vec<_>, _>>())
+        .map(|ks| {
+            ks.iter()
+                .map(|k| node_kind(k))
+                .collect::<Result<Vec<_>, _>>()
+        })
         .transpose()?;
     let results = memory
         .recall(&RecallQuery {

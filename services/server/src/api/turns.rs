@@ -12,7 +12,7 @@ use std::time::Instant;
 use actix_web::http::StatusCode;
 use actix_web::web::Bytes;
 use actix_web::{HttpResponse, get, post, web};
-use engram_context::{BuiltContext, Volatility};
+use engram_context::{BuiltContext, TokenCounter, Volatility};
 use engram_engine::{
     Admission, FinishReason, GenerateRequest, PromptSegment, ReserveRequest, SamplingParams,
     SequenceSpec, StreamEvent, Usage,
@@ -349,10 +349,12 @@ pub(crate) async fn record(
     }
     if state.memory.as_ref().is_some_and(|m| m.config().reserve) {
         let (state, tenant, agent) = (state.clone(), tenant.clone(), agent.clone());
-        let (session, current) = (session.to_string(), turned.memories.as_ref().map(|m| m.ids()));
+        let (session, current) = (
+            session.to_string(),
+            turned.memories.as_ref().map(|m| m.ids()),
+        );
         actix_web::rt::spawn(async move {
-            if let Err(e) =
-                reserve_next(&state, &tenant, &agent, &session, &episode, current).await
+            if let Err(e) = reserve_next(&state, &tenant, &agent, &session, &episode, current).await
             {
                 eprintln!("engram: reservation after a turn: {e}");
             }
@@ -377,8 +379,14 @@ async fn ingest_episode(
     let now = crate::memory::now_ms();
     if let Some(m) = &turned.memories {
         let ids: Vec<i64> = m.ids().iter().map(|&i| i as i64).collect();
-        state.store.touch_memory_nodes(&tenant.id, &ids, now).await?;
-        memory.touch(&m.nodes.iter().map(|n| n.recall.id).collect::<Vec<_>>(), now)?;
+        state
+            .store
+            .touch_memory_nodes(&tenant.id, &ids, now)
+            .await?;
+        memory.touch(
+            &m.nodes.iter().map(|n| n.recall.id).collect::<Vec<_>>(),
+            now,
+        )?;
     }
     if !memory.config().ingest_turns {
         return Ok(());
@@ -540,15 +548,7 @@ pub async fn create_turn(
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
     open_session(&state, &tenant, &agent, &session, &body.message).await?;
-    let turned = turn_context(
-        &state,
-        &tenant,
-        &agent,
-        Some(&session),
-        None,
-        &body.message,
-    )
-    .await?;
+    let turned = turn_context(&state, &tenant, &agent, Some(&session), None, &body.message).await?;
     let spec = spec_of(
         &state,
         &turned.built,
@@ -621,9 +621,16 @@ fn stream_turn(
                     }
                 }
                 Step::Done => {
-                    let saved =
-                        record(&state, &tenant, &agent, &session, &body.message, &turned, &g)
-                            .await;
+                    let saved = record(
+                        &state,
+                        &tenant,
+                        &agent,
+                        &session,
+                        &body.message,
+                        &turned,
+                        &g,
+                    )
+                    .await;
                     let done = match saved {
                         Ok(()) => json!({
                             "done": true,

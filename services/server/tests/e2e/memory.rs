@@ -149,7 +149,12 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
         assert_eq!(canon, sorted);
         assert!(r["tokens"].as_u64().unwrap() > 10);
         // Without the supersedes edge, Paris comes back.
-        let (_, e) = srv.call("GET", "/v1/agents/bot/memory/edges", Some(&key_a), Value::Null);
+        let (_, e) = srv.call(
+            "GET",
+            "/v1/agents/bot/memory/edges",
+            Some(&key_a),
+            Value::Null,
+        );
         let sup = e["edges"]
             .as_array()
             .unwrap()
@@ -167,7 +172,11 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
         assert_eq!(s, 204);
         assert!(ids(&ask(&srv, &key_a)).contains(&f.paris));
         edge(&srv, &key_a, f.berlin, f.paris, "supersedes");
-        assert_eq!(ids(&ask(&srv, &key_a)), got, "the same answer with the edge back");
+        assert_eq!(
+            ids(&ask(&srv, &key_a)),
+            got,
+            "the same answer with the edge back"
+        );
 
         // Tenant B stores the same text; neither tenant ever sees the other's nodes, even with
         // the vector search asked for many seeds.
@@ -206,7 +215,11 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
             json!({"kind": "fact", "text": "x", "importance": 2.0}),
         ] {
             let (s, v) = srv.call("POST", "/v1/agents/bot/memory/nodes", Some(&key_b), body);
-            assert_eq!((s, v["code"].as_str()), (400, Some("invalid_request")), "{v}");
+            assert_eq!(
+                (s, v["code"].as_str()),
+                (400, Some("invalid_request")),
+                "{v}"
+            );
         }
         let (s, v) = srv.call(
             "POST",
@@ -215,7 +228,12 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
             json!({"text": "x", "k": 0}),
         );
         assert_eq!(s, 400, "{v}");
-        let (_, listed) = srv.call("GET", "/v1/agents/bot/memory/nodes", Some(&key_b), Value::Null);
+        let (_, listed) = srv.call(
+            "GET",
+            "/v1/agents/bot/memory/nodes",
+            Some(&key_b),
+            Value::Null,
+        );
         assert_eq!(listed["nodes"].as_array().unwrap().len(), 1);
 
         // Restart: the graph comes back from the database and the persisted index is reused
@@ -260,7 +278,12 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
         };
         turn("s1", "My sister Alice just moved.");
         let t2 = turn("s1", "She found a flat near the river.");
-        let (_, nodes) = srv.call("GET", "/v1/agents/bot/memory/nodes", Some(&key_a), Value::Null);
+        let (_, nodes) = srv.call(
+            "GET",
+            "/v1/agents/bot/memory/nodes",
+            Some(&key_a),
+            Value::Null,
+        );
         let episodes: Vec<i64> = nodes["nodes"]
             .as_array()
             .unwrap()
@@ -276,9 +299,13 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
             Value::Null,
         );
         assert!(
-            e["edges"].as_array().unwrap().iter().any(|x| x["kind"] == "follows"
-                && x["from_id"] == episodes[1]
-                && x["to_id"] == episodes[0]),
+            e["edges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["kind"] == "follows"
+                    && x["from_id"] == episodes[1]
+                    && x["to_id"] == episodes[0]),
             "{e}"
         );
         // The session's own episodes stay out of its memories layer; the facts come in.
@@ -304,10 +331,7 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
             .iter()
             .map(|v| v.as_i64().unwrap())
             .collect();
-        assert!(
-            recalled.iter().any(|id| episodes.contains(id)),
-            "{p}"
-        );
+        assert!(recalled.iter().any(|id| episodes.contains(id)), "{p}");
 
         // Reservation: wait until the turns' background reservations settled, then reserve the
         // neighbourhood of a question explicitly and ask it in a new session.
