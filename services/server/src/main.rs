@@ -411,6 +411,7 @@ fn main() -> Result<()> {
 }
 
 fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
+    let scratch = args.dir.clone();
     actix_web::rt::System::new().block_on(async move {
         let mut summaries = Vec::new();
         for r in 0..args.repeats {
@@ -435,7 +436,6 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
                 }
                 println!("{}", serde_json::json!({"bench": "conversation", "run": r, "summary": summary}));
                 summaries.push(summary);
-                let _ = std::fs::remove_dir_all(&dir);
             }
         }
         let mean = |on: bool, f: fn(&engram_server::bench_conversation::RunSummary) -> f64| {
@@ -454,8 +454,12 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
                 "cached_share_on": mean(true, |s| s.cached_share),
             })
         );
-        Ok(())
-    })
+        anyhow::Ok(())
+    })?;
+    // Only now: background tasks of the runs still held their vector indexes until the runtime
+    // stopped.
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
 }
 
 fn bench_memory(args: MemoryBenchArgs) -> Result<()> {
