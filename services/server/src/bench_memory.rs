@@ -19,44 +19,20 @@ use engram_graph::{
 use engram_vector::{EdgeStore, VectorFilter, VectorPoint, VectorStore};
 use serde::Serialize;
 
-/// splitmix64: a seeded, dependency-free generator for the synthetic graph.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
+/// The seeded generator of the synthetic graph (kvcore's SplitMix64).
+pub type Rng = engram_kvcore::SplitMix64;
 
-impl Rng {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
+/// Uniform in `0..n` (`n` > 0).
+pub fn below(rng: &mut Rng, n: u64) -> u64 {
+    rng.next_u64() % n.max(1)
+}
 
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// A standard normal sample (Box–Muller).
-    pub fn normal(&mut self) -> f32 {
-        let u1 = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-    }
-
-    /// A random unit vector of `dim` dimensions.
-    pub fn unit(&mut self, dim: usize) -> Vec<f32> {
-        let mut v: Vec<f32> = (0..dim).map(|_| self.normal()).collect();
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-        v.iter_mut().for_each(|x| *x /= n);
-        v
-    }
+/// A random unit vector of `dim` dimensions.
+pub fn unit(rng: &mut Rng, dim: usize) -> Vec<f32> {
+    let mut v = rng.gaussian_vec(dim);
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter_mut().for_each(|x| *x /= n);
+    v
 }
 
 /// Figures of one graph size.
@@ -70,8 +46,8 @@ pub struct ScaleReport {
     pub vectors: &'static str,
     /// Seconds to write the vectors into the index.
     pub load_s: f64,
-    /// Seconds the index optimizer (HNSW build) took.
-    pub index_s: f64,
+    /// Seconds the index optimizer (HNSW build) took; `None`: not built (exact scan).
+    pub index_s: Option<f64>,
     /// Queries timed.
     pub queries: usize,
     /// Vector search (seeds), ms.
@@ -100,7 +76,13 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 /// Builds a synthetic graph of `n` nodes (see the module docs) into `dir` and times `queries`
 /// recalls.
-pub fn scale(n: usize, queries: usize, dir: &Path, seed: u64) -> anyhow::Result<ScaleReport> {
+pub fn scale(
+    n: usize,
+    queries: usize,
+    dir: &Path,
+    seed: u64,
+    index: bool,
+) -> anyhow::Result<ScaleReport> {
     const DIM: usize = 384;
     let mut rng = Rng::new(seed);
     let store = EdgeStore::open(dir, DIM)?;
@@ -128,15 +110,15 @@ pub fn scale(n: usize, queries: usize, dir: &Path, seed: u64) -> anyhow::Result<
             agent: "a".into(),
             session: (kind == NodeKind::Episode).then(|| format!("s{}", i / 200)),
             text: format!("node {i}"),
-            importance: (rng.below(100) as f32) / 100.0,
+            importance: (below(&mut rng, 100) as f32) / 100.0,
             tokens: 12,
             created_ms: i as i64,
             updated_ms: i as i64,
-            last_accessed_ms: (rng.below(1 << 30)) as i64,
+            last_accessed_ms: (below(&mut rng, 1 << 30)) as i64,
         })?;
         batch.push(VectorPoint {
             id: i as u64 + 1,
-            vector: rng.unit(DIM),
+            vector: unit(&mut rng, DIM),
             tenant: tenant.into(),
             agent: "a".into(),
             kind: kind.as_str().into(),
@@ -170,11 +152,11 @@ pub fn scale(n: usize, queries: usize, dir: &Path, seed: u64) -> anyhow::Result<
             link(i, i - 10, EdgeKind::Follows, &mut graph)?;
         }
         if kind == NodeKind::Fact {
-            let e = (rng.below(entities as u64) as usize) * 10;
+            let e = (below(&mut rng, entities as u64) as usize) * 10;
             if e < i {
                 link(i, e, EdgeKind::Mentions, &mut graph)?;
             }
-            if let Some(&other) = facts.get(rng.below(facts.len().max(1) as u64) as usize) {
+            if let Some(&other) = facts.get(below(&mut rng, facts.len().max(1) as u64) as usize) {
                 link(i, other, EdgeKind::RelatesTo, &mut graph)?;
             }
             facts.push(i);
@@ -184,9 +166,13 @@ pub fn scale(n: usize, queries: usize, dir: &Path, seed: u64) -> anyhow::Result<
     store.upsert(&batch)?;
     store.flush()?;
     load_s += w.elapsed().as_secs_f64();
-    let w = Instant::now();
-    store.optimize()?;
-    let index_s = w.elapsed().as_secs_f64();
+    let index_s = if index {
+        let w = Instant::now();
+        store.optimize()?;
+        Some(w.elapsed().as_secs_f64())
+    } else {
+        None
+    };
     let _ = t;
     let (mut search, mut walk, mut total) = (Vec::new(), Vec::new(), Vec::new());
     let mut results = 0usize;
@@ -202,7 +188,7 @@ pub fn scale(n: usize, queries: usize, dir: &Path, seed: u64) -> anyhow::Result<
     };
     let scoring = Scoring::default();
     for q in 0..queries + 5 {
-        let v = rng.unit(DIM);
+        let v = unit(&mut rng, DIM);
         let t0 = Instant::now();
         let hits = store.search(&v, 16, &filter)?;
         let t1 = Instant::now();
@@ -284,7 +270,7 @@ const OBJECTS: [&str; 8] = [
 
 /// A generated sentence.
 pub fn sentence(rng: &mut Rng) -> String {
-    let p = |r: &mut Rng, a: &[&str]| a[r.below(a.len() as u64) as usize].to_string();
+    let p = |r: &mut Rng, a: &[&str]| a[below(r, a.len() as u64) as usize].to_string();
     format!(
         "{} {} {} last week.",
         p(rng, &SUBJECTS),
@@ -324,7 +310,7 @@ mod tests {
     #[test]
     fn a_small_synthetic_graph_answers_every_query_within_its_tenant() {
         let dir = std::env::temp_dir().join(format!("engram-bench-mem-{}", std::process::id()));
-        let r = scale(2_000, 20, &dir, 3).unwrap_or_else(|e| panic!("{e}"));
+        let r = scale(2_000, 20, &dir, 3, true).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.nodes, 2_000);
         assert!(r.edges > 500, "{r:?}");
@@ -337,10 +323,10 @@ mod tests {
     #[test]
     fn unit_vectors_are_unit_and_seeded() {
         let (mut a, mut b) = (Rng::new(1), Rng::new(1));
-        let (u, v) = (a.unit(384), b.unit(384));
+        let (u, v) = (unit(&mut a, 384), unit(&mut b, 384));
         assert_eq!(u, v);
         let n: f32 = u.iter().map(|x| x * x).sum();
         assert!((n - 1.0).abs() < 1e-5);
-        assert_ne!(u, Rng::new(2).unit(384));
+        assert_ne!(u, unit(&mut Rng::new(2), 384));
     }
 }

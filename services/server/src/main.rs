@@ -150,6 +150,9 @@ struct MemoryBenchArgs {
     /// The embedding model's directory.
     #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     embedder: PathBuf,
+    /// Skip the HNSW build: searches scan every vector (exact).
+    #[arg(long)]
+    no_index: bool,
     /// Where the indexes are built (a fresh subdirectory per size, removed after).
     #[arg(long, default_value = "data/bench-memory")]
     dir: PathBuf,
@@ -476,7 +479,7 @@ fn bench_memory(args: MemoryBenchArgs) -> Result<()> {
     for &n in &args.nodes {
         let dir = args.dir.join(format!("n{n}"));
         let _ = std::fs::remove_dir_all(&dir);
-        let r = scale(n, args.queries, &dir, 42)?;
+        let r = scale(n, args.queries, &dir, 42, !args.no_index)?;
         let _ = std::fs::remove_dir_all(&dir);
         println!(
             "{}",
