@@ -9,6 +9,7 @@ use engram_store::{Agent, LayerRow, Role, Tenant};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::Answer;
 use crate::api::admin::check_name;
 use crate::api::turns::{pin_key, public_pin_key, session_key, spec_of};
 use crate::auth::TenantCaller;
@@ -227,9 +228,8 @@ pub(crate) async fn unpin(state: &AppState, key: Option<[u8; 32]>) -> Result<usi
     };
     engine
         .unpin_prefix(key)?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?
+        .answer()
+        .await?
         .map_err(ApiError::from)
 }
 
@@ -463,11 +463,7 @@ pub async fn preview_context(
         Some(engine) => {
             let session = body.session.as_deref().map(|s| session_key(&agent, s));
             let spec = spec_of(&state, built, &caller.0, session, |_| true)?;
-            let l = engine
-                .lookup(spec)?
-                .recv_async()
-                .await
-                .map_err(|_| ApiError::internal("the engine did not answer"))?;
+            let l = engine.lookup(spec)?.answer().await?;
             json!({"reused_hot": l.hot, "reused_cold": l.cold, "new": l.blocks - l.hot - l.cold})
         }
         None => serde_json::Value::Null,

@@ -6,6 +6,7 @@ use engram_kvcore::{BlockFilter, SessionId, SourceLayer, TenantId, Tier};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::api::Answer;
 use crate::api::turns::session_key;
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
@@ -13,9 +14,7 @@ use crate::state::AppState;
 
 async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
     let rx = state.engine()?.snapshot()?;
-    rx.recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))
+    rx.answer().await
 }
 
 /// Tier occupancy, prefix-cache size, hits by tier, evictions by source layer, queue depth.
@@ -118,10 +117,7 @@ pub async fn blocks(
         offset: params.offset,
         limit,
     })?;
-    let page = rx
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let page = rx.answer().await?;
     let blocks: Vec<Value> = page
         .blocks
         .iter()
@@ -158,10 +154,7 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
     let mut out = String::new();
     if let Some(engine) = &state.engine {
         let rx = engine.snapshot()?;
-        let s = rx
-            .recv_async()
-            .await
-            .map_err(|_| ApiError::internal("the engine did not answer"))?;
+        let s = rx.answer().await?;
         let c = &s.counters;
         out.push_str(
             "# HELP engram_cache_blocks_total Prompt blocks by how the prefix cache served them.\n",

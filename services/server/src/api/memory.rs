@@ -10,6 +10,7 @@ use engram_store::{Agent, NewMemoryEdge, NewMemoryNode};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::Answer;
 use crate::api::admin::check_name;
 use crate::api::agents::neighbourhood;
 use crate::api::turns::reserve;
@@ -521,9 +522,8 @@ pub async fn list_reservations(
     let list = state
         .engine()?
         .reservations(Some(TenantId(caller.0.cache_salt)))?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+        .answer()
+        .await?;
     // Reservations are per tenant in the engine; keep those whose nodes are this agent's.
     let list: Vec<_> = list
         .into_iter()
@@ -558,9 +558,8 @@ pub async fn warm_reservation(
     let engine = state.engine()?;
     let mine = engine
         .reservations(Some(TenantId(caller.0.cache_salt)))?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?
+        .answer()
+        .await?
         .into_iter()
         .any(|r| {
             r.id.0 == id
@@ -573,9 +572,8 @@ pub async fn warm_reservation(
     }
     let n = engine
         .warm_reservation(ReservationId(id))?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))??;
+        .answer()
+        .await??;
     Ok(HttpResponse::Ok().json(json!({ "warmed_blocks": n })))
 }
 
@@ -594,16 +592,8 @@ pub async fn admin_reservations(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let engine = state.engine()?;
-    let list = engine
-        .reservations(None)?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?;
-    let snap = engine
-        .snapshot()?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let list = engine.reservations(None)?.answer().await?;
+    let snap = engine.snapshot()?.answer().await?;
     let c = snap.reservations;
     Ok(HttpResponse::Ok().json(json!({
         "reservations": list,

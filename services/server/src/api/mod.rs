@@ -10,6 +10,22 @@ pub mod turns;
 
 use actix_web::web;
 
+use crate::error::ApiError;
+
+/// The one reply the engine thread sends to a command.
+pub(crate) trait Answer<T> {
+    /// Waits for it; 500 if the engine dropped the command.
+    async fn answer(self) -> Result<T, ApiError>;
+}
+
+impl<T> Answer<T> for flume::Receiver<T> {
+    async fn answer(self) -> Result<T, ApiError> {
+        self.recv_async()
+            .await
+            .map_err(|_| ApiError::internal("the engine did not answer"))
+    }
+}
+
 /// Registers every route.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(health::healthz)

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::api::Answer;
 use crate::api::admin::check_name;
 use crate::api::agents::{Turned, build_with_history, history_of, neighbourhood, turn_context};
 use crate::auth::TenantCaller;
@@ -464,9 +465,8 @@ pub(crate) async fn reserve(
             labels: memories.ids(),
             ttl,
         })?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))??;
+        .answer()
+        .await??;
     Ok(Some(id.0))
 }
 
@@ -710,10 +710,7 @@ pub async fn session_cache(
         offset: 0,
         limit: usize::MAX,
     })?;
-    let page = rx
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))?;
+    let page = rx.answer().await?;
     let mut by_tier = std::collections::BTreeMap::<String, usize>::new();
     let mut by_source = std::collections::BTreeMap::<String, usize>::new();
     let mut pinned = 0;
