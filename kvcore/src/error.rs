@@ -126,6 +126,22 @@ pub enum KvError {
         /// The id.
         id: BlockId,
     },
+    /// A block's bytes have the wrong length for this store.
+    #[error("block bytes have length {got}, the store's blocks have {expected}")]
+    BlockBytesLength {
+        /// Bytes of one block in this store.
+        expected: usize,
+        /// Bytes given.
+        got: usize,
+    },
+    /// A shadow segment file is not what this store wrote.
+    #[error("shadow segment: {reason} ({detail})")]
+    Segment {
+        /// What is wrong.
+        reason: &'static str,
+        /// The tensor or the parser's message.
+        detail: String,
+    },
     /// The operation needs bytes the CPU can read, but the block lives in device memory.
     #[error("the hot tier is on a device; the operation needs host memory")]
     HostAccessRequired,

@@ -22,6 +22,7 @@ mod error;
 mod evict;
 mod metadata;
 mod pin;
+pub mod shadow;
 mod shape;
 mod store;
 
@@ -39,4 +40,4 @@ pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
 pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
 pub use store::host::HostTier;
 pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
-pub use store::{BlockStore, StoreConfig, Tier};
+pub use store::{BlockPart, BlockStore, BlockStream, StoreConfig, Tier};

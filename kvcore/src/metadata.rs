@@ -103,6 +103,9 @@ pub struct BlockMeta {
     pub(crate) created_at: u64,
     pub(crate) created_unix_ms: u64,
     pub(crate) last_attended: u64,
+    /// Times attention read the block (allocation counts as one).
+    #[serde(default)]
+    pub(crate) attended: u32,
     pub(crate) priority: u16,
     pub(crate) pin: PinState,
     pub(crate) tier: Tier,
@@ -146,6 +149,10 @@ impl BlockMeta {
     /// Logical tick of the last attention read (allocation counts as one).
     pub fn last_attended(&self) -> u64 {
         self.last_attended
+    }
+    /// Times attention read the block (allocation counts as one): the tier bridge's frequency.
+    pub fn attended(&self) -> u32 {
+        self.attended
     }
     /// Effective eviction priority (see the module invariants).
     pub fn priority(&self) -> u16 {
@@ -278,6 +285,7 @@ impl BlockMetadataTable {
             created_at: now,
             created_unix_ms,
             last_attended: now,
+            attended: 1,
             priority: self.priorities.get(tags.source),
             pin: PinState::Unpinned,
             tier,

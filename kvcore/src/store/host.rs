@@ -173,6 +173,21 @@ impl HostTier {
         out
     }
 
+    /// Overwrites one block's bytes in every layer and stream with `bytes`, laid out as
+    /// [`Self::block_bytes`] returns them (the inverse of it); the caller has checked the length.
+    pub(crate) fn set_block_bytes(&mut self, slot: u32, bytes: &[u8]) {
+        let layers = self.layout.shape.layers;
+        let mut at = 0;
+        for (data, strides) in self.planes_mut() {
+            for layer in 0..layers {
+                let range = strides.range(layer, slot, 1);
+                let n = range.len();
+                data[range].copy_from_slice(&bytes[at..at + n]);
+                at += n;
+            }
+        }
+    }
+
     /// Whether the tensors are page-locked (a device copies them without staging).
     pub fn is_pinned(&self) -> bool {
         self.k_codes.is_pinned()

@@ -56,6 +56,60 @@ impl std::fmt::Display for Tier {
     }
 }
 
+/// One of the four byte streams of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockStream {
+    /// Packed K codes.
+    KCodes,
+    /// Packed V codes.
+    VCodes,
+    /// K norms.
+    KNorms,
+    /// V norms.
+    VNorms,
+}
+
+impl BlockStream {
+    /// The streams in the order a block's bytes concatenate them.
+    pub const ALL: [Self; 4] = [Self::KCodes, Self::VCodes, Self::KNorms, Self::VNorms];
+
+    /// `k_codes`, `v_codes`, `k_norms` or `v_norms`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::KCodes => "k_codes",
+            Self::VCodes => "v_codes",
+            Self::KNorms => "k_norms",
+            Self::VNorms => "v_norms",
+        }
+    }
+}
+
+/// Where one (stream, layer) lies in a block's bytes (see [`BlockStore::block_parts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockPart {
+    /// The stream.
+    pub stream: BlockStream,
+    /// The layer.
+    pub layer: usize,
+    /// Byte offset in the block's bytes.
+    pub offset: usize,
+    /// `[pos, kv_head, bytes per head row]`.
+    pub shape: [usize; 3],
+}
+
+impl BlockPart {
+    /// Bytes of this part in one block.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the part holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// How to build a [`BlockStore`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
@@ -372,6 +426,7 @@ impl BlockStore {
             let now = self.meta.tick();
             if let Some(meta) = self.meta.get_mut(id) {
                 meta.last_attended = now;
+                meta.attended = meta.attended.saturating_add(1);
             }
         }
         Ok(())
@@ -542,6 +597,45 @@ impl BlockStore {
                 actual: Tier::Recompute,
             }),
         }
+    }
+
+    /// How [`Self::block_bytes_of`] lays out one block: one part per (stream, layer), in order.
+    pub fn block_parts(&self) -> Vec<BlockPart> {
+        let l = &self.layout;
+        let rows = l.shape.block_size * l.shape.kv_heads;
+        let mut parts = Vec::with_capacity(4 * l.shape.layers);
+        let mut offset = 0;
+        for stream in BlockStream::ALL {
+            for layer in 0..l.shape.layers {
+                let row = match stream {
+                    BlockStream::KCodes | BlockStream::VCodes => l.code_row[layer],
+                    BlockStream::KNorms | BlockStream::VNorms => l.norm_row[layer],
+                };
+                parts.push(BlockPart {
+                    stream,
+                    layer,
+                    offset,
+                    shape: [l.shape.block_size, l.shape.kv_heads, row],
+                });
+                offset += rows * row;
+            }
+        }
+        parts
+    }
+
+    /// Overwrites the bytes of a cold block with `bytes` as [`Self::block_bytes_of`] returns
+    /// them (restoring a block from the shadow). Nothing changes on error.
+    pub fn write_block_bytes(&mut self, id: BlockId, bytes: &[u8]) -> KvResult<()> {
+        let expected = self.layout.block_bytes();
+        if bytes.len() != expected {
+            return Err(KvError::BlockBytesLength {
+                expected,
+                got: bytes.len(),
+            });
+        }
+        let slot = self.slots_in(&[id], Tier::Cold)?[0];
+        self.cold.set_block_bytes(slot, bytes);
+        Ok(())
     }
 
     // ----- internals shared with attention, eviction and pins -----

@@ -35,6 +35,8 @@ use crate::error::{EngineError, EngineResult};
 
 mod cache;
 mod reserve;
+mod shadow;
+mod tiers;
 use crate::model::{KvTransform, Llama, LogitRows, SeqInput};
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
@@ -43,6 +45,11 @@ use crate::weights::WeightFormat;
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
 };
+pub use shadow::{
+    ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport, ShadowBlock,
+    ShadowChain,
+};
+pub use tiers::{CycleReport, TierObservation, TierPolicy};
 
 /// Engine options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -401,6 +408,7 @@ pub struct EngineCore {
     pins_by_key: HashMap<[u8; 32], Vec<BlockId>>,
     cold_quotas: HashMap<TenantId, usize>,
     reservations: reserve::Reservations,
+    chains: shadow::Chains,
 }
 
 impl EngineCore {
@@ -497,6 +505,7 @@ impl EngineCore {
             pins_by_key: HashMap::new(),
             cold_quotas: HashMap::new(),
             reservations: reserve::Reservations::default(),
+            chains: shadow::Chains::default(),
         })
     }
 
@@ -828,6 +837,15 @@ impl EngineCore {
 
     /// Ends a sequence: drops its block references (cached blocks stay cached).
     pub fn finish(&mut self, id: SeqId) -> EngineResult<()> {
+        if let Some(seq) = self.seqs.remove(&id) {
+            self.record_chain(&seq);
+            self.store.release(&seq.blocks)?;
+        }
+        Ok(())
+    }
+
+    /// Ends a sequence without recording its chain (a reservation's background sequence).
+    pub(crate) fn drop_sequence(&mut self, id: SeqId) -> EngineResult<()> {
         if let Some(seq) = self.seqs.remove(&id) {
             self.store.release(&seq.blocks)?;
         }

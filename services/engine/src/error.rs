@@ -116,6 +116,14 @@ pub enum EngineError {
         /// The id asked for.
         id: u64,
     },
+    /// A shadowed or imported chain does not match this engine (model, format, hashes).
+    #[error("shadowed block {index}: {reason}")]
+    ShadowMismatch {
+        /// Position of the block in its chain.
+        index: usize,
+        /// What does not match.
+        reason: &'static str,
+    },
     /// The engine thread is gone.
     #[error("the engine has stopped")]
     Stopped,

@@ -29,6 +29,11 @@ pub use crate::core::{
     Occupancy, PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters,
     ReservationId, ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec,
 };
+pub use crate::core::{
+    ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport, ShadowBlock,
+    ShadowChain,
+};
+pub use crate::core::{CycleReport, TierObservation, TierPolicy};
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};
 pub use prefix::{
@@ -37,8 +42,8 @@ pub use prefix::{
 pub use probe::{KvProbe, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{
-    BlockInfo, BlockPage, BlockQuery, Engine, EngineSnapshot, FinishReason, GenerateRequest,
-    StreamEvent, Usage,
+    BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, EngineSnapshot, FinishReason,
+    GenerateRequest, StreamEvent, Usage,
 };
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
 pub use weights::{ModelConfig, WeightFormat};

@@ -14,6 +14,7 @@
 //! prefill. A caller that drops its receiver cancels its sequence at the next turn, and its
 //! blocks are released. Cost per turn: one chunk forward plus one batched decode forward.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -24,8 +25,9 @@ use serde::{Deserialize, Serialize};
 use engram_kvcore::{BlockFilter, PinState, SourceLayer, TenantId, Tier};
 
 use crate::core::{
-    Admission, CacheCounters, EngineCore, Occupancy, PrefixLookup, ReservationCounters,
-    ReservationId, ReservationInfo, ReserveRequest, SeqId, SequenceSpec,
+    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, Occupancy, PrefixLookup,
+    ReservationCounters, ReservationId, ReservationInfo, ReserveRequest, RestoreChain,
+    RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::model::LogitRows;
@@ -99,6 +101,29 @@ enum Command {
     ),
     WarmReservation(ReservationId, flume::Sender<EngineResult<usize>>),
     Reservations(Option<TenantId>, flume::Sender<Vec<ReservationInfo>>),
+    ShadowCollect(
+        Box<CollectRequest>,
+        flume::Sender<EngineResult<Vec<ShadowChain>>>,
+    ),
+    ShadowRestore(
+        Box<RestoreChain>,
+        flume::Sender<EngineResult<RestoreReport>>,
+    ),
+    TierCycle(
+        Box<(TierPolicy, Vec<ChainKey>)>,
+        flume::Sender<EngineResult<(CycleReport, TierPolicy)>>,
+    ),
+}
+
+/// What the shadow asks the engine for (see [`EngineCore::shadow_collect`]).
+#[derive(Debug, Clone, Default)]
+pub struct CollectRequest {
+    /// Generation of every chain the shadow has written.
+    pub written: HashMap<ChainKey, u64>,
+    /// Hashes of every block the shadow holds.
+    pub known: HashSet<[u8; 32]>,
+    /// Only this session (whatever its generation).
+    pub only: Option<ChainKey>,
 }
 
 /// Occupancy and counters, for admin endpoints and metrics.
@@ -184,6 +209,9 @@ impl std::fmt::Debug for Command {
             Self::Reserve(..) => "Command::Reserve",
             Self::WarmReservation(..) => "Command::WarmReservation",
             Self::Reservations(..) => "Command::Reservations",
+            Self::ShadowCollect(..) => "Command::ShadowCollect",
+            Self::ShadowRestore(..) => "Command::ShadowRestore",
+            Self::TierCycle(..) => "Command::TierCycle",
         })
     }
 }
@@ -310,6 +338,37 @@ impl Engine {
     ) -> EngineResult<flume::Receiver<Vec<ReservationInfo>>> {
         let (tx, rx) = flume::bounded(1);
         self.ask(Command::Reservations(tenant, tx))?;
+        Ok(rx)
+    }
+
+    /// Session chains that changed since the shadow wrote them, with the new blocks' bytes.
+    pub fn shadow_collect(
+        &self,
+        req: CollectRequest,
+    ) -> EngineResult<flume::Receiver<EngineResult<Vec<ShadowChain>>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::ShadowCollect(Box::new(req), tx))?;
+        Ok(rx)
+    }
+
+    /// Validates a chain and loads it into the cold tier and the prefix cache.
+    pub fn shadow_restore(
+        &self,
+        chain: RestoreChain,
+    ) -> EngineResult<flume::Receiver<EngineResult<RestoreReport>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::ShadowRestore(Box::new(chain), tx))?;
+        Ok(rx)
+    }
+
+    /// Runs one tier-bridge cycle; answers its report and the (possibly adapted) policy.
+    pub fn tier_cycle(
+        &self,
+        policy: TierPolicy,
+        active: Vec<ChainKey>,
+    ) -> EngineResult<flume::Receiver<EngineResult<(CycleReport, TierPolicy)>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::TierCycle(Box::new((policy, active)), tx))?;
         Ok(rx)
     }
 
@@ -470,6 +529,24 @@ impl Worker {
                     let _ = reply.send(self.core.reservations(tenant));
                     continue;
                 }
+                Command::ShadowCollect(req, reply) => {
+                    let _ =
+                        reply.send(self.core.shadow_collect(&req.written, &req.known, req.only));
+                    continue;
+                }
+                Command::ShadowRestore(chain, reply) => {
+                    let _ = reply.send(self.core.shadow_restore(*chain));
+                    continue;
+                }
+                Command::TierCycle(args, reply) => {
+                    let (mut policy, active) = *args;
+                    let answer = self
+                        .core
+                        .tier_cycle(&mut policy, &active)
+                        .map(|r| (r, policy));
+                    let _ = reply.send(answer);
+                    continue;
+                }
             };
             if tx.is_disconnected() {
                 continue;
@@ -569,7 +646,7 @@ impl Worker {
             Err(_) => self.core.complete_reservation(id, true),
         };
         if done.is_err() {
-            let _ = self.core.finish(seq);
+            let _ = self.core.drop_sequence(seq);
         }
         self.reserving.remove(0);
     }

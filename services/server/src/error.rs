@@ -134,6 +134,11 @@ impl From<EngineError> for ApiError {
                 e.to_string(),
             ),
             EngineError::UnknownReservation { .. } => Self::not_found(e.to_string()),
+            EngineError::ShadowMismatch { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "cache_mismatch",
+                e.to_string(),
+            ),
             EngineError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine_unavailable",

@@ -151,6 +151,11 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 impl Reservations {
+    /// Reservations not yet warmed, expired or failed.
+    pub(super) fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
     fn finish(&mut self, id: ReservationId, state: ReservationState) -> Option<Reservation> {
         let mut r = self.live.remove(&id)?;
         for b in &r.held {
@@ -296,7 +301,7 @@ impl EngineCore {
         held.dedup();
         self.store.retain(&held)?;
         if let Some(s) = seq {
-            self.finish(s)?;
+            self.drop_sequence(s)?;
         }
         if failed || hashes.len() < last {
             self.store.release(&held)?;
