@@ -42,7 +42,7 @@ pub use prefix::{
 pub use probe::{KvProbe, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{
-    BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, EngineSnapshot, FinishReason,
+    BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, KvFormat, EngineSnapshot, FinishReason,
     GenerateRequest, StreamEvent, Usage,
 };
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};

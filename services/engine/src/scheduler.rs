@@ -22,7 +22,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use engram_kvcore::{BlockFilter, PinState, SourceLayer, TenantId, Tier};
+use engram_kvcore::{
+    BlockFilter, BlockPart, CodecKind, KvShape, PinState, SourceLayer, TenantId, Tier,
+};
 
 use crate::core::{
     Admission, CacheCounters, ChainKey, CycleReport, EngineCore, Occupancy, PrefixLookup,
@@ -187,12 +189,28 @@ pub struct BlockPage {
     pub blocks: Vec<BlockInfo>,
 }
 
+/// What makes blocks of two engines interchangeable: the shadow records it and checks it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvFormat {
+    /// The engine's KV fingerprint (model file, codecs, rotation seed, block size, key means).
+    pub fingerprint: [u8; 32],
+    /// Cache geometry.
+    pub shape: KvShape,
+    /// Codec of each layer.
+    pub codecs: Vec<CodecKind>,
+    /// How a block's bytes are laid out.
+    pub parts: Vec<BlockPart>,
+    /// Bytes of one block.
+    pub block_bytes: usize,
+}
+
 /// Handle to the engine thread. Dropping it stops the thread after the running work.
 #[derive(Debug)]
 pub struct Engine {
     tx: Option<flume::Sender<Command>>,
     thread: Option<JoinHandle<()>>,
     tokenizer: TextTokenizer,
+    kv: KvFormat,
     model: ModelConfig,
     capacity: usize,
     running: Arc<AtomicUsize>,
@@ -223,6 +241,13 @@ impl Engine {
         let (tx, rx) = flume::bounded(capacity);
         let tokenizer = core.tokenizer().clone();
         let model = core.model().config().clone();
+        let kv = KvFormat {
+            fingerprint: core.fingerprint(),
+            shape: *core.store().shape(),
+            codecs: core.store().codec_kinds().kinds().to_vec(),
+            parts: core.store().block_parts(),
+            block_bytes: core.store().block_bytes(),
+        };
         let running = Arc::new(AtomicUsize::new(0));
         let gauge = running.clone();
         let thread = std::thread::Builder::new()
@@ -236,6 +261,7 @@ impl Engine {
             tx: Some(tx),
             thread: Some(thread),
             tokenizer,
+            kv,
             model,
             capacity,
             running,
@@ -370,6 +396,11 @@ impl Engine {
         let (tx, rx) = flume::bounded(1);
         self.ask(Command::TierCycle(Box::new((policy, active)), tx))?;
         Ok(rx)
+    }
+
+    /// The KV format of this engine's blocks.
+    pub fn kv_format(&self) -> &KvFormat {
+        &self.kv
     }
 
     /// The tokenizer (for building prompts).

@@ -36,6 +36,92 @@ pub struct Config {
     pub tenants: TenantSection,
     /// The memory graph, its vector index and the reserver.
     pub memory: MemorySection,
+    /// The shadow: the cache on disk, recovered at start.
+    pub shadow: ShadowSection,
+    /// The tier bridge (OODA loop).
+    pub tiers: TiersSection,
+}
+
+/// `[shadow]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShadowSection {
+    /// Write the cache to disk and recover it at start.
+    pub enabled: bool,
+    /// Directory (empty: `shadow/` beside the SQLite file, or `data/shadow/<hash of the URL>`
+    /// for PostgreSQL).
+    pub dir: PathBuf,
+    /// Milliseconds between background flushes (a flush also runs at graceful shutdown).
+    pub interval_ms: u64,
+    /// Load the shadow into the cold tier at start.
+    pub recover: bool,
+}
+
+impl Default for ShadowSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: PathBuf::new(),
+            interval_ms: 60_000,
+            recover: true,
+        }
+    }
+}
+
+/// `[tiers]`: the tier bridge's loop and policy (shares of a tier's capacity).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TiersSection {
+    /// Run the loop.
+    pub enabled: bool,
+    /// Milliseconds between cycles.
+    pub interval_ms: u64,
+    /// A session with a turn within this many seconds is active (its blocks are warmed).
+    pub active_window_secs: u64,
+    /// Spill above this hot fill.
+    pub hot_high: f64,
+    /// Spill down to, and warm up to, this hot fill.
+    pub hot_target: f64,
+    /// Warm active sessions below this hot fill.
+    pub warm_below: f64,
+    /// Remove cold blocks above this cold fill (the shadow keeps them).
+    pub cold_high: f64,
+    /// Remove down to this cold fill.
+    pub cold_target: f64,
+    /// Apply the threshold suggestions within the policy's bounds.
+    pub adapt: bool,
+}
+
+impl Default for TiersSection {
+    fn default() -> Self {
+        let p = engram_engine::TierPolicy::default();
+        Self {
+            enabled: true,
+            interval_ms: 1000,
+            active_window_secs: 120,
+            hot_high: p.hot_high,
+            hot_target: p.hot_target,
+            warm_below: p.warm_below,
+            cold_high: p.cold_high,
+            cold_target: p.cold_target,
+            adapt: p.adapt,
+        }
+    }
+}
+
+impl TiersSection {
+    /// The engine policy these settings describe.
+    pub fn policy(&self) -> engram_engine::TierPolicy {
+        engram_engine::TierPolicy {
+            hot_high: self.hot_high,
+            hot_target: self.hot_target,
+            warm_below: self.warm_below,
+            cold_high: self.cold_high,
+            cold_target: self.cold_target,
+            adapt: self.adapt,
+            ..engram_engine::TierPolicy::default()
+        }
+    }
 }
 
 /// `[memory]`.
@@ -231,6 +317,7 @@ impl Config {
             let v = raw
                 .parse::<i64>()
                 .map(toml::Value::Integer)
+                .or_else(|_| raw.parse::<f64>().map(toml::Value::Float))
                 .or_else(|_| raw.parse::<bool>().map(toml::Value::Boolean))
                 .unwrap_or_else(|_| toml::Value::String(raw.clone()));
             let mut patch = toml::map::Map::new();
@@ -285,6 +372,18 @@ impl Config {
         }
         if self.memory.reservation_ttl_secs == 0 {
             return bad("memory.reservation_ttl_secs", "must be positive");
+        }
+        if self.shadow.interval_ms < 10 {
+            return bad("shadow.interval_ms", "must be at least 10");
+        }
+        if self.tiers.interval_ms < 10 {
+            return bad("tiers.interval_ms", "must be at least 10");
+        }
+        if let Err(e) = self.tiers.policy().validate() {
+            return Err(ConfigError::Invalid {
+                key: "tiers",
+                reason: e.to_string(),
+            });
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ pub mod error;
 pub mod memory;
 pub mod metrics;
 pub mod openapi;
+pub mod shadow;
 pub mod state;
 
 use std::path::Path;
@@ -43,6 +44,9 @@ pub enum StartError {
     /// The memory graph or its vector index could not be opened.
     #[error("memory: {0}")]
     Memory(#[from] memory::MemoryError),
+    /// The shadow directory could not be opened.
+    #[error("shadow: {0}")]
+    Shadow(#[from] shadow::ShadowError),
     /// The listener or a directory failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -79,7 +83,88 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
         None
     };
     let memory = open_memory(&config, &store).await?;
-    Ok(AppState::new(store, engine, memory, config))
+    let shadow = match &engine {
+        Some(engine) if config.shadow.enabled => Some(open_shadow(&config, engine).await?),
+        _ => None,
+    };
+    let mut state = AppState::new(store, engine, memory, config);
+    state.shadow = shadow;
+    Ok(state)
+}
+
+/// The shadow directory, recovered into the engine's cold tier when `shadow.recover` is on.
+async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow, StartError> {
+    let s = &config.shadow;
+    let dir = if s.dir.as_os_str().is_empty() {
+        memory::default_data_dir(&config.database.url, "shadow")
+    } else {
+        s.dir.clone()
+    };
+    let shadow = shadow::Shadow::open(&dir, s.interval_ms)?;
+    if s.recover {
+        let outcomes = shadow.recover(engine).await?;
+        let status = shadow.status();
+        let tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
+        eprintln!(
+            "engram: shadow: {} entries in {}: {:?}, {tokens} tokens recovered in {:.1} ms",
+            outcomes.len(),
+            dir.display(),
+            status.recovery_counts,
+            status.recovery_ms
+        );
+    }
+    Ok(shadow)
+}
+
+/// Background work: the shadow's flushes and the tier bridge's cycles, each on its interval.
+pub fn spawn_background(state: web::Data<AppState>) {
+    if state.shadow.is_some() && state.engine.is_some() {
+        let st = state.clone();
+        actix_web::rt::spawn(async move {
+            let every = std::time::Duration::from_millis(st.config.shadow.interval_ms);
+            loop {
+                actix_web::rt::time::sleep(every).await;
+                if let (Some(shadow), Some(engine)) = (&st.shadow, &st.engine)
+                    && let Err(e) = shadow.flush(engine, None).await
+                {
+                    eprintln!("engram: shadow flush failed: {e}");
+                }
+            }
+        });
+    }
+    if state.config.tiers.enabled && state.engine.is_some() {
+        let st = state.clone();
+        actix_web::rt::spawn(async move {
+            let every = std::time::Duration::from_millis(st.config.tiers.interval_ms);
+            let window = std::time::Duration::from_secs(st.config.tiers.active_window_secs);
+            loop {
+                actix_web::rt::time::sleep(every).await;
+                let _ = tier_cycle(&st, window).await;
+            }
+        });
+    }
+}
+
+/// Runs one tier-bridge cycle with the sessions active within `window`.
+pub async fn tier_cycle(
+    state: &AppState,
+    window: std::time::Duration,
+) -> Result<engram_engine::CycleReport, ApiError> {
+    let engine = state.engine()?;
+    let policy = state
+        .tiers
+        .policy
+        .lock()
+        .map(|p| p.clone())
+        .unwrap_or_default();
+    let active = state.tiers.active(window);
+    let (report, policy) = engine
+        .tier_cycle(policy, active)?
+        .recv_async()
+        .await
+        .map_err(|_| ApiError::internal("the engine did not answer"))??;
+    state.tiers.record(report.clone(), policy);
+    Ok(report)
 }
 
 /// The memory service, unless it is disabled or its embedding model is missing.
@@ -165,6 +250,7 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
     let bind = config.server.bind.clone();
     let grace = config.server.shutdown_grace_secs;
     let state = web::Data::new(build_state(config).await?);
+    spawn_background(state.clone());
     let app_state = state.clone();
     let server = HttpServer::new(move || App::new().configure(configure_app(app_state.clone())))
         .bind(&bind)?
@@ -181,6 +267,15 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
         handle.stop(true).await;
     });
     server.await?;
+    if let (Some(shadow), Some(engine)) = (&state.shadow, &state.engine) {
+        match shadow.flush(engine, None).await {
+            Ok(r) => eprintln!(
+                "engram: shadow: final flush wrote {} blocks ({} bytes) in {:.1} ms",
+                r.blocks, r.bytes, r.ms
+            ),
+            Err(e) => eprintln!("engram: shadow: final flush failed: {e}"),
+        }
+    }
     state.store.close().await;
     eprintln!("engram: stopped");
     Ok(())

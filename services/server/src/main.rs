@@ -39,6 +39,9 @@ enum Command {
     /// Checks against the CPU reference.
     #[command(subcommand)]
     Check(CheckCommand),
+    /// The shadow (the cache on disk).
+    #[command(subcommand)]
+    Shadow(ShadowCommand),
     /// Writes the model's tokenizer as a `tokenizer.json` (for machines the checkpoint cannot
     /// reach: `bench ttft --random-weights … --tokenizer FILE`).
     ExportTokenizer(ExportTokenizerArgs),
@@ -52,6 +55,23 @@ struct ExportTokenizerArgs {
     /// Where to write it.
     #[arg(long)]
     out: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum ShadowCommand {
+    /// Checks every entry offline (manifest checksums, segment layout, block CRCs, chain
+    /// hashes); exits 1 when any entry is damaged.
+    Verify(ShadowVerifyArgs),
+}
+
+#[derive(Debug, Args)]
+struct ShadowVerifyArgs {
+    /// The shadow directory (default: the configured one).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// A TOML config file, to find the configured directory [env: ENGRAM_CONFIG].
+    #[arg(long, env = "ENGRAM_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -406,11 +426,43 @@ fn main() -> Result<()> {
         Command::Bench(BenchCommand::Memory(args)) => bench_memory(args),
         Command::Bench(BenchCommand::Conversation(args)) => bench_conversation(args),
         Command::Check(CheckCommand::Device(args)) => check_device(args),
+        Command::Shadow(ShadowCommand::Verify(args)) => shadow_verify(args),
         Command::ExportTokenizer(args) => {
             TextTokenizer::for_model(&args.model)?.save_json(&args.out)?;
             Ok(())
         }
     }
+}
+
+fn shadow_verify(args: ShadowVerifyArgs) -> Result<()> {
+    let dir = match args.dir {
+        Some(d) => d,
+        None => {
+            let config = engram_server::Config::load(args.config.as_deref(), std::env::vars())?;
+            if config.shadow.dir.as_os_str().is_empty() {
+                engram_server::memory::default_data_dir(&config.database.url, "shadow")
+            } else {
+                config.shadow.dir
+            }
+        }
+    };
+    let r = engram_server::shadow::verify(&dir)?;
+    println!(
+        "shadow {}: {} entries, {} ok, {} damaged; {} blocks, {} bytes checked",
+        dir.display(),
+        r.entries,
+        r.ok,
+        r.damaged.len(),
+        r.blocks,
+        r.bytes
+    );
+    for (id, reason) in &r.damaged {
+        println!("  damaged {id}: {reason}");
+    }
+    if !r.damaged.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {

@@ -158,15 +158,20 @@ fn hex(bytes: &[u8]) -> String {
 /// The vector directory for a database URL when none is configured: beside an SQLite file, or
 /// `data/vectors/<hash of the URL>` for PostgreSQL.
 pub fn default_vector_dir(database_url: &str) -> PathBuf {
+    default_data_dir(database_url, "vectors")
+}
+
+/// `name/` beside the SQLite file, or `data/<name>/<hash of the URL>` for PostgreSQL.
+pub fn default_data_dir(database_url: &str, name: &str) -> PathBuf {
     if let Some(path) = database_url
         .strip_prefix("sqlite://")
         .map(|p| p.split('?').next().unwrap_or(p))
         && let Some(dir) = Path::new(path).parent()
     {
-        return dir.join("vectors");
+        return dir.join(name);
     }
     let h = Sha256::digest(database_url.as_bytes());
-    PathBuf::from("data/vectors").join(hex(&h[..8]))
+    PathBuf::from("data").join(name).join(hex(&h[..8]))
 }
 
 pub(crate) fn node_of(r: &MemoryNodeRow) -> Result<Node, MemoryError> {

@@ -26,7 +26,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(
         title = "Engram",
-        description = "Agent memory with a semantic KV cache: tenants, agents, layered prompts, turns, a memory graph with hybrid recall and cold-tier reservations, OpenAI-compatible chat and cache inspection.",
+        description = "Agent memory with a semantic KV cache: tenants, agents, layered prompts, turns, a memory graph with hybrid recall and cold-tier reservations, a cache that survives restarts (shadow, per-session save/load/export/import), a tier bridge, OpenAI-compatible chat and cache inspection.",
         license(name = "Apache-2.0")
     ),
     paths(
@@ -64,6 +64,14 @@ impl Modify for BearerAuth {
         api::memory::warm_reservation,
         api::memory::admin_reservations,
         api::memory::admin_memory,
+        api::cache::save,
+        api::cache::load,
+        api::cache::export,
+        api::cache::import,
+        api::cache::admin_shadow,
+        api::cache::admin_flush,
+        api::cache::admin_tiers,
+        api::cache::admin_tier_cycle,
     ),
     components(schemas(crate::error::ErrorSchema)),
     modifiers(&BearerAuth),

@@ -5,10 +5,98 @@ use engram_engine::{Engine, TextTokenizer};
 use engram_store::Store;
 use sha2::{Digest, Sha256};
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use engram_engine::{ChainKey, CycleReport, TierPolicy};
+use serde::Serialize;
+
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::memory::MemoryService;
 use crate::metrics::Metrics;
+use crate::shadow::Shadow;
+
+/// Cycles of the tier bridge kept for the admin endpoint.
+pub const TIER_HISTORY: usize = 32;
+
+/// One tier-bridge cycle as the admin endpoint shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CycleRecord {
+    /// When it ran, ms since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// What it observed, decided and did.
+    #[schema(value_type = Object)]
+    pub report: CycleReport,
+}
+
+/// The tier bridge's state: its policy (adapted over time), its recent cycles and totals.
+#[derive(Debug)]
+pub struct TierBridge {
+    /// The policy in force.
+    pub policy: Mutex<TierPolicy>,
+    /// The last cycles, newest last.
+    pub history: Mutex<VecDeque<CycleRecord>>,
+    /// Cycles run, blocks spilled, warmed, removed.
+    pub totals: Mutex<[u64; 4]>,
+    /// Sessions' last turn.
+    pub activity: Mutex<HashMap<ChainKey, Instant>>,
+}
+
+impl TierBridge {
+    /// A bridge with `policy`.
+    pub fn new(policy: TierPolicy) -> Self {
+        Self {
+            policy: Mutex::new(policy),
+            history: Mutex::new(VecDeque::new()),
+            totals: Mutex::new([0; 4]),
+            activity: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Notes a turn of a session.
+    pub fn touch(&self, key: ChainKey) {
+        if let Ok(mut a) = self.activity.lock() {
+            a.insert(key, Instant::now());
+        }
+    }
+
+    /// Sessions with a turn within `window`; forgets older ones.
+    pub fn active(&self, window: std::time::Duration) -> Vec<ChainKey> {
+        let Ok(mut a) = self.activity.lock() else {
+            return Vec::new();
+        };
+        a.retain(|_, t| t.elapsed() <= window);
+        let mut keys: Vec<ChainKey> = a.keys().copied().collect();
+        keys.sort();
+        keys
+    }
+
+    /// Records a cycle.
+    pub fn record(&self, report: CycleReport, policy: TierPolicy) {
+        if let Ok(mut t) = self.totals.lock() {
+            t[0] += 1;
+            t[1] += report.spilled as u64;
+            t[2] += report.warmed as u64;
+            t[3] += report.removed as u64;
+        }
+        if let Ok(mut p) = self.policy.lock() {
+            *p = policy;
+        }
+        if let Ok(mut h) = self.history.lock() {
+            if h.len() == TIER_HISTORY {
+                h.pop_front();
+            }
+            h.push_back(CycleRecord {
+                at_unix_ms: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                report,
+            });
+        }
+    }
+}
 
 /// Shared state (held in `web::Data`).
 #[derive(Debug)]
@@ -26,6 +114,10 @@ pub struct AppState {
     /// The memory graph; `None` when disabled or its embedding model is missing (the memory API
     /// answers 503).
     pub memory: Option<MemoryService>,
+    /// The shadow; `None` when disabled or without an engine.
+    pub shadow: Option<Shadow>,
+    /// The tier bridge.
+    pub tiers: TierBridge,
 }
 
 impl AppState {
@@ -37,6 +129,7 @@ impl AppState {
         config: Config,
     ) -> Self {
         let key = &config.auth.admin_key.0;
+        let tiers = TierBridge::new(config.tiers.policy());
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {
             store,
@@ -45,7 +138,24 @@ impl AppState {
             admin_key_hash,
             metrics: Metrics::default(),
             memory,
+            shadow: None,
+            tiers,
         }
+    }
+
+    /// The shadow, or 503 `shadow_unavailable`.
+    pub fn shadow(&self) -> Result<&Shadow, ApiError> {
+        self.shadow.as_ref().ok_or_else(|| {
+            ApiError::new(
+                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                "shadow_unavailable",
+                format!(
+                    "the shadow is off (shadow.enabled = {}, model loaded = {})",
+                    self.config.shadow.enabled,
+                    self.engine.is_some()
+                ),
+            )
+        })
     }
 
     /// The memory service, or 503 `memory_unavailable`.

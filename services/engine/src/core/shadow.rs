@@ -125,8 +125,8 @@ pub struct ShadowChain {
 pub struct RestoreChain {
     /// Tenant salt (the chain's hashes are checked against it).
     pub tenant: TenantId,
-    /// Session key.
-    pub session: SessionId,
+    /// Session key (none for a shared prefix on its own: no chain is recorded for it).
+    pub session: Option<SessionId>,
     /// Leading blocks that belong to the stable prefix.
     pub stable_blocks: usize,
     /// Key the tenant's stable blocks are pinned under.
@@ -338,7 +338,7 @@ impl EngineCore {
                     } else {
                         chain.tenant
                     },
-                    session: (!b.public).then_some(chain.session),
+                    session: if b.public { None } else { chain.session },
                     tokens: TokenRange::new((i * bs) as u32, ((i + 1) * bs) as u32),
                 }
             })
@@ -371,8 +371,11 @@ impl EngineCore {
                 self.pins_by_key.entry(key.0).or_default().push(id);
             }
         }
-        let key = (chain.tenant, chain.session);
-        if usable > 0 && !self.chains.by_key.contains_key(&key) {
+        if let Some(session) = chain.session
+            && usable > 0
+            && !self.chains.by_key.contains_key(&(chain.tenant, session))
+        {
+            let key = (chain.tenant, session);
             let public_blocks = chain.blocks.iter().take_while(|(b, _)| b.public).count();
             let record = Chain {
                 tokens: chain.blocks[..usable]

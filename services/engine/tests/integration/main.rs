@@ -9,4 +9,5 @@ mod prefix;
 mod reserve;
 mod safetensors;
 mod scheduler;
+mod shadow;
 mod tokenizer;

@@ -240,8 +240,62 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
             ));
         }
     }
+    render_shadow_and_tiers(&state, &mut out);
     state.metrics.render_ttft(&mut out);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(out))
+}
+
+/// The shadow's and the tier bridge's counters in the Prometheus text format.
+fn render_shadow_and_tiers(state: &AppState, out: &mut String) {
+    use std::fmt::Write;
+    if let Some(shadow) = &state.shadow {
+        let s = shadow.status();
+        let _ = write!(
+            out,
+            "# HELP engram_shadow_writes_total Shadow flushes, by result.\n\
+             # TYPE engram_shadow_writes_total counter\n\
+             engram_shadow_writes_total{{result=\"ok\"}} {}\n\
+             engram_shadow_writes_total{{result=\"failed\"}} {}\n\
+             # HELP engram_shadow_bytes_written_total Bytes of segment files the shadow wrote.\n\
+             # TYPE engram_shadow_bytes_written_total counter\n\
+             engram_shadow_bytes_written_total {}\n\
+             # HELP engram_shadow_blocks_written_total Blocks the shadow wrote.\n\
+             # TYPE engram_shadow_blocks_written_total counter\n\
+             engram_shadow_blocks_written_total {}\n\
+             # HELP engram_shadow_entries Entries on disk, by kind.\n\
+             # TYPE engram_shadow_entries gauge\n\
+             engram_shadow_entries{{kind=\"session\"}} {}\n\
+             engram_shadow_entries{{kind=\"prefix\"}} {}\n\
+             # HELP engram_shadow_bytes Bytes of segment files on disk.\n\
+             # TYPE engram_shadow_bytes gauge\n\
+             engram_shadow_bytes {}\n\
+             # HELP engram_shadow_recovery_total Entries the last start recovered or skipped, by result.\n\
+             # TYPE engram_shadow_recovery_total counter\n",
+            s.writes,
+            s.failures,
+            s.bytes_written,
+            s.blocks_written,
+            s.sessions,
+            s.prefixes,
+            s.bytes_on_disk
+        );
+        for (result, n) in &s.recovery_counts {
+            let _ = writeln!(out, "engram_shadow_recovery_total{{result=\"{result}\"}} {n}");
+        }
+    }
+    let t = state.tiers.totals.lock().map(|t| *t).unwrap_or_default();
+    let _ = write!(
+        out,
+        "# HELP engram_tier_cycles_total Tier-bridge (OODA) cycles run.\n\
+         # TYPE engram_tier_cycles_total counter\n\
+         engram_tier_cycles_total {}\n\
+         # HELP engram_tier_actions_total Blocks the tier bridge moved, by action.\n\
+         # TYPE engram_tier_actions_total counter\n\
+         engram_tier_actions_total{{action=\"spill\"}} {}\n\
+         engram_tier_actions_total{{action=\"warm\"}} {}\n\
+         engram_tier_actions_total{{action=\"remove\"}} {}\n",
+        t[0], t[1], t[2], t[3]
+    );
 }

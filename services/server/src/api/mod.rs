@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod agents;
+pub mod cache;
 pub mod health;
 pub mod inspect;
 pub mod memory;
@@ -61,5 +62,13 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(memory::list_reservations)
         .service(memory::warm_reservation)
         .service(memory::admin_reservations)
-        .service(memory::admin_memory);
+        .service(memory::admin_memory)
+        .service(cache::save)
+        .service(cache::load)
+        .service(cache::export)
+        .service(cache::import)
+        .service(cache::admin_shadow)
+        .service(cache::admin_flush)
+        .service(cache::admin_tiers)
+        .service(cache::admin_tier_cycle);
 }

@@ -298,6 +298,7 @@ pub(crate) async fn record(
     turned: &Turned,
     generated: &Generated,
 ) -> Result<(), ApiError> {
+    state.tiers.touch((TenantId(tenant.cache_salt), session_key(agent, session)));
     let built = &turned.built;
     let tok = state.engine()?.tokenizer();
     let user_tokens = tok.encode(message).map_err(ApiError::from)?;

@@ -9,4 +9,5 @@ mod memory;
 mod openai;
 mod reuse;
 mod service;
+mod shadow;
 mod tenancy;

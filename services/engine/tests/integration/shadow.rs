@@ -1,0 +1,288 @@
+//! The shadow's engine side on the real model: chains collected with their bytes, restored into
+//! a fresh engine byte for byte, refused when anything differs; and the tier bridge's cycle.
+
+use std::collections::{HashMap, HashSet};
+
+use engram_engine::{
+    CollectedBytes, EngineConfig, EngineCore, EngineError, PromptSegment, RestoreChain,
+    SequenceSpec, ShadowChain, TierPolicy, argmax,
+};
+use engram_kvcore::{CodecKind, PinState, SessionId, SourceLayer, TenantId, Tier};
+
+use crate::common::{core, core_with, license_tokens};
+
+/// Stable prefix (48 tokens) then a user turn of `n` tokens starting at `at`.
+fn spec(text: &[u32], at: usize, n: usize, session: u64) -> SequenceSpec {
+    SequenceSpec {
+        segments: vec![
+            PromptSegment {
+                tokens: text[..48].to_vec(),
+                source: SourceLayer::Axioms,
+                importance: 1.0,
+            },
+            PromptSegment {
+                tokens: text[at..at + n].to_vec(),
+                source: SourceLayer::UserTurn,
+                importance: 0.4,
+            },
+        ],
+        session: Some(SessionId(session)),
+        ..SequenceSpec::plain(Vec::new(), TenantId(9))
+    }
+}
+
+/// Runs a prompt to its logits and finishes it; returns the logits.
+fn run(core: &mut EngineCore, spec: SequenceSpec) -> (Vec<f32>, engram_engine::Admission) {
+    let (id, admission) = core.start(spec).unwrap();
+    let logits = core.prefill(id).unwrap();
+    core.finish(id).unwrap();
+    (logits, admission)
+}
+
+fn collect_all(core: &EngineCore) -> Vec<ShadowChain> {
+    core.shadow_collect(&HashMap::new(), &HashSet::new(), None)
+        .unwrap()
+}
+
+fn restore_of(chain: &ShadowChain) -> RestoreChain {
+    RestoreChain {
+        tenant: chain.tenant,
+        session: Some(chain.session),
+        stable_blocks: chain.stable_blocks,
+        pin_key: chain.pin_key,
+        public_pin_key: chain.public_pin_key,
+        blocks: chain
+            .blocks
+            .iter()
+            .cloned()
+            .zip(chain.bytes.iter().map(|b| match b {
+                CollectedBytes::New(bytes) => bytes.clone(),
+                other => panic!("expected bytes, got {other:?}"),
+            }))
+            .collect(),
+    }
+}
+
+#[test]
+fn a_chain_restores_byte_identical_into_a_fresh_engine_and_is_reused() {
+    let text = license_tokens(400);
+    let mut a = core(CodecKind::TQ4);
+    let (logits_a, _) = run(&mut a, spec(&text, 100, 120, 1));
+    let chains = collect_all(&a);
+    assert_eq!(chains.len(), 1, "one session, one chain");
+    let chain = &chains[0];
+    // 168 tokens; the last is computed for logits, so 167 are cached: 10 full blocks.
+    assert_eq!(chain.blocks.len(), 10);
+    assert_eq!(chain.stable_blocks, 3, "48 axiom tokens are 3 blocks");
+    assert!(chain.blocks[..3].iter().all(|b| b.pinned));
+    assert!(
+        chain
+            .bytes
+            .iter()
+            .all(|b| matches!(b, CollectedBytes::New(_)))
+    );
+
+    let mut b = core(CodecKind::TQ4);
+    let report = b.shadow_restore(restore_of(chain)).unwrap();
+    assert_eq!((report.loaded, report.present, report.no_room), (10, 0, 0));
+    assert_eq!(report.tokens, 160);
+    assert_eq!(b.occupancy().cold_used, 10);
+    // Byte-identical in the restored engine.
+    let again = collect_all(&b);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].blocks, chain.blocks);
+    assert_eq!(again[0].bytes, chain.bytes);
+    // Pins come back for the stable blocks.
+    let pinned = b
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| m.pin() == PinState::Pinned)
+        .count();
+    assert_eq!(pinned, 3);
+
+    // The same prompt on the restored engine warms all ten blocks, and decides like a fresh
+    // engine that computed everything.
+    let (logits_b, adm) = run(&mut b, spec(&text, 100, 120, 1));
+    assert_eq!((adm.cached_tokens, adm.warmed_blocks), (160, 10));
+    let mut c = core(CodecKind::TQ4);
+    let (logits_c, _) = run(&mut c, spec(&text, 100, 120, 1));
+    assert_eq!(argmax(&logits_b), argmax(&logits_c));
+    assert_eq!(argmax(&logits_a), argmax(&logits_c));
+}
+
+#[test]
+fn a_chain_that_differs_is_refused_and_changes_nothing() {
+    let text = license_tokens(400);
+    let mut a = core(CodecKind::TQ4);
+    run(&mut a, spec(&text, 100, 120, 1));
+    let chain = restore_of(&collect_all(&a)[0]);
+    let mut b = core(CodecKind::TQ4);
+    let before = (b.occupancy(), b.store().metadata().len());
+
+    let mut tokens = chain.clone();
+    tokens.blocks[4].0.tokens[3] ^= 1;
+    let mut tenant = chain.clone();
+    tenant.tenant = TenantId(10);
+    let mut short = chain.clone();
+    short.blocks[2].1.pop();
+    let mut order = chain.clone();
+    order.blocks.swap(5, 6);
+    for (bad, index) in [(tokens, 4), (tenant, 3), (short, 2), (order, 5)] {
+        match b.shadow_restore(bad) {
+            Err(EngineError::ShadowMismatch { index: i, .. }) => assert_eq!(i, index),
+            other => panic!("expected a mismatch, got {other:?}"),
+        }
+        assert_eq!((b.occupancy(), b.store().metadata().len()), before);
+    }
+    // Another KV format (TQ3) refuses the chain at its first block.
+    let mut other = core(CodecKind::TQ3);
+    assert!(matches!(
+        other.shadow_restore(chain),
+        Err(EngineError::ShadowMismatch { index: 0, .. })
+    ));
+}
+
+#[test]
+fn collect_skips_chains_already_written_and_sends_only_new_bytes() {
+    let text = license_tokens(400);
+    let mut a = core(CodecKind::TQ4);
+    run(&mut a, spec(&text, 100, 120, 1));
+    run(&mut a, spec(&text, 230, 60, 2));
+    let first = collect_all(&a);
+    assert_eq!(first.len(), 2);
+    let written: HashMap<_, _> = first
+        .iter()
+        .map(|c| ((c.tenant, c.session), c.generation))
+        .collect();
+    let known: HashSet<[u8; 32]> = first
+        .iter()
+        .flat_map(|c| c.blocks.iter().map(|b| b.hash.0))
+        .collect();
+    assert!(a.shadow_collect(&written, &known, None).unwrap().is_empty());
+    // Session 1 grows: only its new blocks carry bytes.
+    run(&mut a, spec(&text, 100, 200, 1));
+    let next = a.shadow_collect(&written, &known, None).unwrap();
+    assert_eq!(next.len(), 1);
+    let new = next[0]
+        .bytes
+        .iter()
+        .filter(|b| matches!(b, CollectedBytes::New(_)))
+        .count();
+    let old = next[0]
+        .bytes
+        .iter()
+        .filter(|b| matches!(b, CollectedBytes::Known))
+        .count();
+    assert_eq!((old, new), (10, 5), "248 tokens: 15 full blocks, 10 known");
+    // `only` answers one session whatever its generation.
+    let one = a
+        .shadow_collect(&written, &known, Some((TenantId(9), SessionId(2))))
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].session, SessionId(2));
+}
+
+fn tiers_of(core: &EngineCore, session: u64) -> Vec<Tier> {
+    core.store()
+        .metadata()
+        .iter()
+        .filter(|m| m.session() == Some(SessionId(session)))
+        .filter(|m| m.source() == SourceLayer::UserTurn)
+        .map(|m| m.tier())
+        .collect()
+}
+
+#[test]
+fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
+    let text = license_tokens(700);
+    // The smallest hot tier the engine accepts: one full context (512 blocks).
+    let block_bytes = core(CodecKind::TQ4).store().block_bytes() as u64;
+    let mut e = core_with(EngineConfig {
+        hot_bytes: 512 * block_bytes,
+        ..EngineConfig::default()
+    });
+    let cap = e.occupancy().hot_capacity;
+    assert_eq!(cap, 512);
+    for (s, at) in [(1u64, 100usize), (2, 250), (3, 400)] {
+        run(&mut e, spec(&text, at, 140, s));
+    }
+    // Three pinned axiom blocks shared by all, and 8 turn blocks per session (188 tokens: 11
+    // full blocks; the partial one is freed at finish).
+    let used = e.occupancy().hot_used;
+    assert_eq!(used, 3 + 3 * 8);
+    let spilled_before: u64 = e.counters().spilled.values().sum();
+
+    // Pressure: the hot tier is over 4 % of its capacity; the target is empty.
+    let mut pressure = TierPolicy {
+        hot_high: 0.04,
+        hot_target: 0.0,
+        warm_below: 0.0,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let r = e.tier_cycle(&mut pressure, &[]).unwrap();
+    assert_eq!(r.spilled, 24, "every unpinned block: {r:?}");
+    assert_eq!(r.warmed, 0);
+    assert_eq!(r.observed.hot_used, used);
+    assert_eq!(
+        e.counters().spilled.values().sum::<u64>(),
+        spilled_before + r.spilled as u64
+    );
+    // Pinned stable blocks stay hot; every session's turn blocks went cold.
+    let pinned_hot = e
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| m.pin() == PinState::Pinned)
+        .all(|m| m.tier() == Tier::Hot);
+    assert!(pinned_hot);
+    for s in 1..=3 {
+        assert!(tiers_of(&e, s).iter().all(|&t| t == Tier::Cold), "session {s}");
+    }
+
+    // Session 2 becomes active again: with room in the hot tier its blocks are warmed, the
+    // others stay cold.
+    let mut calm = TierPolicy {
+        hot_high: 0.2,
+        hot_target: 0.1,
+        warm_below: 0.08,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let r = e
+        .tier_cycle(&mut calm, &[(TenantId(9), SessionId(2))])
+        .unwrap();
+    assert_eq!(r.observed.active_sessions, 1);
+    assert_eq!((r.warmed, r.spilled), (8, 0), "{r:?}");
+    assert!(tiers_of(&e, 2).iter().all(|&t| t == Tier::Hot));
+    assert!(tiers_of(&e, 1).iter().all(|&t| t == Tier::Cold));
+    // The session's next turn finds every block hot: nothing to warm.
+    let (_, adm) = run(&mut e, spec(&text, 250, 140, 2));
+    assert_eq!(adm.warmed_blocks, 0);
+    assert!(adm.cached_tokens >= 176);
+}
+
+#[test]
+fn threshold_suggestions_follow_cold_fill_within_bounds() {
+    let mut e = core(CodecKind::TQ4);
+    let mut p = TierPolicy::default();
+    let start = p.warm_below;
+    // An empty cold tier: promote sooner, up to the bound.
+    for _ in 0..20 {
+        let r = e.tier_cycle(&mut p, &[]).unwrap();
+        assert_eq!(r.suggestion.as_deref(), Some("promote_sooner"));
+    }
+    assert!(p.warm_below > start);
+    assert!(p.warm_below <= p.warm_below_bounds[1] + 1e-9);
+    assert!(p.warm_below <= p.hot_target);
+    let mut fixed = TierPolicy {
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    e.tier_cycle(&mut fixed, &[]).unwrap();
+    assert_eq!(fixed, TierPolicy {
+        adapt: false,
+        ..TierPolicy::default()
+    });
+}

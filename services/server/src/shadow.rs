@@ -1,0 +1,1256 @@
+//! The shadow: the cache on disk, so that it survives a restart.
+//!
+//! **Layout** under the shadow directory:
+//! - `index.json` — every entry (id, kind, tenant, session, blocks, bytes, last update);
+//! - `entries/<id>/manifest.json` — one entry: its blocks in chain order (hash, tokens, source
+//!   layer, importance, pin state, the segment and row holding its bytes, CRC-32C of the bytes),
+//!   the engine's KV fingerprint, shape, codecs and byte layout;
+//! - `entries/<id>/seg-*.safetensors` — block bytes (see `engram_kvcore::shadow`).
+//!
+//! A session's chain is split in two entries: its leading stable-prefix blocks go to a prefix
+//! entry (`p-<hash of the last prefix block>`, shared by every session with that prefix and
+//! written once), the rest to the session's entry (`s-<tenant>-<session>`), which names its
+//! prefix entry.
+//!
+//! **Writes** are incremental and atomic. A flush asks the engine for the chains that changed
+//! since it last wrote them, with the bytes of blocks the shadow does not hold yet; per entry it
+//! writes the new blocks as one new segment, then the manifest (each file: temp file, fsync,
+//! rename, directory fsync), then deletes segments the manifest no longer names, and finally
+//! rewrites the index. A crash at any point leaves every manifest naming only complete files:
+//! the old manifest with its old segments, or the new one.
+//!
+//! **Recovery** at start reads the index (and any entry directory the index missed), removes
+//! temp files and unreferenced segments, validates each manifest (its own checksum, format,
+//! fingerprint, shape, codecs, layout), decodes its segments, checks every block's CRC and
+//! hands the chain to the engine, which recomputes each block hash before it loads anything.
+//! A damaged or mismatched entry is skipped with a logged, counted reason; its session's next
+//! turn prefills from the turn log (the database), so wrong KV is never served.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use engram_engine::{
+    ChainKey, CollectRequest, CollectedBytes, Engine, EngineError, Hex32, KvFormat, RestoreChain,
+    RestoreReport, ShadowBlock, ShadowChain,
+};
+use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+use engram_kvcore::{BlockPart, BlockStream, CodecKind, KvError, SessionId, TenantId};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Version of the manifest and index format.
+pub const FORMAT: u32 = 1;
+
+/// Why the shadow failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ShadowError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The engine refused or failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A segment could not be encoded or decoded.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// A file is not a valid shadow file.
+    #[error("{what}: {reason}")]
+    Invalid {
+        /// The file or entry.
+        what: String,
+        /// What is wrong (a stable reason code first).
+        reason: String,
+    },
+    /// The session has no shadow entry.
+    #[error("no shadowed cache for this session")]
+    NotFound,
+}
+
+type Result<T> = std::result::Result<T, ShadowError>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ShadowError + '_ {
+    move |source| ShadowError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid(what: impl Into<String>, reason: impl Into<String>) -> ShadowError {
+    ShadowError::Invalid {
+        what: what.into(),
+        reason: reason.into(),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Writes `bytes` to `path` atomically and durably: temp file, fsync, rename, directory fsync.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| invalid(path.display().to_string(), "no parent directory"))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    {
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+    }
+    fs::rename(&tmp, path).map_err(io(path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(())
+}
+
+/// A file with a CRC-32C line in front of its JSON body.
+fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let body =
+        serde_json::to_vec(value).map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
+    let mut out = format!("{:08x}\n", checksum(&body)).into_bytes();
+    out.extend_from_slice(&body);
+    write_atomic(path, &out)
+}
+
+fn read_checked_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let bytes = fs::read(path).map_err(io(path))?;
+    let what = || path.display().to_string();
+    let nl = bytes
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| invalid(what(), "checksum: no checksum line"))?;
+    let crc = std::str::from_utf8(&bytes[..nl])
+        .ok()
+        .and_then(|s| u32::from_str_radix(s, 16).ok())
+        .ok_or_else(|| invalid(what(), "checksum: unreadable checksum line"))?;
+    let body = &bytes[nl + 1..];
+    if checksum(body) != crc {
+        return Err(invalid(what(), "checksum: the file is damaged"));
+    }
+    serde_json::from_slice(body).map_err(|e| invalid(what(), format!("format: {e}")))
+}
+
+/// A block part as the manifest records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartInfo {
+    /// Stream.
+    pub stream: BlockStream,
+    /// Layer.
+    pub layer: usize,
+    /// Offset in a block's bytes.
+    pub offset: usize,
+    /// `[pos, kv_head, bytes]`.
+    pub shape: [usize; 3],
+}
+
+impl From<&BlockPart> for PartInfo {
+    fn from(p: &BlockPart) -> Self {
+        Self {
+            stream: p.stream,
+            layer: p.layer,
+            offset: p.offset,
+            shape: p.shape,
+        }
+    }
+}
+
+impl From<&PartInfo> for BlockPart {
+    fn from(p: &PartInfo) -> Self {
+        Self {
+            stream: p.stream,
+            layer: p.layer,
+            offset: p.offset,
+            shape: p.shape,
+        }
+    }
+}
+
+/// The KV format a manifest was written with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FormatInfo {
+    /// The engine's KV fingerprint.
+    pub fingerprint: Hex32,
+    /// `[layers, kv_heads, head_dim, block_size]`.
+    pub shape: [usize; 4],
+    /// Codec per layer.
+    pub codecs: Vec<CodecKind>,
+    /// Bytes of one block.
+    pub block_bytes: usize,
+    /// Byte layout of one block.
+    pub parts: Vec<PartInfo>,
+}
+
+impl FormatInfo {
+    fn of(kv: &KvFormat) -> Self {
+        Self {
+            fingerprint: Hex32(kv.fingerprint),
+            shape: [
+                kv.shape.layers,
+                kv.shape.kv_heads,
+                kv.shape.head_dim,
+                kv.shape.block_size,
+            ],
+            codecs: kv.codecs.clone(),
+            block_bytes: kv.block_bytes,
+            parts: kv.parts.iter().map(PartInfo::from).collect(),
+        }
+    }
+
+    /// `None` when `self` matches `kv`; otherwise the reason code of the first difference.
+    fn mismatch(&self, kv: &KvFormat) -> Option<&'static str> {
+        let own = Self::of(kv);
+        if self.shape != own.shape {
+            Some("shape_mismatch")
+        } else if self.codecs != own.codecs {
+            Some("codec_mismatch")
+        } else if self.block_bytes != own.block_bytes || self.parts != own.parts {
+            Some("layout_mismatch")
+        } else if self.fingerprint != own.fingerprint {
+            Some("model_mismatch")
+        } else {
+            None
+        }
+    }
+
+    fn parts(&self) -> Vec<BlockPart> {
+        self.parts.iter().map(BlockPart::from).collect()
+    }
+}
+
+/// Whether an entry is a session or a shared prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// A session's blocks after its prefix.
+    Session,
+    /// Leading stable-prefix blocks shared by sessions.
+    Prefix,
+}
+
+/// One block in a manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestBlock {
+    /// What the block is.
+    #[serde(flatten)]
+    pub block: ShadowBlock,
+    /// Segment file holding its bytes.
+    pub segment: String,
+    /// Row in that segment.
+    pub row: usize,
+    /// CRC-32C of its bytes.
+    pub crc32c: u32,
+}
+
+/// A session entry's reference to its prefix entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixRef {
+    /// The prefix entry's id.
+    pub id: String,
+    /// Its blocks.
+    pub blocks: usize,
+}
+
+/// One entry's manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// Entry id.
+    pub id: String,
+    /// Session or prefix.
+    pub kind: EntryKind,
+    /// Tenant salt.
+    pub tenant: u64,
+    /// Session key (session entries).
+    pub session: Option<u64>,
+    /// The KV format.
+    pub kv: FormatInfo,
+    /// The prefix entry (session entries with a stable prefix).
+    pub prefix: Option<PrefixRef>,
+    /// Leading blocks of the whole chain (prefix included) that are stable.
+    pub stable_blocks: usize,
+    /// Pin key of the tenant's stable blocks.
+    pub pin_key: Option<Hex32>,
+    /// Pin key of public blocks.
+    pub public_pin_key: Option<Hex32>,
+    /// Last update, ms since the Unix epoch.
+    pub updated_unix_ms: u64,
+    /// Blocks in chain order.
+    pub blocks: Vec<ManifestBlock>,
+}
+
+impl Manifest {
+    fn segments(&self) -> HashSet<&str> {
+        self.blocks.iter().map(|b| b.segment.as_str()).collect()
+    }
+}
+
+/// One row of the index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct IndexEntry {
+    /// Entry id.
+    pub id: String,
+    /// Session or prefix.
+    pub kind: EntryKind,
+    /// Tenant salt.
+    pub tenant: u64,
+    /// Session key.
+    pub session: Option<u64>,
+    /// Blocks.
+    pub blocks: usize,
+    /// Bytes of its segments.
+    pub bytes: u64,
+    /// Last update, ms since the Unix epoch.
+    pub updated_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Index {
+    format: u32,
+    entries: Vec<IndexEntry>,
+}
+
+/// How the recovery at start ended for one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RecoveryEntry {
+    /// Entry id.
+    pub id: String,
+    /// Session or prefix.
+    pub kind: EntryKind,
+    /// Tenant salt.
+    pub tenant: u64,
+    /// Session key.
+    pub session: Option<u64>,
+    /// `recovered`, or the reason it was skipped (`checksum`, `format`, `missing_segment`,
+    /// `model_mismatch`, `shape_mismatch`, `codec_mismatch`, `layout_mismatch`,
+    /// `hash_mismatch`, `prefix_unusable`, `io`).
+    pub outcome: String,
+    /// Blocks loaded into the cold tier.
+    pub loaded: usize,
+    /// Tokens the recovered chain covers.
+    pub tokens: usize,
+    /// CRC-32C of each recovered block of the entry, in chain order.
+    pub crc32c: Vec<u32>,
+}
+
+/// The shadow's state, for the admin endpoint and `/metrics`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ShadowStatus {
+    /// Shadow directory.
+    pub dir: String,
+    /// Seconds between flushes.
+    pub interval_ms: u64,
+    /// Last successful flush, ms since the Unix epoch.
+    pub last_write_unix_ms: Option<u64>,
+    /// Its duration.
+    pub last_write_ms: Option<f64>,
+    /// Flushes that succeeded.
+    pub writes: u64,
+    /// Flushes that failed.
+    pub failures: u64,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// Bytes written to segment files so far.
+    pub bytes_written: u64,
+    /// Blocks written so far.
+    pub blocks_written: u64,
+    /// Session entries on disk.
+    pub sessions: usize,
+    /// Prefix entries on disk.
+    pub prefixes: usize,
+    /// Bytes of all segment files on disk.
+    pub bytes_on_disk: u64,
+    /// What the recovery at start did, entry by entry.
+    pub recovery: Vec<RecoveryEntry>,
+    /// Recovery outcomes counted by result.
+    pub recovery_counts: BTreeMap<String, u64>,
+    /// Temp files and unreferenced segments removed at start.
+    pub cleaned_files: usize,
+    /// Recovery duration.
+    pub recovery_ms: f64,
+}
+
+/// What one flush wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct FlushReport {
+    /// Chains the engine reported changed.
+    pub chains: usize,
+    /// Entries whose manifest was rewritten.
+    pub entries: usize,
+    /// New blocks written.
+    pub blocks: usize,
+    /// Bytes of new segment files.
+    pub bytes: u64,
+    /// Wall time, ms.
+    pub ms: f64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    manifests: HashMap<String, Manifest>,
+    written: HashMap<ChainKey, u64>,
+    segment_seq: u64,
+}
+
+/// The shadow writer and reader (see the module docs).
+#[derive(Debug)]
+pub struct Shadow {
+    root: PathBuf,
+    state: tokio::sync::Mutex<State>,
+    status: Mutex<ShadowStatus>,
+}
+
+/// The id of a session's entry.
+pub fn session_entry_id(tenant: TenantId, session: SessionId) -> String {
+    format!("s-{:016x}-{:016x}", tenant.0, session.0)
+}
+
+fn prefix_entry_id(last: &Hex32) -> String {
+    format!("p-{}", last.to_hex())
+}
+
+impl Shadow {
+    /// A shadow rooted at `root` (created if missing).
+    pub fn open(root: &Path, interval_ms: u64) -> Result<Self> {
+        fs::create_dir_all(root.join("entries")).map_err(io(root))?;
+        Ok(Self {
+            root: root.to_path_buf(),
+            state: tokio::sync::Mutex::new(State::default()),
+            status: Mutex::new(ShadowStatus {
+                dir: root.display().to_string(),
+                interval_ms,
+                ..ShadowStatus::default()
+            }),
+        })
+    }
+
+    /// The shadow directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A copy of the status.
+    pub fn status(&self) -> ShadowStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn entry_dir(&self, id: &str) -> PathBuf {
+        self.root.join("entries").join(id)
+    }
+
+    fn update_status(&self, f: impl FnOnce(&mut ShadowStatus)) {
+        if let Ok(mut s) = self.status.lock() {
+            f(&mut s);
+        }
+    }
+
+    /// Writes every chain that changed (or only `only`, whatever its generation); records the
+    /// outcome in the status.
+    pub async fn flush(&self, engine: &Engine, only: Option<ChainKey>) -> Result<FlushReport> {
+        let started = Instant::now();
+        let result = self.flush_inner(engine, only).await;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        match &result {
+            Ok(r) => self.update_status(|s| {
+                s.writes += 1;
+                s.last_write_unix_ms = Some(now_ms());
+                s.last_write_ms = Some(ms);
+                s.bytes_written += r.bytes;
+                s.blocks_written += r.blocks as u64;
+            }),
+            Err(e) => self.update_status(|s| {
+                s.failures += 1;
+                s.last_error = Some(e.to_string());
+            }),
+        }
+        result.map(|r| FlushReport { ms, ..r })
+    }
+
+    async fn flush_inner(&self, engine: &Engine, only: Option<ChainKey>) -> Result<FlushReport> {
+        let mut state = self.state.lock().await;
+        let known: HashSet<[u8; 32]> = state
+            .manifests
+            .values()
+            .flat_map(|m| m.blocks.iter().map(|b| b.block.hash.0))
+            .collect();
+        let req = CollectRequest {
+            written: state.written.clone(),
+            known,
+            only,
+        };
+        let chains = engine
+            .shadow_collect(req)?
+            .recv_async()
+            .await
+            .map_err(|_| EngineError::Stopped)??;
+        if chains.is_empty() {
+            return Ok(FlushReport::default());
+        }
+        let kv = FormatInfo::of(engine.kv_format());
+        let root = self.root.clone();
+        let taken = std::mem::take(&mut *state);
+        let (new_state, report) = tokio::task::spawn_blocking(move || {
+            let mut st = taken;
+            let r = write_chains(&root, &kv, &mut st, chains);
+            (st, r)
+        })
+        .await
+        .map_err(|e| invalid("flush", e.to_string()))?;
+        *state = new_state;
+        let report = report?;
+        let (sessions, prefixes, bytes) = totals(&self.root, &state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(report)
+    }
+
+    /// Recovers every entry into the engine (see the module docs); returns the per-entry
+    /// outcomes (also kept in the status).
+    pub async fn recover(&self, engine: &Engine) -> Result<Vec<RecoveryEntry>> {
+        let started = Instant::now();
+        let root = self.root.clone();
+        let kv = engine.kv_format().clone();
+        let (loaded, cleaned) = tokio::task::spawn_blocking(move || load_all(&root, &kv))
+            .await
+            .map_err(|e| invalid("recover", e.to_string()))??;
+        let mut state = self.state.lock().await;
+        let mut outcomes = Vec::new();
+        let mut good_prefix: HashMap<String, Vec<(ShadowBlock, Vec<u8>)>> = HashMap::new();
+        // Prefixes first: sessions chain onto them.
+        let (prefixes, sessions): (Vec<_>, Vec<_>) = loaded
+            .into_iter()
+            .partition(|e| e.kind == EntryKind::Prefix);
+        for entry in prefixes.into_iter().chain(sessions) {
+            let mut out = RecoveryEntry {
+                id: entry.id.clone(),
+                kind: entry.kind,
+                tenant: entry.tenant,
+                session: entry.session,
+                outcome: String::new(),
+                loaded: 0,
+                tokens: 0,
+                crc32c: Vec::new(),
+            };
+            let manifest = match entry.result {
+                Ok(m) => m,
+                Err(reason) => {
+                    tracing_skip(&entry.id, &reason);
+                    out.outcome = reason;
+                    outcomes.push(out);
+                    continue;
+                }
+            };
+            let (manifest, blocks) = manifest;
+            let mut chain_blocks = Vec::new();
+            if let Some(p) = &manifest.prefix {
+                match good_prefix.get(&p.id) {
+                    Some(pb) if pb.len() >= p.blocks => {
+                        chain_blocks.extend(pb[..p.blocks].iter().cloned());
+                    }
+                    _ => {
+                        tracing_skip(&entry.id, "prefix_unusable");
+                        out.outcome = "prefix_unusable".into();
+                        outcomes.push(out);
+                        continue;
+                    }
+                }
+            }
+            chain_blocks.extend(
+                manifest
+                    .blocks
+                    .iter()
+                    .map(|b| b.block.clone())
+                    .zip(blocks.iter().cloned()),
+            );
+            let chain = RestoreChain {
+                tenant: TenantId(manifest.tenant),
+                session: manifest.session.map(SessionId),
+                stable_blocks: manifest.stable_blocks,
+                pin_key: manifest.pin_key,
+                public_pin_key: manifest.public_pin_key,
+                blocks: chain_blocks.clone(),
+            };
+            // A prefix on its own is loaded too (its sessions then find it present).
+            let restored = engine_restore(engine, chain).await;
+            match restored {
+                Ok(report) => {
+                    out.outcome = "recovered".into();
+                    out.loaded = report.loaded;
+                    out.tokens = report.tokens;
+                    out.crc32c = manifest.blocks.iter().map(|b| b.crc32c).collect();
+                    if manifest.kind == EntryKind::Prefix {
+                        good_prefix.insert(manifest.id.clone(), chain_blocks);
+                    } else if report.generation > 0 {
+                        state.written.insert(
+                            (TenantId(manifest.tenant), SessionId(manifest.session.unwrap_or(0))),
+                            report.generation,
+                        );
+                    }
+                    state.manifests.insert(manifest.id.clone(), manifest);
+                }
+                Err(ShadowError::Engine(EngineError::ShadowMismatch { reason, .. })) => {
+                    tracing_skip(&entry.id, reason);
+                    out.outcome = "hash_mismatch".into();
+                }
+                Err(e) => {
+                    tracing_skip(&entry.id, &e.to_string());
+                    out.outcome = "engine".into();
+                }
+            }
+            outcomes.push(out);
+        }
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for o in &outcomes {
+            *counts.entry(o.outcome.clone()).or_default() += 1;
+        }
+        let (sessions, prefixes, bytes) = totals(&self.root, &state);
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        self.update_status(|s| {
+            s.recovery = outcomes.clone();
+            s.recovery_counts = counts;
+            s.cleaned_files = cleaned;
+            s.recovery_ms = ms;
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(outcomes)
+    }
+
+    /// The chain of one session as the shadow holds it (prefix blocks first), with bytes.
+    pub async fn read_session(
+        &self,
+        kv: &KvFormat,
+        key: ChainKey,
+    ) -> Result<(Manifest, Vec<(ShadowBlock, Vec<u8>)>)> {
+        let state = self.state.lock().await;
+        let id = session_entry_id(key.0, key.1);
+        let manifest = state.manifests.get(&id).cloned().ok_or(ShadowError::NotFound)?;
+        let prefix = manifest
+            .prefix
+            .as_ref()
+            .and_then(|p| state.manifests.get(&p.id).cloned());
+        drop(state);
+        let root = self.root.clone();
+        let kv = kv.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut blocks = Vec::new();
+            if let (Some(p), Some(r)) = (prefix, manifest.prefix.as_ref()) {
+                let pb = read_blocks(&root, &p, &kv)?;
+                blocks.extend(pb.into_iter().take(r.blocks));
+            }
+            blocks.extend(read_blocks(&root, &manifest, &kv)?);
+            Ok((manifest, blocks))
+        })
+        .await
+        .map_err(|e| invalid("read", e.to_string()))?
+    }
+}
+
+fn tracing_skip(id: &str, reason: &str) {
+    eprintln!("engram: shadow: skipped entry {id}: {reason} (its session recomputes)");
+}
+
+pub(crate) async fn engine_restore(engine: &Engine, chain: RestoreChain) -> Result<RestoreReport> {
+    Ok(engine
+        .shadow_restore(chain)?
+        .recv_async()
+        .await
+        .map_err(|_| EngineError::Stopped)??)
+}
+
+
+/// Counts of entries and bytes on disk.
+fn totals(root: &Path, state: &State) -> (usize, usize, u64) {
+    let mut sessions = 0;
+    let mut prefixes = 0;
+    let mut bytes = 0;
+    for m in state.manifests.values() {
+        match m.kind {
+            EntryKind::Session => sessions += 1,
+            EntryKind::Prefix => prefixes += 1,
+        }
+        for seg in m.segments() {
+            bytes += fs::metadata(root.join("entries").join(&m.id).join(seg))
+                .map(|md| md.len())
+                .unwrap_or(0);
+        }
+    }
+    (sessions, prefixes, bytes)
+}
+
+/// Reads and checks every block of a manifest (CRC of each block).
+fn read_blocks(root: &Path, m: &Manifest, kv: &KvFormat) -> Result<Vec<(ShadowBlock, Vec<u8>)>> {
+    if let Some(reason) = m.kv.mismatch(kv) {
+        return Err(invalid(&m.id, reason));
+    }
+    let parts = m.kv.parts();
+    let dir = root.join("entries").join(&m.id);
+    let mut segments: HashMap<&str, Vec<Vec<u8>>> = HashMap::new();
+    for seg in m.segments() {
+        let path = dir.join(seg);
+        let bytes = fs::read(&path).map_err(|_| invalid(&m.id, "missing_segment"))?;
+        let decoded = decode_segment(&parts, &bytes).map_err(|_| invalid(&m.id, "format"))?;
+        segments.insert(seg, decoded.blocks);
+    }
+    m.blocks
+        .iter()
+        .map(|b| {
+            let bytes = segments
+                .get(b.segment.as_str())
+                .and_then(|s| s.get(b.row))
+                .ok_or_else(|| invalid(&m.id, "missing_segment"))?;
+            if checksum(bytes) != b.crc32c {
+                return Err(invalid(&m.id, "checksum"));
+            }
+            Ok((b.block.clone(), bytes.clone()))
+        })
+        .collect()
+}
+
+/// An entry as read from disk: its manifest and blocks, or the reason it is unusable.
+struct LoadedEntry {
+    id: String,
+    kind: EntryKind,
+    tenant: u64,
+    session: Option<u64>,
+    result: std::result::Result<(Manifest, Vec<Vec<u8>>), String>,
+}
+
+/// Reads every entry (index ∪ entry directories), cleaning temp files and orphan segments.
+fn load_all(root: &Path, kv: &KvFormat) -> Result<(Vec<LoadedEntry>, usize)> {
+    let entries_dir = root.join("entries");
+    let mut ids: Vec<String> = Vec::new();
+    let mut cleaned = 0;
+    if let Ok(index) = read_checked_json::<Index>(&root.join("index.json")) {
+        ids.extend(index.entries.into_iter().map(|e| e.id));
+    }
+    for dirent in fs::read_dir(&entries_dir).map_err(io(&entries_dir))? {
+        let dirent = dirent.map_err(io(&entries_dir))?;
+        let name = dirent.file_name().to_string_lossy().into_owned();
+        if dirent.path().is_dir() && !ids.contains(&name) {
+            ids.push(name);
+        }
+    }
+    for tmp in [root.join(".index.json.tmp")] {
+        if fs::remove_file(&tmp).is_ok() {
+            cleaned += 1;
+        }
+    }
+    ids.sort();
+    let mut out = Vec::new();
+    for id in ids {
+        let dir = entries_dir.join(&id);
+        if !dir.is_dir() {
+            continue;
+        }
+        let manifest = read_checked_json::<Manifest>(&dir.join("manifest.json"));
+        // Remove temp files, and segments the manifest does not name (a crash between a
+        // segment and its manifest).
+        let keep: HashSet<String> = manifest
+            .as_ref()
+            .map(|m| m.segments().into_iter().map(String::from).collect())
+            .unwrap_or_default();
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for f in rd.flatten() {
+                let name = f.file_name().to_string_lossy().into_owned();
+                let orphan = name.ends_with(".tmp")
+                    || (manifest.is_ok()
+                        && name.starts_with("seg-")
+                        && !keep.contains(&name));
+                if orphan && fs::remove_file(f.path()).is_ok() {
+                    cleaned += 1;
+                }
+            }
+        }
+        let (kind, tenant, session) = match &manifest {
+            Ok(m) => (m.kind, m.tenant, m.session),
+            Err(_) if id.starts_with("p-") => (EntryKind::Prefix, 0, None),
+            Err(_) => (EntryKind::Session, 0, None),
+        };
+        let result = manifest
+            .map_err(|e| reason_of(&e))
+            .and_then(|m| {
+                if m.format != FORMAT || m.id != id {
+                    return Err("format".to_string());
+                }
+                let blocks = read_blocks(root, &m, kv).map_err(|e| reason_of(&e))?;
+                Ok((m, blocks.into_iter().map(|(_, b)| b).collect()))
+            });
+        out.push(LoadedEntry {
+            id,
+            kind,
+            tenant,
+            session,
+            result,
+        });
+    }
+    Ok((out, cleaned))
+}
+
+fn reason_of(e: &ShadowError) -> String {
+    match e {
+        ShadowError::Invalid { reason, .. } => reason
+            .split(':')
+            .next()
+            .unwrap_or("format")
+            .trim()
+            .to_string(),
+        ShadowError::Io { .. } => "io".into(),
+        _ => "format".into(),
+    }
+}
+
+/// Writes the entries of the collected chains, then the index (runs on a blocking thread).
+fn write_chains(
+    root: &Path,
+    kv: &FormatInfo,
+    st: &mut State,
+    chains: Vec<ShadowChain>,
+) -> Result<FlushReport> {
+    let mut report = FlushReport {
+        chains: chains.len(),
+        ..FlushReport::default()
+    };
+    // Where every block the shadow holds is, for blocks another entry already wrote.
+    let mut located: HashMap<[u8; 32], (String, String, usize, u32)> = HashMap::new();
+    for m in st.manifests.values() {
+        for b in &m.blocks {
+            located.insert(
+                b.block.hash.0,
+                (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
+            );
+        }
+    }
+    let parts = kv.parts();
+    let mut decoded: HashMap<(String, String), Vec<Vec<u8>>> = HashMap::new();
+    for chain in chains {
+        let key = (chain.tenant, chain.session);
+        // The usable chain ends at the first block with no bytes anywhere.
+        let usable = chain
+            .bytes
+            .iter()
+            .position(|b| matches!(b, CollectedBytes::Missing))
+            .unwrap_or(chain.blocks.len());
+        let p = chain.stable_blocks.min(usable);
+        let mut prefix_ref = None;
+        if p > 0 {
+            let id = prefix_entry_id(&chain.blocks[p - 1].hash);
+            if !st.manifests.contains_key(&id) {
+                let m = write_entry(
+                    root,
+                    kv,
+                    &parts,
+                    st,
+                    &located,
+                    &mut decoded,
+                    EntrySpec {
+                        id: id.clone(),
+                        kind: EntryKind::Prefix,
+                        chain: &chain,
+                        range: 0..p,
+                        prefix: None,
+                    },
+                    &mut report,
+                )?;
+                for b in &m.blocks {
+                    located.insert(
+                        b.block.hash.0,
+                        (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
+                    );
+                }
+                st.manifests.insert(id.clone(), m);
+            }
+            prefix_ref = Some(PrefixRef { id, blocks: p });
+        }
+        let id = session_entry_id(chain.tenant, chain.session);
+        let m = write_entry(
+            root,
+            kv,
+            &parts,
+            st,
+            &located,
+            &mut decoded,
+            EntrySpec {
+                id: id.clone(),
+                kind: EntryKind::Session,
+                chain: &chain,
+                range: p..usable,
+                prefix: prefix_ref,
+            },
+            &mut report,
+        )?;
+        for b in &m.blocks {
+            located.insert(
+                b.block.hash.0,
+                (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
+            );
+        }
+        st.manifests.insert(id, m);
+        st.written.insert(key, chain.generation);
+    }
+    // Prefix entries no session names any more.
+    let used: HashSet<String> = st
+        .manifests
+        .values()
+        .filter_map(|m| m.prefix.as_ref().map(|p| p.id.clone()))
+        .collect();
+    let unused: Vec<String> = st
+        .manifests
+        .values()
+        .filter(|m| m.kind == EntryKind::Prefix && !used.contains(&m.id))
+        .map(|m| m.id.clone())
+        .collect();
+    write_index(root, st, &unused)?;
+    for id in unused {
+        st.manifests.remove(&id);
+        let _ = fs::remove_dir_all(root.join("entries").join(&id));
+    }
+    Ok(report)
+}
+
+fn write_index(root: &Path, st: &State, leaving: &[String]) -> Result<()> {
+    let mut entries: Vec<IndexEntry> = st
+        .manifests
+        .values()
+        .filter(|m| !leaving.contains(&m.id))
+        .map(|m| IndexEntry {
+            id: m.id.clone(),
+            kind: m.kind,
+            tenant: m.tenant,
+            session: m.session,
+            blocks: m.blocks.len(),
+            bytes: (m.blocks.len() * m.kv.block_bytes) as u64,
+            updated_unix_ms: m.updated_unix_ms,
+        })
+        .collect();
+    entries.sort_by(|a, b| a.id.cmp(&b.id));
+    write_checked_json(
+        &root.join("index.json"),
+        &Index {
+            format: FORMAT,
+            entries,
+        },
+    )
+}
+
+struct EntrySpec<'a> {
+    id: String,
+    kind: EntryKind,
+    chain: &'a ShadowChain,
+    range: std::ops::Range<usize>,
+    prefix: Option<PrefixRef>,
+}
+
+/// Writes one entry: new blocks as one segment, then the manifest, then drops old segments.
+#[allow(clippy::too_many_arguments)]
+fn write_entry(
+    root: &Path,
+    kv: &FormatInfo,
+    parts: &[BlockPart],
+    st: &mut State,
+    located: &HashMap<[u8; 32], (String, String, usize, u32)>,
+    decoded: &mut HashMap<(String, String), Vec<Vec<u8>>>,
+    spec: EntrySpec<'_>,
+    report: &mut FlushReport,
+) -> Result<Manifest> {
+    let dir = root.join("entries").join(&spec.id);
+    fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let old = st.manifests.get(&spec.id);
+    let own: HashMap<[u8; 32], &ManifestBlock> = old
+        .map(|m| m.blocks.iter().map(|b| (b.block.hash.0, b)).collect())
+        .unwrap_or_default();
+    st.segment_seq += 1;
+    let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
+    let mut fresh: Vec<Vec<u8>> = Vec::new();
+    let mut blocks = Vec::with_capacity(spec.range.len());
+    for i in spec.range.clone() {
+        let mut block = spec.chain.blocks[i].clone();
+        let hash = block.hash.0;
+        if let Some(b) = own.get(&hash) {
+            // Keep what the entry recorded (the engine's view of an evicted block is partial).
+            block = b.block.clone();
+            blocks.push(ManifestBlock {
+                block,
+                segment: b.segment.clone(),
+                row: b.row,
+                crc32c: b.crc32c,
+            });
+            continue;
+        }
+        let bytes = match &spec.chain.bytes[i] {
+            CollectedBytes::New(bytes) => bytes.clone(),
+            CollectedBytes::Known => {
+                let (entry, seg, row, crc) = located
+                    .get(&hash)
+                    .cloned()
+                    .ok_or_else(|| invalid(&spec.id, "a known block has no location"))?;
+                let k = (entry.clone(), seg.clone());
+                if !decoded.contains_key(&k) {
+                    let path = root.join("entries").join(&entry).join(&seg);
+                    let raw = fs::read(&path).map_err(io(&path))?;
+                    decoded.insert(k.clone(), decode_segment(parts, &raw)?.blocks);
+                }
+                let bytes = decoded
+                    .get(&k)
+                    .and_then(|s| s.get(row))
+                    .cloned()
+                    .ok_or_else(|| invalid(&spec.id, "a known block is missing"))?;
+                if checksum(&bytes) != crc {
+                    return Err(invalid(&spec.id, "checksum: a known block is damaged"));
+                }
+                bytes
+            }
+            CollectedBytes::Missing => break,
+        };
+        blocks.push(ManifestBlock {
+            block,
+            segment: seg_name.clone(),
+            row: fresh.len(),
+            crc32c: checksum(&bytes),
+        });
+        fresh.push(bytes);
+    }
+    if !fresh.is_empty() {
+        let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+        let data = encode_segment(parts, &refs, None)?;
+        write_atomic(&dir.join(&seg_name), &data)?;
+        report.blocks += fresh.len();
+        report.bytes += data.len() as u64;
+    }
+    let chain = spec.chain;
+    let manifest = Manifest {
+        format: FORMAT,
+        id: spec.id.clone(),
+        kind: spec.kind,
+        tenant: chain.tenant.0,
+        session: (spec.kind == EntryKind::Session).then_some(chain.session.0),
+        kv: kv.clone(),
+        prefix: spec.prefix,
+        stable_blocks: chain.stable_blocks,
+        pin_key: chain.pin_key,
+        public_pin_key: chain.public_pin_key,
+        updated_unix_ms: now_ms(),
+        blocks,
+    };
+    if old == Some(&manifest) {
+        return Ok(manifest);
+    }
+    write_checked_json(&dir.join("manifest.json"), &manifest)?;
+    report.entries += 1;
+    // Segments the new manifest does not name.
+    let keep = manifest.segments();
+    if let Ok(rd) = fs::read_dir(&dir) {
+        for f in rd.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with("seg-") && !keep.contains(name.as_str()) {
+                let _ = fs::remove_file(f.path());
+            }
+        }
+    }
+    Ok(manifest)
+}
+
+/// What `engram shadow verify` found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    /// Entries checked.
+    pub entries: usize,
+    /// Entries whose every check passed.
+    pub ok: usize,
+    /// `(entry, reason)` of the others.
+    pub damaged: Vec<(String, String)>,
+    /// Blocks checked.
+    pub blocks: usize,
+    /// Bytes of the segment files read.
+    pub bytes: u64,
+}
+
+/// Checks a shadow directory offline: manifests' checksums and format, every segment decodes
+/// with the manifest's layout, every block's CRC, and every chain hash (recomputed from the
+/// recorded fingerprint, salt, parent and tokens).
+pub fn verify(root: &Path) -> Result<VerifyReport> {
+    let entries_dir = root.join("entries");
+    let mut report = VerifyReport::default();
+    let mut manifests: HashMap<String, Manifest> = HashMap::new();
+    let mut ids: Vec<String> = fs::read_dir(&entries_dir)
+        .map_err(io(&entries_dir))?
+        .flatten()
+        .filter(|d| d.path().is_dir())
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .collect();
+    ids.sort();
+    // Prefix entries first, so session chains can continue from them.
+    ids.sort_by_key(|id| !id.starts_with("p-"));
+    for id in ids {
+        report.entries += 1;
+        let dir = entries_dir.join(&id);
+        let checked = read_checked_json::<Manifest>(&dir.join("manifest.json")).and_then(|m| {
+            if m.format != FORMAT || m.id != id {
+                return Err(invalid(&id, "format"));
+            }
+            let parts = m.kv.parts();
+            let mut segs: HashMap<&str, Vec<Vec<u8>>> = HashMap::new();
+            for seg in m.segments() {
+                let path = dir.join(seg);
+                let raw = fs::read(&path).map_err(|_| invalid(&id, "missing_segment"))?;
+                report.bytes += raw.len() as u64;
+                let d = decode_segment(&parts, &raw).map_err(|_| invalid(&id, "format"))?;
+                segs.insert(seg, d.blocks);
+            }
+            let mut parent = match &m.prefix {
+                Some(p) => {
+                    let pm = manifests
+                        .get(&p.id)
+                        .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
+                    let last = p
+                        .blocks
+                        .checked_sub(1)
+                        .and_then(|i| pm.blocks.get(i))
+                        .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
+                    Some(last.block.hash.0)
+                }
+                None => None,
+            };
+            for b in &m.blocks {
+                let bytes = segs
+                    .get(b.segment.as_str())
+                    .and_then(|s| s.get(b.row))
+                    .ok_or_else(|| invalid(&id, "missing_segment"))?;
+                if checksum(bytes) != b.crc32c {
+                    return Err(invalid(&id, "checksum"));
+                }
+                let salt = if b.block.public { 0 } else { m.tenant };
+                let h = engram_engine::chain_hash(
+                    &m.kv.fingerprint.0,
+                    salt,
+                    parent.as_ref(),
+                    &b.block.tokens,
+                );
+                if h != b.block.hash.0 {
+                    return Err(invalid(&id, "hash_mismatch"));
+                }
+                parent = Some(h);
+                report.blocks += 1;
+            }
+            Ok(m)
+        });
+        match checked {
+            Ok(m) => {
+                report.ok += 1;
+                manifests.insert(id, m);
+            }
+            Err(e) => report.damaged.push((id, reason_of(&e))),
+        }
+    }
+    Ok(report)
+}
+
+/// The metadata key of an exported session's manifest.
+pub const EXPORT_KEY: &str = "engram.session";
+
+/// An exported session: every block (prefix first) in one safetensors file, with the format
+/// and the block list in its header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportHeader {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The KV format.
+    pub kv: FormatInfo,
+    /// Leading stable blocks.
+    pub stable_blocks: usize,
+    /// Blocks in chain order, with the CRC of each block's bytes.
+    pub blocks: Vec<ExportBlock>,
+}
+
+/// One exported block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportBlock {
+    /// What the block is.
+    #[serde(flatten)]
+    pub block: ShadowBlock,
+    /// CRC-32C of its bytes.
+    pub crc32c: u32,
+}
+
+/// Encodes a session's blocks as one safetensors file.
+pub fn export_file(
+    kv: &KvFormat,
+    stable_blocks: usize,
+    blocks: &[(ShadowBlock, Vec<u8>)],
+) -> Result<Vec<u8>> {
+    let header = ExportHeader {
+        format: FORMAT,
+        kv: FormatInfo::of(kv),
+        stable_blocks,
+        blocks: blocks
+            .iter()
+            .map(|(b, bytes)| ExportBlock {
+                block: b.clone(),
+                crc32c: checksum(bytes),
+            })
+            .collect(),
+    };
+    let json = serde_json::to_string(&header).map_err(|e| invalid("export", e.to_string()))?;
+    let refs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
+    Ok(encode_segment(
+        &kv.parts,
+        &refs,
+        Some(HashMap::from([(EXPORT_KEY.to_string(), json)])),
+    )?)
+}
+
+/// Decodes an exported session for `kv`, re-hashing its chain for `tenant` (a session may be
+/// imported by another tenant: the KV of the same tokens is the same, only the salt differs).
+pub fn import_file(
+    kv: &KvFormat,
+    tenant: TenantId,
+    bytes: &[u8],
+) -> Result<(usize, Vec<(ShadowBlock, Vec<u8>)>)> {
+    let seg = decode_segment(&kv.parts, bytes).map_err(|e| invalid("import", e.to_string()))?;
+    let json = seg
+        .metadata
+        .get(EXPORT_KEY)
+        .ok_or_else(|| invalid("import", "format: no engram.session header"))?;
+    let header: ExportHeader =
+        serde_json::from_str(json).map_err(|e| invalid("import", format!("format: {e}")))?;
+    if header.format != FORMAT || header.blocks.len() != seg.blocks.len() {
+        return Err(invalid("import", "format: block count or version differs"));
+    }
+    if let Some(reason) = header.kv.mismatch(kv) {
+        return Err(invalid("import", reason));
+    }
+    let mut parent: Option<[u8; 32]> = None;
+    let mut out = Vec::with_capacity(seg.blocks.len());
+    for (b, bytes) in header.blocks.into_iter().zip(seg.blocks) {
+        if checksum(&bytes) != b.crc32c {
+            return Err(invalid("import", "checksum"));
+        }
+        let mut block = b.block;
+        let salt = if block.public { 0 } else { tenant.0 };
+        let h = engram_engine::chain_hash(&kv.fingerprint, salt, parent.as_ref(), &block.tokens);
+        block.hash = Hex32(h);
+        parent = Some(h);
+        out.push((block, bytes));
+    }
+    Ok((header.stable_blocks, out))
+}
