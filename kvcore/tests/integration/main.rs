@@ -10,4 +10,5 @@ mod errors;
 mod eviction;
 mod pins;
 mod refcount;
+mod shadow;
 mod tiers;

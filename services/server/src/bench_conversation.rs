@@ -152,29 +152,6 @@ pub struct RunSummary {
     pub reservations: Value,
 }
 
-/// One JSON request to the in-process app: `(status, body)`.
-macro_rules! call {
-    ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr $(,)?) => {{
-        let body: Value = $body;
-        let mut req = match $method {
-            "GET" => test::TestRequest::get(),
-            _ => test::TestRequest::post(),
-        }
-        .uri($path)
-        .insert_header(("authorization", format!("Bearer {}", $key)));
-        if !body.is_null() {
-            req = req.set_json(body);
-        }
-        let resp = test::call_service($app, req.to_request()).await;
-        let status = resp.status().as_u16();
-        let bytes = test::read_body(resp).await;
-        (
-            status,
-            serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
-        )
-    }};
-}
-
 /// Runs the conversation once (see the module docs).
 pub async fn run(
     mut config: Config,
@@ -192,7 +169,7 @@ pub async fn run(
         "no embedding model: run `make models`"
     );
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
-    let (s, t) = call!(
+    let (s, t) = app_call!(
         &app,
         "POST",
         "/v1/admin/tenants",
@@ -209,7 +186,7 @@ pub async fn run(
         {"kind": "identity", "content": "You are Mneme, the user's personal assistant."},
         {"kind": "rules", "content": rules.join("\n")},
     ]);
-    let (s, a) = call!(
+    let (s, a) = app_call!(
         &app,
         "POST",
         "/v1/agents",
@@ -219,7 +196,7 @@ pub async fn run(
     anyhow::ensure!(s == 201, "agent: {a}");
     let mut ids = Vec::new();
     for (kind, text) in FACTS {
-        let (s, n) = call!(
+        let (s, n) = app_call!(
             &app,
             "POST",
             "/v1/agents/mneme/memory/nodes",
@@ -230,7 +207,7 @@ pub async fn run(
         ids.push(n["id"].as_i64().unwrap_or_default());
     }
     for (from, to, kind) in EDGES {
-        let (s, e) = call!(
+        let (s, e) = app_call!(
             &app,
             "POST",
             "/v1/agents/mneme/memory/edges",
@@ -258,7 +235,7 @@ pub async fn run(
             actix_web::rt::time::sleep(Duration::from_millis(20)).await;
         }
         let waited_ms = w.elapsed().as_secs_f64() * 1e3;
-        let (s, v) = call!(
+        let (s, v) = app_call!(
             &app,
             "POST",
             "/v1/agents/mneme/sessions/conversation/turns",

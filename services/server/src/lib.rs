@@ -5,10 +5,35 @@
 
 #![forbid(unsafe_code)]
 
+/// One JSON request to an in-process app (benches): `(status, body)`.
+macro_rules! app_call {
+    ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr $(,)?) => {{
+        let body: serde_json::Value = $body;
+        let mut req = match $method {
+            "GET" => actix_web::test::TestRequest::get(),
+            _ => actix_web::test::TestRequest::post(),
+        }
+        .uri($path)
+        .insert_header(("authorization", format!("Bearer {}", $key)));
+        if !body.is_null() {
+            req = req.set_json(body);
+        }
+        let resp = actix_web::test::call_service($app, req.to_request()).await;
+        let status = resp.status().as_u16();
+        let bytes = actix_web::test::read_body(resp).await;
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }};
+}
+
+
 pub mod api;
 pub mod auth;
 pub mod bench_conversation;
 pub mod bench_memory;
+pub mod bench_shadow;
 pub mod config;
 pub mod error;
 pub mod memory;

@@ -129,6 +129,28 @@ enum BenchCommand {
     /// A scripted 20-turn conversation over overlapping memories, with and without cold-tier
     /// reservation (same process): memories tokens served from reserved blocks, and TTFT.
     Conversation(ConversationBenchArgs),
+    /// The shadow: next-turn TTFT of a recovered session vs cold recompute vs hot, load time,
+    /// write throughput vs a plain write, and wall-time overhead under steady load.
+    Shadow(ShadowBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct ShadowBenchArgs {
+    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
+    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
+    model: PathBuf,
+    /// Session sizes in tokens of history.
+    #[arg(long, value_delimiter = ',', default_value = "2048,4096,8000")]
+    tokens: Vec<usize>,
+    /// Turns of the steady-load comparison (0: skip).
+    #[arg(long, default_value_t = 24)]
+    load_turns: usize,
+    /// Flush interval during the steady load, ms.
+    #[arg(long, default_value_t = 60_000)]
+    interval_ms: u64,
+    /// Scratch directory.
+    #[arg(long, default_value = "data/bench-shadow")]
+    dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -425,6 +447,7 @@ fn main() -> Result<()> {
         Command::Bench(BenchCommand::Ttft(args)) => bench_ttft(args),
         Command::Bench(BenchCommand::Memory(args)) => bench_memory(args),
         Command::Bench(BenchCommand::Conversation(args)) => bench_conversation(args),
+        Command::Bench(BenchCommand::Shadow(args)) => bench_shadow(args),
         Command::Check(CheckCommand::Device(args)) => check_device(args),
         Command::Shadow(ShadowCommand::Verify(args)) => shadow_verify(args),
         Command::ExportTokenizer(args) => {
@@ -462,6 +485,34 @@ fn shadow_verify(args: ShadowVerifyArgs) -> Result<()> {
     if !r.damaged.is_empty() {
         std::process::exit(1);
     }
+    Ok(())
+}
+
+fn bench_shadow(args: ShadowBenchArgs) -> Result<()> {
+    let _ = std::fs::remove_dir_all(&args.dir);
+    actix_web::rt::System::new().block_on(async {
+        for &n in &args.tokens {
+            let f = engram_server::bench_shadow::size(
+                &args.model,
+                &args.dir.join(format!("size-{n}")),
+                n,
+            )
+            .await?;
+            println!("{}", serde_json::json!({"bench": "shadow_restart", "tokens": n, "figures": f}));
+        }
+        if args.load_turns > 0 {
+            let f = engram_server::bench_shadow::steady(
+                &args.model,
+                &args.dir,
+                args.load_turns,
+                args.interval_ms,
+            )
+            .await?;
+            println!("{}", serde_json::json!({"bench": "shadow_steady_load", "figures": f}));
+        }
+        anyhow::Ok(())
+    })?;
+    let _ = std::fs::remove_dir_all(&args.dir);
     Ok(())
 }
 

@@ -450,10 +450,6 @@ impl Shadow {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    fn entry_dir(&self, id: &str) -> PathBuf {
-        self.root.join("entries").join(id)
-    }
-
     fn update_status(&self, f: impl FnOnce(&mut ShadowStatus)) {
         if let Ok(mut s) = self.status.lock() {
             f(&mut s);
@@ -975,12 +971,12 @@ fn write_entry(
 ) -> Result<Manifest> {
     let dir = root.join("entries").join(&spec.id);
     fs::create_dir_all(&dir).map_err(io(&dir))?;
+    st.segment_seq += 1;
+    let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
     let old = st.manifests.get(&spec.id);
     let own: HashMap<[u8; 32], &ManifestBlock> = old
         .map(|m| m.blocks.iter().map(|b| (b.block.hash.0, b)).collect())
         .unwrap_or_default();
-    st.segment_seq += 1;
-    let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
     let mut fresh: Vec<Vec<u8>> = Vec::new();
     let mut blocks = Vec::with_capacity(spec.range.len());
     for i in spec.range.clone() {
@@ -1052,8 +1048,14 @@ fn write_entry(
         updated_unix_ms: now_ms(),
         blocks,
     };
-    if old == Some(&manifest) {
-        return Ok(manifest);
+    if let Some(o) = old
+        && o.blocks == manifest.blocks
+        && o.prefix == manifest.prefix
+        && o.stable_blocks == manifest.stable_blocks
+        && o.kv == manifest.kv
+    {
+        // Nothing changed: keep the file (and its timestamp) as it is.
+        return Ok(o.clone());
     }
     write_checked_json(&dir.join("manifest.json"), &manifest)?;
     report.entries += 1;
@@ -1253,4 +1255,64 @@ pub fn import_file(
         out.push((block, bytes));
     }
     Ok((header.stable_blocks, out))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("engram-shadow-unit-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_files_and_leave_no_temp() {
+        let d = dir("atomic");
+        let p = d.join("f.bin");
+        write_atomic(&p, b"first").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"second");
+        let names: Vec<String> = fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["f.bin".to_string()]);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_checked_json_file_detects_any_flipped_byte() {
+        let d = dir("json");
+        let p = d.join("index.json");
+        let index = Index {
+            format: FORMAT,
+            entries: vec![IndexEntry {
+                id: "s-1-2".into(),
+                kind: EntryKind::Session,
+                tenant: 1,
+                session: Some(2),
+                blocks: 3,
+                bytes: 300,
+                updated_unix_ms: 5,
+            }],
+        };
+        write_checked_json(&p, &index).unwrap();
+        let back: Index = read_checked_json(&p).unwrap();
+        assert_eq!(back.entries, index.entries);
+        let good = fs::read(&p).unwrap();
+        for at in [0, 9, good.len() / 2, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x04;
+            fs::write(&p, &bad).unwrap();
+            let err = read_checked_json::<Index>(&p).unwrap_err();
+            assert_eq!(reason_of(&err), "checksum", "byte {at}: {err}");
+        }
+        let _ = fs::remove_dir_all(&d);
+    }
 }

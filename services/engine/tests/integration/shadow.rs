@@ -128,7 +128,7 @@ fn a_chain_that_differs_is_refused_and_changes_nothing() {
     short.blocks[2].1.pop();
     let mut order = chain.clone();
     order.blocks.swap(5, 6);
-    for (bad, index) in [(tokens, 4), (tenant, 3), (short, 2), (order, 5)] {
+    for (bad, index) in [(tokens, 4), (tenant, 0), (short, 2), (order, 5)] {
         match b.shadow_restore(bad) {
             Err(EngineError::ShadowMismatch { index: i, .. }) => assert_eq!(i, index),
             other => panic!("expected a mismatch, got {other:?}"),
@@ -136,7 +136,7 @@ fn a_chain_that_differs_is_refused_and_changes_nothing() {
         assert_eq!((b.occupancy(), b.store().metadata().len()), before);
     }
     // Another KV format (TQ3) refuses the chain at its first block.
-    let mut other = core(CodecKind::TQ3);
+    let mut other = core(CodecKind::TurboQuant { bits: 3 });
     assert!(matches!(
         other.shadow_restore(chain),
         Err(EngineError::ShadowMismatch { index: 0, .. })

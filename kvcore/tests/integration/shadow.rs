@@ -1,0 +1,95 @@
+//! Shadow segments: blocks survive a trip through a safetensors file byte for byte, in the
+//! tiers' layout, and a file of another layout or a damaged one is refused.
+
+use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+use engram_kvcore::{BlockStream, CodecKind, KvError, LayerCodecs, SourceLayer, StoreConfig, Tier};
+
+use crate::common::{filled, small_store, tags};
+
+#[test]
+fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
+    let mut a = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
+    let ids = filled(&mut a, 3, SourceLayer::UserTurn, 42);
+    let parts = a.block_parts();
+    // K codes, V codes, K norms, V norms, each for both layers, tiling the block's bytes.
+    assert_eq!(parts.len(), 8);
+    assert_eq!(parts[0].stream, BlockStream::KCodes);
+    assert_eq!(parts[7].stream, BlockStream::VNorms);
+    assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), a.block_bytes());
+    for w in parts.windows(2) {
+        assert_eq!(w[0].offset + w[0].len(), w[1].offset);
+    }
+    let bytes: Vec<Vec<u8>> = ids.iter().map(|&id| a.block_bytes_of(id).unwrap()).collect();
+    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let meta = std::collections::HashMap::from([("k".to_string(), "v".to_string())]);
+    let file = encode_segment(&parts, &refs, Some(meta.clone())).unwrap();
+    let seg = decode_segment(&parts, &file).unwrap();
+    assert_eq!(seg.blocks, bytes);
+    assert_eq!(seg.metadata, meta);
+
+    // Into another store's cold tier, then warmed: the same bytes in every tier.
+    let mut b = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
+    let cold = b.allocate(Tier::Cold, &vec![tags(SourceLayer::UserTurn); 3]).unwrap();
+    for (&id, block) in cold.iter().zip(&seg.blocks) {
+        b.write_block_bytes(id, block).unwrap();
+    }
+    b.warm(&cold).unwrap();
+    for (&id, block) in cold.iter().zip(&bytes) {
+        assert_eq!(&b.block_bytes_of(id).unwrap(), block);
+        assert_eq!(checksum(&b.block_bytes_of(id).unwrap()), checksum(block));
+    }
+}
+
+#[test]
+fn a_segment_of_another_layout_or_a_damaged_one_is_refused() {
+    let mut a = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
+    let ids = filled(&mut a, 2, SourceLayer::UserTurn, 7);
+    let bytes: Vec<Vec<u8>> = ids.iter().map(|&id| a.block_bytes_of(id).unwrap()).collect();
+    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let file = encode_segment(&a.block_parts(), &refs, None).unwrap();
+    // Another codec: different row widths.
+    let b = small_store(CodecKind::TurboQuant { bits: 3 }, 8, 8);
+    assert!(matches!(
+        decode_segment(&b.block_parts(), &file),
+        Err(KvError::Segment { .. })
+    ));
+    // Per-layer codecs: layer 1 differs.
+    let shape = *a.shape();
+    let mixed = engram_kvcore::BlockStore::new(StoreConfig {
+        codecs: LayerCodecs::per_layer(
+            &shape,
+            vec![CodecKind::TurboQuant { bits: 4 }, CodecKind::Q8],
+        )
+        .unwrap(),
+        ..StoreConfig::new(shape, CodecKind::TurboQuant { bits: 4 }, 8, 8)
+    })
+    .unwrap();
+    assert!(decode_segment(&mixed.block_parts(), &file).is_err());
+    // A truncated file, a broken header.
+    assert!(decode_segment(&a.block_parts(), &file[..file.len() - 1]).is_err());
+    let mut bad = file.clone();
+    bad[10] = b'}';
+    assert!(decode_segment(&a.block_parts(), &bad).is_err());
+    // A flipped data byte decodes, and the block's checksum tells.
+    let mut flipped = file.clone();
+    let at = flipped.len() - 5;
+    flipped[at] ^= 1;
+    let seg = decode_segment(&a.block_parts(), &flipped).unwrap();
+    assert_ne!(
+        seg.blocks.iter().map(|b| checksum(b)).collect::<Vec<_>>(),
+        bytes.iter().map(|b| checksum(b)).collect::<Vec<_>>()
+    );
+    // Wrong lengths are refused on both sides.
+    assert!(matches!(
+        encode_segment(&a.block_parts(), &[&bytes[0][1..]], None),
+        Err(KvError::BlockBytesLength { .. })
+    ));
+    let mut c = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
+    let id = c.allocate(Tier::Cold, &[tags(SourceLayer::UserTurn)]).unwrap()[0];
+    assert!(c.write_block_bytes(id, &bytes[0][1..]).is_err());
+    let hot = c.allocate(Tier::Hot, &[tags(SourceLayer::UserTurn)]).unwrap()[0];
+    assert!(matches!(
+        c.write_block_bytes(hot, &bytes[0]),
+        Err(KvError::WrongTier { .. })
+    ));
+}
