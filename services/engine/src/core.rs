@@ -11,7 +11,8 @@
 //!    the prompt segment that fills most of them; each block that becomes full is registered in the
 //!    cache (which holds its own reference) and, if its layer is stable, pinned under the soft cap;
 //! 3. [`EngineCore::decode`] appends one token per sequence for a whole batch in one forward pass;
-//!    generated blocks are tagged `AssistantTurn` and cached too, so the next turn reuses them;
+//!    generated blocks are tagged `AssistantTurn`; they are cached only with
+//!    [`EngineConfig::cache_generated`] (see there why it is off by default);
 //! 4. [`EngineCore::finish`] drops the sequence's references; blocks the cache does not hold are
 //!    freed at once, cached ones stay until eviction (hot → cold → dropped from the cache).
 //!
@@ -84,6 +85,12 @@ pub struct EngineConfig {
     pub probe: Option<KvProbe>,
     /// Where the model and the KV hot tier live.
     pub device: EngineDevice,
+    /// Also cache blocks that hold generated tokens (the next turn then reuses the reply's KV
+    /// as decode computed it). Off by default: decode and prefill round differently, so a reply
+    /// reused from decode and the same reply recomputed by prefill (after an eviction, a crash,
+    /// on another node) could steer greedy decoding apart. With it off, every cached block was
+    /// computed by prefill and a turn's answer does not depend on what the cache held.
+    pub cache_generated: bool,
 }
 
 impl EngineDevice {
@@ -149,6 +156,7 @@ impl Default for EngineConfig {
             key_centering: KeyCentering::Calibrated,
             probe: None,
             device: EngineDevice::Cpu,
+            cache_generated: false,
         }
     }
 }

@@ -55,6 +55,9 @@ pub struct ShadowSection {
     pub interval_ms: u64,
     /// Load the shadow into the cold tier at start.
     pub recover: bool,
+    /// Write rate limit, MiB/s (0: unlimited), so the shadow never takes the disk from the
+    /// turn log.
+    pub max_write_mib_per_sec: u64,
 }
 
 impl Default for ShadowSection {
@@ -64,6 +67,7 @@ impl Default for ShadowSection {
             dir: PathBuf::new(),
             interval_ms: 60_000,
             recover: true,
+            max_write_mib_per_sec: 0,
         }
     }
 }
@@ -209,6 +213,9 @@ pub struct ModelSection {
     /// Where the engine runs: `cpu`, `cuda` or `cuda:N` (CUDA needs a build with `--features
     /// cuda`, e.g. `make build-cuda`).
     pub device: String,
+    /// Also cache the blocks of generated replies as decode computed them (faster next turns;
+    /// answers may then depend on what the cache held — see `EngineConfig::cache_generated`).
+    pub cache_generated: bool,
 }
 
 /// `[tenants]`: quotas given to new tenants.
@@ -249,6 +256,7 @@ impl Default for ModelSection {
             hot_mib: 1024,
             cold_mib: 2048,
             device: "cpu".into(),
+            cache_generated: false,
         }
     }
 }

@@ -96,6 +96,7 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
             hot_bytes: config.model.hot_mib << 20,
             cold_bytes: config.model.cold_mib << 20,
             device: engram_engine::EngineDevice::parse(&config.model.device)?,
+            cache_generated: config.model.cache_generated,
             ..EngineConfig::default()
         };
         let core = EngineCore::load(&config.model.path, engine_config)?;
@@ -125,7 +126,7 @@ async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow,
     } else {
         s.dir.clone()
     };
-    let shadow = shadow::Shadow::open(&dir, s.interval_ms)?;
+    let shadow = shadow::Shadow::open(&dir, s.interval_ms, s.max_write_mib_per_sec)?;
     if s.recover {
         let outcomes = shadow.recover(engine).await?;
         let status = shadow.status();

@@ -99,6 +99,12 @@ fn now_ms() -> u64 {
 
 /// Writes `bytes` to `path` atomically and durably: temp file, fsync, rename, directory fsync.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_at(path, bytes, 0)
+}
+
+/// [`write_atomic`] at no more than `bytes_per_sec` (0: unlimited), in 256 KiB writes, so that
+/// the shadow never takes the disk from the turn log.
+fn write_atomic_at(path: &Path, bytes: &[u8], bytes_per_sec: u64) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| invalid(path.display().to_string(), "no parent directory"))?;
@@ -109,7 +115,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     {
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(bytes).map_err(io(&tmp))?;
+        let started = Instant::now();
+        let mut written = 0u64;
+        for chunk in bytes.chunks(256 << 10) {
+            f.write_all(chunk).map_err(io(&tmp))?;
+            written += chunk.len() as u64;
+            if bytes_per_sec > 0 {
+                let due = std::time::Duration::from_secs_f64(written as f64 / bytes_per_sec as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+        }
         f.sync_all().map_err(io(&tmp))?;
     }
     fs::rename(&tmp, path).map_err(io(path))?;
@@ -120,12 +137,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// A file with a CRC-32C line in front of its JSON body.
-fn write_checked_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+fn write_checked_json<T: Serialize>(path: &Path, value: &T, bytes_per_sec: u64) -> Result<()> {
     let body =
         serde_json::to_vec(value).map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
     let mut out = format!("{:08x}\n", checksum(&body)).into_bytes();
     out.extend_from_slice(&body);
-    write_atomic(path, &out)
+    write_atomic_at(path, &out, bytes_per_sec)
 }
 
 fn read_checked_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
@@ -406,6 +423,8 @@ struct State {
     manifests: HashMap<String, Manifest>,
     written: HashMap<ChainKey, u64>,
     segment_seq: u64,
+    /// Write rate limit, bytes/s (0: unlimited).
+    throttle: u64,
 }
 
 /// The shadow writer and reader (see the module docs).
@@ -426,12 +445,16 @@ fn prefix_entry_id(last: &Hex32) -> String {
 }
 
 impl Shadow {
-    /// A shadow rooted at `root` (created if missing).
-    pub fn open(root: &Path, interval_ms: u64) -> Result<Self> {
+    /// A shadow rooted at `root` (created if missing) writing at most `max_mib_per_sec` MiB/s
+    /// (0: unlimited).
+    pub fn open(root: &Path, interval_ms: u64, max_mib_per_sec: u64) -> Result<Self> {
         fs::create_dir_all(root.join("entries")).map_err(io(root))?;
         Ok(Self {
             root: root.to_path_buf(),
-            state: tokio::sync::Mutex::new(State::default()),
+            state: tokio::sync::Mutex::new(State {
+                throttle: max_mib_per_sec << 20,
+                ..State::default()
+            }),
             status: Mutex::new(ShadowStatus {
                 dir: root.display().to_string(),
                 interval_ms,
@@ -946,6 +969,7 @@ fn write_index(root: &Path, st: &State, leaving: &[String]) -> Result<()> {
             format: FORMAT,
             entries,
         },
+        st.throttle,
     )
 }
 
@@ -1029,7 +1053,7 @@ fn write_entry(
     if !fresh.is_empty() {
         let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
         let data = encode_segment(parts, &refs, None)?;
-        write_atomic(&dir.join(&seg_name), &data)?;
+        write_atomic_at(&dir.join(&seg_name), &data, st.throttle)?;
         report.blocks += fresh.len();
         report.bytes += data.len() as u64;
     }
@@ -1057,7 +1081,8 @@ fn write_entry(
         // Nothing changed: keep the file (and its timestamp) as it is.
         return Ok(o.clone());
     }
-    write_checked_json(&dir.join("manifest.json"), &manifest)?;
+    let throttle = st.throttle;
+    write_checked_json(&dir.join("manifest.json"), &manifest, throttle)?;
     report.entries += 1;
     // Segments the new manifest does not name.
     let keep = manifest.segments();
@@ -1302,7 +1327,7 @@ mod tests {
                 updated_unix_ms: 5,
             }],
         };
-        write_checked_json(&p, &index).unwrap();
+        write_checked_json(&p, &index, 0).unwrap();
         let back: Index = read_checked_json(&p).unwrap();
         assert_eq!(back.entries, index.entries);
         let good = fs::read(&p).unwrap();

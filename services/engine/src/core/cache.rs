@@ -21,7 +21,12 @@ impl EngineCore {
             return Ok(());
         }
         let mut stable = Vec::new();
-        while seq.hashes.len() < seq.computed / bs {
+        let cacheable = if self.config.cache_generated {
+            seq.computed
+        } else {
+            seq.computed.min(seq.prompt_len)
+        };
+        while seq.hashes.len() < cacheable / bs {
             let b = seq.hashes.len();
             let h = chain_hash(
                 &self.fingerprint,

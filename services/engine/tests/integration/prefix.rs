@@ -167,9 +167,12 @@ fn blocks_carry_the_segment_tags_and_stable_layers_are_pinned() {
 }
 
 #[test]
-fn generated_blocks_are_cached_for_the_next_turn() {
+fn generated_blocks_are_cached_for_the_next_turn_when_enabled() {
     let prompt = crate::common::chat("Count from one to twenty in words.");
-    let mut core = core(CodecKind::TQ4);
+    let mut core = core_with(EngineConfig {
+        cache_generated: true,
+        ..EngineConfig::default()
+    });
     let (id, _) = core
         .start(SequenceSpec::plain(prompt.clone(), TenantId(1)))
         .unwrap();
@@ -189,6 +192,29 @@ fn generated_blocks_are_cached_for_the_next_turn() {
         .start(SequenceSpec::plain(all.clone(), TenantId(1)))
         .unwrap();
     assert_eq!(adm.cached_tokens, (all.len() - 1) / 16 * 16);
+    core.finish(next).unwrap();
+}
+
+#[test]
+fn by_default_only_prompt_blocks_are_cached() {
+    let prompt = crate::common::chat("Count from one to twenty in words.");
+    let mut core = core(CodecKind::TQ4);
+    let (id, _) = core
+        .start(SequenceSpec::plain(prompt.clone(), TenantId(1)))
+        .unwrap();
+    let mut logits = core.prefill(id).unwrap();
+    for _ in 0..40 {
+        let t = engram_engine::argmax(&logits);
+        logits = core.decode(&[(id, t)]).unwrap().remove(0);
+    }
+    let all = core.tokens(id).unwrap().to_vec();
+    core.finish(id).unwrap();
+    let (next, adm) = core
+        .start(SequenceSpec::plain(all.clone(), TenantId(1)))
+        .unwrap();
+    // Only the prompt's full blocks; the reply is computed again by prefill.
+    assert_eq!(adm.cached_tokens, prompt.len() / 16 * 16);
+    assert!(adm.cached_tokens < (all.len() - 1) / 16 * 16);
     core.finish(next).unwrap();
 }
 

@@ -113,6 +113,8 @@ fn spawn(url: &str, dir: &Path, interval_ms: u64) -> (Child, Server) {
         .env("ENGRAM__TIERS__ENABLED", "false")
         .env("ENGRAM__SHADOW__DIR", dir)
         .env("ENGRAM__SHADOW__INTERVAL_MS", interval_ms.to_string())
+        // 1 MiB/s: a turn's segment takes a few hundred ms to write, so kills land mid-write.
+        .env("ENGRAM__SHADOW__MAX_WRITE_MIB_PER_SEC", "1")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -217,7 +219,7 @@ fn sigkill_during_shadow_writes_recovers_or_recomputes_and_answers_like_a_clean_
             cached_after_restart += 1;
         }
         // SIGKILL at a random moment while the shadow writes this turn's blocks.
-        std::thread::sleep(Duration::from_micros(rng.next_u64() % 40_000));
+        std::thread::sleep(Duration::from_micros(rng.next_u64() % 700_000));
         child.kill().unwrap();
         child.wait().unwrap();
     }
@@ -244,6 +246,7 @@ fn sigkill_during_shadow_writes_recovers_or_recomputes_and_answers_like_a_clean_
         "nothing was ever recovered: {counts:?}"
     );
     assert!(cached_after_restart > 0);
+    assert!(cleaned > 0, "no kill landed during a write");
 }
 
 #[test]
@@ -343,7 +346,10 @@ fn a_session_cache_saves_loads_exports_and_imports() {
         Value::Null,
     );
     assert_eq!(s, 200, "{saved}");
-    assert!(saved["moved"].as_u64().unwrap() > 0 && saved["tokens"].as_u64().unwrap() > 300);
+    assert!(
+        saved["moved"].as_u64().unwrap() > 0 && saved["tokens"].as_u64().unwrap() > 200,
+        "{saved}"
+    );
     // Saving again writes nothing new.
     let (_, again) = srv.call(
         "POST",
@@ -384,6 +390,18 @@ fn a_session_cache_saves_loads_exports_and_imports() {
         (s, serde_json::from_slice::<Value>(&b).unwrap())
     };
     assert_eq!((s, e["code"].as_str()), (422, Some("invalid_cache_file")), "{e}");
+    // The tier bridge: a cycle on request, visible in the admin view and in /metrics.
+    let (s, c) = srv.call("POST", "/v1/admin/tiers/cycle", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200, "{c}");
+    assert!(c["observed"]["hot_used"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["observed"]["active_sessions"], 1, "session a had a turn: {c}");
+    let (_, t) = srv.call("GET", "/v1/admin/tiers", Some(ADMIN), Value::Null);
+    assert!(t["totals"]["cycles"].as_u64().unwrap() >= 1, "{t}");
+    assert_eq!(t["cycles"].as_array().unwrap().len() as u64, t["totals"]["cycles"].as_u64().unwrap());
+    let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
+    let m = m.as_str().unwrap_or_default().to_string();
+    assert!(m.contains("engram_tier_cycles_total "), "{m}");
+    assert!(m.contains("engram_shadow_writes_total{result=\"ok\"}"), "{m}");
     srv.stop();
 
     // Another node: same database, an empty shadow. Import the file, and the session's next
