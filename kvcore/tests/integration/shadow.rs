@@ -15,11 +15,17 @@ fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
     assert_eq!(parts.len(), 8);
     assert_eq!(parts[0].stream, BlockStream::KCodes);
     assert_eq!(parts[7].stream, BlockStream::VNorms);
-    assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), a.block_bytes());
+    assert_eq!(
+        parts.iter().map(|p| p.len()).sum::<usize>(),
+        a.block_bytes()
+    );
     for w in parts.windows(2) {
         assert_eq!(w[0].offset + w[0].len(), w[1].offset);
     }
-    let bytes: Vec<Vec<u8>> = ids.iter().map(|&id| a.block_bytes_of(id).unwrap()).collect();
+    let bytes: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|&id| a.block_bytes_of(id).unwrap())
+        .collect();
     let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
     let meta = std::collections::HashMap::from([("k".to_string(), "v".to_string())]);
     let file = encode_segment(&parts, &refs, Some(meta.clone())).unwrap();
@@ -29,7 +35,9 @@ fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
 
     // Into another store's cold tier, then warmed: the same bytes in every tier.
     let mut b = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
-    let cold = b.allocate(Tier::Cold, &vec![tags(SourceLayer::UserTurn); 3]).unwrap();
+    let cold = b
+        .allocate(Tier::Cold, &vec![tags(SourceLayer::UserTurn); 3])
+        .unwrap();
     for (&id, block) in cold.iter().zip(&seg.blocks) {
         b.write_block_bytes(id, block).unwrap();
     }
@@ -44,7 +52,10 @@ fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
 fn a_segment_of_another_layout_or_a_damaged_one_is_refused() {
     let mut a = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
     let ids = filled(&mut a, 2, SourceLayer::UserTurn, 7);
-    let bytes: Vec<Vec<u8>> = ids.iter().map(|&id| a.block_bytes_of(id).unwrap()).collect();
+    let bytes: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|&id| a.block_bytes_of(id).unwrap())
+        .collect();
     let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
     let file = encode_segment(&a.block_parts(), &refs, None).unwrap();
     // Another codec: different row widths.
@@ -85,9 +96,13 @@ fn a_segment_of_another_layout_or_a_damaged_one_is_refused() {
         Err(KvError::BlockBytesLength { .. })
     ));
     let mut c = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
-    let id = c.allocate(Tier::Cold, &[tags(SourceLayer::UserTurn)]).unwrap()[0];
+    let id = c
+        .allocate(Tier::Cold, &[tags(SourceLayer::UserTurn)])
+        .unwrap()[0];
     assert!(c.write_block_bytes(id, &bytes[0][1..]).is_err());
-    let hot = c.allocate(Tier::Hot, &[tags(SourceLayer::UserTurn)]).unwrap()[0];
+    let hot = c
+        .allocate(Tier::Hot, &[tags(SourceLayer::UserTurn)])
+        .unwrap()[0];
     assert!(matches!(
         c.write_block_bytes(hot, &bytes[0]),
         Err(KvError::WrongTier { .. })

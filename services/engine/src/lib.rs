@@ -42,8 +42,8 @@ pub use prefix::{
 pub use probe::{KvProbe, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{
-    BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, KvFormat, EngineSnapshot, FinishReason,
-    GenerateRequest, StreamEvent, Usage,
+    BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, EngineSnapshot, FinishReason,
+    GenerateRequest, KvFormat, StreamEvent, Usage,
 };
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
 pub use weights::{ModelConfig, WeightFormat};

@@ -144,7 +144,9 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     let state = web::Data::new(build_state(config(model, dir, true, true)).await?);
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
-    let engine = state.engine().map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let engine = state
+        .engine()
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let mut text = filler(tokens);
     let have = engine.tokenizer().encode(&text)?.len();
     if have > tokens {
@@ -157,7 +159,9 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
         turn!(&app, &key, "s", &text, 1);
         keys.push(key);
     }
-    let shadow = state.shadow().map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let shadow = state
+        .shadow()
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     let flush = shadow.flush(engine, None).await?;
     let plain_ms = plain_write(&dir.join("plain.bin"), flush.bytes as usize)?;
     let hot = turn!(&app, &keys[0], "s", next, 1);
@@ -167,7 +171,10 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
 
     // 2. Restart with recovery: tenant 2's next turn.
     let state = web::Data::new(build_state(config(model, dir, true, true)).await?);
-    let recovery_ms = state.shadow.as_ref().map_or(0.0, |s| s.status().recovery_ms);
+    let recovery_ms = state
+        .shadow
+        .as_ref()
+        .map_or(0.0, |s| s.status().recovery_ms);
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
     let recovered = turn!(&app, &keys[1], "s", next, 1);
     drop(app);
@@ -178,7 +185,13 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     let state = web::Data::new(build_state(config(model, dir, false, true)).await?);
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
     let cold = turn!(&app, &keys[2], "s", next, 1);
-    let (s, load) = app_call!(&app, "POST", "/v1/agents/bot/sessions/s/cache/load", &keys[0], Value::Null);
+    let (s, load) = app_call!(
+        &app,
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/load",
+        &keys[0],
+        Value::Null
+    );
     anyhow::ensure!(s == 200, "load: {load}");
     drop(app);
     state.store.close().await;

@@ -58,6 +58,10 @@ pub struct ShadowSection {
     /// Write rate limit, MiB/s (0: unlimited), so the shadow never takes the disk from the
     /// turn log.
     pub max_write_mib_per_sec: u64,
+    /// Recompute a session's lost blocks turn by turn from the turn log before its next turn, so
+    /// that its answer equals that of a run that never lost them (CPU prefill is not
+    /// batch-invariant). Off: one prefill of the whole gap (faster, may round differently).
+    pub replay: bool,
 }
 
 impl Default for ShadowSection {
@@ -68,6 +72,7 @@ impl Default for ShadowSection {
             interval_ms: 60_000,
             recover: true,
             max_write_mib_per_sec: 0,
+            replay: true,
         }
     }
 }

@@ -28,7 +28,6 @@ macro_rules! app_call {
     }};
 }
 
-
 pub mod api;
 pub mod auth;
 pub mod bench_conversation;

@@ -498,7 +498,10 @@ fn bench_shadow(args: ShadowBenchArgs) -> Result<()> {
                 n,
             )
             .await?;
-            println!("{}", serde_json::json!({"bench": "shadow_restart", "tokens": n, "figures": f}));
+            println!(
+                "{}",
+                serde_json::json!({"bench": "shadow_restart", "tokens": n, "figures": f})
+            );
         }
         if args.load_turns > 0 {
             let f = engram_server::bench_shadow::steady(
@@ -508,7 +511,10 @@ fn bench_shadow(args: ShadowBenchArgs) -> Result<()> {
                 args.interval_ms,
             )
             .await?;
-            println!("{}", serde_json::json!({"bench": "shadow_steady_load", "figures": f}));
+            println!(
+                "{}",
+                serde_json::json!({"bench": "shadow_steady_load", "figures": f})
+            );
         }
         anyhow::Ok(())
     })?;

@@ -11,6 +11,7 @@ pub struct Metrics {
     ttft_buckets: [AtomicU64; 10],
     ttft_count: AtomicU64,
     ttft_sum_us: AtomicU64,
+    replayed_turns: AtomicU64,
 }
 
 impl Metrics {
@@ -25,6 +26,16 @@ impl Metrics {
         self.ttft_count.fetch_add(1, Ordering::Relaxed);
         self.ttft_sum_us
             .fetch_add((ms * 1e3) as u64, Ordering::Relaxed);
+    }
+
+    /// Counts turns replayed to recompute lost blocks.
+    pub fn count_replayed(&self, n: u64) {
+        self.replayed_turns.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Turns replayed so far.
+    pub fn replayed(&self) -> u64 {
+        self.replayed_turns.load(Ordering::Relaxed)
     }
 
     /// The histogram in Prometheus text format.
@@ -46,5 +57,13 @@ impl Metrics {
             self.ttft_sum_us.load(Ordering::Relaxed) as f64 / 1e6
         ));
         out.push_str(&format!("engram_ttft_seconds_count {count}\n"));
+        out.push_str(
+            "# HELP engram_replayed_turns_total Earlier turns replayed to recompute lost blocks.\n",
+        );
+        out.push_str("# TYPE engram_replayed_turns_total counter\n");
+        out.push_str(&format!(
+            "engram_replayed_turns_total {}\n",
+            self.replayed()
+        ));
     }
 }

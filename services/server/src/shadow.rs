@@ -138,8 +138,8 @@ fn write_atomic_at(path: &Path, bytes: &[u8], bytes_per_sec: u64) -> Result<()> 
 
 /// A file with a CRC-32C line in front of its JSON body.
 fn write_checked_json<T: Serialize>(path: &Path, value: &T, bytes_per_sec: u64) -> Result<()> {
-    let body =
-        serde_json::to_vec(value).map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
+    let body = serde_json::to_vec(value)
+        .map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
     let mut out = format!("{:08x}\n", checksum(&body)).into_bytes();
     out.extend_from_slice(&body);
     write_atomic_at(path, &out, bytes_per_sec)
@@ -620,7 +620,10 @@ impl Shadow {
                         good_prefix.insert(manifest.id.clone(), chain_blocks);
                     } else if report.generation > 0 {
                         state.written.insert(
-                            (TenantId(manifest.tenant), SessionId(manifest.session.unwrap_or(0))),
+                            (
+                                TenantId(manifest.tenant),
+                                SessionId(manifest.session.unwrap_or(0)),
+                            ),
                             report.generation,
                         );
                     }
@@ -663,7 +666,11 @@ impl Shadow {
     ) -> Result<(Manifest, Vec<(ShadowBlock, Vec<u8>)>)> {
         let state = self.state.lock().await;
         let id = session_entry_id(key.0, key.1);
-        let manifest = state.manifests.get(&id).cloned().ok_or(ShadowError::NotFound)?;
+        let manifest = state
+            .manifests
+            .get(&id)
+            .cloned()
+            .ok_or(ShadowError::NotFound)?;
         let prefix = manifest
             .prefix
             .as_ref()
@@ -696,7 +703,6 @@ pub(crate) async fn engine_restore(engine: &Engine, chain: RestoreChain) -> Resu
         .await
         .map_err(|_| EngineError::Stopped)??)
 }
-
 
 /// Counts of entries and bytes on disk.
 fn totals(root: &Path, state: &State) -> (usize, usize, u64) {
@@ -793,9 +799,7 @@ fn load_all(root: &Path, kv: &KvFormat) -> Result<(Vec<LoadedEntry>, usize)> {
             for f in rd.flatten() {
                 let name = f.file_name().to_string_lossy().into_owned();
                 let orphan = name.ends_with(".tmp")
-                    || (manifest.is_ok()
-                        && name.starts_with("seg-")
-                        && !keep.contains(&name));
+                    || (manifest.is_ok() && name.starts_with("seg-") && !keep.contains(&name));
                 if orphan && fs::remove_file(f.path()).is_ok() {
                     cleaned += 1;
                 }
@@ -806,15 +810,13 @@ fn load_all(root: &Path, kv: &KvFormat) -> Result<(Vec<LoadedEntry>, usize)> {
             Err(_) if id.starts_with("p-") => (EntryKind::Prefix, 0, None),
             Err(_) => (EntryKind::Session, 0, None),
         };
-        let result = manifest
-            .map_err(|e| reason_of(&e))
-            .and_then(|m| {
-                if m.format != FORMAT || m.id != id {
-                    return Err("format".to_string());
-                }
-                let blocks = read_blocks(root, &m, kv).map_err(|e| reason_of(&e))?;
-                Ok((m, blocks.into_iter().map(|(_, b)| b).collect()))
-            });
+        let result = manifest.map_err(|e| reason_of(&e)).and_then(|m| {
+            if m.format != FORMAT || m.id != id {
+                return Err("format".to_string());
+            }
+            let blocks = read_blocks(root, &m, kv).map_err(|e| reason_of(&e))?;
+            Ok((m, blocks.into_iter().map(|(_, b)| b).collect()))
+        });
         out.push(LoadedEntry {
             id,
             kind,
@@ -1289,7 +1291,8 @@ mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("engram-shadow-unit-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("engram-shadow-unit-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d

@@ -238,7 +238,10 @@ fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
         .all(|m| m.tier() == Tier::Hot);
     assert!(pinned_hot);
     for s in 1..=3 {
-        assert!(tiers_of(&e, s).iter().all(|&t| t == Tier::Cold), "session {s}");
+        assert!(
+            tiers_of(&e, s).iter().all(|&t| t == Tier::Cold),
+            "session {s}"
+        );
     }
 
     // Session 2 becomes active again: with room in the hot tier its blocks are warmed, the
@@ -281,8 +284,11 @@ fn threshold_suggestions_follow_cold_fill_within_bounds() {
         ..TierPolicy::default()
     };
     e.tier_cycle(&mut fixed, &[]).unwrap();
-    assert_eq!(fixed, TierPolicy {
-        adapt: false,
-        ..TierPolicy::default()
-    });
+    assert_eq!(
+        fixed,
+        TierPolicy {
+            adapt: false,
+            ..TierPolicy::default()
+        }
+    );
 }

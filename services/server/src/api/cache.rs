@@ -93,7 +93,10 @@ pub async fn save(
         .await??
         .first()
         .map_or((0, 0), |c| {
-            (c.blocks.len(), c.blocks.iter().map(|b| b.tokens.len()).sum())
+            (
+                c.blocks.len(),
+                c.blocks.iter().map(|b| b.tokens.len()).sum(),
+            )
         });
     Ok(HttpResponse::Ok().json(CacheOpResponse {
         blocks,
@@ -268,10 +271,9 @@ pub async fn import(
     }
     let kv = engine.kv_format().clone();
     let tenant = key.0;
-    let (stable_blocks, blocks) =
-        web::block(move || import_file(&kv, tenant, &bytes))
-            .await
-            .map_err(ApiError::internal)??;
+    let (stable_blocks, blocks) = web::block(move || import_file(&kv, tenant, &bytes))
+        .await
+        .map_err(ApiError::internal)??;
     let n = blocks.len();
     let report = engine_restore(
         engine,

@@ -282,7 +282,10 @@ fn render_shadow_and_tiers(state: &AppState, out: &mut String) {
             s.bytes_on_disk
         );
         for (result, n) in &s.recovery_counts {
-            let _ = writeln!(out, "engram_shadow_recovery_total{{result=\"{result}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "engram_shadow_recovery_total{{result=\"{result}\"}} {n}"
+            );
         }
     }
     let t = state.tiers.totals.lock().map(|t| *t).unwrap_or_default();

@@ -264,6 +264,89 @@ impl Generated {
     }
 }
 
+/// Recomputes, turn by turn, the blocks of a session's earlier turns that the cache lost (a
+/// restart whose shadow was behind the turn log, an eviction). Prefill on the CPU is not
+/// batch-invariant: the same tokens prefilled in one long chunk round differently from the
+/// turn-by-turn prefills that first computed them, and greedy decoding can then drift. Replaying
+/// what each lost turn prefilled — its prompt, then the canonical prefix warmed after it (see
+/// [`record`]), both rebuilt from the turn log — in order gives the blocks a run that never lost
+/// them holds, so the next answer equals that run's. Cheap when nothing was lost: one prompt
+/// build and one cache lookup. Skipped with the memory graph on (past memories layers cannot be
+/// rebuilt as they were) and with `shadow.replay` off. Returns how many turns were replayed.
+pub(crate) async fn replay_lost_turns(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: &str,
+) -> Result<usize, ApiError> {
+    if !state.config.shadow.replay || state.memory.is_some() {
+        return Ok(0);
+    }
+    let engine = state.engine()?;
+    let bs = engine.kv_format().shape.block_size;
+    let history = history_of(state, agent, session).await?;
+    let users: Vec<usize> = history
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.speaker == engram_context::Speaker::User)
+        .map(|(i, _)| i)
+        .collect();
+    let key = Some(session_key(agent, session));
+    // Whether turn `i`'s prompt is cached as far as its prefill left it.
+    let cached = |spec: SequenceSpec| async move {
+        let want = spec
+            .segments
+            .iter()
+            .map(|s| s.tokens.len())
+            .sum::<usize>()
+            .saturating_sub(1)
+            / bs;
+        let found = engine.lookup(spec)?.answer().await?;
+        Ok::<bool, ApiError>(found.hot + found.cold >= want)
+    };
+    // What the session's turns prefilled, in order: each turn's prompt, then the canonical
+    // prefix warmed after it. Back from the last to the last one fully cached; the rest is lost.
+    let mut lost = Vec::new();
+    'scan: for &i in users.iter().rev() {
+        let warmed = canonical_spec(
+            state,
+            tenant,
+            agent,
+            session,
+            &history[..(i + 2).min(history.len())],
+            None,
+        );
+        let built = build_with_history(state, agent, &history[..i], &history[i].text, None).await?;
+        let prompt = spec_of(state, &built, tenant, key, |_| true)?;
+        for spec in [warmed.await?, prompt] {
+            if cached(spec.clone()).await? {
+                break 'scan;
+            }
+            lost.push(spec);
+        }
+    }
+    lost.reverse();
+    let mut replayed = 0;
+    for spec in lost {
+        let rx = engine.submit(GenerateRequest {
+            spec,
+            sampling: SamplingParams::greedy(1),
+        })?;
+        while let Ok(ev) = rx.recv_async().await {
+            match ev {
+                StreamEvent::Done { .. } => break,
+                StreamEvent::Failed(e) => return Err(e.into()),
+                _ => {}
+            }
+        }
+        replayed += 1;
+    }
+    if replayed > 0 {
+        state.metrics.count_replayed(replayed as u64);
+    }
+    Ok(replayed)
+}
+
 /// Runs one generation to the end.
 pub(crate) async fn generate(
     state: &AppState,
@@ -286,6 +369,26 @@ pub(crate) async fn generate(
     Err(ApiError::internal("the engine closed a stream early"))
 }
 
+/// The canonical prefix after `history`: everything but the volatile block and the
+/// (placeholder) message, with `memories`. Prefilled after each turn so the next one finds it.
+pub(crate) async fn canonical_spec(
+    state: &AppState,
+    tenant: &Tenant,
+    agent: &Agent,
+    session: &str,
+    history: &[engram_context::Turn],
+    memories: Option<&crate::memory::Neighbourhood>,
+) -> Result<SequenceSpec, ApiError> {
+    let next = build_with_history(state, agent, history, ".", memories).await?;
+    spec_of(
+        state,
+        &next,
+        tenant,
+        Some(session_key(agent, session)),
+        |v| v != Volatility::Volatile,
+    )
+}
+
 /// Appends the turn to the log and spilled lines to working memory, records it as an episode
 /// of the memory graph, warms the canonical prefix for the next turn, and in the background
 /// reserves cold-tier blocks for the neighbourhood of what was just said.
@@ -298,7 +401,9 @@ pub(crate) async fn record(
     turned: &Turned,
     generated: &Generated,
 ) -> Result<(), ApiError> {
-    state.tiers.touch((TenantId(tenant.cache_salt), session_key(agent, session)));
+    state
+        .tiers
+        .touch((TenantId(tenant.cache_salt), session_key(agent, session)));
     let built = &turned.built;
     let tok = state.engine()?.tokenizer();
     let user_tokens = tok.encode(message).map_err(ApiError::from)?;
@@ -332,14 +437,15 @@ pub(crate) async fn record(
     // The canonical prefix: everything but the volatile block and the (placeholder) message,
     // with this turn's memories.
     let history = history_of(state, agent, session).await?;
-    let next = build_with_history(state, agent, &history, ".", turned.memories.as_ref()).await?;
-    let spec = spec_of(
+    let spec = canonical_spec(
         state,
-        &next,
         tenant,
-        Some(session_key(agent, session)),
-        |v| v != Volatility::Volatile,
-    )?;
+        agent,
+        session,
+        &history,
+        turned.memories.as_ref(),
+    )
+    .await?;
     // Awaited, so the session's next turn finds these blocks cached (it costs the prefill of this
     // turn's tokens only: everything before them is already cached).
     let warm = SamplingParams::greedy(1);
@@ -549,6 +655,7 @@ pub async fn create_turn(
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
     open_session(&state, &tenant, &agent, &session, &body.message).await?;
+    replay_lost_turns(&state, &tenant, &agent, &session).await?;
     let turned = turn_context(&state, &tenant, &agent, Some(&session), None, &body.message).await?;
     let spec = spec_of(
         &state,
