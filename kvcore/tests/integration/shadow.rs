@@ -36,7 +36,7 @@ fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
     // Into another store's cold tier, then warmed: the same bytes in every tier.
     let mut b = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
     let cold = b
-        .allocate(Tier::Cold, &vec![tags(SourceLayer::UserTurn); 3])
+        .allocate(Tier::Cold, &[tags(SourceLayer::UserTurn); 3])
         .unwrap();
     for (&id, block) in cold.iter().zip(&seg.blocks) {
         b.write_block_bytes(id, block).unwrap();

@@ -77,6 +77,9 @@ pub enum ShadowError {
 
 type Result<T> = std::result::Result<T, ShadowError>;
 
+/// Blocks of a chain in order, each with its bytes.
+pub type ChainBlocks = Vec<(ShadowBlock, Vec<u8>)>;
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ShadowError + '_ {
     move |source| ShadowError::Io {
         path: path.to_path_buf(),
@@ -553,7 +556,7 @@ impl Shadow {
             .map_err(|e| invalid("recover", e.to_string()))??;
         let mut state = self.state.lock().await;
         let mut outcomes = Vec::new();
-        let mut good_prefix: HashMap<String, Vec<(ShadowBlock, Vec<u8>)>> = HashMap::new();
+        let mut good_prefix: HashMap<String, ChainBlocks> = HashMap::new();
         // Prefixes first: sessions chain onto them.
         let (prefixes, sessions): (Vec<_>, Vec<_>) = loaded
             .into_iter()
@@ -663,7 +666,7 @@ impl Shadow {
         &self,
         kv: &KvFormat,
         key: ChainKey,
-    ) -> Result<(Manifest, Vec<(ShadowBlock, Vec<u8>)>)> {
+    ) -> Result<(Manifest, ChainBlocks)> {
         let state = self.state.lock().await;
         let id = session_entry_id(key.0, key.1);
         let manifest = state
@@ -724,7 +727,7 @@ fn totals(root: &Path, state: &State) -> (usize, usize, u64) {
 }
 
 /// Reads and checks every block of a manifest (CRC of each block).
-fn read_blocks(root: &Path, m: &Manifest, kv: &KvFormat) -> Result<Vec<(ShadowBlock, Vec<u8>)>> {
+fn read_blocks(root: &Path, m: &Manifest, kv: &KvFormat) -> Result<ChainBlocks> {
     if let Some(reason) = m.kv.mismatch(kv) {
         return Err(invalid(&m.id, reason));
     }
@@ -1250,11 +1253,7 @@ pub fn export_file(
 
 /// Decodes an exported session for `kv`, re-hashing its chain for `tenant` (a session may be
 /// imported by another tenant: the KV of the same tokens is the same, only the salt differs).
-pub fn import_file(
-    kv: &KvFormat,
-    tenant: TenantId,
-    bytes: &[u8],
-) -> Result<(usize, Vec<(ShadowBlock, Vec<u8>)>)> {
+pub fn import_file(kv: &KvFormat, tenant: TenantId, bytes: &[u8]) -> Result<(usize, ChainBlocks)> {
     let seg = decode_segment(&kv.parts, bytes).map_err(|e| invalid("import", e.to_string()))?;
     let json = seg
         .metadata

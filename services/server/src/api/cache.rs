@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, get, post, web};
-use engram_engine::{ChainKey, CollectRequest, CollectedBytes, RestoreChain, ShadowBlock};
+use engram_engine::{ChainKey, CollectRequest, CollectedBytes, RestoreChain};
 use engram_kvcore::TenantId;
 use futures_util::StreamExt;
 use serde::Serialize;
@@ -17,7 +17,7 @@ use crate::api::Answer;
 use crate::api::turns::session_key;
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
-use crate::shadow::{ShadowError, engine_restore, export_file, import_file};
+use crate::shadow::{ChainBlocks, ShadowError, engine_restore, export_file, import_file};
 use crate::state::AppState;
 
 /// Largest exported session accepted by import.
@@ -157,10 +157,7 @@ pub async fn load(
 
 /// The session's blocks: resident ones from memory, the rest from the shadow, up to the first
 /// block found nowhere.
-async fn session_blocks(
-    state: &AppState,
-    key: ChainKey,
-) -> Result<(usize, Vec<(ShadowBlock, Vec<u8>)>), ApiError> {
+async fn session_blocks(state: &AppState, key: ChainKey) -> Result<(usize, ChainBlocks), ApiError> {
     let engine = state.engine()?;
     let chains = engine
         .shadow_collect(CollectRequest {
