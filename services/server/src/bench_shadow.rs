@@ -181,8 +181,11 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     state.store.close().await;
     drop(state);
 
-    // 3. Restart without recovery: tenant 3's next turn; then load tenant 1 from disk.
-    let state = web::Data::new(build_state(config(model, dir, false, true)).await?);
+    // 3. Restart without recovery (and without replay: one prefill of the whole history, the
+    //    plain recompute): tenant 3's next turn; then load tenant 1 from disk.
+    let mut cold_config = config(model, dir, false, true);
+    cold_config.shadow.replay = false;
+    let state = web::Data::new(build_state(cold_config).await?);
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
     let cold = turn!(&app, &keys[2], "s", next, 1);
     let (s, load) = app_call!(

@@ -126,7 +126,13 @@ async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow,
         s.dir.clone()
     };
     let shadow = shadow::Shadow::open(&dir, s.interval_ms, s.max_write_mib_per_sec)?;
-    if s.recover {
+    if !s.recover {
+        let n = shadow.index().await?;
+        eprintln!(
+            "engram: shadow: {n} entries in {} left on disk (shadow.recover is off)",
+            dir.display()
+        );
+    } else {
         let outcomes = shadow.recover(engine).await?;
         let status = shadow.status();
         let tokens: usize = outcomes.iter().map(|o| o.tokens).sum();

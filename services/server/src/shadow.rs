@@ -661,6 +661,40 @@ impl Shadow {
         Ok(outcomes)
     }
 
+    /// Reads every readable manifest without loading blocks (`shadow.recover` off): the
+    /// entries stay on disk for `cache/load`, and later flushes build on them.
+    pub async fn index(&self) -> Result<usize> {
+        let root = self.root.clone();
+        let manifests = tokio::task::spawn_blocking(move || {
+            let dir = root.join("entries");
+            let mut out = Vec::new();
+            for d in fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
+                let id = d.file_name().to_string_lossy().into_owned();
+                if let Ok(m) = read_checked_json::<Manifest>(&d.path().join("manifest.json"))
+                    && m.format == FORMAT
+                    && m.id == id
+                {
+                    out.push(m);
+                }
+            }
+            Ok::<_, ShadowError>(out)
+        })
+        .await
+        .map_err(|e| invalid("index", e.to_string()))??;
+        let n = manifests.len();
+        let mut state = self.state.lock().await;
+        for m in manifests {
+            state.manifests.insert(m.id.clone(), m);
+        }
+        let (sessions, prefixes, bytes) = totals(&self.root, &state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(n)
+    }
+
     /// The chain of one session as the shadow holds it (prefix blocks first), with bytes.
     pub async fn read_session(
         &self,
@@ -844,6 +878,18 @@ fn reason_of(e: &ShadowError) -> String {
     }
 }
 
+/// Where each block the shadow holds is: entry, segment, row, CRC.
+type Located = HashMap<[u8; 32], (String, String, usize, u32)>;
+
+fn locate(located: &mut Located, m: &Manifest) {
+    for b in &m.blocks {
+        located.insert(
+            b.block.hash.0,
+            (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
+        );
+    }
+}
+
 /// Writes the entries of the collected chains, then the index (runs on a blocking thread).
 fn write_chains(
     root: &Path,
@@ -856,14 +902,9 @@ fn write_chains(
         ..FlushReport::default()
     };
     // Where every block the shadow holds is, for blocks another entry already wrote.
-    let mut located: HashMap<[u8; 32], (String, String, usize, u32)> = HashMap::new();
+    let mut located: Located = HashMap::new();
     for m in st.manifests.values() {
-        for b in &m.blocks {
-            located.insert(
-                b.block.hash.0,
-                (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
-            );
-        }
+        locate(&mut located, m);
     }
     let parts = kv.parts();
     let mut decoded: HashMap<(String, String), Vec<Vec<u8>>> = HashMap::new();
@@ -896,12 +937,7 @@ fn write_chains(
                     },
                     &mut report,
                 )?;
-                for b in &m.blocks {
-                    located.insert(
-                        b.block.hash.0,
-                        (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
-                    );
-                }
+                locate(&mut located, &m);
                 st.manifests.insert(id.clone(), m);
             }
             prefix_ref = Some(PrefixRef { id, blocks: p });
@@ -923,12 +959,7 @@ fn write_chains(
             },
             &mut report,
         )?;
-        for b in &m.blocks {
-            located.insert(
-                b.block.hash.0,
-                (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
-            );
-        }
+        locate(&mut located, &m);
         st.manifests.insert(id, m);
         st.written.insert(key, chain.generation);
     }
@@ -993,7 +1024,7 @@ fn write_entry(
     kv: &FormatInfo,
     parts: &[BlockPart],
     st: &mut State,
-    located: &HashMap<[u8; 32], (String, String, usize, u32)>,
+    located: &Located,
     decoded: &mut HashMap<(String, String), Vec<Vec<u8>>>,
     spec: EntrySpec<'_>,
     report: &mut FlushReport,

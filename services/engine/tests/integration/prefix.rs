@@ -166,15 +166,10 @@ fn blocks_carry_the_segment_tags_and_stable_layers_are_pinned() {
     );
 }
 
-#[test]
-fn generated_blocks_are_cached_for_the_next_turn_when_enabled() {
-    let prompt = crate::common::chat("Count from one to twenty in words.");
-    let mut core = core_with(EngineConfig {
-        cache_generated: true,
-        ..EngineConfig::default()
-    });
+/// Runs `prompt` and 40 greedy tokens; returns the running sequence and all its tokens.
+fn count_to_twenty(core: &mut EngineCore, prompt: &[u32]) -> (engram_engine::SeqId, Vec<u32>) {
     let (id, _) = core
-        .start(SequenceSpec::plain(prompt.clone(), TenantId(1)))
+        .start(SequenceSpec::plain(prompt.to_vec(), TenantId(1)))
         .unwrap();
     let mut logits = core.prefill(id).unwrap();
     for _ in 0..40 {
@@ -182,6 +177,17 @@ fn generated_blocks_are_cached_for_the_next_turn_when_enabled() {
         logits = core.decode(&[(id, t)]).unwrap().remove(0);
     }
     let all = core.tokens(id).unwrap().to_vec();
+    (id, all)
+}
+
+#[test]
+fn generated_blocks_are_cached_for_the_next_turn_when_enabled() {
+    let prompt = crate::common::chat("Count from one to twenty in words.");
+    let mut core = core_with(EngineConfig {
+        cache_generated: true,
+        ..EngineConfig::default()
+    });
+    let (id, all) = count_to_twenty(&mut core, &prompt);
     let blocks = core.blocks(id).unwrap().to_vec();
     core.finish(id).unwrap();
     let last_full = all.len() / 16 - 1;
@@ -199,15 +205,7 @@ fn generated_blocks_are_cached_for_the_next_turn_when_enabled() {
 fn by_default_only_prompt_blocks_are_cached() {
     let prompt = crate::common::chat("Count from one to twenty in words.");
     let mut core = core(CodecKind::TQ4);
-    let (id, _) = core
-        .start(SequenceSpec::plain(prompt.clone(), TenantId(1)))
-        .unwrap();
-    let mut logits = core.prefill(id).unwrap();
-    for _ in 0..40 {
-        let t = engram_engine::argmax(&logits);
-        logits = core.decode(&[(id, t)]).unwrap().remove(0);
-    }
-    let all = core.tokens(id).unwrap().to_vec();
+    let (id, all) = count_to_twenty(&mut core, &prompt);
     core.finish(id).unwrap();
     let (next, adm) = core
         .start(SequenceSpec::plain(all.clone(), TenantId(1)))

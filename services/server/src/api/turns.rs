@@ -655,7 +655,10 @@ pub async fn create_turn(
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
     open_session(&state, &tenant, &agent, &session, &body.message).await?;
+    // Replayed prefills delay the first token: they count in the turn's TTFT.
+    let replay_started = Instant::now();
     replay_lost_turns(&state, &tenant, &agent, &session).await?;
+    let replay_ms = replay_started.elapsed().as_secs_f64() * 1e3;
     let turned = turn_context(&state, &tenant, &agent, Some(&session), None, &body.message).await?;
     let spec = spec_of(
         &state,
@@ -674,6 +677,7 @@ pub async fn create_turn(
             turned,
             spec,
             sampling,
+            replay_ms,
         );
     }
     let layout = spec.clone();
@@ -693,7 +697,7 @@ pub async fn create_turn(
         text: generated.text,
         finish_reason: generated.reason,
         usage: generated.usage,
-        ttft_ms: generated.ttft_ms,
+        ttft_ms: generated.ttft_ms + replay_ms,
         stable_prefix_hash: turned.built.stable_prefix_hex(),
     }))
 }
@@ -713,6 +717,7 @@ fn stream_turn(
     turned: Turned,
     spec: SequenceSpec,
     sampling: SamplingParams,
+    replay_ms: f64,
 ) -> Result<HttpResponse, ApiError> {
     let layout = spec.clone();
     let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
@@ -744,7 +749,7 @@ fn stream_turn(
                             "done": true,
                             "finish_reason": g.reason,
                             "usage": g.usage,
-                            "ttft_ms": g.ttft_ms,
+                            "ttft_ms": g.ttft_ms + replay_ms,
                             "stable_prefix_hash": turned.built.stable_prefix_hex(),
                             "memories": memory_usage(&turned, &layout, &g),
                         }),
