@@ -278,13 +278,13 @@ pub(crate) async fn replay_lost_turns(
     tenant: &Tenant,
     agent: &Agent,
     session: &str,
+    history: &[engram_context::Turn],
 ) -> Result<usize, ApiError> {
     if !state.config.shadow.replay || state.memory.is_some() {
         return Ok(0);
     }
     let engine = state.engine()?;
     let bs = engine.kv_format().shape.block_size;
-    let history = history_of(state, agent, session).await?;
     let users: Vec<usize> = history
         .iter()
         .enumerate()
@@ -307,23 +307,19 @@ pub(crate) async fn replay_lost_turns(
     // What the session's turns prefilled, in order: each turn's prompt, then the canonical
     // prefix warmed after it. Back from the last to the last one fully cached; the rest is lost.
     let mut lost = Vec::new();
-    'scan: for &i in users.iter().rev() {
-        let warmed = canonical_spec(
-            state,
-            tenant,
-            agent,
-            session,
-            &history[..(i + 2).min(history.len())],
-            None,
-        );
+    for &i in users.iter().rev() {
+        let after = &history[..(i + 2).min(history.len())];
+        let warmed = canonical_spec(state, tenant, agent, session, after, None).await?;
+        if cached(warmed.clone()).await? {
+            break;
+        }
+        lost.push(warmed);
         let built = build_with_history(state, agent, &history[..i], &history[i].text, None).await?;
         let prompt = spec_of(state, &built, tenant, key, |_| true)?;
-        for spec in [warmed.await?, prompt] {
-            if cached(spec.clone()).await? {
-                break 'scan;
-            }
-            lost.push(spec);
+        if cached(prompt.clone()).await? {
+            break;
         }
+        lost.push(prompt);
     }
     lost.reverse();
     let mut replayed = 0;
@@ -656,10 +652,19 @@ pub async fn create_turn(
     sampling.validate().map_err(ApiError::from)?;
     open_session(&state, &tenant, &agent, &session, &body.message).await?;
     // Replayed prefills delay the first token: they count in the turn's TTFT.
+    let history = history_of(&state, &agent, &session).await?;
     let replay_started = Instant::now();
-    replay_lost_turns(&state, &tenant, &agent, &session).await?;
+    replay_lost_turns(&state, &tenant, &agent, &session, &history).await?;
     let replay_ms = replay_started.elapsed().as_secs_f64() * 1e3;
-    let turned = turn_context(&state, &tenant, &agent, Some(&session), None, &body.message).await?;
+    let turned = turn_context(
+        &state,
+        &tenant,
+        &agent,
+        Some(&session),
+        Some(&history),
+        &body.message,
+    )
+    .await?;
     let spec = spec_of(
         &state,
         &turned.built,
