@@ -1,0 +1,196 @@
+//! The shadow offline and as files: `engram shadow verify`, and a session exported as one
+//! safetensors file and imported again.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+
+use engram_engine::{Hex32, KvFormat, ShadowBlock};
+use engram_kvcore::TenantId;
+use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    ChainBlocks, FORMAT, FormatInfo, Manifest, Result, invalid, io, read_checked_json, reason_of,
+};
+
+/// What `engram shadow verify` found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifyReport {
+    /// Entries checked.
+    pub entries: usize,
+    /// Entries whose every check passed.
+    pub ok: usize,
+    /// `(entry, reason)` of the others.
+    pub damaged: Vec<(String, String)>,
+    /// Blocks checked.
+    pub blocks: usize,
+    /// Bytes of the segment files read.
+    pub bytes: u64,
+}
+
+/// Checks a shadow directory offline: manifests' checksums and format, every segment decodes
+/// with the manifest's layout, every block's CRC, and every chain hash (recomputed from the
+/// recorded fingerprint, salt, parent and tokens).
+pub fn verify(root: &Path) -> Result<VerifyReport> {
+    let entries_dir = root.join("entries");
+    let mut report = VerifyReport::default();
+    let mut manifests: HashMap<String, Manifest> = HashMap::new();
+    let mut ids: Vec<String> = fs::read_dir(&entries_dir)
+        .map_err(io(&entries_dir))?
+        .flatten()
+        .filter(|d| d.path().is_dir())
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .collect();
+    ids.sort();
+    // Prefix entries first, so session chains can continue from them.
+    ids.sort_by_key(|id| !id.starts_with("p-"));
+    for id in ids {
+        report.entries += 1;
+        let dir = entries_dir.join(&id);
+        let checked = read_checked_json::<Manifest>(&dir.join("manifest.json")).and_then(|m| {
+            if m.format != FORMAT || m.id != id {
+                return Err(invalid(&id, "format"));
+            }
+            let parts = m.kv.parts();
+            let mut segs: HashMap<&str, Vec<Vec<u8>>> = HashMap::new();
+            for seg in m.segments() {
+                let path = dir.join(seg);
+                let raw = fs::read(&path).map_err(|_| invalid(&id, "missing_segment"))?;
+                report.bytes += raw.len() as u64;
+                let d = decode_segment(&parts, &raw).map_err(|_| invalid(&id, "format"))?;
+                segs.insert(seg, d.blocks);
+            }
+            let mut parent = match &m.prefix {
+                Some(p) => {
+                    let pm = manifests
+                        .get(&p.id)
+                        .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
+                    let last = p
+                        .blocks
+                        .checked_sub(1)
+                        .and_then(|i| pm.blocks.get(i))
+                        .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
+                    Some(last.block.hash.0)
+                }
+                None => None,
+            };
+            for b in &m.blocks {
+                let bytes = segs
+                    .get(b.segment.as_str())
+                    .and_then(|s| s.get(b.row))
+                    .ok_or_else(|| invalid(&id, "missing_segment"))?;
+                if checksum(bytes) != b.crc32c {
+                    return Err(invalid(&id, "checksum"));
+                }
+                let salt = if b.block.public { 0 } else { m.tenant };
+                let h = engram_engine::chain_hash(
+                    &m.kv.fingerprint.0,
+                    salt,
+                    parent.as_ref(),
+                    &b.block.tokens,
+                );
+                if h != b.block.hash.0 {
+                    return Err(invalid(&id, "hash_mismatch"));
+                }
+                parent = Some(h);
+                report.blocks += 1;
+            }
+            Ok(m)
+        });
+        match checked {
+            Ok(m) => {
+                report.ok += 1;
+                manifests.insert(id, m);
+            }
+            Err(e) => report.damaged.push((id, reason_of(&e))),
+        }
+    }
+    Ok(report)
+}
+
+/// The metadata key of an exported session's manifest.
+pub const EXPORT_KEY: &str = "engram.session";
+
+/// An exported session: every block (prefix first) in one safetensors file, with the format
+/// and the block list in its header.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportHeader {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The KV format.
+    pub kv: FormatInfo,
+    /// Leading stable blocks.
+    pub stable_blocks: usize,
+    /// Blocks in chain order, with the CRC of each block's bytes.
+    pub blocks: Vec<ExportBlock>,
+}
+
+/// One exported block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportBlock {
+    /// What the block is.
+    #[serde(flatten)]
+    pub block: ShadowBlock,
+    /// CRC-32C of its bytes.
+    pub crc32c: u32,
+}
+
+/// Encodes a session's blocks as one safetensors file.
+pub fn export_file(
+    kv: &KvFormat,
+    stable_blocks: usize,
+    blocks: &[(ShadowBlock, Vec<u8>)],
+) -> Result<Vec<u8>> {
+    let header = ExportHeader {
+        format: FORMAT,
+        kv: FormatInfo::of(kv),
+        stable_blocks,
+        blocks: blocks
+            .iter()
+            .map(|(b, bytes)| ExportBlock {
+                block: b.clone(),
+                crc32c: checksum(bytes),
+            })
+            .collect(),
+    };
+    let json = serde_json::to_string(&header).map_err(|e| invalid("export", e.to_string()))?;
+    let refs: Vec<&[u8]> = blocks.iter().map(|(_, b)| b.as_slice()).collect();
+    Ok(encode_segment(
+        &kv.parts,
+        &refs,
+        Some(HashMap::from([(EXPORT_KEY.to_string(), json)])),
+    )?)
+}
+
+/// Decodes an exported session for `kv`, re-hashing its chain for `tenant` (a session may be
+/// imported by another tenant: the KV of the same tokens is the same, only the salt differs).
+pub fn import_file(kv: &KvFormat, tenant: TenantId, bytes: &[u8]) -> Result<(usize, ChainBlocks)> {
+    let seg = decode_segment(&kv.parts, bytes).map_err(|e| invalid("import", e.to_string()))?;
+    let json = seg
+        .metadata
+        .get(EXPORT_KEY)
+        .ok_or_else(|| invalid("import", "format: no engram.session header"))?;
+    let header: ExportHeader =
+        serde_json::from_str(json).map_err(|e| invalid("import", format!("format: {e}")))?;
+    if header.format != FORMAT || header.blocks.len() != seg.blocks.len() {
+        return Err(invalid("import", "format: block count or version differs"));
+    }
+    if let Some(reason) = header.kv.mismatch(kv) {
+        return Err(invalid("import", reason));
+    }
+    let mut parent: Option<[u8; 32]> = None;
+    let mut out = Vec::with_capacity(seg.blocks.len());
+    for (b, bytes) in header.blocks.into_iter().zip(seg.blocks) {
+        if checksum(&bytes) != b.crc32c {
+            return Err(invalid("import", "checksum"));
+        }
+        let mut block = b.block;
+        let salt = if block.public { 0 } else { tenant.0 };
+        let h = engram_engine::chain_hash(&kv.fingerprint, salt, parent.as_ref(), &block.tokens);
+        block.hash = Hex32(h);
+        parent = Some(h);
+        out.push((block, bytes));
+    }
+    Ok((header.stable_blocks, out))
+}

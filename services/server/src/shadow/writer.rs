@@ -1,0 +1,271 @@
+//! The shadow's writer: per collected chain, the prefix and session entries (new blocks as one
+//! segment, then the manifest, then unreferenced segments dropped), then the index.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::Path;
+
+use engram_engine::{CollectedBytes, ShadowChain};
+use engram_kvcore::BlockPart;
+use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+
+use super::{
+    EntryKind, FORMAT, FlushReport, FormatInfo, Index, IndexEntry, Manifest, ManifestBlock,
+    PrefixRef, Result, State, invalid, io, now_ms, prefix_entry_id, session_entry_id,
+    write_atomic_at, write_checked_json,
+};
+
+/// Where each block the shadow holds is: entry, segment, row, CRC.
+type Located = HashMap<[u8; 32], (String, String, usize, u32)>;
+
+fn locate(located: &mut Located, m: &Manifest) {
+    for b in &m.blocks {
+        located.insert(
+            b.block.hash.0,
+            (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
+        );
+    }
+}
+
+/// Writes the entries of the collected chains, then the index (runs on a blocking thread).
+pub(super) fn write_chains(
+    root: &Path,
+    kv: &FormatInfo,
+    st: &mut State,
+    chains: Vec<ShadowChain>,
+) -> Result<FlushReport> {
+    let mut report = FlushReport {
+        chains: chains.len(),
+        ..FlushReport::default()
+    };
+    // Where every block the shadow holds is, for blocks another entry already wrote.
+    let mut located: Located = HashMap::new();
+    for m in st.manifests.values() {
+        locate(&mut located, m);
+    }
+    let parts = kv.parts();
+    let mut decoded: HashMap<(String, String), Vec<Vec<u8>>> = HashMap::new();
+    for chain in chains {
+        let key = (chain.tenant, chain.session);
+        // The usable chain ends at the first block with no bytes anywhere.
+        let usable = chain
+            .bytes
+            .iter()
+            .position(|b| matches!(b, CollectedBytes::Missing))
+            .unwrap_or(chain.blocks.len());
+        let p = chain.stable_blocks.min(usable);
+        let mut prefix_ref = None;
+        if p > 0 {
+            let id = prefix_entry_id(&chain.blocks[p - 1].hash);
+            if !st.manifests.contains_key(&id) {
+                let m = write_entry(
+                    root,
+                    kv,
+                    &parts,
+                    st,
+                    &located,
+                    &mut decoded,
+                    EntrySpec {
+                        id: id.clone(),
+                        kind: EntryKind::Prefix,
+                        chain: &chain,
+                        range: 0..p,
+                        prefix: None,
+                    },
+                    &mut report,
+                )?;
+                locate(&mut located, &m);
+                st.manifests.insert(id.clone(), m);
+            }
+            prefix_ref = Some(PrefixRef { id, blocks: p });
+        }
+        let id = session_entry_id(chain.tenant, chain.session);
+        let m = write_entry(
+            root,
+            kv,
+            &parts,
+            st,
+            &located,
+            &mut decoded,
+            EntrySpec {
+                id: id.clone(),
+                kind: EntryKind::Session,
+                chain: &chain,
+                range: p..usable,
+                prefix: prefix_ref,
+            },
+            &mut report,
+        )?;
+        locate(&mut located, &m);
+        st.manifests.insert(id, m);
+        st.written.insert(key, chain.generation);
+    }
+    // Prefix entries no session names any more.
+    let used: HashSet<String> = st
+        .manifests
+        .values()
+        .filter_map(|m| m.prefix.as_ref().map(|p| p.id.clone()))
+        .collect();
+    let unused: Vec<String> = st
+        .manifests
+        .values()
+        .filter(|m| m.kind == EntryKind::Prefix && !used.contains(&m.id))
+        .map(|m| m.id.clone())
+        .collect();
+    write_index(root, st, &unused)?;
+    for id in unused {
+        st.manifests.remove(&id);
+        let _ = fs::remove_dir_all(root.join("entries").join(&id));
+    }
+    Ok(report)
+}
+
+fn write_index(root: &Path, st: &State, leaving: &[String]) -> Result<()> {
+    let mut entries: Vec<IndexEntry> = st
+        .manifests
+        .values()
+        .filter(|m| !leaving.contains(&m.id))
+        .map(|m| IndexEntry {
+            id: m.id.clone(),
+            kind: m.kind,
+            tenant: m.tenant,
+            session: m.session,
+            blocks: m.blocks.len(),
+            bytes: (m.blocks.len() * m.kv.block_bytes) as u64,
+            updated_unix_ms: m.updated_unix_ms,
+        })
+        .collect();
+    entries.sort_by(|a, b| a.id.cmp(&b.id));
+    write_checked_json(
+        &root.join("index.json"),
+        &Index {
+            format: FORMAT,
+            entries,
+        },
+        st.throttle,
+    )
+}
+
+struct EntrySpec<'a> {
+    id: String,
+    kind: EntryKind,
+    chain: &'a ShadowChain,
+    range: std::ops::Range<usize>,
+    prefix: Option<PrefixRef>,
+}
+
+/// Writes one entry: new blocks as one segment, then the manifest, then drops old segments.
+#[allow(clippy::too_many_arguments)]
+fn write_entry(
+    root: &Path,
+    kv: &FormatInfo,
+    parts: &[BlockPart],
+    st: &mut State,
+    located: &Located,
+    decoded: &mut HashMap<(String, String), Vec<Vec<u8>>>,
+    spec: EntrySpec<'_>,
+    report: &mut FlushReport,
+) -> Result<Manifest> {
+    let dir = root.join("entries").join(&spec.id);
+    fs::create_dir_all(&dir).map_err(io(&dir))?;
+    st.segment_seq += 1;
+    let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
+    let old = st.manifests.get(&spec.id);
+    let own: HashMap<[u8; 32], &ManifestBlock> = old
+        .map(|m| m.blocks.iter().map(|b| (b.block.hash.0, b)).collect())
+        .unwrap_or_default();
+    let mut fresh: Vec<Vec<u8>> = Vec::new();
+    let mut blocks = Vec::with_capacity(spec.range.len());
+    for i in spec.range.clone() {
+        let mut block = spec.chain.blocks[i].clone();
+        let hash = block.hash.0;
+        if let Some(b) = own.get(&hash) {
+            // Keep what the entry recorded (the engine's view of an evicted block is partial).
+            block = b.block.clone();
+            blocks.push(ManifestBlock {
+                block,
+                segment: b.segment.clone(),
+                row: b.row,
+                crc32c: b.crc32c,
+            });
+            continue;
+        }
+        let bytes = match &spec.chain.bytes[i] {
+            CollectedBytes::New(bytes) => bytes.clone(),
+            CollectedBytes::Known => {
+                let (entry, seg, row, crc) = located
+                    .get(&hash)
+                    .cloned()
+                    .ok_or_else(|| invalid(&spec.id, "a known block has no location"))?;
+                let k = (entry.clone(), seg.clone());
+                if !decoded.contains_key(&k) {
+                    let path = root.join("entries").join(&entry).join(&seg);
+                    let raw = fs::read(&path).map_err(io(&path))?;
+                    decoded.insert(k.clone(), decode_segment(parts, &raw)?.blocks);
+                }
+                let bytes = decoded
+                    .get(&k)
+                    .and_then(|s| s.get(row))
+                    .cloned()
+                    .ok_or_else(|| invalid(&spec.id, "a known block is missing"))?;
+                if checksum(&bytes) != crc {
+                    return Err(invalid(&spec.id, "checksum: a known block is damaged"));
+                }
+                bytes
+            }
+            CollectedBytes::Missing => break,
+        };
+        blocks.push(ManifestBlock {
+            block,
+            segment: seg_name.clone(),
+            row: fresh.len(),
+            crc32c: checksum(&bytes),
+        });
+        fresh.push(bytes);
+    }
+    if !fresh.is_empty() {
+        let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+        let data = encode_segment(parts, &refs, None)?;
+        write_atomic_at(&dir.join(&seg_name), &data, st.throttle)?;
+        report.blocks += fresh.len();
+        report.bytes += data.len() as u64;
+    }
+    let chain = spec.chain;
+    let manifest = Manifest {
+        format: FORMAT,
+        id: spec.id.clone(),
+        kind: spec.kind,
+        tenant: chain.tenant.0,
+        session: (spec.kind == EntryKind::Session).then_some(chain.session.0),
+        kv: kv.clone(),
+        prefix: spec.prefix,
+        stable_blocks: chain.stable_blocks,
+        pin_key: chain.pin_key,
+        public_pin_key: chain.public_pin_key,
+        updated_unix_ms: now_ms(),
+        blocks,
+    };
+    if let Some(o) = old
+        && o.blocks == manifest.blocks
+        && o.prefix == manifest.prefix
+        && o.stable_blocks == manifest.stable_blocks
+        && o.kv == manifest.kv
+    {
+        // Nothing changed: keep the file (and its timestamp) as it is.
+        return Ok(o.clone());
+    }
+    let throttle = st.throttle;
+    write_checked_json(&dir.join("manifest.json"), &manifest, throttle)?;
+    report.entries += 1;
+    // Segments the new manifest does not name.
+    let keep = manifest.segments();
+    if let Ok(rd) = fs::read_dir(&dir) {
+        for f in rd.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with("seg-") && !keep.contains(name.as_str()) {
+                let _ = fs::remove_file(f.path());
+            }
+        }
+    }
+    Ok(manifest)
+}
