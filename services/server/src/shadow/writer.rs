@@ -18,6 +18,12 @@ use super::{
 /// Where each block the shadow holds is: entry, segment, row, CRC.
 type Located = HashMap<[u8; 32], (String, String, usize, u32)>;
 
+/// Records a written entry: in the state, and where its blocks are.
+fn keep(st: &mut State, located: &mut Located, m: Manifest) {
+    locate(located, &m);
+    st.manifests.insert(m.id.clone(), m);
+}
+
 fn locate(located: &mut Located, m: &Manifest) {
     for b in &m.blocks {
         located.insert(
@@ -74,8 +80,7 @@ pub(super) fn write_chains(
                     },
                     &mut report,
                 )?;
-                locate(&mut located, &m);
-                st.manifests.insert(id.clone(), m);
+                keep(st, &mut located, m);
             }
             prefix_ref = Some(PrefixRef { id, blocks: p });
         }
@@ -96,8 +101,7 @@ pub(super) fn write_chains(
             },
             &mut report,
         )?;
-        locate(&mut located, &m);
-        st.manifests.insert(id, m);
+        keep(st, &mut located, m);
         st.written.insert(key, chain.generation);
     }
     // Prefix entries no session names any more.
