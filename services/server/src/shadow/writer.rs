@@ -2,8 +2,6 @@
 //! segment, then the manifest, then unreferenced segments dropped), then the index.
 
 use std::collections::{HashMap, HashSet};
-use std::fs;
-use std::path::Path;
 
 use engram_engine::{CollectedBytes, ShadowChain};
 use engram_kvcore::BlockPart;
@@ -11,8 +9,8 @@ use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
 
 use super::{
     EntryKind, FORMAT, FlushReport, FormatInfo, Index, IndexEntry, Manifest, ManifestBlock,
-    PrefixRef, Result, State, invalid, io, now_ms, prefix_entry_id, session_entry_id,
-    write_atomic_at, write_checked_json,
+    PrefixRef, Result, State, Storage, entry_key, invalid, now_ms, prefix_entry_id,
+    session_entry_id, write_checked_json,
 };
 
 /// Where each block the shadow holds is: entry, segment, row, CRC.
@@ -35,7 +33,7 @@ fn locate(located: &mut Located, m: &Manifest) {
 
 /// Writes the entries of the collected chains, then the index (runs on a blocking thread).
 pub(super) fn write_chains(
-    root: &Path,
+    store: &dyn Storage,
     kv: &FormatInfo,
     st: &mut State,
     chains: Vec<ShadowChain>,
@@ -65,7 +63,7 @@ pub(super) fn write_chains(
             let id = prefix_entry_id(&chain.blocks[p - 1].hash);
             if !st.manifests.contains_key(&id) {
                 let m = write_entry(
-                    root,
+                    store,
                     kv,
                     &parts,
                     st,
@@ -86,7 +84,7 @@ pub(super) fn write_chains(
         }
         let id = session_entry_id(chain.tenant, chain.session);
         let m = write_entry(
-            root,
+            store,
             kv,
             &parts,
             st,
@@ -116,15 +114,18 @@ pub(super) fn write_chains(
         .filter(|m| m.kind == EntryKind::Prefix && !used.contains(&m.id))
         .map(|m| m.id.clone())
         .collect();
-    write_index(root, st, &unused)?;
+    write_index(store, st, &unused)?;
     for id in unused {
         st.manifests.remove(&id);
-        let _ = fs::remove_dir_all(root.join("entries").join(&id));
+        let dir = entry_key(&id, "");
+        st.sizes.retain(|k, _| !k.starts_with(&dir));
+        // A leftover is harmless: recovery removes entries nobody names.
+        let _ = store.delete_prefix(&dir);
     }
     Ok(report)
 }
 
-fn write_index(root: &Path, st: &State, leaving: &[String]) -> Result<()> {
+fn write_index(store: &dyn Storage, st: &State, leaving: &[String]) -> Result<()> {
     let mut entries: Vec<IndexEntry> = st
         .manifests
         .values()
@@ -141,7 +142,8 @@ fn write_index(root: &Path, st: &State, leaving: &[String]) -> Result<()> {
         .collect();
     entries.sort_by(|a, b| a.id.cmp(&b.id));
     write_checked_json(
-        &root.join("index.json"),
+        store,
+        "index.json",
         &Index {
             format: FORMAT,
             entries,
@@ -161,7 +163,7 @@ struct EntrySpec<'a> {
 /// Writes one entry: new blocks as one segment, then the manifest, then drops old segments.
 #[allow(clippy::too_many_arguments)]
 fn write_entry(
-    root: &Path,
+    store: &dyn Storage,
     kv: &FormatInfo,
     parts: &[BlockPart],
     st: &mut State,
@@ -170,8 +172,6 @@ fn write_entry(
     spec: EntrySpec<'_>,
     report: &mut FlushReport,
 ) -> Result<Manifest> {
-    let dir = root.join("entries").join(&spec.id);
-    fs::create_dir_all(&dir).map_err(io(&dir))?;
     st.segment_seq += 1;
     let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
     let old = st.manifests.get(&spec.id);
@@ -203,8 +203,9 @@ fn write_entry(
                     .ok_or_else(|| invalid(&spec.id, "a known block has no location"))?;
                 let k = (entry.clone(), seg.clone());
                 if !decoded.contains_key(&k) {
-                    let path = root.join("entries").join(&entry).join(&seg);
-                    let raw = fs::read(&path).map_err(io(&path))?;
+                    let raw = store
+                        .get(&entry_key(&entry, &seg))?
+                        .ok_or_else(|| invalid(&spec.id, "a known block's segment is missing"))?;
                     decoded.insert(k.clone(), decode_segment(parts, &raw)?.blocks);
                 }
                 let bytes = decoded
@@ -230,7 +231,9 @@ fn write_entry(
     if !fresh.is_empty() {
         let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
         let data = encode_segment(parts, &refs, None)?;
-        write_atomic_at(&dir.join(&seg_name), &data, st.throttle)?;
+        let key = entry_key(&spec.id, &seg_name);
+        store.put(&key, &data, st.throttle)?;
+        st.sizes.insert(key, data.len() as u64);
         report.blocks += fresh.len();
         report.bytes += data.len() as u64;
     }
@@ -259,16 +262,28 @@ fn write_entry(
         return Ok(o.clone());
     }
     let throttle = st.throttle;
-    write_checked_json(&dir.join("manifest.json"), &manifest, throttle)?;
+    write_checked_json(
+        store,
+        &entry_key(&spec.id, "manifest.json"),
+        &manifest,
+        throttle,
+    )?;
     report.entries += 1;
-    // Segments the new manifest does not name.
+    // Segments the new manifest does not name (a failed delete is left to recovery).
     let keep = manifest.segments();
-    if let Ok(rd) = fs::read_dir(&dir) {
-        for f in rd.flatten() {
-            let name = f.file_name().to_string_lossy().into_owned();
-            if name.starts_with("seg-") && !keep.contains(name.as_str()) {
-                let _ = fs::remove_file(f.path());
-            }
+    let dir = entry_key(&spec.id, "");
+    let stale: Vec<String> = st
+        .sizes
+        .keys()
+        .filter(|k| {
+            k.strip_prefix(&dir)
+                .is_some_and(|name| name.starts_with("seg-") && !keep.contains(name))
+        })
+        .cloned()
+        .collect();
+    for key in stale {
+        if store.delete(&key).is_ok() {
+            st.sizes.remove(&key);
         }
     }
     Ok(manifest)

@@ -10,4 +10,6 @@ mod openai;
 mod reuse;
 mod service;
 mod shadow;
+mod storage;
 mod tenancy;
+mod workload;

@@ -45,7 +45,7 @@ fn session_key(agent_id: &str, session: &str) -> u64 {
     u64::from_le_bytes(h[..8].try_into().unwrap())
 }
 
-fn fresh_dir(name: &str) -> PathBuf {
+pub fn fresh_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "engram-e2e-{name}-{}-{}",
         std::process::id(),
@@ -71,7 +71,58 @@ fn turn(srv: &Server, key: &str, session: &str, msg: &str) -> (String, u64) {
     )
 }
 
+/// Where a test's shadow lives.
+enum Backend {
+    Local(PathBuf),
+    #[cfg(feature = "s3")]
+    S3(crate::storage::S3Server),
+}
+
+#[cfg(feature = "s3")]
+const S3_URL: &str = "s3://engram-shadow/node-1";
+
+impl Backend {
+    fn configure(&self, c: &mut Config) {
+        match self {
+            Backend::Local(dir) => c.shadow.dir = dir.clone(),
+            #[cfg(feature = "s3")]
+            Backend::S3(s3) => {
+                let s = s3.settings(S3_URL);
+                c.shadow.url = s.url;
+                c.shadow.s3_endpoint = s.endpoint;
+                c.shadow.s3_region = s.region;
+                c.shadow.s3_allow_http = true;
+                let (id, secret) = s.credentials.unwrap();
+                c.shadow.s3_access_key_id = id;
+                c.shadow.s3_secret_access_key.0 = secret;
+            }
+        }
+    }
+
+    fn store(&self) -> std::sync::Arc<dyn engram_server::shadow::Storage> {
+        let mut c = Config::default();
+        self.configure(&mut c);
+        engram_server::shadow_storage(&c).unwrap()
+    }
+
+    /// The directory holding the shadow's files as plain files (the S3 server's bucket).
+    fn files(&self) -> PathBuf {
+        match self {
+            Backend::Local(dir) => dir.clone(),
+            #[cfg(feature = "s3")]
+            Backend::S3(s3) => s3.root.join("engram-shadow/node-1"),
+        }
+    }
+}
+
 fn config(url: &str, shadow: Option<&Path>) -> Config {
+    config_with(
+        url,
+        shadow.map(|d| Backend::Local(d.to_path_buf())).as_ref(),
+    )
+}
+
+fn config_with(url: &str, shadow: Option<&Backend>) -> Config {
     let mut c = Config::default();
     c.database.url = url.to_string();
     c.auth.admin_key.0 = ADMIN.into();
@@ -81,8 +132,8 @@ fn config(url: &str, shadow: Option<&Path>) -> Config {
     c.memory.enabled = false;
     c.tiers.enabled = false;
     match shadow {
-        Some(dir) => {
-            c.shadow.dir = dir.to_path_buf();
+        Some(backend) => {
+            backend.configure(&mut c);
             c.shadow.interval_ms = 3_600_000;
         }
         None => c.shadow.enabled = false,
@@ -261,6 +312,19 @@ fn sigkill_during_shadow_writes_recovers_or_recomputes_and_answers_like_a_clean_
 
 #[test]
 fn a_flipped_byte_is_detected_and_that_session_recomputes_correctly() {
+    flipped_byte(Backend::Local(fresh_dir("shadow-flip")));
+}
+
+/// The same through S3: objects on a real S3-compatible server, recovered at start.
+#[cfg(feature = "s3")]
+#[test]
+fn through_s3_the_cache_survives_a_restart_and_a_flipped_byte_is_detected() {
+    flipped_byte(Backend::S3(crate::storage::S3Server::start(
+        "engram-shadow",
+    )));
+}
+
+fn flipped_byte(backend: Backend) {
     let msgs = [
         "What is tea?",
         "And coffee?",
@@ -279,8 +343,7 @@ fn a_flipped_byte_is_detected_and_that_session_recomputes_correctly() {
         out
     };
     let url = sqlite_url();
-    let dir = fresh_dir("shadow-flip");
-    let srv = Server::start_with(config(&url, Some(&dir)));
+    let srv = Server::start_with(config_with(&url, Some(&backend)));
     let (key, a) = srv.tenant_with_bot("t", AXIOMS);
     let agent_id = a["agent"]["id"].as_str().unwrap().to_string();
     for (n, &(s, i)) in [("x", 0), ("x", 1), ("y", 2)].iter().enumerate() {
@@ -290,14 +353,11 @@ fn a_flipped_byte_is_detected_and_that_session_recomputes_correctly() {
     assert_eq!(s, 200, "{f}");
     assert!(f["blocks"].as_u64().unwrap() > 0);
     srv.stop();
-    assert!(
-        engram_server::shadow::verify(&dir)
-            .unwrap()
-            .damaged
-            .is_empty()
-    );
+    let v = engram_server::shadow::verify(backend.store().as_ref()).unwrap();
+    assert!(v.damaged.is_empty() && v.ok >= 2, "{v:?}");
 
     // Flip one byte in the middle of a segment of x's entry.
+    let dir = backend.files();
     let x_entry = dir.join("entries").join(
         std::fs::read_dir(dir.join("entries"))
             .unwrap()
@@ -316,11 +376,11 @@ fn a_flipped_byte_is_detected_and_that_session_recomputes_correctly() {
     let mid = bytes.len() - bytes.len() / 3;
     bytes[mid] ^= 0x10;
     std::fs::write(&seg, bytes).unwrap();
-    let v = engram_server::shadow::verify(&dir).unwrap();
+    let v = engram_server::shadow::verify(backend.store().as_ref()).unwrap();
     assert_eq!(v.damaged.len(), 1, "{v:?}");
     assert_eq!(v.damaged[0].1, "checksum");
 
-    let srv = Server::start_with(config(&url, Some(&dir)));
+    let srv = Server::start_with(config_with(&url, Some(&backend)));
     let status = shadow_status(&srv);
     let outcome = |session: &str| {
         status["recovery"]

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# `make bench-workload`: llama.cpp's server (llama-cpp-python[server], built from source) and
+# Engram on the same GGUF, the same workloads, one after the other on loopback, then the report.
+#
+#   benches/workload/run.sh                 # scenarios a b c, 2 repetitions each
+#   SCENARIOS="a" REPS=3 benches/workload/run.sh
+#   benches/workload/run.sh restart engram|peer   # (used as the driver's --restart-cmd)
+#
+# Settings (environment): MODEL, SCENARIOS, REPS, THREADS (both servers), CTX (context size of
+# both), OUT (result directory), VENV, LLAMA_CPP_PYTHON (pip requirement), PEER_CACHE (RAM cache
+# bytes), ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release,
+# or dev, which this workspace builds with optimized dependencies), FEATURES (cargo flags).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+SCENARIOS=${SCENARIOS:-"a b c"}
+REPS=${REPS:-2}
+THREADS=${THREADS:-$(nproc)}
+CTX=${CTX:-8192}
+OUT=${OUT:-benches/results/$(date -u +%F)-workload}
+VENV=${VENV:-.venv-llama}
+LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-"llama-cpp-python[server]==0.3.36"}
+PEER_CACHE=${PEER_CACHE:-2147483648}
+ENGRAM_PORT=${ENGRAM_PORT:-18080}
+PEER_PORT=${PEER_PORT:-18081}
+CARGO=${CARGO:-cargo}
+PROFILE=${PROFILE:-release}
+FEATURES=${FEATURES:-}
+# The restart hook runs this script again: it needs the same settings.
+export MODEL THREADS CTX OUT VENV PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE
+ADMIN=bench-admin-key-0123456789
+STATE="$OUT/state"
+TARGET=${CARGO_TARGET_DIR:-target}
+ENGRAM="$TARGET/$PROFILE/engram"
+[ "$PROFILE" = dev ] && ENGRAM="$TARGET/debug/engram"
+
+# The x86 instruction sets this CPU has, for llama.cpp's CPU backend. Not GGML_NATIVE: on
+# machines whose CPU reports AMX but whose VM does not grant it, -march=native builds a server
+# that dies of SIGILL on the first prompt (seen on these Xeon VMs).
+llama_cmake_args() {
+    local args="-DGGML_NATIVE=OFF" flag
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C avx512f:AVX512 avx512_vnni:AVX512_VNNI \
+        avx512vbmi:AVX512_VBMI avx_vnni:AVX_VNNI; do
+        flag=${pair%%:*}
+        if grep -qw "$flag" /proc/cpuinfo; then args="$args -DGGML_${pair##*:}=ON"; fi
+    done
+    echo "$args"
+}
+
+wait_http() { # url, seconds
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        if curl -s -o /dev/null "$1"; then return 0; fi
+        sleep 0.1
+    done
+    echo "bench-workload: $1 did not answer in $2 s" >&2
+    return 1
+}
+
+stop_pid() { # pid file
+    if [ -f "$1" ]; then
+        local pid
+        pid=$(cat "$1")
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$1"
+    fi
+}
+
+# llama.cpp's server: prompt cache on (RAM for a/b, disk for the restart scenario, so that it
+# survives a restart), threads and context matched to Engram's.
+start_peer() {
+    local cache_type
+    cache_type=$(cat "$STATE/peer-cache-type")
+    (cd "$STATE/peer" && exec "$OLDPWD/$VENV/bin/python" -m llama_cpp.server \
+        --model "$OLDPWD/$MODEL" --host 127.0.0.1 --port "$PEER_PORT" \
+        --n_ctx "$CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS" \
+        --chat_format chatml --cache true --cache_type "$cache_type" --cache_size "$PEER_CACHE" \
+        >>"$STATE/peer.log" 2>&1) &
+    echo $! >"$STATE/peer.pid"
+    wait_http "http://127.0.0.1:$PEER_PORT/v1/models" 120
+}
+
+# Engram with its defaults (shadow on, beside the SQLite file), the memory graph off (the peer
+# has none), all cores.
+start_engram() {
+    RAYON_NUM_THREADS=$THREADS ENGRAM__AUTH__ADMIN_KEY=$ADMIN ENGRAM__MODEL__PATH="$MODEL" \
+        ENGRAM__MEMORY__ENABLED=false \
+        "$ENGRAM" serve --bind "127.0.0.1:$ENGRAM_PORT" \
+        --database-url "sqlite://$STATE/engram/engram.db?mode=rwc" >>"$STATE/engram.log" 2>&1 &
+    echo $! >"$STATE/engram.pid"
+    wait_http "http://127.0.0.1:$ENGRAM_PORT/healthz" 300
+}
+
+if [ "${1:-}" = restart ]; then
+    case "${2:-}" in
+        engram) stop_pid "$STATE/engram.pid"; start_engram ;;
+        peer) stop_pid "$STATE/peer.pid"; start_peer ;;
+        *) echo "usage: $0 restart engram|peer" >&2; exit 2 ;;
+    esac
+    exit 0
+fi
+
+[ -f "$MODEL" ] || { echo "bench-workload: $MODEL missing: run make models" >&2; exit 1; }
+command -v curl >/dev/null || { echo "bench-workload: needs curl" >&2; exit 1; }
+if ! "$VENV/bin/python" -c "import llama_cpp.server" 2>/dev/null; then
+    echo "bench-workload: building $LLAMA_CPP_PYTHON from source into $VENV (several minutes)" >&2
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --upgrade pip
+    CMAKE_ARGS="$(llama_cmake_args)" "$VENV/bin/pip" install --no-cache-dir \
+        --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON"
+fi
+# shellcheck disable=SC2086 # FEATURES is a list of flags
+$CARGO build -p engram-server --bin engram --profile "$PROFILE" $FEATURES
+
+mkdir -p "$OUT"
+trap 'stop_pid "$STATE/peer.pid"; stop_pid "$STATE/engram.pid"' EXIT
+results=()
+for scenario in $SCENARIOS; do
+    for rep in $(seq 1 "$REPS"); do
+        # Each run starts from empty caches: a fresh peer, a fresh Engram data directory.
+        rm -rf "$STATE"
+        mkdir -p "$STATE/peer" "$STATE/engram"
+        if [ "$scenario" = c ] || [ "$scenario" = restart ]; then
+            echo disk >"$STATE/peer-cache-type"
+        else
+            echo ram >"$STATE/peer-cache-type"
+        fi
+        start_peer
+        "$ENGRAM" bench workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
+            --endpoint "http://127.0.0.1:$PEER_PORT/v1" \
+            --restart-cmd "$0 restart peer" --out "$OUT/llama.cpp-$scenario-$rep.json"
+        stop_pid "$STATE/peer.pid"
+        start_engram
+        ENGRAM__AUTH__ADMIN_KEY=$ADMIN "$ENGRAM" bench workload run --scenario "$scenario" \
+            --label engram --rep "$rep" --endpoint "http://127.0.0.1:$ENGRAM_PORT/v1" \
+            --restart-cmd "$0 restart engram" --out "$OUT/engram-$scenario-$rep.json"
+        stop_pid "$STATE/engram.pid"
+        results+=("$OUT/llama.cpp-$scenario-$rep.json" "$OUT/engram-$scenario-$rep.json")
+    done
+done
+header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
+model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
+$("$VENV/bin/pip" show llama-cpp-python | grep -m1 Version | sed 's/Version: /llama-cpp-python /'), \
+engram $(git rev-parse --short HEAD) ($PROFILE profile)."
+"$ENGRAM" bench workload report --out "$OUT" --header "$header" "${results[@]}"
