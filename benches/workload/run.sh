@@ -19,7 +19,7 @@ REPS=${REPS:-2}
 THREADS=${THREADS:-$(nproc)}
 CTX=${CTX:-8192}
 OUT=${OUT:-benches/results/$(date -u +%F)-workload}
-VENV=${VENV:-.venv-llama}
+VENV=$(realpath -m "${VENV:-.venv-llama}")
 LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-"llama-cpp-python[server]==0.3.36"}
 PEER_CACHE=${PEER_CACHE:-2147483648}
 ENGRAM_PORT=${ENGRAM_PORT:-18080}
@@ -27,11 +27,13 @@ PEER_PORT=${PEER_PORT:-18081}
 CARGO=${CARGO:-cargo}
 PROFILE=${PROFILE:-release}
 FEATURES=${FEATURES:-}
+MODEL=$(realpath -m "$MODEL")
+OUT=$(realpath -m "$OUT")
 # The restart hook runs this script again: it needs the same settings.
 export MODEL THREADS CTX OUT VENV PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE
 ADMIN=bench-admin-key-0123456789
 STATE="$OUT/state"
-TARGET=${CARGO_TARGET_DIR:-target}
+TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 ENGRAM="$TARGET/$PROFILE/engram"
 [ "$PROFILE" = dev ] && ENGRAM="$TARGET/debug/engram"
 
@@ -70,14 +72,16 @@ stop_pid() { # pid file
 }
 
 # llama.cpp's server: prompt cache on (RAM for a/b, disk for the restart scenario, so that it
-# survives a restart), threads and context matched to Engram's.
+# survives a restart), threads and context matched to Engram's, and concurrent requests queued
+# (by default a new request aborts the one in flight).
 start_peer() {
     local cache_type
     cache_type=$(cat "$STATE/peer-cache-type")
-    (cd "$STATE/peer" && exec "$OLDPWD/$VENV/bin/python" -m llama_cpp.server \
-        --model "$OLDPWD/$MODEL" --host 127.0.0.1 --port "$PEER_PORT" \
+    (cd "$STATE/peer" && exec "$VENV/bin/python" -m llama_cpp.server \
+        --model "$MODEL" --host 127.0.0.1 --port "$PEER_PORT" \
         --n_ctx "$CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS" \
         --chat_format chatml --cache true --cache_type "$cache_type" --cache_size "$PEER_CACHE" \
+        --interrupt_requests false \
         >>"$STATE/peer.log" 2>&1) &
     echo $! >"$STATE/peer.pid"
     wait_http "http://127.0.0.1:$PEER_PORT/v1/models" 120
@@ -143,6 +147,7 @@ for scenario in $SCENARIOS; do
 done
 header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
-$("$VENV/bin/pip" show llama-cpp-python | grep -m1 Version | sed 's/Version: /llama-cpp-python /'), \
+llama-cpp-python $("$VENV/bin/python" -c "import llama_cpp; print(llama_cpp.__version__)"), \
 engram $(git rev-parse --short HEAD) ($PROFILE profile)."
 "$ENGRAM" bench workload report --out "$OUT" --header "$header" "${results[@]}"
+rm -rf "$STATE"
