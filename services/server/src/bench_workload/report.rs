@@ -372,7 +372,7 @@ fn svg_chart(
     series: &[(String, Vec<(f64, f64)>)],
     log_x: bool,
 ) -> String {
-    let (w, h, l, r, t, b) = (640.0, 400.0, 70.0, 20.0, 40.0, 50.0);
+    let (w, h, l, r, t, b) = (640.0, 400.0, 70.0, 30.0, 40.0, 50.0);
     let tx = |x: f64| if log_x { x.max(1e-3).log10() } else { x };
     let pts: Vec<(f64, f64)> = series
         .iter()
@@ -407,8 +407,11 @@ fn svg_chart(
         h - b,
         w - r
     );
-    let ticks: Vec<f64> = if log_x {
-        (x0 as i64..=x1 as i64).map(|e| e as f64).collect()
+    let ticks: Vec<f64> = if log_x || x1 - x0 <= 12.0 {
+        // Decades, or every integer of a short axis (turns).
+        (x0.ceil() as i64..=x1.floor() as i64)
+            .map(|e| e as f64)
+            .collect()
     } else {
         (0..=5).map(|i| x0 + (x1 - x0) * i as f64 / 5.0).collect()
     };
