@@ -21,7 +21,6 @@ pub mod http;
 pub mod report;
 mod spec;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -571,14 +570,8 @@ fn restart(opt: &RunOptions, ep: &Endpoint, key: Option<&str>) -> Result<()> {
     wait_until_up(ep, key, Duration::from_secs(300))
 }
 
-/// Per-session counts of the plan, for the CLI's summary line.
+/// The plan in one line (agents, prompt size, sessions, requests), for the CLI.
 pub fn describe(plan: &Plan) -> String {
-    let mut per_agent: HashMap<&str, usize> = HashMap::new();
-    for s in &plan.sessions {
-        *per_agent
-            .entry(plan.agents[s.agent].name.as_str())
-            .or_default() += 1;
-    }
     let words: usize = plan
         .agents
         .iter()

@@ -451,11 +451,6 @@ impl Shadow {
         })
     }
 
-    /// Where the shadow's files are.
-    pub fn store(&self) -> &Arc<dyn Storage> {
-        &self.store
-    }
-
     /// A copy of the status.
     pub fn status(&self) -> ShadowStatus {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()

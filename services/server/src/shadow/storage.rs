@@ -102,11 +102,6 @@ impl LocalStorage {
         })
     }
 
-    /// The directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     fn path(&self, key: &str) -> Result<PathBuf> {
         check_key(key)?;
         Ok(self.root.join(key))

@@ -38,7 +38,7 @@ pub(super) fn write_chains(
     st: &mut State,
     chains: Vec<ShadowChain>,
 ) -> Result<FlushReport> {
-    let mut report = FlushReport {
+    let report = FlushReport {
         chains: chains.len(),
         ..FlushReport::default()
     };
@@ -47,8 +47,14 @@ pub(super) fn write_chains(
     for m in st.manifests.values() {
         locate(&mut located, m);
     }
-    let parts = kv.parts();
-    let mut decoded: HashMap<(String, String), Vec<Vec<u8>>> = HashMap::new();
+    let mut w = Flush {
+        store,
+        kv,
+        parts: kv.parts(),
+        located,
+        decoded: HashMap::new(),
+        report,
+    };
     for chain in chains {
         let key = (chain.tenant, chain.session);
         // The usable chain ends at the first block with no bytes anywhere.
@@ -62,13 +68,8 @@ pub(super) fn write_chains(
         if p > 0 {
             let id = prefix_entry_id(&chain.blocks[p - 1].hash);
             if !st.manifests.contains_key(&id) {
-                let m = write_entry(
-                    store,
-                    kv,
-                    &parts,
+                w.entry(
                     st,
-                    &located,
-                    &mut decoded,
                     EntrySpec {
                         id: id.clone(),
                         kind: EntryKind::Prefix,
@@ -76,20 +77,13 @@ pub(super) fn write_chains(
                         range: 0..p,
                         prefix: None,
                     },
-                    &mut report,
                 )?;
-                keep(st, &mut located, m);
             }
             prefix_ref = Some(PrefixRef { id, blocks: p });
         }
         let id = session_entry_id(chain.tenant, chain.session);
-        let m = write_entry(
-            store,
-            kv,
-            &parts,
+        w.entry(
             st,
-            &located,
-            &mut decoded,
             EntrySpec {
                 id: id.clone(),
                 kind: EntryKind::Session,
@@ -97,9 +91,7 @@ pub(super) fn write_chains(
                 range: p..usable,
                 prefix: prefix_ref,
             },
-            &mut report,
         )?;
-        keep(st, &mut located, m);
         st.written.insert(key, chain.generation);
     }
     // Prefix entries no session names any more.
@@ -114,6 +106,7 @@ pub(super) fn write_chains(
         .filter(|m| m.kind == EntryKind::Prefix && !used.contains(&m.id))
         .map(|m| m.id.clone())
         .collect();
+    let report = w.report;
     write_index(store, st, &unused)?;
     for id in unused {
         st.manifests.remove(&id);
@@ -160,131 +153,145 @@ struct EntrySpec<'a> {
     prefix: Option<PrefixRef>,
 }
 
-/// Writes one entry: new blocks as one segment, then the manifest, then drops old segments.
-#[allow(clippy::too_many_arguments)]
-fn write_entry(
-    store: &dyn Storage,
-    kv: &FormatInfo,
-    parts: &[BlockPart],
-    st: &mut State,
-    located: &Located,
-    decoded: &mut HashMap<(String, String), Vec<Vec<u8>>>,
-    spec: EntrySpec<'_>,
-    report: &mut FlushReport,
-) -> Result<Manifest> {
-    st.segment_seq += 1;
-    let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
-    let old = st.manifests.get(&spec.id);
-    let own: HashMap<[u8; 32], &ManifestBlock> = old
-        .map(|m| m.blocks.iter().map(|b| (b.block.hash.0, b)).collect())
-        .unwrap_or_default();
-    let mut fresh: Vec<Vec<u8>> = Vec::new();
-    let mut blocks = Vec::with_capacity(spec.range.len());
-    for i in spec.range.clone() {
-        let mut block = spec.chain.blocks[i].clone();
-        let hash = block.hash.0;
-        if let Some(b) = own.get(&hash) {
-            // Keep what the entry recorded (the engine's view of an evicted block is partial).
-            block = b.block.clone();
+/// One flush's writer: the store, the format, where every held block is, segments decoded so
+/// far (for blocks another entry wrote) and the running report.
+struct Flush<'a> {
+    store: &'a dyn Storage,
+    kv: &'a FormatInfo,
+    parts: Vec<BlockPart>,
+    located: Located,
+    decoded: HashMap<(String, String), Vec<Vec<u8>>>,
+    report: FlushReport,
+}
+
+impl Flush<'_> {
+    /// Writes an entry and records it (in the state, and where its blocks are).
+    fn entry(&mut self, st: &mut State, spec: EntrySpec<'_>) -> Result<()> {
+        let m = self.write(st, spec)?;
+        keep(st, &mut self.located, m);
+        Ok(())
+    }
+
+    /// Writes one entry: new blocks as one segment, then the manifest, then drops old
+    /// segments.
+    fn write(&mut self, st: &mut State, spec: EntrySpec<'_>) -> Result<Manifest> {
+        st.segment_seq += 1;
+        let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
+        let old = st.manifests.get(&spec.id);
+        let own: HashMap<[u8; 32], &ManifestBlock> = old
+            .map(|m| m.blocks.iter().map(|b| (b.block.hash.0, b)).collect())
+            .unwrap_or_default();
+        let mut fresh: Vec<Vec<u8>> = Vec::new();
+        let mut blocks = Vec::with_capacity(spec.range.len());
+        for i in spec.range.clone() {
+            let mut block = spec.chain.blocks[i].clone();
+            let hash = block.hash.0;
+            if let Some(b) = own.get(&hash) {
+                // Keep what the entry recorded (the engine's view of an evicted block is partial).
+                block = b.block.clone();
+                blocks.push(ManifestBlock {
+                    block,
+                    segment: b.segment.clone(),
+                    row: b.row,
+                    crc32c: b.crc32c,
+                });
+                continue;
+            }
+            let bytes = match &spec.chain.bytes[i] {
+                CollectedBytes::New(bytes) => bytes.clone(),
+                CollectedBytes::Known => {
+                    let (entry, seg, row, crc) = self
+                        .located
+                        .get(&hash)
+                        .cloned()
+                        .ok_or_else(|| invalid(&spec.id, "a known block has no location"))?;
+                    let k = (entry.clone(), seg.clone());
+                    if !self.decoded.contains_key(&k) {
+                        let raw = self.store.get(&entry_key(&entry, &seg))?.ok_or_else(|| {
+                            invalid(&spec.id, "a known block's segment is missing")
+                        })?;
+                        self.decoded
+                            .insert(k.clone(), decode_segment(&self.parts, &raw)?.blocks);
+                    }
+                    let bytes = self
+                        .decoded
+                        .get(&k)
+                        .and_then(|s| s.get(row))
+                        .cloned()
+                        .ok_or_else(|| invalid(&spec.id, "a known block is missing"))?;
+                    if checksum(&bytes) != crc {
+                        return Err(invalid(&spec.id, "checksum: a known block is damaged"));
+                    }
+                    bytes
+                }
+                CollectedBytes::Missing => break,
+            };
             blocks.push(ManifestBlock {
                 block,
-                segment: b.segment.clone(),
-                row: b.row,
-                crc32c: b.crc32c,
+                segment: seg_name.clone(),
+                row: fresh.len(),
+                crc32c: checksum(&bytes),
             });
-            continue;
+            fresh.push(bytes);
         }
-        let bytes = match &spec.chain.bytes[i] {
-            CollectedBytes::New(bytes) => bytes.clone(),
-            CollectedBytes::Known => {
-                let (entry, seg, row, crc) = located
-                    .get(&hash)
-                    .cloned()
-                    .ok_or_else(|| invalid(&spec.id, "a known block has no location"))?;
-                let k = (entry.clone(), seg.clone());
-                if !decoded.contains_key(&k) {
-                    let raw = store
-                        .get(&entry_key(&entry, &seg))?
-                        .ok_or_else(|| invalid(&spec.id, "a known block's segment is missing"))?;
-                    decoded.insert(k.clone(), decode_segment(parts, &raw)?.blocks);
-                }
-                let bytes = decoded
-                    .get(&k)
-                    .and_then(|s| s.get(row))
-                    .cloned()
-                    .ok_or_else(|| invalid(&spec.id, "a known block is missing"))?;
-                if checksum(&bytes) != crc {
-                    return Err(invalid(&spec.id, "checksum: a known block is damaged"));
-                }
-                bytes
-            }
-            CollectedBytes::Missing => break,
+        if !fresh.is_empty() {
+            let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+            let data = encode_segment(&self.parts, &refs, None)?;
+            let key = entry_key(&spec.id, &seg_name);
+            self.store.put(&key, &data, st.throttle)?;
+            st.sizes.insert(key, data.len() as u64);
+            self.report.blocks += fresh.len();
+            self.report.bytes += data.len() as u64;
+        }
+        let chain = spec.chain;
+        let manifest = Manifest {
+            format: FORMAT,
+            id: spec.id.clone(),
+            kind: spec.kind,
+            tenant: chain.tenant.0,
+            session: (spec.kind == EntryKind::Session).then_some(chain.session.0),
+            kv: self.kv.clone(),
+            prefix: spec.prefix,
+            stable_blocks: chain.stable_blocks,
+            pin_key: chain.pin_key,
+            public_pin_key: chain.public_pin_key,
+            updated_unix_ms: now_ms(),
+            blocks,
         };
-        blocks.push(ManifestBlock {
-            block,
-            segment: seg_name.clone(),
-            row: fresh.len(),
-            crc32c: checksum(&bytes),
-        });
-        fresh.push(bytes);
-    }
-    if !fresh.is_empty() {
-        let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
-        let data = encode_segment(parts, &refs, None)?;
-        let key = entry_key(&spec.id, &seg_name);
-        store.put(&key, &data, st.throttle)?;
-        st.sizes.insert(key, data.len() as u64);
-        report.blocks += fresh.len();
-        report.bytes += data.len() as u64;
-    }
-    let chain = spec.chain;
-    let manifest = Manifest {
-        format: FORMAT,
-        id: spec.id.clone(),
-        kind: spec.kind,
-        tenant: chain.tenant.0,
-        session: (spec.kind == EntryKind::Session).then_some(chain.session.0),
-        kv: kv.clone(),
-        prefix: spec.prefix,
-        stable_blocks: chain.stable_blocks,
-        pin_key: chain.pin_key,
-        public_pin_key: chain.public_pin_key,
-        updated_unix_ms: now_ms(),
-        blocks,
-    };
-    if let Some(o) = old
-        && o.blocks == manifest.blocks
-        && o.prefix == manifest.prefix
-        && o.stable_blocks == manifest.stable_blocks
-        && o.kv == manifest.kv
-    {
-        // Nothing changed: keep the file (and its timestamp) as it is.
-        return Ok(o.clone());
-    }
-    let throttle = st.throttle;
-    write_checked_json(
-        store,
-        &entry_key(&spec.id, "manifest.json"),
-        &manifest,
-        throttle,
-    )?;
-    report.entries += 1;
-    // Segments the new manifest does not name (a failed delete is left to recovery).
-    let keep = manifest.segments();
-    let dir = entry_key(&spec.id, "");
-    let stale: Vec<String> = st
-        .sizes
-        .keys()
-        .filter(|k| {
-            k.strip_prefix(&dir)
-                .is_some_and(|name| name.starts_with("seg-") && !keep.contains(name))
-        })
-        .cloned()
-        .collect();
-    for key in stale {
-        if store.delete(&key).is_ok() {
-            st.sizes.remove(&key);
+        if let Some(o) = old
+            && o.blocks == manifest.blocks
+            && o.prefix == manifest.prefix
+            && o.stable_blocks == manifest.stable_blocks
+            && o.kv == manifest.kv
+        {
+            // Nothing changed: keep the file (and its timestamp) as it is.
+            return Ok(o.clone());
         }
+        let throttle = st.throttle;
+        write_checked_json(
+            self.store,
+            &entry_key(&spec.id, "manifest.json"),
+            &manifest,
+            throttle,
+        )?;
+        self.report.entries += 1;
+        // Segments the new manifest does not name (a failed delete is left to recovery).
+        let keep = manifest.segments();
+        let dir = entry_key(&spec.id, "");
+        let stale: Vec<String> = st
+            .sizes
+            .keys()
+            .filter(|k| {
+                k.strip_prefix(&dir)
+                    .is_some_and(|name| name.starts_with("seg-") && !keep.contains(name))
+            })
+            .cloned()
+            .collect();
+        for key in stale {
+            if self.store.delete(&key).is_ok() {
+                st.sizes.remove(&key);
+            }
+        }
+        Ok(manifest)
     }
-    Ok(manifest)
 }
