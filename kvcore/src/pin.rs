@@ -3,7 +3,9 @@
 //! Rule:
 //! - only blocks whose source layer is in the manager's set are pinned (default: axioms,
 //!   identity, rules, capabilities, soul); others are reported as `not_pinnable` and unchanged;
-//! - the cap is `⌊max_share · hot capacity⌋` blocks in state [`PinState::Pinned`] (any tier);
+//! - the cap is `⌊max_share · hot capacity⌋` blocks in state [`PinState::Pinned`] (any tier),
+//!   and one tenant (public blocks count as a tenant of their own) holds at most
+//!   `⌊tenant_share · cap⌋` of them (at least one), so no tenant takes every pin;
 //! - a pin within the cap gives priority 999; a pin over the cap *degrades*: state
 //!   [`PinState::Degraded`], priority 100 (the call reports it), so no tenant can wedge the
 //!   hot tier with pins;
@@ -12,9 +14,11 @@
 //!
 //! Cost: O(blocks) per call (the pinned count and the promotion scan read the table).
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
-use crate::block::{BlockId, SourceLayer};
+use crate::block::{BlockId, SourceLayer, TenantId};
 use crate::error::{KvError, KvResult};
 use crate::metadata::{BlockFilter, PinState};
 use crate::store::{BlockStore, Tier};
@@ -26,6 +30,13 @@ pub struct PinPolicy {
     pub sources: Vec<SourceLayer>,
     /// Soft cap as a share of the hot tier's capacity, in (0, 1].
     pub max_share: f64,
+    /// Share of the cap one tenant may hold, in (0, 1] (1: no per-tenant bound).
+    #[serde(default = "full_share")]
+    pub tenant_share: f64,
+}
+
+fn full_share() -> f64 {
+    1.0
 }
 
 impl Default for PinPolicy {
@@ -33,6 +44,7 @@ impl Default for PinPolicy {
         Self {
             sources: SourceLayer::STABLE.to_vec(),
             max_share: 0.25,
+            tenant_share: 1.0,
         }
     }
 }
@@ -75,6 +87,13 @@ impl PrefixPinManager {
                 reason: "must be in (0, 1]",
             });
         }
+        if !(policy.tenant_share > 0.0 && policy.tenant_share <= 1.0) {
+            return Err(KvError::InvalidConfig {
+                field: "tenant_share",
+                value: policy.tenant_share,
+                reason: "must be in (0, 1]",
+            });
+        }
         Ok(Self { policy })
     }
 
@@ -88,6 +107,21 @@ impl PrefixPinManager {
         (self.policy.max_share * store.capacity(Tier::Hot) as f64).floor() as usize
     }
 
+    /// Most blocks one tenant may hold pinned in `store`.
+    pub fn tenant_cap(&self, store: &BlockStore) -> usize {
+        ((self.policy.tenant_share * self.cap(store) as f64).floor() as usize).max(1)
+    }
+
+    fn pinned_by_tenant(store: &BlockStore) -> HashMap<TenantId, usize> {
+        let mut out: HashMap<TenantId, usize> = HashMap::new();
+        for m in store.metadata().iter() {
+            if m.pin() == PinState::Pinned {
+                *out.entry(m.tenant()).or_default() += 1;
+            }
+        }
+        out
+    }
+
     fn pinned_count(store: &BlockStore) -> usize {
         store.metadata().count(&BlockFilter {
             pinned: Some(true),
@@ -99,17 +133,22 @@ impl PrefixPinManager {
     pub fn pin(&self, store: &mut BlockStore, ids: &[BlockId]) -> KvResult<PinReport> {
         store.check_unique_live(ids)?;
         let cap = self.cap(store);
+        let tenant_cap = self.tenant_cap(store);
         let mut count = Self::pinned_count(store);
+        let mut by_tenant = Self::pinned_by_tenant(store);
         let mut report = PinReport::default();
         for &id in ids {
             let meta = store.lookup(id)?;
+            let tenant = meta.tenant();
+            let held = by_tenant.get(&tenant).copied().unwrap_or(0);
             if !self.policy.sources.contains(&meta.source()) {
                 report.not_pinnable.push(id);
             } else if meta.pin() == PinState::Pinned {
                 report.already_pinned.push(id);
-            } else if count < cap {
+            } else if count < cap && held < tenant_cap {
                 store.metadata_mut().set_pin(id, PinState::Pinned);
                 count += 1;
+                *by_tenant.entry(tenant).or_default() += 1;
                 report.pinned.push(id);
             } else {
                 store.metadata_mut().set_pin(id, PinState::Degraded);
@@ -145,16 +184,27 @@ impl PrefixPinManager {
                 report.unpinned.push(id);
             }
         }
-        let room = self.cap(store).saturating_sub(Self::pinned_count(store));
+        let mut room = self.cap(store).saturating_sub(Self::pinned_count(store));
+        let tenant_cap = self.tenant_cap(store);
+        let mut by_tenant = Self::pinned_by_tenant(store);
         let mut degraded: Vec<_> = store
             .metadata()
             .iter()
             .filter(|m| m.pin() == PinState::Degraded)
-            .map(|m| (m.created_at(), m.id()))
+            .map(|m| (m.created_at(), m.id(), m.tenant()))
             .collect();
-        degraded.sort_unstable();
-        for (_, id) in degraded.into_iter().take(room) {
+        degraded.sort_unstable_by_key(|&(at, id, _)| (at, id));
+        for (_, id, tenant) in degraded {
+            if room == 0 {
+                break;
+            }
+            let held = by_tenant.entry(tenant).or_default();
+            if *held >= tenant_cap {
+                continue;
+            }
             store.metadata_mut().set_pin(id, PinState::Pinned);
+            *held += 1;
+            room -= 1;
             report.promoted.push(id);
         }
         Ok(report)

@@ -55,6 +55,7 @@ fn only_the_configured_sources_are_pinnable() {
     let custom = PrefixPinManager::new(PinPolicy {
         sources: vec![SourceLayer::UserTurn],
         max_share: 1.0,
+        ..PinPolicy::default()
     })
     .unwrap();
     assert_eq!(custom.pin(&mut store, &turn).unwrap().pinned, turn);
@@ -135,4 +136,57 @@ fn policy_is_validated_and_bad_ids_change_nothing() {
         Err(KvError::DuplicateBlock { .. })
     ));
     assert_eq!(store, before);
+}
+
+#[test]
+fn one_tenant_holds_at_most_its_share_of_the_pin_cap() {
+    // 16 hot blocks × 50 % = a cap of 8; each tenant may hold half of it.
+    let mut store = small_store(CodecKind::TQ4, 16, 0);
+    let pins = PrefixPinManager::new(PinPolicy {
+        max_share: 0.5,
+        tenant_share: 0.5,
+        ..PinPolicy::default()
+    })
+    .unwrap();
+    assert_eq!((pins.cap(&store), pins.tenant_cap(&store)), (8, 4));
+    let of = |store: &mut engram_kvcore::BlockStore, n: usize, tenant: u64| {
+        let ids = store
+            .allocate(
+                Tier::Hot,
+                &vec![
+                    engram_kvcore::BlockTags {
+                        tenant: TenantId(tenant),
+                        ..tags(SourceLayer::Axioms)
+                    };
+                    n
+                ],
+            )
+            .unwrap();
+        crate::common::fill(store, &ids, tenant);
+        ids
+    };
+    let a = of(&mut store, 6, 1);
+    let r = pins.pin(&mut store, &a).unwrap();
+    assert_eq!((r.pinned.len(), r.degraded.len()), (4, 2), "{r:?}");
+    // Another tenant still finds room under the global cap.
+    let b = of(&mut store, 3, 2);
+    let r = pins.pin(&mut store, &b).unwrap();
+    assert_eq!(r.pinned, b);
+    // Freed room is promoted within the tenant's share: a's degraded pins take a's freed slot.
+    let r = pins.unpin(&mut store, &a[..1]).unwrap();
+    assert_eq!((r.unpinned.len(), r.promoted.len()), (1, 1), "{r:?}");
+    assert_eq!(r.promoted[0], a[4]);
+    // b releasing its pins does not let a exceed its share.
+    let r = pins.unpin(&mut store, &b).unwrap();
+    assert_eq!(r.promoted, vec![], "{r:?}");
+    assert!(matches!(
+        PrefixPinManager::new(PinPolicy {
+            tenant_share: 0.0,
+            ..PinPolicy::default()
+        }),
+        Err(KvError::InvalidConfig {
+            field: "tenant_share",
+            ..
+        })
+    ));
 }

@@ -91,6 +91,50 @@ pub struct EngineConfig {
     /// on another node) could steer greedy decoding apart. With it off, every cached block was
     /// computed by prefill and a turn's answer does not depend on what the cache held.
     pub cache_generated: bool,
+    /// Fault injection, for the supervision tests only (never set in production).
+    pub fault: Option<EngineFault>,
+}
+
+/// A fault the engine thread injects on purpose, to test how the service survives it: when a
+/// prompt's text contains `marker`, the engine panics while serving it, or its thread ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineFault {
+    /// Text that triggers the fault.
+    pub marker: String,
+    /// What happens.
+    pub kind: FaultKind,
+}
+
+/// What an [`EngineFault`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// A panic while prefilling the request (the request fails; the engine goes on).
+    Panic,
+    /// The engine thread ends (as if it had died).
+    Stop,
+}
+
+impl EngineFault {
+    /// Parses `panic:MARKER` or `stop:MARKER`.
+    pub fn parse(s: &str) -> EngineResult<Self> {
+        let bad = || EngineError::InvalidConfig {
+            field: "fault",
+            reason: format!("`{s}`: expected panic:MARKER or stop:MARKER"),
+        };
+        let (kind, marker) = s.split_once(':').ok_or_else(bad)?;
+        let kind = match kind {
+            "panic" => FaultKind::Panic,
+            "stop" => FaultKind::Stop,
+            _ => return Err(bad()),
+        };
+        if marker.is_empty() {
+            return Err(bad());
+        }
+        Ok(Self {
+            marker: marker.to_string(),
+            kind,
+        })
+    }
 }
 
 impl EngineDevice {
@@ -157,6 +201,7 @@ impl Default for EngineConfig {
             probe: None,
             device: EngineDevice::Cpu,
             cache_generated: false,
+            fault: None,
         }
     }
 }
@@ -414,6 +459,9 @@ pub struct EngineCore {
     key_means: Option<Vec<f32>>,
     counters: CacheCounters,
     pins_by_key: HashMap<[u8; 32], Vec<BlockId>>,
+    /// Per public pin key, the tenants' prefix keys that use it: its blocks stay pinned while
+    /// one is left (one tenant's edit never unpins what another still uses).
+    public_users: HashMap<[u8; 32], HashSet<[u8; 32]>>,
     cold_quotas: HashMap<TenantId, usize>,
     reservations: reserve::Reservations,
     chains: shadow::Chains,
@@ -511,6 +559,7 @@ impl EngineCore {
             key_means,
             counters: CacheCounters::default(),
             pins_by_key: HashMap::new(),
+            public_users: HashMap::new(),
             cold_quotas: HashMap::new(),
             reservations: reserve::Reservations::default(),
             chains: shadow::Chains::default(),
@@ -681,6 +730,11 @@ impl EngineCore {
         let public_blocks = spec.public_tokens / bs;
         if let Some(quota) = spec.cold_block_quota {
             self.cold_quotas.insert(spec.tenant, quota);
+        }
+        if public_blocks > 0
+            && let (Some(public), Some(user)) = (spec.public_pin_key, spec.pin_key)
+        {
+            self.public_users.entry(public).or_default().insert(user);
         }
         let mut hits = Vec::new();
         let mut hashes = Vec::new();

@@ -127,6 +127,9 @@ pub enum EngineError {
     /// The engine thread is gone.
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine panicked while serving this request (it goes on serving the others).
+    #[error("the engine failed while serving this request: {0}")]
+    Panicked(String),
 }
 
 /// The engine's result type.

@@ -25,7 +25,8 @@ mod tokenizer;
 mod weights;
 
 pub use crate::core::{
-    Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, EngineDevice, KeyCentering,
+    Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, EngineDevice, EngineFault,
+    FaultKind, KeyCentering,
     Occupancy, PUBLIC_TENANT, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters,
     ReservationId, ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec,
 };

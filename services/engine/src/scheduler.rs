@@ -14,7 +14,7 @@
 //! prefill. A caller that drops its receiver cancels its sequence at the next turn, and its
 //! blocks are released. Cost per turn: one chunk forward plus one batched decode forward.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -27,7 +27,7 @@ use engram_kvcore::{
 };
 
 use crate::core::{
-    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, Occupancy, PrefixLookup,
+    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, FaultKind, Occupancy, PrefixLookup,
     ReservationCounters, ReservationId, ReservationInfo, ReserveRequest, RestoreChain,
     RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
 };
@@ -418,6 +418,11 @@ impl Engine {
         self.tx.as_ref().map_or(0, |t| t.len())
     }
 
+    /// Whether the engine thread still runs (false once it has ended, whatever the cause).
+    pub fn is_alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// Sequences running now.
     pub fn running(&self) -> usize {
         self.running.load(Ordering::Relaxed)
@@ -440,6 +445,7 @@ enum Phase {
 
 struct Active {
     id: SeqId,
+    tenant: TenantId,
     tx: flume::Sender<StreamEvent>,
     sampler: Sampler,
     decoder: StreamDecoder,
@@ -461,6 +467,13 @@ struct Worker {
     /// Reservations being computed: prefilled only when no request is in prefill.
     reserving: Vec<(SeqId, ReservationId)>,
     gauge: Arc<AtomicUsize>,
+    /// Sequences the current stage works on (failed if it panics).
+    serving: Vec<SeqId>,
+    /// Generations taken from the channel, not yet admitted.
+    waiting: VecDeque<(Box<GenerateRequest>, flume::Sender<StreamEvent>)>,
+    /// Admissions so far, and each tenant's last one (fair admission).
+    admissions: u64,
+    last_admitted: HashMap<TenantId, u64>,
 }
 
 impl Worker {
@@ -471,30 +484,112 @@ impl Worker {
             running: Vec::new(),
             reserving: Vec::new(),
             gauge,
+            serving: Vec::new(),
+            waiting: VecDeque::new(),
+            admissions: 0,
+            last_admitted: HashMap::new(),
         }
     }
 
+    /// The supervised loop: a panic while serving fails the requests being served at that
+    /// moment (their callers get [`EngineError::Panicked`]; a command's caller sees its reply
+    /// channel close) and the loop goes on with the others.
     fn run(mut self) {
         loop {
-            if !self.admit() {
-                return;
+            self.serving.clear();
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step())) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(payload) => self.recover(panic_text(payload.as_ref())),
             }
-            if self.core.next_expiry().is_some_and(|t| t <= Instant::now()) {
-                let _ = self.core.expire_reservations(Instant::now());
-            }
-            self.prefill_one();
-            self.reserve_one();
-            self.decode_all();
             self.gauge.store(self.running.len(), Ordering::Relaxed);
         }
     }
 
-    /// Takes waiting requests while there is room; false when the handle is gone and no work
-    /// is left.
+    /// One turn of the loop; false when the engine should stop.
+    fn step(&mut self) -> bool {
+        if !self.admit() {
+            return false;
+        }
+        if self.core.next_expiry().is_some_and(|t| t <= Instant::now()) {
+            let _ = self.core.expire_reservations(Instant::now());
+        }
+        if self.fault(FaultKind::Stop, None) {
+            eprintln!("engram: engine: injected fault: the engine thread stops");
+            return false;
+        }
+        self.prefill_one();
+        self.reserve_one();
+        self.decode_all();
+        true
+    }
+
+    /// Whether an injected fault of `kind` fires now (the text of sequence `only`, or of any
+    /// running one, holds its marker). Only ever true when the configuration asks for a fault.
+    fn fault(&self, kind: FaultKind, only: Option<SeqId>) -> bool {
+        let Some(f) = &self.core.config().fault else {
+            return false;
+        };
+        f.kind == kind
+            && self.running.iter().filter(|a| only.is_none_or(|o| o == a.id)).any(|a| {
+                self.core
+                    .tokens(a.id)
+                    .and_then(|t| self.core.tokenizer().decode(t).ok())
+                    .is_some_and(|text| text.contains(&f.marker))
+            })
+    }
+
+    /// After a panic: the requests that were being served fail and are released (a release
+    /// that panics again leaves the sequence's blocks behind rather than the engine).
+    fn recover(&mut self, what: String) {
+        eprintln!("engram: engine: a request panicked and was failed: {what}");
+        let serving = std::mem::take(&mut self.serving);
+        let mut i = 0;
+        while i < self.running.len() {
+            if serving.contains(&self.running[i].id) || self.running[i].finished {
+                let a = self.running.remove(i);
+                if !a.finished {
+                    let _ = a.tx.send(StreamEvent::Failed(EngineError::Panicked(what.clone())));
+                }
+                let core = &mut self.core;
+                let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    core.finish(a.id)
+                }));
+                if released.is_err() {
+                    eprintln!("engram: engine: releasing a failed request panicked too");
+                }
+            } else {
+                i += 1;
+            }
+        }
+        // A reservation whose computation panicked is given up.
+        let (failed, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.reserving)
+            .into_iter()
+            .partition(|(seq, _)| serving.contains(seq));
+        self.reserving = kept;
+        for (seq, id) in failed {
+            let core = &mut self.core;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if core.complete_reservation(id, true).is_err() {
+                    let _ = core.drop_sequence(seq);
+                }
+            }));
+        }
+    }
+
+    /// Takes commands (answering the others at once, queueing generations), then admits
+    /// waiting generations fairly while there is room; false when the handle is gone and no
+    /// work is left.
+    ///
+    /// Fair admission: of the waiting requests, the one whose tenant has the fewest sequences
+    /// running goes first, then the one whose tenant was admitted least recently, then the
+    /// oldest. A tenant that floods the queue gets its share of the running slots, not all.
     fn admit(&mut self) -> bool {
         let max = self.core.config().max_running;
-        while self.running.len() < max {
-            let cmd = if self.running.is_empty() && self.reserving.is_empty() {
+        let cap = self.core.config().queue_capacity;
+        loop {
+            let idle = self.running.is_empty() && self.reserving.is_empty() && self.waiting.is_empty();
+            let cmd = if idle {
                 // Idle: wait for a command, or until the next reservation expires.
                 let got = match self.core.next_expiry() {
                     Some(t) => self
@@ -508,34 +603,32 @@ impl Worker {
                     Err(true) => return false,
                     Err(false) => break,
                 }
-            } else {
+            } else if self.waiting.len() < cap {
                 match self.rx.try_recv() {
                     Ok(c) => c,
                     Err(_) => break,
                 }
+            } else {
+                break;
             };
-            let (req, tx) = match cmd {
-                Command::Generate(req, tx) => (req, tx),
+            match cmd {
+                Command::Generate(req, tx) => self.waiting.push_back((req, tx)),
                 Command::Snapshot(reply) => {
                     let _ = reply.send(EngineSnapshot {
                         occupancy: self.core.occupancy(),
                         counters: self.core.counters().clone(),
-                        queued: self.rx.len(),
+                        queued: self.rx.len() + self.waiting.len(),
                         reservations: self.core.reservation_counters(),
                     });
-                    continue;
                 }
                 Command::Blocks(q, reply) => {
                     let _ = reply.send(self.page(&q));
-                    continue;
                 }
                 Command::Lookup(spec, reply) => {
                     let _ = reply.send(self.core.lookup(&spec));
-                    continue;
                 }
                 Command::UnpinPrefix(key, reply) => {
                     let _ = reply.send(self.core.unpin_prefix(&key));
-                    continue;
                 }
                 Command::Reserve(req, reply) => {
                     let answer = if self.reserving.len() >= max {
@@ -550,24 +643,19 @@ impl Worker {
                         })
                     };
                     let _ = reply.send(answer);
-                    continue;
                 }
                 Command::WarmReservation(id, reply) => {
                     let _ = reply.send(self.core.warm_reservation(id));
-                    continue;
                 }
                 Command::Reservations(tenant, reply) => {
                     let _ = reply.send(self.core.reservations(tenant));
-                    continue;
                 }
                 Command::ShadowCollect(req, reply) => {
                     let _ =
                         reply.send(self.core.shadow_collect(&req.written, &req.known, req.only));
-                    continue;
                 }
                 Command::ShadowRestore(chain, reply) => {
                     let _ = reply.send(self.core.shadow_restore(*chain));
-                    continue;
                 }
                 Command::TierCycle(args, reply) => {
                     let (mut policy, active) = *args;
@@ -576,17 +664,26 @@ impl Worker {
                         .tier_cycle(&mut policy, &active)
                         .map(|r| (r, policy));
                     let _ = reply.send(answer);
-                    continue;
                 }
+            }
+        }
+        while self.running.len() < max {
+            let Some(i) = self.next_fair() else { break };
+            let Some((req, tx)) = self.waiting.remove(i) else {
+                break;
             };
             if tx.is_disconnected() {
                 continue;
             }
+            let tenant = req.spec.tenant;
+            self.admissions += 1;
+            self.last_admitted.insert(tenant, self.admissions);
             match self.core.start(req.spec) {
                 Ok((id, admission)) => {
                     let _ = tx.send(StreamEvent::Started(admission));
                     self.running.push(Active {
                         id,
+                        tenant,
                         tx,
                         sampler: Sampler::new(req.sampling),
                         decoder: StreamDecoder::default(),
@@ -605,6 +702,26 @@ impl Worker {
             }
         }
         true
+    }
+
+    /// The waiting request fair admission takes next (see [`Self::admit`]).
+    fn next_fair(&self) -> Option<usize> {
+        let mut running: HashMap<TenantId, usize> = HashMap::new();
+        for a in self.running.iter().filter(|a| !a.finished) {
+            *running.entry(a.tenant).or_default() += 1;
+        }
+        self.waiting
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, (req, _))| {
+                let t = req.spec.tenant;
+                (
+                    running.get(&t).copied().unwrap_or(0),
+                    self.last_admitted.get(&t).copied().unwrap_or(0),
+                    *i,
+                )
+            })
+            .map(|(i, _)| i)
     }
 
     fn page(&self, q: &BlockQuery) -> BlockPage {
@@ -641,6 +758,10 @@ impl Worker {
             return;
         };
         let id = self.running[i].id;
+        self.serving = vec![id];
+        if self.fault(FaultKind::Panic, Some(id)) {
+            injected_panic();
+        }
         let result = self
             .core
             .prefill_chunk(id, LogitRows::Last)
@@ -671,6 +792,7 @@ impl Worker {
         if busy {
             return;
         }
+        self.serving = vec![seq];
         let done = match self.core.prefill_chunk(seq, LogitRows::Last) {
             Ok(out) if out.remaining > 0 => return,
             Ok(_) => self.core.complete_reservation(id, false),
@@ -697,6 +819,7 @@ impl Worker {
             return;
         }
         let next: Vec<(SeqId, u32)> = batch.iter().map(|&(_, id, t)| (id, t)).collect();
+        self.serving = next.iter().map(|&(id, _)| id).collect();
         match self.core.decode(&next) {
             Ok(rows) => {
                 // Indices stay valid: `accept` only marks sequences finished.
@@ -799,6 +922,21 @@ impl Worker {
             }
         }
     }
+}
+
+/// The text of a panic's payload.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// The injected fault's panic (see [`crate::EngineFault`]).
+#[allow(clippy::panic)] // The point of the fault: the supervisor's tests need a real panic.
+fn injected_panic() -> ! {
+    panic!("injected fault: a panic while serving a request")
 }
 
 /// Byte position of the earliest stop sequence that ends after `from`, if any.

@@ -49,7 +49,10 @@ impl FromRequest for TenantCaller {
         Box::pin(async move {
             let (key, state) = (key?, state?);
             match state.store.authenticate(&key).await? {
-                Some(t) => Ok(Self(t)),
+                Some(t) => {
+                    state.limits.check_rate(&t.id)?;
+                    Ok(Self(t))
+                }
                 None => Err(unauthorized("unknown or revoked API key")),
             }
         })

@@ -40,6 +40,31 @@ pub struct Config {
     pub shadow: ShadowSection,
     /// The tier bridge (OODA loop).
     pub tiers: TiersSection,
+    /// Per-tenant fairness limits.
+    pub limits: LimitsSection,
+}
+
+/// `[limits]`: what one tenant may ask of the service, so that none starves the others.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Requests per second per tenant, sustained (0: unlimited). Over it: 429 `rate_limited`
+    /// with `Retry-After`.
+    pub requests_per_sec: u32,
+    /// Requests a tenant may send at once above the sustained rate.
+    pub burst: u32,
+    /// Generations (turns, chat completions) one tenant may run at once (0: unlimited).
+    pub concurrent_generations: u32,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            requests_per_sec: 50,
+            burst: 100,
+            concurrent_generations: 8,
+        }
+    }
 }
 
 /// `[shadow]`.
@@ -206,6 +231,9 @@ pub struct ServerSection {
     pub body_limit_bytes: usize,
     /// Seconds running requests get to finish on shutdown.
     pub shutdown_grace_secs: u64,
+    /// Largest session file a cache import accepts, MiB (streamed to a temporary file, never
+    /// held in the request's memory; over it: 413 `payload_too_large`).
+    pub import_limit_mib: u64,
 }
 
 /// `[auth]`.
@@ -242,6 +270,15 @@ pub struct ModelSection {
     /// Also cache the blocks of generated replies as decode computed them (faster next turns;
     /// answers may then depend on what the cache held — see `EngineConfig::cache_generated`).
     pub cache_generated: bool,
+    /// Sequences the engine runs at once; waiting requests are admitted fairly across tenants
+    /// (the tenant with the fewest running, then the one served least recently, goes first).
+    pub max_running: usize,
+    /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
+    pub pin_tenant_share: f64,
+    /// Fault injection for the supervision tests, `panic:MARKER` or `stop:MARKER` (a prompt
+    /// holding MARKER makes the engine panic, or its thread end). Empty, and never set in
+    /// production.
+    pub fault: String,
 }
 
 /// `[tenants]`: quotas given to new tenants.
@@ -262,6 +299,7 @@ impl Default for ServerSection {
             bind: "127.0.0.1:8080".into(),
             body_limit_bytes: 1 << 20,
             shutdown_grace_secs: 10,
+            import_limit_mib: 256,
         }
     }
 }
@@ -283,6 +321,9 @@ impl Default for ModelSection {
             cold_mib: 2048,
             device: "cpu".into(),
             cache_generated: false,
+            max_running: 16,
+            pin_tenant_share: 0.5,
+            fault: String::new(),
         }
     }
 }
@@ -348,12 +389,10 @@ impl Config {
                     "{key}: expected ENGRAM__SECTION__KEY"
                 )));
             };
-            let v = raw
-                .parse::<i64>()
-                .map(toml::Value::Integer)
-                .or_else(|_| raw.parse::<f64>().map(toml::Value::Float))
-                .or_else(|_| raw.parse::<bool>().map(toml::Value::Boolean))
-                .unwrap_or_else(|_| toml::Value::String(raw.clone()));
+            // The field's type decides: a number or a boolean is parsed as one, anything else
+            // (an admin key of digits, say) stays the string it was given.
+            let current = value.get(section.as_str()).and_then(|t| t.get(name.as_str()));
+            let v = typed_env_value(&key, current, &raw)?;
             let mut patch = toml::map::Map::new();
             let mut inner = toml::map::Map::new();
             inner.insert(name.clone(), v);
@@ -381,6 +420,9 @@ impl Config {
         if self.server.body_limit_bytes < 1024 {
             return bad("server.body_limit_bytes", "must be at least 1024");
         }
+        if self.server.import_limit_mib == 0 || self.server.import_limit_mib > 64 * 1024 {
+            return bad("server.import_limit_mib", "must be 1 to 65536");
+        }
         let key = &self.auth.admin_key.0;
         if !key.is_empty() && key.len() < 16 {
             return bad("auth.admin_key", "must be at least 16 characters");
@@ -394,6 +436,19 @@ impl Config {
         }
         if engram_engine::parse_codec(&self.model.codec).is_err() {
             return bad("model.codec", "one of f32, f16, q8, tq4, tq3, tq2");
+        }
+        if !self.model.fault.is_empty() && engram_engine::EngineFault::parse(&self.model.fault).is_err()
+        {
+            return bad("model.fault", "panic:MARKER or stop:MARKER");
+        }
+        if !(self.model.pin_tenant_share > 0.0 && self.model.pin_tenant_share <= 1.0) {
+            return bad("model.pin_tenant_share", "must be in (0, 1]");
+        }
+        if !(1..=256).contains(&self.model.max_running) {
+            return bad("model.max_running", "must be 1 to 256");
+        }
+        if self.limits.requests_per_sec > 0 && self.limits.burst == 0 {
+            return bad("limits.burst", "must be at least 1 when requests_per_sec is set");
         }
         if self.model.hot_mib == 0 {
             return bad("model.hot_mib", "must be positive");
@@ -429,6 +484,34 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An environment value as the type of the field it sets (`current`: the field's value so far;
+/// `None` for a key no section has, which the typed load then refuses by name).
+fn typed_env_value(
+    key: &str,
+    current: Option<&toml::Value>,
+    raw: &str,
+) -> Result<toml::Value, ConfigError> {
+    let bad = |what: &str| ConfigError::Parse(format!("{key}: expected {what}, got `{raw}`"));
+    Ok(match current {
+        Some(toml::Value::Integer(_)) => toml::Value::Integer(
+            raw.trim()
+                .parse::<i64>()
+                .map_err(|_| bad("an integer"))?,
+        ),
+        Some(toml::Value::Float(_)) => {
+            toml::Value::Float(raw.trim().parse::<f64>().map_err(|_| bad("a number"))?)
+        }
+        Some(toml::Value::Boolean(_)) => {
+            toml::Value::Boolean(match raw.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => true,
+                "false" | "0" | "no" | "off" => false,
+                _ => return Err(bad("true or false")),
+            })
+        }
+        _ => toml::Value::String(raw.to_string()),
+    })
 }
 
 fn merge(base: &mut toml::Value, patch: toml::Value) {
@@ -499,5 +582,51 @@ mod tests {
             load("ENGRAM__SERVER__NOPE", "1"),
             Err(ConfigError::Parse(_))
         ));
+        for (k, v) in [
+            ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "lots"),
+            ("ENGRAM__SHADOW__ENABLED", "maybe"),
+            ("ENGRAM__TIERS__HOT_HIGH", "high"),
+        ] {
+            match load(k, v) {
+                Err(ConfigError::Parse(m)) => assert!(m.contains(k), "{m}"),
+                other => panic!("{k}={v}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn environment_values_take_the_type_of_their_field() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        // Strings stay strings however they look: a numeric admin key, a boolean-looking
+        // device name, a float-looking bucket prefix.
+        let c = Config::load(
+            None,
+            env(&[
+                ("ENGRAM__AUTH__ADMIN_KEY", "1234567890123456"),
+                ("ENGRAM__MODEL__DEVICE", "cpu"),
+                ("ENGRAM__SHADOW__S3_REGION", "1.5"),
+                ("ENGRAM__SHADOW__S3_ACCESS_KEY_ID", "true"),
+                ("ENGRAM__MODEL__PATH", "42"),
+                // Numbers and booleans are parsed as their field's type.
+                ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "4096"),
+                ("ENGRAM__TIERS__HOT_HIGH", "1"),
+                ("ENGRAM__SHADOW__ENABLED", "false"),
+                ("ENGRAM__MEMORY__RESERVE", "0"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.auth.admin_key.0, "1234567890123456");
+        assert_eq!(c.shadow.s3_region, "1.5");
+        assert_eq!(c.shadow.s3_access_key_id, "true");
+        assert_eq!(c.model.path, PathBuf::from("42"));
+        assert_eq!(c.server.body_limit_bytes, 4096);
+        assert!((c.tiers.hot_high - 1.0).abs() < f64::EPSILON);
+        assert!(!c.shadow.enabled);
+        assert!(!c.memory.reserve);
     }
 }

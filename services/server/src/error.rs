@@ -17,6 +17,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// Human-readable explanation (generic for 5xx).
     pub message: String,
+    /// Seconds a client should wait before it retries (`Retry-After`), for 429s.
+    pub retry_after: Option<u64>,
 }
 
 /// The error body, as documented in the OpenAPI spec.
@@ -44,17 +46,32 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 429 `rate_limited` with `Retry-After: secs`.
+    pub fn rate_limited(message: impl Into<String>, secs: u64) -> Self {
+        Self {
+            retry_after: Some(secs.max(1)),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
         }
     }
 
     /// A 500: the detail goes to the log, the client sees a generic text.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
-        eprintln!("engram: internal error: {detail}");
+        log_detail("internal error", &detail);
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
-            "internal error; see the server log",
+            "internal error; the server log has the detail under this response's x-request-id",
         )
+    }
+
+    /// A 503 whose detail (a path, a backend's text) goes to the log, not to the client.
+    pub fn unavailable(code: &'static str, message: &str, detail: impl std::fmt::Display) -> Self {
+        log_detail(code, &detail);
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message)
     }
 
     /// 400 `invalid_request`.
@@ -65,6 +82,14 @@ impl ApiError {
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+/// Logs a failure's detail with the current request's id.
+fn log_detail(what: &str, detail: &dyn std::fmt::Display) {
+    match crate::request_id::current() {
+        Some(id) => eprintln!("engram: request {id}: {what}: {detail}"),
+        None => eprintln!("engram: {what}: {detail}"),
     }
 }
 
@@ -80,7 +105,11 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(ErrorBody {
+        let mut r = HttpResponse::build(self.status);
+        if let Some(secs) = self.retry_after {
+            r.insert_header((actix_web::http::header::RETRY_AFTER, secs.to_string()));
+        }
+        r.json(ErrorBody {
             code: self.code,
             message: &self.message,
         })
@@ -141,9 +170,10 @@ impl From<EngineError> for ApiError {
             ),
             EngineError::Stopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "engine_unavailable",
-                "the engine has stopped",
+                "model_unavailable",
+                "the engine has stopped; see the server log",
             ),
+            EngineError::Panicked(_) => Self::internal(e),
             EngineError::Io { .. }
             | EngineError::Candle(_)
             | EngineError::Kv(_)

@@ -36,9 +36,11 @@ pub mod bench_shadow;
 pub mod bench_workload;
 pub mod config;
 pub mod error;
+pub mod limits;
 pub mod memory;
 pub mod metrics;
 pub mod openapi;
+pub mod request_id;
 pub mod shadow;
 pub mod state;
 
@@ -98,6 +100,14 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
             cold_bytes: config.model.cold_mib << 20,
             device: engram_engine::EngineDevice::parse(&config.model.device)?,
             cache_generated: config.model.cache_generated,
+            max_running: config.model.max_running,
+            pin_policy: engram_kvcore::PinPolicy {
+                tenant_share: config.model.pin_tenant_share,
+                ..engram_kvcore::PinPolicy::default()
+            },
+            fault: (!config.model.fault.is_empty())
+                .then(|| engram_engine::EngineFault::parse(&config.model.fault))
+                .transpose()?,
             ..EngineConfig::default()
         };
         let core = EngineCore::load(&config.model.path, engine_config)?;
@@ -178,8 +188,16 @@ async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow,
     Ok(shadow)
 }
 
-/// Background work: the shadow's flushes and the tier bridge's cycles, each on its interval.
+/// Background work: the shadow's flushes and the tier bridge's cycles, each on its interval;
+/// idle tenants' rate-limit state is forgotten every minute.
 pub fn spawn_background(state: web::Data<AppState>) {
+    let st = state.clone();
+    actix_web::rt::spawn(async move {
+        loop {
+            actix_web::rt::time::sleep(std::time::Duration::from_secs(60)).await;
+            st.limits.shrink();
+        }
+    });
     if state.shadow.is_some() && state.engine.is_some() {
         let st = state.clone();
         actix_web::rt::spawn(async move {
@@ -293,15 +311,22 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
                     .error_handler(json_error),
             )
             .app_data(web::PayloadConfig::default().limit(limit))
-            .configure(api::configure)
-            .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url(
-                "/openapi.json",
-                <openapi::ApiDoc as utoipa::OpenApi>::openapi(),
-            ))
-            .default_service(web::to(|| async {
-                HttpResponse::NotFound()
-                    .json(serde_json::json!({"code": "not_found", "message": "no such route"}))
-            }));
+            // One scope over every route, so that every answer (a 404 for no route included)
+            // carries its request id.
+            .service(
+                web::scope("")
+                    .wrap(actix_web::middleware::from_fn(request_id::middleware))
+                    .configure(api::configure)
+                    .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url(
+                        "/openapi.json",
+                        <openapi::ApiDoc as utoipa::OpenApi>::openapi(),
+                    ))
+                    .default_service(web::to(|| async {
+                        HttpResponse::NotFound().json(
+                            serde_json::json!({"code": "not_found", "message": "no such route"}),
+                        )
+                    })),
+            );
     }
 }
 

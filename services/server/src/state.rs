@@ -98,6 +98,36 @@ impl TierBridge {
     }
 }
 
+/// Tenants with a cache import running (at most one each).
+#[derive(Debug, Default)]
+pub struct ImportSlots(Mutex<std::collections::HashSet<String>>);
+
+/// A running import's slot; dropping it frees the tenant's slot.
+#[derive(Debug)]
+pub struct ImportSlot<'a> {
+    slots: &'a ImportSlots,
+    tenant: String,
+}
+
+impl ImportSlots {
+    /// Takes `tenant`'s slot, or `None` while another of its imports runs.
+    pub fn begin(&self, tenant: &str) -> Option<ImportSlot<'_>> {
+        let mut s = self.0.lock().ok()?;
+        s.insert(tenant.to_string()).then(|| ImportSlot {
+            slots: self,
+            tenant: tenant.to_string(),
+        })
+    }
+}
+
+impl Drop for ImportSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.slots.0.lock() {
+            s.remove(&self.tenant);
+        }
+    }
+}
+
 /// Shared state (held in `web::Data`).
 #[derive(Debug)]
 pub struct AppState {
@@ -118,6 +148,10 @@ pub struct AppState {
     pub shadow: Option<Shadow>,
     /// The tier bridge.
     pub tiers: TierBridge,
+    /// Cache imports running, per tenant.
+    pub imports: ImportSlots,
+    /// Per-tenant request rates and generation slots.
+    pub limits: crate::limits::Limits,
 }
 
 impl AppState {
@@ -130,6 +164,7 @@ impl AppState {
     ) -> Self {
         let key = &config.auth.admin_key.0;
         let tiers = TierBridge::new(config.tiers.policy());
+        let limits = crate::limits::Limits::new(&config.limits);
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {
             store,
@@ -140,6 +175,8 @@ impl AppState {
             memory,
             shadow: None,
             tiers,
+            imports: ImportSlots::default(),
+            limits,
         }
     }
 
@@ -149,11 +186,11 @@ impl AppState {
             ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
                 "shadow_unavailable",
-                format!(
-                    "the shadow is off (shadow.enabled = {}, model loaded = {})",
-                    self.config.shadow.enabled,
-                    self.engine.is_some()
-                ),
+                if self.config.shadow.enabled {
+                    "the shadow is off (no model is loaded)"
+                } else {
+                    "the shadow is off (shadow.enabled = false)"
+                },
             )
         })
     }
@@ -164,28 +201,34 @@ impl AppState {
             ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
                 "memory_unavailable",
-                format!(
-                    "the memory graph is off (memory.enabled = {}; embedding model expected at {}; \
-                     run `make models`)",
-                    self.config.memory.enabled,
-                    self.config.memory.embedder_path.display()
-                ),
+                if self.config.memory.enabled {
+                    "the memory graph is off (no embedding model; see the server log)"
+                } else {
+                    "the memory graph is off (memory.enabled = false)"
+                },
             )
         })
     }
 
-    /// The engine, or 503 `model_unavailable`.
+    /// The engine, or 503 `model_unavailable` (no model loaded, or its thread has ended).
     pub fn engine(&self) -> Result<&Engine, ApiError> {
-        self.engine.as_ref().ok_or_else(|| {
+        let unavailable = |why: &str| {
             ApiError::new(
                 actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
                 "model_unavailable",
-                format!(
-                    "no model is loaded (expected at {}); run `make models`",
-                    self.config.model.path.display()
-                ),
+                why,
             )
-        })
+        };
+        match &self.engine {
+            Some(e) if e.is_alive() => Ok(e),
+            Some(_) => Err(unavailable("the engine has stopped; see the server log")),
+            None => Err(unavailable("no model is loaded; see the server log")),
+        }
+    }
+
+    /// Whether generation can be served: a model is loaded and its thread runs.
+    pub fn engine_ready(&self) -> bool {
+        self.engine.as_ref().is_some_and(Engine::is_alive)
     }
 
     /// Counts tokens with the model's tokenizer, or estimates 4 bytes per token without one.

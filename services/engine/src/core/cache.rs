@@ -142,23 +142,72 @@ impl EngineCore {
     /// Drops cached cold blocks, lowest priority and least recently attended first, until `n`
     /// cold slots are free (or no cached cold block is left).
     pub(super) fn trim_cold(&mut self, n: usize) -> EngineResult<()> {
+        self.trim_cold_for(n, None)
+    }
+
+    /// [`Self::trim_cold`] on behalf of `tenant`: room made for one tenant comes out of the
+    /// blocks of tenants over their cold quota and then out of its own, never out of another
+    /// tenant's (nor out of public blocks). `None`: any tenant's (the operator's maintenance).
+    pub(super) fn trim_cold_for(&mut self, n: usize, tenant: Option<TenantId>) -> EngineResult<()> {
         let free = self.store.free_blocks(Tier::Cold);
         if free >= n || self.store.capacity(Tier::Cold) == 0 {
             return Ok(());
         }
+        for id in self.cold_victims(tenant).into_iter().take(n - free) {
+            self.drop_cached(id)?;
+        }
+        Ok(())
+    }
+
+    /// The cached cold blocks [`Self::trim_cold_for`] may drop for `tenant`, in the order it
+    /// drops them.
+    pub(super) fn cold_victims(&self, tenant: Option<TenantId>) -> Vec<BlockId> {
+        let mut per_tenant: HashMap<TenantId, usize> = HashMap::new();
+        if tenant.is_some() {
+            for m in self.store.metadata().iter() {
+                if m.tier() == Tier::Cold {
+                    *per_tenant.entry(m.tenant()).or_default() += 1;
+                }
+            }
+        }
+        let over = |t: TenantId| {
+            self.cold_quotas
+                .get(&t)
+                .is_some_and(|&q| per_tenant.get(&t).copied().unwrap_or(0) > q)
+        };
         let mut cold: Vec<_> = self
             .store
             .metadata()
             .iter()
             .filter(|m| m.tier() == Tier::Cold && m.ref_count() == 1)
             .filter(|m| self.cache.contains_block(m.id()))
-            .map(|m| (m.priority(), m.last_attended(), m.created_at(), m.id()))
+            .filter_map(|m| {
+                // Class 0: over-quota tenants' blocks; 1: the requester's own; others untouched.
+                let class = match tenant {
+                    None => 0u8,
+                    Some(_) if over(m.tenant()) => 0,
+                    Some(t) if m.tenant() == t => 1,
+                    Some(_) => return None,
+                };
+                Some((class, m.priority(), m.last_attended(), m.created_at(), m.id()))
+            })
             .collect();
         cold.sort_unstable();
-        for (_, _, _, id) in cold.into_iter().take(n - free) {
-            self.drop_cached(id)?;
-        }
-        Ok(())
+        cold.into_iter().map(|(_, _, _, _, id)| id).collect()
+    }
+
+    /// Cold blocks `tenant` may still add under its cold quota (`usize::MAX` without one).
+    pub(super) fn cold_room_of(&self, tenant: TenantId) -> usize {
+        let Some(&quota) = self.cold_quotas.get(&tenant) else {
+            return usize::MAX;
+        };
+        let used = self
+            .store
+            .metadata()
+            .iter()
+            .filter(|m| m.tier() == Tier::Cold && m.tenant() == tenant)
+            .count();
+        quota.saturating_sub(used)
     }
 
     /// Removes a block from the cache and drops the cache's reference.
@@ -193,19 +242,41 @@ impl EngineCore {
         Ok(room)
     }
 
-    /// Unpins the blocks pinned under `key` (a stable prefix that changed); they keep their
+    /// Releases the pins filed under `key` (a stable prefix that changed); they keep their
     /// layer's priority and leave by eviction like any other block. Returns how many.
+    ///
+    /// `key` is a tenant's prefix key: its own pins are released, and it stops using every public
+    /// prefix; a public prefix's blocks are unpinned only when its last user is gone. Passing a
+    /// public key itself unpins its blocks only while no tenant uses it.
     pub fn unpin_prefix(&mut self, key: &[u8; 32]) -> EngineResult<usize> {
-        let Some(mut ids) = self.pins_by_key.remove(key) else {
-            return Ok(0);
-        };
-        ids.sort_unstable();
-        ids.dedup();
-        let live: Vec<BlockId> = ids
+        let mut released = Vec::new();
+        if !self.public_users.get(key).is_some_and(|u| !u.is_empty())
+            && let Some(ids) = self.pins_by_key.remove(key)
+        {
+            self.public_users.remove(key);
+            released.extend(ids);
+        }
+        let emptied: Vec<[u8; 32]> = self
+            .public_users
+            .iter_mut()
+            .filter_map(|(public, users)| (users.remove(key) && users.is_empty()).then_some(*public))
+            .collect();
+        for public in emptied {
+            self.public_users.remove(&public);
+            released.extend(self.pins_by_key.remove(&public).unwrap_or_default());
+        }
+        released.sort_unstable();
+        released.dedup();
+        let live: Vec<BlockId> = released
             .into_iter()
             .filter(|&id| self.store.metadata().get(id).is_some())
             .collect();
         Ok(self.pins.unpin(&mut self.store, &live)?.unpinned.len())
+    }
+
+    /// Tenant prefix keys using each public prefix (for the admin views and tests).
+    pub fn public_users(&self, public: &[u8; 32]) -> usize {
+        self.public_users.get(public).map_or(0, HashSet::len)
     }
 
     /// Drops every cached block no sequence attends (a cold start for benches).

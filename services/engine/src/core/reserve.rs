@@ -213,15 +213,15 @@ impl EngineCore {
             });
         }
         let blocks = last - first;
-        // Cold room: free slots plus cached blocks nobody else holds (those may be dropped).
-        let droppable = self
-            .store
-            .metadata()
-            .iter()
-            .filter(|m| m.tier() == Tier::Cold && m.ref_count() == 1)
-            .filter(|m| self.cache.contains_block(m.id()))
-            .count();
-        let available = self.store.free_blocks(Tier::Cold) + droppable;
+        // Cold room: free slots plus the cached blocks this tenant's room may come out of (its
+        // own, or over-quota tenants'), within its cold quota.
+        let tenant = req.spec.tenant;
+        if let Some(quota) = req.spec.cold_block_quota {
+            self.cold_quotas.insert(tenant, quota);
+        }
+        let droppable = self.cold_victims(Some(tenant)).len();
+        let available = (self.store.free_blocks(Tier::Cold) + droppable)
+            .min(self.cold_room_of(tenant).saturating_add(droppable));
         if blocks > available {
             self.reservations.counters.refused += 1;
             return Err(EngineError::NoColdRoom {
@@ -229,8 +229,7 @@ impl EngineCore {
                 available,
             });
         }
-        self.trim_cold(blocks)?;
-        let tenant = req.spec.tenant;
+        self.trim_cold_for(blocks, Some(tenant))?;
         self.reservations.admitting = true;
         let started = self.start(req.spec);
         self.reservations.admitting = false;

@@ -319,8 +319,11 @@ impl EngineCore {
             .filter(|(_, (b, _))| self.cache.get(&b.hash.0).is_none())
             .map(|(i, _)| i)
             .collect();
-        self.trim_cold(new.len())?;
-        let room = self.store.free_blocks(Tier::Cold);
+        // The tenant's cold quota bounds what a restore or an import may add, and room is made
+        // only out of the tenant's own blocks (or over-quota tenants'), never another's.
+        let allowed = new.len().min(self.cold_room_of(chain.tenant));
+        self.trim_cold_for(allowed, Some(chain.tenant))?;
+        let room = self.store.free_blocks(Tier::Cold).min(allowed);
         // Leading blocks first: a block is useful only when every block before it is cached.
         let usable = new.get(room).copied().unwrap_or(chain.blocks.len());
         let load: Vec<usize> = new.iter().copied().filter(|&i| i < usable).collect();
@@ -361,6 +364,11 @@ impl EngineCore {
         report.tokens = usable * bs;
         let ids: Vec<BlockId> = pinned.iter().map(|&(_, id)| id).collect();
         self.pins.pin(&mut self.store, &ids)?;
+        if pinned.iter().any(|&(public, _)| public)
+            && let (Some(public), Some(user)) = (chain.public_pin_key, chain.pin_key)
+        {
+            self.public_users.entry(public.0).or_default().insert(user.0);
+        }
         for (public, id) in pinned {
             let key = if public {
                 chain.public_pin_key

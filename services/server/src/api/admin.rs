@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::agents::{build_context, kind_name, parse_kind, unpin};
-use crate::api::turns::public_pin_key;
+use crate::api::turns::{pin_key, public_pin_key};
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -177,9 +177,10 @@ pub async fn mark_layer_public(
         .set_layer_public(&agent.id, &kind, body.public)
         .await?;
     let after = build_context(&state, &agent, None, ".").await?;
-    let old = public_pin_key(&before);
-    let unpinned = if old != public_pin_key(&after) {
-        unpin(&state, old).await?
+    // The agent stops using the old public prefix: its pins are released only when no other
+    // tenant uses it. The tenant's own stable blocks hash differently now, so their pins go too.
+    let unpinned = if public_pin_key(&before) != public_pin_key(&after) {
+        unpin(&state, Some(pin_key(&tenant, &before))).await?
     } else {
         0
     };

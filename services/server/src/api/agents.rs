@@ -206,15 +206,13 @@ pub async fn put_layer(
     let row = store_layer(&state, &agent, kind, &body).await?;
     // An edit that changes the stable prefix releases the old prefix's pins.
     let after = build_context(&state, &agent, None, ".").await?;
+    // The tenant's prefix key is released: its own pins, and its use of the public prefix it
+    // started with (whose pins stay while another tenant still uses it).
     let mut unpinned = 0;
-    if before.stable_prefix_hash != after.stable_prefix_hash {
+    if before.stable_prefix_hash != after.stable_prefix_hash
+        || public_pin_key(&before) != public_pin_key(&after)
+    {
         unpinned += unpin(&state, Some(pin_key(&caller.0, &before))).await?;
-    }
-    // Public blocks other tenants share are released too; a tenant that still reuses them pins
-    // them again on its next turn.
-    let old_public = public_pin_key(&before);
-    if old_public != public_pin_key(&after) {
-        unpinned += unpin(&state, old_public).await?;
     }
     let mut v = json!(row);
     v["unpinned_blocks"] = json!(unpinned);

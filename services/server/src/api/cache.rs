@@ -20,9 +20,6 @@ use crate::error::ApiError;
 use crate::shadow::{ChainBlocks, ShadowError, engine_restore, export_file, import_file};
 use crate::state::AppState;
 
-/// Largest exported session accepted by import.
-const IMPORT_LIMIT: usize = 1 << 30;
-
 impl From<ShadowError> for ApiError {
     fn from(e: ShadowError) -> Self {
         match e {
@@ -34,10 +31,10 @@ impl From<ShadowError> for ApiError {
                 e.to_string(),
             ),
             // The object store is down or refuses the credentials: retry later.
-            ShadowError::Store { .. } => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
+            ShadowError::Store { .. } => Self::unavailable(
                 "shadow_unavailable",
-                e.to_string(),
+                "the shadow's store cannot be reached; retry later",
+                e,
             ),
             ShadowError::Io { .. } | ShadowError::Kv(_) => Self::internal(e),
         }
@@ -235,7 +232,10 @@ pub async fn export(
 }
 
 /// Loads an exported session file into this session's cache (cold tier and shadow). The
-/// chain is re-hashed for the caller's tenant; the model and KV format must match.
+/// chain is re-hashed for the caller's tenant (never public, whatever the file says); its
+/// stable blocks are pinned under the caller's own prefix key; the model and KV format must
+/// match. The body streams to a temporary file (at most `server.import_limit_mib`); one import
+/// per tenant runs at a time.
 #[utoipa::path(
     tag = "sessions",
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
@@ -243,8 +243,9 @@ pub async fn export(
         (status = 200, description = "What was loaded", body = CacheOpResponse),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
-        (status = 413, description = "Over 1 GiB", body = crate::error::ErrorSchema),
+        (status = 413, description = "Over `server.import_limit_mib` (256 MiB by default)", body = crate::error::ErrorSchema),
         (status = 422, description = "Not an exported session of this model and KV format", body = crate::error::ErrorSchema),
+        (status = 429, description = "Another import of this tenant is running", body = crate::error::ErrorSchema),
         (status = 503, description = "No model", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -254,29 +255,50 @@ pub async fn import(
     caller: TenantCaller,
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
-    mut body: web::Payload,
+    req: actix_web::HttpRequest,
+    body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, session) = path.into_inner();
-    let key = key_of(&state, &caller, &agent, &session).await?;
+    let (agent_name, session) = path.into_inner();
+    let agent = state.store.agent(&caller.0.id, &agent_name).await?;
+    let key = (TenantId(caller.0.cache_salt), session_key(&agent, &session));
     let engine = state.engine()?;
-    let started = Instant::now();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("body: {e}")))?;
-        if bytes.len() + chunk.len() > IMPORT_LIMIT {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "an imported cache may be at most 1 GiB",
-            ));
-        }
-        bytes.extend_from_slice(&chunk);
+    let limit = state.config.server.import_limit_mib << 20;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "an imported cache may be at most {} MiB",
+                state.config.server.import_limit_mib
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
     }
+    let _slot = state
+        .imports
+        .begin(&caller.0.id)
+        .ok_or_else(|| ApiError::rate_limited("another cache import of this tenant is running", 1))?;
+    let started = Instant::now();
+    let file = spool(body, limit).await?.ok_or_else(too_large)?;
+    // Pins go under the caller's own key for the agent's stable prefix as it is now, so the
+    // agent's next layer edit releases them like any pin its turns made.
+    let built = crate::api::agents::build_context(&state, &agent, None, ".").await?;
+    let pin_key = crate::api::turns::pin_key(&caller.0, &built);
     let kv = engine.kv_format().clone();
     let tenant = key.0;
-    let (stable_blocks, blocks) = web::block(move || import_file(&kv, tenant, &bytes))
-        .await
-        .map_err(ApiError::internal)??;
+    let (stable_blocks, blocks) = web::block(move || {
+        let bytes = read_spooled(file)?;
+        import_file(&kv, tenant, &bytes)
+    })
+    .await
+    .map_err(ApiError::internal)??;
     let n = blocks.len();
     let report = engine_restore(
         engine,
@@ -284,7 +306,7 @@ pub async fn import(
             tenant: key.0,
             session: Some(key.1),
             stable_blocks,
-            pin_key: None,
+            pin_key: Some(engram_engine::Hex32(pin_key)),
             public_pin_key: None,
             blocks,
         },
@@ -300,6 +322,45 @@ pub async fn import(
         tokens: report.tokens,
         ms: started.elapsed().as_secs_f64() * 1e3,
     }))
+}
+
+/// Streams a request body into an anonymous temporary file (deleted when dropped); `None` when
+/// it grows past `limit` bytes.
+async fn spool(mut body: web::Payload, limit: u64) -> Result<Option<std::fs::File>, ApiError> {
+    use tokio::io::AsyncWriteExt;
+    let file = web::block(tempfile::tempfile)
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::internal(format!("import: temporary file: {e}")))?;
+    let mut out = tokio::fs::File::from_std(file);
+    let mut written = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+        written += chunk.len() as u64;
+        if written > limit {
+            return Ok(None);
+        }
+        out.write_all(&chunk)
+            .await
+            .map_err(|e| ApiError::internal(format!("import: temporary file: {e}")))?;
+    }
+    out.flush()
+        .await
+        .map_err(|e| ApiError::internal(format!("import: temporary file: {e}")))?;
+    Ok(Some(out.into_std().await))
+}
+
+/// Reads a spooled body back from its start.
+fn read_spooled(mut file: std::fs::File) -> Result<Vec<u8>, ShadowError> {
+    use std::io::{Read, Seek};
+    let io = |source| ShadowError::Io {
+        path: "import spool".into(),
+        source,
+    };
+    file.rewind().map_err(io)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
 }
 
 /// The shadow's status: last write, bytes, entries, failures, and what the recovery at start

@@ -166,6 +166,7 @@ pub async fn chat_completions(
         ..SamplingParams::default()
     };
     sampling.validate().map_err(ApiError::from)?;
+    let slot = state.limits.begin_generation(&tenant.id)?;
     let session = req.user.clone();
     let turned = match &session {
         Some(s) => {
@@ -245,6 +246,7 @@ pub async fn chat_completions(
         Bytes::from(format!("data: {v}\n\n"))
     };
     actix_web::rt::spawn(async move {
+        let _slot = slot;
         let t = Instant::now();
         let mut g = Generated::new();
         let _ = tx.send(Ok(chunk(

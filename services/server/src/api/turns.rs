@@ -651,6 +651,7 @@ pub async fn create_turn(
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
     open_session(&state, &tenant, &agent, &session, &body.message).await?;
+    let slot = state.limits.begin_generation(&tenant.id)?;
     // Replayed prefills delay the first token: they count in the turn's TTFT.
     let history = history_of(&state, &agent, &session).await?;
     let replay_started = Instant::now();
@@ -683,6 +684,7 @@ pub async fn create_turn(
             spec,
             sampling,
             replay_ms,
+            slot,
         );
     }
     let layout = spec.clone();
@@ -723,11 +725,13 @@ fn stream_turn(
     spec: SequenceSpec,
     sampling: SamplingParams,
     replay_ms: f64,
+    slot: crate::limits::GenerationSlot,
 ) -> Result<HttpResponse, ApiError> {
     let layout = spec.clone();
     let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
     let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
     actix_web::rt::spawn(async move {
+        let _slot = slot;
         let t = Instant::now();
         let mut g = Generated::new();
         while let Ok(ev) = rx.recv_async().await {

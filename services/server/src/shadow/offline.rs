@@ -143,6 +143,10 @@ pub fn export_file(
 
 /// Decodes an exported session for `kv`, re-hashing its chain for `tenant` (a session may be
 /// imported by another tenant: the KV of the same tokens is the same, only the salt differs).
+///
+/// Every block is hashed with the caller's salt, whatever the file says: an import never
+/// creates a public block (public blocks are computed by the engine from an operator-marked
+/// layer, never supplied by a tenant), so a crafted file can only ever reach its own tenant.
 pub fn import_file(kv: &KvFormat, tenant: TenantId, bytes: &[u8]) -> Result<(usize, ChainBlocks)> {
     let seg = decode_segment(&kv.parts, bytes).map_err(|e| invalid("import", e.to_string()))?;
     let json = seg
@@ -164,8 +168,9 @@ pub fn import_file(kv: &KvFormat, tenant: TenantId, bytes: &[u8]) -> Result<(usi
             return Err(invalid("import", "checksum"));
         }
         let mut block = b.block;
-        let salt = if block.public { 0 } else { tenant.0 };
-        let h = engram_engine::chain_hash(&kv.fingerprint, salt, parent.as_ref(), &block.tokens);
+        block.public = false;
+        let h =
+            engram_engine::chain_hash(&kv.fingerprint, tenant.0, parent.as_ref(), &block.tokens);
         block.hash = Hex32(h);
         parent = Some(h);
         out.push((block, bytes));

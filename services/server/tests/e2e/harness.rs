@@ -71,6 +71,20 @@ pub fn vector_dir() -> PathBuf {
     dir
 }
 
+/// The configuration [`Server::start`] serves: the test model and embedder, small tiers.
+pub fn test_config(database_url: &str, body_limit: usize) -> Config {
+    let mut config = Config::default();
+    config.database.url = database_url.to_string();
+    config.auth.admin_key.0 = ADMIN.into();
+    config.model.path = model_path();
+    config.model.hot_mib = 256;
+    config.model.cold_mib = 256;
+    config.server.body_limit_bytes = body_limit;
+    config.memory.embedder_path = embedder_path();
+    config.memory.vector_dir = vector_dir();
+    config
+    }
+
 /// A running server.
 pub struct Server {
     pub addr: SocketAddr,
@@ -80,17 +94,9 @@ pub struct Server {
 
 impl Server {
     pub fn start(database_url: &str, body_limit: usize) -> Self {
-        let mut config = Config::default();
-        config.database.url = database_url.to_string();
-        config.auth.admin_key.0 = ADMIN.into();
-        config.model.path = model_path();
-        config.model.hot_mib = 256;
-        config.model.cold_mib = 256;
-        config.server.body_limit_bytes = body_limit;
-        config.memory.embedder_path = embedder_path();
-        config.memory.vector_dir = vector_dir();
-        Self::start_with(config)
+        Self::start_with(test_config(database_url, body_limit))
     }
+
 
     /// Serves `config` as is.
     pub fn start_with(config: Config) -> Self {
@@ -139,6 +145,18 @@ impl Server {
 
     /// Sends a request; returns the status and the body.
     pub fn raw(&self, method: &str, path: &str, key: Option<&str>, body: &[u8]) -> (u16, Vec<u8>) {
+        let (status, _, body) = self.raw_full(method, path, key, body);
+        (status, body)
+    }
+
+    /// Sends a request; returns the status, the response head (lower-cased) and the body.
+    pub fn raw_full(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: &[u8],
+    ) -> (u16, String, Vec<u8>) {
         let mut s = TcpStream::connect(self.addr).unwrap();
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
@@ -150,20 +168,25 @@ impl Server {
         }
         head.push_str("\r\n");
         s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
+        // A server may answer (a 413, say) and close before it has read the whole body.
+        let _ = s.write_all(body);
         let mut out = Vec::new();
-        s.read_to_end(&mut out).unwrap();
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
         let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
         let status_line = String::from_utf8_lossy(&out[..split]).to_string();
         let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
         let mut body = out[split + 4..].to_vec();
-        if status_line
-            .to_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
+        let head = status_line.to_lowercase();
+        if head.contains("transfer-encoding: chunked") {
             body = dechunk(&body);
         }
-        (status, body)
+        (status, head, body)
     }
 
     /// Creates tenant `tenant` (admin) and an agent `bot` with one axioms layer; returns the

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod fairness;
 mod harness;
 mod lifecycle;
 mod memory;
@@ -11,5 +12,6 @@ mod reuse;
 mod service;
 mod shadow;
 mod storage;
+mod supervision;
 mod tenancy;
 mod workload;

@@ -121,17 +121,36 @@ fn public_layers_are_shared_only_when_the_operator_marks_them_and_quotas_answer_
         json!({"public": true}),
     );
     assert_eq!(s, 401);
-    // Unmarking releases the public pins (they leave by eviction like any block).
+    // Public prefixes are reference-counted by their users: alpha editing its own (public)
+    // axioms, or being unmarked, leaves the pins beta still uses alone.
+    let pinned_public = || {
+        let (s, page) = srv.call(
+            "GET",
+            "/v1/admin/blocks?tenant=public&pinned=true",
+            Some(ADMIN),
+            Value::Null,
+        );
+        assert_eq!(s, 200, "{page}");
+        page["total"].as_u64().unwrap()
+    };
+    let shared_pins = pinned_public();
+    assert!(shared_pins >= 1);
+    let (s, v) = srv.call(
+        "PUT",
+        "/v1/agents/bot/layers/axioms",
+        Some(&ka),
+        json!({"content": long_text("alpha's own charter", 10)}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(pinned_public(), shared_pins, "alpha's edit unpinned beta's prefix");
     let (s, v) = mark(&ta, "axioms", false);
     assert_eq!(s, 200, "{v}");
+    assert_eq!(pinned_public(), shared_pins, "alpha's unmark unpinned beta's prefix");
+    // The last user gone, the public pins are released (they leave by eviction like any block).
+    let (s, v) = mark(&tb, "axioms", false);
+    assert_eq!(s, 200, "{v}");
     assert!(v["unpinned_blocks"].as_u64().unwrap() >= 1, "{v}");
-    let (_, page) = srv.call(
-        "GET",
-        "/v1/admin/blocks?tenant=public&pinned=true",
-        Some(ADMIN),
-        Value::Null,
-    );
-    assert_eq!(page["total"], 0, "{page}");
+    assert_eq!(pinned_public(), 0);
 
     // Quotas: sessions, then hot blocks, each a 429 with a code; nothing is stored.
     let (_, kc) = tenant(
@@ -196,4 +215,189 @@ fn public_layers_are_shared_only_when_the_operator_marks_them_and_quotas_answer_
         n
     });
     assert_eq!(counts, (1, 0));
+}
+
+/// Flips `public` on the first `n` blocks of an exported session's header (no byte of a block
+/// changes, so every CRC still holds): the crafted file of a tenant trying to write KV under
+/// the public hash of an operator-marked prefix.
+fn flip_public(file: &[u8], n: usize) -> Vec<u8> {
+    let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&file[8..8 + len]).unwrap();
+    let mut meta: Value =
+        serde_json::from_str(header["__metadata__"]["engram.session"].as_str().unwrap()).unwrap();
+    let blocks = meta["blocks"].as_array_mut().unwrap();
+    assert!(blocks.len() >= n, "{} blocks", blocks.len());
+    for b in blocks.iter_mut().take(n) {
+        b["public"] = json!(true);
+    }
+    header["__metadata__"]["engram.session"] = json!(meta.to_string());
+    let mut text = header.to_string();
+    while text.len() % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&file[8 + len..]);
+    out
+}
+
+#[test]
+fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
+    let url = sqlite_url();
+    let mut config = crate::harness::test_config(&url, 64 * 1024);
+    config.server.import_limit_mib = 1;
+    let srv = Server::start_with(config);
+    let tenant = |name: &str| {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/admin/tenants",
+            Some(ADMIN),
+            json!({"name": name, "quotas": {"hot_blocks": 4096, "cold_blocks": 4096, "sessions": 10}}),
+        );
+        assert_eq!(s, 201, "{v}");
+        (
+            v["tenant"]["id"].as_str().unwrap().to_string(),
+            v["api_key"].as_str().unwrap().to_string(),
+        )
+    };
+    let (ta, ka) = tenant("victim");
+    let (tx, kx) = tenant("attacker");
+    let shared = long_text("the shared charter", 10);
+    for (key, who) in [(&ka, "Victim"), (&kx, "Attacker")] {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents",
+            Some(key),
+            json!({"name": "bot", "layers": [
+                {"kind": "axioms", "content": shared},
+                {"kind": "identity", "content": format!("I am the {who} assistant.")}
+            ]}),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    // The operator marks the victim's axioms public; nobody has computed them yet.
+    let (s, v) = srv.call(
+        "PUT",
+        &format!("/v1/admin/tenants/{ta}/agents/bot/layers/axioms/public"),
+        Some(ADMIN),
+        json!({"public": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let public_blocks = || {
+        let (s, page) = srv.call(
+            "GET",
+            "/v1/admin/blocks?tenant=public&limit=1000",
+            Some(ADMIN),
+            Value::Null,
+        );
+        assert_eq!(s, 200, "{page}");
+        page["total"].as_u64().unwrap()
+    };
+    // The attacker computes the same text under its own salt, exports it, marks every axioms
+    // block public in the header and imports the file.
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/turns",
+        Some(&kx),
+        json!({"message": "Hello?", "max_tokens": 2}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (s, file) = srv.raw("GET", "/v1/agents/bot/sessions/s/cache/export", Some(&kx), b"");
+    assert_eq!(s, 200);
+    let (_, preview) = srv.call(
+        "POST",
+        "/v1/agents/bot/context",
+        Some(&ka),
+        json!({"message": "Hello?"}),
+    );
+    let axioms_tokens = preview["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "axioms")
+        .unwrap()["tokens"]
+        .as_u64()
+        .unwrap() as usize;
+    let crafted = flip_public(&file, axioms_tokens / 32);
+    assert_ne!(crafted, file);
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/t/cache/import",
+        Some(&kx),
+        &crafted,
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(public_blocks(), 0, "an import created public blocks");
+    // The victim's first-ever turn reuses nothing the attacker supplied.
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/first/turns",
+        Some(&ka),
+        json!({"message": "Hello?", "max_tokens": 2}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(usage(&v).1, 0, "the victim attended to imported KV: {v}");
+    assert!(public_blocks() > 0, "the victim's own turn computes them");
+
+    // An import over the limit is refused before it is read (413), and so is one that only
+    // grows past it while streaming (no Content-Length to go by is not needed: the spool counts).
+    let big = vec![0u8; (1 << 20) + 1];
+    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/u/cache/import", Some(&kx), &big);
+    let e: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((s, e["code"].as_str()), (413, Some("payload_too_large")), "{e}");
+
+    // One import per tenant at a time: while one streams slowly, a second answers 429.
+    let mut slow = std::net::TcpStream::connect(srv.addr).unwrap();
+    {
+        use std::io::Write;
+        write!(
+            slow,
+            "POST /v1/agents/bot/sessions/v/cache/import HTTP/1.1\r\nhost: localhost\r\n\
+             authorization: Bearer {kx}\r\ncontent-type: application/octet-stream\r\n\
+             content-length: 100000\r\n\r\n0123456789"
+        )
+        .unwrap();
+        slow.flush().unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/w/cache/import", Some(&kx), &file);
+    let e: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((s, e["code"].as_str()), (429, Some("rate_limited")), "{e}");
+    // Another tenant is not held up by it.
+    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/w/cache/import", Some(&ka), &file);
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    drop(slow);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/w/cache/import", Some(&kx), &file);
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    srv.stop();
+
+    // Imported pins are filed under the importer's own prefix key: on a node with an empty
+    // cache, an import pins the attacker's stable blocks, and its next edit of the prefix
+    // releases them (before, imported pins had no key and stayed forever).
+    let mut config = crate::harness::test_config(&url, 64 * 1024);
+    config.shadow.enabled = false;
+    let srv = Server::start_with(config);
+    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/s/cache/import", Some(&kx), &file);
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    let pinned_of = |tenant: &str| {
+        let (s, page) = srv.call(
+            "GET",
+            &format!("/v1/admin/blocks?tenant={tenant}&pinned=true"),
+            Some(ADMIN),
+            Value::Null,
+        );
+        assert_eq!(s, 200, "{page}");
+        page["total"].as_u64().unwrap()
+    };
+    assert!(pinned_of(&tx) > 0, "the import pinned nothing");
+    let (s, v) = srv.call(
+        "PUT",
+        "/v1/agents/bot/layers/axioms",
+        Some(&kx),
+        json!({"content": "A different charter."}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(pinned_of(&tx), 0, "imported pins outlived the prefix: {v}");
+    srv.stop();
 }

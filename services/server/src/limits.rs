@@ -1,0 +1,143 @@
+//! Per-tenant fairness: a request rate (GCRA, `governor`) checked when a tenant authenticates,
+//! and a bound on the generations one tenant runs at once. Both answer 429 `rate_limited` with
+//! `Retry-After`. The engine itself admits waiting generations fairly across tenants (see
+//! `engram_engine::Engine`), so the two together keep one tenant from taking every slot.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{Quota, RateLimiter};
+
+use crate::config::LimitsSection;
+use crate::error::ApiError;
+
+type Keyed = RateLimiter<
+    String,
+    governor::state::keyed::HashMapStateStore<String>,
+    DefaultClock,
+    governor::middleware::NoOpMiddleware,
+>;
+
+/// The limits in force.
+#[derive(Debug)]
+pub struct Limits {
+    rate: Option<Keyed>,
+    clock: DefaultClock,
+    concurrent: u32,
+    running: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// A running generation's slot; dropping it frees the slot.
+#[derive(Debug)]
+pub struct GenerationSlot {
+    tenant: String,
+    running: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Drop for GenerationSlot {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.running.lock()
+            && let Some(n) = r.get_mut(&self.tenant)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                r.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+impl Limits {
+    /// Limits as configured.
+    pub fn new(c: &LimitsSection) -> Self {
+        let rate = NonZeroU32::new(c.requests_per_sec).map(|per_sec| {
+            let burst = NonZeroU32::new(c.burst).unwrap_or(per_sec);
+            RateLimiter::hashmap(Quota::per_second(per_sec).allow_burst(burst))
+        });
+        Self {
+            rate,
+            clock: DefaultClock::default(),
+            concurrent: c.concurrent_generations,
+            running: Arc::default(),
+        }
+    }
+
+    /// Counts one request of `tenant`; 429 when it is over its rate.
+    pub fn check_rate(&self, tenant: &str) -> Result<(), ApiError> {
+        let Some(rate) = &self.rate else {
+            return Ok(());
+        };
+        rate.check_key(&tenant.to_string()).map_err(|not_until| {
+            let wait = not_until.wait_time_from(self.clock.now());
+            ApiError::rate_limited(
+                "too many requests for this tenant; retry after the given seconds",
+                wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+            )
+        })
+    }
+
+    /// Takes one of `tenant`'s generation slots; 429 when all are in use.
+    pub fn begin_generation(&self, tenant: &str) -> Result<GenerationSlot, ApiError> {
+        let busy = || {
+            ApiError::rate_limited(
+                "this tenant runs as many generations as it may at once; retry when one ends",
+                1,
+            )
+        };
+        let mut r = self.running.lock().map_err(|_| busy())?;
+        let n = r.entry(tenant.to_string()).or_insert(0);
+        if self.concurrent > 0 && *n >= self.concurrent {
+            return Err(busy());
+        }
+        *n += 1;
+        Ok(GenerationSlot {
+            tenant: tenant.to_string(),
+            running: self.running.clone(),
+        })
+    }
+
+    /// Forgets idle tenants' rate state (called now and then).
+    pub fn shrink(&self) {
+        if let Some(rate) = &self.rate {
+            rate.retain_recent();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_over_its_rate_or_slots_is_refused_and_others_are_not() {
+        let l = Limits::new(&LimitsSection {
+            requests_per_sec: 1,
+            burst: 3,
+            concurrent_generations: 2,
+        });
+        for _ in 0..3 {
+            l.check_rate("a").unwrap();
+        }
+        let e = l.check_rate("a").unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (429, "rate_limited"));
+        assert!(e.retry_after.is_some_and(|s| (1..=2).contains(&s)), "{e:?}");
+        l.check_rate("b").unwrap();
+        let s1 = l.begin_generation("a").unwrap();
+        let _s2 = l.begin_generation("a").unwrap();
+        assert_eq!(l.begin_generation("a").unwrap_err().code, "rate_limited");
+        let _b = l.begin_generation("b").unwrap();
+        drop(s1);
+        let _s3 = l.begin_generation("a").unwrap();
+        let off = Limits::new(&LimitsSection {
+            requests_per_sec: 0,
+            burst: 0,
+            concurrent_generations: 0,
+        });
+        for _ in 0..1000 {
+            off.check_rate("a").unwrap();
+        }
+        let _slots: Vec<_> = (0..100).map(|_| off.begin_generation("a").unwrap()).collect();
+    }
+}
