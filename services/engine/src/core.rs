@@ -43,6 +43,7 @@ use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::WeightFormat;
+pub use cache::ForgetReport;
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
 };
@@ -91,7 +92,9 @@ pub struct EngineConfig {
     /// on another node) could steer greedy decoding apart. With it off, every cached block was
     /// computed by prefill and a turn's answer does not depend on what the cache held.
     pub cache_generated: bool,
-    /// Fault injection, for the supervision tests only (never set in production).
+    /// Fault injection, for the supervision tests only (never set in production; never
+    /// serialized).
+    #[serde(skip)]
     pub fault: Option<EngineFault>,
 }
 

@@ -27,9 +27,9 @@ use engram_kvcore::{
 };
 
 use crate::core::{
-    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, FaultKind, Occupancy, PrefixLookup,
-    ReservationCounters, ReservationId, ReservationInfo, ReserveRequest, RestoreChain,
-    RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
+    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, FaultKind, ForgetReport,
+    Occupancy, PrefixLookup, ReservationCounters, ReservationId, ReservationInfo, ReserveRequest,
+    RestoreChain, RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::model::LogitRows;
@@ -114,6 +114,10 @@ enum Command {
     TierCycle(
         Box<(TierPolicy, Vec<ChainKey>)>,
         flume::Sender<EngineResult<(CycleReport, TierPolicy)>>,
+    ),
+    Forget(
+        (TenantId, u64, u64),
+        flume::Sender<EngineResult<ForgetReport>>,
     ),
 }
 
@@ -230,6 +234,7 @@ impl std::fmt::Debug for Command {
             Self::ShadowCollect(..) => "Command::ShadowCollect",
             Self::ShadowRestore(..) => "Command::ShadowRestore",
             Self::TierCycle(..) => "Command::TierCycle",
+            Self::Forget(..) => "Command::Forget",
         })
     }
 }
@@ -398,6 +403,19 @@ impl Engine {
         Ok(rx)
     }
 
+    /// Forgets a tenant's sessions whose key matches `session & mask == value` (a mask of 0:
+    /// all of the tenant's); see [`EngineCore::forget`].
+    pub fn forget(
+        &self,
+        tenant: TenantId,
+        mask: u64,
+        value: u64,
+    ) -> EngineResult<flume::Receiver<EngineResult<ForgetReport>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Forget((tenant, mask, value), tx))?;
+        Ok(rx)
+    }
+
     /// The KV format of this engine's blocks.
     pub fn kv_format(&self) -> &KvFormat {
         &self.kv
@@ -531,12 +549,16 @@ impl Worker {
             return false;
         };
         f.kind == kind
-            && self.running.iter().filter(|a| only.is_none_or(|o| o == a.id)).any(|a| {
-                self.core
-                    .tokens(a.id)
-                    .and_then(|t| self.core.tokenizer().decode(t).ok())
-                    .is_some_and(|text| text.contains(&f.marker))
-            })
+            && self
+                .running
+                .iter()
+                .filter(|a| only.is_none_or(|o| o == a.id))
+                .any(|a| {
+                    self.core
+                        .tokens(a.id)
+                        .and_then(|t| self.core.tokenizer().decode(t).ok())
+                        .is_some_and(|text| text.contains(&f.marker))
+                })
     }
 
     /// After a panic: the requests that were being served fail and are released (a release
@@ -549,12 +571,12 @@ impl Worker {
             if serving.contains(&self.running[i].id) || self.running[i].finished {
                 let a = self.running.remove(i);
                 if !a.finished {
-                    let _ = a.tx.send(StreamEvent::Failed(EngineError::Panicked(what.clone())));
+                    let _ =
+                        a.tx.send(StreamEvent::Failed(EngineError::Panicked(what.clone())));
                 }
                 let core = &mut self.core;
-                let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    core.finish(a.id)
-                }));
+                let released =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.finish(a.id)));
                 if released.is_err() {
                     eprintln!("engram: engine: releasing a failed request panicked too");
                 }
@@ -588,7 +610,8 @@ impl Worker {
         let max = self.core.config().max_running;
         let cap = self.core.config().queue_capacity;
         loop {
-            let idle = self.running.is_empty() && self.reserving.is_empty() && self.waiting.is_empty();
+            let idle =
+                self.running.is_empty() && self.reserving.is_empty() && self.waiting.is_empty();
             let cmd = if idle {
                 // Idle: wait for a command, or until the next reservation expires.
                 let got = match self.core.next_expiry() {
@@ -656,6 +679,9 @@ impl Worker {
                 }
                 Command::ShadowRestore(chain, reply) => {
                     let _ = reply.send(self.core.shadow_restore(*chain));
+                }
+                Command::Forget((tenant, mask, value), reply) => {
+                    let _ = reply.send(self.core.forget(tenant, mask, value));
                 }
                 Command::TierCycle(args, reply) => {
                     let (mut policy, active) = *args;

@@ -391,7 +391,9 @@ impl Config {
             };
             // The field's type decides: a number or a boolean is parsed as one, anything else
             // (an admin key of digits, say) stays the string it was given.
-            let current = value.get(section.as_str()).and_then(|t| t.get(name.as_str()));
+            let current = value
+                .get(section.as_str())
+                .and_then(|t| t.get(name.as_str()));
             let v = typed_env_value(&key, current, &raw)?;
             let mut patch = toml::map::Map::new();
             let mut inner = toml::map::Map::new();
@@ -437,7 +439,8 @@ impl Config {
         if engram_engine::parse_codec(&self.model.codec).is_err() {
             return bad("model.codec", "one of f32, f16, q8, tq4, tq3, tq2");
         }
-        if !self.model.fault.is_empty() && engram_engine::EngineFault::parse(&self.model.fault).is_err()
+        if !self.model.fault.is_empty()
+            && engram_engine::EngineFault::parse(&self.model.fault).is_err()
         {
             return bad("model.fault", "panic:MARKER or stop:MARKER");
         }
@@ -448,7 +451,10 @@ impl Config {
             return bad("model.max_running", "must be 1 to 256");
         }
         if self.limits.requests_per_sec > 0 && self.limits.burst == 0 {
-            return bad("limits.burst", "must be at least 1 when requests_per_sec is set");
+            return bad(
+                "limits.burst",
+                "must be at least 1 when requests_per_sec is set",
+            );
         }
         if self.model.hot_mib == 0 {
             return bad("model.hot_mib", "must be positive");
@@ -495,11 +501,9 @@ fn typed_env_value(
 ) -> Result<toml::Value, ConfigError> {
     let bad = |what: &str| ConfigError::Parse(format!("{key}: expected {what}, got `{raw}`"));
     Ok(match current {
-        Some(toml::Value::Integer(_)) => toml::Value::Integer(
-            raw.trim()
-                .parse::<i64>()
-                .map_err(|_| bad("an integer"))?,
-        ),
+        Some(toml::Value::Integer(_)) => {
+            toml::Value::Integer(raw.trim().parse::<i64>().map_err(|_| bad("an integer"))?)
+        }
         Some(toml::Value::Float(_)) => {
             toml::Value::Float(raw.trim().parse::<f64>().map_err(|_| bad("a number"))?)
         }

@@ -138,6 +138,8 @@ mod tests {
         for _ in 0..1000 {
             off.check_rate("a").unwrap();
         }
-        let _slots: Vec<_> = (0..100).map(|_| off.begin_generation("a").unwrap()).collect();
+        let _slots: Vec<_> = (0..100)
+            .map(|_| off.begin_generation("a").unwrap())
+            .collect();
     }
 }

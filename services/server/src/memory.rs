@@ -14,7 +14,7 @@
 //!   in canonical order (node id), one line each, so that overlapping neighbourhoods render with
 //!   a shared token prefix.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -378,6 +378,40 @@ impl MemoryService {
     pub fn remove(&self, id: NodeId) -> Result<(), ApiError> {
         let _ = self.graph_write()?.remove_node(id);
         self.vectors.delete(&[id.0]).map_err(ApiError::internal)
+    }
+
+    /// Forgets nodes the database already deleted (a session, agent or tenant deleted):
+    /// removes them, and their edges, from the graph and their vectors from the index, and the
+    /// sessions' episode chains (`session: None`: every session of `agent`; `agent: None`:
+    /// the nodes' own agents).
+    pub fn forget(
+        &self,
+        ids: &[i64],
+        agent: Option<&str>,
+        session: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let ids: Vec<u64> = ids.iter().filter_map(|&i| u64::try_from(i).ok()).collect();
+        let mut agents: HashSet<String> = HashSet::new();
+        {
+            let mut g = self.graph_write()?;
+            for &id in &ids {
+                if let Some(n) = g.node(NodeId(id)) {
+                    agents.insert(n.agent.clone());
+                }
+                let _ = g.remove_node(NodeId(id));
+            }
+        }
+        if !ids.is_empty() {
+            self.vectors.delete(&ids).map_err(ApiError::internal)?;
+            self.vectors.flush().map_err(ApiError::internal)?;
+        }
+        if let Some(a) = agent {
+            agents.insert(a.to_string());
+        }
+        if let Ok(mut last) = self.last_episode.lock() {
+            last.retain(|(a, s), _| !(agents.contains(a) && session.is_none_or(|x| x == s)));
+        }
+        Ok(())
     }
 
     /// Adds a stored edge to the graph.

@@ -62,6 +62,13 @@ impl TierBridge {
         }
     }
 
+    /// Forgets the activity of the sessions `gone` selects (deleted).
+    pub fn forget(&self, gone: impl Fn(&ChainKey) -> bool) {
+        if let Ok(mut a) = self.activity.lock() {
+            a.retain(|k, _| !gone(k));
+        }
+    }
+
     /// Sessions with a turn within `window`; forgets older ones.
     pub fn active(&self, window: std::time::Duration) -> Vec<ChainKey> {
         let Ok(mut a) = self.activity.lock() else {

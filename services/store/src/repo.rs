@@ -36,6 +36,13 @@ fn random_hex(bytes: usize) -> StoreResult<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The `id` column of each row.
+fn ids_of(rows: Vec<sqlx::any::AnyRow>) -> StoreResult<Vec<i64>> {
+    rows.iter()
+        .map(|r| r.try_get::<i64, _>("id").map_err(Into::into))
+        .collect()
+}
+
 fn hash_secret(secret: &str) -> String {
     Sha256::digest(secret.as_bytes())
         .iter()
@@ -448,6 +455,157 @@ impl Store {
         u64_of(n, "session")
     }
 
+    /// Session names of an agent.
+    pub async fn sessions(&self, agent_id: &str) -> StoreResult<Vec<String>> {
+        let rows = sqlx::query("SELECT id FROM sessions WHERE agent_id = $1 ORDER BY id")
+            .bind(agent_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("id").map_err(Into::into))
+            .collect()
+    }
+
+    /// Deletes a session: its turn log, working memory and memory nodes (with their edges), in
+    /// one transaction. Returns the deleted nodes' ids; `NotFound` when the session does not
+    /// exist.
+    pub async fn delete_session(&self, agent_id: &str, session_id: &str) -> StoreResult<Vec<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let nodes = ids_of(
+            sqlx::query("SELECT id FROM memory_nodes WHERE agent_id = $1 AND session_id = $2")
+                .bind(agent_id)
+                .bind(session_id)
+                .fetch_all(&mut *tx)
+                .await?,
+        )?;
+        for &id in &nodes {
+            sqlx::query("DELETE FROM memory_edges WHERE from_id = $1 OR to_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("DELETE FROM memory_nodes WHERE agent_id = $1 AND session_id = $2")
+            .bind(agent_id)
+            .bind(session_id)
+            .execute(&mut *tx)
+            .await?;
+        for table in ["working_memory", "turns"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE agent_id = $1 AND session_id = $2"
+            ))
+            .bind(agent_id)
+            .bind(session_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let done = sqlx::query("DELETE FROM sessions WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(session_id)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound {
+                entity: "session",
+                id: session_id.to_string(),
+            });
+        }
+        tx.commit().await?;
+        Ok(nodes)
+    }
+
+    /// Deletes an agent and everything it holds (sessions, turns, working memory, layers,
+    /// memory nodes and edges), in one transaction; returns the deleted nodes' ids.
+    pub async fn delete_agent(&self, tenant_id: &str, agent_id: &str) -> StoreResult<Vec<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let nodes = ids_of(
+            sqlx::query("SELECT id FROM memory_nodes WHERE tenant_id = $1 AND agent_id = $2")
+                .bind(tenant_id)
+                .bind(agent_id)
+                .fetch_all(&mut *tx)
+                .await?,
+        )?;
+        for &id in &nodes {
+            sqlx::query("DELETE FROM memory_edges WHERE from_id = $1 OR to_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for table in [
+            "memory_nodes",
+            "working_memory",
+            "turns",
+            "sessions",
+            "layers",
+        ] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE agent_id = $1"))
+                .bind(agent_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let done = sqlx::query("DELETE FROM agents WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(agent_id)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound {
+                entity: "agent",
+                id: agent_id.to_string(),
+            });
+        }
+        tx.commit().await?;
+        Ok(nodes)
+    }
+
+    /// Deletes a tenant and everything it holds (agents and all they hold, API keys), in one
+    /// transaction; returns the deleted nodes' ids.
+    pub async fn delete_tenant(&self, tenant_id: &str) -> StoreResult<Vec<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let nodes = ids_of(
+            sqlx::query("SELECT id FROM memory_nodes WHERE tenant_id = $1")
+                .bind(tenant_id)
+                .fetch_all(&mut *tx)
+                .await?,
+        )?;
+        sqlx::query("DELETE FROM memory_edges WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM memory_nodes WHERE tenant_id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        for table in ["working_memory", "turns", "layers"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE agent_id IN (SELECT id FROM agents WHERE tenant_id = $1)"
+            ))
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for table in ["sessions", "agents", "api_keys"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE tenant_id = $1"))
+                .bind(tenant_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let done = sqlx::query("DELETE FROM tenants WHERE id = $1")
+            .bind(tenant_id)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Err(StoreError::NotFound {
+                entity: "tenant",
+                id: tenant_id.to_string(),
+            });
+        }
+        tx.commit().await?;
+        Ok(nodes)
+    }
+
     /// Appends a turn; returns its sequence number.
     pub async fn append_turn(
         &self,
@@ -675,6 +833,49 @@ impl Store {
             .tenant_rows(NODE_COLUMNS, "memory_nodes", tenant_id)
             .await?;
         rows.iter().map(Self::node_of).collect()
+    }
+
+    /// A page of an agent's nodes: ids above `after`, by id, at most `limit`.
+    pub async fn memory_nodes_page(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<MemoryNodeRow>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {NODE_COLUMNS} FROM memory_nodes WHERE tenant_id = $1 AND agent_id = $2 \
+             AND id > $3 ORDER BY id LIMIT $4"
+        ))
+        .bind(tenant_id)
+        .bind(agent_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(Self::node_of).collect()
+    }
+
+    /// A page of the edges leaving an agent's nodes: ids above `after`, by id, at most `limit`.
+    pub async fn memory_edges_page(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<MemoryEdgeRow>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {EDGE_COLUMNS} FROM memory_edges WHERE tenant_id = $1 AND from_id IN \
+             (SELECT id FROM memory_nodes WHERE tenant_id = $1 AND agent_id = $2) \
+             AND id > $3 ORDER BY id LIMIT $4"
+        ))
+        .bind(tenant_id)
+        .bind(agent_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(Self::edge_of).collect()
     }
 
     /// One node of a tenant.

@@ -5,9 +5,22 @@ use std::collections::{HashMap, HashSet};
 
 use engram_kvcore::{BlockId, TenantId, Tier};
 
+use serde::{Deserialize, Serialize};
+
 use super::{EngineCore, PrefixReuse, SeqId, block_salt};
 use crate::error::EngineResult;
 use crate::prefix::chain_hash;
+
+/// What [`EngineCore::forget`] dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForgetReport {
+    /// Cached blocks dropped.
+    pub blocks: usize,
+    /// Session chain records dropped.
+    pub chains: usize,
+    /// Ready reservations expired.
+    pub reservations: usize,
+}
 
 impl EngineCore {
     /// Registers the sequence's newly full blocks in the prefix cache and pins stable ones.
@@ -189,7 +202,13 @@ impl EngineCore {
                     Some(t) if m.tenant() == t => 1,
                     Some(_) => return None,
                 };
-                Some((class, m.priority(), m.last_attended(), m.created_at(), m.id()))
+                Some((
+                    class,
+                    m.priority(),
+                    m.last_attended(),
+                    m.created_at(),
+                    m.id(),
+                ))
             })
             .collect();
         cold.sort_unstable();
@@ -250,7 +269,7 @@ impl EngineCore {
     /// public key itself unpins its blocks only while no tenant uses it.
     pub fn unpin_prefix(&mut self, key: &[u8; 32]) -> EngineResult<usize> {
         let mut released = Vec::new();
-        if !self.public_users.get(key).is_some_and(|u| !u.is_empty())
+        if self.public_users.get(key).is_none_or(|u| u.is_empty())
             && let Some(ids) = self.pins_by_key.remove(key)
         {
             self.public_users.remove(key);
@@ -259,7 +278,9 @@ impl EngineCore {
         let emptied: Vec<[u8; 32]> = self
             .public_users
             .iter_mut()
-            .filter_map(|(public, users)| (users.remove(key) && users.is_empty()).then_some(*public))
+            .filter_map(|(public, users)| {
+                (users.remove(key) && users.is_empty()).then_some(*public)
+            })
             .collect();
         for public in emptied {
             self.public_users.remove(&public);
@@ -272,6 +293,54 @@ impl EngineCore {
             .filter(|&id| self.store.metadata().get(id).is_some())
             .collect();
         Ok(self.pins.unpin(&mut self.store, &live)?.unpinned.len())
+    }
+
+    /// Forgets what the engine holds of a tenant's sessions: every cached block of `tenant`
+    /// whose session key matches (`session & mask == value`; a mask of 0 takes every block of
+    /// the tenant), their pins, the sessions' chain records, and the tenant's ready
+    /// reservations. Blocks a running sequence still attends are released when it ends.
+    /// Public blocks belong to no tenant and stay.
+    pub fn forget(
+        &mut self,
+        tenant: TenantId,
+        mask: u64,
+        value: u64,
+    ) -> EngineResult<ForgetReport> {
+        let mut report = ForgetReport {
+            reservations: self.expire_reservations_of(tenant)?,
+            ..ForgetReport::default()
+        };
+        let ids: Vec<BlockId> = self
+            .store
+            .metadata()
+            .iter()
+            .filter(|m| {
+                m.tenant() == tenant
+                    && (mask == 0 || m.session().is_some_and(|s| s.0 & mask == value))
+            })
+            .map(|m| m.id())
+            .collect();
+        self.pins.unpin(&mut self.store, &ids)?;
+        let gone: HashSet<BlockId> = ids.iter().copied().collect();
+        for id in ids {
+            if self.cache.contains_block(id) {
+                self.drop_cached(id)?;
+                report.blocks += 1;
+            }
+        }
+        self.pins_by_key.retain(|_, v| {
+            v.retain(|id| !gone.contains(id));
+            !v.is_empty()
+        });
+        let before = self.chains.by_key.len();
+        self.chains
+            .by_key
+            .retain(|k, _| !(k.0 == tenant && k.1.0 & mask == value));
+        report.chains = before - self.chains.by_key.len();
+        if mask == 0 {
+            self.cold_quotas.remove(&tenant);
+        }
+        Ok(report)
     }
 
     /// Tenant prefix keys using each public prefix (for the admin views and tests).

@@ -396,6 +396,14 @@ impl EngineCore {
         self.expire_where(|_| true)
     }
 
+    /// Expires every ready reservation of `tenant` (its data is being deleted) and forgets
+    /// its finished ones.
+    pub(super) fn expire_reservations_of(&mut self, tenant: TenantId) -> EngineResult<usize> {
+        let n = self.expire_where(|r| r.info.tenant == tenant.0)?;
+        self.reservations.history.retain(|i| i.tenant != tenant.0);
+        Ok(n)
+    }
+
     fn expire_where(&mut self, due: impl Fn(&Reservation) -> bool) -> EngineResult<usize> {
         let due: Vec<ReservationId> = self
             .reservations

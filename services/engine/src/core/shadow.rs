@@ -367,7 +367,10 @@ impl EngineCore {
         if pinned.iter().any(|&(public, _)| public)
             && let (Some(public), Some(user)) = (chain.public_pin_key, chain.pin_key)
         {
-            self.public_users.entry(public.0).or_default().insert(user.0);
+            self.public_users
+                .entry(public.0)
+                .or_default()
+                .insert(user.0);
         }
         for (public, id) in pinned {
             let key = if public {

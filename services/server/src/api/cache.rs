@@ -281,10 +281,9 @@ pub async fn import(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    let _slot = state
-        .imports
-        .begin(&caller.0.id)
-        .ok_or_else(|| ApiError::rate_limited("another cache import of this tenant is running", 1))?;
+    let _slot = state.imports.begin(&caller.0.id).ok_or_else(|| {
+        ApiError::rate_limited("another cache import of this tenant is running", 1)
+    })?;
     let started = Instant::now();
     let file = spool(body, limit).await?.ok_or_else(too_large)?;
     // Pins go under the caller's own key for the agent's stable prefix as it is now, so the

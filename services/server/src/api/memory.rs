@@ -181,8 +181,10 @@ pub async fn create_node(
 /// The agent's memory nodes.
 #[utoipa::path(
     tag = "memory",
+    params(Page),
     responses(
-        (status = 200, description = "`{nodes: [...]}`", body = serde_json::Value),
+        (status = 200, description = "`{nodes: [...], next}`: a page by id; `next` is the `after` of the next page (null on the last)", body = serde_json::Value),
+        (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
     ),
@@ -193,16 +195,50 @@ pub async fn list_nodes(
     caller: TenantCaller,
     state: web::Data<AppState>,
     path: web::Path<String>,
+    page: web::Query<Page>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, _) = scope(&state, &caller, &path).await?;
-    let nodes: Vec<_> = state
+    let (after, limit) = page.bounds()?;
+    let nodes = state
         .store
-        .memory_nodes(Some(&caller.0.id))
-        .await?
-        .into_iter()
-        .filter(|n| n.agent_id == agent.id)
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({ "nodes": nodes })))
+        .memory_nodes_page(&caller.0.id, &agent.id, after, limit + 1)
+        .await?;
+    let (nodes, next) = page_of(nodes, limit, |n| n.id);
+    Ok(HttpResponse::Ok().json(json!({ "nodes": nodes, "next": next })))
+}
+
+/// A page of a listing: `?after=<id>&limit=<n>`.
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct Page {
+    /// Only ids above this one (the `next` of the previous page).
+    pub after: Option<i64>,
+    /// Items at most (1–1000, default 100).
+    pub limit: Option<i64>,
+}
+
+impl Page {
+    fn bounds(&self) -> Result<(i64, i64), ApiError> {
+        let limit = self.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return Err(ApiError::invalid("limit must be 1 to 1000"));
+        }
+        Ok((self.after.unwrap_or(0), limit))
+    }
+}
+
+/// Cuts a page fetched with one extra row: the rows, and the cursor of the next page if the
+/// extra row was there.
+fn page_of<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<T>, Option<i64>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() > limit {
+        rows.truncate(limit);
+        let next = rows.last().map(id);
+        (rows, next)
+    } else {
+        (rows, None)
+    }
 }
 
 /// One memory node and its edges.
@@ -353,8 +389,10 @@ pub async fn create_edge(
 /// The edges between the agent's nodes.
 #[utoipa::path(
     tag = "memory",
+    params(Page),
     responses(
-        (status = 200, description = "`{edges: [...]}`", body = serde_json::Value),
+        (status = 200, description = "`{edges: [...], next}`: a page by id; `next` is the `after` of the next page (null on the last)", body = serde_json::Value),
+        (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
     ),
@@ -365,15 +403,16 @@ pub async fn list_edges(
     caller: TenantCaller,
     state: web::Data<AppState>,
     path: web::Path<String>,
+    page: web::Query<Page>,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, memory) = scope(&state, &caller, &path).await?;
-    let mut edges = Vec::new();
-    for e in state.store.memory_edges(Some(&caller.0.id)).await? {
-        if own_node(memory, &caller.0.id, &agent, e.from_id).is_ok() {
-            edges.push(e);
-        }
-    }
-    Ok(HttpResponse::Ok().json(json!({ "edges": edges })))
+    let (agent, _) = scope(&state, &caller, &path).await?;
+    let (after, limit) = page.bounds()?;
+    let edges = state
+        .store
+        .memory_edges_page(&caller.0.id, &agent.id, after, limit + 1)
+        .await?;
+    let (edges, next) = page_of(edges, limit, |e| e.id);
+    Ok(HttpResponse::Ok().json(json!({ "edges": edges, "next": next })))
 }
 
 /// Deletes an edge.

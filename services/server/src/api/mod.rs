@@ -5,6 +5,7 @@ pub mod agents;
 pub mod cache;
 pub mod health;
 pub mod inspect;
+pub mod lifecycle;
 pub mod memory;
 pub mod openai;
 pub mod turns;
@@ -70,5 +71,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(cache::admin_shadow)
         .service(cache::admin_flush)
         .service(cache::admin_tiers)
-        .service(cache::admin_tier_cycle);
+        .service(cache::admin_tier_cycle)
+        .service(lifecycle::delete_session)
+        .service(lifecycle::delete_agent)
+        .service(lifecycle::delete_tenant);
 }

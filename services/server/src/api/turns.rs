@@ -88,11 +88,25 @@ pub struct MemoryUsage {
 
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// A session's cache key: the agent's 32 bits (see [`agent_bits`]) over 32 bits of the
+/// session's name, so that every cached block and shadow entry of an agent can be found (and
+/// deleted) by its upper half.
 pub(crate) fn session_key(agent: &Agent, session: &str) -> SessionId {
     let h = Sha256::digest(format!("{}/{session}", agent.id).as_bytes());
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&h[..8]);
-    SessionId(u64::from_le_bytes(b))
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&h[..4]);
+    SessionId(agent_bits(agent) | u64::from(u32::from_le_bytes(b)))
+}
+
+/// Mask of the agent's part of a session key.
+pub(crate) const AGENT_MASK: u64 = 0xFFFF_FFFF_0000_0000;
+
+/// The agent's part of its sessions' keys.
+pub(crate) fn agent_bits(agent: &Agent) -> u64 {
+    let h = Sha256::digest(format!("engram-agent\0{}", agent.id).as_bytes());
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&h[..4]);
+    u64::from(u32::from_le_bytes(b)) << 32
 }
 
 /// Tokenizes the built prompt segment by segment.

@@ -118,6 +118,57 @@ pub(super) fn write_chains(
     Ok(report)
 }
 
+/// Deletes the session entries `gone` selects and then the prefix entries of their tenants no
+/// session names any more (runs on a blocking thread). Each entry's manifest goes first, so a
+/// crash half-way leaves segments without a manifest, which recovery removes: a deleted session
+/// never comes back. Returns the entries deleted.
+pub(super) fn forget_entries(
+    store: &dyn Storage,
+    st: &mut State,
+    gone: &dyn Fn(&Manifest) -> bool,
+) -> Result<usize> {
+    let sessions: Vec<(String, u64)> = st
+        .manifests
+        .values()
+        .filter(|m| m.kind == EntryKind::Session && gone(m))
+        .map(|m| (m.id.clone(), m.tenant))
+        .collect();
+    let tenants: HashSet<u64> = sessions.iter().map(|(_, t)| *t).collect();
+    let mut ids: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
+    let remaining: HashSet<String> = st
+        .manifests
+        .values()
+        .filter(|m| !ids.contains(&m.id))
+        .filter_map(|m| m.prefix.as_ref().map(|p| p.id.clone()))
+        .collect();
+    ids.extend(
+        st.manifests
+            .values()
+            .filter(|m| {
+                m.kind == EntryKind::Prefix
+                    && tenants.contains(&m.tenant)
+                    && m.tenant != 0
+                    && !remaining.contains(&m.id)
+            })
+            .map(|m| m.id.clone()),
+    );
+    for id in &ids {
+        store.delete(&entry_key(id, "manifest.json"))?;
+        if let Some(m) = st.manifests.remove(id)
+            && let Some(s) = m.session
+        {
+            st.written.retain(|k, _| !(k.0.0 == m.tenant && k.1.0 == s));
+        }
+        let dir = entry_key(id, "");
+        st.sizes.retain(|k, _| !k.starts_with(&dir));
+        store.delete_prefix(&dir)?;
+    }
+    if !ids.is_empty() {
+        write_index(store, st, &[])?;
+    }
+    Ok(ids.len())
+}
+
 fn write_index(store: &dyn Storage, st: &State, leaving: &[String]) -> Result<()> {
     let mut entries: Vec<IndexEntry> = st
         .manifests

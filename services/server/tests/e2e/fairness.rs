@@ -68,7 +68,11 @@ fn a_tenant_over_its_request_rate_gets_429_with_retry_after_and_others_do_not() 
     // tenant_with_bot spent one of each tenant's requests.
     let get = |key: &str| srv.raw_full("GET", "/v1/agents", Some(key), b"");
     let statuses: Vec<u16> = (0..3).map(|_| get(&ka).0).collect();
-    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 1, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        1,
+        "{statuses:?}"
+    );
     let (s, head, body) = get(&ka);
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!((s, v["code"].as_str()), (429, Some("rate_limited")), "{v}");
@@ -83,5 +87,9 @@ fn a_tenant_over_its_request_rate_gets_429_with_retry_after_and_others_do_not() 
     // The neighbour is not slowed down, and the operator is not limited.
     assert_eq!(get(&kb).0, 200);
     std::thread::sleep(Duration::from_secs(retry));
-    assert_eq!(get(&ka).0, 200, "after Retry-After the tenant is served again");
+    assert_eq!(
+        get(&ka).0,
+        200,
+        "after Retry-After the tenant is served again"
+    );
 }

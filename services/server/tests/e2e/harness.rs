@@ -83,7 +83,7 @@ pub fn test_config(database_url: &str, body_limit: usize) -> Config {
     config.memory.embedder_path = embedder_path();
     config.memory.vector_dir = vector_dir();
     config
-    }
+}
 
 /// A running server.
 pub struct Server {
@@ -96,7 +96,6 @@ impl Server {
     pub fn start(database_url: &str, body_limit: usize) -> Self {
         Self::start_with(test_config(database_url, body_limit))
     }
-
 
     /// Serves `config` as is.
     pub fn start_with(config: Config) -> Self {

@@ -3,11 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod deletion;
 mod fairness;
 mod harness;
 mod lifecycle;
 mod memory;
 mod openai;
+mod probes;
 mod reuse;
 mod service;
 mod shadow;

@@ -40,9 +40,12 @@ fn session_of(i: usize) -> &'static str {
     SESSIONS[i % SESSIONS.len()]
 }
 
+/// The server's session key: 32 bits of the agent over 32 bits of the session's name.
 fn session_key(agent_id: &str, session: &str) -> u64 {
     let h = Sha256::digest(format!("{agent_id}/{session}").as_bytes());
-    u64::from_le_bytes(h[..8].try_into().unwrap())
+    let a = Sha256::digest(format!("engram-agent\0{agent_id}").as_bytes());
+    (u64::from(u32::from_le_bytes(a[..4].try_into().unwrap())) << 32)
+        | u64::from(u32::from_le_bytes(h[..4].try_into().unwrap()))
 }
 
 pub fn fresh_dir(name: &str) -> PathBuf {

@@ -48,7 +48,11 @@ fn a_panic_fails_one_request_and_the_engine_goes_on() {
     assert_eq!(v["text"], answer);
     assert_ne!(request_id(&head2), id);
     let (s, ready) = srv.call("GET", "/readyz", None, Value::Null);
-    assert_eq!((s, ready["engine"].as_str()), (200, Some("running")), "{ready}");
+    assert_eq!(
+        (s, ready["engine"].as_str()),
+        (200, Some("running")),
+        "{ready}"
+    );
     // Every answer carries an id, the 404 of no route included.
     for path in ["/healthz", "/no/such/route"] {
         let (_, head, _) = srv.raw_full("GET", path, None, b"");
@@ -70,16 +74,28 @@ fn a_stopped_engine_makes_readyz_and_generation_answer_503() {
     assert!(s == 500 || s == 503, "{s} {v}");
     std::thread::sleep(std::time::Duration::from_millis(300));
     let (s, ready) = srv.call("GET", "/readyz", None, Value::Null);
-    assert_eq!((s, ready["engine"].as_str()), (503, Some("stopped")), "{ready}");
+    assert_eq!(
+        (s, ready["engine"].as_str()),
+        (503, Some("stopped")),
+        "{ready}"
+    );
     let (s, _, v) = turn(&srv, &key, "c", "Hello?");
-    assert_eq!((s, v["code"].as_str()), (503, Some("model_unavailable")), "{v}");
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (503, Some("model_unavailable")),
+        "{v}"
+    );
     let (s, v) = srv.call(
         "POST",
         "/v1/chat/completions",
         Some(&key),
         json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
     );
-    assert_eq!((s, v["code"].as_str()), (503, Some("model_unavailable")), "{v}");
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (503, Some("model_unavailable")),
+        "{v}"
+    );
     // What needs no engine still works.
     let (s, v) = srv.call("GET", "/v1/agents/bot", Some(&key), Value::Null);
     assert_eq!(s, 200, "{v}");

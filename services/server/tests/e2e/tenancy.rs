@@ -142,10 +142,18 @@ fn public_layers_are_shared_only_when_the_operator_marks_them_and_quotas_answer_
         json!({"content": long_text("alpha's own charter", 10)}),
     );
     assert_eq!(s, 200, "{v}");
-    assert_eq!(pinned_public(), shared_pins, "alpha's edit unpinned beta's prefix");
+    assert_eq!(
+        pinned_public(),
+        shared_pins,
+        "alpha's edit unpinned beta's prefix"
+    );
     let (s, v) = mark(&ta, "axioms", false);
     assert_eq!(s, 200, "{v}");
-    assert_eq!(pinned_public(), shared_pins, "alpha's unmark unpinned beta's prefix");
+    assert_eq!(
+        pinned_public(),
+        shared_pins,
+        "alpha's unmark unpinned beta's prefix"
+    );
     // The last user gone, the public pins are released (they leave by eviction like any block).
     let (s, v) = mark(&tb, "axioms", false);
     assert_eq!(s, 200, "{v}");
@@ -232,7 +240,7 @@ fn flip_public(file: &[u8], n: usize) -> Vec<u8> {
     }
     header["__metadata__"]["engram.session"] = json!(meta.to_string());
     let mut text = header.to_string();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
@@ -245,7 +253,7 @@ fn flip_public(file: &[u8], n: usize) -> Vec<u8> {
 fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
     let url = sqlite_url();
     let mut config = crate::harness::test_config(&url, 64 * 1024);
-    config.server.import_limit_mib = 1;
+    config.server.import_limit_mib = 16;
     let srv = Server::start_with(config);
     let tenant = |name: &str| {
         let (s, v) = srv.call(
@@ -302,7 +310,12 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
         json!({"message": "Hello?", "max_tokens": 2}),
     );
     assert_eq!(s, 200, "{v}");
-    let (s, file) = srv.raw("GET", "/v1/agents/bot/sessions/s/cache/export", Some(&kx), b"");
+    let (s, file) = srv.raw(
+        "GET",
+        "/v1/agents/bot/sessions/s/cache/export",
+        Some(&kx),
+        b"",
+    );
     assert_eq!(s, 200);
     let (_, preview) = srv.call(
         "POST",
@@ -341,10 +354,19 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
 
     // An import over the limit is refused before it is read (413), and so is one that only
     // grows past it while streaming (no Content-Length to go by is not needed: the spool counts).
-    let big = vec![0u8; (1 << 20) + 1];
-    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/u/cache/import", Some(&kx), &big);
+    let big = vec![0u8; (16 << 20) + 1];
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/u/cache/import",
+        Some(&kx),
+        &big,
+    );
     let e: Value = serde_json::from_slice(&b).unwrap();
-    assert_eq!((s, e["code"].as_str()), (413, Some("payload_too_large")), "{e}");
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (413, Some("payload_too_large")),
+        "{e}"
+    );
 
     // One import per tenant at a time: while one streams slowly, a second answers 429.
     let mut slow = std::net::TcpStream::connect(srv.addr).unwrap();
@@ -360,15 +382,30 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
         slow.flush().unwrap();
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/w/cache/import", Some(&kx), &file);
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/w/cache/import",
+        Some(&kx),
+        &file,
+    );
     let e: Value = serde_json::from_slice(&b).unwrap();
     assert_eq!((s, e["code"].as_str()), (429, Some("rate_limited")), "{e}");
     // Another tenant is not held up by it.
-    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/w/cache/import", Some(&ka), &file);
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/w/cache/import",
+        Some(&ka),
+        &file,
+    );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
     drop(slow);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/w/cache/import", Some(&kx), &file);
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/w/cache/import",
+        Some(&kx),
+        &file,
+    );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
     srv.stop();
 
@@ -378,7 +415,12 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
     let mut config = crate::harness::test_config(&url, 64 * 1024);
     config.shadow.enabled = false;
     let srv = Server::start_with(config);
-    let (s, b) = srv.raw("POST", "/v1/agents/bot/sessions/s/cache/import", Some(&kx), &file);
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/import",
+        Some(&kx),
+        &file,
+    );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
     let pinned_of = |tenant: &str| {
         let (s, page) = srv.call(
