@@ -792,24 +792,26 @@ impl EngineCore {
             self.counters.cold_hits += cold.len() as u64;
             self.counters.misses += (full - hits.len()) as u64;
         }
-        let warmed = self.make_hot_room(cold.len()).and_then(|()| {
-            self.store.warm(&cold)?;
-            self.store.touch(&hits)?;
-            // A reused stable block whose pin was released (its first owner's prefix changed)
-            // is pinned again under this sequence's key.
-            let unpinned: Vec<(usize, BlockId)> = hits
-                .iter()
-                .copied()
-                .enumerate()
-                .filter(|&(_, b)| {
-                    self.store.metadata().get(b).is_some_and(|m| {
-                        m.pin() == PinState::Unpinned
-                            && self.config.pin_policy.sources.contains(&m.source())
+        let warmed = self
+            .make_hot_room(cold.len(), &[spec.tenant])
+            .and_then(|()| {
+                self.store.warm(&cold)?;
+                self.store.touch(&hits)?;
+                // A reused stable block whose pin was released (its first owner's prefix changed)
+                // is pinned again under this sequence's key.
+                let unpinned: Vec<(usize, BlockId)> = hits
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .filter(|&(_, b)| {
+                        self.store.metadata().get(b).is_some_and(|m| {
+                            m.pin() == PinState::Unpinned
+                                && self.config.pin_policy.sources.contains(&m.source())
+                        })
                     })
-                })
-                .collect();
-            self.pin_blocks(id, &unpinned)
-        });
+                    .collect();
+                self.pin_blocks(id, &unpinned)
+            });
         if let Err(e) = warmed {
             self.finish(id)?;
             return Err(e);
@@ -928,13 +930,17 @@ impl EngineCore {
     fn run(&mut self, work: &[(SeqId, usize, LogitRows)]) -> EngineResult<Tensor> {
         let bs = self.config.block_size;
         let mut need = 0;
+        let mut tenants = Vec::new();
         for &(id, n, _) in work {
             let seq = self.seq(id)?;
+            if !tenants.contains(&seq.tenant) {
+                tenants.push(seq.tenant);
+            }
             need += (seq.computed + n)
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len());
         }
-        self.make_hot_room(need)?;
+        self.make_hot_room(need, &tenants)?;
         for &(id, n, _) in work {
             let tags = {
                 let seq = self.seq(id)?;

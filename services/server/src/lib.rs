@@ -121,7 +121,7 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
     };
     let memory = open_memory(&config, &store).await?;
     let shadow = match &engine {
-        Some(engine) if config.shadow.enabled => Some(open_shadow(&config, engine).await?),
+        Some(engine) if config.shadow.enabled => Some(open_shadow(&config, engine, &store).await?),
         _ => None,
     };
     let mut state = AppState::new(store, engine, memory, config);
@@ -166,7 +166,11 @@ fn s3_storage(s: &config::ShadowSection) -> Result<Arc<dyn shadow::Storage>, sha
     })
 }
 
-async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow, StartError> {
+async fn open_shadow(
+    config: &Config,
+    engine: &Engine,
+    db: &Store,
+) -> Result<shadow::Shadow, StartError> {
     let s = &config.shadow;
     let store = shadow_storage(config)?;
     let dir = store.location();
@@ -175,7 +179,17 @@ async fn open_shadow(config: &Config, engine: &Engine) -> Result<shadow::Shadow,
         let n = shadow.index().await?;
         eprintln!("engram: shadow: {n} entries in {dir} left on disk (shadow.recover is off)");
     } else {
-        let outcomes = shadow.recover(engine).await?;
+        // Each tenant's cold quota bounds what the recovery gives it back.
+        let quotas: std::collections::HashMap<u64, usize> = db
+            .tenants()
+            .await?
+            .iter()
+            .map(|t| {
+                let quota = usize::try_from(t.quotas.cold_blocks).unwrap_or(usize::MAX);
+                (t.cache_salt, quota)
+            })
+            .collect();
+        let outcomes = shadow.recover(engine, &quotas).await?;
         let status = shadow.status();
         let tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
         eprintln!(

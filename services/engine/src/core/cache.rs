@@ -90,12 +90,15 @@ impl EngineCore {
 
     /// Frees `n` hot slots: first makes cold room for what will spill, then evicts hot blocks no
     /// running sequence attends; blocks that could not be spilled leave the cache.
-    pub(super) fn make_hot_room(&mut self, n: usize) -> EngineResult<()> {
+    ///
+    /// `tenants`: whom the room is for (cold room for the spill then comes out of their own or
+    /// over-quota tenants' cold blocks, see [`Self::trim_cold_for`]).
+    pub(super) fn make_hot_room(&mut self, n: usize, tenants: &[TenantId]) -> EngineResult<()> {
         let free = self.store.free_blocks(Tier::Hot);
         if free >= n {
             return Ok(());
         }
-        self.trim_cold(n - free)?;
+        self.trim_cold_for(n - free, Some(tenants))?;
         let busy: HashSet<BlockId> = self
             .seqs
             .values()
@@ -158,25 +161,29 @@ impl EngineCore {
         self.trim_cold_for(n, None)
     }
 
-    /// [`Self::trim_cold`] on behalf of `tenant`: room made for one tenant comes out of the
-    /// blocks of tenants over their cold quota and then out of its own, never out of another
+    /// [`Self::trim_cold`] on behalf of `tenants`: room made for them comes out of the blocks
+    /// of tenants over their cold quota and then out of their own, never out of another
     /// tenant's (nor out of public blocks). `None`: any tenant's (the operator's maintenance).
-    pub(super) fn trim_cold_for(&mut self, n: usize, tenant: Option<TenantId>) -> EngineResult<()> {
+    pub(super) fn trim_cold_for(
+        &mut self,
+        n: usize,
+        tenants: Option<&[TenantId]>,
+    ) -> EngineResult<()> {
         let free = self.store.free_blocks(Tier::Cold);
         if free >= n || self.store.capacity(Tier::Cold) == 0 {
             return Ok(());
         }
-        for id in self.cold_victims(tenant).into_iter().take(n - free) {
+        for id in self.cold_victims(tenants).into_iter().take(n - free) {
             self.drop_cached(id)?;
         }
         Ok(())
     }
 
-    /// The cached cold blocks [`Self::trim_cold_for`] may drop for `tenant`, in the order it
+    /// The cached cold blocks [`Self::trim_cold_for`] may drop for `tenants`, in the order it
     /// drops them.
-    pub(super) fn cold_victims(&self, tenant: Option<TenantId>) -> Vec<BlockId> {
+    pub(super) fn cold_victims(&self, tenants: Option<&[TenantId]>) -> Vec<BlockId> {
         let mut per_tenant: HashMap<TenantId, usize> = HashMap::new();
-        if tenant.is_some() {
+        if tenants.is_some() {
             for m in self.store.metadata().iter() {
                 if m.tier() == Tier::Cold {
                     *per_tenant.entry(m.tenant()).or_default() += 1;
@@ -196,10 +203,10 @@ impl EngineCore {
             .filter(|m| self.cache.contains_block(m.id()))
             .filter_map(|m| {
                 // Class 0: over-quota tenants' blocks; 1: the requester's own; others untouched.
-                let class = match tenant {
+                let class = match tenants {
                     None => 0u8,
                     Some(_) if over(m.tenant()) => 0,
-                    Some(t) if m.tenant() == t => 1,
+                    Some(ts) if ts.contains(&m.tenant()) => 1,
                     Some(_) => return None,
                 };
                 Some((

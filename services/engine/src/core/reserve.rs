@@ -219,7 +219,7 @@ impl EngineCore {
         if let Some(quota) = req.spec.cold_block_quota {
             self.cold_quotas.insert(tenant, quota);
         }
-        let droppable = self.cold_victims(Some(tenant)).len();
+        let droppable = self.cold_victims(Some(&[tenant])).len();
         let available = (self.store.free_blocks(Tier::Cold) + droppable)
             .min(self.cold_room_of(tenant).saturating_add(droppable));
         if blocks > available {
@@ -229,7 +229,7 @@ impl EngineCore {
                 available,
             });
         }
-        self.trim_cold_for(blocks, Some(tenant))?;
+        self.trim_cold_for(blocks, Some(&[tenant]))?;
         self.reservations.admitting = true;
         let started = self.start(req.spec);
         self.reservations.admitting = false;
@@ -379,7 +379,8 @@ impl EngineCore {
             .copied()
             .filter(|&b| self.store.metadata().get(b).map(|m| m.tier()) == Some(Tier::Cold))
             .collect();
-        self.make_hot_room(cold.len())?;
+        let tenant = TenantId(r.info.tenant);
+        self.make_hot_room(cold.len(), &[tenant])?;
         self.store.warm(&cold)?;
         Ok(cold.len())
     }

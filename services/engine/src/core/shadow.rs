@@ -133,6 +133,8 @@ pub struct RestoreChain {
     pub pin_key: Option<Hex32>,
     /// Key the public blocks are pinned under.
     pub public_pin_key: Option<Hex32>,
+    /// The tenant's cold-tier quota in blocks: a restore adds at most what is left of it.
+    pub cold_quota: Option<usize>,
     /// The blocks in order, each with its bytes.
     pub blocks: Vec<(ShadowBlock, Vec<u8>)>,
 }
@@ -319,10 +321,13 @@ impl EngineCore {
             .filter(|(_, (b, _))| self.cache.get(&b.hash.0).is_none())
             .map(|(i, _)| i)
             .collect();
+        if let Some(quota) = chain.cold_quota {
+            self.cold_quotas.insert(chain.tenant, quota);
+        }
         // The tenant's cold quota bounds what a restore or an import may add, and room is made
         // only out of the tenant's own blocks (or over-quota tenants'), never another's.
         let allowed = new.len().min(self.cold_room_of(chain.tenant));
-        self.trim_cold_for(allowed, Some(chain.tenant))?;
+        self.trim_cold_for(allowed, Some(&[chain.tenant]))?;
         let room = self.store.free_blocks(Tier::Cold).min(allowed);
         // Leading blocks first: a block is useful only when every block before it is cached.
         let usable = new.get(room).copied().unwrap_or(chain.blocks.len());

@@ -49,6 +49,7 @@ fn restore_of(chain: &ShadowChain) -> RestoreChain {
         tenant: chain.tenant,
         session: Some(chain.session),
         stable_blocks: chain.stable_blocks,
+        cold_quota: None,
         pin_key: chain.pin_key,
         public_pin_key: chain.public_pin_key,
         blocks: chain
@@ -109,6 +110,55 @@ fn a_chain_restores_byte_identical_into_a_fresh_engine_and_is_reused() {
     let (logits_c, _) = run(&mut c, spec(&text, 100, 120, 1));
     assert_eq!(argmax(&logits_b), argmax(&logits_c));
     assert_eq!(argmax(&logits_a), argmax(&logits_c));
+}
+
+#[test]
+fn a_restore_adds_at_most_the_tenants_cold_quota_and_forget_drops_only_that_tenant() {
+    let text = license_tokens(400);
+    let mut a = core(CodecKind::TQ4);
+    run(&mut a, spec(&text, 100, 120, 1));
+    let chain = &collect_all(&a)[0];
+    let mut b = core(CodecKind::TQ4);
+    // Another tenant's session is cached first; the quota-bound restore never touches it.
+    let other = SequenceSpec {
+        tenant: TenantId(77),
+        ..spec(&text, 200, 100, 2)
+    };
+    run(&mut b, other.clone());
+    let of = |core: &EngineCore, t: u64| {
+        core.store()
+            .metadata()
+            .iter()
+            .filter(|m| m.tenant() == TenantId(t))
+            .count()
+    };
+    let others = of(&b, 77);
+    assert!(others > 0);
+    let report = b
+        .shadow_restore(RestoreChain {
+            cold_quota: Some(4),
+            ..restore_of(chain)
+        })
+        .unwrap();
+    assert_eq!((report.loaded, report.no_room), (4, 6), "{report:?}");
+    assert_eq!(report.tokens, 4 * 16);
+    assert_eq!(of(&b, 9), 4);
+    assert_eq!(of(&b, 77), others);
+    // Forgetting tenant 9's session 1 drops its blocks and its chain record, nothing of 77's.
+    let gone = b.forget(TenantId(9), u64::MAX, 1).unwrap();
+    assert_eq!((gone.blocks, gone.chains), (4, 1), "{gone:?}");
+    assert_eq!(of(&b, 9), 0);
+    assert_eq!(of(&b, 77), others);
+    assert!(collect_all(&b).iter().all(|c| c.tenant == TenantId(77)));
+    // A mask of 0 forgets every session of the tenant.
+    let gone = b.forget(TenantId(77), 0, 0).unwrap();
+    assert_eq!(gone.blocks, others);
+    assert!(collect_all(&b).is_empty());
+    let (_, adm) = run(&mut b, other);
+    assert_eq!(
+        adm.cached_tokens, 0,
+        "nothing of the forgotten tenant is reused"
+    );
 }
 
 #[test]

@@ -145,6 +145,7 @@ pub async fn load(
             stable_blocks: manifest.stable_blocks,
             pin_key: manifest.pin_key,
             public_pin_key: manifest.public_pin_key,
+            cold_quota: usize::try_from(caller.0.quotas.cold_blocks).ok(),
             blocks,
         },
     )
@@ -307,6 +308,7 @@ pub async fn import(
             stable_blocks,
             pin_key: Some(engram_engine::Hex32(pin_key)),
             public_pin_key: None,
+            cold_quota: usize::try_from(caller.0.quotas.cold_blocks).ok(),
             blocks,
         },
     )

@@ -343,7 +343,7 @@ pub struct RecoveryEntry {
     pub session: Option<u64>,
     /// `recovered`, or the reason it was skipped (`checksum`, `format`, `missing_segment`,
     /// `model_mismatch`, `shape_mismatch`, `codec_mismatch`, `layout_mismatch`,
-    /// `hash_mismatch`, `prefix_unusable`, `io`).
+    /// `hash_mismatch`, `prefix_unusable`, `unknown_tenant`, `io`).
     pub outcome: String,
     /// Blocks loaded into the cold tier.
     pub loaded: usize,
@@ -558,7 +558,15 @@ impl Shadow {
 
     /// Recovers every entry into the engine (see the module docs); returns the per-entry
     /// outcomes (also kept in the status).
-    pub async fn recover(&self, engine: &Engine) -> Result<Vec<RecoveryEntry>> {
+    ///
+    /// `quotas` maps each tenant's cache salt to its cold-tier quota: an entry of a salt not in
+    /// it (a tenant that no longer exists) is skipped (`unknown_tenant`); public prefixes
+    /// (salt 0) have no quota.
+    pub async fn recover(
+        &self,
+        engine: &Engine,
+        quotas: &HashMap<u64, usize>,
+    ) -> Result<Vec<RecoveryEntry>> {
         let started = Instant::now();
         let store = self.store.clone();
         let kv = engine.kv_format().clone();
@@ -595,6 +603,13 @@ impl Shadow {
                 }
             };
             let (manifest, blocks) = manifest;
+            let cold_quota = quotas.get(&manifest.tenant).copied();
+            if cold_quota.is_none() && manifest.tenant != 0 {
+                tracing_skip(&entry.id, "unknown_tenant");
+                out.outcome = "unknown_tenant".into();
+                outcomes.push(out);
+                continue;
+            }
             let mut chain_blocks = Vec::new();
             if let Some(p) = &manifest.prefix {
                 match good_prefix.get(&p.id) {
@@ -622,6 +637,7 @@ impl Shadow {
                 stable_blocks: manifest.stable_blocks,
                 pin_key: manifest.pin_key,
                 public_pin_key: manifest.public_pin_key,
+                cold_quota,
                 blocks: chain_blocks.clone(),
             };
             // A prefix on its own is loaded too (its sessions then find it present).

@@ -1,0 +1,34 @@
+"""Schemathesis hooks for the attack suite: keep generation cheap on a CPU.
+
+Only values the spec allows are shrunk (a negative case stays negative): `max_tokens` above 2
+becomes 2, and texts within their documented limit are cut to a few hundred characters, so every
+generated turn is a short prefill and at most two decoded tokens.
+"""
+
+import schemathesis
+
+CHEAP_TOKENS = 2
+SHORT_TEXT = 300
+TEXT_FIELDS = {"message", "content", "text"}
+TEXT_LIMIT = 64 * 1024
+
+
+def _shrink(value):
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k in ("max_tokens", "max_completion_tokens") and isinstance(v, int) \
+                    and not isinstance(v, bool) and v > CHEAP_TOKENS:
+                v = CHEAP_TOKENS
+            elif k in TEXT_FIELDS and isinstance(v, str) and SHORT_TEXT < len(v) <= TEXT_LIMIT:
+                v = v[:SHORT_TEXT]
+            out[k] = _shrink(v)
+        return out
+    if isinstance(value, list):
+        return [_shrink(v) for v in value]
+    return value
+
+
+@schemathesis.hook
+def map_body(ctx, body):
+    return _shrink(body)
