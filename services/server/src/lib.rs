@@ -325,6 +325,16 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
                     .error_handler(json_error),
             )
             .app_data(web::PayloadConfig::default().limit(limit))
+            // A path or query that does not parse answers JSON like every other error.
+            .app_data(
+                web::PathConfig::default().error_handler(|e, _| {
+                    ApiError::not_found(format!("no such resource: {e}")).into()
+                }),
+            )
+            .app_data(
+                web::QueryConfig::default()
+                    .error_handler(|e, _| ApiError::invalid(format!("invalid query: {e}")).into()),
+            )
             // One scope over every route, so that every answer (a 404 for no route included)
             // carries its request id.
             .service(

@@ -2,7 +2,10 @@
 //! assets are compiled in, so it works offline). `openapi/openapi.json` in the repository is
 //! this document; a test fails when they differ (`make openapi` rewrites the file).
 
+use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, KnownFormat, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::api;
@@ -18,6 +21,133 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// The error answers every operation can give, declared from what the code does: a request
+/// body can be malformed (400), over the limit (413) or not JSON (415); a path or query can be
+/// invalid (400) or name nothing (404); a tenant route can be over the tenant's rate (429);
+/// every authenticated route answers 401 without a valid key. Binary bodies are declared as
+/// `string`/`binary` (not as arrays of integers).
+#[derive(Debug)]
+struct StandardResponses;
+
+fn error_response(description: &str) -> RefOr<utoipa::openapi::Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorSchema")))
+                    .build(),
+            )
+            .build(),
+    )
+}
+
+fn binary() -> RefOr<utoipa::openapi::schema::Schema> {
+    RefOr::T(utoipa::openapi::schema::Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .build(),
+    ))
+}
+
+fn standardize(path: &str, method: &str, op: &mut Operation) {
+    let params = op.parameters.as_deref().unwrap_or_default();
+    let has_path = params
+        .iter()
+        .any(|p| matches!(p.parameter_in, ParameterIn::Path));
+    let has_query = params
+        .iter()
+        .any(|p| matches!(p.parameter_in, ParameterIn::Query));
+    let authenticated = op.security.as_ref().is_some_and(|s| !s.is_empty());
+    let tenant_route = authenticated && !path.starts_with("/v1/admin") && path != "/metrics";
+    let mut add = |code: &str, description: &str| {
+        op.responses
+            .responses
+            .entry(code.to_string())
+            .or_insert_with(|| error_response(description));
+    };
+    if let Some(body) = &mut op.request_body {
+        for (kind, content) in body.content.iter_mut() {
+            if kind == "application/octet-stream" {
+                content.schema = Some(binary());
+            }
+        }
+        add("400", "Invalid input");
+        add("413", "The request body is over the limit");
+        add("415", "The body is not of the declared content type");
+    }
+    if has_path || has_query {
+        add("400", "Invalid input");
+    }
+    if has_path {
+        add("404", "Not found");
+    }
+    if authenticated {
+        add("401", "Missing or wrong key");
+    }
+    if authenticated && method != "get" {
+        add(
+            "409",
+            "Conflicts with what is stored: a name taken, or a resource deleted meanwhile",
+        );
+    }
+    if tenant_route {
+        add(
+            "429",
+            "Over the tenant's request rate or generation slots (`Retry-After`)",
+        );
+    }
+    // What reaches the engine, the memory graph or the shadow can find them off, stopped or
+    // full; so can a delete (it forgets the cache).
+    let engine_paths = [
+        "/sessions/",
+        "/memory",
+        "/chat/",
+        "/context",
+        "/layers",
+        "/v1/admin/blocks",
+        "/v1/admin/cache",
+        "/v1/admin/tiers",
+        "/v1/admin/shadow",
+        "/v1/admin/reservations",
+    ];
+    let delete = method == "delete"
+        && (path == "/v1/agents/{agent}" || path == "/v1/admin/tenants/{tenant}");
+    if engine_paths.iter().any(|p| path.contains(p)) || delete {
+        add(
+            "503",
+            "The model, the memory graph or the shadow is unavailable, or the engine is full",
+        );
+    }
+    for r in op.responses.responses.values_mut() {
+        if let RefOr::T(r) = r
+            && let Some(c) = r.content.get_mut("application/octet-stream")
+        {
+            c.schema = Some(binary());
+        }
+    }
+}
+
+impl Modify for StandardResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            for (method, op) in [
+                ("get", &mut item.get),
+                ("put", &mut item.put),
+                ("post", &mut item.post),
+                ("delete", &mut item.delete),
+                ("patch", &mut item.patch),
+            ] {
+                if let Some(op) = op {
+                    standardize(path, method, op);
+                }
+            }
+        }
     }
 }
 
@@ -77,7 +207,7 @@ impl Modify for BearerAuth {
         api::lifecycle::delete_tenant,
     ),
     components(schemas(crate::error::ErrorSchema)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &StandardResponses),
     tags(
         (name = "health", description = "Probes"),
         (name = "admin", description = "Operator: tenants, keys, cache inspection, metrics"),

@@ -45,6 +45,7 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
         (status = 201, description = "Tenant created; `api_key` is shown once", body = serde_json::Value),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 409, description = "A tenant of that name exists", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]

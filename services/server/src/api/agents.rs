@@ -71,6 +71,22 @@ async fn store_layer(
     kind: LayerKind,
     input: &LayerInput,
 ) -> Result<LayerRow, ApiError> {
+    let (budget, stable, importance) = check_layer(kind, input)?;
+    Ok(state
+        .store
+        .put_layer(
+            &agent.id,
+            &kind_name(kind),
+            &input.content,
+            budget,
+            stable,
+            importance,
+        )
+        .await?)
+}
+
+/// A layer's budget, stability and importance, or why the input is refused (nothing stored).
+fn check_layer(kind: LayerKind, input: &LayerInput) -> Result<(u64, bool, f64), ApiError> {
     if input.content.len() > MAX_LAYER_BYTES {
         return Err(ApiError::invalid("layer content is over 256 KiB"));
     }
@@ -90,17 +106,7 @@ async fn store_layer(
     let stable = input
         .stable
         .unwrap_or(defaults.volatility == Volatility::Stable);
-    Ok(state
-        .store
-        .put_layer(
-            &agent.id,
-            &kind_name(kind),
-            &input.content,
-            budget,
-            stable,
-            importance,
-        )
-        .await?)
+    Ok((budget, stable, importance))
 }
 
 /// Creates an agent with optional initial layers.
@@ -111,6 +117,7 @@ async fn store_layer(
         (status = 201, description = "The agent and its layers", body = serde_json::Value),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 409, description = "An agent of that name exists", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]
@@ -132,8 +139,10 @@ pub async fn create_agent(
                 kind_name(kind)
             )));
         }
+        check_layer(kind, l)?;
         kinds.push(kind);
     }
+    // Every layer is checked before anything is stored: a refused request leaves no agent.
     let agent = state.store.create_agent(&caller.0.id, &body.name).await?;
     let mut layers = Vec::new();
     for (l, kind) in body.layers.iter().zip(kinds) {

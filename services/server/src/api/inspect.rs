@@ -63,6 +63,8 @@ pub struct BlockParams {
     responses(
         (status = 200, description = "A page of blocks", body = serde_json::Value),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 400, description = "Invalid filter", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown tenant or agent", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]
@@ -144,7 +146,7 @@ pub async fn blocks(
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "Prometheus text format", body = serde_json::Value),
+        (status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))

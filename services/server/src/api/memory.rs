@@ -293,6 +293,11 @@ pub async fn update_node(
     let (agent, id) = path.into_inner();
     let (agent, memory) = scope(&state, &caller, &agent).await?;
     let node = own_node(memory, &caller.0.id, &agent, id)?;
+    if body.text.is_none() && body.importance.is_none() {
+        return Err(ApiError::invalid(
+            "nothing to change: give `text` or `importance`",
+        ));
+    }
     let text = body.text.clone().unwrap_or(node.text);
     check_text(&text)?;
     let importance = body.importance.unwrap_or(f64::from(node.importance));

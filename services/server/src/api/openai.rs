@@ -119,6 +119,7 @@ pub async fn list_models(
     responses(
         (status = 200, description = "A chat.completion, or chat.completion.chunk events", body = serde_json::Value),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "No agent of that name (`model`)", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))

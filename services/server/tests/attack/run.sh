@@ -58,14 +58,20 @@ status=0
 run tenant "$key" --exclude-tag admin || status=$?
 run admin "$admin" --include-tag admin || status=$?
 cases="$(python3 - "$work/tenant.ndjson" "$work/admin.ndjson" <<'PY'
-import json, sys
+import collections, json, sys
 n = 0
+statuses = collections.Counter()
 for path in sys.argv[1:]:
     for line in open(path):
         ev = json.loads(line)
         if "ScenarioFinished" in ev:
             rec = ev["ScenarioFinished"].get("recorder") or {}
             n += len(rec.get("cases") or {})
+            for inter in (rec.get("interactions") or {}).values():
+                resp = (inter or {}).get("response") or {}
+                if "status_code" in resp:
+                    statuses[resp["status_code"] // 100 * 100] += 1
+print("attack: responses by class:", dict(sorted(statuses.items())), file=sys.stderr)
 print(n)
 PY
 )"

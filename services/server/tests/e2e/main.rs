@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod bad_input;
 mod deletion;
 mod fairness;
 mod harness;
