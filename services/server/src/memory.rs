@@ -242,17 +242,20 @@ impl MemoryService {
         let rows = store.memory_nodes(None).await?;
         let edges = store.memory_edges(None).await?;
         let mut graph = MemoryGraph::new();
-        let mut last_episode: HashMap<(String, String), NodeId> = HashMap::new();
+        // Ids are random: the newest episode of a session is the one created last.
+        let mut newest: HashMap<(String, String), (i64, NodeId)> = HashMap::new();
         for r in &rows {
             let n = node_of(r)?;
             if let (NodeKind::Episode, Some(s)) = (n.kind, &n.session) {
-                let e = last_episode
+                let e = newest
                     .entry((n.agent.clone(), s.clone()))
-                    .or_insert(n.id);
-                *e = (*e).max(n.id);
+                    .or_insert((n.created_ms, n.id));
+                *e = (*e).max((n.created_ms, n.id));
             }
             graph.add_node(n)?;
         }
+        let last_episode: HashMap<(String, String), NodeId> =
+            newest.into_iter().map(|(k, (_, id))| (k, id)).collect();
         for e in &edges {
             graph.add_edge(edge_of(e)?)?;
         }
@@ -348,8 +351,8 @@ impl MemoryService {
         if let (NodeKind::Episode, Some(s)) = (n.kind, &n.session)
             && let Ok(mut last) = self.last_episode.lock()
         {
-            let e = last.entry((n.agent.clone(), s.clone())).or_insert(n.id);
-            *e = (*e).max(n.id);
+            // The episode just added is the session's newest.
+            last.insert((n.agent.clone(), s.clone()), n.id);
         }
         Ok(n)
     }

@@ -3,7 +3,7 @@
 //! this document; a test fails when they differ (`make openapi` rewrites the file).
 
 use utoipa::openapi::path::{Operation, ParameterIn};
-use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaFormat, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, KnownFormat, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
@@ -28,7 +28,7 @@ impl Modify for BearerAuth {
 /// body can be malformed (400), over the limit (413) or not JSON (415); a path or query can be
 /// invalid (400) or name nothing (404); a tenant route can be over the tenant's rate (429);
 /// every authenticated route answers 401 without a valid key. Binary bodies are declared as
-/// `string`/`binary` (not as arrays of integers).
+/// `string`/`binary` (not as arrays of integers), untyped JSON answers as objects.
 #[derive(Debug)]
 struct StandardResponses;
 
@@ -125,10 +125,17 @@ fn standardize(path: &str, method: &str, op: &mut Operation) {
         );
     }
     for r in op.responses.responses.values_mut() {
-        if let RefOr::T(r) = r
-            && let Some(c) = r.content.get_mut("application/octet-stream")
-        {
+        let RefOr::T(r) = r else { continue };
+        if let Some(c) = r.content.get_mut("application/octet-stream") {
             c.schema = Some(binary());
+        }
+        // Every JSON answer is an object: say so where the handler's type is untyped.
+        if let Some(c) = r.content.get_mut("application/json")
+            && let Some(RefOr::T(Schema::Object(o))) = &mut c.schema
+            && o.schema_type == SchemaType::AnyValue
+            && o.properties.is_empty()
+        {
+            o.schema_type = SchemaType::Type(Type::Object);
         }
     }
 }

@@ -36,6 +36,54 @@ fn random_hex(bytes: usize) -> StoreResult<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Deletes the edges touching `nodes`.
+async fn delete_edges_of(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    nodes: &[i64],
+) -> StoreResult<()> {
+    for &id in nodes {
+        sqlx::query("DELETE FROM memory_edges WHERE from_id = $1 OR to_id = $1")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Commits a delete whose main row existed (`rows` deleted); rolls back with `NotFound`
+/// otherwise, so a delete of nothing changes nothing.
+async fn commit_if_found(
+    tx: sqlx::Transaction<'_, sqlx::Any>,
+    rows: u64,
+    entity: &'static str,
+    id: impl ToString,
+) -> StoreResult<()> {
+    if rows == 0 {
+        tx.rollback().await?;
+        return Err(StoreError::NotFound {
+            entity,
+            id: id.to_string(),
+        });
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A random id in 1..2^53 (exact in every JSON reader).
+fn random_id() -> StoreResult<i64> {
+    let mut buf = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(StoreError::Random)?;
+    let v = u64::from_le_bytes(buf) & ((1 << 53) - 1);
+    Ok(i64::try_from(v.max(1)).unwrap_or(1))
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.is_unique_violation())
+}
+
 /// The `id` column of each row.
 fn ids_of(rows: Vec<sqlx::any::AnyRow>) -> StoreResult<Vec<i64>> {
     rows.iter()
@@ -478,12 +526,7 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?,
         )?;
-        for &id in &nodes {
-            sqlx::query("DELETE FROM memory_edges WHERE from_id = $1 OR to_id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
+        delete_edges_of(&mut tx, &nodes).await?;
         sqlx::query("DELETE FROM memory_nodes WHERE agent_id = $1 AND session_id = $2")
             .bind(agent_id)
             .bind(session_id)
@@ -503,14 +546,7 @@ impl Store {
             .bind(session_id)
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::NotFound {
-                entity: "session",
-                id: session_id.to_string(),
-            });
-        }
-        tx.commit().await?;
+        commit_if_found(tx, done.rows_affected(), "session", session_id.to_string()).await?;
         Ok(nodes)
     }
 
@@ -525,12 +561,7 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?,
         )?;
-        for &id in &nodes {
-            sqlx::query("DELETE FROM memory_edges WHERE from_id = $1 OR to_id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
+        delete_edges_of(&mut tx, &nodes).await?;
         for table in [
             "memory_nodes",
             "working_memory",
@@ -548,14 +579,7 @@ impl Store {
             .bind(agent_id)
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::NotFound {
-                entity: "agent",
-                id: agent_id.to_string(),
-            });
-        }
-        tx.commit().await?;
+        commit_if_found(tx, done.rows_affected(), "agent", agent_id.to_string()).await?;
         Ok(nodes)
     }
 
@@ -595,14 +619,7 @@ impl Store {
             .bind(tenant_id)
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::NotFound {
-                entity: "tenant",
-                id: tenant_id.to_string(),
-            });
-        }
-        tx.commit().await?;
+        commit_if_found(tx, done.rows_affected(), "tenant", tenant_id.to_string()).await?;
         Ok(nodes)
     }
 
@@ -807,24 +824,36 @@ impl Store {
     }
 
     /// Inserts a node; returns it with its id.
+    ///
+    /// Its id is random (53 bits, so JSON clients read it exactly): ids reveal neither how many
+    /// nodes other tenants made nor when.
     pub async fn insert_memory_node(&self, n: &NewMemoryNode) -> StoreResult<MemoryNodeRow> {
         let now = now_ms();
-        let row = sqlx::query(&format!(
-            "INSERT INTO memory_nodes (tenant_id, agent_id, session_id, kind, text, importance, \
-             tokens, created_at, updated_at, last_accessed_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $8) RETURNING {NODE_COLUMNS}"
-        ))
-        .bind(&n.tenant_id)
-        .bind(&n.agent_id)
-        .bind(&n.session_id)
-        .bind(&n.kind)
-        .bind(&n.text)
-        .bind(n.importance)
-        .bind(n.tokens)
-        .bind(now)
-        .fetch_one(&self.pool)
-        .await?;
-        Self::node_of(&row)
+        let mut tries = 0;
+        loop {
+            let row = sqlx::query(&format!(
+                "INSERT INTO memory_nodes (id, tenant_id, agent_id, session_id, kind, text, \
+                 importance, tokens, created_at, updated_at, last_accessed_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $9) RETURNING {NODE_COLUMNS}"
+            ))
+            .bind(random_id()?)
+            .bind(&n.tenant_id)
+            .bind(&n.agent_id)
+            .bind(&n.session_id)
+            .bind(&n.kind)
+            .bind(&n.text)
+            .bind(n.importance)
+            .bind(n.tokens)
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await;
+            match row {
+                Ok(row) => return Self::node_of(&row),
+                // A random id already taken (about one chance in 2^53 per node): draw again.
+                Err(e) if tries < 3 && is_unique_violation(&e) => tries += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Every node (of one tenant, or of all when `tenant_id` is `None`), by id.
@@ -941,14 +970,7 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        if done.rows_affected() == 0 {
-            tx.rollback().await?;
-            return Err(StoreError::NotFound {
-                entity: "memory node",
-                id: id.to_string(),
-            });
-        }
-        tx.commit().await?;
+        commit_if_found(tx, done.rows_affected(), "memory node", id.to_string()).await?;
         Ok(())
     }
 
@@ -975,24 +997,34 @@ impl Store {
 
     /// Inserts an edge between two nodes of its tenant; returns it with its id.
     pub async fn insert_memory_edge(&self, e: &NewMemoryEdge) -> StoreResult<MemoryEdgeRow> {
-        // Both ends must be the tenant's: the insert selects nothing otherwise.
-        let row = sqlx::query(&format!(
-            "INSERT INTO memory_edges (tenant_id, from_id, to_id, kind, weight, valid_from, \
-             valid_to, created_at) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8 WHERE \
-             (SELECT COUNT(*) FROM memory_nodes WHERE tenant_id = $1 AND id IN ($2, $3)) = 2 \
-             RETURNING {EDGE_COLUMNS}"
-        ))
-        .bind(&e.tenant_id)
-        .bind(e.from_id)
-        .bind(e.to_id)
-        .bind(&e.kind)
-        .bind(e.weight)
-        .bind(e.valid_from)
-        .bind(e.valid_to)
-        .bind(now_ms())
-        .fetch_optional(&self.pool)
-        .await?;
+        // Both ends must be the tenant's: the insert selects nothing otherwise. The id is random,
+        // as a node's.
+        let mut tries = 0;
+        let row = loop {
+            let row = sqlx::query(&format!(
+                "INSERT INTO memory_edges (id, tenant_id, from_id, to_id, kind, weight, \
+                 valid_from, valid_to, created_at) \
+                 SELECT $9, $1, $2, $3, $4, $5, $6, $7, $8 WHERE \
+                 (SELECT COUNT(*) FROM memory_nodes WHERE tenant_id = $1 AND id IN ($2, $3)) = 2 \
+                 RETURNING {EDGE_COLUMNS}"
+            ))
+            .bind(&e.tenant_id)
+            .bind(e.from_id)
+            .bind(e.to_id)
+            .bind(&e.kind)
+            .bind(e.weight)
+            .bind(e.valid_from)
+            .bind(e.valid_to)
+            .bind(now_ms())
+            .bind(random_id()?)
+            .fetch_optional(&self.pool)
+            .await;
+            match row {
+                Ok(row) => break row,
+                Err(err) if tries < 3 && is_unique_violation(&err) => tries += 1,
+                Err(err) => return Err(err.into()),
+            }
+        };
         match row {
             Some(r) => Self::edge_of(&r),
             None => Err(StoreError::NotFound {

@@ -140,6 +140,8 @@ pub struct Reservations {
     by_seq: HashMap<SeqId, ReservationId>,
     history: VecDeque<ReservationInfo>,
     next: u64,
+    /// Key of the id hash (drawn at the first reservation).
+    id_key: Option<[u8; 32]>,
     counters: ReservationCounters,
     /// Set while a reservation's own sequence is admitted: it must not claim others.
     admitting: bool,
@@ -151,6 +153,38 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 impl Reservations {
+    /// A new reservation id: SHA-256 of a per-engine random key and a counter, cut to 53 bits
+    /// (exact in JSON), never one in use. Ids reveal neither the order nor the number of other
+    /// tenants' reservations.
+    fn fresh_id(&mut self) -> ReservationId {
+        use sha2::{Digest, Sha256};
+        let key = *self.id_key.get_or_insert_with(|| {
+            let mut k = [0u8; 32];
+            let read = std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
+            if read.is_err() {
+                let t = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                k = Sha256::digest(format!("{t}/{}", std::process::id())).into();
+            }
+            k
+        });
+        loop {
+            self.next += 1;
+            let mut h = Sha256::new();
+            h.update(key);
+            h.update(self.next.to_le_bytes());
+            let d = h.finalize();
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&d[..8]);
+            let id = ReservationId((u64::from_le_bytes(b) & ((1 << 53) - 1)).max(1));
+            if !self.live.contains_key(&id) && !self.history.iter().any(|i| i.id == id) {
+                return id;
+            }
+        }
+    }
+
     /// Reservations not yet warmed, expired or failed.
     pub(super) fn live_count(&self) -> usize {
         self.live.len()
@@ -235,8 +269,7 @@ impl EngineCore {
         self.reservations.admitting = false;
         let (seq, _) = started?;
         let r = &mut self.reservations;
-        let id = ReservationId(r.next);
-        r.next += 1;
+        let id = r.fresh_id();
         r.counters.made += 1;
         let now = SystemTime::now();
         r.live.insert(

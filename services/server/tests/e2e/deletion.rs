@@ -103,6 +103,38 @@ fn deleting_a_session_an_agent_and_a_tenant_leaves_nothing_and_a_restart_brings_
         assert_eq!(shadow_sessions(&srv), 3);
         let b_nodes = nodes(&srv, &kb).len();
         assert!(b_nodes > 0);
+        // Listings are paginated by id: pages of `limit`, `next` the cursor of the next page,
+        // together the whole list.
+        for (what, limit) in [("nodes", 3), ("edges", 1)] {
+            let (_, all) = srv.call(
+                "GET",
+                &format!("/v1/agents/bot/memory/{what}?limit=1000"),
+                Some(&ka),
+                Value::Null,
+            );
+            let all = all[what].as_array().unwrap().clone();
+            assert!(all.len() > limit, "{what}: {all:?}");
+            let (mut paged, mut after, mut pages) = (Vec::new(), 0i64, 0);
+            loop {
+                let (s, page) = srv.call(
+                    "GET",
+                    &format!("/v1/agents/bot/memory/{what}?limit={limit}&after={after}"),
+                    Some(&ka),
+                    Value::Null,
+                );
+                assert_eq!(s, 200, "{page}");
+                let items = page[what].as_array().unwrap();
+                assert!(items.len() <= limit);
+                paged.extend(items.iter().cloned());
+                pages += 1;
+                match page["next"].as_i64() {
+                    Some(n) => after = n,
+                    None => break,
+                }
+            }
+            assert_eq!(paged, all, "{what}");
+            assert!(pages >= all.len().div_ceil(limit));
+        }
 
         // A session: its turns, blocks, episodes and shadow entry go; the other session stays.
         let (s, v) = srv.call(

@@ -188,6 +188,21 @@ impl Server {
         (status, head, body)
     }
 
+    /// Creates a tenant with `quotas` (admin); returns its id and API key.
+    pub fn tenant(&self, name: &str, quotas: Value) -> (String, String) {
+        let (s, v) = self.call(
+            "POST",
+            "/v1/admin/tenants",
+            Some(ADMIN),
+            serde_json::json!({"name": name, "quotas": quotas}),
+        );
+        assert_eq!(s, 201, "{v}");
+        (
+            v["tenant"]["id"].as_str().unwrap().to_string(),
+            v["api_key"].as_str().unwrap().to_string(),
+        )
+    }
+
     /// Creates tenant `tenant` (admin) and an agent `bot` with one axioms layer; returns the
     /// tenant's API key and the created agent's JSON.
     pub fn tenant_with_bot(&self, tenant: &str, axioms: &str) -> (String, Value) {

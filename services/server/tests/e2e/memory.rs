@@ -284,13 +284,16 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
             Some(&key_a),
             Value::Null,
         );
-        let episodes: Vec<i64> = nodes["nodes"]
+        // Ids are random: the order of creation is `created_at`.
+        let mut episodes: Vec<(i64, i64)> = nodes["nodes"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|n| n["kind"] == "episode" && n["session_id"] == "s1")
-            .map(|n| n["id"].as_i64().unwrap())
+            .map(|n| (n["created_at"].as_i64().unwrap(), n["id"].as_i64().unwrap()))
             .collect();
+        episodes.sort_unstable();
+        let episodes: Vec<i64> = episodes.into_iter().map(|(_, id)| id).collect();
         assert_eq!(episodes.len(), 2, "{nodes}");
         let (_, e) = srv.call(
             "GET",

@@ -15,6 +15,9 @@ const PRIVATE: &str = "The launch code of the Alpha project is ZEBRA-4471-ORCHID
 fn tenant_b_reaches_nothing_of_tenant_a() {
     let mut config = test_config(&sqlite_url(), 64 * 1024);
     config.limits.requests_per_sec = 0;
+    // A's own turns must not change A's next prompt: no episodes from turns, no tier moves.
+    config.memory.ingest_turns = false;
+    config.tiers.enabled = false;
     let srv = Server::start_with(config);
     let (ka, agent_a) = srv.tenant_with_bot("alpha", PRIVATE);
     let (kb, _) = srv.tenant_with_bot("beta", "Be kind.");
@@ -61,6 +64,8 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
     };
     let n1 = node(&ka, "The vault opens on Tuesdays.");
     let n2 = node(&ka, "Only Alpha staff know the vault.");
+    // Ids are random, not counters whose gaps would show other tenants' activity.
+    assert!((n2 - n1).abs() > 1000, "{n1} then {n2}");
     let (s, e) = srv.call(
         "POST",
         "/v1/agents/bot/memory/edges",
@@ -86,7 +91,9 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         .as_array()
         .and_then(|r| r.first())
         .map(|r| r["id"].clone())
-        .unwrap_or(json!(1));
+        .unwrap_or_else(|| panic!("the query reserved nothing: {q} {rs}"));
+    let rid = reservation.as_u64().unwrap();
+    assert!(rid > 1000, "reservation ids are random: {rid}");
     let (s, a_file) = srv.raw(
         "GET",
         "/v1/agents/bot/sessions/secret/cache/export",
@@ -94,6 +101,8 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         b"",
     );
     assert_eq!(s, 200);
+    // A steady state first: the same question once, so that A's own cache is settled.
+    turn(&ka, "check-0", "What day does the vault open?");
     let before = turn(&ka, "check-1", "What day does the vault open?");
     let blocks_of_a = |srv: &Server| {
         let (_, p) = srv.call(

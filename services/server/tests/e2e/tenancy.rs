@@ -9,19 +9,7 @@ use crate::service::{long_text, usage};
 fn public_layers_are_shared_only_when_the_operator_marks_them_and_quotas_answer_429() {
     let url = sqlite_url();
     let srv = Server::start(&url, 64 * 1024);
-    let tenant = |name: &str, quotas: Value| {
-        let (s, v) = srv.call(
-            "POST",
-            "/v1/admin/tenants",
-            Some(ADMIN),
-            json!({"name": name, "quotas": quotas}),
-        );
-        assert_eq!(s, 201, "{v}");
-        (
-            v["tenant"]["id"].as_str().unwrap().to_string(),
-            v["api_key"].as_str().unwrap().to_string(),
-        )
-    };
+    let tenant = |name: &str, quotas: Value| srv.tenant(name, quotas);
     let roomy = json!({"hot_blocks": 4096, "cold_blocks": 4096, "sessions": 10});
     let (ta, ka) = tenant("alpha", roomy.clone());
     let (tb, kb) = tenant("beta", roomy);
@@ -256,16 +244,9 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
     config.server.import_limit_mib = 16;
     let srv = Server::start_with(config);
     let tenant = |name: &str| {
-        let (s, v) = srv.call(
-            "POST",
-            "/v1/admin/tenants",
-            Some(ADMIN),
-            json!({"name": name, "quotas": {"hot_blocks": 4096, "cold_blocks": 4096, "sessions": 10}}),
-        );
-        assert_eq!(s, 201, "{v}");
-        (
-            v["tenant"]["id"].as_str().unwrap().to_string(),
-            v["api_key"].as_str().unwrap().to_string(),
+        srv.tenant(
+            name,
+            json!({"hot_blocks": 4096, "cold_blocks": 4096, "sessions": 10}),
         )
     };
     let (ta, ka) = tenant("victim");
