@@ -262,7 +262,12 @@ async fn memory_nodes_and_edges_persist_per_tenant() {
             .insert_memory_node(&node(&b.id, &ab.id, "fact", "Bob likes tea"))
             .await
             .unwrap();
-        assert!(fact.id > alice.id);
+        // Ids are random 53-bit numbers, not a counter shared by every tenant.
+        for id in [alice.id, fact.id, other.id] {
+            assert!((1..1i64 << 53).contains(&id), "{id}");
+        }
+        assert!(alice.id != fact.id && fact.id != other.id && alice.id != other.id);
+        assert!((fact.id - alice.id).abs() > 1 || (other.id - fact.id).abs() > 1);
         assert_eq!(fact.created_at, fact.last_accessed_at);
         let edge = |t: &str, from: i64, to: i64| NewMemoryEdge {
             tenant_id: t.into(),
