@@ -162,6 +162,47 @@ fn a_restore_adds_at_most_the_tenants_cold_quota_and_forget_drops_only_that_tena
 }
 
 #[test]
+fn room_made_for_one_tenant_never_drops_another_tenants_cold_blocks() {
+    let text = license_tokens(400);
+    let mut a = core(CodecKind::TQ4);
+    run(&mut a, spec(&text, 100, 120, 1));
+    let chain = &collect_all(&a)[0];
+    let block = a.store().block_bytes() as u64;
+    // A cold tier of 12 blocks, 9 of them another tenant's.
+    let mut b = core_with(EngineConfig {
+        codec: CodecKind::TQ4,
+        cold_bytes: 12 * block,
+        ..EngineConfig::default()
+    });
+    assert_eq!(b.store().capacity(Tier::Cold), 12);
+    run(
+        &mut b,
+        SequenceSpec {
+            tenant: TenantId(77),
+            ..spec(&text, 200, 100, 2)
+        },
+    );
+    assert_eq!(b.spill_idle().unwrap(), 9);
+    let cold_of = |core: &EngineCore, t: u64| {
+        core.store()
+            .metadata()
+            .iter()
+            .filter(|m| m.tenant() == TenantId(t) && m.tier() == Tier::Cold)
+            .count()
+    };
+    assert_eq!(cold_of(&b, 77), 9);
+    // Tenant 9's restore needs 10 cold blocks: it gets the 3 free ones, not 77's.
+    let report = b.shadow_restore(restore_of(chain)).unwrap();
+    assert_eq!((report.loaded, report.no_room), (3, 7), "{report:?}");
+    assert_eq!(
+        cold_of(&b, 77),
+        9,
+        "another tenant's cold blocks were dropped"
+    );
+    assert_eq!(cold_of(&b, 9), 3);
+}
+
+#[test]
 fn a_chain_that_differs_is_refused_and_changes_nothing() {
     let text = license_tokens(400);
     let mut a = core(CodecKind::TQ4);

@@ -130,6 +130,8 @@ fn without_a_model_the_service_runs_and_generation_answers_503() {
         (503, Some("model_unavailable")),
         "{v}"
     );
+    // The body names no server path (the log does).
+    assert!(!v["message"].as_str().unwrap().contains('/'), "{v}");
     let (s, v) = srv.call(
         "POST",
         "/v1/chat/completions",
