@@ -59,20 +59,7 @@ fn public_layers_are_shared_only_when_the_operator_marks_them_and_quotas_answer_
     assert_eq!(s, 200);
     // Blocks hash differently under the public salt: alpha's next turn computes them anew.
     assert_eq!(turn(&ka, "s2"), 0);
-    let (_, preview) = srv.call(
-        "POST",
-        "/v1/agents/bot/context",
-        Some(&kb),
-        json!({"message": "Hello?"}),
-    );
-    let axioms_tokens = preview["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["kind"] == "axioms")
-        .unwrap()["tokens"]
-        .as_u64()
-        .unwrap();
+    let axioms_tokens = axioms_tokens(&srv, &kb) as u64;
     let cached = turn(&kb, "s2");
     assert!(
         cached > 0 && cached + 16 >= axioms_tokens && cached <= axioms_tokens + 8,
@@ -213,6 +200,24 @@ fn public_layers_are_shared_only_when_the_operator_marks_them_and_quotas_answer_
     assert_eq!(counts, (1, 0));
 }
 
+/// Tokens of the axioms layer in the agent `bot`'s prompt (the context preview).
+fn axioms_tokens(srv: &Server, key: &str) -> usize {
+    let (_, preview) = srv.call(
+        "POST",
+        "/v1/agents/bot/context",
+        Some(key),
+        json!({"message": "Hello?"}),
+    );
+    preview["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "axioms")
+        .unwrap()["tokens"]
+        .as_u64()
+        .unwrap() as usize
+}
+
 /// Flips `public` on the first `n` blocks of an exported session's header (no byte of a block
 /// changes, so every CRC still holds): the crafted file of a tenant trying to write KV under
 /// the public hash of an operator-marked prefix.
@@ -298,21 +303,7 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
         b"",
     );
     assert_eq!(s, 200);
-    let (_, preview) = srv.call(
-        "POST",
-        "/v1/agents/bot/context",
-        Some(&ka),
-        json!({"message": "Hello?"}),
-    );
-    let axioms_tokens = preview["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["kind"] == "axioms")
-        .unwrap()["tokens"]
-        .as_u64()
-        .unwrap() as usize;
-    let crafted = flip_public(&file, axioms_tokens / 32);
+    let crafted = flip_public(&file, axioms_tokens(&srv, &ka) / 32);
     assert_ne!(crafted, file);
     let (s, b) = srv.raw(
         "POST",
