@@ -534,10 +534,8 @@ impl Shadow {
         let store = self.store.clone();
         let mut taken = std::mem::take(&mut *state);
         let (taken, result) = tokio::task::spawn_blocking(move || {
-            let gone = move |m: &Manifest| {
-                m.tenant == tenant.0 && m.session.is_some_and(|s| s & mask == value)
-            };
-            let r = writer::forget_entries(store.as_ref(), &mut taken, &gone);
+            let gone = move |m: &Manifest| m.session.is_some_and(|s| s & mask == value);
+            let r = writer::forget_entries(store.as_ref(), &mut taken, tenant.0, &gone);
             (taken, r)
         })
         .await

@@ -118,23 +118,22 @@ pub(super) fn write_chains(
     Ok(report)
 }
 
-/// Deletes the session entries `gone` selects and then the prefix entries of their tenants no
+/// Deletes `tenant`'s session entries that `gone` selects and then its prefix entries no
 /// session names any more (runs on a blocking thread). Each entry's manifest goes first, so a
 /// crash half-way leaves segments without a manifest, which recovery removes: a deleted session
 /// never comes back. Returns the entries deleted.
 pub(super) fn forget_entries(
     store: &dyn Storage,
     st: &mut State,
+    tenant: u64,
     gone: &dyn Fn(&Manifest) -> bool,
 ) -> Result<usize> {
-    let sessions: Vec<(String, u64)> = st
+    let mut ids: Vec<String> = st
         .manifests
         .values()
-        .filter(|m| m.kind == EntryKind::Session && gone(m))
-        .map(|m| (m.id.clone(), m.tenant))
+        .filter(|m| m.kind == EntryKind::Session && m.tenant == tenant && gone(m))
+        .map(|m| m.id.clone())
         .collect();
-    let tenants: HashSet<u64> = sessions.iter().map(|(_, t)| *t).collect();
-    let mut ids: Vec<String> = sessions.into_iter().map(|(id, _)| id).collect();
     let remaining: HashSet<String> = st
         .manifests
         .values()
@@ -146,7 +145,7 @@ pub(super) fn forget_entries(
             .values()
             .filter(|m| {
                 m.kind == EntryKind::Prefix
-                    && tenants.contains(&m.tenant)
+                    && m.tenant == tenant
                     && m.tenant != 0
                     && !remaining.contains(&m.id)
             })
