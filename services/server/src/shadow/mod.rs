@@ -525,35 +525,6 @@ impl Shadow {
         Ok(report)
     }
 
-    /// Deletes the session entries whose tenant salt is `tenant` and whose session key matches
-    /// `session & mask == value` (a mask of 0: all of the tenant's), and the tenant's prefix
-    /// entries no session names any more. Call it after the engine forgot the sessions, so
-    /// that no later flush writes them again. Returns the entries deleted.
-    pub async fn forget(&self, tenant: TenantId, mask: u64, value: u64) -> Result<usize> {
-        let mut state = self.state.lock().await;
-        let store = self.store.clone();
-        let mut taken = std::mem::take(&mut *state);
-        let (taken, result) = tokio::task::spawn_blocking(move || {
-            let gone = move |m: &Manifest| m.session.is_some_and(|s| s & mask == value);
-            let r = writer::forget_entries(store.as_ref(), &mut taken, tenant.0, &gone);
-            (taken, r)
-        })
-        .await
-        .map_err(|e| invalid("forget", e.to_string()))?;
-        *state = taken;
-        let (sessions, prefixes, bytes) = totals(&state);
-        self.update_status(|s| {
-            s.sessions = sessions;
-            s.prefixes = prefixes;
-            s.bytes_on_disk = bytes;
-            s.recovery.retain(|r| {
-                !(r.tenant == tenant.0
-                    && (mask == 0 || r.session.is_some_and(|x| x & mask == value)))
-            });
-        });
-        result
-    }
-
     /// Recovers every entry into the engine (see the module docs); returns the per-entry
     /// outcomes (also kept in the status).
     ///

@@ -1,16 +1,17 @@
 //! The shadow's writer: per collected chain, the prefix and session entries (new blocks as one
-//! segment, then the manifest, then unreferenced segments dropped), then the index.
+//! segment, then the manifest, then unreferenced segments dropped), then the index; and the
+//! deletion of entries when their sessions are deleted.
 
 use std::collections::{HashMap, HashSet};
 
 use engram_engine::{CollectedBytes, ShadowChain};
-use engram_kvcore::BlockPart;
 use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+use engram_kvcore::{BlockPart, TenantId};
 
 use super::{
     EntryKind, FORMAT, FlushReport, FormatInfo, Index, IndexEntry, Manifest, ManifestBlock,
-    PrefixRef, Result, State, Storage, entry_key, invalid, now_ms, prefix_entry_id,
-    session_entry_id, write_checked_json,
+    PrefixRef, Result, Shadow, State, Storage, entry_key, invalid, now_ms, prefix_entry_id,
+    session_entry_id, totals, write_checked_json,
 };
 
 /// Where each block the shadow holds is: entry, segment, row, CRC.
@@ -343,5 +344,36 @@ impl Flush<'_> {
             }
         }
         Ok(manifest)
+    }
+}
+
+impl Shadow {
+    /// Deletes the session entries whose tenant salt is `tenant` and whose session key matches
+    /// `session & mask == value` (a mask of 0: all of the tenant's), and the tenant's prefix
+    /// entries no session names any more. Call it after the engine forgot the sessions, so
+    /// that no later flush writes them again. Returns the entries deleted.
+    pub async fn forget(&self, tenant: TenantId, mask: u64, value: u64) -> Result<usize> {
+        let mut state = self.state.lock().await;
+        let store = self.store.clone();
+        let mut taken = std::mem::take(&mut *state);
+        let (taken, result) = tokio::task::spawn_blocking(move || {
+            let gone = move |m: &Manifest| m.session.is_some_and(|s| s & mask == value);
+            let r = forget_entries(store.as_ref(), &mut taken, tenant.0, &gone);
+            (taken, r)
+        })
+        .await
+        .map_err(|e| invalid("forget", e.to_string()))?;
+        *state = taken;
+        let (sessions, prefixes, bytes) = totals(&state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+            s.recovery.retain(|r| {
+                !(r.tenant == tenant.0
+                    && (mask == 0 || r.session.is_some_and(|x| x & mask == value)))
+            });
+        });
+        result
     }
 }
