@@ -8,9 +8,13 @@
 //! 2. of the victims, as many as the cold tier has free slots are spilled — the most valuable
 //!    victims (taken from the end of the order) — and the rest are removed (tier `Recompute`);
 //! 3. if the hot tier cannot free `n` slots at all, nothing happens and the call errors;
-//!    [`BlockStore::make_room_except`] also skips blocks the caller marks busy.
+//!    [`BlockStore::make_room_except`] also skips blocks the caller marks busy, and
+//!    [`BlockStore::make_room_for`] removes only blocks the caller marks removable (the others
+//!    may only spill).
 //!
 //! Cost: O(hot blocks · log) for the sort, plus the spill copies.
+
+use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
@@ -68,28 +72,56 @@ impl BlockStore {
         n: usize,
         busy: impl Fn(BlockId) -> bool,
     ) -> KvResult<Eviction> {
+        self.make_room_for(n, busy, |_| true)
+    }
+
+    /// [`Self::make_room_except`] where only blocks for which `removable` is true may lose their
+    /// bytes; the others may only be spilled (an engine passes "belongs to the tenants the room is
+    /// for", so making room for one tenant never drops another's blocks).
+    ///
+    /// The blocks removed are the first removable ones in eviction order, as many as the cold
+    /// tier cannot take; the blocks spilled are the next ones in eviction order, removable or
+    /// not. With `removable` always true this is exactly [`Self::make_room_except`]'s rule.
+    /// Errors with [`KvError::TierExhausted`], changing nothing, when that cannot free `n` slots.
+    pub fn make_room_for(
+        &mut self,
+        n: usize,
+        busy: impl Fn(BlockId) -> bool,
+        removable: impl Fn(BlockId) -> bool,
+    ) -> KvResult<Eviction> {
         let free = self.free_blocks(Tier::Hot);
         if free >= n {
             return Ok(Eviction::default());
         }
         let mut victims = self.eviction_order();
         victims.retain(|&id| !busy(id));
-        if free + victims.len() < n {
+        let need = n - free;
+        let to_cold = self.free_blocks(Tier::Cold).min(need).min(victims.len());
+        let to_remove = need - to_cold;
+        let removed: Vec<BlockId> = victims
+            .iter()
+            .copied()
+            .filter(|&id| removable(id))
+            .take(to_remove)
+            .collect();
+        let gone: HashSet<BlockId> = removed.iter().copied().collect();
+        let spilled: Vec<BlockId> = victims
+            .iter()
+            .copied()
+            .filter(|id| !gone.contains(id))
+            .take(to_cold)
+            .collect();
+        if removed.len() + spilled.len() < need {
+            let removable_count = victims.iter().filter(|&&id| removable(id)).count();
+            let cold_free = self.free_blocks(Tier::Cold);
             return Err(KvError::TierExhausted {
                 tier: Tier::Hot,
                 requested: n,
-                available: free + victims.len(),
+                available: free + victims.len().min(cold_free + removable_count),
             });
         }
-        victims.truncate(n - free);
-        let to_cold = self.free_blocks(Tier::Cold).min(victims.len());
-        let split = victims.len() - to_cold;
-        let (removed, spilled) = victims.split_at(split);
-        self.spill(spilled)?;
-        self.remove(removed)?;
-        Ok(Eviction {
-            spilled: spilled.to_vec(),
-            removed: removed.to_vec(),
-        })
+        self.spill(&spilled)?;
+        self.remove(&removed)?;
+        Ok(Eviction { spilled, removed })
     }
 }

@@ -142,3 +142,47 @@ fn busy_blocks_are_never_chosen() {
     assert_eq!(store.free_blocks(Tier::Hot), before);
     assert_eq!(store.metadata().get(turn).unwrap().tier(), Tier::Hot);
 }
+
+#[test]
+fn only_removable_blocks_lose_their_bytes() {
+    // Hot 4, cold 1: freeing 3 slots spills one block and removes two.
+    let mut store = small_store(CodecKind::TQ4, 4, 1);
+    let theirs = filled(&mut store, 2, SourceLayer::UserTurn, 1);
+    let mine = filled(&mut store, 2, SourceLayer::Axioms, 2);
+    // Unrestricted, the two low-priority user-turn blocks (another owner's) would be removed.
+    let mut free_for_all = store.try_clone().unwrap();
+    let ev = free_for_all.make_room(3).unwrap();
+    assert_eq!(ev.removed, theirs);
+    // Restricted to `mine`: both of mine are removed, the first of theirs is spilled, the
+    // second stays hot, and nothing of theirs loses its bytes.
+    let ev = store
+        .make_room_for(3, |_| false, |id| mine.contains(&id))
+        .unwrap();
+    assert_eq!(ev.removed, mine);
+    assert_eq!(ev.spilled, vec![theirs[0]]);
+    assert_eq!(store.metadata().get(theirs[0]).unwrap().tier(), Tier::Cold);
+    assert_eq!(store.metadata().get(theirs[1]).unwrap().tier(), Tier::Hot);
+    assert_eq!(store.free_blocks(Tier::Hot), 3);
+}
+
+#[test]
+fn too_few_removable_blocks_is_an_error_and_changes_nothing() {
+    let mut store = small_store(CodecKind::TQ4, 3, 1);
+    let theirs = filled(&mut store, 2, SourceLayer::UserTurn, 1);
+    let mine = filled(&mut store, 1, SourceLayer::Axioms, 2)[0];
+    let before = store.try_clone().unwrap();
+    // Three slots: one spill and two removals, but only one block may be removed.
+    assert_eq!(
+        store.make_room_for(3, |_| false, |id| id == mine),
+        Err(KvError::TierExhausted {
+            tier: Tier::Hot,
+            requested: 3,
+            available: 2
+        })
+    );
+    assert_eq!(store, before);
+    // Two slots fit: one of theirs spills, mine is removed.
+    let ev = store.make_room_for(2, |_| false, |id| id == mine).unwrap();
+    assert_eq!(ev.removed, vec![mine]);
+    assert_eq!(ev.spilled, vec![theirs[0]]);
+}

@@ -355,6 +355,9 @@ struct Sequence {
     /// Leading full blocks that are public (hashed with the public salt).
     public_blocks: usize,
     public_pin_key: Option<[u8; 32]>,
+    /// Its session was forgotten while it ran ([`EngineCore::forget`]): it registers no more
+    /// blocks and records no chain, so nothing of the session outlives it.
+    forgotten: bool,
 }
 
 /// The hash salt of block `b` of a prompt whose first `public_blocks` blocks are public.
@@ -739,6 +742,7 @@ impl EngineCore {
                 pin_key: spec.pin_key,
                 public_blocks,
                 public_pin_key: spec.public_pin_key,
+                forgotten: false,
             },
         );
         let cold: Vec<BlockId> = hits
@@ -865,7 +869,9 @@ impl EngineCore {
     /// Ends a sequence: drops its block references (cached blocks stay cached).
     pub fn finish(&mut self, id: SeqId) -> EngineResult<()> {
         if let Some(seq) = self.seqs.remove(&id) {
-            self.record_chain(&seq);
+            if !seq.forgotten {
+                self.record_chain(&seq);
+            }
             self.store.release(&seq.blocks)?;
         }
         Ok(())

@@ -110,6 +110,15 @@ pub enum EngineError {
         /// Free or reclaimable cold blocks.
         available: usize,
     },
+    /// The hot tier cannot free enough slots without dropping blocks of a tenant the work is
+    /// not for (which are only spilled, never dropped, while the tenant is within its quota).
+    #[error("the hot tier cannot free {needed} blocks ({available} free or reclaimable)")]
+    NoHotRoom {
+        /// Blocks needed.
+        needed: usize,
+        /// Free or reclaimable hot blocks.
+        available: usize,
+    },
     /// No live reservation has this id.
     #[error("no live reservation {id}")]
     UnknownReservation {

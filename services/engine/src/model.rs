@@ -308,6 +308,21 @@ impl Llama {
         &self.config
     }
 
+    /// The model serving at most `tokens` of context (at least 1, at most the model's own):
+    /// sequences longer than that are refused, and an engine's hot tier need only hold that.
+    pub fn with_context_length(mut self, tokens: usize) -> EngineResult<Self> {
+        if tokens == 0 || tokens > self.config.context_length {
+            return Err(EngineError::InvalidConfig {
+                field: "context_length",
+                reason: format!("{tokens} is not in 1..={}", self.config.context_length),
+            });
+        }
+        self.cos = self.cos.narrow(0, 0, tokens)?;
+        self.sin = self.sin.narrow(0, 0, tokens)?;
+        self.config.context_length = tokens;
+        Ok(self)
+    }
+
     /// SHA-256 of the model's files: part of every prefix-cache hash.
     pub fn fingerprint(&self) -> [u8; 32] {
         self.fingerprint

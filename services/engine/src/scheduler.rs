@@ -930,6 +930,10 @@ fn clone_error(e: &EngineError) -> EngineError {
             requested: *requested,
             context: *context,
         },
+        EngineError::NoHotRoom { needed, available } => EngineError::NoHotRoom {
+            needed: *needed,
+            available: *available,
+        },
         other => EngineError::InvalidConfig {
             field: "decode",
             reason: other.to_string(),

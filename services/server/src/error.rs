@@ -175,6 +175,14 @@ impl From<EngineError> for ApiError {
                 "no_cold_room",
                 e.to_string(),
             ),
+            EngineError::NoHotRoom { .. } => Self {
+                retry_after: Some(1),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no_hot_room",
+                    "the cache is full of other tenants' work; retry later",
+                )
+            },
             EngineError::UnknownReservation { .. } => Self::not_found(e.to_string()),
             EngineError::ShadowMismatch { .. } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -203,5 +211,29 @@ impl From<EngineError> for ApiError {
 impl From<ContextError> for ApiError {
     fn from(e: ContextError) -> Self {
         Self::invalid(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_web::ResponseError;
+
+    use super::*;
+
+    #[test]
+    fn no_hot_room_is_a_503_with_retry_after_and_no_engine_detail() {
+        let e = ApiError::from(EngineError::NoHotRoom {
+            needed: 11,
+            available: 5,
+        });
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "no_hot_room")
+        );
+        assert!(!e.message.contains("11"), "{}", e.message);
+        let r = e.error_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok());
+        assert_eq!(retry, Some("1"));
     }
 }

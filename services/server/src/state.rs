@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use engram_engine::{ChainKey, CycleReport, TierPolicy};
+use engram_kvcore::TenantId;
 use serde::Serialize;
 
 use crate::config::Config;
@@ -135,6 +136,51 @@ impl Drop for ImportSlot<'_> {
     }
 }
 
+/// How long a deletion's tombstone is kept: longer than any turn runs.
+const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Deleted sessions, so that a turn that ran while its session (agent, tenant) was deleted
+/// records nothing: no turn log, no episode, no cached chain.
+///
+/// A delete holds the write side while it works and leaves a tombstone `(tenant salt, mask,
+/// value, when)`; a turn records under the read side and only when no tombstone of its session
+/// is newer than the turn's start. So a delete waits for the records in progress, and a record
+/// after a delete sees it.
+#[derive(Debug, Default)]
+pub struct Deletions(tokio::sync::RwLock<Vec<(TenantId, u64, u64, Instant)>>);
+
+/// A delete in progress (see [`Deletions::begin`]).
+pub type DeleteGuard<'a> = tokio::sync::RwLockWriteGuard<'a, Vec<(TenantId, u64, u64, Instant)>>;
+
+/// A turn's record in progress (see [`Deletions::record`]).
+pub type RecordGuard<'a> = tokio::sync::RwLockReadGuard<'a, Vec<(TenantId, u64, u64, Instant)>>;
+
+impl Deletions {
+    /// Starts deleting the sessions of `tenant` with `session & mask == value` (mask 0: all):
+    /// waits for the records in progress, and holds new ones until the guard drops.
+    pub async fn begin(&self, tenant: TenantId, mask: u64, value: u64) -> DeleteGuard<'_> {
+        let mut g = self.0.write().await;
+        g.retain(|t| t.3.elapsed() < TOMBSTONE_TTL);
+        g.push((tenant, mask, value, Instant::now()));
+        g
+    }
+
+    /// Starts recording a turn of `session` (of `tenant`) that started at `started`: `None` when
+    /// the session was deleted since, else a guard that holds deletes off until it drops.
+    pub async fn record(
+        &self,
+        tenant: TenantId,
+        session: u64,
+        started: Instant,
+    ) -> Option<RecordGuard<'_>> {
+        let g = self.0.read().await;
+        let deleted = g
+            .iter()
+            .any(|&(t, mask, value, at)| t == tenant && session & mask == value && at >= started);
+        (!deleted).then_some(g)
+    }
+}
+
 /// Shared state (held in `web::Data`).
 #[derive(Debug)]
 pub struct AppState {
@@ -159,6 +205,8 @@ pub struct AppState {
     pub imports: ImportSlots,
     /// Per-tenant request rates and generation slots.
     pub limits: crate::limits::Limits,
+    /// Deletes in progress and recent ones, against turns that ran meanwhile.
+    pub deletions: Deletions,
 }
 
 impl AppState {
@@ -184,6 +232,7 @@ impl AppState {
             tiers,
             imports: ImportSlots::default(),
             limits,
+            deletions: Deletions::default(),
         }
     }
 

@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use engram_kvcore::{BlockId, TenantId, Tier};
+use engram_kvcore::{BlockId, KvError, TenantId, Tier};
 
 use serde::{Deserialize, Serialize};
 
-use super::{EngineCore, PrefixReuse, SeqId, block_salt};
-use crate::error::EngineResult;
+use super::{EngineCore, PUBLIC_TENANT, PrefixReuse, SeqId, block_salt};
+use crate::error::{EngineError, EngineResult};
 use crate::prefix::chain_hash;
 
 /// What [`EngineCore::forget`] dropped.
@@ -20,6 +20,8 @@ pub struct ForgetReport {
     pub chains: usize,
     /// Ready reservations expired.
     pub reservations: usize,
+    /// Running sequences of the sessions, which will leave nothing cached when they end.
+    pub running: usize,
 }
 
 impl EngineCore {
@@ -30,7 +32,7 @@ impl EngineCore {
             return Ok(());
         };
         self.store.touch(&seq.blocks)?;
-        if seq.reuse == PrefixReuse::Disabled {
+        if seq.reuse == PrefixReuse::Disabled || seq.forgotten {
             return Ok(());
         }
         let mut stable = Vec::new();
@@ -89,10 +91,14 @@ impl EngineCore {
     }
 
     /// Frees `n` hot slots: first makes cold room for what will spill, then evicts hot blocks no
-    /// running sequence attends; blocks that could not be spilled leave the cache.
+    /// running sequence attends. Blocks the cold tier cannot take leave the cache, but only
+    /// blocks of `tenants` (whom the room is for) or of a tenant holding more cached blocks
+    /// than its cold quota: another tenant's blocks within its quota are only ever spilled.
+    /// Errors with [`EngineError::NoHotRoom`], changing nothing in the hot tier, when that
+    /// cannot free `n` slots.
     ///
-    /// `tenants`: whom the room is for (cold room for the spill then comes out of their own or
-    /// over-quota tenants' cold blocks, see [`Self::trim_cold_for`]).
+    /// The cold room for the spill comes out of `tenants`' own or over-quota tenants' cold
+    /// blocks too, see [`Self::trim_cold_for`].
     pub(super) fn make_hot_room(&mut self, n: usize, tenants: &[TenantId]) -> EngineResult<()> {
         let free = self.store.free_blocks(Tier::Hot);
         if free >= n {
@@ -104,7 +110,21 @@ impl EngineCore {
             .values()
             .flat_map(|s| s.blocks.iter().copied())
             .collect();
-        let ev = self.store.make_room_except(n, |id| busy.contains(&id))?;
+        let removable = self.hot_removable(tenants, &busy);
+        let ev = self
+            .store
+            .make_room_for(n, |id| busy.contains(&id), |id| removable.contains(&id))
+            .map_err(|e| match e {
+                KvError::TierExhausted {
+                    tier: Tier::Hot,
+                    requested,
+                    available,
+                } => EngineError::NoHotRoom {
+                    needed: requested,
+                    available,
+                },
+                other => other.into(),
+            })?;
         for &id in &ev.spilled {
             if let Some(m) = self.store.metadata().get(id) {
                 *self.counters.spilled.entry(m.source()).or_default() += 1;
@@ -117,6 +137,45 @@ impl EngineCore {
             self.enforce_cold_quotas()?;
         }
         Ok(())
+    }
+
+    /// The idle hot blocks [`Self::make_hot_room`] may drop for `tenants`: theirs, and of every
+    /// other tenant with a cold quota the lowest in eviction order beyond that quota (counting
+    /// its cold blocks and its idle hot ones). Public blocks and tenants without a quota are
+    /// never dropped for someone else.
+    fn hot_removable(&self, tenants: &[TenantId], busy: &HashSet<BlockId>) -> HashSet<BlockId> {
+        let mut held: HashMap<TenantId, usize> = HashMap::new();
+        for m in self.store.metadata().iter() {
+            let idle_hot = m.tier() == Tier::Hot && !busy.contains(&m.id());
+            if (m.tier() == Tier::Cold || idle_hot) && !tenants.contains(&m.tenant()) {
+                *held.entry(m.tenant()).or_default() += 1;
+            }
+        }
+        let mut excess: HashMap<TenantId, usize> = held
+            .into_iter()
+            .filter_map(|(t, n)| {
+                let quota = *self.cold_quotas.get(&t)?;
+                (t != PUBLIC_TENANT && n > quota).then(|| (t, n - quota))
+            })
+            .collect();
+        let mut removable = HashSet::new();
+        for id in self.store.eviction_order() {
+            if busy.contains(&id) {
+                continue;
+            }
+            let Some(t) = self.store.metadata().get(id).map(|m| m.tenant()) else {
+                continue;
+            };
+            if tenants.contains(&t) {
+                removable.insert(id);
+            } else if let Some(left) = excess.get_mut(&t)
+                && *left > 0
+            {
+                *left -= 1;
+                removable.insert(id);
+            }
+        }
+        removable
     }
 
     /// Drops cached cold blocks of every tenant over its cold quota, its lowest priority and
@@ -305,8 +364,9 @@ impl EngineCore {
     /// Forgets what the engine holds of a tenant's sessions: every cached block of `tenant`
     /// whose session key matches (`session & mask == value`; a mask of 0 takes every block of
     /// the tenant), their pins, the sessions' chain records, and the tenant's ready
-    /// reservations. Blocks a running sequence still attends are released when it ends.
-    /// Public blocks belong to no tenant and stay.
+    /// reservations. Blocks a running sequence still attends are released when it ends, and
+    /// such a sequence caches nothing more and records no chain (a delete racing a running
+    /// turn leaves nothing behind). Public blocks belong to no tenant and stay.
     pub fn forget(
         &mut self,
         tenant: TenantId,
@@ -317,6 +377,14 @@ impl EngineCore {
             reservations: self.expire_reservations_of(tenant)?,
             ..ForgetReport::default()
         };
+        for seq in self.seqs.values_mut() {
+            if seq.tenant == tenant
+                && (mask == 0 || seq.session.is_some_and(|s| s.0 & mask == value))
+            {
+                seq.forgotten = true;
+                report.running += 1;
+            }
+        }
         let ids: Vec<BlockId> = self
             .store
             .metadata()

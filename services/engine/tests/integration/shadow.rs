@@ -202,6 +202,116 @@ fn room_made_for_one_tenant_never_drops_another_tenants_cold_blocks() {
     assert_eq!(cold_of(&b, 9), 3);
 }
 
+/// Cached blocks (hot or cold) of tenant `t`.
+fn cached_of(core: &EngineCore, t: u64) -> usize {
+    core.store()
+        .metadata()
+        .iter()
+        .filter(|m| m.tenant() == TenantId(t) && matches!(m.tier(), Tier::Hot | Tier::Cold))
+        .count()
+}
+
+/// A core serving 256 tokens of context with 16 hot and 2 cold blocks, where tenant 77 (cold
+/// quota `quota`) holds 15 idle cached blocks (two sessions sharing a 3-block prefix).
+fn crowded(text: &[u32], block: u64, quota: usize) -> EngineCore {
+    let (m, t) = crate::common::model();
+    let model = m.clone().with_context_length(256).unwrap();
+    let mut core = EngineCore::new(
+        model,
+        t.clone(),
+        EngineConfig {
+            codec: CodecKind::TQ4,
+            hot_bytes: 16 * block,
+            cold_bytes: 2 * block,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            core.store().capacity(Tier::Hot),
+            core.store().capacity(Tier::Cold)
+        ),
+        (16, 2)
+    );
+    for (session, at) in [(2, 200), (3, 300)] {
+        run(
+            &mut core,
+            SequenceSpec {
+                tenant: TenantId(77),
+                cold_block_quota: Some(quota),
+                ..spec(text, at, 100, session)
+            },
+        );
+    }
+    assert_eq!(cached_of(&core, 77), 15);
+    assert_eq!(core.store().free_blocks(Tier::Hot), 1);
+    core
+}
+
+#[test]
+fn hot_room_for_one_tenant_never_drops_another_tenants_blocks_within_its_quota() {
+    let text = license_tokens(400);
+    let block = core(CodecKind::TQ4).store().block_bytes() as u64;
+    // Tenant 9 needs 11 hot blocks: 1 is free, 2 of 77's may spill, the other 8 would have to
+    // be dropped, and 77 is within its quota: tenant 9 is refused and 77 keeps all 15.
+    let mut b = crowded(&text, block, 100);
+    let (id, _) = b.start(spec(&text, 100, 120, 1)).unwrap();
+    let err = b.prefill(id).unwrap_err();
+    assert!(matches!(err, EngineError::NoHotRoom { .. }), "{err:?}");
+    b.finish(id).unwrap();
+    assert_eq!(
+        cached_of(&b, 77),
+        15,
+        "another tenant's blocks were dropped"
+    );
+    // With a quota of 3, the 12 blocks 77 holds beyond it are fair game: tenant 9 runs, 8 of
+    // them are dropped and 2 spilled (the cold tier's room), and its answer is unchanged.
+    let mut b = crowded(&text, block, 3);
+    let (logits, _) = run(&mut b, spec(&text, 100, 120, 1));
+    let mut fresh = core(CodecKind::TQ4);
+    let (want, _) = run(&mut fresh, spec(&text, 100, 120, 1));
+    assert_eq!(logits, want);
+    assert_eq!(cached_of(&b, 77), 7);
+    let cold_77 = b
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| m.tenant() == TenantId(77) && m.tier() == Tier::Cold)
+        .count();
+    assert_eq!(cold_77, 2);
+}
+
+#[test]
+fn a_session_forgotten_while_it_runs_leaves_nothing_cached_or_recorded() {
+    let text = license_tokens(400);
+    let mut core = core_with(EngineConfig {
+        codec: CodecKind::TQ4,
+        prefill_chunk: 64,
+        ..EngineConfig::default()
+    });
+    let (id, _) = core.start(spec(&text, 100, 120, 5)).unwrap();
+    core.prefill_chunk(id, engram_engine::LogitRows::Last)
+        .unwrap();
+    let report = core.forget(TenantId(9), u64::MAX, 5).unwrap();
+    assert_eq!(report.running, 1);
+    // The rest of the prompt is computed as usual, then the sequence ends.
+    let logits = core.prefill(id).unwrap();
+    assert!(!logits.is_empty());
+    core.finish(id).unwrap();
+    assert!(
+        collect_all(&core).is_empty(),
+        "a forgotten chain was recorded"
+    );
+    assert_eq!(cached_of(&core, 9), 0, "a forgotten session left blocks");
+    // The same prompt again starts from nothing of it (public-free, so nothing is reused).
+    let (_, admission) = run(&mut core, spec(&text, 100, 120, 5));
+    assert_eq!(admission.cached_tokens, 0);
+    // Another session of the tenant is untouched by a forget that does not match it.
+    core.forget(TenantId(9), u64::MAX, 6).unwrap();
+    assert_eq!(collect_all(&core).len(), 1);
+}
+
 #[test]
 fn a_chain_that_differs_is_refused_and_changes_nothing() {
     let text = license_tokens(400);

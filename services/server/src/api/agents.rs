@@ -368,6 +368,9 @@ pub(crate) struct Turned {
     pub built: BuiltContext,
     /// The recalled memories (none without the memory service or when nothing was recalled).
     pub memories: Option<Neighbourhood>,
+    /// When the turn began (before its history was read): a delete of its session after this
+    /// keeps the turn from being recorded.
+    pub started: std::time::Instant,
 }
 
 /// Tokens the memories layer leaves for recalled nodes: its budget less its own text.
@@ -419,6 +422,7 @@ pub(crate) async fn turn_context(
     history: Option<&[Turn]>,
     message: &str,
 ) -> Result<Turned, ApiError> {
+    let started = std::time::Instant::now();
     let memories = neighbourhood(state, tenant, agent, session, message).await?;
     let owned;
     let history = match (history, session) {
@@ -430,7 +434,11 @@ pub(crate) async fn turn_context(
         (None, None) => &[],
     };
     let built = build_with_history(state, agent, history, message, memories.as_ref()).await?;
-    Ok(Turned { built, memories })
+    Ok(Turned {
+        built,
+        memories,
+        started,
+    })
 }
 
 /// Previews a prompt build: layers, tokens per layer, spilled lines, the stable prefix hash.

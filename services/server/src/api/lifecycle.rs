@@ -86,6 +86,10 @@ pub async fn delete_session(
     let tenant = caller.0;
     let agent = state.store.agent(&tenant.id, &agent).await?;
     let key = session_key(&agent, &session).0;
+    let _deleting = state
+        .deletions
+        .begin(TenantId(tenant.cache_salt), u64::MAX, key)
+        .await;
     let mut out = forget_cache(&state, &tenant, u64::MAX, key).await?;
     let nodes = state.store.delete_session(&agent.id, &session).await?;
     out.memory_nodes = nodes.len();
@@ -124,6 +128,10 @@ async fn delete_agent_data(
     tenant: &Tenant,
     agent: &Agent,
 ) -> Result<Deleted, ApiError> {
+    let _deleting = state
+        .deletions
+        .begin(TenantId(tenant.cache_salt), AGENT_MASK, agent_bits(agent))
+        .await;
     release_prefix(state, tenant, agent).await?;
     let mut out = forget_cache(state, tenant, AGENT_MASK, agent_bits(agent)).await?;
     let nodes = state.store.delete_agent(&tenant.id, &agent.id).await?;
@@ -152,6 +160,10 @@ pub async fn delete_tenant(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let tenant = state.store.tenant(&path.into_inner()).await?;
+    let _deleting = state
+        .deletions
+        .begin(TenantId(tenant.cache_salt), 0, 0)
+        .await;
     for agent in state.store.agents(&tenant.id).await? {
         release_prefix(&state, &tenant, &agent).await?;
     }

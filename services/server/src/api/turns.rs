@@ -402,6 +402,9 @@ pub(crate) async fn canonical_spec(
 /// Appends the turn to the log and spilled lines to working memory, records it as an episode
 /// of the memory graph, warms the canonical prefix for the next turn, and in the background
 /// reserves cold-tier blocks for the neighbourhood of what was just said.
+///
+/// Records nothing, answering 409 `session_deleted`, when the session (its agent, its tenant)
+/// was deleted while the turn ran.
 pub(crate) async fn record(
     state: &web::Data<AppState>,
     tenant: &Tenant,
@@ -411,9 +414,15 @@ pub(crate) async fn record(
     turned: &Turned,
     generated: &Generated,
 ) -> Result<(), ApiError> {
-    state
-        .tiers
-        .touch((TenantId(tenant.cache_salt), session_key(agent, session)));
+    let key = (TenantId(tenant.cache_salt), session_key(agent, session));
+    let Some(_recording) = state.deletions.record(key.0, key.1.0, turned.started).await else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "session_deleted",
+            "the session was deleted while the turn ran; the turn was not recorded",
+        ));
+    };
+    state.tiers.touch(key);
     let built = &turned.built;
     let tok = state.engine()?.tokenizer();
     let user_tokens = tok.encode(message).map_err(ApiError::from)?;
@@ -471,7 +480,12 @@ pub(crate) async fn record(
             session.to_string(),
             turned.memories.as_ref().map(|m| m.ids()),
         );
+        let started = turned.started;
         actix_web::rt::spawn(async move {
+            // Held like the record itself: a delete meanwhile means no reservation for it.
+            let Some(_recording) = state.deletions.record(key.0, key.1.0, started).await else {
+                return;
+            };
             if let Err(e) = reserve_next(&state, &tenant, &agent, &session, &episode, current).await
             {
                 eprintln!("engram: reservation after a turn: {e}");

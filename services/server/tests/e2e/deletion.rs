@@ -247,3 +247,109 @@ fn deleting_a_session_an_agent_and_a_tenant_leaves_nothing_and_a_restart_brings_
         srv.stop();
     }
 }
+
+/// Streams a turn of `session`; once its first token arrives, runs `meanwhile`; returns the
+/// stream's events.
+fn stream_turn_while(
+    srv: &Server,
+    key: &str,
+    session: &str,
+    message: &str,
+    meanwhile: impl FnOnce(),
+) -> Vec<Value> {
+    use std::io::{Read, Write};
+    // A hot sampling temperature keeps the answer from ending early (an end-of-text token is one
+    // of 49,152), so the stream is still running when `meanwhile` is done.
+    let body = json!({
+        "message": message,
+        "max_tokens": 96,
+        "temperature": 1.5,
+        "seed": 7,
+        "stream": true
+    })
+    .to_string();
+    let mut conn = std::net::TcpStream::connect(srv.addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/agents/bot/sessions/{session}/turns HTTP/1.1\r\nhost: x\r\n\
+         connection: close\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: {\"delta\"") {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first token");
+        got.extend_from_slice(&buf[..n]);
+    }
+    meanwhile();
+    conn.read_to_end(&mut got).unwrap();
+    String::from_utf8_lossy(&got)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_session_deleted_while_its_turn_runs_stays_deleted() {
+    for url in database_urls() {
+        let dir = fresh_dir("deletion-race");
+        let srv = Server::start_with(config(&url, &dir));
+        let (key, _) = srv.tenant_with_bot("racer", "Remember what the user says.");
+        let tenant = tenant_id(&srv, &key);
+        let long = "My favourite colour is teal and I live near the old harbour. ".repeat(12);
+        for s in ["s1", "s2"] {
+            let (st, v) = srv.call(
+                "POST",
+                &format!("/v1/agents/bot/sessions/{s}/turns"),
+                Some(&key),
+                json!({"message": long, "max_tokens": 2}),
+            );
+            assert_eq!(st, 200, "{v}");
+        }
+        assert_eq!(shadow_sessions(&srv), 2);
+        // s1 is deleted while its next turn is generating.
+        let events = stream_turn_while(
+            &srv,
+            &key,
+            "s1",
+            "Count from one to forty in words, one number per line.",
+            || {
+                let (s, v) = srv.call(
+                    "DELETE",
+                    "/v1/agents/bot/sessions/s1",
+                    Some(&key),
+                    Value::Null,
+                );
+                assert_eq!(s, 200, "{v}");
+            },
+        );
+        let last = events.last().unwrap();
+        assert_eq!(last["error"]["code"], "session_deleted", "{events:?}");
+        assert!(events.iter().any(|e| e["delta"].is_string()));
+        // Nothing of s1 came back: no turns, blocks, episodes or shadow entry; s2 is whole.
+        assert_eq!(turns_in_db(&url, &tenant, "s1"), 0);
+        assert_eq!(turns_in_db(&url, &tenant, "s2"), 2);
+        assert_eq!(session_blocks(&srv, &tenant, "s1"), 0);
+        assert!(session_blocks(&srv, &tenant, "s2") > 0);
+        assert!(!nodes(&srv, &key).iter().any(|n| n["session_id"] == "s1"));
+        assert_eq!(shadow_sessions(&srv), 1);
+        srv.stop();
+        // Nor after a restart; and the session can be started afresh.
+        let srv = Server::start_with(config(&url, &dir));
+        assert_eq!(session_blocks(&srv, &tenant, "s1"), 0);
+        assert_eq!(shadow_sessions(&srv), 1);
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/sessions/s1/turns",
+            Some(&key),
+            json!({"message": "Hello again.", "max_tokens": 2}),
+        );
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(turns_in_db(&url, &tenant, "s1"), 2);
+        srv.stop();
+    }
+}
