@@ -123,6 +123,34 @@ impl Store {
         Ok(store)
     }
 
+    /// Begins a write transaction. On SQLite it takes the write lock at once (`BEGIN
+    /// IMMEDIATE`): a deferred transaction that reads first and then writes cannot wait for
+    /// another writer (SQLite answers "database is locked" at once rather than deadlock), while
+    /// an immediate one waits out `busy_timeout` like any other.
+    pub(crate) async fn write_tx(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Any>> {
+        Ok(match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        })
+    }
+
+    /// [`Self::write_tx`] holding agent `agent_id`'s row, so that writers numbering the agent's
+    /// rows (layer versions, turn and working-memory sequence numbers: read the max, insert the
+    /// next) take turns on PostgreSQL too; SQLite's immediate transaction already does.
+    pub(crate) async fn agent_write_tx(
+        &self,
+        agent_id: &str,
+    ) -> StoreResult<sqlx::Transaction<'static, sqlx::Any>> {
+        let mut tx = self.write_tx().await?;
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT id FROM agents WHERE id = $1 FOR UPDATE")
+                .bind(agent_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        }
+        Ok(tx)
+    }
+
     /// The backend.
     pub fn backend(&self) -> Backend {
         self.backend
@@ -327,7 +355,7 @@ impl Store {
         stable: bool,
         importance: f64,
     ) -> StoreResult<LayerRow> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.agent_write_tx(agent_id).await?;
         let version: i64 = sqlx::query(
             "SELECT COALESCE(MAX(version), 0) AS v FROM layers WHERE agent_id = $1 AND kind = $2",
         )
@@ -494,7 +522,7 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.agent_write_tx(agent_id).await?;
         let seq: i64 = sqlx::query(
             "SELECT COALESCE(MAX(seq), 0) AS s FROM turns WHERE agent_id = $1 AND session_id = $2",
         )
@@ -565,7 +593,7 @@ impl Store {
         kind: &str,
         lines: &[String],
     ) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.agent_write_tx(agent_id).await?;
         let mut seq: i64 = sqlx::query(
             "SELECT COALESCE(MAX(seq), 0) AS s FROM working_memory \
              WHERE agent_id = $1 AND session_id = $2",
@@ -811,7 +839,7 @@ impl Store {
 
     /// Deletes a node and its edges (one transaction); `NotFound` if the tenant has no such node.
     pub async fn delete_memory_node(&self, tenant_id: &str, id: i64) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         sqlx::query(
             "DELETE FROM memory_edges WHERE tenant_id = $1 AND (from_id = $2 OR to_id = $2)",
         )

@@ -22,7 +22,7 @@ impl Store {
     /// one transaction. Returns the deleted nodes' ids; `NotFound` when the session does not
     /// exist.
     pub async fn delete_session(&self, agent_id: &str, session_id: &str) -> StoreResult<Vec<i64>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let nodes = ids_of(
             sqlx::query("SELECT id FROM memory_nodes WHERE agent_id = $1 AND session_id = $2")
                 .bind(agent_id)
@@ -57,7 +57,7 @@ impl Store {
     /// Deletes an agent and everything it holds (sessions, turns, working memory, layers,
     /// memory nodes and edges), in one transaction; returns the deleted nodes' ids.
     pub async fn delete_agent(&self, tenant_id: &str, agent_id: &str) -> StoreResult<Vec<i64>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let nodes = ids_of(
             sqlx::query("SELECT id FROM memory_nodes WHERE tenant_id = $1 AND agent_id = $2")
                 .bind(tenant_id)
@@ -90,7 +90,7 @@ impl Store {
     /// Deletes a tenant and everything it holds (agents and all they hold, API keys), in one
     /// transaction; returns the deleted nodes' ids.
     pub async fn delete_tenant(&self, tenant_id: &str) -> StoreResult<Vec<i64>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let nodes = ids_of(
             sqlx::query("SELECT id FROM memory_nodes WHERE tenant_id = $1")
                 .bind(tenant_id)

@@ -352,3 +352,43 @@ async fn memory_nodes_and_edges_persist_per_tenant() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_of_one_agent_all_land() {
+    for_each_backend(|s| async move {
+        let t = s.create_tenant("busy", QUOTAS).await.unwrap();
+        let agent = s.create_agent(&t.id, "bot").await.unwrap();
+        s.ensure_session(&t.id, &agent.id, "s").await.unwrap();
+        // Each writer reads the latest version or sequence number, then inserts the next one:
+        // on SQLite a deferred transaction doing that fails with "database is locked" when
+        // another writer holds the lock, instead of waiting.
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let (s, id) = (s.clone(), agent.id.clone());
+            tasks.push(tokio::spawn(async move {
+                let layer = s
+                    .put_layer(&id, "rules", &format!("rule {i}"), 100, true, 0.5)
+                    .await;
+                let turn = s.append_turn(&id, "s", Role::User, "hi", &[1, 2]).await;
+                (layer.map(|l| l.version), turn)
+            }));
+        }
+        let mut versions = Vec::new();
+        let mut seqs = Vec::new();
+        for task in tasks {
+            let (layer, turn) = task.await.unwrap();
+            versions.push(layer.unwrap_or_else(|e| panic!("{:?}: {e}", s.backend())));
+            seqs.push(turn.unwrap_or_else(|e| panic!("{:?}: {e}", s.backend())));
+        }
+        versions.sort_unstable();
+        seqs.sort_unstable();
+        assert_eq!(
+            versions,
+            (1..=12).collect::<Vec<i64>>(),
+            "{:?}",
+            s.backend()
+        );
+        assert_eq!(seqs, (1..=12).collect::<Vec<i64>>(), "{:?}", s.backend());
+    })
+    .await;
+}
