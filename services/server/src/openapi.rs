@@ -10,6 +10,20 @@ use utoipa::{Modify, OpenApi};
 
 use crate::api;
 
+/// One server-sent event as a client parses it (the `text/event-stream` answers of the turn and
+/// chat routes): `data` holds one JSON value, or `[DONE]` at the end of an OpenAI stream.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct SseEvent {
+    /// The event's data line.
+    pub data: String,
+    /// The event type (`message` when the server names none).
+    pub event: Option<String>,
+    /// The event id (none are sent).
+    pub id: Option<String>,
+    /// A reconnection delay in ms (none is sent).
+    pub retry: Option<u64>,
+}
+
 /// Bearer authentication: a tenant's API key, or the admin key.
 #[derive(Debug)]
 struct BearerAuth;

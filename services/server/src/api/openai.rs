@@ -117,7 +117,10 @@ pub async fn list_models(
     tag = "openai",
     request_body = ChatRequest,
     responses(
-        (status = 200, description = "A chat.completion, or chat.completion.chunk events", body = serde_json::Value),
+        (status = 200, description = "A chat.completion, or with `\"stream\": true` chat.completion.chunk server-sent events ending in `data: [DONE]`", content(
+            (serde_json::Value = "application/json"),
+            (crate::openapi::SseEvent = "text/event-stream"),
+        )),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "No agent of that name (`model`)", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),

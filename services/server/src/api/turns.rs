@@ -659,7 +659,10 @@ fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<M
     tag = "sessions",
     request_body = TurnRequest,
     responses(
-        (status = 200, description = "The reply (JSON), or server-sent events", body = serde_json::Value),
+        (status = 200, description = "The reply (JSON), or with `\"stream\": true` server-sent events: `data: {\"delta\": …}` per piece, then `data: {\"done\": true, …}` or `data: {\"error\": …}`", content(
+            (serde_json::Value = "application/json"),
+            (crate::openapi::SseEvent = "text/event-stream"),
+        )),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
