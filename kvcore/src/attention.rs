@@ -14,8 +14,9 @@
 //! checked against.
 
 use crate::block::BlockId;
-use crate::codec::{Codec, axpy, dot};
+use crate::codec::{Codec, CodecKind, axpy, dot};
 use crate::error::{KvError, KvResult};
+use crate::simd::{Isa, KeyRange, Partial, Tq4Rows, tq4_attend, tq4_supports};
 use crate::store::host::LayerBytes;
 use crate::store::{BlockStore, Tier};
 
@@ -26,17 +27,34 @@ pub struct AttentionParams {
     pub num_heads: usize,
     /// Score scale, usually `1/√head_dim`.
     pub scale: f32,
+    /// Threads a long key range is split over (1: the calling thread only). The split, not
+    /// the scheduling, decides the summation order, so a result is the same for a given value.
+    pub threads: usize,
 }
 
 impl AttentionParams {
-    /// `num_heads` query heads with the standard scale `1/√head_dim`.
+    /// `num_heads` query heads with the standard scale `1/√head_dim`, on one thread.
     pub fn new(num_heads: usize, head_dim: usize) -> Self {
         Self {
             num_heads,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            threads: 1,
+        }
+    }
+
+    /// The same, split over `threads` threads (at least 1).
+    pub fn with_threads(self, threads: usize) -> Self {
+        Self {
+            threads: threads.max(1),
+            ..self
         }
     }
 }
+
+/// Keys each thread takes at least before a range is split ([`AttentionParams::threads`]):
+/// below it, waking a second thread costs more than it saves (measured with
+/// `make bench-attention`: at 1K keys a split is slower, at 4K 1.4× faster on two cores).
+pub const MIN_KEYS_PER_THREAD: usize = 1024;
 
 /// Geometry of one attention call, validated.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +85,23 @@ impl BlockStore {
         params: &AttentionParams,
         out: &mut [f32],
     ) -> KvResult<()> {
+        self.attend_on(Isa::active(), layer, blocks, num_tokens, q, params, out)
+    }
+
+    /// [`Self::attend`] on the kernels of `isa` (lowered to what this CPU runs; the scalar path
+    /// for what `isa`'s kernels do not cover): the SIMD paths are tested against the scalar one
+    /// through this.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_on(
+        &self,
+        isa: Isa,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
         check_len(out.len(), geo.heads * geo.head_dim)?;
         attend_codes(
@@ -75,7 +110,8 @@ impl BlockStore {
             &slots,
             geo,
             q,
-            params.scale,
+            params,
+            isa.min(Isa::detected()),
             out,
         );
         Ok(())
@@ -186,72 +222,174 @@ fn check_len(got: usize, expected: usize) -> KvResult<()> {
 }
 
 /// The codes path; inputs are validated.
+///
+/// Per KV head, the key range is split into at most `params.threads` consecutive parts (none
+/// shorter than [`MIN_KEYS_PER_THREAD`]); each (KV head, part) is one unit of work computed
+/// wholly on one thread, and the parts' softmax states are merged in key order.
+#[allow(clippy::too_many_arguments)]
 fn attend_codes(
     codec: &Codec,
     bytes: &LayerBytes<'_>,
     slots: &[u32],
     geo: Geometry,
     q: &[f32],
-    scale: f32,
+    params: &AttentionParams,
+    isa: Isa,
     out: &mut [f32],
 ) {
-    let (d, bs, group) = (geo.head_dim, geo.block_size, geo.group());
-    let (cr, nr) = (bytes.code_row, bytes.norm_row);
+    let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
     let mut qp = vec![0.0f32; geo.heads * d];
     for (src, dst) in q.chunks_exact(d).zip(qp.chunks_exact_mut(d)) {
         codec.prepare_query(src, dst);
     }
-    let mut acc = vec![0.0f32; geo.heads * d];
-    let mut max = vec![f32::NEG_INFINITY; geo.heads];
-    let mut sum = vec![0.0f32; geo.heads];
-    let mut w = vec![0.0f32; group * bs];
-    let mut row = vec![0.0f32; d];
-    for g in 0..geo.kv_heads {
-        for (b, &slot) in slots.iter().enumerate() {
-            let n = bs.min(geo.tokens - b * bs);
-            let row_of = |p: usize| (slot as usize * bs + p) * geo.kv_heads + g;
-            for p in 0..n {
-                let r = row_of(p);
-                // Expand the key's codes once; every query head of the group reads them.
-                codec.expand(&bytes.k_codes[r * cr..][..cr], &mut row);
-                let k_scale = scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);
-                for j in 0..group {
-                    let h = g * group + j;
-                    w[j * bs + p] = k_scale * dot(&qp[h * d..][..d], &row);
-                }
-            }
-            for j in 0..group {
-                let h = g * group + j;
-                let ws = &mut w[j * bs..j * bs + n];
-                let block_max = ws.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let new_max = max[h].max(block_max);
-                let correction = (max[h] - new_max).exp();
-                if correction != 1.0 {
-                    sum[h] *= correction;
-                    acc[h * d..][..d].iter_mut().for_each(|a| *a *= correction);
-                }
-                for x in ws.iter_mut() {
-                    *x = (*x - new_max).exp();
-                    sum[h] += *x;
-                }
-                max[h] = new_max;
-            }
-            for p in 0..n {
-                let r = row_of(p);
-                codec.expand(&bytes.v_codes[r * cr..][..cr], &mut row);
-                let v_scale = codec.row_scale(&bytes.v_norms[r * nr..][..nr]);
-                for j in 0..group {
-                    let h = g * group + j;
-                    axpy(&mut acc[h * d..][..d], w[j * bs + p] * v_scale, &row);
-                }
+    let codebook: Option<&[f32; 16]> = match codec.kind() {
+        CodecKind::TurboQuant { bits: 4 } => codec.codebook().try_into().ok(),
+        _ => None,
+    };
+    let fast = codebook.filter(|_| tq4_supports(isa, d, group));
+    // The SIMD kernels take the scale folded into the queries.
+    let scaled: Vec<f32> = match fast {
+        Some(_) => qp.iter().map(|&x| x * params.scale).collect(),
+        None => Vec::new(),
+    };
+    // Parts end on block boundaries (the scalar path's softmax tiles are blocks).
+    let parts = (geo.tokens / MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1));
+    let blocks = geo.tokens.div_ceil(bs);
+    let bounds: Vec<usize> = (0..=parts)
+        .map(|p| ((blocks * p / parts) * bs).min(geo.tokens))
+        .collect();
+    let units: Vec<KeyRange<'_>> = (0..geo.kv_heads)
+        .flat_map(|g| {
+            bounds.windows(2).map(move |w| KeyRange {
+                slots,
+                block_size: bs,
+                kv_heads: geo.kv_heads,
+                g,
+                start: w[0],
+                end: w[1],
+            })
+        })
+        .collect();
+    let run = |keys: &KeyRange<'_>| -> Partial {
+        let heads = keys.g * group * d..(keys.g + 1) * group * d;
+        if let Some(cb) = fast {
+            let rows = Tq4Rows {
+                codebook: cb,
+                k_codes: bytes.k_codes,
+                k_norms: bytes.k_norms,
+                v_codes: bytes.v_codes,
+                v_norms: bytes.v_norms,
+                code_row: bytes.code_row,
+                norm_row: bytes.norm_row,
+            };
+            if let Some(p) = tq4_attend(isa, &rows, keys, &scaled[heads.clone()], group, d) {
+                return p;
             }
         }
+        scalar_partial(codec, bytes, keys, &qp[heads], params.scale, group, d)
+    };
+    let mut partials: Vec<Option<Partial>> = vec![None; units.len()];
+    if parts > 1 {
+        // Contiguous shares of the units, one per thread; the calling thread computes the first
+        // itself while the pool's threads take the others, each unit wholly on one thread.
+        let share = units.len().div_ceil(parts);
+        let run = &run;
+        rayon::in_place_scope(|s| {
+            let mut shares = units.chunks(share).zip(partials.chunks_mut(share));
+            let first = shares.next();
+            for (us, out) in shares {
+                s.spawn(move |_| {
+                    for (u, o) in us.iter().zip(out) {
+                        *o = Some(run(u));
+                    }
+                });
+            }
+            if let Some((us, out)) = first {
+                for (u, o) in us.iter().zip(out) {
+                    *o = Some(run(u));
+                }
+            }
+        });
+    } else {
+        for (u, o) in units.iter().zip(partials.iter_mut()) {
+            *o = Some(run(u));
+        }
     }
-    for h in 0..geo.heads {
-        let inv = 1.0 / sum[h];
-        acc[h * d..][..d].iter_mut().for_each(|a| *a *= inv);
-        codec.finish(&acc[h * d..][..d], &mut out[h * d..][..d]);
+    let partials: Vec<Partial> = partials.into_iter().flatten().collect();
+    for (g, mut per_part) in partials.chunks(parts).map(|c| c.iter()).enumerate() {
+        let Some(first) = per_part.next() else {
+            continue;
+        };
+        let mut total = first.clone();
+        for p in per_part {
+            total.merge(p);
+        }
+        for j in 0..group {
+            let h = g * group + j;
+            let inv = 1.0 / total.sum[j];
+            let acc = &mut total.acc[j * d..][..d];
+            acc.iter_mut().for_each(|a| *a *= inv);
+            codec.finish(acc, &mut out[h * d..][..d]);
+        }
     }
+}
+
+/// The scalar reference over one KV head's key range: per block, each key's codes expanded
+/// once for every query head of the group, one softmax rescale per block.
+fn scalar_partial(
+    codec: &Codec,
+    bytes: &LayerBytes<'_>,
+    keys: &KeyRange<'_>,
+    qp: &[f32],
+    scale: f32,
+    group: usize,
+    d: usize,
+) -> Partial {
+    let bs = keys.block_size;
+    let (cr, nr) = (bytes.code_row, bytes.norm_row);
+    let mut part = Partial::empty(group, d);
+    let mut w = vec![0.0f32; group * bs];
+    let mut row = vec![0.0f32; d];
+    let mut t0 = keys.start;
+    while t0 < keys.end {
+        let n = (bs - t0 % bs).min(keys.end - t0);
+        for p in 0..n {
+            let r = keys.row(t0 + p);
+            // Expand the key's codes once; every query head of the group reads them.
+            codec.expand(&bytes.k_codes[r * cr..][..cr], &mut row);
+            let k_scale = scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);
+            for j in 0..group {
+                w[j * bs + p] = k_scale * dot(&qp[j * d..][..d], &row);
+            }
+        }
+        for j in 0..group {
+            let ws = &mut w[j * bs..j * bs + n];
+            let block_max = ws.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let new_max = part.max[j].max(block_max);
+            let correction = (part.max[j] - new_max).exp();
+            if correction != 1.0 {
+                part.sum[j] *= correction;
+                part.acc[j * d..][..d]
+                    .iter_mut()
+                    .for_each(|a| *a *= correction);
+            }
+            for x in ws.iter_mut() {
+                *x = (*x - new_max).exp();
+                part.sum[j] += *x;
+            }
+            part.max[j] = new_max;
+        }
+        for p in 0..n {
+            let r = keys.row(t0 + p);
+            codec.expand(&bytes.v_codes[r * cr..][..cr], &mut row);
+            let v_scale = codec.row_scale(&bytes.v_norms[r * nr..][..nr]);
+            for j in 0..group {
+                axpy(&mut part.acc[j * d..][..d], w[j * bs + p] * v_scale, &row);
+            }
+        }
+        t0 += n;
+    }
+    part
 }
 
 /// Plain attention of one query over dense keys and values `[tokens, kv_heads, head_dim]`

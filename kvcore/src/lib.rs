@@ -8,7 +8,9 @@
 //!
 //! The crate is synchronous and knows nothing of HTTP, SQL or async runtimes.
 
-#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
+// Unsafe code lives in two places only: the CUDA tiers (feature `cuda`) and the x86 SIMD
+// kernels (`simd::x86`, which allows it locally; every block states its safety argument).
+#![deny(unsafe_code)]
 
 /// The README's example compiles and runs as a doc test.
 #[cfg(doctest)]
@@ -24,8 +26,10 @@ mod metadata;
 mod pin;
 pub mod shadow;
 mod shape;
+mod simd;
 mod store;
 
+pub use attention::MIN_KEYS_PER_THREAD;
 pub use attention::{AttentionParams, attend_dense};
 pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, TokenRange};
 pub use codec::rng::SplitMix64;
@@ -38,6 +42,7 @@ pub use metadata::{
 };
 pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
 pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
+pub use simd::Isa;
 pub use store::host::HostTier;
 pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
 pub use store::{BlockPart, BlockStore, BlockStream, StoreConfig, Tier};

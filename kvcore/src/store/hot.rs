@@ -10,6 +10,7 @@ use crate::store::host::{HostTier, Layout};
 
 #[cfg(feature = "cuda")]
 #[path = "cuda.rs"]
+#[allow(unsafe_code)]
 pub(crate) mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]

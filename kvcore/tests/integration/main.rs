@@ -11,4 +11,5 @@ mod eviction;
 mod pins;
 mod refcount;
 mod shadow;
+mod simd;
 mod tiers;

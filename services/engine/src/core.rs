@@ -73,6 +73,13 @@ pub struct EngineConfig {
     pub rotation_seed: u64,
     /// Prefill chunk in tokens.
     pub prefill_chunk: usize,
+    /// Tokens a scheduler step computes at most while sequences decode: one per decoding
+    /// sequence, and a prompt chunk of the rest in the same forward pass (at least one token),
+    /// so a prefill arriving bounds the running streams' time per token instead of stalling
+    /// it. A prefill with nothing decoding takes `prefill_chunk`.
+    pub step_tokens: usize,
+    /// Threads the CPU kernels split work over (0: one per CPU).
+    pub threads: usize,
     /// Sequences decoded together at most.
     pub max_running: usize,
     /// Requests waiting at most; beyond it submission answers `Overloaded`.
@@ -156,6 +163,8 @@ impl Default for EngineConfig {
             cold_bytes: 2 << 30,
             rotation_seed: DEFAULT_ROTATION_SEED,
             prefill_chunk: 256,
+            step_tokens: 128,
+            threads: 0,
             max_running: 16,
             queue_capacity: 64,
             pin_policy: PinPolicy::default(),
@@ -239,6 +248,11 @@ pub struct SequenceSpec {
     #[serde(default)]
     pub public_pin_key: Option<[u8; 32]>,
 }
+
+/// The CPU engine's numerics, hashed into the KV fingerprint: K/V computed by other numerics (an
+/// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
+/// whenever a kernel change can move stored KV.
+pub const NUMERICS: &str = "cpu-numerics/2: simd decode attention, key-split merge";
 
 /// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
 pub const PUBLIC_TENANT: TenantId = TenantId(0);
@@ -324,6 +338,28 @@ pub struct Occupancy {
     pub block_bytes: usize,
     /// Running sequences.
     pub running: usize,
+}
+
+/// What one [`EngineCore::step`] computed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOutput {
+    /// The next-token logits of each decoded sequence, in the order asked.
+    pub decoded: Vec<Vec<f32>>,
+    /// The prompt chunk computed, if one was asked.
+    pub prefilled: Option<PrefillStep>,
+}
+
+/// The prompt chunk of an [`EngineCore::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillStep {
+    /// Its sequence.
+    pub id: SeqId,
+    /// Prompt tokens computed.
+    pub tokens: usize,
+    /// Prompt tokens left after it.
+    pub remaining: usize,
+    /// The last prompt position's logits, once the prompt is done.
+    pub logits: Option<Vec<f32>>,
 }
 
 /// What one prefill chunk did.
@@ -470,6 +506,7 @@ impl EngineCore {
         }
         for (field, v) in [
             ("prefill_chunk", config.prefill_chunk),
+            ("step_tokens", config.step_tokens),
             ("max_running", config.max_running),
             ("queue_capacity", config.queue_capacity),
         ] {
@@ -503,12 +540,18 @@ impl EngineCore {
             rotation_seed: config.rotation_seed,
             priorities: PriorityTable::default(),
         };
+        let threads = match config.threads {
+            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            n => n,
+        };
+        let model = model.with_threads(threads);
         let (model, store) = open_on(config.device, model, store_config)?;
         let mut h = Sha256::new();
         if let Some(m) = &key_means {
             m.iter().for_each(|x| h.update(x.to_le_bytes()));
         }
         h.update(model.fingerprint());
+        h.update(NUMERICS.as_bytes());
         h.update(serde_json::to_vec(codecs.kinds()).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());
@@ -821,6 +864,19 @@ impl EngineCore {
     /// Appends one token to each sequence and computes them as one batch; returns each
     /// sequence's next-token logits, in order.
     pub fn decode(&mut self, next: &[(SeqId, u32)]) -> EngineResult<Vec<Vec<f32>>> {
+        Ok(self.step(next, None)?.decoded)
+    }
+
+    /// One forward pass for everything a scheduler turn computes: one token of each sequence
+    /// in `next` (as [`Self::decode`]) and, with `prefill = Some((id, budget))`, the next chunk
+    /// of `id`'s prompt, at most `budget` tokens (and at most `prefill_chunk`). The weights are
+    /// read once for both, so a prefill delays the decodes by its chunk, not by a forward of
+    /// its own. On an error nothing is computed and every sequence is as before.
+    pub fn step(
+        &mut self,
+        next: &[(SeqId, u32)],
+        prefill: Option<(SeqId, usize)>,
+    ) -> EngineResult<StepOutput> {
         let vocab = self.model.config().vocab_size;
         let mut seen = HashSet::new();
         for &(id, tok) in next {
@@ -841,17 +897,35 @@ impl EngineCore {
                 });
             }
         }
+        let chunk = match prefill {
+            Some((id, budget)) => {
+                let seq = self.seq(id)?;
+                let left = seq.prompt_len.saturating_sub(seq.computed);
+                let n = left.min(self.config.prefill_chunk).min(budget);
+                if n == 0 || seen.contains(&id) {
+                    return Err(EngineError::InvalidConfig {
+                        field: "prefill",
+                        reason: format!("sequence {} has no prompt chunk to compute", id.0),
+                    });
+                }
+                Some((id, n))
+            }
+            None => None,
+        };
+        if next.is_empty() && chunk.is_none() {
+            return Ok(StepOutput::default());
+        }
         for &(id, tok) in next {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.tokens.push(tok);
             }
         }
-        let work: Vec<_> = next
+        let mut work: Vec<_> = next
             .iter()
             .map(|&(id, _)| (id, 1, LogitRows::Last))
             .collect();
-        let result = self.run(&work);
-        let logits = match result {
+        work.extend(chunk.map(|(id, n)| (id, n, LogitRows::Last)));
+        let logits = match self.run(&work) {
             Ok(l) => l,
             Err(e) => {
                 // Nothing was computed: take the tokens back.
@@ -863,7 +937,25 @@ impl EngineCore {
                 return Err(e);
             }
         };
-        Ok(logits.to_vec2()?)
+        let mut rows = logits.to_vec2::<f32>()?;
+        let prefilled = match chunk {
+            Some((id, n)) => {
+                let last = rows.pop();
+                let seq = self.seq(id)?;
+                let remaining = seq.prompt_len - seq.computed.min(seq.prompt_len);
+                Some(PrefillStep {
+                    id,
+                    tokens: n,
+                    remaining,
+                    logits: if remaining == 0 { last } else { None },
+                })
+            }
+            None => None,
+        };
+        Ok(StepOutput {
+            decoded: rows,
+            prefilled,
+        })
     }
 
     /// Ends a sequence: drops its block references (cached blocks stay cached).

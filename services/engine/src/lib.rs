@@ -26,9 +26,9 @@ mod weights;
 
 pub use crate::core::{
     Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, EngineDevice, EngineFault,
-    FaultKind, ForgetReport, KeyCentering, Occupancy, PUBLIC_TENANT, PrefixLookup, PrefixReuse,
-    PromptSegment, ReservationCounters, ReservationId, ReservationInfo, ReservationState,
-    ReserveRequest, SeqId, SequenceSpec,
+    FaultKind, ForgetReport, KeyCentering, NUMERICS, Occupancy, PUBLIC_TENANT, PrefillStep,
+    PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters, ReservationId, ReservationInfo,
+    ReservationState, ReserveRequest, SeqId, SequenceSpec, StepOutput,
 };
 pub use crate::core::{
     ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport, ShadowBlock,

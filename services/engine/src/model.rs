@@ -77,6 +77,8 @@ pub struct Llama {
     sin: Tensor,
     fingerprint: [u8; 32],
     key_means: Arc<OnceLock<Vec<f32>>>,
+    /// Threads the CPU kernels split work over.
+    threads: usize,
 }
 
 /// The fixed text key means are calibrated on (part of the KV format: changing it changes the
@@ -182,6 +184,7 @@ impl Llama {
             lm_head: w.lm_head,
             fingerprint: w.fingerprint,
             key_means: Arc::new(OnceLock::new()),
+            threads: 1,
         })
     }
 
@@ -231,6 +234,7 @@ impl Llama {
             sin: mv(&self.sin)?,
             fingerprint: self.fingerprint,
             key_means: self.key_means.clone(),
+            threads: self.threads,
         })
     }
 
@@ -306,6 +310,18 @@ impl Llama {
     /// The model's hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The model with its CPU kernels split over `threads` threads (at least 1). The split
+    /// decides the summation order, so results are the same for a given value.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// Threads the CPU kernels split work over.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// The model serving at most `tokens` of context (at least 1, at most the model's own):
@@ -459,7 +475,7 @@ impl Llama {
             .iter()
             .map(|s| causal_mask(s.start, s.tokens.len()))
             .collect::<EngineResult<Vec<_>>>()?;
-        let params = AttentionParams::new(heads, d);
+        let params = AttentionParams::new(heads, d).with_threads(self.threads);
         let eps = cfg.rms_eps as f32;
 
         let mut x = self.embed.index_select(&ids, 0)?;

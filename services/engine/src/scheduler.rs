@@ -539,10 +539,87 @@ impl Worker {
             eprintln!("engram: engine: injected fault: the engine thread stops");
             return false;
         }
-        self.prefill_one();
-        self.reserve_one();
-        self.decode_all();
+        self.compute();
         true
+    }
+
+    /// One forward pass ([`EngineCore::step`]): a token of every decoding sequence and a
+    /// prompt chunk of the first request in prefill (else of the oldest reservation), the
+    /// chunk within `step_tokens` while anything decodes. If that fails, the parts are run
+    /// apart, so an error fails only the sequences it belongs to.
+    fn compute(&mut self) {
+        self.drop_cancelled();
+        let batch: Vec<(usize, SeqId, u32)> = self
+            .running
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a.phase {
+                Phase::Decode(t) if !a.finished => Some((i, a.id, t)),
+                _ => None,
+            })
+            .collect();
+        let request = self
+            .running
+            .iter()
+            .position(|a| !a.finished && matches!(a.phase, Phase::Prefill));
+        let chunk = match request {
+            Some(i) => Some(self.running[i].id),
+            None => self.reserving.first().map(|&(seq, _)| seq),
+        };
+        if batch.is_empty() && chunk.is_none() {
+            return;
+        }
+        let budget = if batch.is_empty() {
+            usize::MAX
+        } else {
+            self.core
+                .config()
+                .step_tokens
+                .saturating_sub(batch.len())
+                .max(1)
+        };
+        let next: Vec<(SeqId, u32)> = batch.iter().map(|&(_, id, t)| (id, t)).collect();
+        self.serving = next.iter().map(|&(id, _)| id).chain(chunk).collect();
+        if let Some(i) = request
+            && self.fault(FaultKind::Panic, Some(self.running[i].id))
+        {
+            injected_panic();
+        }
+        match self.core.step(&next, chunk.map(|id| (id, budget))) {
+            Ok(out) => {
+                // Indices stay valid: `accept` only marks sequences finished.
+                for (&(i, _, _), logits) in batch.iter().zip(&out.decoded) {
+                    self.accept(i, logits);
+                }
+                let done = out.prefilled.filter(|p| p.remaining == 0);
+                match (request, done) {
+                    (Some(i), Some(p)) => {
+                        if let Some(logits) = p.logits {
+                            self.accept(i, &logits);
+                        }
+                    }
+                    (None, Some(_)) => self.reservation_done(false),
+                    _ => {}
+                }
+            }
+            Err(_) => {
+                self.prefill_one();
+                self.reserve_one();
+                self.decode_all();
+            }
+        }
+        self.reap();
+    }
+
+    /// Completes the oldest reservation (its prompt is computed, or it `failed`).
+    fn reservation_done(&mut self, failed: bool) {
+        if self.reserving.is_empty() {
+            return;
+        }
+        let (seq, id) = self.reserving.remove(0);
+        if self.core.complete_reservation(id, failed).is_err() {
+            let _ = self.core.drop_sequence(seq);
+        }
     }
 
     /// Takes commands (answering the others at once, queueing generations), then admits
@@ -758,22 +835,18 @@ impl Worker {
             .running
             .iter()
             .any(|a| !a.finished && matches!(a.phase, Phase::Prefill));
-        let Some(&(seq, id)) = self.reserving.first() else {
+        let Some(&(seq, _)) = self.reserving.first() else {
             return;
         };
         if busy {
             return;
         }
         self.serving = vec![seq];
-        let done = match self.core.prefill_chunk(seq, LogitRows::Last) {
-            Ok(out) if out.remaining > 0 => return,
-            Ok(_) => self.core.complete_reservation(id, false),
-            Err(_) => self.core.complete_reservation(id, true),
-        };
-        if done.is_err() {
-            let _ = self.core.drop_sequence(seq);
+        match self.core.prefill_chunk(seq, LogitRows::Last) {
+            Ok(out) if out.remaining > 0 => {}
+            Ok(_) => self.reservation_done(false),
+            Err(_) => self.reservation_done(true),
         }
-        self.reserving.remove(0);
     }
 
     fn decode_all(&mut self) {

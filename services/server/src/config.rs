@@ -273,6 +273,11 @@ pub struct ModelSection {
     /// Sequences the engine runs at once; waiting requests are admitted fairly across tenants
     /// (the tenant with the fewest running, then the one served least recently, goes first).
     pub max_running: usize,
+    /// Tokens one engine step computes at most while sequences decode: their next tokens and a
+    /// prompt chunk of a new request in the same forward pass (see `EngineConfig::step_tokens`).
+    pub step_tokens: usize,
+    /// Threads the CPU kernels split work over (0: one per CPU).
+    pub threads: usize,
     /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
     pub pin_tenant_share: f64,
     /// Fault injection for the supervision tests, `panic:MARKER` or `stop:MARKER` (a prompt
@@ -322,6 +327,8 @@ impl Default for ModelSection {
             device: "cpu".into(),
             cache_generated: false,
             max_running: 16,
+            step_tokens: 128,
+            threads: 0,
             pin_tenant_share: 0.5,
             fault: String::new(),
         }
@@ -449,6 +456,12 @@ impl Config {
         }
         if !(1..=256).contains(&self.model.max_running) {
             return bad("model.max_running", "must be 1 to 256");
+        }
+        if !(1..=65_536).contains(&self.model.step_tokens) {
+            return bad("model.step_tokens", "must be 1 to 65536");
+        }
+        if self.model.threads > 1024 {
+            return bad("model.threads", "must be 0 (one per CPU) to 1024");
         }
         if self.limits.requests_per_sec > 0 && self.limits.burst == 0 {
             return bad(

@@ -101,6 +101,8 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
             device: engram_engine::EngineDevice::parse(&config.model.device)?,
             cache_generated: config.model.cache_generated,
             max_running: config.model.max_running,
+            step_tokens: config.model.step_tokens,
+            threads: config.model.threads,
             pin_policy: engram_kvcore::PinPolicy {
                 tenant_share: config.model.pin_tenant_share,
                 ..engram_kvcore::PinPolicy::default()

@@ -317,6 +317,60 @@ fn a_long_prefill_does_not_stall_running_decodes() {
         .into_iter()
         .filter(|&t| t > admitted && t < first)
         .count();
-    // Eight chunks, one decode step of A after each.
-    assert!(during >= 4, "A produced {during} deltas during B's prefill");
+    // B's prompt goes in chunks of at most `step_tokens` − 1 while A decodes, each in the same
+    // forward pass as one of A's tokens: 16 passes or more.
+    assert!(
+        during >= 10,
+        "A produced {during} deltas during B's prefill"
+    );
+}
+
+#[test]
+fn one_step_carries_decodes_and_a_prompt_chunk_within_the_budget() {
+    let start = |c: &mut engram_engine::EngineCore, tokens: Vec<u32>, t: u64| {
+        c.start(SequenceSpec::plain(tokens, TenantId(t))).unwrap().0
+    };
+    let a_prompt = chat("Count from one to ten.");
+    let mut b_prompt = crate::common::license_tokens(300);
+    b_prompt.extend(chat("Summarize."));
+    // The reference: each sequence on its own engine, in its own forward passes.
+    let mut alone = core(CodecKind::F32);
+    let a = start(&mut alone, a_prompt.clone(), 1);
+    let tok = argmax(&alone.prefill(a).unwrap());
+    let want_a = alone.decode(&[(a, tok)]).unwrap().remove(0);
+    let b = start(&mut alone, b_prompt.clone(), 2);
+    let want_b = alone.prefill(b).unwrap();
+
+    let mut c = core(CodecKind::F32);
+    let a = start(&mut c, a_prompt, 1);
+    assert_eq!(argmax(&c.prefill(a).unwrap()), tok);
+    let b = start(&mut c, b_prompt.clone(), 2);
+    // A's token and 100 of B's prompt tokens in one forward pass.
+    let out = c.step(&[(a, tok)], Some((b, 100))).unwrap();
+    assert_eq!(out.decoded.len(), 1);
+    let p = out.prefilled.unwrap();
+    assert_eq!(
+        (p.id, p.tokens, p.remaining),
+        (b, 100, b_prompt.len() - 100)
+    );
+    assert!(p.logits.is_none());
+    // Batched rows sum in another order: close, not bit-equal.
+    let gap = crate::common::rel_l2(&out.decoded[0], &want_a);
+    assert!(gap < 1e-3, "A's logits moved by {gap}");
+    // Without decodes the chunk is `prefill_chunk`; the last one brings B's logits.
+    let mut logits = None;
+    while logits.is_none() {
+        let out = c.step(&[], Some((b, usize::MAX))).unwrap();
+        let p = out.prefilled.unwrap();
+        assert!(p.tokens <= c.config().prefill_chunk);
+        logits = p.logits;
+    }
+    let gap = crate::common::rel_l2(&logits.unwrap(), &want_b);
+    assert!(gap < 1e-3, "B's logits moved by {gap}");
+    // Nothing asked, nothing done; a prompt chunk of a sequence with none left is refused.
+    assert_eq!(c.step(&[], None).unwrap(), Default::default());
+    assert!(c.step(&[], Some((a, 10))).is_err());
+    let tok_b = argmax(&want_b);
+    let next = c.step(&[(b, tok_b)], None).unwrap();
+    assert_eq!(next.decoded.len(), 1);
 }

@@ -1,0 +1,92 @@
+//! Decode attention over TQ4 codes on every SIMD tier this CPU runs, SmolLM2-135M's geometry
+//! (9 query heads over 3 KV heads, head_dim 64) at 1K, 4K and 8K tokens of one layer: prints
+//! one JSON line per (tier, threads, tokens) with ns per (key, KV head) and the speed-up over
+//! the scalar path on one thread, measured interleaved in this run. `make bench-attention`.
+
+// A benchmark whose set-up fails must stop loudly, not measure something else.
+#![allow(clippy::expect_used)]
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use engram_kvcore::{
+    AttentionParams, BlockStore, BlockTags, CodecKind, Isa, KvShape, Rows, SessionId, SourceLayer,
+    SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
+};
+
+const HEADS: usize = 9;
+
+fn main() {
+    let shape = KvShape::new(1, 3, 64).expect("shape");
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(31);
+    println!(
+        "{{\"detected\":\"{}\",\"active\":\"{}\",\"cpus\":{}}}",
+        Isa::detected(),
+        Isa::active(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for tokens in [1024usize, 4096, 8192] {
+        let blocks = tokens / shape.block_size;
+        let mut store = BlockStore::new(StoreConfig::new(shape, CodecKind::TQ4, blocks as u32, 0))
+            .expect("store");
+        let tags = BlockTags {
+            source: SourceLayer::UserTurn,
+            importance: 0.5,
+            tenant: TenantId(1),
+            session: Some(SessionId(1)),
+            tokens: TokenRange::new(0, 16),
+        };
+        let ids = store
+            .allocate(Tier::Hot, &vec![tags; blocks])
+            .expect("allocate");
+        let mut rng = SplitMix64::new(7);
+        let n = tokens * shape.token_width();
+        let (k, v) = (rng.gaussian_vec(n), rng.gaussian_vec(n));
+        store
+            .write(0, &ids, 0, Rows::F32(&k), Rows::F32(&v))
+            .expect("write");
+        let q = rng.gaussian_vec(HEADS * shape.head_dim);
+        let mut out = vec![0.0f32; q.len()];
+        let params = AttentionParams::new(HEADS, shape.head_dim);
+        let mut time = |isa: Isa, threads: usize| {
+            let p = params.with_threads(threads);
+            let t = Instant::now();
+            store
+                .attend_on(isa, 0, &ids, tokens, &q, &p, &mut out)
+                .expect("attend");
+            black_box(&out);
+            t.elapsed().as_secs_f64()
+        };
+        let mut configs = vec![(Isa::Scalar, 1)];
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                if (isa, threads) != (Isa::Scalar, 1) {
+                    configs.push((isa, threads));
+                }
+            }
+        }
+        let mut samples = vec![Vec::new(); configs.len()];
+        for _ in 0..rounds {
+            for (c, s) in configs.iter().zip(samples.iter_mut()) {
+                s.push(time(c.0, c.1));
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let medians: Vec<f64> = samples.iter_mut().map(median).collect();
+        let units = (tokens * shape.kv_heads) as f64;
+        for ((isa, threads), s) in configs.iter().zip(&medians) {
+            println!(
+                "{{\"bench\":\"attention/tq4\",\"isa\":\"{isa}\",\"threads\":{threads},\"tokens\":{tokens},\"us\":{:.1},\"ns_per_key_group\":{:.1},\"speedup_vs_scalar\":{:.2}}}",
+                s * 1e6,
+                s * 1e9 / units,
+                medians[0] / s
+            );
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Every SIMD path of attention over codes against the scalar reference, on the tiers this CPU
+//! runs (an AVX-512 machine runs all three), and the key split across threads.
+
+use engram_kvcore::{
+    AttentionParams, BlockStore, CodecKind, Isa, KvShape, SourceLayer, StoreConfig,
+};
+use proptest::prelude::*;
+
+use crate::common::{ALL_CODECS, filled, gauss, rel_l2};
+
+fn store_with(kind: CodecKind, kv_heads: usize, head_dim: usize, blocks: u32) -> BlockStore {
+    let shape = KvShape::new(2, kv_heads, head_dim).unwrap();
+    BlockStore::new(StoreConfig::new(shape, kind, blocks, 0)).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn every_tier_and_split_matches_the_scalar_path(
+        codec_index in 0usize..ALL_CODECS.len(),
+        // 80 is not a multiple of 32: the kernels decline it and the scalar path runs.
+        head_dim in prop::sample::select(vec![32usize, 64, 128, 80]),
+        group in 1usize..5,
+        // Up to 2,600 keys: ranges of 2,048 and more are split over `threads`.
+        tokens in 1usize..2600,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let kind = ALL_CODECS[codec_index];
+        let kv_heads = 2;
+        let mut store = store_with(kind, kv_heads, head_dim, 168);
+        let ids = filled(&mut store, tokens.div_ceil(16), SourceLayer::UserTurn, seed);
+        let params = AttentionParams::new(kv_heads * group, head_dim);
+        let q = gauss(seed ^ 7).gaussian_vec(params.num_heads * head_dim);
+        let mut reference = vec![0.0f32; q.len()];
+        store.attend_on(Isa::Scalar, 1, &ids, tokens, &q, &params, &mut reference).unwrap();
+        for isa in Isa::available() {
+            let split = params.with_threads(threads);
+            let mut got = vec![0.0f32; q.len()];
+            store.attend_on(isa, 1, &ids, tokens, &q, &split, &mut got).unwrap();
+            let err = rel_l2(&got, &reference);
+            prop_assert!(err < 1e-5, "{kind} {isa} x{threads}: {err}");
+            // The same call gives the same bits.
+            let mut again = vec![0.0f32; q.len()];
+            store.attend_on(isa, 1, &ids, tokens, &q, &split, &mut again).unwrap();
+            prop_assert_eq!(&got, &again);
+        }
+    }
+}
+
+#[test]
+fn tiers_and_splits_agree_on_a_long_range_near_the_dense_reference() {
+    // SmolLM2's geometry at 4K: every tier and split agrees with the scalar path, which agrees
+    // with dequantize-then-attend.
+    let (kv_heads, head_dim, group, tokens) = (3, 64, 3, 4096);
+    let mut store = store_with(CodecKind::TQ4, kv_heads, head_dim, 256);
+    let ids = filled(&mut store, tokens / 16, SourceLayer::Memories, 5);
+    let params = AttentionParams::new(kv_heads * group, head_dim);
+    let q = gauss(9).gaussian_vec(params.num_heads * head_dim);
+    let mut scalar = vec![0.0f32; q.len()];
+    store
+        .attend_on(Isa::Scalar, 0, &ids, tokens, &q, &params, &mut scalar)
+        .unwrap();
+    let mut dense = vec![0.0f32; q.len()];
+    store
+        .attend_dequantized(0, &ids, tokens, &q, &params, &mut dense)
+        .unwrap();
+    assert!(rel_l2(&scalar, &dense) < 1e-4);
+    for isa in Isa::available() {
+        for threads in [1, 2, 4] {
+            let mut got = vec![0.0f32; q.len()];
+            let p = params.with_threads(threads);
+            store
+                .attend_on(isa, 0, &ids, tokens, &q, &p, &mut got)
+                .unwrap();
+            assert!(rel_l2(&got, &scalar) < 1e-5, "{isa} x{threads}");
+        }
+    }
+}
+
+/// Run by [`engram_simd_lowers_the_active_tier`] in a child process with `ENGRAM_SIMD` set.
+#[test]
+#[ignore = "run by engram_simd_lowers_the_active_tier in a child process"]
+fn forced_tier_child() {
+    let want = std::env::var("ENGRAM_SIMD_EXPECT").unwrap();
+    assert_eq!(Isa::active().name(), want);
+}
+
+#[test]
+fn engram_simd_lowers_the_active_tier() {
+    let exe = std::env::current_exe().unwrap();
+    for isa in Isa::available() {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "simd::forced_tier_child", "--ignored"])
+            .env("ENGRAM_SIMD", isa.name())
+            .env("ENGRAM_SIMD_EXPECT", isa.name())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{isa}: {text}");
+        assert!(
+            text.contains("1 passed"),
+            "{isa}: the child ran no test: {text}"
+        );
+    }
+}
