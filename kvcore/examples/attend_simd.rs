@@ -1,7 +1,8 @@
 //! Decode attention over TQ4 codes on every SIMD tier this CPU runs, SmolLM2-135M's geometry
 //! (9 query heads over 3 KV heads, head_dim 64) at 1K, 4K and 8K tokens of one layer: prints
 //! one JSON line per (tier, threads, tokens) with ns per (key, KV head) and the speed-up over
-//! the scalar path on one thread, measured interleaved in this run. `make bench-attention`.
+//! the scalar path on one thread, measured interleaved in this run; then the causal (prefill)
+//! form for a 256-token chunk after 3,840 tokens, per tier. `make bench-attention`.
 
 // A benchmark whose set-up fails must stop loudly, not measure something else.
 #![allow(clippy::expect_used)]
@@ -80,6 +81,30 @@ fn main() {
         };
         let medians: Vec<f64> = samples.iter_mut().map(median).collect();
         let units = (tokens * shape.kv_heads) as f64;
+        if tokens == 4096 {
+            let (start, new) = (tokens - 256, 256);
+            let qs = rng.gaussian_vec(new * HEADS * shape.head_dim);
+            let mut outs = vec![0.0f32; qs.len()];
+            for isa in Isa::available() {
+                for threads in [1, 2] {
+                    let p = params.with_threads(threads);
+                    let mut best = f64::INFINITY;
+                    for _ in 0..rounds.min(5) {
+                        let t = Instant::now();
+                        store
+                            .attend_causal_on(isa, 0, &ids, start, new, &qs, &p, &mut outs)
+                            .expect("attend_causal");
+                        black_box(&outs);
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    println!(
+                        "{{\"bench\":\"attention/tq4/causal\",\"isa\":\"{isa}\",\"threads\":{threads},\"start\":{start},\"new\":{new},\"tiled\":{},\"ms\":{:.2}}}",
+                        store.causal_is_tiled(isa, 0, HEADS),
+                        best * 1e3
+                    );
+                }
+            }
+        }
         for ((isa, threads), s) in configs.iter().zip(&medians) {
             println!(
                 "{{\"bench\":\"attention/tq4\",\"isa\":\"{isa}\",\"threads\":{threads},\"tokens\":{tokens},\"us\":{:.1},\"ns_per_key_group\":{:.1},\"speedup_vs_scalar\":{:.2}}}",

@@ -51,6 +51,10 @@ impl AttentionParams {
     }
 }
 
+/// Query rows one unit of [`BlockStore::attend_causal`]'s tiled kernel takes: they share each
+/// key's expansion.
+const CAUSAL_ROWS: usize = 8;
+
 /// Keys each thread takes at least before a range is split ([`AttentionParams::threads`]):
 /// below it, waking a second thread costs more than it saves (measured with
 /// `make bench-attention`: at 1K keys a split is slower, at 4K 1.4× faster on two cores).
@@ -114,6 +118,178 @@ impl BlockStore {
             isa.min(Isa::detected()),
             out,
         );
+        Ok(())
+    }
+
+    /// Causal attention of `new` query tokens at positions `start..start + new` (`q`:
+    /// `[new, num_heads, head_dim]`) over the hot `blocks` of `layer`, read from the codes: row
+    /// `r` attends positions `0..=start + r`. Writes `out` (`[new, num_heads, head_dim]`).
+    /// `blocks` must be exactly `⌈(start + new) / block_size⌉` long.
+    ///
+    /// Where [`Self::causal_is_tiled`] holds, a tile of rows shares each key's expansion;
+    /// otherwise each row runs [`Self::attend`]'s path. Row `r` equals [`Self::attend`] over
+    /// `start + r + 1` tokens up to summation order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_causal(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        start: usize,
+        new: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
+        self.attend_causal_on(Isa::active(), layer, blocks, start, new, q, params, out)
+    }
+
+    /// Whether [`Self::attend_causal`] runs a tiled kernel for `layer` on `isa` (4-bit
+    /// TurboQuant, AVX-512): the case where it beats dequantizing the prefix for a dense
+    /// attention.
+    pub fn causal_is_tiled(&self, isa: Isa, layer: usize, num_heads: usize) -> bool {
+        let shape = self.shape();
+        let codec = self.layer_codec(layer);
+        matches!(codec.kind(), CodecKind::TurboQuant { bits: 4 })
+            && num_heads.is_multiple_of(shape.kv_heads.max(1))
+            && crate::simd::tq4_causal_supports(
+                isa,
+                shape.head_dim,
+                num_heads / shape.kv_heads.max(1),
+            )
+    }
+
+    /// [`Self::attend_causal`] on the kernels of `isa` (lowered to what this CPU runs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_causal_on(
+        &self,
+        isa: Isa,
+        layer: usize,
+        blocks: &[BlockId],
+        start: usize,
+        new: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
+        let isa = isa.min(Isa::detected());
+        let width = params.num_heads * self.shape().head_dim;
+        check_len(q.len(), new * width)?;
+        check_len(out.len(), new * width)?;
+        if new == 0 {
+            return Ok(());
+        }
+        let total = start + new;
+        let (geo, slots, bytes) = self.hot_read(layer, blocks, total, &q[..width], params)?;
+        let codec = self.layer_codec(layer);
+        let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
+        let codebook: Option<&[f32; 16]> = match codec.kind() {
+            CodecKind::TurboQuant { bits: 4 } => codec.codebook().try_into().ok(),
+            _ => None,
+        };
+        let Some(cb) = codebook.filter(|_| crate::simd::tq4_causal_supports(isa, d, group)) else {
+            // Row by row: each row is a decode over its own prefix.
+            for r in 0..new {
+                let n = start + r + 1;
+                let row_geo = Geometry { tokens: n, ..geo };
+                attend_codes(
+                    codec,
+                    &bytes,
+                    &slots[..n.div_ceil(bs)],
+                    row_geo,
+                    &q[r * width..][..width],
+                    params,
+                    isa,
+                    &mut out[r * width..][..width],
+                );
+            }
+            return Ok(());
+        };
+        // Rotated queries, scale folded in, regrouped per KV head: [kv_heads][new][group][d].
+        let mut qp = vec![0.0f32; new * width];
+        let mut rotated = vec![0.0f32; d];
+        for r in 0..new {
+            for h in 0..geo.heads {
+                codec.prepare_query(&q[r * width + h * d..][..d], &mut rotated);
+                let (g, j) = (h / group, h % group);
+                let dst = &mut qp[((g * new + r) * group + j) * d..][..d];
+                for (o, &x) in dst.iter_mut().zip(&rotated) {
+                    *o = x * params.scale;
+                }
+            }
+        }
+        let rows = crate::simd::Tq4Rows {
+            codebook: cb,
+            k_codes: bytes.k_codes,
+            k_norms: bytes.k_norms,
+            v_codes: bytes.v_codes,
+            v_norms: bytes.v_norms,
+            code_row: bytes.code_row,
+            norm_row: bytes.norm_row,
+        };
+        // Units: (KV head, tile of query rows), each wholly on one thread.
+        let units: Vec<(usize, usize, usize)> = (0..geo.kv_heads)
+            .flat_map(|g| {
+                (0..new)
+                    .step_by(CAUSAL_ROWS)
+                    .map(move |r0| (g, r0, (r0 + CAUSAL_ROWS).min(new)))
+            })
+            .collect();
+        let run = |&(g, r0, r1): &(usize, usize, usize)| -> Option<Partial> {
+            let limits: Vec<usize> = (r0..r1).map(|r| start + r + 1).collect();
+            let keys = KeyRange {
+                slots: &slots,
+                block_size: bs,
+                kv_heads: geo.kv_heads,
+                g,
+                start: 0,
+                end: start + r1,
+            };
+            let qs = &qp[(g * new + r0) * group * d..(g * new + r1) * group * d];
+            crate::simd::tq4_causal(isa, &rows, &keys, qs, &limits, group, d)
+        };
+        let mut partials: Vec<Option<Partial>> = vec![None; units.len()];
+        let threads = params.threads.clamp(1, units.len());
+        if threads > 1 {
+            let share = units.len().div_ceil(threads);
+            let run = &run;
+            rayon::in_place_scope(|s| {
+                let mut shares = units.chunks(share).zip(partials.chunks_mut(share));
+                let first = shares.next();
+                for (us, out) in shares {
+                    s.spawn(move |_| {
+                        for (u, o) in us.iter().zip(out) {
+                            *o = run(u);
+                        }
+                    });
+                }
+                if let Some((us, out)) = first {
+                    for (u, o) in us.iter().zip(out) {
+                        *o = run(u);
+                    }
+                }
+            });
+        } else {
+            for (u, o) in units.iter().zip(partials.iter_mut()) {
+                *o = run(u);
+            }
+        }
+        for (&(g, r0, r1), part) in units.iter().zip(partials) {
+            let Some(mut part) = part else {
+                return Err(KvError::RowWidth {
+                    expected: d,
+                    got: 0,
+                });
+            };
+            for (k, r) in (r0..r1).enumerate() {
+                for j in 0..group {
+                    let p = k * group + j;
+                    let inv = 1.0 / part.sum[p];
+                    let acc = &mut part.acc[p * d..][..d];
+                    acc.iter_mut().for_each(|a| *a *= inv);
+                    codec.finish(acc, &mut out[r * width + (g * group + j) * d..][..d]);
+                }
+            }
+        }
         Ok(())
     }
 

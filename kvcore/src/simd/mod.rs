@@ -219,6 +219,38 @@ pub(crate) fn tq4_attend(
     }
 }
 
+/// Whether `isa` has a causal (prefill) kernel for this geometry: AVX-512 only, where one key
+/// expansion shared by a tile of query rows pays; elsewhere a prefill attends row by row.
+pub(crate) fn tq4_causal_supports(isa: Isa, head_dim: usize, group: usize) -> bool {
+    isa >= Isa::Avx512 && isa <= Isa::detected() && tq4_supports(isa, head_dim, group)
+}
+
+/// Runs the causal kernel: `limits.len()` query rows (`q`: `[rows, group, head_dim]`, rotated,
+/// scale folded in), row `r` attending the keys of `keys` before `limits[r]`; one softmax state
+/// per (row, head), row-major. `None` when `isa` has no causal kernel here.
+pub(crate) fn tq4_causal(
+    isa: Isa,
+    rows: &Tq4Rows<'_>,
+    keys: &KeyRange<'_>,
+    q: &[f32],
+    limits: &[usize],
+    group: usize,
+    head_dim: usize,
+) -> Option<Partial> {
+    if !tq4_causal_supports(isa, head_dim, group) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::tq4_causal(isa, rows, keys, q, limits, group, head_dim)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, keys, q, limits);
+        None
+    }
+}
+
 /// Reorders `natural` (a row of `head_dim` coordinates) into the kernels' order for `lanes`
 /// lanes: per chunk of `lanes` code bytes (`2·lanes` coordinates), the even coordinates (low
 /// nibbles) then the odd ones (high nibbles).

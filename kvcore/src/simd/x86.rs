@@ -364,3 +364,139 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
     }
     part
 }
+
+/// The causal prefill form of [`tq4_avx512`]: `limits.len()` query rows, row `r` attending the
+/// keys before `limits[r]` (ascending), each key's codes expanded once for every row and head
+/// of the group. `q` is `[rows, group, head_dim]` (rotated, scale folded in); the result holds
+/// one softmax state per (row, head), row-major.
+pub(super) fn tq4_causal(
+    isa: Isa,
+    rows: &Tq4Rows<'_>,
+    keys: &KeyRange<'_>,
+    q: &[f32],
+    limits: &[usize],
+    group: usize,
+    d: usize,
+) -> Option<Partial> {
+    if isa != Isa::Avx512 || rows.code_row != d / 2 || q.len() != limits.len() * group * d {
+        return None;
+    }
+    // SAFETY: called only for a tier at most `Isa::detected()` (see `super::tq4_causal`), and
+    // `Avx512` is detected only when the CPU reports AVX-512 F.
+    Some(unsafe { tq4_causal_avx512(rows, keys, q, limits, group, d) })
+}
+
+// `i` (a key of the tile) indexes the score rows of several query rows at once.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f")]
+fn tq4_causal_avx512(
+    rows: &Tq4Rows<'_>,
+    keys: &KeyRange<'_>,
+    q: &[f32],
+    limits: &[usize],
+    group: usize,
+    d: usize,
+) -> Partial {
+    const W: usize = 16;
+    let nq = limits.len() * group;
+    let (nz, loads) = (d / W, d / (2 * W));
+    let (cr, nr) = (rows.code_row, rows.norm_row);
+    let cb = load512(rows.codebook);
+    let zero = _mm512_setzero_ps();
+    let mut perm = [0.0f32; MAX_D];
+    let mut qz = vec![zero; nq * nz];
+    for p in 0..nq {
+        to_kernel_order(&q[p * d..][..d], W, &mut perm[..d]);
+        for z in 0..nz {
+            qz[p * nz + z] = load512(&perm[z * W..]);
+        }
+    }
+    let mut acc = vec![zero; nq * nz];
+    let mut max = vec![f32::NEG_INFINITY; nq];
+    let mut sum = vec![0.0f32; nq];
+    let mut s = vec![[0.0f32; TILE]; nq];
+    let mut e = [zero; MAX_D / W];
+    let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
+    let mut t = keys.start;
+    while t < last {
+        let n = TILE.min(last - t);
+        for i in 0..n {
+            let r = keys.row(t + i);
+            expand512(&rows.k_codes[r * cr..][..cr], loads, cb, &mut e);
+            let norm = norm_at(rows.k_norms, r, nr);
+            for (row, &lim) in limits.iter().enumerate() {
+                if t + i >= lim {
+                    continue;
+                }
+                for j in 0..group {
+                    let p = row * group + j;
+                    let qp = &qz[p * nz..][..nz];
+                    let mut v = _mm512_mul_ps(qp[0], e[0]);
+                    for z in 1..nz {
+                        v = _mm512_fmadd_ps(qp[z], e[z], v);
+                    }
+                    s[p][i] = norm * _mm512_reduce_add_ps(v);
+                }
+            }
+        }
+        for (row, &lim) in limits.iter().enumerate() {
+            // The keys a row sees in this tile are a prefix of it.
+            let live = lim.saturating_sub(t).min(n);
+            if live == 0 {
+                continue;
+            }
+            let lanes: __mmask16 = if live == TILE {
+                0xFFFF
+            } else {
+                (1u16 << live) - 1
+            };
+            for p in row * group..(row + 1) * group {
+                let tile_max = s[p][..live]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let new_max = max[p].max(tile_max);
+                let correction = (max[p] - new_max).exp();
+                if correction != 1.0 {
+                    sum[p] *= correction;
+                    let c = _mm512_set1_ps(correction);
+                    for a in &mut acc[p * nz..][..nz] {
+                        *a = _mm512_mul_ps(*a, c);
+                    }
+                }
+                let x = _mm512_sub_ps(load512(&s[p]), _mm512_set1_ps(new_max));
+                let w = _mm512_maskz_mov_ps(lanes, exp512(x));
+                sum[p] += _mm512_reduce_add_ps(w);
+                store512(&mut s[p], w);
+                max[p] = new_max;
+            }
+        }
+        for i in 0..n {
+            let r = keys.row(t + i);
+            expand512(&rows.v_codes[r * cr..][..cr], loads, cb, &mut e);
+            let norm = norm_at(rows.v_norms, r, nr);
+            for (row, &lim) in limits.iter().enumerate() {
+                if t + i >= lim {
+                    continue;
+                }
+                for p in row * group..(row + 1) * group {
+                    let w = _mm512_set1_ps(s[p][i] * norm);
+                    for (a, &x) in acc[p * nz..][..nz].iter_mut().zip(&e[..nz]) {
+                        *a = _mm512_fmadd_ps(w, x, *a);
+                    }
+                }
+            }
+        }
+        t += n;
+    }
+    let mut part = Partial::empty(nq, d);
+    for p in 0..nq {
+        part.max[p] = max[p];
+        part.sum[p] = sum[p];
+        for z in 0..nz {
+            store512(&mut perm[z * W..], acc[p * nz + z]);
+        }
+        from_kernel_order(&perm[..d], W, &mut part.acc[p * d..][..d]);
+    }
+    part
+}

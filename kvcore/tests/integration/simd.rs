@@ -105,3 +105,67 @@ fn engram_simd_lowers_the_active_tier() {
         );
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    #[test]
+    fn causal_attention_equals_decoding_row_by_row(
+        codec_index in 0usize..ALL_CODECS.len(),
+        head_dim in prop::sample::select(vec![64usize, 128, 80]),
+        group in 1usize..4,
+        start in 0usize..300,
+        new in 1usize..40,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let kind = ALL_CODECS[codec_index];
+        let kv_heads = 2;
+        let total = start + new;
+        let mut store = store_with(kind, kv_heads, head_dim, 24);
+        let ids = filled(&mut store, total.div_ceil(16), SourceLayer::UserTurn, seed);
+        let params = AttentionParams::new(kv_heads * group, head_dim);
+        let width = params.num_heads * head_dim;
+        let q = gauss(seed ^ 3).gaussian_vec(new * width);
+        let mut want = vec![0.0f32; q.len()];
+        for r in 0..new {
+            let n = start + r + 1;
+            store.attend_on(Isa::Scalar, 0, &ids[..n.div_ceil(16)], n, &q[r * width..][..width], &params, &mut want[r * width..][..width]).unwrap();
+        }
+        for isa in Isa::available() {
+            let mut got = vec![0.0f32; q.len()];
+            let p = params.with_threads(threads);
+            store.attend_causal_on(isa, 0, &ids, start, new, &q, &p, &mut got).unwrap();
+            let err = rel_l2(&got, &want);
+            prop_assert!(err < 1e-5, "{kind} {isa} x{threads} tiled={}: {err}", store.causal_is_tiled(isa, 0, params.num_heads));
+        }
+    }
+}
+
+#[test]
+fn a_prefill_chunk_at_smollm2_geometry_takes_the_tiled_kernel_where_there_is_one() {
+    // The last 256-token chunk of a 1K prompt: 3 KV heads of 64, 9 query heads.
+    let (kv_heads, head_dim, start, new) = (3, 64, 768, 256);
+    let mut store = store_with(CodecKind::TQ4, kv_heads, head_dim, 64);
+    let ids = filled(&mut store, (start + new) / 16, SourceLayer::UserTurn, 21);
+    let params = AttentionParams::new(9, head_dim);
+    let width = 9 * head_dim;
+    let q = gauss(22).gaussian_vec(new * width);
+    let mut want = vec![0.0f32; q.len()];
+    store
+        .attend_causal_on(Isa::Scalar, 0, &ids, start, new, &q, &params, &mut want)
+        .unwrap();
+    assert!(!store.causal_is_tiled(Isa::Scalar, 0, 9));
+    assert_eq!(
+        store.causal_is_tiled(Isa::detected(), 0, 9),
+        Isa::detected() == Isa::Avx512
+    );
+    for threads in [1, 2] {
+        let mut got = vec![0.0f32; q.len()];
+        let p = params.with_threads(threads);
+        store
+            .attend_causal_on(Isa::detected(), 0, &ids, start, new, &q, &p, &mut got)
+            .unwrap();
+        assert!(rel_l2(&got, &want) < 1e-5, "x{threads}");
+    }
+}

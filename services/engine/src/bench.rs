@@ -47,7 +47,7 @@ impl Default for TtftOptions {
         Self {
             prompt_tokens: vec![1024, 2048, 4096, 6144],
             suffix_tokens: 128,
-            batches: vec![1, 4, 8, 16],
+            batches: vec![1, 2, 4, 8, 16],
             decode_steps: 16,
             decode_prompt: 128,
             codec: CodecKind::TQ4,
@@ -80,6 +80,11 @@ pub struct DecodeRow {
     pub mode: String,
     /// Total generated tokens per second.
     pub decode_tokens_per_s: f64,
+    /// Time per output token of one sequence, ms (a batched step; for `sequential`, one
+    /// sequence's step).
+    pub ms_per_token: f64,
+    /// Prompt length of each sequence (the context decode attends over).
+    pub context_tokens: usize,
 }
 
 fn engine(model: &Llama, tok: &TextTokenizer, opts: &TtftOptions) -> EngineResult<EngineCore> {
@@ -221,10 +226,17 @@ fn measure(
             }
         }
     }
+    let secs = t.elapsed().as_secs_f64();
+    let steps = match mode {
+        DecodeMode::Batched => opts.decode_steps,
+        DecodeMode::Sequential => b * opts.decode_steps,
+    };
     Ok(DecodeRow {
         batch: b,
         mode: format!("{mode:?}").to_lowercase(),
-        decode_tokens_per_s: (b * opts.decode_steps) as f64 / t.elapsed().as_secs_f64(),
+        decode_tokens_per_s: (b * opts.decode_steps) as f64 / secs,
+        ms_per_token: secs * 1e3 / steps.max(1) as f64,
+        context_tokens: opts.decode_prompt,
     })
 }
 
@@ -247,8 +259,8 @@ pub fn decode(
         for &mode in modes {
             let row = measure(model, tok, corpus, opts, b, mode)?;
             progress(&format!(
-                "{} {b}: {:.1} tokens/s",
-                row.mode, row.decode_tokens_per_s
+                "{} {b}: {:.1} tokens/s, {:.1} ms per token",
+                row.mode, row.decode_tokens_per_s, row.ms_per_token
             ));
             rows.push(row);
         }

@@ -252,7 +252,8 @@ pub struct SequenceSpec {
 /// The CPU engine's numerics, hashed into the KV fingerprint: K/V computed by other numerics (an
 /// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
 /// whenever a kernel change can move stored KV.
-pub const NUMERICS: &str = "cpu-numerics/2: simd decode attention, key-split merge";
+pub const NUMERICS: &str =
+    "cpu-numerics/3: simd decode attention, key-split merge, tiled causal prefill over codes";
 
 /// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
 pub const PUBLIC_TENANT: TenantId = TenantId(0);

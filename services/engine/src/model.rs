@@ -24,7 +24,8 @@ use candle_core::{D, DType, Device, Tensor};
 use std::sync::{Arc, OnceLock};
 
 use engram_kvcore::{
-    AttentionParams, BlockId, BlockStore, BlockTags, CodecKind, KvShape, Rows, StoreConfig, Tier,
+    AttentionParams, BlockId, BlockStore, BlockTags, CodecKind, Isa, KvShape, Rows, StoreConfig,
+    Tier,
 };
 
 use crate::error::{EngineError, EngineResult};
@@ -520,6 +521,13 @@ impl Llama {
                     let mut o = vec![0.0f32; heads * d];
                     store.attend(l, blocks, total, &qv, &params, &mut o)?;
                     Tensor::from_vec(o, (1, heads * d), &dev)?
+                } else if store.causal_is_tiled(Isa::active(), l, heads) {
+                    // A tile of query rows shares each key's expansion, straight from the
+                    // codes: no decoded prefix, no score-sized tensors.
+                    let qv: Vec<f32> = q_seq.flatten_all()?.to_vec1()?;
+                    let mut o = vec![0.0f32; m * heads * d];
+                    store.attend_causal(l, blocks, s.start, m, &qv, &params, &mut o)?;
+                    Tensor::from_vec(o, (m, heads * d), &dev)?
                 } else {
                     dense_attention(store, l, blocks, total, &q_seq, mask, cfg)?
                 };

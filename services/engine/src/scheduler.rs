@@ -549,15 +549,7 @@ impl Worker {
     /// apart, so an error fails only the sequences it belongs to.
     fn compute(&mut self) {
         self.drop_cancelled();
-        let batch: Vec<(usize, SeqId, u32)> = self
-            .running
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a.phase {
-                Phase::Decode(t) if !a.finished => Some((i, a.id, t)),
-                _ => None,
-            })
-            .collect();
+        let batch = self.decoding();
         let request = self
             .running
             .iter()
@@ -609,6 +601,18 @@ impl Worker {
             }
         }
         self.reap();
+    }
+
+    /// The running sequences in decode: (index, sequence, its last token).
+    fn decoding(&self) -> Vec<(usize, SeqId, u32)> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a.phase {
+                Phase::Decode(t) if !a.finished => Some((i, a.id, t)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Completes the oldest reservation (its prompt is computed, or it `failed`).
@@ -851,15 +855,7 @@ impl Worker {
 
     fn decode_all(&mut self) {
         self.drop_cancelled();
-        let batch: Vec<(usize, SeqId, u32)> = self
-            .running
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a.phase {
-                Phase::Decode(t) if !a.finished => Some((i, a.id, t)),
-                _ => None,
-            })
-            .collect();
+        let batch = self.decoding();
         if batch.is_empty() {
             return;
         }

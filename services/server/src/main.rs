@@ -313,8 +313,11 @@ struct TtftArgs {
     #[arg(long, default_value_t = 128)]
     suffix: usize,
     /// Decode batch sizes.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
     batches: Vec<usize>,
+    /// Prompt length of each decoding sequence: the context decode attends over.
+    #[arg(long, default_value_t = 128)]
+    decode_context: usize,
     /// Decode steps timed per batch.
     #[arg(long, default_value_t = 16)]
     steps: usize,
@@ -442,6 +445,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         suffix_tokens: args.suffix,
         batches: args.batches,
         decode_steps: args.steps,
+        decode_prompt: args.decode_context,
         codec: parse_codec(&args.codec)?,
         engine: EngineConfig {
             device,
@@ -450,7 +454,6 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
             cold_bytes: args.cold_mib << 20,
             ..EngineConfig::default()
         },
-        ..TtftOptions::default()
     };
     let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| eprintln!("ttft: {m}"))?;
     let decode = bench::decode(&model, &tok, &corpus, &opts, |m| eprintln!("decode: {m}"))?;
@@ -486,8 +489,8 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         }
         for r in &decode {
             println!(
-                "decode {:>10} batch {:>2}: {:>8.1} tokens/s",
-                r.mode, r.batch, r.decode_tokens_per_s
+                "decode {:>10} batch {:>2} at {:>5} tokens: {:>8.1} tokens/s, {:>7.1} ms per token",
+                r.mode, r.batch, r.context_tokens, r.decode_tokens_per_s, r.ms_per_token
             );
         }
     }
