@@ -247,32 +247,7 @@ impl BlockStore {
             let qs = &qp[(g * new + r0) * group * d..(g * new + r1) * group * d];
             crate::simd::tq4_causal(isa, &rows, &keys, qs, &limits, group, d)
         };
-        let mut partials: Vec<Option<Partial>> = vec![None; units.len()];
-        let threads = params.threads.clamp(1, units.len());
-        if threads > 1 {
-            let share = units.len().div_ceil(threads);
-            let run = &run;
-            rayon::in_place_scope(|s| {
-                let mut shares = units.chunks(share).zip(partials.chunks_mut(share));
-                let first = shares.next();
-                for (us, out) in shares {
-                    s.spawn(move |_| {
-                        for (u, o) in us.iter().zip(out) {
-                            *o = run(u);
-                        }
-                    });
-                }
-                if let Some((us, out)) = first {
-                    for (u, o) in us.iter().zip(out) {
-                        *o = run(u);
-                    }
-                }
-            });
-        } else {
-            for (u, o) in units.iter().zip(partials.iter_mut()) {
-                *o = run(u);
-            }
-        }
+        let partials = run_units(&units, params.threads, run);
         for (&(g, r0, r1), part) in units.iter().zip(partials) {
             let Some(mut part) = part else {
                 return Err(KvError::RowWidth {
@@ -464,34 +439,7 @@ fn attend_codes(
         }
         scalar_partial(codec, bytes, keys, &qp[heads], params.scale, group, d)
     };
-    let mut partials: Vec<Option<Partial>> = vec![None; units.len()];
-    if parts > 1 {
-        // Contiguous shares of the units, one per thread; the calling thread computes the first
-        // itself while the pool's threads take the others, each unit wholly on one thread.
-        let share = units.len().div_ceil(parts);
-        let run = &run;
-        rayon::in_place_scope(|s| {
-            let mut shares = units.chunks(share).zip(partials.chunks_mut(share));
-            let first = shares.next();
-            for (us, out) in shares {
-                s.spawn(move |_| {
-                    for (u, o) in us.iter().zip(out) {
-                        *o = Some(run(u));
-                    }
-                });
-            }
-            if let Some((us, out)) = first {
-                for (u, o) in us.iter().zip(out) {
-                    *o = Some(run(u));
-                }
-            }
-        });
-    } else {
-        for (u, o) in units.iter().zip(partials.iter_mut()) {
-            *o = Some(run(u));
-        }
-    }
-    let partials: Vec<Partial> = partials.into_iter().flatten().collect();
+    let partials = run_units(&units, parts, run);
     for (g, mut per_part) in partials.chunks(parts).map(|c| c.iter()).enumerate() {
         let Some(first) = per_part.next() else {
             continue;
@@ -508,6 +456,40 @@ fn attend_codes(
             codec.finish(acc, &mut out[h * d..][..d]);
         }
     }
+}
+
+/// `run` on every unit, the units shared out in contiguous runs over at most `threads` threads
+/// (the calling thread takes the first run, the pool's threads the others); results in unit
+/// order. Each unit is computed wholly by one thread, so results do not depend on scheduling.
+fn run_units<U: Sync, R: Send>(
+    units: &[U],
+    threads: usize,
+    run: impl Fn(&U) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.clamp(1, units.len().max(1));
+    if threads == 1 {
+        return units.iter().map(&run).collect();
+    }
+    let mut out: Vec<Option<R>> = units.iter().map(|_| None).collect();
+    let share = units.len().div_ceil(threads);
+    let run = &run;
+    rayon::in_place_scope(|s| {
+        let mut shares = units.chunks(share).zip(out.chunks_mut(share));
+        let first = shares.next();
+        for (us, os) in shares {
+            s.spawn(move |_| {
+                for (u, o) in us.iter().zip(os) {
+                    *o = Some(run(u));
+                }
+            });
+        }
+        if let Some((us, os)) = first {
+            for (u, o) in us.iter().zip(os) {
+                *o = Some(run(u));
+            }
+        }
+    });
+    out.into_iter().flatten().collect()
 }
 
 /// The scalar reference over one KV head's key range: per block, each key's codes expanded
