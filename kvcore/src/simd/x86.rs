@@ -386,7 +386,7 @@ pub(super) fn tq4_causal(
     Some(unsafe { tq4_causal_avx512(rows, keys, q, limits, group, d) })
 }
 
-// `i` (a key of the tile) indexes the score rows of several query rows at once.
+// `i` (a key of the tile) indexes the key-major scratch of several query rows at once.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f")]
 fn tq4_causal_avx512(
@@ -403,19 +403,21 @@ fn tq4_causal_avx512(
     let (cr, nr) = (rows.code_row, rows.norm_row);
     let cb = load512(rows.codebook);
     let zero = _mm512_setzero_ps();
-    let mut perm = [0.0f32; MAX_D];
-    let mut qz = vec![zero; nq * nz];
+    // Queries in the kernels' coordinate order, as scalars to broadcast.
+    let mut qk = vec![0.0f32; nq * d];
     for p in 0..nq {
-        to_kernel_order(&q[p * d..][..d], W, &mut perm[..d]);
-        for z in 0..nz {
-            qz[p * nz + z] = load512(&perm[z * W..]);
-        }
+        to_kernel_order(&q[p * d..][..d], W, &mut qk[p * d..][..d]);
     }
     let mut acc = vec![zero; nq * nz];
     let mut max = vec![f32::NEG_INFINITY; nq];
     let mut sum = vec![0.0f32; nq];
-    let mut s = vec![[0.0f32; TILE]; nq];
+    let mut prob = vec![[0.0f32; TILE]; nq];
     let mut e = [zero; MAX_D / W];
+    let mut row_buf = [0.0f32; MAX_D];
+    // The tile's keys transposed: coordinate-major, one lane per key, so a score row of 16 keys
+    // is `d` broadcast FMAs and no horizontal sum.
+    let mut kt = vec![0.0f32; d * TILE];
+    let mut norms = [0.0f32; TILE];
     let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
     let mut t = keys.start;
     while t < last {
@@ -423,22 +425,16 @@ fn tq4_causal_avx512(
         for i in 0..n {
             let r = keys.row(t + i);
             expand512(&rows.k_codes[r * cr..][..cr], loads, cb, &mut e);
-            let norm = norm_at(rows.k_norms, r, nr);
-            for (row, &lim) in limits.iter().enumerate() {
-                if t + i >= lim {
-                    continue;
-                }
-                for j in 0..group {
-                    let p = row * group + j;
-                    let qp = &qz[p * nz..][..nz];
-                    let mut v = _mm512_mul_ps(qp[0], e[0]);
-                    for z in 1..nz {
-                        v = _mm512_fmadd_ps(qp[z], e[z], v);
-                    }
-                    s[p][i] = norm * _mm512_reduce_add_ps(v);
-                }
+            for z in 0..nz {
+                store512(&mut row_buf[z * W..], e[z]);
             }
+            for (c, &x) in row_buf[..d].iter().enumerate() {
+                kt[c * TILE + i] = x;
+            }
+            norms[i] = norm_at(rows.k_norms, r, nr);
         }
+        // Lanes past the tile's end hold stale keys: every row masks them out below.
+        let norm_v = load512(&norms);
         for (row, &lim) in limits.iter().enumerate() {
             // The keys a row sees in this tile are a prefix of it.
             let live = lim.saturating_sub(t).min(n);
@@ -451,10 +447,18 @@ fn tq4_causal_avx512(
                 (1u16 << live) - 1
             };
             for p in row * group..(row + 1) * group {
-                let tile_max = s[p][..live]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
+                let qp = &qk[p * d..][..d];
+                // Four independent sums, so the FMAs are not one dependency chain.
+                let mut sv = [zero; 4];
+                for (c4, q4) in qp.chunks_exact(4).enumerate() {
+                    for (k, &qc) in q4.iter().enumerate() {
+                        let kc = load512(&kt[(4 * c4 + k) * TILE..]);
+                        sv[k] = _mm512_fmadd_ps(_mm512_set1_ps(qc), kc, sv[k]);
+                    }
+                }
+                let sv = _mm512_add_ps(_mm512_add_ps(sv[0], sv[1]), _mm512_add_ps(sv[2], sv[3]));
+                let sv = _mm512_mul_ps(sv, norm_v);
+                let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
                 let new_max = max[p].max(tile_max);
                 let correction = (max[p] - new_max).exp();
                 if correction != 1.0 {
@@ -464,10 +468,10 @@ fn tq4_causal_avx512(
                         *a = _mm512_mul_ps(*a, c);
                     }
                 }
-                let x = _mm512_sub_ps(load512(&s[p]), _mm512_set1_ps(new_max));
+                let x = _mm512_sub_ps(sv, _mm512_set1_ps(new_max));
                 let w = _mm512_maskz_mov_ps(lanes, exp512(x));
                 sum[p] += _mm512_reduce_add_ps(w);
-                store512(&mut s[p], w);
+                store512(&mut prob[p], w);
                 max[p] = new_max;
             }
         }
@@ -480,7 +484,7 @@ fn tq4_causal_avx512(
                     continue;
                 }
                 for p in row * group..(row + 1) * group {
-                    let w = _mm512_set1_ps(s[p][i] * norm);
+                    let w = _mm512_set1_ps(prob[p][i] * norm);
                     for (a, &x) in acc[p * nz..][..nz].iter_mut().zip(&e[..nz]) {
                         *a = _mm512_fmadd_ps(w, x, *a);
                     }
@@ -490,6 +494,7 @@ fn tq4_causal_avx512(
         t += n;
     }
     let mut part = Partial::empty(nq, d);
+    let mut perm = [0.0f32; MAX_D];
     for p in 0..nq {
         part.max[p] = max[p];
         part.sum[p] = sum[p];
