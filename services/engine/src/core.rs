@@ -87,7 +87,7 @@ pub struct EngineConfig {
     pub queue_capacity: usize,
     /// Which layers are pinned, and the soft cap.
     pub pin_policy: PinPolicy,
-    /// How GGUF weights are held (f32 by default; quantized for files too large for that).
+    /// How GGUF weights are held (kept in their blocks by default; f32 for comparison).
     pub weights: WeightFormat,
     /// Subtract each head's calibrated mean key before storing (exact for attention, lowers
     /// quantization error; part of the KV format).
@@ -169,7 +169,7 @@ impl Default for EngineConfig {
             max_running: 16,
             queue_capacity: 64,
             pin_policy: PinPolicy::default(),
-            weights: WeightFormat::F32,
+            weights: WeightFormat::default(),
             key_centering: KeyCentering::Calibrated,
             probe: None,
             device: EngineDevice::Cpu,
@@ -253,8 +253,8 @@ pub struct SequenceSpec {
 /// The CPU engine's numerics, hashed into the KV fingerprint: K/V computed by other numerics (an
 /// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
 /// whenever a kernel change can move stored KV.
-pub const NUMERICS: &str =
-    "cpu-numerics/3: simd decode attention, key-split merge, tiled causal prefill over codes";
+pub const NUMERICS: &str = "cpu-numerics/4: simd decode attention, key-split merge, tiled causal \
+     prefill over codes, weight products by row (the weight format's own id is hashed beside)";
 
 /// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
 pub const PUBLIC_TENANT: TenantId = TenantId(0);
@@ -554,6 +554,7 @@ impl EngineCore {
         }
         h.update(model.fingerprint());
         h.update(NUMERICS.as_bytes());
+        h.update(config.weights.numerics().as_bytes());
         h.update(serde_json::to_vec(codecs.kinds()).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());

@@ -34,6 +34,14 @@ pub enum EngineError {
         /// The tensor's name in the file.
         name: String,
     },
+    /// A tensor's blocks do not fit its shape (a truncated or corrupt file).
+    #[error("model weights `{name}`: {source}")]
+    Blocks {
+        /// The tensor's name in the file.
+        name: String,
+        /// What did not fit.
+        source: engram_qmatmul::QError,
+    },
     /// The file holds an architecture the engine does not run.
     #[error("unsupported architecture `{arch}` (the engine runs Llama-family models)")]
     UnsupportedArchitecture {

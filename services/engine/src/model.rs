@@ -54,12 +54,18 @@ mod cuda;
 impl Layer {
     /// The rest of a decoder layer once attention is done: output projection and residual, then
     /// the SwiGLU MLP and its residual.
-    fn finish(&self, x: &Tensor, attn: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
-        let x = (x + self.wo.forward(attn)?)?;
+    fn finish(
+        &self,
+        x: &Tensor,
+        attn: &Tensor,
+        eps: f32,
+        threads: usize,
+    ) -> candle_core::Result<Tensor> {
+        let x = (x + self.wo.forward(attn, threads)?)?;
         let h = candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)?;
-        let gate = candle_nn::ops::silu(&self.w_gate.forward(&h)?)?;
-        let up = self.w_up.forward(&h)?;
-        x + self.w_down.forward(&(gate * up)?)?
+        let gate = candle_nn::ops::silu(&self.w_gate.forward(&h, threads)?)?;
+        let up = self.w_up.forward(&h, threads)?;
+        x + self.w_down.forward(&(gate * up)?, threads)?
     }
 }
 
@@ -127,9 +133,9 @@ pub enum LogitRows {
 }
 
 impl Llama {
-    /// Loads a GGUF file (weights dequantized to f32).
+    /// Loads a GGUF file (weights kept in their blocks where the kernels read them).
     pub fn from_gguf(path: &Path) -> EngineResult<Self> {
-        Self::from_gguf_as(path, WeightFormat::F32)
+        Self::from_gguf_as(path, WeightFormat::default())
     }
 
     /// Loads a GGUF file with its weights held as `format`.
@@ -142,9 +148,10 @@ impl Llama {
         Self::from_weights(Weights::from_safetensors_dir(dir)?)
     }
 
-    /// Loads a GGUF file or a safetensors directory, whichever `path` is (f32 weights).
+    /// Loads a GGUF file or a safetensors directory, whichever `path` is (GGUF weights in the
+    /// default [`WeightFormat`]).
     pub fn load(path: &Path) -> EngineResult<Self> {
-        Self::load_as(path, WeightFormat::F32)
+        Self::load_as(path, WeightFormat::default())
     }
 
     /// [`Self::load`] with GGUF weights held as `format` (safetensors are always dense).
@@ -482,9 +489,10 @@ impl Llama {
         let mut x = self.embed.index_select(&ids, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = rope(&layer.wq.forward(&h)?, heads, d, &cos, &sin)?;
-            let k = rope(&layer.wk.forward(&h)?, kv_heads, d, &cos, &sin)?;
-            let v = layer.wv.forward(&h)?;
+            let t = self.threads;
+            let q = rope(&layer.wq.forward(&h, t)?, heads, d, &cos, &sin)?;
+            let k = rope(&layer.wk.forward(&h, t)?, kv_heads, d, &cos, &sin)?;
+            let v = layer.wv.forward(&h, t)?;
             let mut k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
             let mut v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
             if let Some(means) = transform.key_means {
@@ -534,10 +542,10 @@ impl Llama {
                 outs.push(out);
                 off += m;
             }
-            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps)?;
+            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps, self.threads)?;
         }
         let x = self.final_norm(&x, batch, &dev)?;
-        Ok(self.lm_head.forward(&x)?)
+        Ok(self.lm_head.forward(&x, self.threads)?)
     }
 }
 

@@ -213,12 +213,12 @@ impl Llama {
         let mut x = self.embed.index_select(&ids, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = rope(&layer.wq.forward(&h)?, heads, d, &cos, &sin)?;
-            let mut k = rope(&layer.wk.forward(&h)?, kv_heads, d, &cos, &sin)?;
+            let q = rope(&layer.wq.forward(&h, 1)?, heads, d, &cos, &sin)?;
+            let mut k = rope(&layer.wk.forward(&h, 1)?, kv_heads, d, &cos, &sin)?;
             if let Some(m) = &means {
                 k = k.broadcast_sub(&m.get(l)?)?;
             }
-            let v = layer.wv.forward(&h)?;
+            let v = layer.wv.forward(&h, 1)?;
             {
                 let tier = store
                     .hot_mut()
@@ -305,9 +305,9 @@ impl Llama {
                     outs.push(attend_rows(&kt, &vt, &q_seq, &p.mask, cfg)?);
                 }
             }
-            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps)?;
+            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps, 1)?;
         }
         let x = self.final_norm(&x, batch, dev)?;
-        Ok(self.lm_head.forward(&x)?.to_device(&Device::Cpu)?)
+        Ok(self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?)
     }
 }

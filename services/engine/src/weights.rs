@@ -9,10 +9,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use engram_qmatmul::{GgufBlock, QMatrix};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -48,20 +50,32 @@ pub struct ModelConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightFormat {
-    /// Dequantized to f32 at load (the default: candle 0.11 has no SIMD kernel for Q4_1, and its
-    /// quantized matmul also quantizes activations, which garbles small models).
-    #[default]
+    /// Dequantized to f32 at load (a device takes this form; also the reference the block
+    /// kernels are tested against).
     F32,
-    /// Kept quantized; candle's quantized matmul (for files too large to dequantize). q/k
-    /// projections and the embedding are still dequantized (they are permuted or gathered).
+    /// Kept in the file's blocks (`Q4_0`, `Q4_1`, `Q4_K` as 4-bit codes, `Q8_0`, `Q6_K` as
+    /// bytes) and multiplied by `engram-qmatmul`'s W4A32/W8A32 kernels: the same weights as
+    /// `F32`, expanded in registers, activations in f32. Other block types, the embedding
+    /// lookup and the norms are f32. The default.
+    #[default]
     Quantized,
 }
 
-/// A projection: a dense `[out, in]` matrix or a quantized one.
+impl WeightFormat {
+    /// The numerics id hashed into the KV fingerprint (the weights' summation order moves K/V).
+    pub fn numerics(self) -> &'static str {
+        match self {
+            Self::F32 => "weights=f32-gemm/v1",
+            Self::Quantized => "weights=gguf-blocks-w4a32-w8a32/v1",
+        }
+    }
+}
+
+/// A projection: a dense `[out, in]` matrix or one kept in its GGUF blocks.
 #[derive(Debug, Clone)]
 pub(crate) enum Linear {
     Dense(Tensor),
-    Quant(QMatMul),
+    Blocks(Arc<QMatrix>),
 }
 
 impl ModelConfig {
@@ -100,25 +114,31 @@ impl ModelConfig {
 }
 
 impl Linear {
-    /// The projection on `device` (dense weights only: candle's quantized matmul here is the
-    /// CPU path).
+    /// The projection on `device` (a device gets block weights dequantized to f32).
     pub fn to_device(&self, device: &Device) -> EngineResult<Self> {
         match self {
             Self::Dense(w) => Ok(Self::Dense(w.to_device(device)?)),
-            Self::Quant(_) if device.is_cpu() => Ok(self.clone()),
-            Self::Quant(_) => Err(EngineError::InvalidConfig {
-                field: "weights",
-                reason: "quantized weights run on the CPU only; use weights = \"f32\" on a device"
-                    .into(),
-            }),
+            Self::Blocks(_) if device.is_cpu() => Ok(self.clone()),
+            Self::Blocks(q) => Ok(Self::Dense(Tensor::from_vec(
+                q.dequantize(),
+                (q.rows(), q.cols()),
+                device,
+            )?)),
         }
     }
 
-    /// `x · wᵀ` for `x: [rows, in]`.
-    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x · wᵀ` for `x: [rows, in]`, block kernels on up to `threads` threads.
+    pub fn forward(&self, x: &Tensor, threads: usize) -> candle_core::Result<Tensor> {
         match self {
             Self::Dense(w) => x.matmul(&w.t()?),
-            Self::Quant(q) => q.forward(x),
+            Self::Blocks(q) => {
+                let m = x.dim(0)?;
+                let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
+                let mut y = vec![0f32; m * q.rows()];
+                q.matmul(&xs, m, &mut y, threads)
+                    .map_err(candle_core::Error::wrap)?;
+                Tensor::from_vec(y, (m, q.rows()), x.device())
+            }
         }
     }
 }
@@ -203,8 +223,10 @@ impl Weights {
         let embed = load("token_embd.weight")?;
         let norm = load("output_norm.weight")?;
         let lm_head = match raw("output.weight") {
-            Ok(t) => linear(t, format)?,
-            Err(EngineError::MissingTensor { .. }) => Linear::Dense(embed.clone()),
+            Ok(t) => linear("output.weight", t, format, None)?,
+            Err(EngineError::MissingTensor { .. }) => {
+                linear("token_embd.weight", raw("token_embd.weight")?, format, None)?
+            }
             Err(e) => return Err(e),
         };
         let num_layers = md_usize(&ct, "llama.block_count")?;
@@ -215,14 +237,29 @@ impl Weights {
             let dense = |q: QTensor| -> EngineResult<Tensor> { Ok(q.dequantize(&dev)?) };
             layers.push(Layer {
                 attn_norm: dense(t("attn_norm")?)?,
-                wq: Linear::Dense(unpermute(&dense(t("attn_q")?)?, heads, head_dim)?),
-                wk: Linear::Dense(unpermute(&dense(t("attn_k")?)?, kv_heads, head_dim)?),
-                wv: linear(t("attn_v")?, format)?,
-                wo: linear(t("attn_output")?, format)?,
+                wq: linear(
+                    &format!("blk.{i}.attn_q"),
+                    t("attn_q")?,
+                    format,
+                    Some((heads, head_dim)),
+                )?,
+                wk: linear(
+                    &format!("blk.{i}.attn_k"),
+                    t("attn_k")?,
+                    format,
+                    Some((kv_heads, head_dim)),
+                )?,
+                wv: linear(&format!("blk.{i}.attn_v"), t("attn_v")?, format, None)?,
+                wo: linear(
+                    &format!("blk.{i}.attn_output"),
+                    t("attn_output")?,
+                    format,
+                    None,
+                )?,
                 ffn_norm: dense(t("ffn_norm")?)?,
-                w_gate: linear(t("ffn_gate")?, format)?,
-                w_up: linear(t("ffn_up")?, format)?,
-                w_down: linear(t("ffn_down")?, format)?,
+                w_gate: linear(&format!("blk.{i}.ffn_gate"), t("ffn_gate")?, format, None)?,
+                w_up: linear(&format!("blk.{i}.ffn_up"), t("ffn_up")?, format, None)?,
+                w_down: linear(&format!("blk.{i}.ffn_down"), t("ffn_down")?, format, None)?,
             });
         }
         let config = ModelConfig {
@@ -375,16 +412,57 @@ fn safetensors_files(dir: &Path) -> EngineResult<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// A projection in the requested format.
-fn linear(q: QTensor, format: WeightFormat) -> EngineResult<Linear> {
-    Ok(match format {
-        WeightFormat::F32 => Linear::Dense(q.dequantize(&Device::Cpu)?),
-        WeightFormat::Quantized => Linear::Quant(QMatMul::QTensor(std::sync::Arc::new(q))),
-    })
+/// A projection in the requested format; `unpermute: Some((heads, head_dim))` for `attn_q` and
+/// `attn_k` (see the module note).
+fn linear(
+    name: &str,
+    q: QTensor,
+    format: WeightFormat,
+    unpermute: Option<(usize, usize)>,
+) -> EngineResult<Linear> {
+    let block = match q.dtype() {
+        GgmlDType::Q4_0 => Some(GgufBlock::Q4_0),
+        GgmlDType::Q4_1 => Some(GgufBlock::Q4_1),
+        GgmlDType::Q8_0 => Some(GgufBlock::Q8_0),
+        GgmlDType::Q4K => Some(GgufBlock::Q4K),
+        GgmlDType::Q6K => Some(GgufBlock::Q6K),
+        _ => None,
+    };
+    let (rows, cols) = q.shape().dims2()?;
+    if let (WeightFormat::Quantized, Some(block)) = (format, block) {
+        let m = QMatrix::from_gguf(block, rows, cols, &q.data()?).map_err(|source| {
+            EngineError::Blocks {
+                name: name.to_string(),
+                source,
+            }
+        })?;
+        let m = match unpermute {
+            Some((heads, d)) => m
+                .permute_rows(&unpermuted_order(heads, d))
+                .map_err(|source| EngineError::Blocks {
+                    name: name.to_string(),
+                    source,
+                })?,
+            None => m,
+        };
+        return Ok(Linear::Blocks(Arc::new(m)));
+    }
+    let w = q.dequantize(&Device::Cpu)?;
+    Ok(Linear::Dense(match unpermute {
+        Some((heads, d)) => unpermute_dense(&w, heads, d)?,
+        None => w,
+    }))
+}
+
+/// The source row of each un-permuted q/k row: per head, row `j·d/2 + i` comes from `2i + j`.
+fn unpermuted_order(heads: usize, d: usize) -> Vec<usize> {
+    (0..heads)
+        .flat_map(|h| (0..2).flat_map(move |j| (0..d / 2).map(move |i| h * d + 2 * i + j)))
+        .collect()
 }
 
 /// Inverts llama.cpp's q/k row permutation: `[heads, 2, d/2]` rows from `[heads, d/2, 2]`.
-fn unpermute(w: &Tensor, heads: usize, head_dim: usize) -> EngineResult<Tensor> {
+fn unpermute_dense(w: &Tensor, heads: usize, head_dim: usize) -> EngineResult<Tensor> {
     let (out, inp) = w.dims2()?;
     Ok(w.reshape((heads, head_dim / 2, 2, inp))?
         .transpose(1, 2)?

@@ -1,4 +1,4 @@
-//! The workload report: per scenario and server, TTFT percentiles, decode tokens/s, cached share,
+//! The workload report: per scenario and server, TTFT percentiles, time per output token, cached share,
 //! errors and wall time per repetition, their spread over repetitions, the Engram/peer ratios,
 //! and SVG plots (TTFT distribution, TTFT by turn index).
 
@@ -35,9 +35,10 @@ pub struct RepStats {
     pub ttft_p95: f64,
     /// TTFT p99, ms.
     pub ttft_p99: f64,
-    /// Mean decode rate per request, tokens/s (completion tokens after the first over the time
-    /// after the first).
-    pub decode_tok_s: f64,
+    /// Time per output token, ms: the mean over requests of each stream's mean gap between
+    /// content deltas after the first (the stream's own arrival times; a server's work after
+    /// its last token, such as a prompt-cache save, does not count).
+    pub tpot_ms: f64,
     /// Cached prompt tokens over prompt tokens (endpoints that report both).
     pub cached_share: Option<f64>,
     /// Wall time of all measured requests, ms.
@@ -101,8 +102,8 @@ pub struct ServerSummary {
     pub ttft_p95: Option<Spread>,
     /// TTFT p99.
     pub ttft_p99: Option<Spread>,
-    /// Decode tokens/s.
-    pub decode_tok_s: Option<Spread>,
+    /// Time per output token, ms.
+    pub tpot_ms: Option<Spread>,
     /// Cached share.
     pub cached_share: Option<Spread>,
     /// Wall time.
@@ -139,8 +140,8 @@ pub struct Ratio {
     pub ttft_p95: Option<Spread>,
     /// Peer wall time over Engram's (end to end).
     pub wall: Option<Spread>,
-    /// Engram decode tokens/s over the peer's.
-    pub decode: Option<Spread>,
+    /// Peer time per output token over Engram's.
+    pub tpot: Option<Spread>,
     /// Peer TTFT p50 after the restart over Engram's.
     pub after_restart_ttft_p50: Option<Spread>,
 }
@@ -156,15 +157,7 @@ fn rep_stats(r: &RunResult) -> RepStats {
     let ok: Vec<_> = r.requests.iter().filter(|q| q.error.is_none()).collect();
     let mut ttft: Vec<f64> = ok.iter().filter_map(|q| q.ttft_ms).collect();
     ttft.sort_by(f64::total_cmp);
-    let rates: Vec<f64> = ok
-        .iter()
-        .filter_map(|q| {
-            let ttft = q.ttft_ms?;
-            let after = q.total_ms - ttft;
-            (q.completion_tokens > 1 && after > 0.0)
-                .then(|| (q.completion_tokens - 1) as f64 / (after / 1e3))
-        })
-        .collect();
+    let gaps: Vec<f64> = ok.iter().filter_map(|q| q.itl_ms).collect();
     let reported: Vec<_> = ok
         .iter()
         .filter_map(|q| Some((q.prompt_tokens?, q.cached_tokens?)))
@@ -183,10 +176,10 @@ fn rep_stats(r: &RunResult) -> RepStats {
         ttft_p50: quantile(&ttft, 0.50),
         ttft_p95: quantile(&ttft, 0.95),
         ttft_p99: quantile(&ttft, 0.99),
-        decode_tok_s: if rates.is_empty() {
+        tpot_ms: if gaps.is_empty() {
             f64::NAN
         } else {
-            rates.iter().sum::<f64>() / rates.len() as f64
+            gaps.iter().sum::<f64>() / gaps.len() as f64
         },
         cached_share: (prompt > 0)
             .then(|| reported.iter().map(|x| x.1).sum::<u64>() as f64 / prompt as f64),
@@ -253,7 +246,7 @@ pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
                         ttft_p50: Spread::of(reps.iter().map(|r| r.ttft_p50)),
                         ttft_p95: Spread::of(reps.iter().map(|r| r.ttft_p95)),
                         ttft_p99: Spread::of(reps.iter().map(|r| r.ttft_p99)),
-                        decode_tok_s: Spread::of(reps.iter().map(|r| r.decode_tok_s)),
+                        tpot_ms: Spread::of(reps.iter().map(|r| r.tpot_ms)),
                         cached_share: Spread::of(reps.iter().filter_map(|r| r.cached_share)),
                         wall_ms: Spread::of(reps.iter().map(|r| r.wall_ms)),
                         after_restart_ttft_p50: Spread::of(
@@ -273,7 +266,7 @@ pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
                         ttft_p50: ratio(e, p, |r| Some(r.ttft_p50), false),
                         ttft_p95: ratio(e, p, |r| Some(r.ttft_p95), false),
                         wall: ratio(e, p, |r| Some(r.wall_ms), false),
-                        decode: ratio(e, p, |r| Some(r.decode_tok_s), true),
+                        tpot: ratio(e, p, |r| Some(r.tpot_ms), false),
                         after_restart_ttft_p50: ratio(e, p, |r| r.after_restart_ttft_p50, false),
                     })
                     .collect(),
@@ -306,7 +299,7 @@ pub fn markdown(report: &Report, header: &str) -> String {
             s.requests
         );
         md.push_str(
-            "| server | reps | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | decode tok/s \
+            "| server | reps | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ms per output token \
              | cached share | wall s | TTFT p50 after restart ms | probe prompt tokens |\n\
              |---|---|---|---|---|---|---|---|---|---|---|\n",
         );
@@ -333,7 +326,7 @@ pub fn markdown(report: &Report, header: &str) -> String {
                 Spread::show(v.ttft_p50, 1),
                 Spread::show(v.ttft_p95, 1),
                 Spread::show(v.ttft_p99, 1),
-                Spread::show(v.decode_tok_s, 1),
+                Spread::show(v.tpot_ms, 2),
                 Spread::show(v.cached_share, 3),
                 Spread::show(wall, 1),
                 Spread::show(v.after_restart_ttft_p50, 1),
@@ -343,13 +336,13 @@ pub fn markdown(report: &Report, header: &str) -> String {
         for r in &s.ratios {
             let _ = writeln!(
                 md,
-                "\nEngram against {}: TTFT p50 {}×, TTFT p95 {}×, end-to-end wall {}×, decode \
-                 {}×, TTFT p50 after restart {}× (> 1: Engram better).",
+                "\nEngram against {}: TTFT p50 {}×, TTFT p95 {}×, end-to-end wall {}×, time per \
+                 output token {}×, TTFT p50 after restart {}× (> 1: Engram better).",
                 r.peer,
                 Spread::show(r.ttft_p50, 2),
                 Spread::show(r.ttft_p95, 2),
                 Spread::show(r.wall, 2),
-                Spread::show(r.decode, 2),
+                Spread::show(r.tpot, 2),
                 Spread::show(r.after_restart_ttft_p50, 2),
             );
         }
@@ -611,8 +604,8 @@ mod tests {
         assert_eq!(e.ttft_p50.unwrap().max, 40.0);
         // Cached share: 160 of 300 prompt tokens.
         assert!((e.cached_share.unwrap().mean - 160.0 / 300.0).abs() < 1e-12);
-        // Decode: 15 tokens in 150 ms.
-        assert!((e.decode_tok_s.unwrap().mean - 100.0).abs() < 1e-9);
+        // Time per output token: the streams' own gaps (10 ms), not (total − TTFT) / tokens.
+        assert!((e.tpot_ms.unwrap().mean - 10.0).abs() < 1e-9);
         let ratio = s.ratios[0].ttft_p50.unwrap();
         assert_eq!((ratio.min, ratio.max), (5.0, 10.0));
         assert_eq!(e.ttft_by_turn, vec![30.0, 30.0]);

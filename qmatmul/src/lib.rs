@@ -1,0 +1,434 @@
+//! Weight matrices kept in their GGUF blocks, multiplied with f32 activations.
+//!
+//! A [`QMatrix`] holds a `[rows, cols]` weight matrix as one of two in-memory forms, each read
+//! from several GGUF block types without changing a weight's value:
+//!
+//! * **nibbles** (`Q4_0`, `Q4_1`, `Q4_K`): per 32 weights a scale `s`, an offset `o` and 16
+//!   bytes of 4-bit codes (low nibbles are weights 0..16, high nibbles 16..32); the weight is
+//!   `q·s + o`. `Q4_0`'s `d·(q − 8)` is `q·d + (−8d)`, `Q4_K`'s `d·sc·q − dmin·m` is
+//!   `q·(d·sc) + (−dmin·m)` with the two products formed as the GGUF reference does.
+//! * **bytes** (`Q8_0`, `Q6_K`): per 16 weights a scale and 16 signed bytes; the weight is `q·s`.
+//!
+//! [`QMatrix::matmul`] computes `y = x · Wᵀ` for `m` activation rows (W4A32 / W8A32): up to 15
+//! rows, each block is expanded to f32 in registers once and used by up to eight activation rows;
+//! from 16 rows (prefill) a thread expands its weight rows into a reused f32 panel and multiplies
+//! it with a register-blocked GEMM (`gemm`, single-threaded per panel). Nothing quantizes the
+//! activations. The weight rows are split over threads in fixed ranges, and each
+//! output is one thread's sum in a fixed order, so results are deterministic for a given ISA (the
+//! ISAs differ from each other in summation order only). The kernel tier is
+//! [`Isa::active`]: AVX-512 F, AVX2 + FMA or portable Rust,
+//! chosen at run time and lowered with `ENGRAM_SIMD`.
+#![deny(unsafe_code)]
+
+use half::f16;
+use thiserror::Error;
+
+pub use engram_kvcore::Isa;
+
+mod kernel;
+
+/// Weights per nibble group (one scale and one offset).
+pub const NIBBLE_GROUP: usize = 32;
+/// Weights per byte group (one scale).
+pub const BYTE_GROUP: usize = 16;
+/// Columns of every matrix are a multiple of this (the widest block the kernels step over).
+pub const COL_STEP: usize = 32;
+
+/// A GGUF block type this crate reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgufBlock {
+    /// 32 weights: f16 `d`, 16 bytes of nibbles; `d·(q − 8)`.
+    Q4_0,
+    /// 32 weights: f16 `d`, f16 `m`, 16 bytes of nibbles; `d·q + m`.
+    Q4_1,
+    /// 32 weights: f16 `d`, 32 signed bytes; `d·q`.
+    Q8_0,
+    /// 256 weights: f16 `d`, f16 `dmin`, 12 bytes of 6-bit sub-block scales and mins, 128 bytes
+    /// of nibbles.
+    Q4K,
+    /// 256 weights: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 signed sub-block
+    /// scales, f16 `d`.
+    Q6K,
+}
+
+impl GgufBlock {
+    /// Weights per block.
+    pub fn weights(self) -> usize {
+        match self {
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4K | Self::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q6K => 210,
+        }
+    }
+
+    /// The in-memory form the blocks are read into.
+    pub fn form(self) -> Form {
+        match self {
+            Self::Q4_0 | Self::Q4_1 | Self::Q4K => Form::Nibbles,
+            Self::Q8_0 | Self::Q6K => Form::Bytes,
+        }
+    }
+}
+
+/// How a [`QMatrix`] holds its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// 4-bit codes, a scale and an offset per 32 weights.
+    Nibbles,
+    /// Signed bytes, a scale per 16 weights.
+    Bytes,
+}
+
+/// What can go wrong reading blocks or multiplying.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum QError {
+    /// A buffer of the wrong length.
+    #[error("{what}: expected {expected}, got {got}")]
+    Size {
+        /// Which buffer.
+        what: &'static str,
+        /// The length the shape implies.
+        expected: usize,
+        /// The length given.
+        got: usize,
+    },
+    /// Columns that are not whole blocks.
+    #[error("{cols} columns is not a multiple of the block width {block}")]
+    Columns {
+        /// The matrix's columns.
+        cols: usize,
+        /// The block's weights.
+        block: usize,
+    },
+    /// A kernel tier this CPU does not run.
+    #[error("this CPU does not run the {0:?} kernels")]
+    Isa(Isa),
+    /// A row permutation that is not one.
+    #[error("row permutation of {len} entries for a matrix of {rows} rows")]
+    Permutation {
+        /// Entries given.
+        len: usize,
+        /// Rows of the matrix.
+        rows: usize,
+    },
+}
+
+/// A weight matrix in one of the two block forms.
+#[derive(Clone, PartialEq)]
+pub struct QMatrix {
+    form: Form,
+    rows: usize,
+    cols: usize,
+    /// Per group, row-major: `rows × cols / group`.
+    scales: Vec<f32>,
+    /// Per nibble group (empty for bytes).
+    offsets: Vec<f32>,
+    /// Nibbles: 16 bytes per group; bytes: one per weight.
+    codes: Vec<u8>,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QMatrix")
+            .field("form", &self.form)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// A `Q4_K` sub-block's 6-bit scale and min (`j` in 0..8), as GGUF packs them in 12 bytes.
+fn q4k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Packs 32 4-bit values (each < 16) into the nibble form's 16 bytes.
+fn pack_nibbles(v: &[u8; 32], out: &mut Vec<u8>) {
+    out.extend((0..16).map(|i| v[i] | (v[i + 16] << 4)));
+}
+
+impl QMatrix {
+    /// Reads `rows × cols` weights stored as GGUF `block`s, row-major (each row whole blocks).
+    pub fn from_gguf(
+        block: GgufBlock,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<Self, QError> {
+        let per = block.weights();
+        if !cols.is_multiple_of(per) || cols == 0 {
+            return Err(QError::Columns { cols, block: per });
+        }
+        let blocks = rows * cols / per;
+        let expected = blocks * block.bytes();
+        if data.len() != expected {
+            return Err(QError::Size {
+                what: "block bytes",
+                expected,
+                got: data.len(),
+            });
+        }
+        let form = block.form();
+        let weights = rows * cols;
+        let mut m = Self {
+            form,
+            rows,
+            cols,
+            scales: Vec::with_capacity(weights / Self::group_of(form)),
+            offsets: Vec::with_capacity(if form == Form::Nibbles {
+                weights / 32
+            } else {
+                0
+            }),
+            codes: Vec::with_capacity(if form == Form::Nibbles {
+                weights / 2
+            } else {
+                weights
+            }),
+        };
+        for b in data.chunks_exact(block.bytes()) {
+            m.push_block(block, b);
+        }
+        Ok(m)
+    }
+
+    fn group_of(form: Form) -> usize {
+        match form {
+            Form::Nibbles => NIBBLE_GROUP,
+            Form::Bytes => BYTE_GROUP,
+        }
+    }
+
+    fn push_block(&mut self, block: GgufBlock, b: &[u8]) {
+        match block {
+            GgufBlock::Q4_0 => {
+                let d = f16_at(b, 0);
+                self.scales.push(d);
+                self.offsets.push(-8.0 * d);
+                self.codes.extend_from_slice(&b[2..18]);
+            }
+            GgufBlock::Q4_1 => {
+                self.scales.push(f16_at(b, 0));
+                self.offsets.push(f16_at(b, 2));
+                self.codes.extend_from_slice(&b[4..20]);
+            }
+            GgufBlock::Q8_0 => {
+                let d = f16_at(b, 0);
+                self.scales.extend([d, d]);
+                self.codes.extend_from_slice(&b[2..34]);
+            }
+            GgufBlock::Q4K => {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (sc, qs) = (&b[4..16], &b[16..144]);
+                // Four chunks of 64 weights: the low nibbles of 32 bytes, then their high ones.
+                for c in 0..4 {
+                    let q = &qs[c * 32..(c + 1) * 32];
+                    for (half, shift) in [(0, 0), (1, 4)] {
+                        let (s, mn) = q4k_scale_min(2 * c + half, sc);
+                        self.scales.push(d * f32::from(s));
+                        self.offsets.push(-(dmin * f32::from(mn)));
+                        let mut v = [0u8; 32];
+                        v.iter_mut()
+                            .zip(q)
+                            .for_each(|(v, q)| *v = (q >> shift) & 0xF);
+                        pack_nibbles(&v, &mut self.codes);
+                    }
+                }
+            }
+            GgufBlock::Q6K => {
+                let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+                let d = f16_at(b, 208);
+                // Two halves of 128 weights; in each, weight `32·k + l` takes the low (k < 2) or
+                // high (k ≥ 2) nibble of ql[l + 32·(k mod 2)] and bits 2k, 2k+1 of qh[l].
+                for h in 0..2 {
+                    let (ql, qh, sc) = (&ql[64 * h..], &qh[32 * h..], &sc[8 * h..]);
+                    for k in 0..4 {
+                        for l in 0..32 {
+                            let lo = (ql[l + 32 * (k % 2)] >> (4 * (k / 2))) & 0xF;
+                            let hi = (qh[l] >> (2 * k)) & 3;
+                            self.codes.push(((lo | (hi << 4)) as i8 - 32) as u8);
+                        }
+                        for s in 0..2 {
+                            self.scales.push(d * f32::from(sc[2 * k + s] as i8));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The form the weights are held in.
+    pub fn form(&self) -> Form {
+        self.form
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        4 * (self.scales.len() + self.offsets.len()) + self.codes.len()
+    }
+
+    fn groups_per_row(&self) -> usize {
+        self.cols / Self::group_of(self.form)
+    }
+
+    fn code_bytes_per_row(&self) -> usize {
+        match self.form {
+            Form::Nibbles => self.cols / 2,
+            Form::Bytes => self.cols,
+        }
+    }
+
+    /// The matrix with row `r` taken from row `order[r]` of this one.
+    pub fn permute_rows(&self, order: &[usize]) -> Result<Self, QError> {
+        let mut seen = vec![false; self.rows];
+        let valid = order.len() == self.rows
+            && order
+                .iter()
+                .all(|&r| r < self.rows && !std::mem::replace(&mut seen[r], true));
+        if !valid {
+            return Err(QError::Permutation {
+                len: order.len(),
+                rows: self.rows,
+            });
+        }
+        let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
+        Ok(Self {
+            form: self.form,
+            rows: self.rows,
+            cols: self.cols,
+            scales: pick_rows(&self.scales, order, g),
+            offsets: pick_rows(&self.offsets, order, g),
+            codes: pick_rows(&self.codes, order, c),
+        })
+    }
+
+    /// Row `r`'s weights as f32 into `out` (`cols` long).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), QError> {
+        if r >= self.rows {
+            return Err(QError::Size {
+                what: "row",
+                expected: self.rows,
+                got: r,
+            });
+        }
+        if out.len() != self.cols {
+            return Err(QError::Size {
+                what: "row buffer",
+                expected: self.cols,
+                got: out.len(),
+            });
+        }
+        kernel::dequant_row(Isa::active(), self.form, self.row(r), out);
+        Ok(())
+    }
+
+    /// The whole matrix as f32, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
+            // Rows and lengths come from the matrix itself.
+            let _ = self.dequantize_row(r, o);
+        }
+        out
+    }
+
+    pub(crate) fn row(&self, r: usize) -> Row<'_> {
+        let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
+        Row {
+            scales: &self.scales[r * g..(r + 1) * g],
+            offsets: if self.offsets.is_empty() {
+                &[]
+            } else {
+                &self.offsets[r * g..(r + 1) * g]
+            },
+            codes: &self.codes[r * c..(r + 1) * c],
+        }
+    }
+
+    /// `y = x · Wᵀ` for `x: [m, cols]` and `y: [m, rows]`, row-major, on the active ISA and up
+    /// to `threads` threads.
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32], threads: usize) -> Result<(), QError> {
+        self.matmul_on(Isa::active(), x, m, y, threads)
+    }
+
+    /// [`Self::matmul`] on the given kernel tier (for tests and benchmarks; refused when the CPU
+    /// does not run it).
+    pub fn matmul_on(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+        threads: usize,
+    ) -> Result<(), QError> {
+        if isa > Isa::detected() {
+            return Err(QError::Isa(isa));
+        }
+        if x.len() != m * self.cols {
+            return Err(QError::Size {
+                what: "activations",
+                expected: m * self.cols,
+                got: x.len(),
+            });
+        }
+        if y.len() != m * self.rows {
+            return Err(QError::Size {
+                what: "output",
+                expected: m * self.rows,
+                got: y.len(),
+            });
+        }
+        kernel::product(isa, self, x, m, y, threads.max(1));
+        Ok(())
+    }
+}
+
+/// Rows of `n` entries of `v` in `order` (empty stays empty).
+fn pick_rows<T: Copy>(v: &[T], order: &[usize], n: usize) -> Vec<T> {
+    if v.is_empty() {
+        return Vec::new();
+    }
+    order
+        .iter()
+        .flat_map(|&r| v[r * n..(r + 1) * n].iter().copied())
+        .collect()
+}
+
+/// One weight row's groups.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Row<'a> {
+    pub scales: &'a [f32],
+    pub offsets: &'a [f32],
+    pub codes: &'a [u8],
+}
