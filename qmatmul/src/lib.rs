@@ -27,6 +27,8 @@ pub use engram_kvcore::Isa;
 
 mod kernel;
 
+pub use kernel::PANEL_MIN_M;
+
 /// Weights per nibble group (one scale and one offset).
 pub const NIBBLE_GROUP: usize = 32;
 /// Weights per byte group (one scale).
@@ -113,6 +115,9 @@ pub enum QError {
     /// A kernel tier this CPU does not run.
     #[error("this CPU does not run the {0:?} kernels")]
     Isa(Isa),
+    /// Matrices that cannot be stacked (different forms or widths, or none).
+    #[error("cannot stack matrices of different forms or column counts")]
+    Stack,
     /// A row permutation that is not one.
     #[error("row permutation of {len} entries for a matrix of {rows} rows")]
     Permutation {
@@ -307,6 +312,33 @@ impl QMatrix {
             Form::Nibbles => self.cols / 2,
             Form::Bytes => self.cols,
         }
+    }
+
+    /// The rows of `parts` one after the other, as one matrix (one product then serves several
+    /// projections of the same input, each output computed as by its own matrix: bit for bit
+    /// below [`PANEL_MIN_M`] activation rows, to rounding from there).
+    pub fn stack(parts: &[&QMatrix]) -> Result<Self, QError> {
+        let first = parts.first().ok_or(QError::Stack)?;
+        if parts
+            .iter()
+            .any(|p| p.form != first.form || p.cols != first.cols)
+        {
+            return Err(QError::Stack);
+        }
+        Ok(Self {
+            form: first.form,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            scales: parts
+                .iter()
+                .flat_map(|p| p.scales.iter().copied())
+                .collect(),
+            offsets: parts
+                .iter()
+                .flat_map(|p| p.offsets.iter().copied())
+                .collect(),
+            codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
+        })
     }
 
     /// The matrix with row `r` taken from row `order[r]` of this one.

@@ -216,3 +216,43 @@ fn bad_shapes_are_errors() {
     // Zero activation rows is an empty product, not an error.
     assert_eq!(m.matmul(&[], 0, &mut [], 2), Ok(()));
 }
+
+#[test]
+fn a_stack_computes_each_part_exactly() {
+    let (a, _) = quantized(GgufBlock::Q4_1, GgmlDType::Q4_1, 40, 256, 1);
+    let (b, _) = quantized(GgufBlock::Q4_1, GgmlDType::Q4_1, 24, 256, 2);
+    let s = QMatrix::stack(&[&a, &b]).unwrap();
+    assert_eq!((s.rows(), s.cols()), (64, 256));
+    for m in [1, 3, 17] {
+        let x = floats(m * 256, 4);
+        let (mut ya, mut yb, mut ys) = (vec![0f32; m * 40], vec![0f32; m * 24], vec![0f32; m * 64]);
+        a.matmul(&x, m, &mut ya, 2).unwrap();
+        b.matmul(&x, m, &mut yb, 2).unwrap();
+        s.matmul(&x, m, &mut ys, 2).unwrap();
+        // Below PANEL_MIN_M rows each output is the same kernel's sum: bit for bit. From there the
+        // panel GEMM may block a column differently by its place in the panel: to rounding.
+        let close = |a: &[f32], b: &[f32]| {
+            a.iter().zip(b).all(|(a, b)| {
+                if m < engram_qmatmul::PANEL_MIN_M {
+                    a == b
+                } else {
+                    (a - b).abs() <= 1e-5 * a.abs().max(1.0)
+                }
+            })
+        };
+        for i in 0..m {
+            let (row, a_part, b_part) = (
+                &ys[i * 64..(i + 1) * 64],
+                &ya[i * 40..(i + 1) * 40],
+                &yb[i * 24..(i + 1) * 24],
+            );
+            assert!(close(&row[..40], a_part), "m={m} row {i}");
+            assert!(close(&row[40..], b_part), "m={m} row {i}");
+        }
+    }
+    let (c, _) = quantized(GgufBlock::Q8_0, GgmlDType::Q8_0, 4, 256, 3);
+    let (d, _) = quantized(GgufBlock::Q4_1, GgmlDType::Q4_1, 4, 512, 3);
+    assert_eq!(QMatrix::stack(&[&a, &c]), Err(QError::Stack));
+    assert_eq!(QMatrix::stack(&[&a, &d]), Err(QError::Stack));
+    assert_eq!(QMatrix::stack(&[]), Err(QError::Stack));
+}

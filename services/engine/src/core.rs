@@ -554,7 +554,7 @@ impl EngineCore {
         }
         h.update(model.fingerprint());
         h.update(NUMERICS.as_bytes());
-        h.update(config.weights.numerics().as_bytes());
+        h.update(model.weight_format().numerics().as_bytes());
         h.update(serde_json::to_vec(codecs.kinds()).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());

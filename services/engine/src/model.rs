@@ -1,8 +1,10 @@
 //! A Llama-family decoder whose attention reads and writes kvcore blocks.
 //!
-//! Weights are held as f32 tensors in Hugging Face layout (`[out, in]`, q/k rows in the
-//! half-split RoPE order): GGUF files are dequantized at load and their q/k rows un-permuted from
-//! llama.cpp's interleaved order; safetensors directories are read as they are.
+//! Weights are in Hugging Face layout (`[out, in]`, q/k rows in the half-split RoPE order). GGUF
+//! projections stay in their blocks by default (`engram-qmatmul`'s W4A32/W8A32 kernels; the q/k
+//! rows un-permuted from llama.cpp's interleaved order as whole block rows), or are dequantized
+//! to f32 at load ([`WeightFormat::F32`]); safetensors directories are read as f32. The CPU
+//! forward (`model_cpu.rs`) runs on plain f32 buffers, the device forward on candle tensors.
 //!
 //! One [`Llama::forward`] call runs a ragged batch: every sequence contributes its new tokens
 //! (a prefill chunk or one decode token), all rows go through the projections and the MLP as one
@@ -23,10 +25,7 @@ use std::path::Path;
 use candle_core::{D, DType, Device, Tensor};
 use std::sync::{Arc, OnceLock};
 
-use engram_kvcore::{
-    AttentionParams, BlockId, BlockStore, BlockTags, CodecKind, Isa, KvShape, Rows, StoreConfig,
-    Tier,
-};
+use engram_kvcore::{BlockId, BlockStore, BlockTags, CodecKind, KvShape, StoreConfig, Tier};
 
 use crate::error::{EngineError, EngineResult};
 use crate::probe::KvProbe;
@@ -51,9 +50,13 @@ pub(crate) struct Layer {
 #[path = "model_cuda.rs"]
 mod cuda;
 
+#[path = "model_cpu.rs"]
+mod cpu;
+
 impl Layer {
     /// The rest of a decoder layer once attention is done: output projection and residual, then
-    /// the SwiGLU MLP and its residual.
+    /// the SwiGLU MLP and its residual (the device path's).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn finish(
         &self,
         x: &Tensor,
@@ -84,8 +87,39 @@ pub struct Llama {
     sin: Tensor,
     fingerprint: [u8; 32],
     key_means: Arc<OnceLock<Vec<f32>>>,
+    /// Per layer, its block projections stacked where they share an input (CPU only).
+    stacked: Vec<Option<Stacked>>,
     /// Threads the CPU kernels split work over.
     threads: usize,
+}
+
+/// A layer's block projections that read the same input, stacked into one matrix each: one
+/// product (and one hand-off to the other threads) instead of three, and two, per layer. Every
+/// output is computed as by its own matrix (bit for bit in decode, to rounding in prefill).
+#[derive(Debug, Clone)]
+pub(crate) struct Stacked {
+    /// `[wq; wk; wv]`.
+    pub qkv: Arc<engram_qmatmul::QMatrix>,
+    /// `[w_gate; w_up]`.
+    pub gate_up: Arc<engram_qmatmul::QMatrix>,
+}
+
+impl Stacked {
+    /// The stacks of `layer`, when all five projections are blocks of one form and width.
+    fn of(layer: &Layer) -> Option<Self> {
+        let blocks = |w: &Linear| match w {
+            Linear::Blocks(q) => Some(q.clone()),
+            Linear::Dense(_) => None,
+        };
+        let (q, k, v) = (blocks(&layer.wq)?, blocks(&layer.wk)?, blocks(&layer.wv)?);
+        let (g, u) = (blocks(&layer.w_gate)?, blocks(&layer.w_up)?);
+        let qkv = engram_qmatmul::QMatrix::stack(&[&q, &k, &v]).ok()?;
+        let gate_up = engram_qmatmul::QMatrix::stack(&[&g, &u]).ok()?;
+        Some(Self {
+            qkv: Arc::new(qkv),
+            gate_up: Arc::new(gate_up),
+        })
+    }
 }
 
 /// The fixed text key means are calibrated on (part of the KV format: changing it changes the
@@ -179,6 +213,7 @@ impl Llama {
             angles.extend(inv.iter().map(|f| p as f32 * f));
         }
         let angles = Tensor::from_vec(angles, (ctx, half), &Device::Cpu)?;
+        let stacked = w.layers.iter().map(Stacked::of).collect();
         Ok(Self {
             device: Device::Cpu,
             #[cfg(feature = "cuda")]
@@ -192,6 +227,7 @@ impl Llama {
             lm_head: w.lm_head,
             fingerprint: w.fingerprint,
             key_means: Arc::new(OnceLock::new()),
+            stacked,
             threads: 1,
         })
     }
@@ -242,6 +278,11 @@ impl Llama {
             sin: mv(&self.sin)?,
             fingerprint: self.fingerprint,
             key_means: self.key_means.clone(),
+            stacked: if device.is_cpu() {
+                self.stacked.clone()
+            } else {
+                vec![None; self.layers.len()]
+            },
             threads: self.threads,
         })
     }
@@ -325,6 +366,23 @@ impl Llama {
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = threads.max(1);
         self
+    }
+
+    /// How the weights are held: [`WeightFormat::Quantized`] when any projection is kept in its
+    /// GGUF blocks (their numerics are hashed into the KV fingerprint).
+    pub fn weight_format(&self) -> WeightFormat {
+        let blocks = |w: &Linear| matches!(w, Linear::Blocks(_));
+        let any = blocks(&self.lm_head)
+            || self.layers.iter().any(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .into_iter()
+                    .any(blocks)
+            });
+        if any {
+            WeightFormat::Quantized
+        } else {
+            WeightFormat::F32
+        }
     }
 
     /// Threads the CPU kernels split work over.
@@ -433,7 +491,8 @@ impl Llama {
         Ok((ids, positions))
     }
 
-    /// The final norm of the rows whose logits `batch` asks for.
+    /// The final norm of the rows whose logits `batch` asks for (the device path's).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn final_norm(
         &self,
         x: &Tensor,
@@ -460,97 +519,11 @@ impl Llama {
         }
         rows
     }
-
-    fn forward_cpu_layers(
-        &self,
-        store: &mut BlockStore,
-        batch: &[SeqInput<'_>],
-        transform: KvTransform<'_>,
-        ids: Vec<u32>,
-        positions: Vec<u32>,
-    ) -> EngineResult<Tensor> {
-        let cfg = &self.config;
-        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let bs = store.shape().block_size;
-        let n = ids.len();
-        let dev = Device::Cpu;
-        let ids = Tensor::from_vec(ids, n, &dev)?;
-        let pos_list: Vec<usize> = positions.iter().map(|&p| p as usize).collect();
-        let pos = Tensor::from_vec(positions, n, &dev)?;
-        let cos = self.cos.index_select(&pos, 0)?;
-        let sin = self.sin.index_select(&pos, 0)?;
-        let masks = batch
-            .iter()
-            .map(|s| causal_mask(s.start, s.tokens.len()))
-            .collect::<EngineResult<Vec<_>>>()?;
-        let params = AttentionParams::new(heads, d).with_threads(self.threads);
-        let eps = cfg.rms_eps as f32;
-
-        let mut x = self.embed.index_select(&ids, 0)?;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let t = self.threads;
-            let q = rope(&layer.wq.forward(&h, t)?, heads, d, &cos, &sin)?;
-            let k = rope(&layer.wk.forward(&h, t)?, kv_heads, d, &cos, &sin)?;
-            let v = layer.wv.forward(&h, t)?;
-            let mut k_rows: Vec<f32> = k.flatten_all()?.to_vec1()?;
-            let mut v_rows: Vec<f32> = v.flatten_all()?.to_vec1()?;
-            if let Some(means) = transform.key_means {
-                let m = &means[l * kv_heads * d..(l + 1) * kv_heads * d];
-                for row in k_rows.chunks_exact_mut(kv_heads * d) {
-                    row.iter_mut().zip(m).for_each(|(x, c)| *x -= c);
-                }
-            }
-            if let Some(p) = transform.probe {
-                p.apply(l, &pos_list, d, &mut k_rows, &mut v_rows)?;
-            }
-            let width = kv_heads * d;
-            let mut off = 0;
-            for s in batch {
-                let r = off * width..(off + s.tokens.len()) * width;
-                store.write(
-                    l,
-                    s.blocks,
-                    s.start,
-                    Rows::F32(&k_rows[r.clone()]),
-                    Rows::F32(&v_rows[r]),
-                )?;
-                off += s.tokens.len();
-            }
-            let mut outs = Vec::with_capacity(batch.len());
-            let mut off = 0;
-            for (s, mask) in batch.iter().zip(&masks) {
-                let m = s.tokens.len();
-                let total = s.start + m;
-                let blocks = &s.blocks[..total.div_ceil(bs)];
-                let q_seq = q.narrow(0, off, m)?;
-                let out = if m == 1 {
-                    let qv: Vec<f32> = q_seq.flatten_all()?.to_vec1()?;
-                    let mut o = vec![0.0f32; heads * d];
-                    store.attend(l, blocks, total, &qv, &params, &mut o)?;
-                    Tensor::from_vec(o, (1, heads * d), &dev)?
-                } else if store.causal_is_tiled(Isa::active(), l, heads) {
-                    // A tile of query rows shares each key's expansion, straight from the
-                    // codes: no decoded prefix, no score-sized tensors.
-                    let qv: Vec<f32> = q_seq.flatten_all()?.to_vec1()?;
-                    let mut o = vec![0.0f32; m * heads * d];
-                    store.attend_causal(l, blocks, s.start, m, &qv, &params, &mut o)?;
-                    Tensor::from_vec(o, (m, heads * d), &dev)?
-                } else {
-                    dense_attention(store, l, blocks, total, &q_seq, mask, cfg)?
-                };
-                outs.push(out);
-                off += m;
-            }
-            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps, self.threads)?;
-        }
-        let x = self.final_norm(&x, batch, &dev)?;
-        Ok(self.lm_head.forward(&x, self.threads)?)
-    }
 }
 
 /// Applies half-split RoPE to `x: [rows, heads·d]` at the rows' positions; returns
-/// `[rows, heads, d]`, contiguous.
+/// `[rows, heads, d]`, contiguous (the device path's; the CPU path's own is checked against it).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn rope(
     x: &Tensor,
     heads: usize,

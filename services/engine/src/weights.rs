@@ -127,7 +127,25 @@ impl Linear {
         }
     }
 
-    /// `x · wᵀ` for `x: [rows, in]`, block kernels on up to `threads` threads.
+    /// `x · wᵀ` for `x: [m, in]` row-major on the CPU, as a row-major `[m, out]` buffer.
+    pub fn apply(&self, x: &[f32], m: usize, threads: usize) -> candle_core::Result<Vec<f32>> {
+        match self {
+            Self::Blocks(q) => {
+                let mut y = vec![0f32; m * q.rows()];
+                q.matmul(x, m, &mut y, threads)
+                    .map_err(candle_core::Error::wrap)?;
+                Ok(y)
+            }
+            Self::Dense(w) => {
+                let x = Tensor::from_slice(x, (m, w.dim(1)?), &Device::Cpu)?;
+                x.matmul(&w.t()?)?.flatten_all()?.to_vec1()
+            }
+        }
+    }
+
+    /// `x · wᵀ` for `x: [rows, in]`, block kernels on up to `threads` threads (the device
+    /// path's).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn forward(&self, x: &Tensor, threads: usize) -> candle_core::Result<Tensor> {
         match self {
             Self::Dense(w) => x.matmul(&w.t()?),

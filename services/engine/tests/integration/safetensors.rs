@@ -113,7 +113,7 @@ fn a_safetensors_directory_runs_like_the_gguf() {
 }
 
 #[test]
-fn quantized_weights_and_per_layer_codecs_are_options() {
+fn block_weights_compute_the_f32_weights_and_per_layer_codecs_are_options() {
     let mut codecs = vec![CodecKind::TQ4; 30];
     codecs[..2].fill(CodecKind::Q8);
     let config = EngineConfig {
@@ -130,13 +130,35 @@ fn quantized_weights_and_per_layer_codecs_are_options() {
     let logits = core.prefill(id).unwrap();
     assert_eq!(logits.len(), model().0.config().vocab_size);
     assert!(logits.iter().all(|l| l.is_finite()));
-    // Candle's quantized matmul also quantizes activations: close to, not equal to, f32.
-    let mut dense = crate::common::core(CodecKind::TQ4);
-    let (d, _) = dense
-        .start(SequenceSpec::plain(chat("Hello!"), TenantId(1)))
+
+    // The blocks hold the weights f32 dequantizes, summed in another order: with exact KV the
+    // logits agree to rounding, and so does the next token.
+    let logits_of = |weights| {
+        let mut core = EngineCore::load(
+            &model_path(),
+            EngineConfig {
+                weights,
+                codec: CodecKind::F32,
+                ..EngineConfig::default()
+            },
+        )
         .unwrap();
-    let err = rel_l2(&logits, &dense.prefill(d).unwrap());
-    assert!(err > 1e-4 && err < 1.0, "{err}");
+        let (id, _) = core
+            .start(SequenceSpec::plain(
+                chat("What is the capital of France?"),
+                TenantId(1),
+            ))
+            .unwrap();
+        (core.prefill(id).unwrap(), core.fingerprint())
+    };
+    let (blocks, fp_blocks) = logits_of(engram_engine::WeightFormat::Quantized);
+    let (dense, fp_dense) = logits_of(engram_engine::WeightFormat::F32);
+    let err = rel_l2(&blocks, &dense);
+    assert!(err < 1e-4, "{err:.2e}");
+    let argmax = |l: &[f32]| (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b]));
+    assert_eq!(argmax(&blocks), argmax(&dense));
+    // The two numerics store different KV: their fingerprints differ.
+    assert_ne!(fp_blocks, fp_dense);
 
     // A per-layer list of the wrong length is refused.
     let bad = EngineConfig {

@@ -138,8 +138,9 @@ pub struct Workload {
     pub sessions: Vec<SessionGroup>,
 }
 
-/// The built-in scenarios: (a) multi-agent round-robin, (b) shared prefix, (c) restart.
-pub const BUILTIN: [(&str, &str); 3] = [
+/// The built-in scenarios: (a) multi-agent round-robin, (b) shared prefix, (c) restart, (d) cold
+/// 4K prefills and decode at 4K, one stream, (e) the same with two streams.
+pub const BUILTIN: [(&str, &str); 5] = [
     (
         "multi-agent",
         include_str!("../../../../benches/workload/multi-agent.json"),
@@ -152,15 +153,26 @@ pub const BUILTIN: [(&str, &str); 3] = [
         "restart",
         include_str!("../../../../benches/workload/restart.json"),
     ),
+    (
+        "decode-4k",
+        include_str!("../../../../benches/workload/decode-4k.json"),
+    ),
+    (
+        "decode-4k-2",
+        include_str!("../../../../benches/workload/decode-4k-2.json"),
+    ),
 ];
 
 impl Workload {
-    /// A built-in scenario (`a`/`multi-agent`, `b`/`shared-prefix`, `c`/`restart`) or a file.
+    /// A built-in scenario (`a`/`multi-agent`, `b`/`shared-prefix`, `c`/`restart`,
+    /// `d`/`decode-4k`, `e`/`decode-4k-2`) or a file.
     pub fn load(name_or_path: &str) -> Result<Self> {
         let builtin = match name_or_path {
             "a" => Some(BUILTIN[0].1),
             "b" => Some(BUILTIN[1].1),
             "c" => Some(BUILTIN[2].1),
+            "d" => Some(BUILTIN[3].1),
+            "e" => Some(BUILTIN[4].1),
             n => BUILTIN.iter().find(|(b, _)| *b == n).map(|(_, t)| *t),
         };
         let text = match builtin {

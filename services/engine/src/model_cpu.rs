@@ -1,0 +1,283 @@
+//! The CPU forward pass on plain row-major `f32` buffers: RMSNorm, the projections (block
+//! kernels or dense), RoPE, KV write and attention over the codes, SwiGLU and the residuals, with
+//! no tensor per operation. Only the dense fallbacks (safetensors weights, the dense attention of
+//! codecs without a tiled kernel) go through candle.
+
+use candle_core::{Device, Tensor};
+use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
+use engram_qmatmul::QMatrix;
+use rayon::prelude::*;
+
+use super::{KvTransform, Llama, SeqInput, dense_attention};
+use crate::error::EngineResult;
+
+/// Elements below which an elementwise pass stays on the calling thread.
+const PAR_MIN: usize = 1 << 16;
+
+/// `x[r] · w / rms(x[r])` per row of `x: [rows, w.len()]`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let h = w.len();
+    let mut out = vec![0f32; x.len()];
+    for (o, x) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+        let ss: f32 = x.iter().map(|v| v * v).sum();
+        let r = 1.0 / (ss / h as f32 + eps).sqrt();
+        for ((o, x), w) in o.iter_mut().zip(x).zip(w) {
+            *o = x * r * w;
+        }
+    }
+    out
+}
+
+/// Half-split RoPE in place on `x: [rows, heads, d]`, row `i` at the angles `cos[i]`, `sin[i]`
+/// (`d / 2` each).
+fn rope(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
+    let half = d / 2;
+    for (i, row) in x.chunks_exact_mut(heads * d).enumerate() {
+        let (c, s) = (
+            &cos[i * half..(i + 1) * half],
+            &sin[i * half..(i + 1) * half],
+        );
+        for head in row.chunks_exact_mut(d) {
+            let (a, b) = head.split_at_mut(half);
+            for j in 0..half {
+                let (x0, x1) = (a[j], b[j]);
+                a[j] = x0 * c[j] - x1 * s[j];
+                b[j] = x0 * s[j] + x1 * c[j];
+            }
+        }
+    }
+}
+
+/// `gate ← silu(gate) · up`.
+fn swiglu(gate: &mut [f32], up: &[f32]) {
+    let f = |(g, u): (&mut f32, &f32)| *g = *g / (1.0 + (-*g).exp()) * u;
+    if gate.len() < PAR_MIN {
+        gate.iter_mut().zip(up).for_each(f);
+    } else {
+        gate.par_chunks_mut(4096)
+            .zip(up.par_chunks(4096))
+            .for_each(|(g, u)| g.iter_mut().zip(u).for_each(f));
+    }
+}
+
+/// `x · wᵀ` through a block matrix.
+fn matmul(w: &QMatrix, x: &[f32], m: usize, threads: usize) -> candle_core::Result<Vec<f32>> {
+    let mut y = vec![0f32; m * w.rows()];
+    w.matmul(x, m, &mut y, threads)
+        .map_err(candle_core::Error::wrap)?;
+    Ok(y)
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+}
+
+impl Llama {
+    /// The CPU layers for a validated batch: `ids` and `positions` of its concatenated new
+    /// tokens. Returns the logits of the rows the batch asks for.
+    pub(super) fn forward_cpu_layers(
+        &self,
+        store: &mut BlockStore,
+        batch: &[SeqInput<'_>],
+        transform: KvTransform<'_>,
+        ids: Vec<u32>,
+        positions: Vec<u32>,
+    ) -> EngineResult<Tensor> {
+        let cfg = &self.config;
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (hidden, half) = (cfg.hidden_size, d / 2);
+        let bs = store.shape().block_size;
+        let n = ids.len();
+        let dev = Device::Cpu;
+        let t = self.threads;
+        let eps = cfg.rms_eps as f32;
+        let pos_list: Vec<usize> = positions.iter().map(|&p| p as usize).collect();
+        // The RoPE angles of the batch's positions, as the model's tables hold them.
+        let pos = Tensor::from_vec(positions, n, &dev)?;
+        let cos: Vec<f32> = self.cos.index_select(&pos, 0)?.flatten_all()?.to_vec1()?;
+        let sin: Vec<f32> = self.sin.index_select(&pos, 0)?.flatten_all()?.to_vec1()?;
+        let masks = batch
+            .iter()
+            .map(|s| super::causal_mask(s.start, s.tokens.len()))
+            .collect::<EngineResult<Vec<_>>>()?;
+        let params = AttentionParams::new(heads, d).with_threads(t);
+        let ids = Tensor::from_vec(ids, n, &dev)?;
+        let mut x: Vec<f32> = self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?;
+        debug_assert_eq!(cos.len(), n * half);
+
+        for (l, layer) in self.layers.iter().enumerate() {
+            let norm: Vec<f32> = layer.attn_norm.to_vec1()?;
+            let h = rms_norm(&x, &norm, eps);
+            let stacked = self.stacked.get(l).and_then(Option::as_ref);
+            let (mut q, mut k, mut v) = match stacked {
+                Some(s) => {
+                    let (qw, kw) = (heads * d, kv_heads * d);
+                    let y = matmul(&s.qkv, &h, n, t)?;
+                    let part = |a: usize, w: usize| -> Vec<f32> {
+                        y.chunks_exact(qw + 2 * kw)
+                            .flat_map(|r| r[a..a + w].iter().copied())
+                            .collect()
+                    };
+                    (part(0, qw), part(qw, kw), part(qw + kw, kw))
+                }
+                None => (
+                    layer.wq.apply(&h, n, t)?,
+                    layer.wk.apply(&h, n, t)?,
+                    layer.wv.apply(&h, n, t)?,
+                ),
+            };
+            rope(&mut q, heads, d, &cos, &sin);
+            rope(&mut k, kv_heads, d, &cos, &sin);
+            if let Some(means) = transform.key_means {
+                let m = &means[l * kv_heads * d..(l + 1) * kv_heads * d];
+                for row in k.chunks_exact_mut(kv_heads * d) {
+                    row.iter_mut().zip(m).for_each(|(x, c)| *x -= c);
+                }
+            }
+            if let Some(p) = transform.probe {
+                p.apply(l, &pos_list, d, &mut k, &mut v)?;
+            }
+            let width = kv_heads * d;
+            let mut off = 0;
+            for s in batch {
+                let r = off * width..(off + s.tokens.len()) * width;
+                store.write(
+                    l,
+                    s.blocks,
+                    s.start,
+                    Rows::F32(&k[r.clone()]),
+                    Rows::F32(&v[r]),
+                )?;
+                off += s.tokens.len();
+            }
+            let mut attn = vec![0f32; n * heads * d];
+            let mut off = 0;
+            for (s, mask) in batch.iter().zip(&masks) {
+                let m = s.tokens.len();
+                let total = s.start + m;
+                let blocks = &s.blocks[..total.div_ceil(bs)];
+                let qs = &q[off * heads * d..(off + m) * heads * d];
+                let o = &mut attn[off * heads * d..(off + m) * heads * d];
+                if m == 1 {
+                    store.attend(l, blocks, total, qs, &params, o)?;
+                } else if store.causal_is_tiled(Isa::active(), l, heads) {
+                    // A tile of query rows shares each key's expansion, straight from the
+                    // codes: no decoded prefix, no score-sized tensors.
+                    store.attend_causal(l, blocks, s.start, m, qs, &params, o)?;
+                } else {
+                    let q_seq = Tensor::from_slice(qs, (m, heads, d), &dev)?;
+                    let out = dense_attention(store, l, blocks, total, &q_seq, mask, cfg)?;
+                    o.copy_from_slice(&out.flatten_all()?.to_vec1::<f32>()?);
+                }
+                off += m;
+            }
+            add(&mut x, &layer.wo.apply(&attn, n, t)?);
+            let norm: Vec<f32> = layer.ffn_norm.to_vec1()?;
+            let h = rms_norm(&x, &norm, eps);
+            let ff = cfg.intermediate_size;
+            let gate = match stacked {
+                Some(s) => {
+                    let y = matmul(&s.gate_up, &h, n, t)?;
+                    let mut gate = Vec::with_capacity(n * ff);
+                    let mut up = Vec::with_capacity(n * ff);
+                    for r in y.chunks_exact(2 * ff) {
+                        gate.extend_from_slice(&r[..ff]);
+                        up.extend_from_slice(&r[ff..]);
+                    }
+                    swiglu(&mut gate, &up);
+                    gate
+                }
+                None => {
+                    let mut gate = layer.w_gate.apply(&h, n, t)?;
+                    swiglu(&mut gate, &layer.w_up.apply(&h, n, t)?);
+                    gate
+                }
+            };
+            add(&mut x, &layer.w_down.apply(&gate, n, t)?);
+        }
+        let rows = Self::logit_rows(batch);
+        let mut last = Vec::with_capacity(rows.len() * hidden);
+        for &r in &rows {
+            let r = r as usize;
+            last.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        let norm: Vec<f32> = self.norm.to_vec1()?;
+        let h = rms_norm(&last, &norm, eps);
+        let logits = self.lm_head.apply(&h, rows.len(), t)?;
+        Ok(Tensor::from_vec(
+            logits,
+            (rows.len(), cfg.vocab_size),
+            &dev,
+        )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn floats(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect()
+    }
+
+    #[test]
+    fn rope_and_rms_norm_match_candle() {
+        let (rows, heads, d) = (5, 3, 8);
+        let x = floats(rows * heads * d, 7);
+        let angles: Vec<f32> = floats(rows * d / 2, 3).iter().map(|a| a * 6.0).collect();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        let dev = Device::Cpu;
+        let t = |v: &[f32], s: (usize, usize)| Tensor::from_slice(v, s, &dev).unwrap();
+        let want: Vec<f32> = super::super::rope(
+            &t(&x, (rows, heads * d)),
+            heads,
+            d,
+            &t(&cos, (rows, d / 2)),
+            &t(&sin, (rows, d / 2)),
+        )
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+        let mut ours = x.clone();
+        rope(&mut ours, heads, d, &cos, &sin);
+        for (a, b) in ours.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+
+        let w = floats(heads * d, 9);
+        let want: Vec<f32> = candle_nn::ops::rms_norm(
+            &t(&x, (rows, heads * d)),
+            &Tensor::from_slice(&w, heads * d, &dev).unwrap(),
+            1e-5,
+        )
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+        for (a, b) in rms_norm(&x, &w, 1e-5).iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn swiglu_is_silu_of_the_gate_times_up_on_both_sides_of_the_split() {
+        for n in [10, PAR_MIN + 10] {
+            let (mut g, u) = (floats(n, 1), floats(n, 2));
+            let want: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            swiglu(&mut g, &u);
+            assert_eq!(g, want);
+        }
+    }
+}
