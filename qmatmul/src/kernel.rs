@@ -10,12 +10,14 @@ const PAR_MIN_MACS: usize = 1 << 16;
 const ROW_ALIGN: usize = 16;
 /// Most activation rows a kernel call carries (its accumulators stay in registers).
 const MAX_M: usize = 8;
-/// From this many activation rows on (prefill), a thread expands its weight rows into f32 panels
-/// once and multiplies each panel with a register-blocked f32 GEMM: every expanded weight then
-/// serves all rows, against at most `MAX_M` in registers.
+/// From this many activation rows on (prefill), with AVX-512, a thread expands its weight rows
+/// into an f32 tile once and multiplies it with every activation row: every expanded weight
+/// then serves all rows, against at most `MAX_M` in registers. The sums are the same either way.
 pub const PANEL_MIN_M: usize = 16;
-/// Weight rows per panel (a `PANEL_ROWS × cols` f32 scratch per thread, reused).
-const PANEL_ROWS: usize = 64;
+/// Weight rows expanded at a time for many activation rows (an L1 tile per thread, reused).
+const TILE_ROWS: usize = 4;
+/// Activation rows the tile kernel carries.
+const TILE_M: usize = 2;
 
 /// Where outputs go: `y[i·ld + r]`.
 #[derive(Clone, Copy)]
@@ -74,7 +76,7 @@ pub(crate) fn product(isa: Isa, mat: &QMatrix, x: &[f32], m: usize, y: &mut [f32
 
 /// Weight rows `r0..r1` against every activation row.
 fn span(isa: Isa, mat: &QMatrix, r0: usize, r1: usize, x: &[f32], m: usize, out: Out) {
-    if isa != Isa::Scalar && m >= PANEL_MIN_M {
+    if isa == Isa::Avx512 && m >= PANEL_MIN_M {
         span_panels(isa, mat, r0, r1, x, m, out);
         return;
     }
@@ -99,41 +101,58 @@ fn span(isa: Isa, mat: &QMatrix, r0: usize, r1: usize, x: &[f32], m: usize, out:
     }
 }
 
-/// [`span`] for many activation rows: weight rows expanded into a panel, then one GEMM per panel.
+/// [`span`] for many activation rows (AVX-512): four weight rows at a time are expanded into an
+/// L1 tile once and multiplied with every activation row, two at a time, by a register-blocked
+/// kernel that adds in exactly the order of the in-register kernel (two 16-lane chains per
+/// output over the 32-weight groups, then one horizontal sum). So an output does not depend on
+/// how many rows share the product, or where they sit: a prefix reused from the cache gives the
+/// bits that computing it again gives.
 fn span_panels(isa: Isa, mat: &QMatrix, r0: usize, r1: usize, x: &[f32], m: usize, out: Out) {
     let cols = mat.cols();
-    let mut panel = vec![0f32; PANEL_ROWS.min(r1 - r0) * cols];
+    let mut tile = vec![0f32; TILE_ROWS * cols];
     let mut r = r0;
     while r < r1 {
-        let n = PANEL_ROWS.min(r1 - r);
-        for (i, w) in panel.chunks_exact_mut(cols).take(n).enumerate() {
+        let n = TILE_ROWS.min(r1 - r);
+        for (i, w) in tile.chunks_exact_mut(cols).take(n).enumerate() {
             dequant_row(isa, mat.form(), mat.row(r + i), w);
         }
-        // SAFETY: `x` is `m × cols` (checked by `matmul_on`), the panel holds `n × cols`, and
-        // the destination is columns `r..r + n ≤ rows` of the `m × rows` output behind `out`,
-        // which only this unit writes; gemm reads and writes within those strides.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                cols,
-                out.ptr.add(r),
-                1,
-                out.ld as isize,
-                false,
-                x.as_ptr(),
-                1,
-                cols as isize,
-                panel.as_ptr(),
-                cols as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
+        let mut g = 0;
+        while g < m {
+            let mm = TILE_M.min(m - g);
+            let xs = &x[g * cols..(g + mm) * cols];
+            let mut acc = [[0f32; TILE_ROWS]; TILE_M];
+            #[cfg(target_arch = "x86_64")]
+            {
+                macro_rules! by_shape {
+                    ($(($mm:literal, $n:literal)),*) => {
+                        match (mm, n) {
+                            $(($mm, $n) => {
+                                // SAFETY: `span` takes this path only for `Isa::Avx512`, which
+                                // `matmul_on` checked against the CPU; `tile` holds `n` rows and
+                                // `xs` `mm` rows of `cols`.
+                                unsafe { x86::tile512::<$mm, $n>(&tile, xs, cols, &mut acc) }
+                            })*
+                            _ => {}
+                        }
+                    };
+                }
+                by_shape!(
+                    (1, 1),
+                    (1, 2),
+                    (1, 3),
+                    (1, 4),
+                    (2, 1),
+                    (2, 2),
+                    (2, 3),
+                    (2, 4)
+                );
+            }
+            for (i, row) in acc[..mm].iter().enumerate() {
+                for (j, v) in row[..n].iter().enumerate() {
+                    out.put(g + i, r + j, *v);
+                }
+            }
+            g += mm;
         }
         r += n;
     }
@@ -290,6 +309,44 @@ mod x86 {
         }
         for i in 0..M {
             acc[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
+        }
+    }
+
+    /// `acc[i][j] = xs[i] · tile[j]` for `M` activation rows and `R` expanded weight rows, with
+    /// the chains and the final sum of [`nib512`] and [`byte512`].
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn tile512<const M: usize, const R: usize>(
+        tile: &[f32],
+        xs: &[f32],
+        cols: usize,
+        acc: &mut [[f32; 4]; 2],
+    ) {
+        let mut a0 = [[_mm512_setzero_ps(); R]; M];
+        let mut a1 = [[_mm512_setzero_ps(); R]; M];
+        let (wp, xp) = (tile.as_ptr(), xs.as_ptr());
+        for b in 0..cols / 32 {
+            // SAFETY: rows `i < M` of `xs` and `j < R` of `tile` hold `cols` floats each, and
+            // columns `32b..32b + 32 ≤ cols`.
+            unsafe {
+                let mut x = [[_mm512_setzero_ps(); 2]; M];
+                for (i, x) in x.iter_mut().enumerate() {
+                    let p = xp.add(i * cols + b * 32);
+                    *x = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+                }
+                for j in 0..R {
+                    let p = wp.add(j * cols + b * 32);
+                    let (w0, w1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                    for i in 0..M {
+                        a0[i][j] = _mm512_fmadd_ps(w0, x[i][0], a0[i][j]);
+                        a1[i][j] = _mm512_fmadd_ps(w1, x[i][1], a1[i][j]);
+                    }
+                }
+            }
+        }
+        for i in 0..M {
+            for j in 0..R {
+                acc[i][j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i][j], a1[i][j]));
+            }
         }
     }
 

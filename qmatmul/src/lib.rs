@@ -11,9 +11,9 @@
 //!
 //! [`QMatrix::matmul`] computes `y = x · Wᵀ` for `m` activation rows (W4A32 / W8A32): up to 15
 //! rows, each block is expanded to f32 in registers once and used by up to eight activation rows;
-//! from 16 rows (prefill) a thread expands its weight rows into a reused f32 panel and multiplies
-//! it with a register-blocked GEMM (`gemm`, single-threaded per panel). Nothing quantizes the
-//! activations. The weight rows are split over threads in fixed ranges, and each
+//! from 16 rows (prefill, AVX-512) a thread expands four weight rows at a time into an L1 tile
+//! and runs every activation row against it. Both add in the same order, so an output is the
+//! same bits whatever the number of rows in the product. Nothing quantizes the activations. The weight rows are split over threads in fixed ranges, and each
 //! output is one thread's sum in a fixed order, so results are deterministic for a given ISA (the
 //! ISAs differ from each other in summation order only). The kernel tier is
 //! [`Isa::active`]: AVX-512 F, AVX2 + FMA or portable Rust,
@@ -315,8 +315,7 @@ impl QMatrix {
     }
 
     /// The rows of `parts` one after the other, as one matrix (one product then serves several
-    /// projections of the same input, each output computed as by its own matrix: bit for bit
-    /// below [`PANEL_MIN_M`] activation rows, to rounding from there).
+    /// projections of the same input, each output computed bit for bit as by its own matrix).
     pub fn stack(parts: &[&QMatrix]) -> Result<Self, QError> {
         let first = parts.first().ok_or(QError::Stack)?;
         if parts
