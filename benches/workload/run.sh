@@ -40,7 +40,7 @@ ENGRAM="$TARGET/$PROFILE/engram"
 wait_http() { # url, seconds
     local i
     for ((i = 0; i < $2 * 10; i++)); do
-        if curl -s -o /dev/null "$1"; then return 0; fi
+        if curl -sf -o /dev/null "$1"; then return 0; fi
         sleep 0.1
     done
     echo "bench-workload: $1 did not answer in $2 s" >&2
@@ -71,7 +71,7 @@ start_peer() {
         --cache-ram $((PEER_CACHE / 1048576)) --no-webui \
         >>"$STATE/peer.log" 2>&1) &
     echo $! >"$STATE/peer.pid"
-    wait_http "http://127.0.0.1:$PEER_PORT/v1/models" 120
+    wait_http "http://127.0.0.1:$PEER_PORT/health" 120
 }
 
 # Engram with its defaults (shadow on, beside the SQLite file), the memory graph off (the peer
