@@ -285,6 +285,32 @@ mod x86 {
     // Every kernel: `xs` holds `M` rows of `cols` floats and the row's groups cover `cols`
     // (`span` and `QMatrix` guarantee both), so each load below is in bounds.
 
+    /// One 32-weight group (`w0`, `w1`) into the two chains of each of `M` activation rows.
+    ///
+    /// # Safety
+    /// `x` points at the group's first column of row 0, and `M` rows `cols` apart each have 32
+    /// floats from there.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn group512<const M: usize>(
+        w0: __m512,
+        w1: __m512,
+        x: *const f32,
+        cols: usize,
+        a0: &mut [__m512; M],
+        a1: &mut [__m512; M],
+    ) {
+        for i in 0..M {
+            // SAFETY: the caller's promise for row `i < M`.
+            let (x0, x1) = unsafe {
+                let p = x.add(i * cols);
+                (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+            };
+            a0[i] = _mm512_fmadd_ps(w0, x0, a0[i]);
+            a1[i] = _mm512_fmadd_ps(w1, x1, a1[i]);
+        }
+    }
+
     #[target_feature(enable = "avx512f")]
     pub(super) fn nib512<const M: usize>(
         row: Row<'_>,
@@ -303,15 +329,8 @@ mod x86 {
             let (s, o) = (_mm512_set1_ps(*s), _mm512_set1_ps(*o));
             let w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, mask)), s, o);
             let w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(v)), s, o);
-            for i in 0..M {
-                // SAFETY: row `i < M` of `xs`, columns `32b..32b + 32 ≤ cols`.
-                let (x0, x1) = unsafe {
-                    let p = xp.add(i * cols + b * 32);
-                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
-                };
-                a0[i] = _mm512_fmadd_ps(w0, x0, a0[i]);
-                a1[i] = _mm512_fmadd_ps(w1, x1, a1[i]);
-            }
+            // SAFETY: `xs` holds `M` rows of `cols`, and `32b + 32 ≤ cols`.
+            unsafe { group512(w0, w1, xp.add(b * 32), cols, &mut a0, &mut a1) };
         }
         for i in 0..M {
             acc[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
@@ -377,15 +396,8 @@ mod x86 {
             };
             let w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(v0), _mm512_set1_ps(s[0]));
             let w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(v1), _mm512_set1_ps(s[1]));
-            for i in 0..M {
-                // SAFETY: row `i < M` of `xs`, columns `32b..32b + 32 ≤ cols`.
-                let (x0, x1) = unsafe {
-                    let p = xp.add(i * cols + b * 32);
-                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
-                };
-                a0[i] = _mm512_fmadd_ps(w0, x0, a0[i]);
-                a1[i] = _mm512_fmadd_ps(w1, x1, a1[i]);
-            }
+            // SAFETY: `xs` holds `M` rows of `cols`, and `32b + 32 ≤ cols`.
+            unsafe { group512(w0, w1, xp.add(b * 32), cols, &mut a0, &mut a1) };
         }
         for i in 0..M {
             acc[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i], a1[i]));
