@@ -5,11 +5,11 @@
 
 use candle_core::{Device, Tensor};
 use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
-use engram_qmatmul::QMatrix;
 use rayon::prelude::*;
 
 use super::{KvTransform, Llama, SeqInput, dense_attention};
 use crate::error::EngineResult;
+use crate::weights::block_product as matmul;
 
 /// Elements below which an elementwise pass stays on the calling thread.
 const PAR_MIN: usize = 1 << 16;
@@ -58,14 +58,6 @@ fn swiglu(gate: &mut [f32], up: &[f32]) {
             .zip(up.par_chunks(4096))
             .for_each(|(g, u)| g.iter_mut().zip(u).for_each(f));
     }
-}
-
-/// `x · wᵀ` through a block matrix.
-fn matmul(w: &QMatrix, x: &[f32], m: usize, threads: usize) -> candle_core::Result<Vec<f32>> {
-    let mut y = vec![0f32; m * w.rows()];
-    w.matmul(x, m, &mut y, threads)
-        .map_err(candle_core::Error::wrap)?;
-    Ok(y)
 }
 
 fn add(x: &mut [f32], y: &[f32]) {

@@ -130,12 +130,7 @@ impl Linear {
     /// `x · wᵀ` for `x: [m, in]` row-major on the CPU, as a row-major `[m, out]` buffer.
     pub fn apply(&self, x: &[f32], m: usize, threads: usize) -> candle_core::Result<Vec<f32>> {
         match self {
-            Self::Blocks(q) => {
-                let mut y = vec![0f32; m * q.rows()];
-                q.matmul(x, m, &mut y, threads)
-                    .map_err(candle_core::Error::wrap)?;
-                Ok(y)
-            }
+            Self::Blocks(q) => block_product(q, x, m, threads),
             Self::Dense(w) => {
                 let x = Tensor::from_slice(x, (m, w.dim(1)?), &Device::Cpu)?;
                 x.matmul(&w.t()?)?.flatten_all()?.to_vec1()
@@ -151,14 +146,24 @@ impl Linear {
             Self::Dense(w) => x.matmul(&w.t()?),
             Self::Blocks(q) => {
                 let m = x.dim(0)?;
-                let xs: Vec<f32> = x.flatten_all()?.to_vec1()?;
-                let mut y = vec![0f32; m * q.rows()];
-                q.matmul(&xs, m, &mut y, threads)
-                    .map_err(candle_core::Error::wrap)?;
+                let y = block_product(q, &x.flatten_all()?.to_vec1()?, m, threads)?;
                 Tensor::from_vec(y, (m, q.rows()), x.device())
             }
         }
     }
+}
+
+/// `x · wᵀ` for `x: [m, in]` through a block matrix, as a row-major `[m, out]` buffer.
+pub(crate) fn block_product(
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+    threads: usize,
+) -> candle_core::Result<Vec<f32>> {
+    let mut y = vec![0f32; m * w.rows()];
+    w.matmul(x, m, &mut y, threads)
+        .map_err(candle_core::Error::wrap)?;
+    Ok(y)
 }
 
 /// Weights as loaded, before the model builds its RoPE tables.
