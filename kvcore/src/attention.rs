@@ -13,6 +13,8 @@
 //! [`attend_dense`] is the plain f32/f64 reference the codes path and the CUDA kernel are
 //! checked against.
 
+use std::sync::Mutex;
+
 use crate::block::BlockId;
 use crate::codec::{Codec, CodecKind, axpy, dot};
 use crate::error::{KvError, KvResult};
@@ -53,7 +55,7 @@ impl AttentionParams {
 
 /// Query rows one unit of [`BlockStore::attend_causal`]'s tiled kernel takes: they share each
 /// key's expansion.
-const CAUSAL_ROWS: usize = 8;
+const CAUSAL_ROWS: usize = 16;
 
 /// Keys each thread takes at least before a range is split ([`AttentionParams::threads`]):
 /// below it, waking a second thread costs more than it saves (measured with
@@ -204,19 +206,6 @@ impl BlockStore {
             }
             return Ok(());
         };
-        // Rotated queries, scale folded in, regrouped per KV head: [kv_heads][new][group][d].
-        let mut qp = vec![0.0f32; new * width];
-        let mut rotated = vec![0.0f32; d];
-        for r in 0..new {
-            for h in 0..geo.heads {
-                codec.prepare_query(&q[r * width + h * d..][..d], &mut rotated);
-                let (g, j) = (h / group, h % group);
-                let dst = &mut qp[((g * new + r) * group + j) * d..][..d];
-                for (o, &x) in dst.iter_mut().zip(&rotated) {
-                    *o = x * params.scale;
-                }
-            }
-        }
         let rows = crate::simd::Tq4Rows {
             codebook: cb,
             k_codes: bytes.k_codes,
@@ -226,7 +215,8 @@ impl BlockStore {
             code_row: bytes.code_row,
             norm_row: bytes.norm_row,
         };
-        // Units: (KV head, tile of query rows), each wholly on one thread.
+        // Units: (KV head, tile of query rows), each wholly on one thread: it rotates its
+        // queries (scale folded in), runs the kernel, and rotates its outputs back.
         let units: Vec<(usize, usize, usize)> = (0..geo.kv_heads)
             .flat_map(|g| {
                 (0..new)
@@ -234,7 +224,17 @@ impl BlockStore {
                     .map(move |r0| (g, r0, (r0 + CAUSAL_ROWS).min(new)))
             })
             .collect();
-        let run = |&(g, r0, r1): &(usize, usize, usize)| -> Option<Partial> {
+        let run = |&(g, r0, r1): &(usize, usize, usize)| -> Option<Vec<f32>> {
+            // [rows][group][d]
+            let mut qs = vec![0.0f32; (r1 - r0) * group * d];
+            for (k, r) in (r0..r1).enumerate() {
+                for j in 0..group {
+                    let h = g * group + j;
+                    let dst = &mut qs[(k * group + j) * d..][..d];
+                    codec.prepare_query(&q[r * width + h * d..][..d], dst);
+                    dst.iter_mut().for_each(|x| *x *= params.scale);
+                }
+            }
             let limits: Vec<usize> = (r0..r1).map(|r| start + r + 1).collect();
             let keys = KeyRange {
                 slots: &slots,
@@ -244,25 +244,27 @@ impl BlockStore {
                 start: 0,
                 end: start + r1,
             };
-            let qs = &qp[(g * new + r0) * group * d..(g * new + r1) * group * d];
-            crate::simd::tq4_causal(isa, &rows, &keys, qs, &limits, group, d)
+            let mut part = crate::simd::tq4_causal(isa, &rows, &keys, &qs, &limits, group, d)?;
+            let mut done = vec![0.0f32; (r1 - r0) * group * d];
+            for (p, o) in done.chunks_exact_mut(d).enumerate() {
+                let inv = 1.0 / part.sum[p];
+                let acc = &mut part.acc[p * d..][..d];
+                acc.iter_mut().for_each(|a| *a *= inv);
+                codec.finish(acc, o);
+            }
+            Some(done)
         };
-        let partials = run_units(&units, params.threads, run);
-        for (&(g, r0, r1), part) in units.iter().zip(partials) {
-            let Some(mut part) = part else {
+        let results = run_units(&units, params.threads, run);
+        for (&(g, r0, r1), done) in units.iter().zip(results) {
+            let Some(done) = done else {
                 return Err(KvError::RowWidth {
                     expected: d,
                     got: 0,
                 });
             };
             for (k, r) in (r0..r1).enumerate() {
-                for j in 0..group {
-                    let p = k * group + j;
-                    let inv = 1.0 / part.sum[p];
-                    let acc = &mut part.acc[p * d..][..d];
-                    acc.iter_mut().for_each(|a| *a *= inv);
-                    codec.finish(acc, &mut out[r * width + (g * group + j) * d..][..d]);
-                }
+                let heads = &done[k * group * d..][..group * d];
+                out[r * width + g * group * d..][..group * d].copy_from_slice(heads);
             }
         }
         Ok(())
@@ -459,8 +461,9 @@ fn attend_codes(
 }
 
 /// `run` on every unit, the units shared out in contiguous runs over at most `threads` threads
-/// (the calling thread takes the first run, the pool's threads the others); results in unit
-/// order. Each unit is computed wholly by one thread, so results do not depend on scheduling.
+/// (the calling thread takes the first run, the team's threads the others, see
+/// [`crate::team`]); results in unit order. Each unit is computed wholly by one thread, so
+/// results do not depend on scheduling.
 fn run_units<U: Sync, R: Send>(
     units: &[U],
     threads: usize,
@@ -470,26 +473,16 @@ fn run_units<U: Sync, R: Send>(
     if threads == 1 {
         return units.iter().map(&run).collect();
     }
-    let mut out: Vec<Option<R>> = units.iter().map(|_| None).collect();
     let share = units.len().div_ceil(threads);
-    let run = &run;
-    rayon::in_place_scope(|s| {
-        let mut shares = units.chunks(share).zip(out.chunks_mut(share));
-        let first = shares.next();
-        for (us, os) in shares {
-            s.spawn(move |_| {
-                for (u, o) in us.iter().zip(os) {
-                    *o = Some(run(u));
-                }
-            });
-        }
-        if let Some((us, os)) = first {
-            for (u, o) in us.iter().zip(os) {
-                *o = Some(run(u));
-            }
-        }
+    let parts: Vec<Mutex<Vec<R>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+    crate::team::run(threads, &|p| {
+        let mine: Vec<R> = units.iter().skip(p * share).take(share).map(&run).collect();
+        *parts[p].lock().unwrap_or_else(|e| e.into_inner()) = mine;
     });
-    out.into_iter().flatten().collect()
+    parts
+        .into_iter()
+        .flat_map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .collect()
 }
 
 /// The scalar reference over one KV head's key range: per block, each key's codes expanded

@@ -8,8 +8,9 @@
 //!
 //! The crate is synchronous and knows nothing of HTTP, SQL or async runtimes.
 
-// Unsafe code lives in two places only: the CUDA tiers (feature `cuda`) and the x86 SIMD
-// kernels (`simd::x86`, which allows it locally; every block states its safety argument).
+// Unsafe code lives in three places only: the CUDA tiers (feature `cuda`), the x86 SIMD
+// kernels (`simd::x86`) and the worker team's job hand-off (`team`); each allows it locally and
+// every block states its safety argument.
 #![deny(unsafe_code)]
 
 /// The README's example compiles and runs as a doc test.
@@ -28,6 +29,8 @@ pub mod shadow;
 mod shape;
 mod simd;
 mod store;
+#[allow(unsafe_code)]
+pub mod team;
 
 pub use attention::MIN_KEYS_PER_THREAD;
 pub use attention::{AttentionParams, attend_dense};

@@ -21,7 +21,7 @@ const TILE_M: usize = 2;
 
 /// Where outputs go: `y[i·ld + r]`.
 #[derive(Clone, Copy)]
-struct Out {
+pub(crate) struct Out {
     ptr: *mut f32,
     ld: usize,
     len: usize,
@@ -34,7 +34,23 @@ unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
-    fn put(self, i: usize, r: usize, v: f32) {
+    /// Outputs into `y`, `ld` columns per activation row.
+    pub(crate) fn new(y: &mut [f32], ld: usize) -> Self {
+        Self {
+            ptr: y.as_mut_ptr(),
+            ld,
+            len: y.len(),
+        }
+    }
+
+    /// `y[i·ld + r + j] = v[j]`.
+    pub(crate) fn put_run(self, i: usize, r: usize, v: &[f32]) {
+        for (j, &x) in v.iter().enumerate() {
+            self.put(i, r + j, x);
+        }
+    }
+
+    pub(crate) fn put(self, i: usize, r: usize, v: f32) {
         let at = i * self.ld + r;
         if at < self.len {
             // SAFETY: `at` is inside the `y` this was made from (checked above), and only the
@@ -54,23 +70,16 @@ pub(crate) fn product(isa: Isa, mat: &QMatrix, x: &[f32], m: usize, y: &mut [f32
         threads.min(rows.div_ceil(ROW_ALIGN)).max(1)
     };
     let share = rows.div_ceil(units).next_multiple_of(ROW_ALIGN);
-    let out = Out {
-        ptr: y.as_mut_ptr(),
-        ld: rows,
-        len: y.len(),
-    };
+    let out = Out::new(y, rows);
     if units == 1 {
         span(isa, mat, 0, rows, x, m, out);
         return;
     }
-    rayon::in_place_scope(|s| {
-        for u in 1..units {
-            let (a, b) = ((u * share).min(rows), ((u + 1) * share).min(rows));
-            if a < b {
-                s.spawn(move |_| span(isa, mat, a, b, x, m, out));
-            }
+    engram_kvcore::team::run(units, &|u| {
+        let (a, b) = ((u * share).min(rows), ((u + 1) * share).min(rows));
+        if a < b {
+            span(isa, mat, a, b, x, m, out);
         }
-        span(isa, mat, 0, share.min(rows), x, m, out);
     });
 }
 

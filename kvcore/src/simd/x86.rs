@@ -119,6 +119,9 @@ fn exp512(x: __m512) -> __m512 {
     _mm512_scalef_ps(y, n)
 }
 
+/// [`tq4_avx512_n`] for the geometry's register counts (`d / 16` registers per row, `group`
+/// heads), so every loop below has a constant trip count and the accumulators stay in
+/// registers.
 #[target_feature(enable = "avx512f")]
 fn tq4_avx512(
     rows: &Tq4Rows<'_>,
@@ -127,53 +130,126 @@ fn tq4_avx512(
     group: usize,
     d: usize,
 ) -> Partial {
+    #[target_feature(enable = "avx512f")]
+    fn by_group<const NZ: usize>(
+        rows: &Tq4Rows<'_>,
+        keys: &KeyRange<'_>,
+        q: &[f32],
+        group: usize,
+    ) -> Partial {
+        match group {
+            1 => tq4_avx512_n::<NZ, 1>(rows, keys, q),
+            2 => tq4_avx512_n::<NZ, 2>(rows, keys, q),
+            3 => tq4_avx512_n::<NZ, 3>(rows, keys, q),
+            4 => tq4_avx512_n::<NZ, 4>(rows, keys, q),
+            5 => tq4_avx512_n::<NZ, 5>(rows, keys, q),
+            6 => tq4_avx512_n::<NZ, 6>(rows, keys, q),
+            7 => tq4_avx512_n::<NZ, 7>(rows, keys, q),
+            _ => tq4_avx512_n::<NZ, 8>(rows, keys, q),
+        }
+    }
+    // `tq4_attend` checked: d is a multiple of 32 up to 256, group 1..=8.
+    match d / 16 {
+        2 => by_group::<2>(rows, keys, q, group),
+        4 => by_group::<4>(rows, keys, q, group),
+        6 => by_group::<6>(rows, keys, q, group),
+        8 => by_group::<8>(rows, keys, q, group),
+        10 => by_group::<10>(rows, keys, q, group),
+        12 => by_group::<12>(rows, keys, q, group),
+        14 => by_group::<14>(rows, keys, q, group),
+        _ => by_group::<16>(rows, keys, q, group),
+    }
+}
+
+/// Expands a row's `8·NZ` code bytes into `NZ` registers of centroids.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn expand512n<const NZ: usize>(code: &[u8], cb: __m512) -> [__m512; NZ] {
+    let low = _mm512_set1_epi32(0x0F);
+    let mut e = [_mm512_setzero_ps(); NZ];
+    for c in 0..NZ / 2 {
+        let bytes = &code[16 * c..][..16];
+        // SAFETY: `bytes` is 16 bytes long (bounds-checked above); the load is unaligned.
+        let b = unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) };
+        let a = _mm512_cvtepu8_epi32(b);
+        e[2 * c] = _mm512_permutexvar_ps(_mm512_and_si512(a, low), cb);
+        e[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(a), cb);
+    }
+    e
+}
+
+/// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`. Scores of
+/// a tile of 16 keys come out of one transpose-reduce per head; the online softmax runs per
+/// tile; values are one FMA per register and head.
+#[target_feature(enable = "avx512f")]
+fn tq4_avx512_n<const NZ: usize, const G: usize>(
+    rows: &Tq4Rows<'_>,
+    keys: &KeyRange<'_>,
+    q: &[f32],
+) -> Partial {
     const W: usize = 16;
-    let (nz, loads) = (d / W, d / (2 * W));
+    let d = NZ * W;
     let (cr, nr) = (rows.code_row, rows.norm_row);
+    let code_len = NZ * 8;
     let cb = load512(rows.codebook);
     let zero = _mm512_setzero_ps();
     let mut perm = [0.0f32; MAX_D];
-    let mut qz = [zero; MAX_GROUP * MAX_D / W];
-    for j in 0..group {
+    let mut qz = [[zero; NZ]; G];
+    for (j, qj) in qz.iter_mut().enumerate() {
         to_kernel_order(&q[j * d..][..d], W, &mut perm[..d]);
-        for z in 0..nz {
-            qz[j * nz + z] = load512(&perm[z * W..]);
+        for (z, r) in qj.iter_mut().enumerate() {
+            *r = load512(&perm[z * W..]);
         }
     }
-    let mut acc = [zero; MAX_GROUP * MAX_D / W];
-    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut sum = [0.0f32; MAX_GROUP];
-    let mut s = [[0.0f32; TILE]; MAX_GROUP];
-    let mut e = [zero; MAX_D / W];
+    let mut acc = [[zero; NZ]; G];
+    let mut max = [f32::NEG_INFINITY; G];
+    let mut sum = [0.0f32; G];
+    let mut s = [[0.0f32; TILE]; G];
+    // Per head, each key's 16 lane partials of its score; summed across lanes for a whole tile
+    // at once (a transpose-reduce), so a score costs no horizontal sum of its own.
+    let mut lane_sums = [[zero; TILE]; G];
+    let mut norms = [0.0f32; TILE];
+    let stages = [
+        transpose_stage(8),
+        transpose_stage(4),
+        transpose_stage(2),
+        transpose_stage(1),
+    ];
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
         for i in 0..n {
             let r = keys.row(t + i);
-            expand512(&rows.k_codes[r * cr..][..cr], loads, cb, &mut e);
-            let norm = norm_at(rows.k_norms, r, nr);
-            for (j, sj) in s.iter_mut().enumerate().take(group) {
-                let qj = &qz[j * nz..][..nz];
+            let e = expand512n::<NZ>(&rows.k_codes[r * cr..][..code_len], cb);
+            norms[i] = norm_at(rows.k_norms, r, nr);
+            for (ls, qj) in lane_sums.iter_mut().zip(&qz) {
                 let mut v = _mm512_mul_ps(qj[0], e[0]);
-                for z in 1..nz {
+                for z in 1..NZ {
                     v = _mm512_fmadd_ps(qj[z], e[z], v);
                 }
-                sj[i] = norm * _mm512_reduce_add_ps(v);
+                ls[i] = v;
             }
         }
         let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
-        for j in 0..group {
-            let tile_max = s[j][..n].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let norm_v = load512(&norms);
+        for j in 0..G {
+            // Lanes past the tile's last key hold stale partials: masked out below.
+            let sv = _mm512_mul_ps(hsum16(&lane_sums[j], &stages), norm_v);
+            let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
             let new_max = max[j].max(tile_max);
-            let correction = (max[j] - new_max).exp();
+            let correction = if new_max == max[j] {
+                1.0
+            } else {
+                (max[j] - new_max).exp()
+            };
             if correction != 1.0 {
                 sum[j] *= correction;
                 let c = _mm512_set1_ps(correction);
-                for a in &mut acc[j * nz..][..nz] {
+                for a in &mut acc[j] {
                     *a = _mm512_mul_ps(*a, c);
                 }
             }
-            let x = _mm512_sub_ps(load512(&s[j]), _mm512_set1_ps(new_max));
+            let x = _mm512_sub_ps(sv, _mm512_set1_ps(new_max));
             let p = _mm512_maskz_mov_ps(lanes, exp512(x));
             sum[j] += _mm512_reduce_add_ps(p);
             store512(&mut s[j], p);
@@ -181,23 +257,23 @@ fn tq4_avx512(
         }
         for i in 0..n {
             let r = keys.row(t + i);
-            expand512(&rows.v_codes[r * cr..][..cr], loads, cb, &mut e);
+            let e = expand512n::<NZ>(&rows.v_codes[r * cr..][..code_len], cb);
             let norm = norm_at(rows.v_norms, r, nr);
-            for (j, sj) in s.iter().enumerate().take(group) {
+            for (aj, sj) in acc.iter_mut().zip(&s) {
                 let w = _mm512_set1_ps(sj[i] * norm);
-                for (a, &x) in acc[j * nz..][..nz].iter_mut().zip(&e[..nz]) {
+                for (a, &x) in aj.iter_mut().zip(&e) {
                     *a = _mm512_fmadd_ps(w, x, *a);
                 }
             }
         }
         t += n;
     }
-    let mut part = Partial::empty(group, d);
-    for j in 0..group {
+    let mut part = Partial::empty(G, d);
+    for j in 0..G {
         part.max[j] = max[j];
         part.sum[j] = sum[j];
-        for z in 0..nz {
-            store512(&mut perm[z * W..], acc[j * nz + z]);
+        for z in 0..NZ {
+            store512(&mut perm[z * W..], acc[j][z]);
         }
         from_kernel_order(&perm[..d], W, &mut part.acc[j * d..][..d]);
     }
@@ -320,7 +396,11 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
         for j in 0..group {
             let tile_max = s[j][..n].iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let new_max = max[j].max(tile_max);
-            let correction = (max[j] - new_max).exp();
+            let correction = if new_max == max[j] {
+                1.0
+            } else {
+                (max[j] - new_max).exp()
+            };
             if correction != 1.0 {
                 sum[j] *= correction;
                 let c = _mm256_set1_ps(correction);
@@ -378,7 +458,11 @@ pub(super) fn tq4_causal(
     group: usize,
     d: usize,
 ) -> Option<Partial> {
-    if isa != Isa::Avx512 || rows.code_row != d / 2 || q.len() != limits.len() * group * d {
+    if isa != Isa::Avx512
+        || rows.code_row != d / 2
+        || q.len() != limits.len() * group * d
+        || !limits.is_sorted()
+    {
         return None;
     }
     // SAFETY: called only for a tier at most `Isa::detected()` (see `super::tq4_causal`), and
@@ -386,8 +470,160 @@ pub(super) fn tq4_causal(
     Some(unsafe { tq4_causal_avx512(rows, keys, q, limits, group, d) })
 }
 
-// `i` (a key of the tile) indexes the key-major scratch of several query rows at once.
-#[allow(clippy::needless_range_loop)]
+/// Query heads (rows of `q`) per register block of the causal kernel: one score register and,
+/// per 16 coordinates, one accumulator each.
+const CAUSAL_BLOCK: usize = 8;
+
+/// Lane permutations of one stage of a 16×16 transpose: with blocks of `b` lanes, the `lo`
+/// output of rows `(i, i + b)` takes `a`'s even blocks and `b`'s even blocks interleaved, `hi`
+/// the odd ones.
+#[target_feature(enable = "avx512f")]
+fn transpose_stage(b: usize) -> (__m512i, __m512i) {
+    let mut lo = [0i32; 16];
+    let mut hi = [0i32; 16];
+    for l in 0..16 {
+        let (lo_src, hi_src) = if l & b == 0 {
+            (l, l + b)
+        } else {
+            (16 + l - b, 16 + l)
+        };
+        lo[l] = lo_src as i32;
+        hi[l] = hi_src as i32;
+    }
+    // SAFETY: both arrays hold 16 i32 (64 bytes); the loads are unaligned.
+    unsafe {
+        (
+            _mm512_loadu_si512(lo.as_ptr().cast()),
+            _mm512_loadu_si512(hi.as_ptr().cast()),
+        )
+    }
+}
+
+/// Transposes the 16×16 matrix whose rows are `m` in place (four stages of two-source lane
+/// permutations).
+#[target_feature(enable = "avx512f")]
+fn transpose16(m: &mut [__m512; 16], stages: &[(__m512i, __m512i); 4]) {
+    for (k, &(lo, hi)) in stages.iter().enumerate() {
+        let b = 8 >> k;
+        for i in 0..16 {
+            if i & b == 0 {
+                let (x, y) = (m[i], m[i + b]);
+                m[i] = _mm512_permutex2var_ps(x, lo, y);
+                m[i + b] = _mm512_permutex2var_ps(x, hi, y);
+            }
+        }
+    }
+}
+
+/// Lane `i` of the result is the sum of the 16 lanes of `v[i]`: four stages of pairwise
+/// two-source permutations and adds (15 pairs in all), in place of 16 horizontal sums.
+#[target_feature(enable = "avx512f")]
+fn hsum16(v: &[__m512; 16], stages: &[(__m512i, __m512i); 4]) -> __m512 {
+    let mut m = *v;
+    let mut count = 16;
+    for &(lo, hi) in stages {
+        count /= 2;
+        for i in 0..count {
+            let (a, b) = (m[i], m[i + count]);
+            m[i] = _mm512_add_ps(
+                _mm512_permutex2var_ps(a, lo, b),
+                _mm512_permutex2var_ps(a, hi, b),
+            );
+        }
+    }
+    m[0]
+}
+
+/// The per-tile state the causal kernel's register blocks read.
+struct CausalTile<'a> {
+    /// The tile's keys transposed: coordinate-major (kernel order), one lane per key.
+    kt: &'a [f32],
+    /// Each key's norm, one lane per key.
+    k_norm: __m512,
+    /// The tile's values, centroids times norm: key-major, `nz` registers per key.
+    vt: &'a [__m512],
+    /// First key of the tile and its length.
+    t: usize,
+    n: usize,
+}
+
+/// One register block of `R` query heads (rows `p0..p0 + R` of the kernel-order queries `qk`)
+/// over one tile: scores in one chain per head, the online-softmax update, and `P·V` with `R`
+/// accumulators per 16 coordinates. A head's arithmetic is the same whatever block it sits in.
+// `needless_range_loop`: the key index addresses `tile.vt` (key-major) and `prob` (head-major).
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn causal_block<const R: usize>(
+    tile: &CausalTile<'_>,
+    qk: &[f32],
+    p0: usize,
+    lims: [usize; R],
+    d: usize,
+    acc: &mut [f32],
+    max: &mut [f32],
+    sumv: &mut [__m512],
+) {
+    const W: usize = 16;
+    let zero = _mm512_setzero_ps();
+    let q: [&[f32]; R] = std::array::from_fn(|j| &qk[(p0 + j) * d..][..d]);
+    let mut s = [zero; R];
+    for (c, kc) in tile.kt.chunks_exact(W).take(d).enumerate() {
+        let k = load512(kc);
+        for j in 0..R {
+            // SAFETY: `c < d` (at most `d` chunks are taken) and every `q[j]` is `d` long.
+            let qc = unsafe { *q[j].get_unchecked(c) };
+            s[j] = _mm512_fmadd_ps(_mm512_set1_ps(qc), k, s[j]);
+        }
+    }
+    let mut prob = [[0.0f32; W]; R];
+    for j in 0..R {
+        let p = p0 + j;
+        let live = lims[j].saturating_sub(tile.t).min(tile.n);
+        let lanes: __mmask16 = if live >= W {
+            0xFFFF
+        } else {
+            (1u16 << live) - 1
+        };
+        let sv = _mm512_mul_ps(s[j], tile.k_norm);
+        let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
+        let new_max = max[p].max(tile_max);
+        let correction = if new_max == max[p] {
+            1.0
+        } else {
+            (max[p] - new_max).exp()
+        };
+        if correction != 1.0 {
+            let c = _mm512_set1_ps(correction);
+            sumv[p] = _mm512_mul_ps(sumv[p], c);
+            for a in acc[p * d..][..d].chunks_exact_mut(W) {
+                store512(a, _mm512_mul_ps(load512(a), c));
+            }
+        }
+        let w = _mm512_maskz_mov_ps(lanes, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(new_max))));
+        sumv[p] = _mm512_add_ps(sumv[p], w);
+        store512(&mut prob[j], w);
+        max[p] = new_max;
+    }
+    let nz = d / W;
+    for z in 0..nz {
+        let mut a: [__m512; R] = std::array::from_fn(|j| load512(&acc[(p0 + j) * d + z * W..]));
+        for i in 0..tile.n {
+            let v = tile.vt[i * nz + z];
+            for j in 0..R {
+                a[j] = _mm512_fmadd_ps(_mm512_set1_ps(prob[j][i]), v, a[j]);
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            store512(&mut acc[(p0 + j) * d + z * W..], *a);
+        }
+    }
+}
+
+/// The causal kernel over tiles of 16 keys: each tile's codes are expanded once (keys
+/// transposed, values scaled by their norms) for every query row and head of the call, which
+/// then run in register blocks of [`CAUSAL_BLOCK`] heads. Rows are taken in ascending limit
+/// order, so the rows a tile reaches are a suffix.
 #[target_feature(enable = "avx512f")]
 fn tq4_causal_avx512(
     rows: &Tq4Rows<'_>,
@@ -403,20 +639,25 @@ fn tq4_causal_avx512(
     let (cr, nr) = (rows.code_row, rows.norm_row);
     let cb = load512(rows.codebook);
     let zero = _mm512_setzero_ps();
+    let stages = [
+        transpose_stage(8),
+        transpose_stage(4),
+        transpose_stage(2),
+        transpose_stage(1),
+    ];
     // Queries in the kernels' coordinate order, as scalars to broadcast.
     let mut qk = vec![0.0f32; nq * d];
     for p in 0..nq {
         to_kernel_order(&q[p * d..][..d], W, &mut qk[p * d..][..d]);
     }
-    let mut acc = vec![zero; nq * nz];
+    let mut acc = vec![0.0f32; nq * d];
     let mut max = vec![f32::NEG_INFINITY; nq];
-    let mut sum = vec![0.0f32; nq];
-    let mut prob = vec![[0.0f32; TILE]; nq];
+    let mut sumv = vec![zero; nq];
     let mut e = [zero; MAX_D / W];
-    let mut row_buf = [0.0f32; MAX_D];
-    // The tile's keys transposed: coordinate-major, one lane per key, so a score row of 16 keys
-    // is `d` broadcast FMAs and no horizontal sum.
+    // Expanded keys of the tile, key-major, before the transpose.
+    let mut ke = vec![zero; TILE * nz];
     let mut kt = vec![0.0f32; d * TILE];
+    let mut vt = vec![zero; TILE * nz];
     let mut norms = [0.0f32; TILE];
     let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
     let mut t = keys.start;
@@ -425,71 +666,47 @@ fn tq4_causal_avx512(
         for i in 0..n {
             let r = keys.row(t + i);
             expand512(&rows.k_codes[r * cr..][..cr], loads, cb, &mut e);
-            for z in 0..nz {
-                store512(&mut row_buf[z * W..], e[z]);
-            }
-            for (c, &x) in row_buf[..d].iter().enumerate() {
-                kt[c * TILE + i] = x;
-            }
+            ke[i * nz..][..nz].copy_from_slice(&e[..nz]);
             norms[i] = norm_at(rows.k_norms, r, nr);
-        }
-        // Lanes past the tile's end hold stale keys: every row masks them out below.
-        let norm_v = load512(&norms);
-        for (row, &lim) in limits.iter().enumerate() {
-            // The keys a row sees in this tile are a prefix of it.
-            let live = lim.saturating_sub(t).min(n);
-            if live == 0 {
-                continue;
-            }
-            let lanes: __mmask16 = if live == TILE {
-                0xFFFF
-            } else {
-                (1u16 << live) - 1
-            };
-            for p in row * group..(row + 1) * group {
-                let qp = &qk[p * d..][..d];
-                // Four independent sums, so the FMAs are not one dependency chain.
-                let mut sv = [zero; 4];
-                for (c4, q4) in qp.chunks_exact(4).enumerate() {
-                    for (k, &qc) in q4.iter().enumerate() {
-                        let kc = load512(&kt[(4 * c4 + k) * TILE..]);
-                        sv[k] = _mm512_fmadd_ps(_mm512_set1_ps(qc), kc, sv[k]);
-                    }
-                }
-                let sv = _mm512_add_ps(_mm512_add_ps(sv[0], sv[1]), _mm512_add_ps(sv[2], sv[3]));
-                let sv = _mm512_mul_ps(sv, norm_v);
-                let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
-                let new_max = max[p].max(tile_max);
-                let correction = (max[p] - new_max).exp();
-                if correction != 1.0 {
-                    sum[p] *= correction;
-                    let c = _mm512_set1_ps(correction);
-                    for a in &mut acc[p * nz..][..nz] {
-                        *a = _mm512_mul_ps(*a, c);
-                    }
-                }
-                let x = _mm512_sub_ps(sv, _mm512_set1_ps(new_max));
-                let w = _mm512_maskz_mov_ps(lanes, exp512(x));
-                sum[p] += _mm512_reduce_add_ps(w);
-                store512(&mut prob[p], w);
-                max[p] = new_max;
-            }
-        }
-        for i in 0..n {
-            let r = keys.row(t + i);
             expand512(&rows.v_codes[r * cr..][..cr], loads, cb, &mut e);
-            let norm = norm_at(rows.v_norms, r, nr);
-            for (row, &lim) in limits.iter().enumerate() {
-                if t + i >= lim {
-                    continue;
-                }
-                for p in row * group..(row + 1) * group {
-                    let w = _mm512_set1_ps(prob[p][i] * norm);
-                    for (a, &x) in acc[p * nz..][..nz].iter_mut().zip(&e[..nz]) {
-                        *a = _mm512_fmadd_ps(w, x, *a);
-                    }
-                }
+            let vn = _mm512_set1_ps(norm_at(rows.v_norms, r, nr));
+            for (o, &x) in vt[i * nz..][..nz].iter_mut().zip(&e[..nz]) {
+                *o = _mm512_mul_ps(x, vn);
             }
+        }
+        // Lanes past the tile's end hold stale (finite) keys: every row masks them out.
+        for z in 0..nz {
+            let mut m: [__m512; 16] = std::array::from_fn(|i| ke[i * nz + z]);
+            transpose16(&mut m, &stages);
+            for (c, row) in m.iter().enumerate() {
+                store512(&mut kt[(z * W + c) * W..], *row);
+            }
+        }
+        let tile = CausalTile {
+            kt: &kt,
+            k_norm: load512(&norms),
+            vt: &vt,
+            t,
+            n,
+        };
+        // Rows whose limit is past `t` (a suffix: limits ascend), in blocks of heads.
+        let first = limits.partition_point(|&lim| lim <= t);
+        let mut p = first * group;
+        while p < nq {
+            let r = (nq - p).min(CAUSAL_BLOCK);
+            let lim = |j: usize| limits[(p + j) / group];
+            let (a, m, sv) = (&mut acc[..], &mut max[..], &mut sumv[..]);
+            match r {
+                8 => causal_block::<8>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                7 => causal_block::<7>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                6 => causal_block::<6>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                5 => causal_block::<5>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                4 => causal_block::<4>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                3 => causal_block::<3>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                2 => causal_block::<2>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+                _ => causal_block::<1>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
+            }
+            p += r;
         }
         t += n;
     }
@@ -497,10 +714,8 @@ fn tq4_causal_avx512(
     let mut perm = [0.0f32; MAX_D];
     for p in 0..nq {
         part.max[p] = max[p];
-        part.sum[p] = sum[p];
-        for z in 0..nz {
-            store512(&mut perm[z * W..], acc[p * nz + z]);
-        }
+        part.sum[p] = _mm512_reduce_add_ps(sumv[p]);
+        perm[..d].copy_from_slice(&acc[p * d..][..d]);
         from_kernel_order(&perm[..d], W, &mut part.acc[p * d..][..d]);
     }
     part

@@ -164,7 +164,7 @@ impl Default for EngineConfig {
             cold_bytes: 2 << 30,
             rotation_seed: DEFAULT_ROTATION_SEED,
             prefill_chunk: 256,
-            step_tokens: 128,
+            step_tokens: 32,
             threads: 0,
             max_running: 16,
             queue_capacity: 64,
@@ -253,8 +253,9 @@ pub struct SequenceSpec {
 /// The CPU engine's numerics, hashed into the KV fingerprint: K/V computed by other numerics (an
 /// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
 /// whenever a kernel change can move stored KV.
-pub const NUMERICS: &str = "cpu-numerics/4: simd decode attention, key-split merge, tiled causal \
-     prefill over codes, weight products by row (the weight format's own id is hashed beside)";
+pub const NUMERICS: &str = "cpu-numerics/5: simd decode attention with tile transpose-reduce \
+     scores, key-split merge, causal prefill over codes in register blocks of heads, weight \
+     products by row (the weight format's own id is hashed beside)";
 
 /// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
 pub const PUBLIC_TENANT: TenantId = TenantId(0);

@@ -3,13 +3,13 @@
 //! no tensor per operation. Only the dense fallbacks (safetensors weights, the dense attention of
 //! codecs without a tiled kernel) go through candle.
 
-use candle_core::{Device, Tensor};
-use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use super::{KvTransform, Llama, SeqInput, dense_attention};
 use crate::error::EngineResult;
 use crate::weights::block_product as matmul;
+use candle_core::{Device, Tensor};
+use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
 
 /// Elements below which an elementwise pass stays on the calling thread.
 const PAR_MIN: usize = 1 << 16;
@@ -48,16 +48,20 @@ fn rope(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// `gate ← silu(gate) · up`.
-fn swiglu(gate: &mut [f32], up: &[f32]) {
+/// `gate ← silu(gate) · up`, on up to `threads` threads above [`PAR_MIN`] elements (each element
+/// is computed alike on any thread).
+fn swiglu(gate: &mut [f32], up: &[f32], threads: usize) {
     let f = |(g, u): (&mut f32, &f32)| *g = *g / (1.0 + (-*g).exp()) * u;
-    if gate.len() < PAR_MIN {
+    if gate.len() < PAR_MIN || threads < 2 {
         gate.iter_mut().zip(up).for_each(f);
-    } else {
-        gate.par_chunks_mut(4096)
-            .zip(up.par_chunks(4096))
-            .for_each(|(g, u)| g.iter_mut().zip(u).for_each(f));
+        return;
     }
+    let share = gate.len().div_ceil(threads);
+    let parts: Vec<Mutex<&mut [f32]>> = gate.chunks_mut(share).map(Mutex::new).collect();
+    engram_kvcore::team::run(parts.len(), &|i| {
+        let mut g = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+        g.iter_mut().zip(&up[i * share..]).for_each(f);
+    });
 }
 
 fn add(x: &mut [f32], y: &[f32]) {
@@ -176,12 +180,12 @@ impl Llama {
                         gate.extend_from_slice(&r[..ff]);
                         up.extend_from_slice(&r[ff..]);
                     }
-                    swiglu(&mut gate, &up);
+                    swiglu(&mut gate, &up, t);
                     gate
                 }
                 None => {
                     let mut gate = layer.w_gate.apply(&h, n, t)?;
-                    swiglu(&mut gate, &layer.w_up.apply(&h, n, t)?);
+                    swiglu(&mut gate, &layer.w_up.apply(&h, n, t)?, t);
                     gate
                 }
             };
@@ -268,7 +272,7 @@ mod tests {
                 .zip(&u)
                 .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
-            swiglu(&mut g, &u);
+            swiglu(&mut g, &u, 2);
             assert_eq!(g, want);
         }
     }

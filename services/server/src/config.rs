@@ -278,6 +278,10 @@ pub struct ModelSection {
     pub step_tokens: usize,
     /// Threads the CPU kernels split work over (0: one per CPU).
     pub threads: usize,
+    /// How GGUF weights are held and multiplied on the CPU: `quantized` (kept in their blocks,
+    /// f32 activations), `int8` (as `quantized`, 4-bit blocks with int8 activations: faster
+    /// prefill, llama.cpp's numerics) or `f32` (dequantized at load).
+    pub weights: String,
     /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
     pub pin_tenant_share: f64,
     /// Fault injection for the supervision tests, `panic:MARKER` or `stop:MARKER` (a prompt
@@ -327,8 +331,9 @@ impl Default for ModelSection {
             device: "cpu".into(),
             cache_generated: false,
             max_running: 16,
-            step_tokens: 128,
+            step_tokens: 32,
             threads: 0,
+            weights: "quantized".into(),
             pin_tenant_share: 0.5,
             fault: String::new(),
         }
@@ -459,6 +464,9 @@ impl Config {
         }
         if !(1..=65_536).contains(&self.model.step_tokens) {
             return bad("model.step_tokens", "must be 1 to 65536");
+        }
+        if engram_engine::WeightFormat::parse(&self.model.weights).is_none() {
+            return bad("model.weights", "one of quantized, int8, f32");
         }
         if self.model.threads > 1024 {
             return bad("model.threads", "must be 0 (one per CPU) to 1024");
