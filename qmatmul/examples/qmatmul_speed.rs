@@ -1,5 +1,6 @@
 //! Times the block products on SmolLM2-135M's projection shapes (Q4_1 with random weights):
-//! ms and GFLOP/s per activation-row count and kernel tier, one and all threads.
+//! ms and GFLOP/s per activation-row count and kernel tier, one and all threads, with f32
+//! activations (W4A32) and int8 ones (W4A8).
 //!
 //!     cargo run --release -p engram-qmatmul --example qmatmul_speed
 
@@ -35,31 +36,35 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     // One layer's products: q/k/v stacked, o, gate/up stacked, down.
     let shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)];
-    let mats: Vec<QMatrix> = shapes
+    let f32_mats: Vec<QMatrix> = shapes
         .iter()
         .enumerate()
         .map(|(i, &(r, c))| random_q4_1(r, c, i as u64 + 1))
         .collect();
+    let int8_mats: Vec<QMatrix> = f32_mats.iter().map(|m| m.clone().with_int8()).collect();
     let macs: usize = shapes.iter().map(|(r, c)| r * c).sum();
     println!("one SmolLM2-135M layer's projections, Q4_1, {threads} threads available");
-    for isa in Isa::available().into_iter().rev() {
-        for t in [1, threads] {
-            for m in [1, 2, 4, 8, 16, 64, 128] {
-                let x: Vec<f32> = (0..m * 1536).map(|i| (i % 17) as f32 * 0.01).collect();
-                let mut ys: Vec<Vec<f32>> = mats.iter().map(|w| vec![0f32; m * w.rows()]).collect();
-                let reps = (2000 / m).max(20);
-                let start = Instant::now();
-                for _ in 0..reps {
-                    for (w, y) in mats.iter().zip(&mut ys) {
-                        let _ = w.matmul_on(isa, &x[..m * w.cols()], m, y, t);
+    for (acts, mats) in [("f32", &f32_mats), ("int8", &int8_mats)] {
+        for isa in Isa::available().into_iter().rev() {
+            for t in [1, threads] {
+                for m in [1, 2, 4, 8, 16, 64, 128] {
+                    let x: Vec<f32> = (0..m * 1536).map(|i| (i % 17) as f32 * 0.01).collect();
+                    let mut ys: Vec<Vec<f32>> =
+                        mats.iter().map(|w| vec![0f32; m * w.rows()]).collect();
+                    let reps = (2000 / m).max(20);
+                    let start = Instant::now();
+                    for _ in 0..reps {
+                        for (w, y) in mats.iter().zip(&mut ys) {
+                            let _ = w.matmul_on(isa, &x[..m * w.cols()], m, y, t);
+                        }
                     }
+                    let s = start.elapsed().as_secs_f64() / reps as f64;
+                    println!(
+                        "{acts:>4} {isa:?} threads {t} m {m:>3}: {:>7.3} ms per layer, {:>6.1} GFLOP/s",
+                        s * 1e3,
+                        2.0 * (macs * m) as f64 / s / 1e9
+                    );
                 }
-                let s = start.elapsed().as_secs_f64() / reps as f64;
-                println!(
-                    "{isa:?} threads {t} m {m:>3}: {:>7.3} ms per layer, {:>6.1} GFLOP/s",
-                    s * 1e3,
-                    2.0 * (macs * m) as f64 / s / 1e9
-                );
             }
         }
     }

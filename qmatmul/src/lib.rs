@@ -18,6 +18,11 @@
 //! ISAs differ from each other in summation order only). The kernel tier is
 //! [`Isa::active`]: AVX-512 F, AVX2 + FMA or portable Rust,
 //! chosen at run time and lowered with `ENGRAM_SIMD`.
+//!
+//! [`QMatrix::with_int8`] switches a nibble matrix to int8 activations (W4A8, the `int8` module):
+//! the activations are quantized per 32 columns and multiplied with integer dot products
+//! (AVX-512 VNNI, AVX2, scalar), bit-identical on every tier, any row count and thread count.
+//! It trades a small, bounded rounding of the activations for about twice the prefill speed.
 #![deny(unsafe_code)]
 
 use half::f16;
@@ -25,8 +30,10 @@ use thiserror::Error;
 
 pub use engram_kvcore::Isa;
 
+mod int8;
 mod kernel;
 
+pub use int8::PANEL_ROWS;
 pub use kernel::PANEL_MIN_M;
 
 /// Weights per nibble group (one scale and one offset).
@@ -140,6 +147,8 @@ pub struct QMatrix {
     offsets: Vec<f32>,
     /// Nibbles: 16 bytes per group; bytes: one per weight.
     codes: Vec<u8>,
+    /// The weights repacked for int8 activations, when [`QMatrix::with_int8`] asked for them.
+    int8: Option<int8::Panels>,
 }
 
 impl std::fmt::Debug for QMatrix {
@@ -211,6 +220,7 @@ impl QMatrix {
             } else {
                 weights
             }),
+            int8: None,
         };
         for b in data.chunks_exact(block.bytes()) {
             m.push_block(block, b);
@@ -300,7 +310,21 @@ impl QMatrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        4 * (self.scales.len() + self.offsets.len()) + self.codes.len()
+        4 * (self.scales.len() + self.offsets.len())
+            + self.codes.len()
+            + self.int8.as_ref().map_or(0, int8::Panels::bytes)
+    }
+
+    /// The matrix multiplying with int8 activations from now on (see the crate doc), when its
+    /// form has an int8 kernel (nibbles); a byte matrix is returned unchanged.
+    pub fn with_int8(mut self) -> Self {
+        self.int8 = int8::Panels::of(&self);
+        self
+    }
+
+    /// Whether products quantize the activations to int8.
+    pub fn is_int8(&self) -> bool {
+        self.int8.is_some()
     }
 
     fn groups_per_row(&self) -> usize {
@@ -316,6 +340,7 @@ impl QMatrix {
 
     /// The rows of `parts` one after the other, as one matrix (one product then serves several
     /// projections of the same input, each output computed bit for bit as by its own matrix).
+    /// Int8 when every part is.
     pub fn stack(parts: &[&QMatrix]) -> Result<Self, QError> {
         let first = parts.first().ok_or(QError::Stack)?;
         if parts
@@ -324,7 +349,7 @@ impl QMatrix {
         {
             return Err(QError::Stack);
         }
-        Ok(Self {
+        let stacked = Self {
             form: first.form,
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
@@ -337,6 +362,12 @@ impl QMatrix {
                 .flat_map(|p| p.offsets.iter().copied())
                 .collect(),
             codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
+            int8: None,
+        };
+        Ok(if parts.iter().all(|p| p.is_int8()) {
+            stacked.with_int8()
+        } else {
+            stacked
         })
     }
 
@@ -354,13 +385,19 @@ impl QMatrix {
             });
         }
         let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
-        Ok(Self {
+        let moved = Self {
             form: self.form,
             rows: self.rows,
             cols: self.cols,
             scales: pick_rows(&self.scales, order, g),
             offsets: pick_rows(&self.offsets, order, g),
             codes: pick_rows(&self.codes, order, c),
+            int8: None,
+        };
+        Ok(if self.is_int8() {
+            moved.with_int8()
+        } else {
+            moved
         })
     }
 
@@ -440,7 +477,10 @@ impl QMatrix {
                 got: y.len(),
             });
         }
-        kernel::product(isa, self, x, m, y, threads.max(1));
+        match &self.int8 {
+            Some(p) => int8::product(isa, self, p, x, m, y, threads.max(1)),
+            None => kernel::product(isa, self, x, m, y, threads.max(1)),
+        }
         Ok(())
     }
 }
@@ -462,4 +502,16 @@ pub(crate) struct Row<'a> {
     pub scales: &'a [f32],
     pub offsets: &'a [f32],
     pub codes: &'a [u8],
+}
+
+/// `m` rows of `cols` activations as an int8 product sees them: each quantized per 32 columns
+/// and scaled back (`dx·x8`). For references in tests and for measuring the rounding.
+pub fn int8_activations(x: &[f32], cols: usize) -> Result<Vec<f32>, QError> {
+    if !cols.is_multiple_of(NIBBLE_GROUP) || cols == 0 || !x.len().is_multiple_of(cols) {
+        return Err(QError::Columns {
+            cols,
+            block: NIBBLE_GROUP,
+        });
+    }
+    Ok(int8::dequantized(x, x.len() / cols, cols))
 }

@@ -368,17 +368,22 @@ impl Llama {
         self
     }
 
-    /// How the weights are held: [`WeightFormat::Quantized`] when any projection is kept in its
-    /// GGUF blocks (their numerics are hashed into the KV fingerprint).
+    /// How the weights are held: [`WeightFormat::Int8`] when any projection multiplies with
+    /// int8 activations, else [`WeightFormat::Quantized`] when any is kept in its GGUF blocks
+    /// (their numerics are hashed into the KV fingerprint).
     pub fn weight_format(&self) -> WeightFormat {
-        let blocks = |w: &Linear| matches!(w, Linear::Blocks(_));
-        let any = blocks(&self.lm_head)
-            || self.layers.iter().any(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                    .into_iter()
-                    .any(blocks)
-            });
-        if any {
+        let linears = || {
+            std::iter::once(&self.lm_head).chain(
+                self.layers
+                    .iter()
+                    .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
+            )
+        };
+        let blocks = |w: &&Linear| matches!(w, Linear::Blocks(_));
+        let int8 = |w: &&Linear| matches!(w, Linear::Blocks(q) if q.is_int8());
+        if linears().any(|w| int8(&w)) {
+            WeightFormat::Int8
+        } else if linears().any(|w| blocks(&w)) {
             WeightFormat::Quantized
         } else {
             WeightFormat::F32

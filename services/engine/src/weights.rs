@@ -59,6 +59,11 @@ pub enum WeightFormat {
     /// lookup and the norms are f32. The default.
     #[default]
     Quantized,
+    /// As `Quantized`, with the 4-bit projections multiplied by int8 activations (W4A8,
+    /// quantized per 32 columns, integer dot products: llama.cpp's numerics for these blocks);
+    /// byte blocks (`Q8_0`, `Q6_K`) stay W8A32. About twice the prefill speed; `engram eval kv`
+    /// measures what it moves.
+    Int8,
 }
 
 impl WeightFormat {
@@ -67,6 +72,17 @@ impl WeightFormat {
         match self {
             Self::F32 => "weights=f32-gemm/v1",
             Self::Quantized => "weights=gguf-blocks-w4a32-w8a32/v1",
+            Self::Int8 => "weights=gguf-blocks-w4a8-w8a32/v1",
+        }
+    }
+
+    /// `f32`, `quantized` or `int8`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" => Some(Self::F32),
+            "quantized" => Some(Self::Quantized),
+            "int8" => Some(Self::Int8),
+            _ => None,
         }
     }
 }
@@ -452,7 +468,7 @@ fn linear(
         _ => None,
     };
     let (rows, cols) = q.shape().dims2()?;
-    if let (WeightFormat::Quantized, Some(block)) = (format, block) {
+    if let (WeightFormat::Quantized | WeightFormat::Int8, Some(block)) = (format, block) {
         let m = QMatrix::from_gguf(block, rows, cols, &q.data()?).map_err(|source| {
             EngineError::Blocks {
                 name: name.to_string(),
@@ -467,6 +483,11 @@ fn linear(
                     source,
                 })?,
             None => m,
+        };
+        let m = if format == WeightFormat::Int8 {
+            m.with_int8()
+        } else {
+            m
         };
         return Ok(Linear::Blocks(Arc::new(m)));
     }

@@ -103,6 +103,7 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
             max_running: config.model.max_running,
             step_tokens: config.model.step_tokens,
             threads: config.model.threads,
+            weights: engram_engine::WeightFormat::parse(&config.model.weights).unwrap_or_default(),
             pin_policy: engram_kvcore::PinPolicy {
                 tenant_share: config.model.pin_tenant_share,
                 ..engram_kvcore::PinPolicy::default()

@@ -1,7 +1,7 @@
 //! `engram`: the command-line entry point. Today: the KV fidelity harness and the TTFT/decode
 //! benchmark; the HTTP service joins as `engram serve`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -272,6 +272,10 @@ struct ModelArgs {
     /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
     #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
     model: PathBuf,
+    /// How GGUF weights are held and multiplied: quantized (blocks, f32 activations), int8
+    /// (blocks, int8 activations for the 4-bit ones) or f32.
+    #[arg(long, default_value = "quantized")]
+    weights: String,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -350,8 +354,11 @@ struct TtftArgs {
     cold_mib: u64,
 }
 
-fn load(path: &Path) -> Result<(Llama, TextTokenizer)> {
-    let model = Llama::load(path).with_context(|| {
+fn load(args: &ModelArgs) -> Result<(Llama, TextTokenizer)> {
+    let path = args.model.as_path();
+    let weights = engram_engine::WeightFormat::parse(&args.weights)
+        .with_context(|| format!("--weights `{}`: quantized, int8 or f32", args.weights))?;
+    let model = Llama::load_as(path, weights).with_context(|| {
         format!(
             "loading {} (run `make models` for the default)",
             path.display()
@@ -368,7 +375,7 @@ fn print_json(rows: impl IntoIterator<Item = serde_json::Value>) {
 }
 
 fn eval_kv(args: EvalKvArgs) -> Result<()> {
-    let (model, tok) = load(&args.model.model)?;
+    let (model, tok) = load(&args.model)?;
     let opts = EvalOptions {
         corpus: args.corpus,
         max_tokens: args.tokens,
@@ -422,7 +429,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
     let device = EngineDevice::parse(&args.device)?;
     let mut key_centering = parse_key_centering(&args.key_centering)?;
     let (model, tok) = match &args.random_weights {
-        None => load(&args.model.model)?,
+        None => load(&args.model)?,
         Some(shape) => {
             let config = crate::shape(shape)?;
             let dev = device.candle()?;

@@ -1,0 +1,442 @@
+//! Products with int8 activations for the nibble form (W4A8), the numerics llama.cpp's CPU
+//! backend uses for its 4-bit blocks.
+//!
+//! Each activation row is quantized per 32 columns (one nibble group): `dx = max|x| / 127` and
+//! `x8 = round(x / dx)` (ties to even), so `x ≈ dx·x8` with `|x8| ≤ 127`. A group's weights are
+//! `q·s + o` with `q` in `0..16`, and its part of an output is
+//! `s·dx·Σ q·x8 + o·dx·Σ x8`: the integer sums are exact (at most 32·15·127 in magnitude), and
+//! the two float terms are added in group order with fused multiply-adds. So an output is the
+//! product of the weights with the quantized activations, rounded the same on every kernel tier,
+//! for any number of activation rows and any thread count.
+//!
+//! The weights are repacked once into panels of [`PANEL_ROWS`] rows: per 32-column group, four
+//! 64-byte vectors whose 32-bit lane `j` holds row `j`'s nibbles for 8 columns (columns `c..c+4`
+//! in the low nibbles, `c+4..c+8` in the high ones). One `vpdpbusd` then adds four products into
+//! each of 16 rows' sums for one activation row; the 4-bit memory footprint is kept.
+#![allow(unsafe_code)]
+
+use crate::kernel::Out;
+use crate::{Form, Isa, QMatrix, Row};
+
+/// Weight rows per panel (one 32-bit lane each of a 512-bit register).
+pub const PANEL_ROWS: usize = 16;
+/// Columns per quantization group of the activations (a nibble group of the weights).
+const GROUP: usize = 32;
+/// Code bytes of one panel's group: 16 rows × 32 nibbles.
+const PANEL_GROUP_BYTES: usize = PANEL_ROWS * GROUP / 2;
+/// Activation rows the 512-bit kernel carries at once.
+const ROWS_512: usize = 8;
+/// Activation rows the 256-bit kernel carries at once.
+const ROWS_256: usize = 4;
+/// Multiply-adds below which one thread does the whole product.
+const PAR_MIN_MACS: usize = 1 << 16;
+/// `v + MAGIC − MAGIC` rounds `|v| < 2²²` to an integer, ties to even (the default rounding).
+const MAGIC: f32 = 12_582_912.0;
+
+/// A nibble matrix's weights repacked into panels for the int8 kernels.
+#[derive(Clone, PartialEq)]
+pub(crate) struct Panels {
+    groups: usize,
+    /// `[panel][group][PANEL_GROUP_BYTES]`.
+    codes: Vec<u8>,
+    /// `[panel][group][PANEL_ROWS]`; rows past the matrix are 0.
+    scales: Vec<f32>,
+    offsets: Vec<f32>,
+}
+
+impl Panels {
+    /// The panels of a nibble matrix (`None` for another form).
+    pub(crate) fn of(m: &QMatrix) -> Option<Self> {
+        if m.form() != Form::Nibbles {
+            return None;
+        }
+        let (rows, groups) = (m.rows(), m.cols() / GROUP);
+        let panels = rows.div_ceil(PANEL_ROWS);
+        let mut p = Self {
+            groups,
+            codes: vec![0; panels * groups * PANEL_GROUP_BYTES],
+            scales: vec![0.0; panels * groups * PANEL_ROWS],
+            offsets: vec![0.0; panels * groups * PANEL_ROWS],
+        };
+        for r in 0..rows {
+            let (panel, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+            let row = m.row(r);
+            for g in 0..groups {
+                let at = panel * groups + g;
+                p.scales[at * PANEL_ROWS + lane] = row.scales[g];
+                p.offsets[at * PANEL_ROWS + lane] = row.offsets[g];
+                let q = |k: usize| nibble(&row.codes[g * 16..][..16], k);
+                let dst = &mut p.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+                for v in 0..4 {
+                    for t in 0..4 {
+                        let c = 8 * v + t;
+                        dst[64 * v + 4 * lane + t] = q(c) | (q(c + 4) << 4);
+                    }
+                }
+            }
+        }
+        Some(p)
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.codes.len() + 4 * (self.scales.len() + self.offsets.len())
+    }
+}
+
+/// Weight `k` (0..32) of a nibble group's 16 code bytes.
+fn nibble(codes: &[u8], k: usize) -> u8 {
+    if k < 16 {
+        codes[k] & 0xF
+    } else {
+        codes[k - 16] >> 4
+    }
+}
+
+/// Activation rows quantized per 32 columns.
+pub(crate) struct Quantized {
+    cols: usize,
+    groups: usize,
+    /// `[m][cols]`.
+    q: Vec<i8>,
+    /// `[m][groups]`: the scale `dx`.
+    d: Vec<f32>,
+    /// `[m][groups]`: `dx·Σ x8`.
+    s: Vec<f32>,
+}
+
+/// Quantizes `m` rows of `cols` (a multiple of 32) floats.
+pub(crate) fn quantize(x: &[f32], m: usize, cols: usize) -> Quantized {
+    let groups = cols / GROUP;
+    let mut a = Quantized {
+        cols,
+        groups,
+        q: vec![0; m * cols],
+        d: vec![0.0; m * groups],
+        s: vec![0.0; m * groups],
+    };
+    for (i, (xg, qg)) in x[..m * cols]
+        .chunks_exact(GROUP)
+        .zip(a.q.chunks_exact_mut(GROUP))
+        .enumerate()
+    {
+        // The largest magnitude, in eight lanes (exact in any order).
+        let mut lanes = [0f32; 8];
+        for c in xg.chunks_exact(8) {
+            for (l, v) in lanes.iter_mut().zip(c) {
+                *l = l.max(v.abs());
+            }
+        }
+        let amax = lanes.iter().fold(0f32, |a, &l| a.max(l));
+        if amax == 0.0 || !amax.is_finite() {
+            continue;
+        }
+        let inv = 127.0 / amax;
+        let mut sum = 0i32;
+        for (q, &v) in qg.iter_mut().zip(xg) {
+            let r = ((v * inv + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        let dx = amax / 127.0;
+        a.d[i] = dx;
+        a.s[i] = dx * sum as f32;
+    }
+    a
+}
+
+/// [`quantize`]'s rows scaled back to floats (`dx·x8`).
+pub(crate) fn dequantized(x: &[f32], m: usize, cols: usize) -> Vec<f32> {
+    let a = quantize(x, m, cols);
+    a.q.iter()
+        .enumerate()
+        .map(|(k, &q)| f32::from(q) * a.d[k / GROUP])
+        .collect()
+}
+
+/// Which integer kernel runs a tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// AVX-512 with VNNI (`vpdpbusd`).
+    Vnni,
+    /// AVX2 (`vpmaddubsw` + `vpmaddwd`), also for AVX-512 without VNNI.
+    Avx2,
+    Scalar,
+}
+
+fn kernel_for(isa: Isa) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match isa {
+            Isa::Avx512
+                if std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vnni") =>
+            {
+                return Kernel::Vnni;
+            }
+            Isa::Avx512 | Isa::Avx2
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma") =>
+            {
+                return Kernel::Avx2;
+            }
+            _ => {}
+        }
+    }
+    let _ = isa;
+    Kernel::Scalar
+}
+
+/// `y = x · Wᵀ` through the panels (the caller checked the lengths and that the CPU runs `isa`).
+pub(crate) fn product(
+    isa: Isa,
+    mat: &QMatrix,
+    pan: &Panels,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+    threads: usize,
+) {
+    let rows = mat.rows();
+    let a = quantize(x, m, mat.cols());
+    let panels = rows.div_ceil(PANEL_ROWS);
+    let units = if rows * mat.cols() * m < PAR_MIN_MACS {
+        1
+    } else {
+        threads.min(panels).max(1)
+    };
+    let share = panels.div_ceil(units);
+    let out = Out::new(y, rows);
+    let kernel = kernel_for(isa);
+    let run = |u: usize| {
+        let (p0, p1) = ((u * share).min(panels), ((u + 1) * share).min(panels));
+        for p in p0..p1 {
+            panel(kernel, mat, pan, p, &a, m, out);
+        }
+    };
+    if units == 1 {
+        run(0);
+    } else {
+        engram_kvcore::team::run(units, &run);
+    }
+}
+
+/// One panel against every activation row.
+fn panel(kernel: Kernel, mat: &QMatrix, pan: &Panels, p: usize, a: &Quantized, m: usize, out: Out) {
+    let r0 = p * PANEL_ROWS;
+    let live = PANEL_ROWS.min(mat.rows() - r0);
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Vnni => {
+            let mut i = 0;
+            while i < m {
+                let n = ROWS_512.min(m - i);
+                macro_rules! by_n {
+                    ($($k:literal)*) => {
+                        match n {
+                            $($k => {
+                                // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports
+                                // AVX-512 BW and VNNI; rows `i..i + n` exist in `a`.
+                                unsafe { x86::panel_vnni::<$k>(pan, p, a, i, r0, live, out) }
+                            })*
+                            _ => {}
+                        }
+                    };
+                }
+                by_n!(1 2 3 4 5 6 7 8);
+                i += n;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => {
+            for half in 0..2 {
+                let lanes = live.saturating_sub(8 * half).min(8);
+                if lanes == 0 {
+                    continue;
+                }
+                let mut i = 0;
+                while i < m {
+                    let n = ROWS_256.min(m - i);
+                    macro_rules! by_n {
+                        ($($k:literal)*) => {
+                            match n {
+                                $($k => {
+                                    // SAFETY: `kernel_for` chose `Avx2` only where the CPU
+                                    // reports AVX2 and FMA; rows `i..i + n` exist in `a`.
+                                    unsafe {
+                                        x86::panel_avx2::<$k>(pan, p, half, a, i, r0, lanes, out)
+                                    }
+                                })*
+                                _ => {}
+                            }
+                        };
+                    }
+                    by_n!(1 2 3 4);
+                    i += n;
+                }
+            }
+        }
+        _ => {
+            for r in r0..r0 + live {
+                for i in 0..m {
+                    out.put(i, r, scalar(mat.row(r), a, i));
+                }
+            }
+        }
+    }
+}
+
+/// The reference: one output from the row's own nibble codes (not the panels).
+pub(crate) fn scalar(row: Row<'_>, a: &Quantized, i: usize) -> f32 {
+    let x8 = &a.q[i * a.cols..][..a.cols];
+    let mut acc = 0f32;
+    for g in 0..a.groups {
+        let codes = &row.codes[g * 16..][..16];
+        let xs = &x8[g * GROUP..][..GROUP];
+        let isum: i32 = (0..GROUP)
+            .map(|k| i32::from(nibble(codes, k)) * i32::from(xs[k]))
+            .sum();
+        let sd = row.scales[g] * a.d[i * a.groups + g];
+        acc = (isum as f32).mul_add(sd, acc);
+        acc = row.offsets[g].mul_add(a.s[i * a.groups + g], acc);
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{GROUP, PANEL_GROUP_BYTES, PANEL_ROWS, Panels, Quantized};
+    use crate::kernel::Out;
+
+    /// Four quantized activations from `at` as one 32-bit lane to broadcast.
+    ///
+    /// # Safety
+    /// `at..at + 4` is inside `q`.
+    unsafe fn four(q: &[i8], at: usize) -> i32 {
+        // SAFETY: the caller's promise; the read is unaligned.
+        unsafe { std::ptr::read_unaligned(q.as_ptr().add(at).cast::<i32>()) }
+    }
+
+    /// Panel `p` against activation rows `i0..i0 + R`: 16 weight rows per register, one integer
+    /// sum per group and row, then the group's two float terms.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F, BW and VNNI; `p` is a panel of `pan`, rows `i0..i0 + R` exist in
+    /// `a`, and `live ≤ 16` rows from `r0` are columns of `out`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn panel_vnni<const R: usize>(
+        pan: &Panels,
+        p: usize,
+        a: &Quantized,
+        i0: usize,
+        r0: usize,
+        live: usize,
+        out: Out,
+    ) {
+        let lomask = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for g in 0..pan.groups {
+            let at = p * pan.groups + g;
+            let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let mut isum = [_mm512_setzero_si512(); R];
+            for v in 0..4 {
+                // SAFETY: `codes` holds four 64-byte vectors.
+                let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * v).cast()) };
+                let lo = _mm512_and_si512(w, lomask);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), lomask);
+                for (i, s) in isum.iter_mut().enumerate() {
+                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
+                    // SAFETY: row `i0 + i` exists and `x + 8 ≤` its end.
+                    let (b0, b1) = unsafe { (four(&a.q, x), four(&a.q, x + 4)) };
+                    *s = _mm512_dpbusd_epi32(*s, lo, _mm512_set1_epi32(b0));
+                    *s = _mm512_dpbusd_epi32(*s, hi, _mm512_set1_epi32(b1));
+                }
+            }
+            // SAFETY: 16 floats per panel group.
+            let (s, o) = unsafe {
+                (
+                    _mm512_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS)),
+                    _mm512_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS)),
+                )
+            };
+            for i in 0..R {
+                let k = (i0 + i) * a.groups + g;
+                let sd = _mm512_mul_ps(s, _mm512_set1_ps(a.d[k]));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), sd, acc[i]);
+                acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(a.s[k]), acc[i]);
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            let mut lanes = [0f32; PANEL_ROWS];
+            // SAFETY: `lanes` holds 16 floats.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+            out.put_run(i0 + i, r0, &lanes[..live]);
+        }
+    }
+
+    /// Half `half` (lanes `8·half..8·half + 8`) of panel `p` against activation rows
+    /// `i0..i0 + R`, with 16-bit pair products (no overflow: a pair is at most 2·15·127).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 and FMA; `p` is a panel of `pan`, rows `i0..i0 + R` exist in `a`, and
+    /// `lanes ≤ 8` rows from `r0 + 8·half` are columns of `out`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn panel_avx2<const R: usize>(
+        pan: &Panels,
+        p: usize,
+        half: usize,
+        a: &Quantized,
+        i0: usize,
+        r0: usize,
+        lanes: usize,
+        out: Out,
+    ) {
+        let lomask = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for g in 0..pan.groups {
+            let at = p * pan.groups + g;
+            let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let mut isum = [_mm256_setzero_si256(); R];
+            for v in 0..4 {
+                // SAFETY: `codes` holds four 64-byte vectors; this reads one half of one.
+                let w =
+                    unsafe { _mm256_loadu_si256(codes.as_ptr().add(64 * v + 32 * half).cast()) };
+                let lo = _mm256_and_si256(w, lomask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), lomask);
+                for (i, s) in isum.iter_mut().enumerate() {
+                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
+                    // SAFETY: row `i0 + i` exists and `x + 8 ≤` its end.
+                    let (b0, b1) = unsafe { (four(&a.q, x), four(&a.q, x + 4)) };
+                    let p0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(b0));
+                    let p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b1));
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p0, ones));
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p1, ones));
+                }
+            }
+            // SAFETY: 16 floats per panel group; this reads one half.
+            let (s, o) = unsafe {
+                (
+                    _mm256_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS + 8 * half)),
+                    _mm256_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS + 8 * half)),
+                )
+            };
+            for i in 0..R {
+                let k = (i0 + i) * a.groups + g;
+                let sd = _mm256_mul_ps(s, _mm256_set1_ps(a.d[k]));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), sd, acc[i]);
+                acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(a.s[k]), acc[i]);
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            let mut out8 = [0f32; 8];
+            // SAFETY: `out8` holds 8 floats.
+            unsafe { _mm256_storeu_ps(out8.as_mut_ptr(), *v) };
+            out.put_run(i0 + i, r0 + 8 * half, &out8[..lanes]);
+        }
+    }
+}

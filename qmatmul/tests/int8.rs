@@ -1,0 +1,190 @@
+//! Int8 activations (W4A8): every tier bit-identical to the scalar reference, the product equal
+//! to the weights times the quantized activations, and close to the f32 product.
+
+#![allow(clippy::unwrap_used)]
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use engram_qmatmul::{GgufBlock, Isa, QMatrix, int8_activations};
+use proptest::prelude::*;
+
+const NIBBLES: [(GgufBlock, GgmlDType); 3] = [
+    (GgufBlock::Q4_0, GgmlDType::Q4_0),
+    (GgufBlock::Q4_1, GgmlDType::Q4_1),
+    (GgufBlock::Q4K, GgmlDType::Q4K),
+];
+
+fn floats(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            // Outliers now and then, as activations have.
+            let spike = if i % 97 == 0 { 6.0 } else { 1.0 };
+            (2.0 * u - 1.0) * spike + 0.2 * ((i / 256) % 3) as f32 - 0.2
+        })
+        .collect()
+}
+
+fn matrix(block: GgufBlock, dtype: GgmlDType, rows: usize, cols: usize, seed: u64) -> QMatrix {
+    let w = Tensor::from_vec(floats(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&w, dtype).unwrap();
+    QMatrix::from_gguf(block, rows, cols, &q.data().unwrap()).unwrap()
+}
+
+fn product(w: &QMatrix, isa: Isa, x: &[f32], m: usize, threads: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * w.rows()];
+    w.matmul_on(isa, x, m, &mut y, threads).unwrap();
+    y
+}
+
+/// `x · Wᵀ` in f64 from the dequantized weights.
+fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f64> {
+    let wd = w.dequantize();
+    let (rows, cols) = (w.rows(), w.cols());
+    let mut y = vec![0f64; m * rows];
+    for i in 0..m {
+        for r in 0..rows {
+            y[i * rows + r] = (0..cols)
+                .map(|k| f64::from(wd[r * cols + k]) * f64::from(x[i * cols + k]))
+                .sum();
+        }
+    }
+    y
+}
+
+fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(a, b)| (f64::from(*a) - b).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|b| b * b).sum();
+    (num / den).sqrt()
+}
+
+fn check(w: &QMatrix, m: usize, seed: u64, threads: usize) {
+    let x = floats(m * w.cols(), seed);
+    let scalar = product(w, Isa::Scalar, &x, m, threads);
+    for isa in Isa::available() {
+        assert_eq!(
+            product(w, isa, &x, m, threads),
+            scalar,
+            "{isa:?} m={m} rows={} threads={threads}",
+            w.rows()
+        );
+    }
+    // The weights times the quantized activations, to f32 rounding.
+    let xq = int8_activations(&x, w.cols()).unwrap();
+    let exact = reference(w, &xq, m);
+    let err = rel_l2(&scalar, &exact);
+    assert!(
+        err < 1e-5,
+        "m={m}: rel-L2 {err} against the quantized activations"
+    );
+    // And close to the f32 activations' product: the rounding of x is bounded.
+    let err = rel_l2(&scalar, &reference(w, &x, m));
+    assert!(err < 2e-2, "m={m}: rel-L2 {err} against f32 activations");
+}
+
+#[test]
+fn every_tier_is_the_scalar_bits_and_the_quantized_product() {
+    for (block, dtype) in NIBBLES {
+        let w = matrix(block, dtype, 40, 512, 3).with_int8();
+        assert!(w.is_int8());
+        for m in [1, 2, 3, 5, 8, 9, 17, 20] {
+            check(&w, m, 11 + m as u64, 2);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn any_shape_and_thread_count_is_the_scalar_bits(
+        rows in 1usize..70,
+        groups in 1usize..10,
+        m in 1usize..24,
+        threads in 1usize..4,
+        seed in 0u64..1000,
+    ) {
+        let w = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, rows, 32 * groups, seed).with_int8();
+        let x = floats(m * w.cols(), seed + 1);
+        let scalar = product(&w, Isa::Scalar, &x, m, 1);
+        for isa in Isa::available() {
+            prop_assert_eq!(product(&w, isa, &x, m, threads), scalar.clone());
+        }
+    }
+}
+
+#[test]
+fn an_output_is_the_same_bits_whatever_rows_or_threads_share_the_product() {
+    let w = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 200, 576, 8).with_int8();
+    let x = floats(60 * 576, 9);
+    for isa in Isa::available() {
+        let all = product(&w, isa, &x, 60, 2);
+        for threads in [1, 3] {
+            assert_eq!(product(&w, isa, &x, 60, threads), all, "{isa:?} {threads}");
+        }
+        for (start, m) in [(0, 1), (7, 1), (10, 5), (20, 16), (3, 33), (59, 1)] {
+            let part = product(&w, isa, &x[start * 576..(start + m) * 576], m, 2);
+            assert_eq!(
+                part,
+                all[start * 200..(start + m) * 200],
+                "{isa:?} {start}+{m}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stacks_and_permutations_keep_int8_and_compute_each_part_alike() {
+    let a = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 24, 256, 1).with_int8();
+    let b = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 40, 256, 2).with_int8();
+    let s = QMatrix::stack(&[&a, &b]).unwrap();
+    assert!(s.is_int8());
+    let x = floats(3 * 256, 4);
+    let (ya, yb, ys) = (
+        product(&a, Isa::active(), &x, 3, 2),
+        product(&b, Isa::active(), &x, 3, 2),
+        product(&s, Isa::active(), &x, 3, 2),
+    );
+    for i in 0..3 {
+        assert_eq!(ys[i * 64..i * 64 + 24], ya[i * 24..(i + 1) * 24]);
+        assert_eq!(ys[i * 64 + 24..(i + 1) * 64], yb[i * 40..(i + 1) * 40]);
+    }
+    let order: Vec<usize> = (0..24).rev().collect();
+    let p = a.permute_rows(&order).unwrap();
+    assert!(p.is_int8());
+    let yp = product(&p, Isa::active(), &x, 3, 2);
+    for i in 0..3 {
+        for r in 0..24 {
+            assert_eq!(yp[i * 24 + r], ya[i * 24 + 23 - r]);
+        }
+    }
+    // A byte matrix has no int8 kernel and stays f32; so does a stack with one.
+    let c = matrix(GgufBlock::Q8_0, GgmlDType::Q8_0, 8, 256, 5).with_int8();
+    assert!(!c.is_int8());
+    assert!(
+        !QMatrix::stack(&[&a, &matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 8, 256, 6)])
+            .unwrap()
+            .is_int8()
+    );
+}
+
+#[test]
+fn zero_rows_and_huge_values_quantize_without_nan() {
+    let w = matrix(GgufBlock::Q4_0, GgmlDType::Q4_0, 16, 64, 2).with_int8();
+    let mut x = vec![0f32; 2 * 64];
+    x[64..]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = 1e30 * (i as f32 - 31.5));
+    let y = product(&w, Isa::active(), &x, 2, 1);
+    assert!(y[..16].iter().all(|&v| v == 0.0));
+    assert!(y[16..].iter().all(|v| v.is_finite()));
+    assert!(int8_activations(&x, 48).is_err());
+}
