@@ -1,12 +1,12 @@
 //! Times the block products on SmolLM2-135M's projection shapes (Q4_1 with random weights):
 //! ms and GFLOP/s per activation-row count and kernel tier, one and all threads, with f32
-//! activations (W4A32) and int8 ones (W4A8).
+//! activations (W4A32), int16 ones (W4A16) and int8 ones (W4A8).
 //!
 //!     cargo run --release -p engram-qmatmul --example qmatmul_speed
 
 use std::time::Instant;
 
-use engram_qmatmul::{GgufBlock, Isa, QMatrix};
+use engram_qmatmul::{Activations, GgufBlock, Isa, QMatrix};
 
 fn random_q4_1(rows: usize, cols: usize, seed: u64) -> QMatrix {
     let mut s = seed | 1;
@@ -41,10 +41,20 @@ fn main() {
         .enumerate()
         .map(|(i, &(r, c))| random_q4_1(r, c, i as u64 + 1))
         .collect();
-    let int8_mats: Vec<QMatrix> = f32_mats.iter().map(|m| m.clone().with_int8()).collect();
+    let with = |a: Activations| -> Vec<QMatrix> {
+        f32_mats
+            .iter()
+            .map(|m| m.clone().with_activations(a))
+            .collect()
+    };
+    let (int16_mats, int8_mats) = (with(Activations::Int16), with(Activations::Int8));
     let macs: usize = shapes.iter().map(|(r, c)| r * c).sum();
     println!("one SmolLM2-135M layer's projections, Q4_1, {threads} threads available");
-    for (acts, mats) in [("f32", &f32_mats), ("int8", &int8_mats)] {
+    for (acts, mats) in [
+        ("f32", &f32_mats),
+        ("int16", &int16_mats),
+        ("int8", &int8_mats),
+    ] {
         for isa in Isa::available().into_iter().rev() {
             for t in [1, threads] {
                 for m in [1, 2, 4, 8, 16, 64, 128] {
@@ -60,7 +70,7 @@ fn main() {
                     }
                     let s = start.elapsed().as_secs_f64() / reps as f64;
                     println!(
-                        "{acts:>4} {isa:?} threads {t} m {m:>3}: {:>7.3} ms per layer, {:>6.1} GFLOP/s",
+                        "{acts:>5} {isa:?} threads {t} m {m:>3}: {:>7.3} ms per layer, {:>6.1} GFLOP/s",
                         s * 1e3,
                         2.0 * (macs * m) as f64 / s / 1e9
                     );

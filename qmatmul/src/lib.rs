@@ -19,10 +19,11 @@
 //! [`Isa::active`]: AVX-512 F, AVX2 + FMA or portable Rust,
 //! chosen at run time and lowered with `ENGRAM_SIMD`.
 //!
-//! [`QMatrix::with_int8`] switches a nibble matrix to int8 activations (W4A8, the `int8` module):
-//! the activations are quantized per 32 columns and multiplied with integer dot products
-//! (AVX-512 VNNI, AVX2, scalar), bit-identical on every tier, any row count and thread count.
-//! It trades a small, bounded rounding of the activations for about twice the prefill speed.
+//! [`QMatrix::with_activations`] switches a nibble matrix to integer activations (the `intdot`
+//! module): int16 (W4A16) or int8 (W4A8), quantized per 32 columns and multiplied with integer
+//! dot products (AVX-512 VNNI, AVX2, scalar), bit-identical on every tier, any row count and
+//! thread count. Int16 rounds below the model's f32 noise and is about 1.5× the f32 activations'
+//! prefill speed; int8 about 2.3×, and it moves answers.
 #![deny(unsafe_code)]
 
 use half::f16;
@@ -30,10 +31,33 @@ use thiserror::Error;
 
 pub use engram_kvcore::Isa;
 
-mod int8;
+mod intdot;
 mod kernel;
 
-pub use int8::PANEL_ROWS;
+pub use intdot::PANEL_ROWS;
+
+/// What the activations of a product are multiplied as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Activations {
+    /// f32, the weights expanded in registers (W4A32, W8A32).
+    #[default]
+    F32,
+    /// Quantized per 32 columns to 16-bit integers (W4A16), nibble blocks only.
+    Int16,
+    /// Quantized per 32 columns to 8-bit integers (W4A8, llama.cpp's numerics), nibble blocks
+    /// only.
+    Int8,
+}
+
+impl Activations {
+    fn bits(self) -> Option<intdot::Bits> {
+        match self {
+            Self::F32 => None,
+            Self::Int16 => Some(intdot::Bits::I16),
+            Self::Int8 => Some(intdot::Bits::I8),
+        }
+    }
+}
 pub use kernel::PANEL_MIN_M;
 
 /// Weights per nibble group (one scale and one offset).
@@ -147,8 +171,9 @@ pub struct QMatrix {
     offsets: Vec<f32>,
     /// Nibbles: 16 bytes per group; bytes: one per weight.
     codes: Vec<u8>,
-    /// The weights repacked for int8 activations, when [`QMatrix::with_int8`] asked for them.
-    int8: Option<int8::Panels>,
+    /// The weights repacked for integer activations, when [`QMatrix::with_activations`] asked
+    /// for them.
+    int: Option<(Activations, intdot::Panels)>,
 }
 
 impl std::fmt::Debug for QMatrix {
@@ -220,7 +245,7 @@ impl QMatrix {
             } else {
                 weights
             }),
-            int8: None,
+            int: None,
         };
         for b in data.chunks_exact(block.bytes()) {
             m.push_block(block, b);
@@ -312,19 +337,22 @@ impl QMatrix {
     pub fn bytes(&self) -> usize {
         4 * (self.scales.len() + self.offsets.len())
             + self.codes.len()
-            + self.int8.as_ref().map_or(0, int8::Panels::bytes)
+            + self.int.as_ref().map_or(0, |(_, p)| p.bytes())
     }
 
-    /// The matrix multiplying with int8 activations from now on (see the crate doc), when its
-    /// form has an int8 kernel (nibbles); a byte matrix is returned unchanged.
-    pub fn with_int8(mut self) -> Self {
-        self.int8 = int8::Panels::of(&self);
+    /// The matrix multiplying with `acts` from now on (see the crate doc), when its form has
+    /// integer kernels (nibbles); a byte matrix stays f32.
+    pub fn with_activations(mut self, acts: Activations) -> Self {
+        self.int = match acts {
+            Activations::F32 => None,
+            a => intdot::Panels::of(&self).map(|p| (a, p)),
+        };
         self
     }
 
-    /// Whether products quantize the activations to int8.
-    pub fn is_int8(&self) -> bool {
-        self.int8.is_some()
+    /// What products multiply the activations as.
+    pub fn activations(&self) -> Activations {
+        self.int.as_ref().map_or(Activations::F32, |(a, _)| *a)
     }
 
     fn groups_per_row(&self) -> usize {
@@ -340,7 +368,7 @@ impl QMatrix {
 
     /// The rows of `parts` one after the other, as one matrix (one product then serves several
     /// projections of the same input, each output computed bit for bit as by its own matrix).
-    /// Int8 when every part is.
+    /// With the parts' integer activations when they all have the same.
     pub fn stack(parts: &[&QMatrix]) -> Result<Self, QError> {
         let first = parts.first().ok_or(QError::Stack)?;
         if parts
@@ -362,10 +390,11 @@ impl QMatrix {
                 .flat_map(|p| p.offsets.iter().copied())
                 .collect(),
             codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
-            int8: None,
+            int: None,
         };
-        Ok(if parts.iter().all(|p| p.is_int8()) {
-            stacked.with_int8()
+        let acts = first.activations();
+        Ok(if parts.iter().all(|p| p.activations() == acts) {
+            stacked.with_activations(acts)
         } else {
             stacked
         })
@@ -392,13 +421,9 @@ impl QMatrix {
             scales: pick_rows(&self.scales, order, g),
             offsets: pick_rows(&self.offsets, order, g),
             codes: pick_rows(&self.codes, order, c),
-            int8: None,
+            int: None,
         };
-        Ok(if self.is_int8() {
-            moved.with_int8()
-        } else {
-            moved
-        })
+        Ok(moved.with_activations(self.activations()))
     }
 
     /// Row `r`'s weights as f32 into `out` (`cols` long).
@@ -477,8 +502,11 @@ impl QMatrix {
                 got: y.len(),
             });
         }
-        match &self.int8 {
-            Some(p) => int8::product(isa, self, p, x, m, y, threads.max(1)),
+        match &self.int {
+            Some((a, p)) => match a.bits() {
+                Some(bits) => intdot::product(isa, self, p, bits, x, m, y, threads.max(1)),
+                None => kernel::product(isa, self, x, m, y, threads.max(1)),
+            },
             None => kernel::product(isa, self, x, m, y, threads.max(1)),
         }
         Ok(())
@@ -504,14 +532,22 @@ pub(crate) struct Row<'a> {
     pub codes: &'a [u8],
 }
 
-/// `m` rows of `cols` activations as an int8 product sees them: each quantized per 32 columns
-/// and scaled back (`dx·x8`). For references in tests and for measuring the rounding.
-pub fn int8_activations(x: &[f32], cols: usize) -> Result<Vec<f32>, QError> {
+/// `m` rows of `cols` activations as a product with `acts` sees them: each quantized per 32
+/// columns and scaled back (`dx·xq`; f32 unchanged). For references in tests and for measuring
+/// the rounding.
+pub fn quantized_activations(
+    x: &[f32],
+    cols: usize,
+    acts: Activations,
+) -> Result<Vec<f32>, QError> {
     if !cols.is_multiple_of(NIBBLE_GROUP) || cols == 0 || !x.len().is_multiple_of(cols) {
         return Err(QError::Columns {
             cols,
             block: NIBBLE_GROUP,
         });
     }
-    Ok(int8::dequantized(x, x.len() / cols, cols))
+    Ok(match acts.bits() {
+        Some(bits) => intdot::dequantized(x, x.len() / cols, cols, bits),
+        None => x.to_vec(),
+    })
 }

@@ -131,28 +131,55 @@ pub fn evaluate(
     model: &Llama,
     tokenizer: &TextTokenizer,
     opts: &EvalOptions,
+    progress: impl FnMut(&str),
+) -> EngineResult<Vec<CodecReport>> {
+    evaluate_with(model, &[], tokenizer, opts, progress)
+}
+
+/// [`evaluate`], plus, for each `(label, model)` of `others` (the same checkpoint with other
+/// weight numerics, say), a row for the reference codec and each codec run through that model
+/// (labelled `codec+label`), all scored against `model`'s reference: what the other numerics
+/// move on their own, and with each codec.
+pub fn evaluate_with(
+    model: &Llama,
+    others: &[(&str, &Llama)],
+    tokenizer: &TextTokenizer,
+    opts: &EvalOptions,
     mut progress: impl FnMut(&str),
 ) -> EngineResult<Vec<CodecReport>> {
     let text = read_corpus(&opts.corpus)?;
     let tokens = tokenizer.encode(&text)?;
     let window = opts.window.clamp(2, model.config().context_length);
     let head_dim = model.config().head_dim;
-    // (label, bits per element, codec, probe) of every row; the reference first.
-    let runs: Vec<(String, f64, CodecKind, Option<KvProbe>)> = std::iter::once(opts.reference)
-        .chain(opts.codecs.iter().copied())
-        .map(|k| (k.to_string(), k.bits_per_element(head_dim), k, None))
+    // (label, bits per element, codec, probe, model) of every row; the reference first.
+    type Run<'a> = (String, f64, CodecKind, Option<KvProbe>, &'a Llama);
+    let codecs = || std::iter::once(opts.reference).chain(opts.codecs.iter().copied());
+    let runs: Vec<Run<'_>> = codecs()
+        .map(|k| (k.to_string(), k.bits_per_element(head_dim), k, None, model))
         .chain(opts.probes.iter().map(|p| {
             (
                 p.label(),
                 p.bits_per_element(head_dim),
                 CodecKind::F32,
                 Some(p.clone()),
+                model,
             )
+        }))
+        .chain(others.iter().flat_map(|&(label, other)| {
+            codecs().map(move |k| {
+                (
+                    format!("{k}+{label}"),
+                    k.bits_per_element(head_dim),
+                    k,
+                    None,
+                    other,
+                )
+            })
         }))
         .collect();
     let mut cores = runs
         .iter()
-        .map(|(_, _, codec, probe)| {
+        .map(|(_, _, codec, probe, model)| {
             let config = EngineConfig {
                 codec: *codec,
                 probe: probe.clone(),
@@ -161,7 +188,7 @@ pub fn evaluate(
                 cold_bytes: 0,
                 ..EngineConfig::default()
             };
-            EngineCore::new(model.clone(), tokenizer.clone(), config)
+            EngineCore::new((*model).clone(), tokenizer.clone(), config)
         })
         .collect::<EngineResult<Vec<_>>>()?;
     let mut sums = vec![Sums::default(); runs.len()];
@@ -207,7 +234,7 @@ pub fn evaluate(
     Ok(runs
         .iter()
         .zip(&sums)
-        .map(|((label, bits, _, _), s)| {
+        .map(|((label, bits, _, _, _), s)| {
             let n = s.n.max(1) as f64;
             let ppl = (s.nll / n).exp();
             CodecReport {

@@ -31,6 +31,7 @@ use crate::error::{EngineError, EngineResult};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{Linear, ModelConfig, WeightFormat, Weights};
+use engram_qmatmul::Activations;
 
 /// One layer's weights.
 #[derive(Debug, Clone)]
@@ -368,9 +369,9 @@ impl Llama {
         self
     }
 
-    /// How the weights are held: [`WeightFormat::Int8`] when any projection multiplies with
-    /// int8 activations, else [`WeightFormat::Quantized`] when any is kept in its GGUF blocks
-    /// (their numerics are hashed into the KV fingerprint).
+    /// How the weights are held: [`WeightFormat::Int8`] or [`WeightFormat::Int16`] when a
+    /// projection multiplies with integer activations, else [`WeightFormat::Quantized`] when any
+    /// is kept in its GGUF blocks (their numerics are hashed into the KV fingerprint).
     pub fn weight_format(&self) -> WeightFormat {
         let linears = || {
             std::iter::once(&self.lm_head).chain(
@@ -380,9 +381,11 @@ impl Llama {
             )
         };
         let blocks = |w: &&Linear| matches!(w, Linear::Blocks(_));
-        let int8 = |w: &&Linear| matches!(w, Linear::Blocks(q) if q.is_int8());
-        if linears().any(|w| int8(&w)) {
+        let acts = |a: Activations| move |w: &&Linear| matches!(w, Linear::Blocks(q) if q.activations() == a);
+        if linears().any(|w| acts(Activations::Int8)(&w)) {
             WeightFormat::Int8
+        } else if linears().any(|w| acts(Activations::Int16)(&w)) {
+            WeightFormat::Int16
         } else if linears().any(|w| blocks(&w)) {
             WeightFormat::Quantized
         } else {

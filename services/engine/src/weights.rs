@@ -14,7 +14,7 @@ use std::sync::Arc;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use engram_qmatmul::{GgufBlock, QMatrix};
+use engram_qmatmul::{Activations, GgufBlock, QMatrix};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -56,13 +56,16 @@ pub enum WeightFormat {
     /// Kept in the file's blocks (`Q4_0`, `Q4_1`, `Q4_K` as 4-bit codes, `Q8_0`, `Q6_K` as
     /// bytes) and multiplied by `engram-qmatmul`'s W4A32/W8A32 kernels: the same weights as
     /// `F32`, expanded in registers, activations in f32. Other block types, the embedding
-    /// lookup and the norms are f32. The default.
-    #[default]
+    /// lookup and the norms are f32.
     Quantized,
-    /// As `Quantized`, with the 4-bit projections multiplied by int8 activations (W4A8,
-    /// quantized per 32 columns, integer dot products: llama.cpp's numerics for these blocks);
-    /// byte blocks (`Q8_0`, `Q6_K`) stay W8A32. About twice the prefill speed; `engram eval kv`
-    /// measures what it moves.
+    /// As `Quantized`, with the 4-bit projections multiplied by int16 activations (W4A16,
+    /// quantized per 32 columns to 1/65,534 of the group's largest magnitude, integer dot
+    /// products); byte blocks (`Q8_0`, `Q6_K`) stay W8A32. Faster prefill at the f32
+    /// activations' answers (`engram eval kv --also-weights` measures it). The default.
+    #[default]
+    Int16,
+    /// As `Int16` with int8 activations (W4A8, llama.cpp's numerics for these blocks): the
+    /// fastest prefill, and it moves answers (`engram eval kv` shows by how much).
     Int8,
 }
 
@@ -72,17 +75,28 @@ impl WeightFormat {
         match self {
             Self::F32 => "weights=f32-gemm/v1",
             Self::Quantized => "weights=gguf-blocks-w4a32-w8a32/v1",
+            Self::Int16 => "weights=gguf-blocks-w4a16-w8a32/v1",
             Self::Int8 => "weights=gguf-blocks-w4a8-w8a32/v1",
         }
     }
 
-    /// `f32`, `quantized` or `int8`.
+    /// `f32`, `quantized`, `int16` or `int8`.
     pub fn parse(name: &str) -> Option<Self> {
         match name.trim().to_ascii_lowercase().as_str() {
             "f32" => Some(Self::F32),
             "quantized" => Some(Self::Quantized),
+            "int16" => Some(Self::Int16),
             "int8" => Some(Self::Int8),
             _ => None,
+        }
+    }
+
+    /// What the block products multiply their activations as.
+    pub fn activations(self) -> Activations {
+        match self {
+            Self::F32 | Self::Quantized => Activations::F32,
+            Self::Int16 => Activations::Int16,
+            Self::Int8 => Activations::Int8,
         }
     }
 }
@@ -468,7 +482,9 @@ fn linear(
         _ => None,
     };
     let (rows, cols) = q.shape().dims2()?;
-    if let (WeightFormat::Quantized | WeightFormat::Int8, Some(block)) = (format, block) {
+    if let (WeightFormat::Quantized | WeightFormat::Int16 | WeightFormat::Int8, Some(block)) =
+        (format, block)
+    {
         let m = QMatrix::from_gguf(block, rows, cols, &q.data()?).map_err(|source| {
             EngineError::Blocks {
                 name: name.to_string(),
@@ -484,12 +500,9 @@ fn linear(
                 })?,
             None => m,
         };
-        let m = if format == WeightFormat::Int8 {
-            m.with_int8()
-        } else {
-            m
-        };
-        return Ok(Linear::Blocks(Arc::new(m)));
+        return Ok(Linear::Blocks(Arc::new(
+            m.with_activations(format.activations()),
+        )));
     }
     let w = q.dequantize(&Device::Cpu)?;
     Ok(Linear::Dense(match unpermute {

@@ -1,5 +1,6 @@
 //! Correctness anchor: the engine (F32 KV codec) against candle-transformers' own quantized
-//! Llama forward on the same GGUF with `CANDLE_DEQUANTIZE_ALL=1` (f32 weights).
+//! Llama forward on the same GGUF with `CANDLE_DEQUANTIZE_ALL=1` (f32 weights), with the block
+//! weights multiplied by f32 activations and by int16 ones (which round below this tolerance).
 //!
 //! Its own test binary: the variable must be set before candle reads it, with no other test
 //! thread running.
@@ -8,7 +9,9 @@
 
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use engram_engine::{ChatMessage, EngineConfig, EngineCore, Role, SequenceSpec, argmax, chatml};
+use engram_engine::{
+    ChatMessage, EngineConfig, EngineCore, Role, SequenceSpec, WeightFormat, argmax, chatml,
+};
 use engram_kvcore::{CodecKind, TenantId};
 
 #[allow(dead_code)]
@@ -25,11 +28,18 @@ fn greedy_tokens_and_teacher_forced_logits_match_candle_transformers() {
     let mut file = std::fs::File::open(&path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
     let mut reference = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    for weights in [WeightFormat::Quantized, WeightFormat::Int16] {
+        anchor(&path, &mut reference, weights);
+    }
+}
+
+fn anchor(path: &std::path::Path, reference: &mut ModelWeights, weights: WeightFormat) {
     let config = EngineConfig {
         codec: CodecKind::F32,
+        weights,
         ..EngineConfig::default()
     };
-    let mut core = EngineCore::load(&path, config).unwrap();
+    let mut core = EngineCore::load(path, config).unwrap();
 
     let prompts = [
         "What is the capital of France?",
@@ -62,7 +72,7 @@ fn greedy_tokens_and_teacher_forced_logits_match_candle_transformers() {
             worst = worst.max(err);
             assert!(
                 err < 1e-3,
-                "{prompt:?} step {step}: logits differ by {err:.2e}"
+                "{weights:?} {prompt:?} step {step}: logits differ by {err:.2e}"
             );
             let (r, o) = (argmax(&ref_logits), argmax(&ours));
             ref_tokens.push(r);
@@ -82,12 +92,12 @@ fn greedy_tokens_and_teacher_forced_logits_match_candle_transformers() {
                 .unwrap();
             ours = core.decode(&[(id, r)]).unwrap().remove(0);
         }
-        assert_eq!(our_tokens, ref_tokens, "{prompt:?}");
+        assert_eq!(our_tokens, ref_tokens, "{weights:?} {prompt:?}");
         core.finish(id).unwrap();
         println!(
             "{prompt:?} -> {:?}",
             core.tokenizer().decode(&ref_tokens).unwrap()
         );
     }
-    println!("worst relative L2 of logits: {worst:.2e}");
+    println!("{weights:?}: worst relative L2 of logits: {worst:.2e}");
 }

@@ -278,9 +278,10 @@ pub struct ModelSection {
     pub step_tokens: usize,
     /// Threads the CPU kernels split work over (0: one per CPU).
     pub threads: usize,
-    /// How GGUF weights are held and multiplied on the CPU: `quantized` (kept in their blocks,
-    /// f32 activations), `int8` (as `quantized`, 4-bit blocks with int8 activations: faster
-    /// prefill, llama.cpp's numerics) or `f32` (dequantized at load).
+    /// How GGUF weights are held and multiplied on the CPU: `int16` (the default: kept in their
+    /// blocks, 4-bit blocks with int16 activations), `quantized` (blocks, f32 activations:
+    /// slower, the same answers to f32 rounding), `int8` (int8 activations, llama.cpp's
+    /// numerics: fastest, moves answers) or `f32` (dequantized at load).
     pub weights: String,
     /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
     pub pin_tenant_share: f64,
@@ -333,7 +334,7 @@ impl Default for ModelSection {
             max_running: 16,
             step_tokens: 32,
             threads: 0,
-            weights: "quantized".into(),
+            weights: "int16".into(),
             pin_tenant_share: 0.5,
             fault: String::new(),
         }
@@ -466,7 +467,7 @@ impl Config {
             return bad("model.step_tokens", "must be 1 to 65536");
         }
         if engram_engine::WeightFormat::parse(&self.model.weights).is_none() {
-            return bad("model.weights", "one of quantized, int8, f32");
+            return bad("model.weights", "one of quantized, int16, int8, f32");
         }
         if self.model.threads > 1024 {
             return bad("model.threads", "must be 0 (one per CPU) to 1024");
@@ -595,6 +596,7 @@ mod tests {
             ("ENGRAM__AUTH__ADMIN_KEY", "short", "auth.admin_key"),
             ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
             ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
+            ("ENGRAM__MODEL__WEIGHTS", "int4", "model.weights"),
             ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
             ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
         ] {

@@ -267,14 +267,14 @@ struct MemoryBenchArgs {
     dir: PathBuf,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct ModelArgs {
     /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
     #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
     model: PathBuf,
-    /// How GGUF weights are held and multiplied: quantized (blocks, f32 activations), int8
-    /// (blocks, int8 activations for the 4-bit ones) or f32.
-    #[arg(long, default_value = "quantized")]
+    /// How GGUF weights are held and multiplied: int16 or int8 (blocks, integer activations for
+    /// the 4-bit ones), quantized (blocks, f32 activations) or f32.
+    #[arg(long, default_value = "int16")]
     weights: String,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -304,6 +304,11 @@ struct EvalKvArgs {
     /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
     #[arg(long, default_value = "calibrated")]
     key_centering: String,
+    /// Also run the reference codec and every codec with the weights held these ways
+    /// (quantized, int16, int8 or f32), scored against `--weights`' reference: rows
+    /// `CODEC+WEIGHTS`.
+    #[arg(long, value_delimiter = ',')]
+    also_weights: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -356,8 +361,12 @@ struct TtftArgs {
 
 fn load(args: &ModelArgs) -> Result<(Llama, TextTokenizer)> {
     let path = args.model.as_path();
-    let weights = engram_engine::WeightFormat::parse(&args.weights)
-        .with_context(|| format!("--weights `{}`: quantized, int8 or f32", args.weights))?;
+    let weights = engram_engine::WeightFormat::parse(&args.weights).with_context(|| {
+        format!(
+            "--weights `{}`: quantized, int16, int8 or f32",
+            args.weights
+        )
+    })?;
     let model = Llama::load_as(path, weights).with_context(|| {
         format!(
             "loading {} (run `make models` for the default)",
@@ -393,17 +402,29 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
             .collect::<Result<_, _>>()?,
         ..EvalOptions::default()
     };
-    let rows = eval::evaluate(&model, &tok, &opts, |m| eprintln!("eval: {m}"))?;
+    let other = args
+        .also_weights
+        .iter()
+        .map(|w| {
+            let (m, _) = load(&ModelArgs {
+                weights: w.clone(),
+                ..args.model.clone()
+            })?;
+            Ok((w.as_str(), m))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let others: Vec<(&str, &Llama)> = other.iter().map(|(l, m)| (*l, m)).collect();
+    let rows = eval::evaluate_with(&model, &others, &tok, &opts, |m| eprintln!("eval: {m}"))?;
     if args.model.json {
         print_json(rows.iter().map(|r| serde_json::json!(r)));
     } else {
         println!(
-            "{:<6} {:>8} {:>12} {:>10} {:>10} {:>8} {:>8}",
+            "{:<12} {:>8} {:>12} {:>10} {:>10} {:>8} {:>8}",
             "codec", "bits/el", "KL (nats)", "ppl", "Δppl", "top-1", "tokens"
         );
         for r in rows {
             println!(
-                "{:<6} {:>8.2} {:>12.6} {:>10.4} {:>+9.3}% {:>7.2}% {:>8}",
+                "{:<12} {:>8.2} {:>12.6} {:>10.4} {:>+9.3}% {:>7.2}% {:>8}",
                 r.codec,
                 r.bits_per_element,
                 r.kl_nats,

@@ -1,6 +1,7 @@
 //! The fidelity harness on a small corpus.
 
-use engram_engine::eval::{EvalOptions, evaluate, read_corpus};
+use engram_engine::eval::{EvalOptions, evaluate, evaluate_with, read_corpus};
+use engram_engine::{Llama, WeightFormat};
 use engram_kvcore::CodecKind;
 
 use crate::common::model;
@@ -42,6 +43,38 @@ fn codecs_are_ranked_by_their_error() {
     assert!(f16.kl_nats < tq4.kl_nats && tq4.kl_nats < tq2.kl_nats);
     assert!(tq2.top1_agreement < f16.top1_agreement);
     assert_eq!(tq4.bits_per_element, 4.25);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn other_weight_numerics_are_scored_against_the_reference() {
+    let dir = tempdir("eval-weights");
+    let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();
+    std::fs::write(dir.join("a.txt"), &text[..6000]).unwrap();
+    let opts = EvalOptions {
+        corpus: dir.clone(),
+        max_tokens: 200,
+        window: 201,
+        chunk: 64,
+        codecs: vec![CodecKind::TQ4],
+        ..EvalOptions::default()
+    };
+    let (m, t) = model();
+    let int8 = Llama::from_gguf_as(&crate::common::model_path(), WeightFormat::Int8).unwrap();
+    assert_eq!(int8.weight_format(), WeightFormat::Int8);
+    let rows = evaluate_with(m, &[("same", m), ("int8", &int8)], t, &opts, |_| {}).unwrap();
+    let names: Vec<_> = rows.iter().map(|r| r.codec.as_str()).collect();
+    assert_eq!(
+        names,
+        ["f32", "tq4", "f32+same", "tq4+same", "f32+int8", "tq4+int8"]
+    );
+    // The same model again is the reference and the codec row, bit for bit.
+    assert_eq!(rows[2].kl_nats, 0.0);
+    assert_eq!(rows[3].kl_nats, rows[1].kl_nats);
+    // Int8 activations move the answer, by far less than a 4-bit KV cache.
+    let (acts, tq4) = (rows[4].kl_nats, rows[1].kl_nats);
+    assert!(acts > 0.0 && acts < tq4 / 2.0, "int8 {acts}, tq4 {tq4}");
+    assert!(rows[5].kl_nats > acts, "{}", rows[5].kl_nats);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -1,18 +1,22 @@
-//! Products with int8 activations for the nibble form (W4A8), the numerics llama.cpp's CPU
-//! backend uses for its 4-bit blocks.
+//! Products of the nibble form with integer activations: int16 (W4A16) or int8 (W4A8, the
+//! numerics llama.cpp's CPU backend uses for its 4-bit blocks).
 //!
-//! Each activation row is quantized per 32 columns (one nibble group): `dx = max|x| / 127` and
-//! `x8 = round(x / dx)` (ties to even), so `x ≈ dx·x8` with `|x8| ≤ 127`. A group's weights are
-//! `q·s + o` with `q` in `0..16`, and its part of an output is
-//! `s·dx·Σ q·x8 + o·dx·Σ x8`: the integer sums are exact (at most 32·15·127 in magnitude), and
-//! the two float terms are added in group order with fused multiply-adds. So an output is the
-//! product of the weights with the quantized activations, rounded the same on every kernel tier,
-//! for any number of activation rows and any thread count.
+//! Each activation row is quantized per 32 columns (one nibble group) to `L` levels (32,767 for
+//! int16, 127 for int8): `dx = max|x| / L` and `xq = round(x / dx)` (ties to even), so
+//! `x ≈ dx·xq` with `|xq| ≤ L`. A group's weights are `q·s + o` with `q` in `0..16`, and its part
+//! of an output is `s·dx·Σ q·xq + o·dx·Σ xq`: the integer sums are exact (at most 32·15·32,767 <
+//! 2²⁴ in magnitude, so exact in f32 too), and the two float terms are added in group order with
+//! fused multiply-adds. So an output is the product of the weights with the quantized
+//! activations, rounded the same on every kernel tier, for any number of activation rows and any
+//! thread count. Int16 rounds an activation to 1/65,534 of its group's largest magnitude (below
+//! f32 rounding noise of the model, see `engram eval kv`); int8 to 1/254, which moves answers.
 //!
 //! The weights are repacked once into panels of [`PANEL_ROWS`] rows: per 32-column group, four
 //! 64-byte vectors whose 32-bit lane `j` holds row `j`'s nibbles for 8 columns (columns `c..c+4`
-//! in the low nibbles, `c+4..c+8` in the high ones). One `vpdpbusd` then adds four products into
-//! each of 16 rows' sums for one activation row; the 4-bit memory footprint is kept.
+//! in the low nibbles, `c+4..c+8` in the high ones); the 4-bit memory footprint is kept. For
+//! int8, one `vpdpbusd` adds four products into each of 16 rows' sums; for int16, the low (or
+//! high) nibbles split into even and odd 16-bit words, and one `vpdpwssd` adds two products, the
+//! activations stored with columns `1` and `2` of every four swapped to match.
 #![allow(unsafe_code)]
 
 use crate::kernel::Out;
@@ -24,6 +28,29 @@ pub const PANEL_ROWS: usize = 16;
 const GROUP: usize = 32;
 /// Code bytes of one panel's group: 16 rows × 32 nibbles.
 const PANEL_GROUP_BYTES: usize = PANEL_ROWS * GROUP / 2;
+/// The integer activations of a product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bits {
+    I16,
+    I8,
+}
+
+impl Bits {
+    fn levels(self) -> f32 {
+        match self {
+            Bits::I16 => 32_767.0,
+            Bits::I8 => 127.0,
+        }
+    }
+}
+
+/// Where column `k` of a group sits in the int16 activations: columns 1 and 2 of every four
+/// swapped, so the words a `vpdpwssd` lane pairs, `(c, c + 2)` and `(c + 1, c + 3)`, are
+/// adjacent.
+fn i16_slot(k: usize) -> usize {
+    (k & !3) | [0, 2, 1, 3][k & 3]
+}
+
 /// Activation rows the 512-bit kernel carries at once.
 const ROWS_512: usize = 8;
 /// Activation rows the 256-bit kernel carries at once.
@@ -97,29 +124,33 @@ fn nibble(codes: &[u8], k: usize) -> u8 {
 pub(crate) struct Quantized {
     cols: usize,
     groups: usize,
-    /// `[m][cols]`.
+    /// `[m][cols]` (int8 only).
     q: Vec<i8>,
+    /// `[m][cols]`, each group in [`i16_slot`] order (int16 only).
+    q16: Vec<i16>,
     /// `[m][groups]`: the scale `dx`.
     d: Vec<f32>,
-    /// `[m][groups]`: `dx·Σ x8`.
+    /// `[m][groups]`: `dx·Σ xq`.
     s: Vec<f32>,
 }
 
 /// Quantizes `m` rows of `cols` (a multiple of 32) floats.
-pub(crate) fn quantize(x: &[f32], m: usize, cols: usize) -> Quantized {
+pub(crate) fn quantize(x: &[f32], m: usize, cols: usize, bits: Bits) -> Quantized {
     let groups = cols / GROUP;
+    let (n8, n16) = match bits {
+        Bits::I8 => (m * cols, 0),
+        Bits::I16 => (0, m * cols),
+    };
     let mut a = Quantized {
         cols,
         groups,
-        q: vec![0; m * cols],
+        q: vec![0; n8],
+        q16: vec![0; n16],
         d: vec![0.0; m * groups],
         s: vec![0.0; m * groups],
     };
-    for (i, (xg, qg)) in x[..m * cols]
-        .chunks_exact(GROUP)
-        .zip(a.q.chunks_exact_mut(GROUP))
-        .enumerate()
-    {
+    let levels = bits.levels();
+    for (i, xg) in x[..m * cols].chunks_exact(GROUP).enumerate() {
         // The largest magnitude, in eight lanes (exact in any order).
         let mut lanes = [0f32; 8];
         for c in xg.chunks_exact(8) {
@@ -131,27 +162,51 @@ pub(crate) fn quantize(x: &[f32], m: usize, cols: usize) -> Quantized {
         if amax == 0.0 || !amax.is_finite() {
             continue;
         }
-        let inv = 127.0 / amax;
+        let inv = levels / amax;
+        let round = |v: f32| ((v * inv + MAGIC) - MAGIC).clamp(-levels, levels) as i32;
         let mut sum = 0i32;
-        for (q, &v) in qg.iter_mut().zip(xg) {
-            let r = ((v * inv + MAGIC) - MAGIC).clamp(-127.0, 127.0) as i32;
-            *q = r as i8;
-            sum += r;
+        match bits {
+            Bits::I8 => {
+                for (q, &v) in a.q[i * GROUP..][..GROUP].iter_mut().zip(xg) {
+                    let r = round(v);
+                    *q = r as i8;
+                    sum += r;
+                }
+            }
+            Bits::I16 => {
+                let qg = &mut a.q16[i * GROUP..][..GROUP];
+                for (k, &v) in xg.iter().enumerate() {
+                    let r = round(v);
+                    qg[i16_slot(k)] = r as i16;
+                    sum += r;
+                }
+            }
         }
-        let dx = amax / 127.0;
+        let dx = amax / levels;
         a.d[i] = dx;
         a.s[i] = dx * sum as f32;
     }
     a
 }
 
-/// [`quantize`]'s rows scaled back to floats (`dx·x8`).
-pub(crate) fn dequantized(x: &[f32], m: usize, cols: usize) -> Vec<f32> {
-    let a = quantize(x, m, cols);
-    a.q.iter()
-        .enumerate()
-        .map(|(k, &q)| f32::from(q) * a.d[k / GROUP])
+/// [`quantize`]'s rows scaled back to floats (`dx·xq`), in column order.
+pub(crate) fn dequantized(x: &[f32], m: usize, cols: usize, bits: Bits) -> Vec<f32> {
+    let a = quantize(x, m, cols, bits);
+    (0..m * cols)
+        .map(|k| a.value(k / cols, k % cols) as f32 * a.d[k / GROUP])
         .collect()
+}
+
+impl Quantized {
+    /// Row `i`'s quantized column `c`.
+    fn value(&self, i: usize, c: usize) -> i32 {
+        let at = i * self.cols + c;
+        if self.q16.is_empty() {
+            i32::from(self.q[at])
+        } else {
+            i32::from(self.q16[at - c % GROUP + i16_slot(c % GROUP)])
+        }
+    }
 }
 
 /// Which integer kernel runs a tier.
@@ -188,17 +243,19 @@ fn kernel_for(isa: Isa) -> Kernel {
 }
 
 /// `y = x · Wᵀ` through the panels (the caller checked the lengths and that the CPU runs `isa`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn product(
     isa: Isa,
     mat: &QMatrix,
     pan: &Panels,
+    bits: Bits,
     x: &[f32],
     m: usize,
     y: &mut [f32],
     threads: usize,
 ) {
     let rows = mat.rows();
-    let a = quantize(x, m, mat.cols());
+    let a = quantize(x, m, mat.cols(), bits);
     let panels = rows.div_ceil(PANEL_ROWS);
     let units = if rows * mat.cols() * m < PAR_MIN_MACS {
         1
@@ -211,7 +268,7 @@ pub(crate) fn product(
     let run = |u: usize| {
         let (p0, p1) = ((u * share).min(panels), ((u + 1) * share).min(panels));
         for p in p0..p1 {
-            panel(kernel, mat, pan, p, &a, m, out);
+            panel(kernel, bits, mat, pan, p, &a, m, out);
         }
     };
     if units == 1 {
@@ -222,7 +279,17 @@ pub(crate) fn product(
 }
 
 /// One panel against every activation row.
-fn panel(kernel: Kernel, mat: &QMatrix, pan: &Panels, p: usize, a: &Quantized, m: usize, out: Out) {
+#[allow(clippy::too_many_arguments)]
+fn panel(
+    kernel: Kernel,
+    bits: Bits,
+    mat: &QMatrix,
+    pan: &Panels,
+    p: usize,
+    a: &Quantized,
+    m: usize,
+    out: Out,
+) {
     let r0 = p * PANEL_ROWS;
     let live = PANEL_ROWS.min(mat.rows() - r0);
     match kernel {
@@ -236,8 +303,14 @@ fn panel(kernel: Kernel, mat: &QMatrix, pan: &Panels, p: usize, a: &Quantized, m
                         match n {
                             $($k => {
                                 // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports
-                                // AVX-512 BW and VNNI; rows `i..i + n` exist in `a`.
-                                unsafe { x86::panel_vnni::<$k>(pan, p, a, i, r0, live, out) }
+                                // AVX-512 BW and VNNI; rows `i..i + n` exist in `a`, quantized
+                                // to `bits`.
+                                unsafe {
+                                    match bits {
+                                        Bits::I8 => x86::panel_vnni::<$k>(pan, p, a, i, r0, live, out),
+                                        Bits::I16 => x86::panel_vnni16::<$k>(pan, p, a, i, r0, live, out),
+                                    }
+                                }
                             })*
                             _ => {}
                         }
@@ -262,9 +335,13 @@ fn panel(kernel: Kernel, mat: &QMatrix, pan: &Panels, p: usize, a: &Quantized, m
                             match n {
                                 $($k => {
                                     // SAFETY: `kernel_for` chose `Avx2` only where the CPU
-                                    // reports AVX2 and FMA; rows `i..i + n` exist in `a`.
+                                    // reports AVX2 and FMA; rows `i..i + n` exist in `a`,
+                                    // quantized to `bits`.
                                     unsafe {
-                                        x86::panel_avx2::<$k>(pan, p, half, a, i, r0, lanes, out)
+                                        match bits {
+                                            Bits::I8 => x86::panel_avx2::<$k>(pan, p, half, a, i, r0, lanes, out),
+                                            Bits::I16 => x86::panel_avx2_16::<$k>(pan, p, half, a, i, r0, lanes, out),
+                                        }
                                     }
                                 })*
                                 _ => {}
@@ -288,13 +365,11 @@ fn panel(kernel: Kernel, mat: &QMatrix, pan: &Panels, p: usize, a: &Quantized, m
 
 /// The reference: one output from the row's own nibble codes (not the panels).
 pub(crate) fn scalar(row: Row<'_>, a: &Quantized, i: usize) -> f32 {
-    let x8 = &a.q[i * a.cols..][..a.cols];
     let mut acc = 0f32;
     for g in 0..a.groups {
         let codes = &row.codes[g * 16..][..16];
-        let xs = &x8[g * GROUP..][..GROUP];
         let isum: i32 = (0..GROUP)
-            .map(|k| i32::from(nibble(codes, k)) * i32::from(xs[k]))
+            .map(|k| i32::from(nibble(codes, k)) * a.value(i, g * GROUP + k))
             .sum();
         let sd = row.scales[g] * a.d[i * a.groups + g];
         acc = (isum as f32).mul_add(sd, acc);
@@ -416,6 +491,147 @@ mod x86 {
                     let p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b1));
                     *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p0, ones));
                     *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p1, ones));
+                }
+            }
+            // SAFETY: 16 floats per panel group; this reads one half.
+            let (s, o) = unsafe {
+                (
+                    _mm256_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS + 8 * half)),
+                    _mm256_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS + 8 * half)),
+                )
+            };
+            for i in 0..R {
+                let k = (i0 + i) * a.groups + g;
+                let sd = _mm256_mul_ps(s, _mm256_set1_ps(a.d[k]));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), sd, acc[i]);
+                acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(a.s[k]), acc[i]);
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            let mut out8 = [0f32; 8];
+            // SAFETY: `out8` holds 8 floats.
+            unsafe { _mm256_storeu_ps(out8.as_mut_ptr(), *v) };
+            out.put_run(i0 + i, r0 + 8 * half, &out8[..lanes]);
+        }
+    }
+
+    /// Two int16 activations from word `at` as one 32-bit lane to broadcast.
+    ///
+    /// # Safety
+    /// `at..at + 2` is inside `q`.
+    unsafe fn pair(q: &[i16], at: usize) -> i32 {
+        // SAFETY: the caller's promise; the read is unaligned.
+        unsafe { std::ptr::read_unaligned(q.as_ptr().add(at).cast::<i32>()) }
+    }
+
+    /// [`panel_vnni`] with int16 activations: each 64-byte vector's low and high nibbles split
+    /// into even and odd bytes as 16-bit words, columns `(c, c+2)`, `(c+1, c+3)`, `(c+4, c+6)`,
+    /// `(c+5, c+7)`, against the activations stored in that order.
+    ///
+    /// # Safety
+    /// As [`panel_vnni`], with `a` quantized to int16.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn panel_vnni16<const R: usize>(
+        pan: &Panels,
+        p: usize,
+        a: &Quantized,
+        i0: usize,
+        r0: usize,
+        live: usize,
+        out: Out,
+    ) {
+        let lomask = _mm512_set1_epi8(0x0F);
+        let low_byte = _mm512_set1_epi16(0x00FF);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for g in 0..pan.groups {
+            let at = p * pan.groups + g;
+            let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let mut isum = [_mm512_setzero_si512(); R];
+            for v in 0..4 {
+                // SAFETY: `codes` holds four 64-byte vectors.
+                let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * v).cast()) };
+                let lo = _mm512_and_si512(w, lomask);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), lomask);
+                let words = [
+                    _mm512_and_si512(lo, low_byte),
+                    _mm512_srli_epi16::<8>(lo),
+                    _mm512_and_si512(hi, low_byte),
+                    _mm512_srli_epi16::<8>(hi),
+                ];
+                for (i, s) in isum.iter_mut().enumerate() {
+                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
+                    for (h, wv) in words.iter().enumerate() {
+                        // SAFETY: row `i0 + i` exists and `x + 2h + 2 ≤ x + 8 ≤` its end.
+                        let b = unsafe { pair(&a.q16, x + 2 * h) };
+                        *s = _mm512_dpwssd_epi32(*s, *wv, _mm512_set1_epi32(b));
+                    }
+                }
+            }
+            // SAFETY: 16 floats per panel group.
+            let (s, o) = unsafe {
+                (
+                    _mm512_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS)),
+                    _mm512_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS)),
+                )
+            };
+            for i in 0..R {
+                let k = (i0 + i) * a.groups + g;
+                let sd = _mm512_mul_ps(s, _mm512_set1_ps(a.d[k]));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), sd, acc[i]);
+                acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(a.s[k]), acc[i]);
+            }
+        }
+        for (i, v) in acc.iter().enumerate() {
+            let mut lanes = [0f32; PANEL_ROWS];
+            // SAFETY: `lanes` holds 16 floats.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
+            out.put_run(i0 + i, r0, &lanes[..live]);
+        }
+    }
+
+    /// [`panel_avx2`] with int16 activations (`vpmaddwd` on the words of [`panel_vnni16`]).
+    ///
+    /// # Safety
+    /// As [`panel_avx2`], with `a` quantized to int16.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn panel_avx2_16<const R: usize>(
+        pan: &Panels,
+        p: usize,
+        half: usize,
+        a: &Quantized,
+        i0: usize,
+        r0: usize,
+        lanes: usize,
+        out: Out,
+    ) {
+        let lomask = _mm256_set1_epi8(0x0F);
+        let low_byte = _mm256_set1_epi16(0x00FF);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for g in 0..pan.groups {
+            let at = p * pan.groups + g;
+            let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let mut isum = [_mm256_setzero_si256(); R];
+            for v in 0..4 {
+                // SAFETY: `codes` holds four 64-byte vectors; this reads one half of one.
+                let w =
+                    unsafe { _mm256_loadu_si256(codes.as_ptr().add(64 * v + 32 * half).cast()) };
+                let lo = _mm256_and_si256(w, lomask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), lomask);
+                let words = [
+                    _mm256_and_si256(lo, low_byte),
+                    _mm256_srli_epi16::<8>(lo),
+                    _mm256_and_si256(hi, low_byte),
+                    _mm256_srli_epi16::<8>(hi),
+                ];
+                for (i, s) in isum.iter_mut().enumerate() {
+                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
+                    for (h, wv) in words.iter().enumerate() {
+                        // SAFETY: row `i0 + i` exists and `x + 2h + 2 ≤ x + 8 ≤` its end.
+                        let b = unsafe { pair(&a.q16, x + 2 * h) };
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(*wv, _mm256_set1_epi32(b)));
+                    }
                 }
             }
             // SAFETY: 16 floats per panel group; this reads one half.

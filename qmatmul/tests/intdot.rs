@@ -1,12 +1,14 @@
-//! Int8 activations (W4A8): every tier bit-identical to the scalar reference, the product equal
-//! to the weights times the quantized activations, and close to the f32 product.
+//! Integer activations (W4A16, W4A8): every tier bit-identical to the scalar reference, the
+//! product equal to the weights times the quantized activations, and close to the f32 product.
 
 #![allow(clippy::unwrap_used)]
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use engram_qmatmul::{GgufBlock, Isa, QMatrix, int8_activations};
+use engram_qmatmul::{Activations, GgufBlock, Isa, QMatrix, quantized_activations};
 use proptest::prelude::*;
+
+const INTS: [Activations; 2] = [Activations::Int16, Activations::Int8];
 
 const NIBBLES: [(GgufBlock, GgmlDType); 3] = [
     (GgufBlock::Q4_0, GgmlDType::Q4_0),
@@ -66,7 +68,7 @@ fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
-fn check(w: &QMatrix, m: usize, seed: u64, threads: usize) {
+fn check(w: &QMatrix, acts: Activations, m: usize, seed: u64, threads: usize) {
     let x = floats(m * w.cols(), seed);
     let scalar = product(w, Isa::Scalar, &x, m, threads);
     for isa in Isa::available() {
@@ -78,25 +80,36 @@ fn check(w: &QMatrix, m: usize, seed: u64, threads: usize) {
         );
     }
     // The weights times the quantized activations, to f32 rounding.
-    let xq = int8_activations(&x, w.cols()).unwrap();
+    let xq = quantized_activations(&x, w.cols(), acts).unwrap();
+    assert_ne!(xq, x, "{acts:?} rounds");
     let exact = reference(w, &xq, m);
     let err = rel_l2(&scalar, &exact);
     assert!(
         err < 1e-5,
-        "m={m}: rel-L2 {err} against the quantized activations"
+        "{acts:?} m={m}: rel-L2 {err} against the quantized activations"
     );
-    // And close to the f32 activations' product: the rounding of x is bounded.
+    // And close to the f32 activations' product: the rounding of x is bounded (int16: 1/65,534
+    // of a group's largest magnitude, int8: 1/254).
+    let bound = match acts {
+        Activations::Int16 => 1e-4,
+        _ => 2e-2,
+    };
     let err = rel_l2(&scalar, &reference(w, &x, m));
-    assert!(err < 2e-2, "m={m}: rel-L2 {err} against f32 activations");
+    assert!(
+        err < bound,
+        "{acts:?} m={m}: rel-L2 {err} against f32 activations"
+    );
 }
 
 #[test]
 fn every_tier_is_the_scalar_bits_and_the_quantized_product() {
-    for (block, dtype) in NIBBLES {
-        let w = matrix(block, dtype, 40, 512, 3).with_int8();
-        assert!(w.is_int8());
-        for m in [1, 2, 3, 5, 8, 9, 17, 20] {
-            check(&w, m, 11 + m as u64, 2);
+    for acts in INTS {
+        for (block, dtype) in NIBBLES {
+            let w = matrix(block, dtype, 40, 512, 3).with_activations(acts);
+            assert_eq!(w.activations(), acts);
+            for m in [1, 2, 3, 5, 8, 9, 17, 20] {
+                check(&w, acts, m, 11 + m as u64, 2);
+            }
         }
     }
 }
@@ -110,8 +123,11 @@ proptest! {
         m in 1usize..24,
         threads in 1usize..4,
         seed in 0u64..1000,
+        int16 in any::<bool>(),
     ) {
-        let w = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, rows, 32 * groups, seed).with_int8();
+        let acts = if int16 { Activations::Int16 } else { Activations::Int8 };
+        let w = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, rows, 32 * groups, seed)
+            .with_activations(acts);
         let x = floats(m * w.cols(), seed + 1);
         let scalar = product(&w, Isa::Scalar, &x, m, 1);
         for isa in Isa::available() {
@@ -122,30 +138,33 @@ proptest! {
 
 #[test]
 fn an_output_is_the_same_bits_whatever_rows_or_threads_share_the_product() {
-    let w = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 200, 576, 8).with_int8();
-    let x = floats(60 * 576, 9);
-    for isa in Isa::available() {
-        let all = product(&w, isa, &x, 60, 2);
-        for threads in [1, 3] {
-            assert_eq!(product(&w, isa, &x, 60, threads), all, "{isa:?} {threads}");
-        }
-        for (start, m) in [(0, 1), (7, 1), (10, 5), (20, 16), (3, 33), (59, 1)] {
-            let part = product(&w, isa, &x[start * 576..(start + m) * 576], m, 2);
-            assert_eq!(
-                part,
-                all[start * 200..(start + m) * 200],
-                "{isa:?} {start}+{m}"
-            );
+    for acts in INTS {
+        let w = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 200, 576, 8).with_activations(acts);
+        let x = floats(60 * 576, 9);
+        for isa in Isa::available() {
+            let all = product(&w, isa, &x, 60, 2);
+            for threads in [1, 3] {
+                assert_eq!(product(&w, isa, &x, 60, threads), all, "{isa:?} {threads}");
+            }
+            for (start, m) in [(0, 1), (7, 1), (10, 5), (20, 16), (3, 33), (59, 1)] {
+                let part = product(&w, isa, &x[start * 576..(start + m) * 576], m, 2);
+                assert_eq!(
+                    part,
+                    all[start * 200..(start + m) * 200],
+                    "{isa:?} {start}+{m}"
+                );
+            }
         }
     }
 }
 
 #[test]
-fn stacks_and_permutations_keep_int8_and_compute_each_part_alike() {
-    let a = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 24, 256, 1).with_int8();
-    let b = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 40, 256, 2).with_int8();
+fn stacks_and_permutations_keep_the_activations_and_compute_each_part_alike() {
+    let int16 = Activations::Int16;
+    let a = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 24, 256, 1).with_activations(int16);
+    let b = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 40, 256, 2).with_activations(int16);
     let s = QMatrix::stack(&[&a, &b]).unwrap();
-    assert!(s.is_int8());
+    assert_eq!(s.activations(), int16);
     let x = floats(3 * 256, 4);
     let (ya, yb, ys) = (
         product(&a, Isa::active(), &x, 3, 2),
@@ -158,33 +177,35 @@ fn stacks_and_permutations_keep_int8_and_compute_each_part_alike() {
     }
     let order: Vec<usize> = (0..24).rev().collect();
     let p = a.permute_rows(&order).unwrap();
-    assert!(p.is_int8());
+    assert_eq!(p.activations(), int16);
     let yp = product(&p, Isa::active(), &x, 3, 2);
     for i in 0..3 {
         for r in 0..24 {
             assert_eq!(yp[i * 24 + r], ya[i * 24 + 23 - r]);
         }
     }
-    // A byte matrix has no int8 kernel and stays f32; so does a stack with one.
-    let c = matrix(GgufBlock::Q8_0, GgmlDType::Q8_0, 8, 256, 5).with_int8();
-    assert!(!c.is_int8());
-    assert!(
-        !QMatrix::stack(&[&a, &matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 8, 256, 6)])
-            .unwrap()
-            .is_int8()
+    // A byte matrix has no integer kernel and stays f32; a stack of mixed activations is f32.
+    let c = matrix(GgufBlock::Q8_0, GgmlDType::Q8_0, 8, 256, 5).with_activations(int16);
+    assert_eq!(c.activations(), Activations::F32);
+    let d = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 8, 256, 6).with_activations(Activations::Int8);
+    assert_eq!(
+        QMatrix::stack(&[&a, &d]).unwrap().activations(),
+        Activations::F32
     );
 }
 
 #[test]
 fn zero_rows_and_huge_values_quantize_without_nan() {
-    let w = matrix(GgufBlock::Q4_0, GgmlDType::Q4_0, 16, 64, 2).with_int8();
-    let mut x = vec![0f32; 2 * 64];
-    x[64..]
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, v)| *v = 1e30 * (i as f32 - 31.5));
-    let y = product(&w, Isa::active(), &x, 2, 1);
-    assert!(y[..16].iter().all(|&v| v == 0.0));
-    assert!(y[16..].iter().all(|v| v.is_finite()));
-    assert!(int8_activations(&x, 48).is_err());
+    for acts in INTS {
+        let w = matrix(GgufBlock::Q4_0, GgmlDType::Q4_0, 16, 64, 2).with_activations(acts);
+        let mut x = vec![0f32; 2 * 64];
+        x[64..]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = 1e30 * (i as f32 - 31.5));
+        let y = product(&w, Isa::active(), &x, 2, 1);
+        assert!(y[..16].iter().all(|&v| v == 0.0));
+        assert!(y[16..].iter().all(|v| v.is_finite()));
+        assert!(quantized_activations(&x, 48, acts).is_err());
+    }
 }
