@@ -307,8 +307,8 @@ fn panel(
                                 // to `bits`.
                                 unsafe {
                                     match bits {
-                                        Bits::I8 => x86::panel_vnni::<$k>(pan, p, a, i, r0, live, out),
-                                        Bits::I16 => x86::panel_vnni16::<$k>(pan, p, a, i, r0, live, out),
+                                        Bits::I8 => x86::panel_vnni::<$k, false>(pan, p, a, i, r0, live, out),
+                                        Bits::I16 => x86::panel_vnni::<$k, true>(pan, p, a, i, r0, live, out),
                                     }
                                 }
                             })*
@@ -339,8 +339,8 @@ fn panel(
                                     // quantized to `bits`.
                                     unsafe {
                                         match bits {
-                                            Bits::I8 => x86::panel_avx2::<$k>(pan, p, half, a, i, r0, lanes, out),
-                                            Bits::I16 => x86::panel_avx2_16::<$k>(pan, p, half, a, i, r0, lanes, out),
+                                            Bits::I8 => x86::panel_avx2::<$k, false>(pan, p, half, a, i, r0, lanes, out),
+                                            Bits::I16 => x86::panel_avx2::<$k, true>(pan, p, half, a, i, r0, lanes, out),
                                         }
                                     }
                                 })*
@@ -385,154 +385,37 @@ mod x86 {
     use super::{GROUP, PANEL_GROUP_BYTES, PANEL_ROWS, Panels, Quantized};
     use crate::kernel::Out;
 
-    /// Four quantized activations from `at` as one 32-bit lane to broadcast.
+    /// The 32-bit lane of activations at element `at` to broadcast: four int8 ones, or two
+    /// int16 ones (`WIDE`).
     ///
     /// # Safety
-    /// `at..at + 4` is inside `q`.
-    unsafe fn four(q: &[i8], at: usize) -> i32 {
-        // SAFETY: the caller's promise; the read is unaligned.
-        unsafe { std::ptr::read_unaligned(q.as_ptr().add(at).cast::<i32>()) }
+    /// The lane's 4 bytes from element `at` are inside the activations.
+    #[inline]
+    unsafe fn lane<const WIDE: bool>(a: &Quantized, at: usize) -> i32 {
+        // SAFETY: the caller's promise; the reads are unaligned.
+        unsafe {
+            if WIDE {
+                std::ptr::read_unaligned(a.q16.as_ptr().add(at).cast::<i32>())
+            } else {
+                std::ptr::read_unaligned(a.q.as_ptr().add(at).cast::<i32>())
+            }
+        }
     }
 
     /// Panel `p` against activation rows `i0..i0 + R`: 16 weight rows per register, one integer
-    /// sum per group and row, then the group's two float terms.
+    /// sum per group and row, then the group's two float terms. Int8 (`vpdpbusd`, four products
+    /// a lane: the low nibbles of a vector are columns `c..c+4`, the high ones `c+4..c+8`) or
+    /// int16 (`WIDE`, `vpdpwssd`, two products a lane: the nibbles split into even and odd bytes
+    /// as words, columns `(c, c+2)`, `(c+1, c+3)`, `(c+4, c+6)`, `(c+5, c+7)`, against the
+    /// activations stored in that order).
     ///
     /// # Safety
     /// The CPU runs AVX-512 F, BW and VNNI; `p` is a panel of `pan`, rows `i0..i0 + R` exist in
-    /// `a`, and `live ≤ 16` rows from `r0` are columns of `out`.
+    /// `a`, quantized to int16 if `WIDE` else int8, and `live ≤ 16` rows from `r0` are columns
+    /// of `out`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel_vnni<const R: usize>(
-        pan: &Panels,
-        p: usize,
-        a: &Quantized,
-        i0: usize,
-        r0: usize,
-        live: usize,
-        out: Out,
-    ) {
-        let lomask = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for g in 0..pan.groups {
-            let at = p * pan.groups + g;
-            let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
-            let mut isum = [_mm512_setzero_si512(); R];
-            for v in 0..4 {
-                // SAFETY: `codes` holds four 64-byte vectors.
-                let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * v).cast()) };
-                let lo = _mm512_and_si512(w, lomask);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), lomask);
-                for (i, s) in isum.iter_mut().enumerate() {
-                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
-                    // SAFETY: row `i0 + i` exists and `x + 8 ≤` its end.
-                    let (b0, b1) = unsafe { (four(&a.q, x), four(&a.q, x + 4)) };
-                    *s = _mm512_dpbusd_epi32(*s, lo, _mm512_set1_epi32(b0));
-                    *s = _mm512_dpbusd_epi32(*s, hi, _mm512_set1_epi32(b1));
-                }
-            }
-            // SAFETY: 16 floats per panel group.
-            let (s, o) = unsafe {
-                (
-                    _mm512_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS)),
-                    _mm512_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS)),
-                )
-            };
-            for i in 0..R {
-                let k = (i0 + i) * a.groups + g;
-                let sd = _mm512_mul_ps(s, _mm512_set1_ps(a.d[k]));
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), sd, acc[i]);
-                acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(a.s[k]), acc[i]);
-            }
-        }
-        for (i, v) in acc.iter().enumerate() {
-            let mut lanes = [0f32; PANEL_ROWS];
-            // SAFETY: `lanes` holds 16 floats.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *v) };
-            out.put_run(i0 + i, r0, &lanes[..live]);
-        }
-    }
-
-    /// Half `half` (lanes `8·half..8·half + 8`) of panel `p` against activation rows
-    /// `i0..i0 + R`, with 16-bit pair products (no overflow: a pair is at most 2·15·127).
-    ///
-    /// # Safety
-    /// The CPU runs AVX2 and FMA; `p` is a panel of `pan`, rows `i0..i0 + R` exist in `a`, and
-    /// `lanes ≤ 8` rows from `r0 + 8·half` are columns of `out`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn panel_avx2<const R: usize>(
-        pan: &Panels,
-        p: usize,
-        half: usize,
-        a: &Quantized,
-        i0: usize,
-        r0: usize,
-        lanes: usize,
-        out: Out,
-    ) {
-        let lomask = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for g in 0..pan.groups {
-            let at = p * pan.groups + g;
-            let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
-            let mut isum = [_mm256_setzero_si256(); R];
-            for v in 0..4 {
-                // SAFETY: `codes` holds four 64-byte vectors; this reads one half of one.
-                let w =
-                    unsafe { _mm256_loadu_si256(codes.as_ptr().add(64 * v + 32 * half).cast()) };
-                let lo = _mm256_and_si256(w, lomask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), lomask);
-                for (i, s) in isum.iter_mut().enumerate() {
-                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
-                    // SAFETY: row `i0 + i` exists and `x + 8 ≤` its end.
-                    let (b0, b1) = unsafe { (four(&a.q, x), four(&a.q, x + 4)) };
-                    let p0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(b0));
-                    let p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b1));
-                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p0, ones));
-                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p1, ones));
-                }
-            }
-            // SAFETY: 16 floats per panel group; this reads one half.
-            let (s, o) = unsafe {
-                (
-                    _mm256_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS + 8 * half)),
-                    _mm256_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS + 8 * half)),
-                )
-            };
-            for i in 0..R {
-                let k = (i0 + i) * a.groups + g;
-                let sd = _mm256_mul_ps(s, _mm256_set1_ps(a.d[k]));
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), sd, acc[i]);
-                acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(a.s[k]), acc[i]);
-            }
-        }
-        for (i, v) in acc.iter().enumerate() {
-            let mut out8 = [0f32; 8];
-            // SAFETY: `out8` holds 8 floats.
-            unsafe { _mm256_storeu_ps(out8.as_mut_ptr(), *v) };
-            out.put_run(i0 + i, r0 + 8 * half, &out8[..lanes]);
-        }
-    }
-
-    /// Two int16 activations from word `at` as one 32-bit lane to broadcast.
-    ///
-    /// # Safety
-    /// `at..at + 2` is inside `q`.
-    unsafe fn pair(q: &[i16], at: usize) -> i32 {
-        // SAFETY: the caller's promise; the read is unaligned.
-        unsafe { std::ptr::read_unaligned(q.as_ptr().add(at).cast::<i32>()) }
-    }
-
-    /// [`panel_vnni`] with int16 activations: each 64-byte vector's low and high nibbles split
-    /// into even and odd bytes as 16-bit words, columns `(c, c+2)`, `(c+1, c+3)`, `(c+4, c+6)`,
-    /// `(c+5, c+7)`, against the activations stored in that order.
-    ///
-    /// # Safety
-    /// As [`panel_vnni`], with `a` quantized to int16.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel_vnni16<const R: usize>(
+    pub(super) unsafe fn panel_vnni<const R: usize, const WIDE: bool>(
         pan: &Panels,
         p: usize,
         a: &Quantized,
@@ -553,18 +436,25 @@ mod x86 {
                 let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * v).cast()) };
                 let lo = _mm512_and_si512(w, lomask);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), lomask);
-                let words = [
-                    _mm512_and_si512(lo, low_byte),
-                    _mm512_srli_epi16::<8>(lo),
-                    _mm512_and_si512(hi, low_byte),
-                    _mm512_srli_epi16::<8>(hi),
-                ];
                 for (i, s) in isum.iter_mut().enumerate() {
                     let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
-                    for (h, wv) in words.iter().enumerate() {
-                        // SAFETY: row `i0 + i` exists and `x + 2h + 2 ≤ x + 8 ≤` its end.
-                        let b = unsafe { pair(&a.q16, x + 2 * h) };
-                        *s = _mm512_dpwssd_epi32(*s, *wv, _mm512_set1_epi32(b));
+                    if WIDE {
+                        let words = [
+                            _mm512_and_si512(lo, low_byte),
+                            _mm512_srli_epi16::<8>(lo),
+                            _mm512_and_si512(hi, low_byte),
+                            _mm512_srli_epi16::<8>(hi),
+                        ];
+                        for (h, wv) in words.iter().enumerate() {
+                            // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                            let b = unsafe { lane::<true>(a, x + 2 * h) };
+                            *s = _mm512_dpwssd_epi32(*s, *wv, _mm512_set1_epi32(b));
+                        }
+                    } else {
+                        // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                        let (b0, b1) = unsafe { (lane::<false>(a, x), lane::<false>(a, x + 4)) };
+                        *s = _mm512_dpbusd_epi32(*s, lo, _mm512_set1_epi32(b0));
+                        *s = _mm512_dpbusd_epi32(*s, hi, _mm512_set1_epi32(b1));
                     }
                 }
             }
@@ -590,13 +480,17 @@ mod x86 {
         }
     }
 
-    /// [`panel_avx2`] with int16 activations (`vpmaddwd` on the words of [`panel_vnni16`]).
+    /// Half `half` (lanes `8·half..8·half + 8`) of panel `p` against activation rows
+    /// `i0..i0 + R`, as [`panel_vnni`] with 16-bit pair products: `vpmaddubsw` + `vpmaddwd`
+    /// for int8 (no saturation: a pair is at most 2·15·127), `vpmaddwd` for int16.
     ///
     /// # Safety
-    /// As [`panel_avx2`], with `a` quantized to int16.
+    /// The CPU runs AVX2 and FMA; `p` is a panel of `pan`, rows `i0..i0 + R` exist in `a`,
+    /// quantized to int16 if `WIDE` else int8, and `lanes ≤ 8` rows from `r0 + 8·half` are
+    /// columns of `out`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn panel_avx2_16<const R: usize>(
+    pub(super) unsafe fn panel_avx2<const R: usize, const WIDE: bool>(
         pan: &Panels,
         p: usize,
         half: usize,
@@ -608,6 +502,7 @@ mod x86 {
     ) {
         let lomask = _mm256_set1_epi8(0x0F);
         let low_byte = _mm256_set1_epi16(0x00FF);
+        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for g in 0..pan.groups {
             let at = p * pan.groups + g;
@@ -619,18 +514,28 @@ mod x86 {
                     unsafe { _mm256_loadu_si256(codes.as_ptr().add(64 * v + 32 * half).cast()) };
                 let lo = _mm256_and_si256(w, lomask);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), lomask);
-                let words = [
-                    _mm256_and_si256(lo, low_byte),
-                    _mm256_srli_epi16::<8>(lo),
-                    _mm256_and_si256(hi, low_byte),
-                    _mm256_srli_epi16::<8>(hi),
-                ];
                 for (i, s) in isum.iter_mut().enumerate() {
                     let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
-                    for (h, wv) in words.iter().enumerate() {
-                        // SAFETY: row `i0 + i` exists and `x + 2h + 2 ≤ x + 8 ≤` its end.
-                        let b = unsafe { pair(&a.q16, x + 2 * h) };
-                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(*wv, _mm256_set1_epi32(b)));
+                    if WIDE {
+                        let words = [
+                            _mm256_and_si256(lo, low_byte),
+                            _mm256_srli_epi16::<8>(lo),
+                            _mm256_and_si256(hi, low_byte),
+                            _mm256_srli_epi16::<8>(hi),
+                        ];
+                        for (h, wv) in words.iter().enumerate() {
+                            // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                            let b = unsafe { lane::<true>(a, x + 2 * h) };
+                            let pairs = _mm256_madd_epi16(*wv, _mm256_set1_epi32(b));
+                            *s = _mm256_add_epi32(*s, pairs);
+                        }
+                    } else {
+                        // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                        let (b0, b1) = unsafe { (lane::<false>(a, x), lane::<false>(a, x + 4)) };
+                        let p0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(b0));
+                        let p1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b1));
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p0, ones));
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p1, ones));
                     }
                 }
             }
