@@ -63,8 +63,9 @@ pub enum WeightFormat {
     /// quantized per 32 columns to 1/65,534 of the group's largest magnitude, integer dot
     /// products); byte blocks (`Q8_0`, `Q6_K`) stay W8A32. Faster prefill at the f32
     /// activations' answers (`engram eval kv --also-weights` measures it). Not the default yet:
-    /// its rounding turns the last-bit differences between a prompt prefilled whole and one
-    /// resumed from a cached prefix into different sampled tokens.
+    /// a prompt resumed from a cached prefix with one uncached token computes that row with the
+    /// decode attention kernel instead of the causal one; their last bits differ, and this
+    /// rounding turns that into different sampled tokens.
     Int16,
     /// As `Int16` with int8 activations (W4A8, llama.cpp's numerics for these blocks): the
     /// fastest prefill, and it moves answers (`engram eval kv` shows by how much).
