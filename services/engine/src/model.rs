@@ -175,7 +175,48 @@ impl Llama {
 
     /// Loads a GGUF file with its weights held as `format`.
     pub fn from_gguf_as(path: &Path, format: WeightFormat) -> EngineResult<Self> {
-        Self::from_weights(Weights::from_gguf(path, format)?)
+        let model = Self::from_weights(Weights::from_gguf(path, format)?)?;
+        Ok(model.with_activations(format.activations()))
+    }
+
+    /// The block products the CPU forward runs, multiplying `acts`: the integer panels are
+    /// built once, for the matrices it reads (a layer's stacks, not the projections stacked
+    /// into them).
+    fn with_activations(mut self, acts: Activations) -> Self {
+        if acts == Activations::F32 {
+            return self;
+        }
+        let convert = |q: &mut Arc<engram_qmatmul::QMatrix>| {
+            *q = Arc::new((**q).clone().with_activations(acts));
+        };
+        let convert_linear = |w: &mut Linear| {
+            if let Linear::Blocks(q) = w {
+                convert(q);
+            }
+        };
+        convert_linear(&mut self.lm_head);
+        for (layer, stacked) in self.layers.iter_mut().zip(&mut self.stacked) {
+            match stacked {
+                Some(s) => {
+                    convert(&mut s.qkv);
+                    convert(&mut s.gate_up);
+                    convert_linear(&mut layer.wo);
+                    convert_linear(&mut layer.w_down);
+                }
+                None => [
+                    &mut layer.wq,
+                    &mut layer.wk,
+                    &mut layer.wv,
+                    &mut layer.wo,
+                    &mut layer.w_gate,
+                    &mut layer.w_up,
+                    &mut layer.w_down,
+                ]
+                .into_iter()
+                .for_each(convert_linear),
+            }
+        }
+        self
     }
 
     /// Loads a Hugging Face directory (`config.json` + `model.safetensors` or its index).

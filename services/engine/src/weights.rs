@@ -503,9 +503,8 @@ fn linear(
                 })?,
             None => m,
         };
-        return Ok(Linear::Blocks(Arc::new(
-            m.with_activations(format.activations()),
-        )));
+        // Integer activations are set up by the model, on the matrices its forward reads.
+        return Ok(Linear::Blocks(Arc::new(m)));
     }
     let w = q.dequantize(&Device::Cpu)?;
     Ok(Linear::Dense(match unpermute {
