@@ -12,7 +12,7 @@
 # built by llama-server.sh into TOOLS), PEER_CACHE (the peer's host-RAM prompt cache, bytes),
 # ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release, or dev,
 # which this workspace builds with optimized dependencies), FEATURES (cargo flags), WEIGHTS
-# (Engram's `model.weights`: quantized, its default, f32 activations; int16; or int8, the
+# (Engram's `model.weights`: int16, its default; quantized, f32 activations; or int8, the
 # numerics llama.cpp uses for the same blocks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,7 +29,7 @@ PEER_PORT=${PEER_PORT:-18081}
 CARGO=${CARGO:-cargo}
 PROFILE=${PROFILE:-release}
 FEATURES=${FEATURES:-}
-WEIGHTS=${WEIGHTS:-quantized}
+WEIGHTS=${WEIGHTS:-int16}
 MODEL=$(realpath -m "$MODEL")
 OUT=$(realpath -m "$OUT")
 # The restart hook runs this script again: it needs the same settings.

@@ -129,8 +129,10 @@ impl BlockStore {
     /// `blocks` must be exactly `⌈(start + new) / block_size⌉` long.
     ///
     /// Where [`Self::causal_is_tiled`] holds, a tile of rows shares each key's expansion;
-    /// otherwise each row runs [`Self::attend`]'s path. Row `r` equals [`Self::attend`] over
-    /// `start + r + 1` tokens up to summation order.
+    /// otherwise, for the head dims [`Self::causal_is_fast`] names, the prefix is decoded once
+    /// and tiles of rows share each decoded key tile, each row's bits independent of the other
+    /// rows of the call; otherwise each row runs [`Self::attend`]'s path. Row `r` equals
+    /// [`Self::attend`] over `start + r + 1` tokens up to summation order.
     #[allow(clippy::too_many_arguments)]
     pub fn attend_causal(
         &self,
@@ -158,6 +160,13 @@ impl BlockStore {
                 shape.head_dim,
                 num_heads / shape.kv_heads.max(1),
             )
+    }
+
+    /// Whether [`Self::attend_causal`] runs a tiled kernel for `layer` on `isa`: over the codes
+    /// ([`Self::causal_is_tiled`]) or over the prefix decoded once (the head dims
+    /// [`crate::dense`] is compiled for). Otherwise it attends row by row.
+    pub fn causal_is_fast(&self, isa: Isa, layer: usize, num_heads: usize) -> bool {
+        self.causal_is_tiled(isa, layer, num_heads) || crate::dense::supports(self.shape().head_dim)
     }
 
     /// [`Self::attend_causal`] on the kernels of `isa` (lowered to what this CPU runs).
@@ -189,6 +198,10 @@ impl BlockStore {
             _ => None,
         };
         let Some(cb) = codebook.filter(|_| crate::simd::tq4_causal_supports(isa, d, group)) else {
+            if crate::dense::supports(d) {
+                return self
+                    .attend_causal_decoded(isa, layer, blocks, geo, start, new, q, params, out);
+            }
             // Row by row: each row is a decode over its own prefix.
             for r in 0..new {
                 let n = start + r + 1;
@@ -268,6 +281,66 @@ impl BlockStore {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::attend_causal`] over the prefix decoded once (into a scratch each thread keeps
+    /// for its next call) with the tiled f32 kernel of [`crate::dense`]: a row's result does
+    /// not depend on the other rows of the call.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_causal_decoded(
+        &self,
+        isa: Isa,
+        layer: usize,
+        blocks: &[BlockId],
+        geo: Geometry,
+        start: usize,
+        new: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<()> {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        }
+        let (d, group) = (geo.head_dim, geo.group());
+        let total = start + new;
+        let n = total * geo.kv_heads * d;
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let (k, v) = &mut *scratch;
+            k.resize(n, 0.0);
+            v.resize(n, 0.0);
+            self.read(layer, blocks, 0, &mut k[..n], &mut v[..n])?;
+            let units: Vec<crate::dense::Unit<'_>> = (0..geo.kv_heads)
+                .flat_map(|g| {
+                    let (k, v) = (&k[..n], &v[..n]);
+                    (0..new)
+                        .step_by(crate::dense::ROW_TILE)
+                        .map(move |r0| crate::dense::Unit {
+                            k,
+                            v,
+                            q,
+                            kv_heads: geo.kv_heads,
+                            group,
+                            scale: params.scale,
+                            start,
+                            g,
+                            r0,
+                            r1: (r0 + crate::dense::ROW_TILE).min(new),
+                        })
+                })
+                .collect();
+            let results = run_units(&units, params.threads, |u| crate::dense::run(isa, d, u));
+            let width = params.num_heads * d;
+            for (u, done) in units.iter().zip(results) {
+                for (k, r) in (u.r0..u.r1).enumerate() {
+                    let heads = &done[k * group * d..][..group * d];
+                    out[r * width + u.g * group * d..][..group * d].copy_from_slice(heads);
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Pre-softmax scores `scale·⟨q_h, k̂_t⟩` of every query head against the first `num_tokens`

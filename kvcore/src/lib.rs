@@ -21,6 +21,7 @@ struct ReadmeExample;
 mod attention;
 mod block;
 mod codec;
+mod dense;
 mod error;
 mod evict;
 mod metadata;

@@ -169,3 +169,49 @@ fn a_prefill_chunk_at_smollm2_geometry_takes_the_tiled_kernel_where_there_is_one
         assert!(rel_l2(&got, &want) < 1e-5, "x{threads}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Where causal attention runs on the prefix decoded once (every codec but TQ4 on
+    /// AVX-512), each row's result is the same bits whether it comes alone or in a chunk, on
+    /// every tier and thread count: a prompt resumed from a cached prefix computes what a whole
+    /// prefill computes.
+    #[test]
+    fn decoded_causal_rows_do_not_depend_on_their_chunk_or_tier(
+        codec_index in 0usize..ALL_CODECS.len(),
+        head_dim in prop::sample::select(vec![32usize, 64, 128]),
+        group in 1usize..4,
+        start in 0usize..200,
+        new in 2usize..40,
+        cut in 1usize..39,
+        threads in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let kind = ALL_CODECS[codec_index];
+        let cut = cut.min(new - 1);
+        let kv_heads = 2;
+        let total = start + new;
+        let mut store = store_with(kind, kv_heads, head_dim, 24);
+        let ids = filled(&mut store, total.div_ceil(16), SourceLayer::UserTurn, seed);
+        let params = AttentionParams::new(kv_heads * group, head_dim);
+        let width = params.num_heads * head_dim;
+        let q = gauss(seed ^ 5).gaussian_vec(new * width);
+        let mut whole = vec![0.0f32; q.len()];
+        store.attend_causal_on(Isa::Scalar, 0, &ids, start, new, &q, &params, &mut whole).unwrap();
+        for isa in Isa::available() {
+            if store.causal_is_tiled(isa, 0, params.num_heads) {
+                continue;
+            }
+            prop_assert!(store.causal_is_fast(isa, 0, params.num_heads));
+            let p = params.with_threads(threads);
+            // The chunk split at `cut`: rows 0..cut, then the rest over the same prefix.
+            let mut split = vec![0.0f32; q.len()];
+            let (a, b) = split.split_at_mut(cut * width);
+            store.attend_causal_on(isa, 0, &ids[..(start + cut).div_ceil(16)], start, cut, &q[..cut * width], &p, a).unwrap();
+            store.attend_causal_on(isa, 0, &ids, start + cut, new - cut, &q[cut * width..], &p, b).unwrap();
+            let differ = split.iter().zip(&whole).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            prop_assert_eq!(differ, 0, "{} {} x{}: {} outputs differ", kind, isa, threads, differ);
+        }
+    }
+}

@@ -351,6 +351,7 @@ pub fn device_parity(
                 start,
                 blocks,
                 logits: LogitRows::Last,
+                prompt: true,
             };
             la = Some(cpu.forward(&mut cpu_store, &[input(a)])?);
             lb = Some(dev_model.forward(&mut dev_store, &[input(b)])?);
@@ -378,6 +379,7 @@ pub fn device_parity(
                     start: p,
                     blocks: if side == 0 { a } else { b },
                     logits: LogitRows::Last,
+                    prompt: false,
                 })
                 .collect()
         };

@@ -253,9 +253,10 @@ pub struct SequenceSpec {
 /// The CPU engine's numerics, hashed into the KV fingerprint: K/V computed by other numerics (an
 /// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
 /// whenever a kernel change can move stored KV.
-pub const NUMERICS: &str = "cpu-numerics/5: simd decode attention with tile transpose-reduce \
-     scores, key-split merge, causal prefill over codes in register blocks of heads, weight \
-     products by row (the weight format's own id is hashed beside)";
+pub const NUMERICS: &str = "cpu-numerics/6: simd decode attention with tile transpose-reduce \
+     scores, key-split merge, causal prefill over codes in register blocks of heads or over the \
+     prefix decoded once in row-independent key tiles (prompt rows never take the decode \
+     kernel), weight products by row (the weight format's own id is hashed beside)";
 
 /// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
 pub const PUBLIC_TENANT: TenantId = TenantId(0);

@@ -156,6 +156,11 @@ pub struct SeqInput<'a> {
     pub blocks: &'a [BlockId],
     /// Which rows' logits to return.
     pub logits: LogitRows,
+    /// Whether `tokens` are prompt tokens. A prompt's rows take the prefill attention kernel
+    /// whatever the chunk's length, so a prompt resumed from a cached prefix with one uncached
+    /// token computes the bits a whole prefill computes; a decode token (`false`) takes the
+    /// single-query kernel.
+    pub prompt: bool,
 }
 
 /// Which logits a sequence wants back.
@@ -376,6 +381,7 @@ impl Llama {
                 start: 0,
                 blocks: &blocks,
                 logits: LogitRows::Last,
+                prompt: true,
             }],
         )?;
         let width = cfg.num_kv_heads * cfg.head_dim;

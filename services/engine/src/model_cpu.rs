@@ -92,10 +92,6 @@ impl Llama {
         let pos = Tensor::from_vec(positions, n, &dev)?;
         let cos: Vec<f32> = self.cos.index_select(&pos, 0)?.flatten_all()?.to_vec1()?;
         let sin: Vec<f32> = self.sin.index_select(&pos, 0)?.flatten_all()?.to_vec1()?;
-        let masks = batch
-            .iter()
-            .map(|s| super::causal_mask(s.start, s.tokens.len()))
-            .collect::<EngineResult<Vec<_>>>()?;
         let params = AttentionParams::new(heads, d).with_threads(t);
         let ids = Tensor::from_vec(ids, n, &dev)?;
         let mut x: Vec<f32> = self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?;
@@ -148,21 +144,23 @@ impl Llama {
             }
             let mut attn = vec![0f32; n * heads * d];
             let mut off = 0;
-            for (s, mask) in batch.iter().zip(&masks) {
+            for s in batch {
                 let m = s.tokens.len();
                 let total = s.start + m;
                 let blocks = &s.blocks[..total.div_ceil(bs)];
                 let qs = &q[off * heads * d..(off + m) * heads * d];
                 let o = &mut attn[off * heads * d..(off + m) * heads * d];
-                if m == 1 {
+                if m == 1 && !s.prompt {
                     store.attend(l, blocks, total, qs, &params, o)?;
-                } else if store.causal_is_tiled(Isa::active(), l, heads) {
-                    // A tile of query rows shares each key's expansion, straight from the
-                    // codes: no decoded prefix, no score-sized tensors.
+                } else if store.causal_is_fast(Isa::active(), l, heads) {
+                    // Tiles of query rows share each key tile (read from the codes, or from
+                    // the prefix decoded once): no score-sized tensors, no mask, and a row's
+                    // bits do not depend on the chunk it comes in.
                     store.attend_causal(l, blocks, s.start, m, qs, &params, o)?;
                 } else {
+                    let mask = super::causal_mask(s.start, m)?;
                     let q_seq = Tensor::from_slice(qs, (m, heads, d), &dev)?;
-                    let out = dense_attention(store, l, blocks, total, &q_seq, mask, cfg)?;
+                    let out = dense_attention(store, l, blocks, total, &q_seq, &mask, cfg)?;
                     o.copy_from_slice(&out.flatten_all()?.to_vec1::<f32>()?);
                 }
                 off += m;

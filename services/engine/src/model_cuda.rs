@@ -161,7 +161,7 @@ impl Llama {
             for p in s.start..total {
                 dst.extend((0..kv_heads).map(|h| (row(p) + h) as i32));
             }
-            if m == 1 {
+            if m == 1 && !s.prompt {
                 dec_rows.push(off as u32);
                 dec_lens.push(total as i32);
                 dec_slots.push(slots);

@@ -56,16 +56,13 @@ pub enum WeightFormat {
     /// Kept in the file's blocks (`Q4_0`, `Q4_1`, `Q4_K` as 4-bit codes, `Q8_0`, `Q6_K` as
     /// bytes) and multiplied by `engram-qmatmul`'s W4A32/W8A32 kernels: the same weights as
     /// `F32`, expanded in registers, activations in f32. Other block types, the embedding
-    /// lookup and the norms are f32. The default.
-    #[default]
+    /// lookup and the norms are f32.
     Quantized,
     /// As `Quantized`, with the 4-bit projections multiplied by int16 activations (W4A16,
     /// quantized per 32 columns to 1/65,534 of the group's largest magnitude, integer dot
     /// products); byte blocks (`Q8_0`, `Q6_K`) stay W8A32. Faster prefill at the f32
-    /// activations' answers (`engram eval kv --also-weights` measures it). Not the default yet:
-    /// a prompt resumed from a cached prefix with one uncached token computes that row with the
-    /// decode attention kernel instead of the causal one; their last bits differ, and this
-    /// rounding turns that into different sampled tokens.
+    /// activations' answers (`engram eval kv --also-weights` measures it). The default.
+    #[default]
     Int16,
     /// As `Int16` with int8 activations (W4A8, llama.cpp's numerics for these blocks): the
     /// fastest prefill, and it moves answers (`engram eval kv` shows by how much).

@@ -278,10 +278,10 @@ pub struct ModelSection {
     pub step_tokens: usize,
     /// Threads the CPU kernels split work over (0: one per CPU).
     pub threads: usize,
-    /// How GGUF weights are held and multiplied on the CPU: `quantized` (the default: kept in
-    /// their blocks, f32 activations), `int16` (4-bit blocks with int16 activations: faster
-    /// prefill, the same answers to f32 rounding), `int8` (int8 activations, llama.cpp's
-    /// numerics: fastest, moves answers) or `f32` (dequantized at load).
+    /// How GGUF weights are held and multiplied on the CPU: `int16` (the default: kept in their
+    /// blocks, the 4-bit ones multiplied by int16 activations; the answers of f32 activations
+    /// to 2e-7 nats), `quantized` (blocks, f32 activations), `int8` (int8 activations,
+    /// llama.cpp's numerics: fastest, moves answers) or `f32` (dequantized at load).
     pub weights: String,
     /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
     pub pin_tenant_share: f64,
@@ -334,7 +334,7 @@ impl Default for ModelSection {
             max_running: 16,
             step_tokens: 32,
             threads: 0,
-            weights: "quantized".into(),
+            weights: "int16".into(),
             pin_tenant_share: 0.5,
             fault: String::new(),
         }

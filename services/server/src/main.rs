@@ -272,9 +272,9 @@ struct ModelArgs {
     /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
     #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
     model: PathBuf,
-    /// How GGUF weights are held and multiplied: quantized (blocks, f32 activations), int16 or
-    /// int8 (blocks, integer activations for the 4-bit ones) or f32.
-    #[arg(long, default_value = "quantized")]
+    /// How GGUF weights are held and multiplied: int16 (the default) or int8 (blocks, integer
+    /// activations for the 4-bit ones), quantized (blocks, f32 activations) or f32.
+    #[arg(long, default_value = "int16")]
     weights: String,
     /// One JSON object per line instead of a table.
     #[arg(long)]

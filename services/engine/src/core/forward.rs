@@ -178,6 +178,7 @@ impl EngineCore {
                     start: seq.computed,
                     blocks: &seq.blocks,
                     logits: rows,
+                    prompt: seq.computed < seq.prompt_len,
                 })
             })
             .collect::<EngineResult<Vec<_>>>()?;

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use engram_engine::{ChatMessage, EngineConfig, EngineCore, Llama, Role, TextTokenizer, chatml};
+use engram_engine::{
+    ChatMessage, EngineConfig, EngineCore, Llama, Role, TextTokenizer, WeightFormat, chatml,
+};
 use engram_kvcore::CodecKind;
 
 pub fn model_path() -> PathBuf {
@@ -26,6 +28,23 @@ pub fn model() -> &'static (Llama, TextTokenizer) {
             TextTokenizer::from_gguf(&p).unwrap(),
         )
     })
+}
+
+/// The model with the weights held as `format` (loaded once per format and test binary).
+pub fn model_as(format: WeightFormat) -> &'static Llama {
+    static MODELS: [OnceLock<Llama>; 4] = [const { OnceLock::new() }; 4];
+    let i = match format {
+        WeightFormat::F32 => 0,
+        WeightFormat::Quantized => 1,
+        WeightFormat::Int16 => 2,
+        WeightFormat::Int8 => 3,
+    };
+    MODELS[i].get_or_init(|| Llama::from_gguf_as(&model_path(), format).unwrap())
+}
+
+/// A core on the model with `format` weights.
+pub fn core_as(format: WeightFormat, config: EngineConfig) -> EngineCore {
+    EngineCore::new(model_as(format).clone(), model().1.clone(), config).unwrap()
 }
 
 pub fn core(codec: CodecKind) -> EngineCore {

@@ -69,6 +69,57 @@ fn reused_prefix_blocks_give_the_logits_of_recomputing_them() {
     assert!(err < 1e-3, "warm reuse vs recompute: {err:.2e}");
 }
 
+/// A prompt resumed from a cached prefix computes, bit for bit, the logits a whole prefill of
+/// the same prompt computes: whatever number of tokens is left (one included, which is a
+/// prompt row, not a decode step), for every weight format. Seeded sampling depends on it.
+#[test]
+fn a_resumed_prompt_computes_the_bits_of_a_whole_prefill() {
+    use engram_engine::WeightFormat;
+    let text = license_tokens(420);
+    let prefix = &text[..400];
+    for format in [WeightFormat::Quantized, WeightFormat::Int16] {
+        let config = || EngineConfig {
+            codec: CodecKind::TQ4,
+            ..EngineConfig::default()
+        };
+        let mut cached = crate::common::core_as(format, config());
+        let (a, _) = cached
+            .start(SequenceSpec::plain(
+                with_suffix(prefix, &text[400..403]),
+                TenantId(1),
+            ))
+            .unwrap();
+        cached.prefill(a).unwrap();
+        cached.finish(a).unwrap();
+        for left in [1usize, 2, 5, 17] {
+            let prompt = &text[..400 + left];
+            let (b, adm) = cached
+                .start(SequenceSpec::plain(prompt.to_vec(), TenantId(1)))
+                .unwrap();
+            assert_eq!(adm.cached_tokens, 400, "{format:?}, {left} left");
+            let resumed = cached.prefill(b).unwrap();
+            cached.finish(b).unwrap();
+            let mut fresh = crate::common::core_as(format, config());
+            let (c, adm) = fresh
+                .start(SequenceSpec::plain(prompt.to_vec(), TenantId(1)))
+                .unwrap();
+            assert_eq!(adm.cached_tokens, 0);
+            let whole = fresh.prefill(c).unwrap();
+            let differ = resumed
+                .iter()
+                .zip(&whole)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "{format:?}, {left} left: {differ} logits differ, rel. L2 {:.2e}",
+                rel_l2(&resumed, &whole)
+            );
+        }
+    }
+}
+
 #[test]
 fn the_partial_last_block_is_recomputed_and_tenants_never_share() {
     let text = license_tokens(100);
@@ -239,12 +290,16 @@ fn bad_prompts_are_rejected_without_side_effects() {
 fn key_centering_is_exact_for_attention_and_lowers_codec_error() {
     use engram_engine::{KeyCentering, LogitRows};
     let text = license_tokens(256);
+    // f32 activations: centering's effect alone, not int16 rounding of shifted keys.
     let logits = |codec, key_centering| {
-        let mut core = core_with(EngineConfig {
-            codec,
-            key_centering,
-            ..EngineConfig::default()
-        });
+        let mut core = crate::common::core_as(
+            engram_engine::WeightFormat::Quantized,
+            EngineConfig {
+                codec,
+                key_centering,
+                ..EngineConfig::default()
+            },
+        );
         let (id, _) = core
             .start(SequenceSpec::plain(text.clone(), TenantId(1)))
             .unwrap();

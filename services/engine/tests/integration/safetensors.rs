@@ -89,7 +89,9 @@ fn a_safetensors_directory_runs_like_the_gguf() {
         ..EngineConfig::default()
     };
     let mut from_dir = EngineCore::new(loaded, tok, config.clone()).unwrap();
-    let mut from_gguf = EngineCore::new(model().0.clone(), model().1.clone(), config).unwrap();
+    // The GGUF's blocks with f32 activations: the directory's dense f32 weights to f32 rounding.
+    let gguf = crate::common::model_as(engram_engine::WeightFormat::Quantized).clone();
+    let mut from_gguf = EngineCore::new(gguf, model().1.clone(), config).unwrap();
     let prompt = chat("What is the capital of France?");
     assert_eq!(
         from_dir.tokenizer().encode("Paris, 2026").unwrap(),
