@@ -16,11 +16,12 @@
 use std::sync::Mutex;
 
 use crate::block::BlockId;
+use crate::block::Tier;
 use crate::codec::{Codec, CodecKind, axpy, dot};
 use crate::error::{KvError, KvResult};
 use crate::simd::{Isa, KeyRange, Partial, Tq4Rows, tq4_attend, tq4_supports};
+use crate::store::BlockStore;
 use crate::store::host::LayerBytes;
-use crate::store::{BlockStore, Tier};
 
 /// Query geometry and softmax scale.
 #[derive(Debug, Clone, Copy, PartialEq)]

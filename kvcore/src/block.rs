@@ -141,3 +141,25 @@ pub struct BlockTags {
     /// Token positions held (at most the block size).
     pub tokens: TokenRange,
 }
+
+/// Where a block's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Read by attention: VRAM, or process memory for the CPU engine.
+    Hot,
+    /// Host memory with the same bytes.
+    Cold,
+    /// No bytes: the block must be prefilled again from the token log.
+    Recompute,
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Hot => "hot",
+            Self::Cold => "cold",
+            Self::Recompute => "recompute",
+        })
+    }
+}

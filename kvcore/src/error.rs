@@ -2,8 +2,7 @@
 //! carries the values that explain it, never a preformatted string. An operation that returns an
 //! error has changed nothing (the store validates before it mutates).
 
-use crate::block::BlockId;
-use crate::store::Tier;
+use crate::block::{BlockId, Tier};
 
 /// Result alias of the crate.
 pub type KvResult<T> = Result<T, KvError>;

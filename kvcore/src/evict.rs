@@ -19,9 +19,10 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::block::BlockId;
+use crate::block::Tier;
 use crate::error::{KvError, KvResult};
 use crate::metadata::PinState;
-use crate::store::{BlockStore, Tier};
+use crate::store::BlockStore;
 
 /// What [`BlockStore::make_room`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

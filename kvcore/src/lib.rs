@@ -35,7 +35,7 @@ pub mod team;
 
 pub use attention::MIN_KEYS_PER_THREAD;
 pub use attention::{AttentionParams, attend_dense};
-pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, TokenRange};
+pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, Tier, TokenRange};
 pub use codec::rng::SplitMix64;
 pub use codec::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows, TurboQuantTables};
 pub use error::{KvError, KvResult};
@@ -49,4 +49,4 @@ pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
 pub use simd::Isa;
 pub use store::host::HostTier;
 pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
-pub use store::{BlockPart, BlockStore, BlockStream, StoreConfig, Tier};
+pub use store::{BlockPart, BlockStore, BlockStream, StoreConfig};

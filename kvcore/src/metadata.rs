@@ -16,9 +16,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, TokenRange};
+use crate::block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, Tier, TokenRange};
 use crate::error::{KvError, KvResult};
-use crate::store::Tier;
 
 /// Eviction priority of a pinned block.
 pub const PINNED_PRIORITY: u16 = 999;

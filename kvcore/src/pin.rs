@@ -18,10 +18,11 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::block::Tier;
 use crate::block::{BlockId, SourceLayer, TenantId};
 use crate::error::{KvError, KvResult};
 use crate::metadata::{BlockFilter, PinState};
-use crate::store::{BlockStore, Tier};
+use crate::store::BlockStore;
 
 /// Which layers may be pinned, and the soft cap.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -72,25 +72,13 @@ impl KvShape {
         positive("layers", self.layers, 1024)?;
         positive("kv_heads", self.kv_heads, 1024)?;
         positive("block_size", self.block_size, 4096)?;
-        check_head_dim(self.head_dim)
+        crate::codec::check_head_dim(self.head_dim)
     }
 
     /// Elements in one token's row of one layer (all KV heads).
     pub fn token_width(&self) -> usize {
         self.kv_heads * self.head_dim
     }
-}
-
-/// Head dimensions every codec supports: multiples of 8 in `8..=1024`.
-pub(crate) fn check_head_dim(head_dim: usize) -> KvResult<()> {
-    if !(8..=1024).contains(&head_dim) || !head_dim.is_multiple_of(8) {
-        return Err(KvError::InvalidConfig {
-            field: "head_dim",
-            value: head_dim as f64,
-            reason: "must be a multiple of 8 in 8..=1024",
-        });
-    }
-    Ok(())
 }
 
 /// One codec per layer, as configured (the built codecs live in the store).

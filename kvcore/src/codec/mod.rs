@@ -184,7 +184,7 @@ pub struct Codec {
 impl Codec {
     /// Builds the codec; TurboQuant solves its codebook and derives its rotation from `seed`.
     pub fn new(kind: CodecKind, head_dim: usize, seed: u64) -> KvResult<Self> {
-        crate::shape::check_head_dim(head_dim)?;
+        check_head_dim(head_dim)?;
         let tq = match kind {
             CodecKind::F32 | CodecKind::F16 | CodecKind::Q8 => None,
             CodecKind::TurboQuant { bits } => {
@@ -529,6 +529,18 @@ pub(crate) fn axpy(y: &mut [f32], w: f32, x: &[f32]) {
 
 fn l2(row: &[f32]) -> f32 {
     row.iter().map(|v| v * v).sum::<f32>().sqrt()
+}
+
+/// Head dimensions every codec supports: multiples of 8 in `8..=1024`.
+pub(crate) fn check_head_dim(head_dim: usize) -> KvResult<()> {
+    if !(8..=1024).contains(&head_dim) || !head_dim.is_multiple_of(8) {
+        return Err(KvError::InvalidConfig {
+            field: "head_dim",
+            value: head_dim as f64,
+            reason: "must be a multiple of 8 in 8..=1024",
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

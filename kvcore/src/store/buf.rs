@@ -10,7 +10,7 @@ pub(crate) enum HostBuf {
     Heap(Vec<u8>),
     /// Page-locked memory mapped into the device's address space.
     #[cfg(feature = "cuda")]
-    Pinned(crate::store::hot::cuda::PinnedBuf),
+    Pinned(crate::store::pinned::PinnedBuf),
 }
 
 impl HostBuf {

@@ -19,12 +19,15 @@
 mod buf;
 pub(crate) mod host;
 pub(crate) mod hot;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod pinned;
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::block::{BlockId, BlockTags};
+use crate::block::{BlockId, BlockTags, Tier};
 use crate::codec::{Codec, DEFAULT_ROTATION_SEED, Rows};
 use crate::error::{KvError, KvResult};
 use crate::metadata::{BlockMeta, BlockMetadataTable, PriorityTable};
@@ -33,28 +36,6 @@ use host::{HostTier, Layout};
 #[cfg(feature = "cuda")]
 use hot::CudaTier;
 use hot::{HotStorage, HotTier, HotTierKind};
-
-/// Where a block's bytes are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Tier {
-    /// Read by attention: VRAM, or process memory for the CPU engine.
-    Hot,
-    /// Host memory with the same bytes.
-    Cold,
-    /// No bytes: the block must be prefilled again from the token log.
-    Recompute,
-}
-
-impl std::fmt::Display for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Hot => "hot",
-            Self::Cold => "cold",
-            Self::Recompute => "recompute",
-        })
-    }
-}
 
 /// One of the four byte streams of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -16,6 +16,7 @@ mod core;
 pub mod embed;
 mod error;
 pub mod eval;
+mod gguf;
 mod model;
 mod prefix;
 mod probe;

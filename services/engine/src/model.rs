@@ -30,22 +30,8 @@ use engram_kvcore::{BlockId, BlockStore, BlockTags, CodecKind, KvShape, StoreCon
 use crate::error::{EngineError, EngineResult};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
-use crate::weights::{Linear, ModelConfig, WeightFormat, Weights};
+use crate::weights::{Layer, Linear, ModelConfig, WeightFormat, Weights};
 use engram_qmatmul::Activations;
-
-/// One layer's weights.
-#[derive(Debug, Clone)]
-pub(crate) struct Layer {
-    pub attn_norm: Tensor,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
-    pub wo: Linear,
-    pub ffn_norm: Tensor,
-    pub w_gate: Linear,
-    pub w_up: Linear,
-    pub w_down: Linear,
-}
 
 #[cfg(feature = "cuda")]
 #[path = "model_cuda.rs"]

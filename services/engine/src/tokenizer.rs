@@ -87,7 +87,7 @@ impl TextTokenizer {
                 _ => Err(metadata(key)),
             }
         };
-        let model = crate::weights::md_string(ct, "tokenizer.ggml.model")?;
+        let model = crate::gguf::md_string(ct, "tokenizer.ggml.model")?;
         if model != "gpt2" {
             return Err(EngineError::Tokenizer {
                 reason: format!("GGUF tokenizer model `{model}` (only byte-level BPE `gpt2`)"),
@@ -130,7 +130,7 @@ impl TextTokenizer {
             .collect();
         inner.add_special_tokens(special).map_err(tok_err)?;
         let mut me = Self::with_stops(inner);
-        if let Ok(eos) = crate::weights::md_usize(ct, "tokenizer.ggml.eos_token_id") {
+        if let Ok(eos) = crate::gguf::md_usize(ct, "tokenizer.ggml.eos_token_id") {
             let eos = eos as u32;
             if !me.stop_ids.contains(&eos) {
                 me.stop_ids.push(eos);

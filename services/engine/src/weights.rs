@@ -11,7 +11,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use engram_qmatmul::{Activations, GgufBlock, QMatrix};
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{EngineError, EngineResult, io_error, metadata};
-use crate::model::Layer;
+use crate::gguf::{md_f64, md_string, md_usize};
 
 /// A Llama model's hyper-parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,20 @@ pub struct ModelConfig {
     pub rms_eps: f64,
     /// Context length the model was trained for.
     pub context_length: usize,
+}
+
+/// One layer's weights.
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    pub attn_norm: Tensor,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub ffn_norm: Tensor,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
 }
 
 /// How GGUF weights are held in memory.
@@ -541,32 +555,4 @@ fn hash_files(files: &[PathBuf]) -> EngineResult<[u8; 32]> {
         }
     }
     Ok(h.finalize().into())
-}
-
-pub(crate) fn md_string(ct: &Content, key: &str) -> EngineResult<String> {
-    match ct.metadata.get(key) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        _ => Err(metadata(key)),
-    }
-}
-
-pub(crate) fn md_usize(ct: &Content, key: &str) -> EngineResult<usize> {
-    let v = match ct.metadata.get(key) {
-        Some(Value::U8(v)) => u64::from(*v),
-        Some(Value::U16(v)) => u64::from(*v),
-        Some(Value::U32(v)) => u64::from(*v),
-        Some(Value::U64(v)) => *v,
-        Some(Value::I32(v)) => u64::try_from(*v).map_err(|_| metadata(key))?,
-        Some(Value::I64(v)) => u64::try_from(*v).map_err(|_| metadata(key))?,
-        _ => return Err(metadata(key)),
-    };
-    usize::try_from(v).map_err(|_| metadata(key))
-}
-
-fn md_f64(ct: &Content, key: &str) -> EngineResult<f64> {
-    match ct.metadata.get(key) {
-        Some(Value::F32(v)) => Ok(f64::from(*v)),
-        Some(Value::F64(v)) => Ok(*v),
-        _ => Err(metadata(key)),
-    }
 }
