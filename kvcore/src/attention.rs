@@ -276,10 +276,7 @@ impl BlockStore {
                     got: 0,
                 });
             };
-            for (k, r) in (r0..r1).enumerate() {
-                let heads = &done[k * group * d..][..group * d];
-                out[r * width + g * group * d..][..group * d].copy_from_slice(heads);
-            }
+            scatter_rows(&done, g, r0..r1, group * d, width, out);
         }
         Ok(())
     }
@@ -335,10 +332,7 @@ impl BlockStore {
             let results = run_units(&units, params.threads, |u| crate::dense::run(isa, d, u));
             let width = params.num_heads * d;
             for (u, done) in units.iter().zip(results) {
-                for (k, r) in (u.r0..u.r1).enumerate() {
-                    let heads = &done[k * group * d..][..group * d];
-                    out[r * width + u.g * group * d..][..group * d].copy_from_slice(heads);
-                }
+                scatter_rows(&done, u.g, u.r0..u.r1, group * d, width, out);
             }
             Ok(())
         })
@@ -428,6 +422,21 @@ impl BlockStore {
         }
         let slots = self.slots_in(blocks, Tier::Hot)?;
         Ok((geo, slots, self.hot_layer(layer)?))
+    }
+}
+
+/// Copies a causal unit's output (`[rows, group, d]` of KV head `g`, `span` = `group·d`) into
+/// rows `rows` of `out` (`[new, heads·d]`, `width` = `heads·d`).
+fn scatter_rows(
+    done: &[f32],
+    g: usize,
+    rows: std::ops::Range<usize>,
+    span: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    for (k, r) in rows.enumerate() {
+        out[r * width + g * span..][..span].copy_from_slice(&done[k * span..][..span]);
     }
 }
 

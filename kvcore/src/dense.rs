@@ -16,7 +16,7 @@
 //! gives the same bits (tested), and the compiler vectorizes the loops over keys and over the
 //! head dimension.
 
-use crate::simd::Isa;
+use crate::simd::{EXP_MAX, EXP_MIN, EXP_P, Isa, LN2_HI, LN2_LO, LOG2E};
 
 /// Keys per tile (the softmax rescales once per tile).
 pub const KEY_TILE: usize = 32;
@@ -216,24 +216,11 @@ fn tile<const D: usize>(
     }
 }
 
-// exp(x) = 2^n · e^r, r = x − n·ln2 (ln2 in two parts), e^r from Cephes' degree-7 polynomial
-// (relative error about 1e-7); x is clamped so that 2^n stays a normal number.
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_P: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-
-/// `e^x` for softmax (`x ≤ 0`; −∞ and anything below −87 give about 1.6e-38, never NaN).
+/// `e^x` for softmax (`x ≤ 0`; −∞ and anything below −87 give about 1.6e-38, never NaN): the
+/// SIMD kernels' `exp` (same constants and steps, `crate::simd`), one lane at a time.
 #[inline(always)]
 fn exp(x: f32) -> f32 {
-    let x = x.clamp(-87.0, 88.0);
+    let x = x.clamp(EXP_MIN, EXP_MAX);
     let n = (x * LOG2E).round_ties_even();
     let r = (-n).mul_add(LN2_HI, x);
     let r = (-n).mul_add(LN2_LO, r);

@@ -15,6 +15,24 @@ use std::sync::OnceLock;
 #[allow(unsafe_code)]
 mod x86;
 
+// exp(x) = 2^n · e^r with r = x − n·ln2 (ln2 split in two for precision) and e^r from a degree-7
+// polynomial (Cephes' expf coefficients): relative error about 1e-7 on the reduced range.
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const EXP_P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+/// Scores are relative to the running max (≤ 0); below this `exp` is 0 for softmax purposes
+/// and the clamp keeps `2^n` a normal number.
+pub(crate) const EXP_MIN: f32 = -87.0;
+pub(crate) const EXP_MAX: f32 = 88.0;
+
 /// An instruction-set tier of the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {

@@ -19,23 +19,7 @@ const MAX_GROUP: usize = 8;
 /// Largest head_dim the kernels take.
 const MAX_D: usize = 256;
 
-// exp(x) = 2^n · e^r with r = x − n·ln2 (ln2 split in two for precision) and e^r from a degree-7
-// polynomial (Cephes' expf coefficients): relative error about 1e-7 on the reduced range.
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_P: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    1.666_666_5e-1,
-    0.5,
-];
-/// Scores are relative to the running max (≤ 0); below this `exp` is 0 for softmax purposes
-/// and the clamp keeps `2^n` a normal number.
-const EXP_MIN: f32 = -87.0;
-const EXP_MAX: f32 = 88.0;
+use super::{EXP_MAX, EXP_MIN, EXP_P, LN2_HI, LN2_LO, LOG2E};
 
 /// Dispatches to `isa`'s kernel (the caller checked the geometry and that the CPU has `isa`).
 pub(super) fn tq4_attend(
