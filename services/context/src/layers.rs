@@ -46,6 +46,29 @@ pub enum Volatility {
 }
 
 impl LayerKind {
+    /// The name as it is stored and as the API spells it (serde's `snake_case`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Axioms => "axioms",
+            Self::Identity => "identity",
+            Self::Rules => "rules",
+            Self::Capabilities => "capabilities",
+            Self::Soul => "soul",
+            Self::Partner => "partner",
+            Self::Neurons => "neurons",
+            Self::Memories => "memories",
+            Self::SystemState => "system_state",
+            Self::CurrentTime => "current_time",
+            Self::Affect => "affect",
+            Self::Awareness => "awareness",
+        }
+    }
+
+    /// The kind [`LayerKind::as_str`] names, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
     /// Every kind, in prompt order within its volatility class.
     pub const ALL: [Self; 12] = [
         Self::Axioms,
@@ -207,5 +230,24 @@ impl Layer {
             },
             public: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod names {
+    use super::LayerKind;
+
+    #[test]
+    fn a_kind_s_name_is_its_serde_name_and_parses_back() {
+        for k in LayerKind::ALL {
+            let serde_name = serde_json::to_value(k).ok();
+            assert_eq!(
+                serde_name.as_ref().and_then(|v| v.as_str()),
+                Some(k.as_str())
+            );
+            assert_eq!(LayerKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(LayerKind::parse("Axioms"), None);
+        assert_eq!(LayerKind::parse(""), None);
     }
 }

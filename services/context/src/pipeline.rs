@@ -33,7 +33,6 @@ use crate::synth::synthesize;
 
 /// Errors of the context pipeline.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
 pub enum ContextError {
     /// Two layers of the same kind.
     #[error("the agent has two `{kind:?}` layers")]

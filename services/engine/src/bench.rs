@@ -1,4 +1,4 @@
-//! `engram bench ttft`: time to first token with and without the prefix cache, and decode
+//! `engram-bench ttft`: time to first token with and without the prefix cache, and decode
 //! throughput by batch size.
 //!
 //! For each prompt size `P` (real text: the evaluation corpus, tokenized) and a new suffix of
@@ -56,7 +56,7 @@ impl Default for TtftOptions {
     }
 }
 
-/// One prompt size's TTFT (a JSON line of `engram bench ttft --json`).
+/// One prompt size's TTFT (a JSON line of `engram-bench ttft --json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TtftRow {
     /// Cached-prefix length.

@@ -190,6 +190,20 @@ pub enum KeyCentering {
     Calibrated,
 }
 
+impl KeyCentering {
+    /// `calibrated` or `off`.
+    pub fn parse(s: &str) -> EngineResult<Self> {
+        match s.trim() {
+            "calibrated" => Ok(Self::Calibrated),
+            "off" => Ok(Self::Off),
+            other => Err(EngineError::InvalidConfig {
+                field: "key_centering",
+                reason: format!("unknown key centering `{other}` (calibrated, off)"),
+            }),
+        }
+    }
+}
+
 /// A running sequence's handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SeqId(pub u64);

@@ -6,7 +6,6 @@ use engram_kvcore::KvError;
 
 /// Errors of the inference core.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum EngineError {
     /// A model or tokenizer file could not be read.
     #[error("cannot read {path}: {source}")]

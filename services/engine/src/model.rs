@@ -230,6 +230,19 @@ impl Llama {
         }
     }
 
+    /// [`Self::load_as`] with the format named (`int16`, `int8`, `quantized`, `f32`), and the
+    /// model's tokenizer: what the command-line tools load.
+    pub fn load_named(path: &Path, weights: &str) -> EngineResult<(Self, TextTokenizer)> {
+        let format = WeightFormat::parse(weights).ok_or_else(|| EngineError::InvalidConfig {
+            field: "weights",
+            reason: format!("unknown weight format `{weights}` (int16, int8, quantized, f32)"),
+        })?;
+        Ok((
+            Self::load_as(path, format)?,
+            TextTokenizer::for_model(path)?,
+        ))
+    }
+
     fn from_weights(w: Weights) -> EngineResult<Self> {
         let config = w.config;
         let half = config.head_dim / 2;

@@ -745,6 +745,18 @@ impl Worker {
                 finish = Some(FinishReason::Length);
             }
         }
+        // Ended by a stop token or the length: what the decoder still holds (a character cut
+        // short) goes out too, so the streamed text is the decode of the streamed tokens.
+        let cut_by_stop_sequence = finish == Some(FinishReason::Stop) && !stop_ids.contains(&tok);
+        if finish.is_some() && !cut_by_stop_sequence {
+            match a.decoder.flush(self.core.tokenizer()) {
+                Ok(rest) => a.text.push_str(&rest),
+                Err(e) => {
+                    self.fail(i, e);
+                    return;
+                }
+            }
+        }
         let hold = match finish {
             Some(_) => 0,
             None => held_back(&a.text, a.released, &a.sampler.params().stop),

@@ -258,6 +258,15 @@ impl StreamDecoder {
         Ok(piece)
     }
 
+    /// At the end of a generation: the text held back so far (an incomplete UTF-8 sequence,
+    /// decoded lossily), so that everything streamed equals the decode of every id.
+    pub fn flush(&mut self, tok: &TextTokenizer) -> EngineResult<String> {
+        let text = tok.decode(&self.ids)?;
+        let piece = text.get(self.emitted..).unwrap_or_default().to_string();
+        self.emitted = self.emitted.max(text.len());
+        Ok(piece)
+    }
+
     /// All text so far.
     pub fn text(&self, tok: &TextTokenizer) -> EngineResult<String> {
         tok.decode(&self.ids)

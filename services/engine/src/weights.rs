@@ -155,6 +155,19 @@ impl ModelConfig {
             context_length: 32_768,
         }
     }
+
+    /// A known shape by name: `smollm2-135m` or `llama3-8b` (random-weight speed runs and the
+    /// device checks).
+    pub fn named(name: &str) -> EngineResult<Self> {
+        match name.trim() {
+            "smollm2-135m" => Ok(Self::smollm2_135m()),
+            "llama3-8b" => Ok(Self::llama3_8b()),
+            other => Err(EngineError::InvalidConfig {
+                field: "shape",
+                reason: format!("unknown shape `{other}` (smollm2-135m, llama3-8b)"),
+            }),
+        }
+    }
 }
 
 impl Linear {

@@ -1,12 +1,20 @@
 //! The one place errors become HTTP: `{code, message}` bodies with stable codes; a 5xx never
-//! carries internal text (it is logged instead).
+//! carries internal text (it is logged instead). Each domain error (store, engine, context,
+//! memory graph, shadow, turn) maps here by an exhaustive `match`: a new variant does not
+//! compile until it has a status and a code.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use engram_context::ContextError;
 use engram_engine::EngineError;
+use engram_shadow::ShadowError;
 use engram_store::StoreError;
 use serde::Serialize;
+
+use crate::limits::LimitError;
+use crate::state::Unavailable;
+use crate::turn::TurnError;
+use engram_memory::MemoryError;
 
 /// An error answered to a client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +153,6 @@ impl From<StoreError> for ApiError {
             | StoreError::Migration(_)
             | StoreError::Corrupt { .. }
             | StoreError::Random(_) => Self::internal(e),
-            _ => Self::internal(e),
         }
     }
 }
@@ -200,10 +207,11 @@ impl From<EngineError> for ApiError {
             | EngineError::Kv(_)
             | EngineError::Metadata { .. }
             | EngineError::MissingTensor { .. }
+            | EngineError::Blocks { .. }
+            | EngineError::Device(_)
             | EngineError::UnsupportedArchitecture { .. }
             | EngineError::Tokenizer { .. }
             | EngineError::InvalidConfig { .. } => Self::internal(e),
-            _ => Self::internal(e),
         }
     }
 }
@@ -211,6 +219,90 @@ impl From<EngineError> for ApiError {
 impl From<ContextError> for ApiError {
     fn from(e: ContextError) -> Self {
         Self::invalid(e.to_string())
+    }
+}
+
+impl From<MemoryError> for ApiError {
+    fn from(e: MemoryError) -> Self {
+        match e {
+            MemoryError::Embedder { .. }
+            | MemoryError::Vector(_)
+            | MemoryError::Store(_)
+            | MemoryError::Graph(_)
+            | MemoryError::Embed(_)
+            | MemoryError::Poisoned
+            | MemoryError::NoVector
+            | MemoryError::Corrupt { .. } => Self::internal(e),
+        }
+    }
+}
+
+impl From<ShadowError> for ApiError {
+    fn from(e: ShadowError) -> Self {
+        match e {
+            ShadowError::NotFound => Self::not_found(e.to_string()),
+            ShadowError::Engine(e) => e.into(),
+            ShadowError::Invalid { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_cache_file",
+                e.to_string(),
+            ),
+            // The object store is down or refuses the credentials: retry later.
+            ShadowError::Store { .. } => Self::unavailable(
+                "shadow_unavailable",
+                "the shadow's store cannot be reached; retry later",
+                e,
+            ),
+            ShadowError::Io { .. } | ShadowError::Kv(_) => Self::internal(e),
+        }
+    }
+}
+
+impl From<Unavailable> for ApiError {
+    fn from(e: Unavailable) -> Self {
+        let code = match e {
+            Unavailable::Model { .. } => "model_unavailable",
+            Unavailable::Memory { .. } => "memory_unavailable",
+            Unavailable::Shadow { .. } => "shadow_unavailable",
+        };
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string())
+    }
+}
+
+impl From<LimitError> for ApiError {
+    fn from(e: LimitError) -> Self {
+        match e {
+            LimitError::Rate { retry_after_secs } => {
+                Self::rate_limited(e.to_string(), retry_after_secs)
+            }
+            LimitError::Generations => Self::rate_limited(e.to_string(), 1),
+        }
+    }
+}
+
+impl From<TurnError> for ApiError {
+    fn from(e: TurnError) -> Self {
+        match e {
+            TurnError::Store(e) => e.into(),
+            TurnError::Engine(e) => e.into(),
+            TurnError::Context(e) => e.into(),
+            TurnError::Memory(e) => e.into(),
+            TurnError::InvalidName { .. }
+            | TurnError::UnknownLayerKind(_)
+            | TurnError::InvalidMessage => Self::invalid(e.to_string()),
+            TurnError::SessionQuota { .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                e.to_string(),
+            ),
+            TurnError::SessionDeleted => {
+                Self::new(StatusCode::CONFLICT, "session_deleted", e.to_string())
+            }
+            TurnError::Unavailable(e) => e.into(),
+            TurnError::StoredLayerKind(_) | TurnError::NoAnswer | TurnError::StreamClosed => {
+                Self::internal(e)
+            }
+        }
     }
 }
 

@@ -5,44 +5,16 @@
 
 #![forbid(unsafe_code)]
 
-/// One JSON request to an in-process app (benches): `(status, body)`.
-macro_rules! app_call {
-    ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr $(,)?) => {{
-        let body: serde_json::Value = $body;
-        let mut req = match $method {
-            "GET" => actix_web::test::TestRequest::get(),
-            _ => actix_web::test::TestRequest::post(),
-        }
-        .uri($path)
-        .insert_header(("authorization", format!("Bearer {}", $key)));
-        if !body.is_null() {
-            req = req.set_json(body);
-        }
-        let resp = actix_web::test::call_service($app, req.to_request()).await;
-        let status = resp.status().as_u16();
-        let bytes = actix_web::test::read_body(resp).await;
-        (
-            status,
-            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or(serde_json::Value::Null),
-        )
-    }};
-}
-
 pub mod api;
 pub mod auth;
-pub mod bench_conversation;
-pub mod bench_memory;
-pub mod bench_shadow;
-pub mod bench_workload;
-pub mod config;
 pub mod error;
 pub mod limits;
-pub mod memory;
 pub mod metrics;
 pub mod openapi;
 pub mod request_id;
-pub mod shadow;
 pub mod state;
+pub mod tiers;
+pub mod turn;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -53,7 +25,7 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use engram_engine::{Engine, EngineConfig, EngineCore};
 use engram_store::Store;
 
-pub use config::{Config, ConfigError};
+pub use engram_config::{Config, ConfigError};
 pub use error::ApiError;
 pub use state::AppState;
 
@@ -71,10 +43,10 @@ pub enum StartError {
     Engine(#[from] engram_engine::EngineError),
     /// The memory graph or its vector index could not be opened.
     #[error("memory: {0}")]
-    Memory(#[from] memory::MemoryError),
+    Memory(#[from] engram_memory::MemoryError),
     /// The shadow directory could not be opened.
     #[error("shadow: {0}")]
-    Shadow(#[from] shadow::ShadowError),
+    Shadow(#[from] engram_shadow::ShadowError),
     /// The listener or a directory failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -134,23 +106,27 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
 
 /// The shadow directory, recovered into the engine's cold tier when `shadow.recover` is on.
 /// The shadow's store as configured: `shadow.url` (S3-compatible) or the local directory.
-pub fn shadow_storage(config: &Config) -> Result<Arc<dyn shadow::Storage>, shadow::ShadowError> {
+pub fn shadow_storage(
+    config: &Config,
+) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
     let s = &config.shadow;
     if !s.url.is_empty() {
         return s3_storage(s);
     }
     let dir = if s.dir.as_os_str().is_empty() {
-        memory::default_data_dir(&config.database.url, "shadow")
+        engram_memory::default_data_dir(&config.database.url, "shadow")
     } else {
         s.dir.clone()
     };
-    Ok(Arc::new(shadow::LocalStorage::open(&dir)?))
+    Ok(Arc::new(engram_shadow::LocalStorage::open(&dir)?))
 }
 
 #[cfg(feature = "s3")]
-fn s3_storage(s: &config::ShadowSection) -> Result<Arc<dyn shadow::Storage>, shadow::ShadowError> {
-    Ok(Arc::new(shadow::ObjectStorage::open_s3(
-        &shadow::S3Settings {
+fn s3_storage(
+    s: &engram_config::ShadowSection,
+) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
+    Ok(Arc::new(engram_shadow::ObjectStorage::open_s3(
+        &engram_shadow::S3Settings {
             url: s.url.clone(),
             endpoint: s.s3_endpoint.clone(),
             region: s.s3_region.clone(),
@@ -162,8 +138,10 @@ fn s3_storage(s: &config::ShadowSection) -> Result<Arc<dyn shadow::Storage>, sha
 }
 
 #[cfg(not(feature = "s3"))]
-fn s3_storage(s: &config::ShadowSection) -> Result<Arc<dyn shadow::Storage>, shadow::ShadowError> {
-    Err(shadow::ShadowError::Store {
+fn s3_storage(
+    s: &engram_config::ShadowSection,
+) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
+    Err(engram_shadow::ShadowError::Store {
         key: s.url.clone(),
         reason: "this binary was built without the `s3` feature (cargo build --features s3)".into(),
     })
@@ -173,11 +151,11 @@ async fn open_shadow(
     config: &Config,
     engine: &Engine,
     db: &Store,
-) -> Result<shadow::Shadow, StartError> {
+) -> Result<engram_shadow::Shadow, StartError> {
     let s = &config.shadow;
     let store = shadow_storage(config)?;
     let dir = store.location();
-    let shadow = shadow::Shadow::open(store, s.interval_ms, s.max_write_mib_per_sec)?;
+    let shadow = engram_shadow::Shadow::open(store, s.interval_ms, s.max_write_mib_per_sec)?;
     if !s.recover {
         let n = shadow.index().await?;
         eprintln!("engram: shadow: {n} entries in {dir} left on disk (shadow.recover is off)");
@@ -236,39 +214,19 @@ pub fn spawn_background(state: web::Data<AppState>) {
             let window = std::time::Duration::from_secs(st.config.tiers.active_window_secs);
             loop {
                 actix_web::rt::time::sleep(every).await;
-                let _ = tier_cycle(&st, window).await;
+                if let Ok(engine) = st.engine() {
+                    let _ = tiers::tier_cycle(engine, &st.tiers, window).await;
+                }
             }
         });
     }
-}
-
-/// Runs one tier-bridge cycle with the sessions active within `window`.
-pub async fn tier_cycle(
-    state: &AppState,
-    window: std::time::Duration,
-) -> Result<engram_engine::CycleReport, ApiError> {
-    let engine = state.engine()?;
-    let policy = state
-        .tiers
-        .policy
-        .lock()
-        .map(|p| p.clone())
-        .unwrap_or_default();
-    let active = state.tiers.active(window);
-    let (report, policy) = engine
-        .tier_cycle(policy, active)?
-        .recv_async()
-        .await
-        .map_err(|_| ApiError::internal("the engine did not answer"))??;
-    state.tiers.record(report.clone(), policy);
-    Ok(report)
 }
 
 /// The memory service, unless it is disabled or its embedding model is missing.
 async fn open_memory(
     config: &Config,
     store: &Store,
-) -> Result<Option<memory::MemoryService>, StartError> {
+) -> Result<Option<engram_memory::MemoryService>, StartError> {
     let m = &config.memory;
     if !m.enabled {
         return Ok(None);
@@ -281,12 +239,12 @@ async fn open_memory(
         return Ok(None);
     }
     let dir = if m.vector_dir.as_os_str().is_empty() {
-        memory::default_vector_dir(&config.database.url)
+        engram_memory::default_vector_dir(&config.database.url)
     } else {
         m.vector_dir.clone()
     };
     std::fs::create_dir_all(&dir)?;
-    let service = memory::MemoryService::open(m, store, &dir).await?;
+    let service = engram_memory::MemoryService::open(m, store, &dir).await?;
     let s = service.startup();
     eprintln!(
         "engram: memory graph: {} nodes, {} edges, {} re-embedded; vectors in {}",

@@ -10,8 +10,22 @@ use std::sync::{Arc, Mutex};
 use governor::clock::{Clock, DefaultClock};
 use governor::{Quota, RateLimiter};
 
-use crate::config::LimitsSection;
-use crate::error::ApiError;
+use engram_config::LimitsSection;
+
+/// Why a tenant's request was refused (`error.rs` answers 429 `rate_limited` with
+/// `Retry-After`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// Over its request rate.
+    #[error("too many requests for this tenant; retry after the given seconds")]
+    Rate {
+        /// Seconds until a request is admitted again.
+        retry_after_secs: u64,
+    },
+    /// Every generation slot of the tenant is in use.
+    #[error("this tenant runs as many generations as it may at once; retry when one ends")]
+    Generations,
+}
 
 type Keyed = RateLimiter<
     String,
@@ -65,31 +79,24 @@ impl Limits {
     }
 
     /// Counts one request of `tenant`; 429 when it is over its rate.
-    pub fn check_rate(&self, tenant: &str) -> Result<(), ApiError> {
+    pub fn check_rate(&self, tenant: &str) -> Result<(), LimitError> {
         let Some(rate) = &self.rate else {
             return Ok(());
         };
         rate.check_key(&tenant.to_string()).map_err(|not_until| {
             let wait = not_until.wait_time_from(self.clock.now());
-            ApiError::rate_limited(
-                "too many requests for this tenant; retry after the given seconds",
-                wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-            )
+            LimitError::Rate {
+                retry_after_secs: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+            }
         })
     }
 
     /// Takes one of `tenant`'s generation slots; 429 when all are in use.
-    pub fn begin_generation(&self, tenant: &str) -> Result<GenerationSlot, ApiError> {
-        let busy = || {
-            ApiError::rate_limited(
-                "this tenant runs as many generations as it may at once; retry when one ends",
-                1,
-            )
-        };
-        let mut r = self.running.lock().map_err(|_| busy())?;
+    pub fn begin_generation(&self, tenant: &str) -> Result<GenerationSlot, LimitError> {
+        let mut r = self.running.lock().map_err(|_| LimitError::Generations)?;
         let n = r.entry(tenant.to_string()).or_insert(0);
         if self.concurrent > 0 && *n >= self.concurrent {
-            return Err(busy());
+            return Err(LimitError::Generations);
         }
         *n += 1;
         Ok(GenerationSlot {
@@ -109,6 +116,7 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ApiError;
 
     #[test]
     fn a_tenant_over_its_rate_or_slots_is_refused_and_others_are_not() {
@@ -120,13 +128,14 @@ mod tests {
         for _ in 0..3 {
             l.check_rate("a").unwrap();
         }
-        let e = l.check_rate("a").unwrap_err();
+        let e = ApiError::from(l.check_rate("a").unwrap_err());
         assert_eq!((e.status.as_u16(), e.code), (429, "rate_limited"));
         assert!(e.retry_after.is_some_and(|s| (1..=2).contains(&s)), "{e:?}");
         l.check_rate("b").unwrap();
         let s1 = l.begin_generation("a").unwrap();
         let _s2 = l.begin_generation("a").unwrap();
-        assert_eq!(l.begin_generation("a").unwrap_err().code, "rate_limited");
+        let busy = ApiError::from(l.begin_generation("a").unwrap_err());
+        assert_eq!(busy.code, "rate_limited");
         let _b = l.begin_generation("b").unwrap();
         drop(s1);
         let _s3 = l.begin_generation("a").unwrap();

@@ -5,106 +5,16 @@ use engram_engine::{Engine, TextTokenizer};
 use engram_store::Store;
 use sha2::{Digest, Sha256};
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use engram_engine::{ChainKey, CycleReport, TierPolicy};
 use engram_kvcore::TenantId;
-use serde::Serialize;
 
-use crate::config::Config;
-use crate::error::ApiError;
-use crate::memory::MemoryService;
 use crate::metrics::Metrics;
-use crate::shadow::Shadow;
-
-/// Cycles of the tier bridge kept for the admin endpoint.
-pub const TIER_HISTORY: usize = 32;
-
-/// One tier-bridge cycle as the admin endpoint shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct CycleRecord {
-    /// When it ran, ms since the Unix epoch.
-    pub at_unix_ms: u64,
-    /// What it observed, decided and did.
-    #[schema(value_type = Object)]
-    pub report: CycleReport,
-}
-
-/// The tier bridge's state: its policy (adapted over time), its recent cycles and totals.
-#[derive(Debug)]
-pub struct TierBridge {
-    /// The policy in force.
-    pub policy: Mutex<TierPolicy>,
-    /// The last cycles, newest last.
-    pub history: Mutex<VecDeque<CycleRecord>>,
-    /// Cycles run, blocks spilled, warmed, removed.
-    pub totals: Mutex<[u64; 4]>,
-    /// Sessions' last turn.
-    pub activity: Mutex<HashMap<ChainKey, Instant>>,
-}
-
-impl TierBridge {
-    /// A bridge with `policy`.
-    pub fn new(policy: TierPolicy) -> Self {
-        Self {
-            policy: Mutex::new(policy),
-            history: Mutex::new(VecDeque::new()),
-            totals: Mutex::new([0; 4]),
-            activity: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Notes a turn of a session.
-    pub fn touch(&self, key: ChainKey) {
-        if let Ok(mut a) = self.activity.lock() {
-            a.insert(key, Instant::now());
-        }
-    }
-
-    /// Forgets the activity of the sessions `gone` selects (deleted).
-    pub fn forget(&self, gone: impl Fn(&ChainKey) -> bool) {
-        if let Ok(mut a) = self.activity.lock() {
-            a.retain(|k, _| !gone(k));
-        }
-    }
-
-    /// Sessions with a turn within `window`; forgets older ones.
-    pub fn active(&self, window: std::time::Duration) -> Vec<ChainKey> {
-        let Ok(mut a) = self.activity.lock() else {
-            return Vec::new();
-        };
-        a.retain(|_, t| t.elapsed() <= window);
-        let mut keys: Vec<ChainKey> = a.keys().copied().collect();
-        keys.sort();
-        keys
-    }
-
-    /// Records a cycle.
-    pub fn record(&self, report: CycleReport, policy: TierPolicy) {
-        if let Ok(mut t) = self.totals.lock() {
-            t[0] += 1;
-            t[1] += report.spilled as u64;
-            t[2] += report.warmed as u64;
-            t[3] += report.removed as u64;
-        }
-        if let Ok(mut p) = self.policy.lock() {
-            *p = policy;
-        }
-        if let Ok(mut h) = self.history.lock() {
-            if h.len() == TIER_HISTORY {
-                h.pop_front();
-            }
-            h.push_back(CycleRecord {
-                at_unix_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
-                report,
-            });
-        }
-    }
-}
+use crate::tiers::TierBridge;
+use engram_config::Config;
+use engram_memory::MemoryService;
+use engram_shadow::Shadow;
 
 /// Tenants with a cache import running (at most one each).
 #[derive(Debug, Default)]
@@ -181,6 +91,29 @@ impl Deletions {
     }
 }
 
+/// A part of the service that is off (answered 503 with the part's code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// No model is loaded, or the engine thread has ended (`model_unavailable`).
+    #[error("{why}")]
+    Model {
+        /// Which of the two.
+        why: &'static str,
+    },
+    /// The memory graph is off (`memory_unavailable`).
+    #[error("{why}")]
+    Memory {
+        /// Why.
+        why: &'static str,
+    },
+    /// The shadow is off (`shadow_unavailable`).
+    #[error("{why}")]
+    Shadow {
+        /// Why.
+        why: &'static str,
+    },
+}
+
 /// Shared state (held in `web::Data`).
 #[derive(Debug)]
 pub struct AppState {
@@ -236,49 +169,39 @@ impl AppState {
         }
     }
 
-    /// The shadow, or 503 `shadow_unavailable`.
-    pub fn shadow(&self) -> Result<&Shadow, ApiError> {
-        self.shadow.as_ref().ok_or_else(|| {
-            ApiError::new(
-                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                "shadow_unavailable",
-                if self.config.shadow.enabled {
-                    "the shadow is off (no model is loaded)"
-                } else {
-                    "the shadow is off (shadow.enabled = false)"
-                },
-            )
+    /// The shadow, or [`Unavailable::Shadow`].
+    pub fn shadow(&self) -> Result<&Shadow, Unavailable> {
+        self.shadow.as_ref().ok_or(Unavailable::Shadow {
+            why: if self.config.shadow.enabled {
+                "the shadow is off (no model is loaded)"
+            } else {
+                "the shadow is off (shadow.enabled = false)"
+            },
         })
     }
 
-    /// The memory service, or 503 `memory_unavailable`.
-    pub fn memory(&self) -> Result<&MemoryService, ApiError> {
-        self.memory.as_ref().ok_or_else(|| {
-            ApiError::new(
-                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                "memory_unavailable",
-                if self.config.memory.enabled {
-                    "the memory graph is off (no embedding model; see the server log)"
-                } else {
-                    "the memory graph is off (memory.enabled = false)"
-                },
-            )
+    /// The memory service, or [`Unavailable::Memory`].
+    pub fn memory(&self) -> Result<&MemoryService, Unavailable> {
+        self.memory.as_ref().ok_or(Unavailable::Memory {
+            why: if self.config.memory.enabled {
+                "the memory graph is off (no embedding model; see the server log)"
+            } else {
+                "the memory graph is off (memory.enabled = false)"
+            },
         })
     }
 
-    /// The engine, or 503 `model_unavailable` (no model loaded, or its thread has ended).
-    pub fn engine(&self) -> Result<&Engine, ApiError> {
-        let unavailable = |why: &str| {
-            ApiError::new(
-                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                "model_unavailable",
-                why,
-            )
-        };
+    /// The engine, or [`Unavailable::Model`] (no model loaded, or its thread has
+    /// ended).
+    pub fn engine(&self) -> Result<&Engine, Unavailable> {
         match &self.engine {
             Some(e) if e.is_alive() => Ok(e),
-            Some(_) => Err(unavailable("the engine has stopped; see the server log")),
-            None => Err(unavailable("no model is loaded; see the server log")),
+            Some(_) => Err(Unavailable::Model {
+                why: "the engine has stopped; see the server log",
+            }),
+            None => Err(Unavailable::Model {
+                why: "no model is loaded; see the server log",
+            }),
         }
     }
 

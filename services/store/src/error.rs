@@ -2,7 +2,6 @@
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum StoreError {
     /// The database refused or failed.
     #[error("database: {0}")]

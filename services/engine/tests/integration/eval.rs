@@ -115,3 +115,56 @@ fn the_ttft_bench_reuses_the_prefix_it_times() {
     // A corpus too short for the prompt is a clear error.
     assert!(ttft(m, t, &corpus[..50], &opts, |_| {}).is_err());
 }
+
+#[test]
+fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
+    use engram_engine::{EngineError, KeyCentering, ModelConfig};
+    assert_eq!(
+        ModelConfig::named("smollm2-135m").unwrap(),
+        ModelConfig::smollm2_135m()
+    );
+    assert_eq!(
+        ModelConfig::named("llama3-8b").unwrap(),
+        ModelConfig::llama3_8b()
+    );
+    let bad = ModelConfig::named("gpt-2").unwrap_err();
+    assert!(
+        matches!(bad, EngineError::InvalidConfig { field: "shape", .. }),
+        "{bad}"
+    );
+    assert_eq!(KeyCentering::parse("off").unwrap(), KeyCentering::Off);
+    assert_eq!(
+        KeyCentering::parse("calibrated").unwrap(),
+        KeyCentering::Calibrated
+    );
+    let bad = KeyCentering::parse("on").unwrap_err();
+    assert!(
+        matches!(
+            bad,
+            EngineError::InvalidConfig {
+                field: "key_centering",
+                ..
+            }
+        ),
+        "{bad}"
+    );
+    let path = crate::common::model_path();
+    let bad = Llama::load_named(&path, "int4").err().unwrap();
+    assert!(
+        matches!(
+            bad,
+            EngineError::InvalidConfig {
+                field: "weights",
+                ..
+            }
+        ),
+        "{bad}"
+    );
+    let (m, tok) = Llama::load_named(&path, "int8").unwrap();
+    let (got, want) = (m.config(), ModelConfig::smollm2_135m());
+    assert_eq!(
+        (got.num_layers, got.hidden_size),
+        (want.num_layers, want.hidden_size)
+    );
+    assert!(!tok.encode("hello").unwrap().is_empty());
+}

@@ -92,3 +92,29 @@ pub fn tempdir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A stream cut inside a character: `push` holds the incomplete bytes back, `flush` sends them
+/// (decoded lossily), and what was streamed equals the decode of every id.
+#[test]
+fn a_stream_cut_inside_a_character_flushes_what_it_held_back() {
+    let tok = &model().1;
+    let ids = tok.encode("Hola 🌍😊").unwrap();
+    let mut cut = None;
+    for n in 1..ids.len() {
+        if tok.decode(&ids[..n]).unwrap().ends_with('\u{FFFD}') {
+            cut = Some(n);
+            break;
+        }
+    }
+    let n = cut.expect("an emoji spans several byte tokens");
+    let mut d = engram_engine::StreamDecoder::default();
+    let mut streamed = String::new();
+    for &id in &ids[..n] {
+        streamed.push_str(&d.push(tok, id).unwrap());
+    }
+    assert!(!streamed.ends_with('\u{FFFD}'), "{streamed:?}");
+    streamed.push_str(&d.flush(tok).unwrap());
+    assert_eq!(streamed, tok.decode(&ids[..n]).unwrap());
+    assert!(streamed.ends_with('\u{FFFD}'));
+    assert_eq!(d.flush(tok).unwrap(), "");
+}

@@ -6,11 +6,10 @@ use engram_store::Quotas;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::agents::{build_context, kind_name, parse_kind, unpin};
-use crate::api::turns::{pin_key, public_pin_key};
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::turn::{build_context, check_name, parse_kind, pin_key, public_pin_key, unpin};
 
 /// Body of `POST /v1/admin/tenants`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -21,20 +20,6 @@ pub struct NewTenant {
     /// Quotas `{hot_blocks, cold_blocks, sessions}` (defaults from config).
     #[schema(value_type = Option<Object>)]
     pub quotas: Option<Quotas>,
-}
-
-pub(crate) fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
-    let ok = (1..=64).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "{what} must be 1–64 characters of letters, digits, `-` or `_`"
-        )))
-    }
 }
 
 /// Creates a tenant and its first API key (the secret is shown once).
@@ -157,7 +142,7 @@ pub async fn mark_layer_public(
     body: web::Json<PublicMark>,
 ) -> Result<HttpResponse, ApiError> {
     let (tenant, agent, kind) = path.into_inner();
-    let kind = kind_name(parse_kind(&kind)?);
+    let kind = parse_kind(&kind)?.as_str();
     let tenant = state.store.tenant(&tenant).await?;
     let agent = state.store.agent(&tenant.id, &agent).await?;
     let current = state.store.layers(&agent.id).await?;
@@ -175,7 +160,7 @@ pub async fn mark_layer_public(
     let before = build_context(&state, &agent, None, ".").await?;
     let row = state
         .store
-        .set_layer_public(&agent.id, &kind, body.public)
+        .set_layer_public(&agent.id, kind, body.public)
         .await?;
     let after = build_context(&state, &agent, None, ".").await?;
     // The agent stops using the old public prefix: its pins are released only when no other

@@ -8,38 +8,16 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, get, post, web};
 use engram_engine::{ChainKey, CollectRequest, CollectedBytes, RestoreChain};
 use engram_kvcore::TenantId;
+use engram_shadow::{ChainBlocks, ShadowError, engine_restore, export_file, import_file};
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
 
-use crate::api::Answer;
-use crate::api::turns::session_key;
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
-use crate::shadow::{ChainBlocks, ShadowError, engine_restore, export_file, import_file};
 use crate::state::AppState;
-
-impl From<ShadowError> for ApiError {
-    fn from(e: ShadowError) -> Self {
-        match e {
-            ShadowError::NotFound => Self::not_found(e.to_string()),
-            ShadowError::Engine(e) => e.into(),
-            ShadowError::Invalid { .. } => Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_cache_file",
-                e.to_string(),
-            ),
-            // The object store is down or refuses the credentials: retry later.
-            ShadowError::Store { .. } => Self::unavailable(
-                "shadow_unavailable",
-                "the shadow's store cannot be reached; retry later",
-                e,
-            ),
-            ShadowError::Io { .. } | ShadowError::Kv(_) => Self::internal(e),
-        }
-    }
-}
+use crate::turn::{Answer, build_context, pin_key, session_key};
 
 /// What a save, load or import did.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -289,8 +267,8 @@ pub async fn import(
     let file = spool(body, limit).await?.ok_or_else(too_large)?;
     // Pins go under the caller's own key for the agent's stable prefix as it is now, so the
     // agent's next layer edit releases them like any pin its turns made.
-    let built = crate::api::agents::build_context(&state, &agent, None, ".").await?;
-    let pin_key = crate::api::turns::pin_key(&caller.0, &built);
+    let built = build_context(&state, &agent, None, ".").await?;
+    let pin_key = pin_key(&caller.0, &built);
     let kv = engine.kv_format().clone();
     let tenant = key.0;
     let (stable_blocks, blocks) = web::block(move || {
@@ -369,7 +347,7 @@ fn read_spooled(mut file: std::fs::File) -> Result<Vec<u8>, ShadowError> {
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "Shadow status", body = crate::shadow::ShadowStatus),
+        (status = 200, description = "Shadow status", body = engram_shadow::ShadowStatus),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 503, description = "The shadow is off", body = crate::error::ErrorSchema),
     ),
@@ -387,7 +365,7 @@ pub async fn admin_shadow(
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "What the flush wrote", body = crate::shadow::FlushReport),
+        (status = 200, description = "What the flush wrote", body = engram_shadow::FlushReport),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 503, description = "The shadow is off", body = crate::error::ErrorSchema),
     ),
@@ -450,6 +428,6 @@ pub async fn admin_tier_cycle(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let window = std::time::Duration::from_secs(state.config.tiers.active_window_secs);
-    let report = crate::tier_cycle(&state, window).await?;
+    let report = crate::tiers::tier_cycle(state.engine()?, &state.tiers, window).await?;
     Ok(HttpResponse::Ok().json(report))
 }

@@ -6,15 +6,14 @@ use engram_kvcore::{BlockFilter, SessionId, SourceLayer, TenantId, Tier};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::Answer;
-use crate::api::turns::session_key;
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::turn::{Answer, session_key};
 
 async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
     let rx = state.engine()?.snapshot()?;
-    rx.answer().await
+    Ok(rx.answer().await?)
 }
 
 /// Tier occupancy, prefix-cache size, hits by tier, evictions by source layer, queue depth.

@@ -15,12 +15,10 @@ use engram_store::{Agent, Tenant};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::api::Answer;
-use crate::api::agents::{build_context, unpin};
-use crate::api::turns::{AGENT_MASK, agent_bits, pin_key, session_key};
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::turn::{AGENT_MASK, Answer, agent_bits, build_context, pin_key, session_key, unpin};
 
 /// What a delete removed.
 #[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]

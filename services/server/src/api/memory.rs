@@ -10,15 +10,12 @@ use engram_store::{Agent, NewMemoryEdge, NewMemoryNode};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::Answer;
-use crate::api::admin::check_name;
-use crate::api::agents::neighbourhood;
-use crate::api::turns::reserve;
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
-use crate::memory::{RecallQuery, now_ms, render};
 use crate::state::AppState;
+use crate::turn::{Answer, Turn, check_name};
 use engram_context::TokenCounter;
+use engram_memory::{RecallQuery, now_ms, render};
 
 const MAX_TEXT_BYTES: usize = 16 * 1024;
 const MAX_K: usize = 256;
@@ -115,7 +112,7 @@ async fn scope<'a>(
     state: &'a AppState,
     caller: &TenantCaller,
     agent: &str,
-) -> Result<(Agent, &'a crate::memory::MemoryService), ApiError> {
+) -> Result<(Agent, &'a engram_memory::MemoryService), ApiError> {
     let memory = state.memory()?;
     let agent = state.store.agent(&caller.0.id, agent).await?;
     Ok((agent, memory))
@@ -123,7 +120,7 @@ async fn scope<'a>(
 
 /// A node of this agent, or 404.
 fn own_node(
-    memory: &crate::memory::MemoryService,
+    memory: &engram_memory::MemoryService,
     tenant: &str,
     agent: &Agent,
     id: i64,
@@ -510,16 +507,12 @@ pub async fn query(
         })
         .await?;
     let reservation = if body.reserve {
-        match neighbourhood(
-            &state,
-            &caller.0,
-            &agent,
-            body.exclude_session.as_deref(),
-            &body.text,
-        )
-        .await?
+        let turn = Turn::of(state.into_inner(), caller.0, agent, None).await?;
+        match turn
+            .neighbourhood(body.exclude_session.as_deref(), &body.text)
+            .await?
         {
-            Some(n) => reserve(&state, &caller.0, &agent, &n).await?,
+            Some(n) => turn.reserve(&n).await?,
             None => None,
         }
     } else {

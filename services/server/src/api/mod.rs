@@ -1,4 +1,5 @@
-//! HTTP resources, one module each; handlers are thin over the store, context and engine.
+//! HTTP resources, one module each; handlers are thin over the store, the engine and the
+//! life of a turn (`crate::turn`), and no api module imports another (but the SSE pump).
 
 pub mod admin;
 pub mod agents;
@@ -8,25 +9,10 @@ pub mod inspect;
 pub mod lifecycle;
 pub mod memory;
 pub mod openai;
+mod stream;
 pub mod turns;
 
 use actix_web::web;
-
-use crate::error::ApiError;
-
-/// The one reply the engine thread sends to a command.
-pub(crate) trait Answer<T> {
-    /// Waits for it; 500 if the engine dropped the command.
-    async fn answer(self) -> Result<T, ApiError>;
-}
-
-impl<T> Answer<T> for flume::Receiver<T> {
-    async fn answer(self) -> Result<T, ApiError> {
-        self.recv_async()
-            .await
-            .map_err(|_| ApiError::internal("the engine did not answer"))
-    }
-}
 
 /// Registers every route.
 pub fn configure(cfg: &mut web::ServiceConfig) {

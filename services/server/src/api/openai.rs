@@ -9,26 +9,29 @@
 //!   cached, and shadowed under a key of the agent and the conversation's first user message,
 //!   so that a restart keeps a stateless conversation warm too.
 //!
+//! Both kinds of request take the native route's steps (`crate::turn`): a session's lost turns
+//! are replayed before its prompt is built, exactly as on `POST …/turns`.
+//!
 //! The last message must be the user's; `system` messages are ignored (the agent's layers are
 //! the system prompt). `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
 //! reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
-//! `data: [DONE]`.
+//! `data: [DONE]`; a failure, or a turn that could not be recorded (its session deleted
+//! meanwhile), ends the stream with `data: {"error": …}` instead.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use actix_web::web::Bytes;
 use actix_web::{HttpResponse, get, post, web};
-use engram_context::{Speaker, Turn};
-use engram_engine::{FinishReason, GenerateRequest, SamplingParams, Usage};
+use engram_context::{Speaker, Turn as Said};
+use engram_engine::{FinishReason, SamplingParams, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::api::agents::turn_context;
-use crate::api::turns::{Generated, Step, generate, open_session, record, session_key, spec_of};
+use crate::api::stream::{self, Framing};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::turn::{Generated, Turn, generate, session_key};
 
 /// One chat message.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -133,9 +136,14 @@ pub async fn chat_completions(
     state: web::Data<AppState>,
     body: web::Json<ChatRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let tenant = caller.0;
     let req = body.into_inner();
-    let agent = state.store.agent(&tenant.id, &req.model).await?;
+    let mut turn = Turn::open(
+        state.into_inner(),
+        caller.0,
+        &req.model,
+        req.user.as_deref(),
+    )
+    .await?;
     let Some((last, earlier)) = req.messages.split_last() else {
         return Err(ApiError::invalid("`messages` is empty"));
     };
@@ -147,150 +155,141 @@ pub async fn chat_completions(
             ));
         }
     };
-    let stop = match &req.stop {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ApiError::invalid("`stop` must be a string or a list of strings"))?,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "`stop` must be a string or a list of strings",
-            ));
-        }
-    };
     let sampling = SamplingParams {
         temperature: req.temperature.unwrap_or(0.0),
         top_p: req.top_p.unwrap_or(1.0),
         seed: req.seed.unwrap_or(0),
         max_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(256),
-        stop,
+        stop: stop_of(&req.stop)?,
         ..SamplingParams::default()
     };
     sampling.validate().map_err(ApiError::from)?;
-    let slot = state.limits.begin_generation(&tenant.id)?;
-    let session = req.user.clone();
-    let turned = match &session {
-        Some(s) => {
-            open_session(&state, &tenant, &agent, s, &message).await?;
-            turn_context(&state, &tenant, &agent, Some(s), None, &message).await?
+    let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
+    let history = match &turn.session {
+        Some(_) => {
+            turn.admit(&message).await?;
+            let history = turn.history().await?;
+            turn.replay_lost(&history).await?;
+            history
         }
         None => {
-            state.engine()?;
-            let history: Vec<Turn> = earlier
-                .iter()
-                .filter_map(|m| {
-                    let speaker = match m.role.as_str() {
-                        "user" => Speaker::User,
-                        "assistant" => Speaker::Assistant,
-                        _ => return None,
-                    };
-                    Some(Turn {
-                        speaker,
-                        text: m.content.clone().unwrap_or_default(),
-                    })
-                })
-                .collect();
-            turn_context(&state, &tenant, &agent, None, Some(&history), &message).await?
+            turn.state.engine()?;
+            // A stateless conversation's KV is filed under a key of its first user message.
+            turn.kv_session = Some(conversation_key(&turn, &req.messages));
+            earlier.iter().filter_map(said).collect()
         }
     };
-    let session_id = Some(match session.as_deref() {
-        Some(s) => session_key(&agent, s),
-        None => {
-            let first = req
-                .messages
-                .iter()
-                .find(|m| m.role == "user")
-                .and_then(|m| m.content.as_deref())
-                .unwrap_or_default();
-            let h = Sha256::digest(first.as_bytes());
-            let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
-            // A client session of the same name would only share the shadow's chain record:
-            // blocks are found by their content hash, never by this key.
-            session_key(&agent, &format!("\0conversation/{hex}"))
-        }
-    });
-    let spec = spec_of(&state, &turned.built, &tenant, session_id, |_| true)?;
-    let id = format!("chatcmpl-{}", now_s());
-    let created = now_s();
-    let model = agent.name.clone();
-    if !req.stream {
-        let g = generate(&state, spec, sampling).await?;
-        if let Some(s) = &session {
-            record(&state, &tenant, &agent, s, &message, &turned, &g).await?;
-        }
-        return Ok(HttpResponse::Ok().json(json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": g.text},
-                "finish_reason": finish(g.reason),
-            }],
-            "usage": usage_json(&g.usage),
-        })));
+    let turned = turn.context(history, &message).await?;
+    let spec = turn.spec(&turned.built, |_| true)?;
+    let chunks = Chunks {
+        id: format!("chatcmpl-{}", now_s()),
+        created: now_s(),
+        model: turn.agent.name.clone(),
+    };
+    if req.stream {
+        return stream::pump(turn, message, turned, spec, sampling, slot, chunks);
     }
-    let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
-    let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
-    let chunk = move |delta: Value, reason: Option<&str>, usage: Option<Value>| {
+    let g = generate(&turn.state, spec, sampling).await?;
+    turn.record(&message, &turned, &g).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "id": chunks.id,
+        "object": "chat.completion",
+        "created": chunks.created,
+        "model": chunks.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": g.text},
+            "finish_reason": finish(g.reason),
+        }],
+        "usage": usage_json(&g.usage),
+    })))
+}
+
+/// `stop`: absent, a string or a list of strings.
+fn stop_of(stop: &Option<Value>) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::invalid("`stop` must be a string or a list of strings");
+    match stop {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// An earlier `user` or `assistant` message as a turn of the conversation.
+fn said(m: &Message) -> Option<Said> {
+    let speaker = match m.role.as_str() {
+        "user" => Speaker::User,
+        "assistant" => Speaker::Assistant,
+        _ => return None,
+    };
+    Some(Said {
+        speaker,
+        text: m.content.clone().unwrap_or_default(),
+    })
+}
+
+/// The key a stateless conversation's KV is filed (and shadowed) under: the agent's and the
+/// conversation's first user message. A client session of the same name would only share the
+/// shadow's chain record: blocks are found by their content hash, never by this key.
+fn conversation_key(turn: &Turn, messages: &[Message]) -> engram_kvcore::SessionId {
+    let first = messages
+        .iter()
+        .find(|m| m.role == "user")
+        .and_then(|m| m.content.as_deref())
+        .unwrap_or_default();
+    let h = Sha256::digest(first.as_bytes());
+    let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
+    session_key(&turn.agent, &format!("\0conversation/{hex}"))
+}
+
+/// OpenAI's streaming framing: `chat.completion.chunk`s, then `data: [DONE]`.
+struct Chunks {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Chunks {
+    fn chunk(&self, delta: Value, reason: Option<&str>, usage: Option<Value>) -> String {
         let mut v = json!({
-            "id": id,
+            "id": self.id,
             "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
+            "created": self.created,
+            "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
         });
         if let Some(u) = usage {
             v["usage"] = u;
         }
-        Bytes::from(format!("data: {v}\n\n"))
-    };
-    actix_web::rt::spawn(async move {
-        let _slot = slot;
-        let t = Instant::now();
-        let mut g = Generated::new();
-        let _ = tx.send(Ok(chunk(
-            json!({"role": "assistant", "content": ""}),
-            None,
-            None,
-        )));
-        while let Ok(ev) = rx.recv_async().await {
-            match g.absorb(ev, t) {
-                Step::Wait => {}
-                Step::Delta(text) => {
-                    if tx
-                        .send(Ok(chunk(json!({"content": text}), None, None)))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Step::Done => {
-                    if let Some(s) = &session {
-                        let _ = record(&state, &tenant, &agent, s, &message, &turned, &g).await;
-                    }
-                    let _ = tx.send(Ok(chunk(
-                        json!({}),
-                        Some(finish(g.reason)),
-                        Some(usage_json(&g.usage)),
-                    )));
-                    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
-                    return;
-                }
-                Step::Failed(e) => {
-                    let body = json!({"error": {"code": e.code, "message": e.message}});
-                    let _ = tx.send(Ok(Bytes::from(format!("data: {body}\n\n"))));
-                    return;
-                }
-            }
+        format!("data: {v}\n\n")
+    }
+}
+
+impl Framing for Chunks {
+    fn start(&mut self) -> Option<String> {
+        Some(self.chunk(json!({"role": "assistant", "content": ""}), None, None))
+    }
+
+    fn delta(&mut self, text: &str) -> String {
+        self.chunk(json!({"content": text}), None, None)
+    }
+
+    fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String> {
+        match recorded {
+            Ok(()) => vec![
+                self.chunk(
+                    json!({}),
+                    Some(finish(g.reason)),
+                    Some(usage_json(&g.usage)),
+                ),
+                "data: [DONE]\n\n".to_string(),
+            ],
+            Err(e) => vec![stream::error_event(&e)],
         }
-    });
-    Ok(HttpResponse::Ok()
-        .content_type("text/event-stream")
-        .insert_header(("cache-control", "no-cache"))
-        .streaming(out.into_stream()))
+    }
 }

@@ -1,0 +1,618 @@
+//! Typed, layered configuration: defaults in code → a TOML file → environment variables
+//! `ENGRAM__SECTION__KEY` (e.g. `ENGRAM__AUTH__ADMIN_KEY`), validated at load.
+
+use std::path::{Path, PathBuf};
+
+pub use engram_memory::MemorySection;
+use serde::{Deserialize, Serialize};
+
+/// A secret: never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "<unset>"
+        } else {
+            "<redacted>"
+        })
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// HTTP listener.
+    pub server: ServerSection,
+    /// Authentication.
+    pub auth: AuthSection,
+    /// The database.
+    pub database: DatabaseSection,
+    /// The model and its KV cache.
+    pub model: ModelSection,
+    /// Defaults for new tenants.
+    pub tenants: TenantSection,
+    /// The memory graph, its vector index and the reserver.
+    pub memory: MemorySection,
+    /// The shadow: the cache on disk, recovered at start.
+    pub shadow: ShadowSection,
+    /// The tier bridge (OODA loop).
+    pub tiers: TiersSection,
+    /// Per-tenant fairness limits.
+    pub limits: LimitsSection,
+}
+
+/// `[limits]`: what one tenant may ask of the service, so that none starves the others.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Requests per second per tenant, sustained (0: unlimited). Over it: 429 `rate_limited`
+    /// with `Retry-After`.
+    pub requests_per_sec: u32,
+    /// Requests a tenant may send at once above the sustained rate.
+    pub burst: u32,
+    /// Generations (turns, chat completions) one tenant may run at once (0: unlimited).
+    pub concurrent_generations: u32,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            requests_per_sec: 50,
+            burst: 100,
+            concurrent_generations: 8,
+        }
+    }
+}
+
+/// `[shadow]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShadowSection {
+    /// Write the cache to disk and recover it at start.
+    pub enabled: bool,
+    /// Directory (empty: `shadow/` beside the SQLite file, or `data/shadow/<hash of the URL>`
+    /// for PostgreSQL). Unused when `url` is set.
+    pub dir: PathBuf,
+    /// S3-compatible object storage instead of the directory: `s3://bucket/prefix` (the
+    /// binary needs the `s3` feature).
+    pub url: String,
+    /// Access key id (empty: `AWS_ACCESS_KEY_ID`, or the instance's role).
+    pub s3_access_key_id: String,
+    /// Secret access key (empty: `AWS_SECRET_ACCESS_KEY`); set it through
+    /// `ENGRAM__SHADOW__S3_SECRET_ACCESS_KEY` rather than a file. Never printed.
+    pub s3_secret_access_key: Secret,
+    /// Endpoint of a non-AWS S3 server, e.g. `http://127.0.0.1:9000` (empty: AWS, or
+    /// `AWS_ENDPOINT`).
+    pub s3_endpoint: String,
+    /// Region (empty: `AWS_REGION`, else `us-east-1`).
+    pub s3_region: String,
+    /// Allow a plain-HTTP `s3_endpoint`.
+    pub s3_allow_http: bool,
+    /// Milliseconds between background flushes (a flush also runs at graceful shutdown).
+    pub interval_ms: u64,
+    /// Load the shadow into the cold tier at start.
+    pub recover: bool,
+    /// Write rate limit, MiB/s (0: unlimited), so the shadow never takes the disk from the
+    /// turn log.
+    pub max_write_mib_per_sec: u64,
+    /// Recompute a session's lost blocks turn by turn from the turn log before its next turn, so
+    /// that its answer equals that of a run that never lost them (CPU prefill is not
+    /// batch-invariant). Off: one prefill of the whole gap (faster, may round differently).
+    pub replay: bool,
+}
+
+impl Default for ShadowSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: PathBuf::new(),
+            url: String::new(),
+            s3_access_key_id: String::new(),
+            s3_secret_access_key: Secret::default(),
+            s3_endpoint: String::new(),
+            s3_region: String::new(),
+            s3_allow_http: false,
+            interval_ms: 60_000,
+            recover: true,
+            max_write_mib_per_sec: 0,
+            replay: true,
+        }
+    }
+}
+
+/// `[tiers]`: the tier bridge's loop and policy (shares of a tier's capacity).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TiersSection {
+    /// Run the loop.
+    pub enabled: bool,
+    /// Milliseconds between cycles.
+    pub interval_ms: u64,
+    /// A session with a turn within this many seconds is active (its blocks are warmed).
+    pub active_window_secs: u64,
+    /// Spill above this hot fill.
+    pub hot_high: f64,
+    /// Spill down to, and warm up to, this hot fill.
+    pub hot_target: f64,
+    /// Warm active sessions below this hot fill.
+    pub warm_below: f64,
+    /// Remove cold blocks above this cold fill (the shadow keeps them).
+    pub cold_high: f64,
+    /// Remove down to this cold fill.
+    pub cold_target: f64,
+    /// Apply the threshold suggestions within the policy's bounds.
+    pub adapt: bool,
+}
+
+impl Default for TiersSection {
+    fn default() -> Self {
+        let p = engram_engine::TierPolicy::default();
+        Self {
+            enabled: true,
+            interval_ms: 1000,
+            active_window_secs: 120,
+            hot_high: p.hot_high,
+            hot_target: p.hot_target,
+            warm_below: p.warm_below,
+            cold_high: p.cold_high,
+            cold_target: p.cold_target,
+            adapt: p.adapt,
+        }
+    }
+}
+
+impl TiersSection {
+    /// The engine policy these settings describe.
+    pub fn policy(&self) -> engram_engine::TierPolicy {
+        engram_engine::TierPolicy {
+            hot_high: self.hot_high,
+            hot_target: self.hot_target,
+            warm_below: self.warm_below,
+            cold_high: self.cold_high,
+            cold_target: self.cold_target,
+            adapt: self.adapt,
+            ..engram_engine::TierPolicy::default()
+        }
+    }
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on.
+    pub bind: String,
+    /// Largest accepted request body in bytes.
+    pub body_limit_bytes: usize,
+    /// Seconds running requests get to finish on shutdown.
+    pub shutdown_grace_secs: u64,
+    /// Largest session file a cache import accepts, MiB (streamed to a temporary file, never
+    /// held in the request's memory; over it: 413 `payload_too_large`).
+    pub import_limit_mib: u64,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// The operator's key (at least 16 characters); admin endpoints need it.
+    pub admin_key: Secret,
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSection {
+    /// `sqlite://…` (default, under ./data) or `postgres://…`.
+    pub url: String,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// GGUF file or safetensors directory; generation answers 503 when it is missing.
+    pub path: PathBuf,
+    /// KV codec: f32, f16, q8, tq4, tq3, tq2.
+    pub codec: String,
+    /// Hot-tier budget in MiB.
+    pub hot_mib: u64,
+    /// Cold-tier budget in MiB.
+    pub cold_mib: u64,
+    /// Where the engine runs: `cpu`, `cuda` or `cuda:N` (CUDA needs a build with `--features
+    /// cuda`, e.g. `make build-cuda`).
+    pub device: String,
+    /// Also cache the blocks of generated replies as decode computed them (faster next turns;
+    /// answers may then depend on what the cache held — see `EngineConfig::cache_generated`).
+    pub cache_generated: bool,
+    /// Sequences the engine runs at once; waiting requests are admitted fairly across tenants
+    /// (the tenant with the fewest running, then the one served least recently, goes first).
+    pub max_running: usize,
+    /// Tokens one engine step computes at most while sequences decode: their next tokens and a
+    /// prompt chunk of a new request in the same forward pass (see `EngineConfig::step_tokens`).
+    pub step_tokens: usize,
+    /// Threads the CPU kernels split work over (0: one per CPU).
+    pub threads: usize,
+    /// How GGUF weights are held and multiplied on the CPU: `int16` (the default: kept in their
+    /// blocks, the 4-bit ones multiplied by int16 activations; the answers of f32 activations
+    /// to 2e-7 nats), `quantized` (blocks, f32 activations), `int8` (int8 activations,
+    /// llama.cpp's numerics: fastest, moves answers) or `f32` (dequantized at load).
+    pub weights: String,
+    /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
+    pub pin_tenant_share: f64,
+    /// Fault injection for the supervision tests, `panic:MARKER` or `stop:MARKER` (a prompt
+    /// holding MARKER makes the engine panic, or its thread end). Empty, and never set in
+    /// production.
+    pub fault: String,
+}
+
+/// `[tenants]`: quotas given to new tenants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantSection {
+    /// Hot-tier blocks per tenant.
+    pub hot_blocks: u64,
+    /// Cold-tier blocks per tenant.
+    pub cold_blocks: u64,
+    /// Sessions per tenant.
+    pub sessions: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".into(),
+            body_limit_bytes: 1 << 20,
+            shutdown_grace_secs: 10,
+            import_limit_mib: 256,
+        }
+    }
+}
+
+impl Default for DatabaseSection {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/engram.db?mode=rwc".into(),
+        }
+    }
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            codec: "tq4".into(),
+            hot_mib: 1024,
+            cold_mib: 2048,
+            device: "cpu".into(),
+            cache_generated: false,
+            max_running: 16,
+            step_tokens: 32,
+            threads: 0,
+            weights: "int16".into(),
+            pin_tenant_share: 0.5,
+            fault: String::new(),
+        }
+    }
+}
+
+impl Default for TenantSection {
+    fn default() -> Self {
+        Self {
+            hot_blocks: 4096,
+            cold_blocks: 16_384,
+            sessions: 1000,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file or an override is not valid.
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    /// A value is out of range.
+    #[error("invalid configuration `{key}`: {reason}")]
+    Invalid {
+        /// The key, as `section.key`.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Defaults, then `file` (if any), then `ENGRAM__SECTION__KEY` variables of `env`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut value = toml::Value::try_from(Self::default())
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let file: toml::Value =
+                toml::from_str(&text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            merge(&mut value, file);
+        }
+        for (key, raw) in env {
+            let Some(path) = key.strip_prefix("ENGRAM__") else {
+                continue;
+            };
+            let parts: Vec<String> = path.split("__").map(str::to_lowercase).collect();
+            let [section, name] = parts.as_slice() else {
+                return Err(ConfigError::Parse(format!(
+                    "{key}: expected ENGRAM__SECTION__KEY"
+                )));
+            };
+            // The field's type decides: a number or a boolean is parsed as one, anything else
+            // (an admin key of digits, say) stays the string it was given.
+            let current = value
+                .get(section.as_str())
+                .and_then(|t| t.get(name.as_str()));
+            let v = typed_env_value(&key, current, &raw)?;
+            let mut patch = toml::map::Map::new();
+            let mut inner = toml::map::Map::new();
+            inner.insert(name.clone(), v);
+            patch.insert(section.clone(), toml::Value::Table(inner));
+            merge(&mut value, toml::Value::Table(patch));
+        }
+        let config: Self = value
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and formats.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_string(),
+            })
+        };
+        if self.server.bind.parse::<std::net::SocketAddr>().is_err() {
+            return bad("server.bind", "must be an address like 127.0.0.1:8080");
+        }
+        if self.server.body_limit_bytes < 1024 {
+            return bad("server.body_limit_bytes", "must be at least 1024");
+        }
+        if self.server.import_limit_mib == 0 || self.server.import_limit_mib > 64 * 1024 {
+            return bad("server.import_limit_mib", "must be 1 to 65536");
+        }
+        let key = &self.auth.admin_key.0;
+        if !key.is_empty() && key.len() < 16 {
+            return bad("auth.admin_key", "must be at least 16 characters");
+        }
+        let url = &self.database.url;
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres:")
+            || url.starts_with("postgresql:"))
+        {
+            return bad("database.url", "must start with sqlite: or postgres:");
+        }
+        if engram_engine::parse_codec(&self.model.codec).is_err() {
+            return bad("model.codec", "one of f32, f16, q8, tq4, tq3, tq2");
+        }
+        if !self.model.fault.is_empty()
+            && engram_engine::EngineFault::parse(&self.model.fault).is_err()
+        {
+            return bad("model.fault", "panic:MARKER or stop:MARKER");
+        }
+        if !(self.model.pin_tenant_share > 0.0 && self.model.pin_tenant_share <= 1.0) {
+            return bad("model.pin_tenant_share", "must be in (0, 1]");
+        }
+        if !(1..=256).contains(&self.model.max_running) {
+            return bad("model.max_running", "must be 1 to 256");
+        }
+        if !(1..=65_536).contains(&self.model.step_tokens) {
+            return bad("model.step_tokens", "must be 1 to 65536");
+        }
+        if engram_engine::WeightFormat::parse(&self.model.weights).is_none() {
+            return bad("model.weights", "one of quantized, int16, int8, f32");
+        }
+        if self.model.threads > 1024 {
+            return bad("model.threads", "must be 0 (one per CPU) to 1024");
+        }
+        if self.limits.requests_per_sec > 0 && self.limits.burst == 0 {
+            return bad(
+                "limits.burst",
+                "must be at least 1 when requests_per_sec is set",
+            );
+        }
+        if self.model.hot_mib == 0 {
+            return bad("model.hot_mib", "must be positive");
+        }
+        if self.memory.recall_k > 256 {
+            return bad("memory.recall_k", "must be at most 256");
+        }
+        if self.memory.hops > 8 {
+            return bad("memory.hops", "must be at most 8");
+        }
+        if self.memory.reservation_ttl_secs == 0 {
+            return bad("memory.reservation_ttl_secs", "must be positive");
+        }
+        if self.shadow.interval_ms < 10 {
+            return bad("shadow.interval_ms", "must be at least 10");
+        }
+        if !self.shadow.url.is_empty()
+            && let Err(e) = engram_shadow::S3Settings::parse(&self.shadow.url)
+        {
+            return Err(ConfigError::Invalid {
+                key: "shadow.url",
+                reason: e,
+            });
+        }
+        if self.tiers.interval_ms < 10 {
+            return bad("tiers.interval_ms", "must be at least 10");
+        }
+        if let Err(e) = self.tiers.policy().validate() {
+            return Err(ConfigError::Invalid {
+                key: "tiers",
+                reason: e.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An environment value as the type of the field it sets (`current`: the field's value so far;
+/// `None` for a key no section has, which the typed load then refuses by name).
+fn typed_env_value(
+    key: &str,
+    current: Option<&toml::Value>,
+    raw: &str,
+) -> Result<toml::Value, ConfigError> {
+    let bad = |what: &str| ConfigError::Parse(format!("{key}: expected {what}, got `{raw}`"));
+    Ok(match current {
+        Some(toml::Value::Integer(_)) => {
+            toml::Value::Integer(raw.trim().parse::<i64>().map_err(|_| bad("an integer"))?)
+        }
+        Some(toml::Value::Float(_)) => {
+            toml::Value::Float(raw.trim().parse::<f64>().map_err(|_| bad("a number"))?)
+        }
+        Some(toml::Value::Boolean(_)) => {
+            toml::Value::Boolean(match raw.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => true,
+                "false" | "0" | "no" | "off" => false,
+                _ => return Err(bad("true or false")),
+            })
+        }
+        _ => toml::Value::String(raw.to_string()),
+    })
+}
+
+fn merge(base: &mut toml::Value, patch: toml::Value) {
+    match (base, patch) {
+        (toml::Value::Table(b), toml::Value::Table(p)) => {
+            for (k, v) in p {
+                match b.get_mut(&k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_in_order_and_secrets_stay_hidden() {
+        let dir = std::env::temp_dir().join(format!("engram-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("engram.toml");
+        std::fs::write(
+            &file,
+            "[server]\nbind = \"0.0.0.0:9000\"\n[model]\ncodec = \"q8\"\n",
+        )
+        .unwrap();
+        let env = vec![
+            ("ENGRAM__MODEL__CODEC".to_string(), "f16".to_string()),
+            (
+                "ENGRAM__AUTH__ADMIN_KEY".to_string(),
+                "a-very-long-admin-key".to_string(),
+            ),
+            ("ENGRAM__TENANTS__SESSIONS".to_string(), "7".to_string()),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let c = Config::load(Some(&file), env).unwrap();
+        assert_eq!(c.server.bind, "0.0.0.0:9000");
+        assert_eq!(c.model.codec, "f16", "env beats file");
+        assert_eq!(c.tenants.sessions, 7);
+        assert_eq!(c.database.url, DatabaseSection::default().url);
+        assert!(!format!("{c:?}").contains("a-very-long-admin-key"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let load = |k: &str, v: &str| Config::load(None, vec![(k.to_string(), v.to_string())]);
+        for (k, v, key) in [
+            ("ENGRAM__SERVER__BIND", "nowhere", "server.bind"),
+            ("ENGRAM__AUTH__ADMIN_KEY", "short", "auth.admin_key"),
+            ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
+            ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
+            ("ENGRAM__MODEL__WEIGHTS", "int4", "model.weights"),
+            ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
+            ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
+        ] {
+            match load(k, v) {
+                Err(ConfigError::Invalid { key: got, .. }) => assert_eq!(got, key),
+                other => panic!("{k}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            load("ENGRAM__SERVER__NOPE", "1"),
+            Err(ConfigError::Parse(_))
+        ));
+        for (k, v) in [
+            ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "lots"),
+            ("ENGRAM__SHADOW__ENABLED", "maybe"),
+            ("ENGRAM__TIERS__HOT_HIGH", "high"),
+        ] {
+            match load(k, v) {
+                Err(ConfigError::Parse(m)) => assert!(m.contains(k), "{m}"),
+                other => panic!("{k}={v}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn environment_values_take_the_type_of_their_field() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        // Strings stay strings however they look: a numeric admin key, a boolean-looking
+        // device name, a float-looking bucket prefix.
+        let c = Config::load(
+            None,
+            env(&[
+                ("ENGRAM__AUTH__ADMIN_KEY", "1234567890123456"),
+                ("ENGRAM__MODEL__DEVICE", "cpu"),
+                ("ENGRAM__SHADOW__S3_REGION", "1.5"),
+                ("ENGRAM__SHADOW__S3_ACCESS_KEY_ID", "true"),
+                ("ENGRAM__MODEL__PATH", "42"),
+                // Numbers and booleans are parsed as their field's type.
+                ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "4096"),
+                ("ENGRAM__TIERS__HOT_HIGH", "1"),
+                ("ENGRAM__SHADOW__ENABLED", "false"),
+                ("ENGRAM__MEMORY__RESERVE", "0"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.auth.admin_key.0, "1234567890123456");
+        assert_eq!(c.shadow.s3_region, "1.5");
+        assert_eq!(c.shadow.s3_access_key_id, "true");
+        assert_eq!(c.model.path, PathBuf::from("42"));
+        assert_eq!(c.server.body_limit_bytes, 4096);
+        assert!((c.tiers.hot_high - 1.0).abs() < f64::EPSILON);
+        assert!(!c.shadow.enabled);
+        assert!(!c.memory.reserve);
+    }
+}

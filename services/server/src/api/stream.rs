@@ -1,0 +1,89 @@
+//! The server-sent-events pump, written once: a task folds the engine's events into the turn's
+//! [`Generated`], records the turn at the end, and frames each step for its route (the native
+//! `{"delta": …}` events or OpenAI's `chat.completion.chunk`s).
+
+use std::time::Instant;
+
+use actix_web::HttpResponse;
+use actix_web::web::Bytes;
+use engram_engine::{GenerateRequest, SamplingParams, SequenceSpec};
+
+use crate::error::ApiError;
+use crate::limits::GenerationSlot;
+use crate::turn::{Generated, Step, Turn, Turned};
+
+/// How a route writes its events.
+pub(crate) trait Framing: 'static {
+    /// Sent before the first token, if anything.
+    fn start(&mut self) -> Option<String> {
+        None
+    }
+    /// A piece of text.
+    fn delta(&mut self, text: &str) -> String;
+    /// The end, once the turn is recorded (`Err`: its record failed).
+    fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String>;
+    /// A failure of the generation.
+    fn error(&mut self, e: &ApiError) -> String {
+        error_event(e)
+    }
+}
+
+/// `data: {"error": {code, message}}`.
+pub(crate) fn error_event(e: &ApiError) -> String {
+    let body = serde_json::json!({"error": {"code": e.code, "message": e.message}});
+    format!("data: {body}\n\n")
+}
+
+/// Submits `spec` and answers the event stream; the turn is recorded when generation ends, and
+/// the generation slot is held until then. A client that leaves cancels the sequence.
+pub(crate) fn pump(
+    turn: Turn,
+    message: String,
+    turned: Turned,
+    spec: SequenceSpec,
+    sampling: SamplingParams,
+    slot: GenerationSlot,
+    mut framing: impl Framing,
+) -> Result<HttpResponse, ApiError> {
+    let rx = turn
+        .state
+        .engine()?
+        .submit(GenerateRequest { spec, sampling })?;
+    let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
+    let send = move |frame: String| tx.send(Ok(Bytes::from(frame))).is_ok();
+    actix_web::rt::spawn(async move {
+        let _slot = slot;
+        let t = Instant::now();
+        let mut g = Generated::default();
+        if let Some(first) = framing.start()
+            && !send(first)
+        {
+            return;
+        }
+        while let Ok(ev) = rx.recv_async().await {
+            match g.absorb(ev, t) {
+                Step::Wait => {}
+                Step::Delta(text) => {
+                    if !send(framing.delta(&text)) {
+                        return; // the client left; dropping `rx` cancels the sequence
+                    }
+                }
+                Step::Done => {
+                    let recorded = turn.record(&message, &turned, &g).await;
+                    for frame in framing.done(&g, recorded.map_err(ApiError::from)) {
+                        send(frame);
+                    }
+                    return;
+                }
+                Step::Failed(e) => {
+                    send(framing.error(&ApiError::from(e)));
+                    return;
+                }
+            }
+        }
+    });
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(out.into_stream()))
+}

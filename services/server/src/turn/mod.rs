@@ -1,0 +1,185 @@
+//! The life of a turn (DESIGN §2), without a transport: the native route (`api/turns.rs`) and
+//! the OpenAI route (`api/openai.rs`) are thin handlers over the same steps. Nothing here knows
+//! HTTP: a failure is a [`TurnError`], which `error.rs` maps to a status and a code in one
+//! place.
+//!
+//! The steps, in order (`api/turns.rs::create_turn` reads like this list):
+//! 1. [`Turn::open`]: the agent and its layers, read once for the whole turn; the session's
+//!    cache key.
+//! 2. [`Turn::admit`] (`record.rs`): the session name, the message and the session quota.
+//! 3. [`Turn::history`] (`prompt.rs`): the session's turn log, read once.
+//! 4. [`Turn::replay_lost`] (`replay.rs`): the earlier turns whose blocks the cache lost,
+//!    prefilled again in order.
+//! 5. [`Turn::context`] (`prompt.rs`): recall the memory graph's neighbourhood, build the
+//!    layered prompt; [`Turn::spec`] (`spec.rs`) tokenizes it segment by segment — each
+//!    distinct segment text once per turn, whichever step asks.
+//! 6. [`generate`] (`generate.rs`): the engine's events folded into a [`Generated`].
+//! 7. [`Turn::record`] (`record.rs`): the turn log, working memory, the memory graph's
+//!    episode, the canonical prefix warmed for the next turn, and in the background the next
+//!    turn's likely neighbourhood reserved in the cold tier (`reserve.rs`).
+//!
+//! A `Turn` owns its values (the state is shared behind an `Arc`): the streaming route hands it
+//! to the task that pumps the engine's events and records the turn at the end.
+
+mod generate;
+mod keys;
+mod prompt;
+mod record;
+mod replay;
+mod reserve;
+mod spec;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use engram_context::ContextError;
+use engram_engine::EngineError;
+use engram_kvcore::{SessionId, TenantId};
+use engram_store::{Agent, LayerRow, StoreError, Tenant};
+
+pub use generate::{Generated, Step, generate};
+pub use keys::{AGENT_MASK, agent_bits, check_name, pin_key, public_pin_key, session_key, unpin};
+pub use prompt::{Turned, build_context, history_of, parse_kind, pipeline_layers};
+
+use crate::state::{AppState, Unavailable};
+use engram_memory::MemoryError;
+
+/// Why a step of a turn (or a lookup the handlers share with it) failed. `error.rs` maps each
+/// variant to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    /// The database failed or refused.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The engine failed or refused.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The prompt could not be built.
+    #[error(transparent)]
+    Context(#[from] ContextError),
+    /// The memory graph failed.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A tenant, agent or session name is not 1–64 characters of letters, digits, `-`, `_`.
+    #[error("{what} must be 1–64 characters of letters, digits, `-` or `_`")]
+    InvalidName {
+        /// Which name.
+        what: &'static str,
+    },
+    /// A layer kind nobody knows.
+    #[error(
+        "unknown layer kind `{0}` (axioms, identity, rules, capabilities, soul, partner, \
+         neurons, memories, system_state, current_time, affect, awareness)"
+    )]
+    UnknownLayerKind(String),
+    /// A stored layer row names a kind this build does not know.
+    #[error("stored layer kind `{0}`")]
+    StoredLayerKind(String),
+    /// The message is empty or over 64 KiB.
+    #[error("message must be 1 byte to 64 KiB of text")]
+    InvalidMessage,
+    /// A new session would exceed the tenant's session quota.
+    #[error("the tenant's session quota ({limit}) is used up")]
+    SessionQuota {
+        /// The quota.
+        limit: u64,
+    },
+    /// The session (its agent, its tenant) was deleted while the turn ran.
+    #[error("the session was deleted while the turn ran; the turn was not recorded")]
+    SessionDeleted,
+    /// The model, the memory graph or the shadow is off.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    /// The engine dropped a command without answering it.
+    #[error("the engine did not answer")]
+    NoAnswer,
+    /// The engine closed a generation's stream before its end.
+    #[error("the engine closed a stream early")]
+    StreamClosed,
+}
+
+impl TurnError {
+    /// A full cold tier or engine queue: capacity, not a fault of the request (a reservation
+    /// after a turn is skipped on it).
+    pub fn is_capacity(&self) -> bool {
+        matches!(
+            self,
+            Self::Engine(EngineError::NoColdRoom { .. } | EngineError::Overloaded { .. })
+        )
+    }
+}
+
+/// The one reply the engine thread sends to a command.
+pub(crate) trait Answer<T> {
+    /// Waits for it; [`TurnError::NoAnswer`] if the engine dropped the command.
+    async fn answer(self) -> Result<T, TurnError>;
+}
+
+impl<T> Answer<T> for flume::Receiver<T> {
+    async fn answer(self) -> Result<T, TurnError> {
+        self.recv_async().await.map_err(|_| TurnError::NoAnswer)
+    }
+}
+
+/// One turn of an agent: the values every step needs, computed once.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// What every handler shares.
+    pub state: Arc<AppState>,
+    /// The caller.
+    pub tenant: Tenant,
+    /// The agent.
+    pub agent: Agent,
+    /// The session whose turn log this turn reads and appends to (`None`: a stateless turn,
+    /// whose conversation comes with the request and is not stored).
+    pub session: Option<String>,
+    /// The key the turn's KV chain is filed under (and shadowed by): the session's, or for a
+    /// stateless turn one of its conversation.
+    pub kv_session: Option<SessionId>,
+    /// The tenant's cache salt: blocks are shared only within it (and public prefixes).
+    pub kv_tenant: TenantId,
+    /// The agent's current layers, read once when the turn opened.
+    layers: Arc<[LayerRow]>,
+    /// Tokens of each segment text this turn tokenized, so that no step tokenizes it again.
+    tokens: Arc<Mutex<HashMap<String, Arc<[u32]>>>>,
+}
+
+impl Turn {
+    /// A turn of `agent` (name or id) of `tenant`, in `session` when given: the agent and its
+    /// layers are read here, once.
+    pub async fn open(
+        state: Arc<AppState>,
+        tenant: Tenant,
+        agent: &str,
+        session: Option<&str>,
+    ) -> Result<Self, TurnError> {
+        let agent = state.store.agent(&tenant.id, agent).await?;
+        Self::of(state, tenant, agent, session).await
+    }
+
+    /// A turn of an agent already read.
+    pub async fn of(
+        state: Arc<AppState>,
+        tenant: Tenant,
+        agent: Agent,
+        session: Option<&str>,
+    ) -> Result<Self, TurnError> {
+        let layers: Arc<[LayerRow]> = state.store.layers(&agent.id).await?.into();
+        let kv_session = session.map(|s| session_key(&agent, s));
+        Ok(Self {
+            kv_tenant: TenantId(tenant.cache_salt),
+            session: session.map(str::to_string),
+            kv_session,
+            state,
+            tenant,
+            agent,
+            layers,
+            tokens: Arc::default(),
+        })
+    }
+
+    /// The agent's layers as the turn read them.
+    pub fn layers(&self) -> &[LayerRow] {
+        &self.layers
+    }
+}

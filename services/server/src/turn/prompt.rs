@@ -1,0 +1,192 @@
+//! The prompt of a turn: the agent's layers (with the memory graph's neighbourhood in the
+//! memories layer) and the session's history, built under the layers' budgets.
+
+use std::time::Instant;
+
+use engram_context::{
+    Budgets, BuiltContext, ContextRequest, Layer, LayerKind, Speaker, TokenCounter, Turn as Said,
+    Volatility, build,
+};
+use engram_store::{Agent, LayerRow, Role};
+
+use super::{Turn, TurnError};
+use crate::state::AppState;
+use engram_memory::{Neighbourhood, RecallQuery, now_ms, render};
+
+/// A layer kind by name (`system_state`, …).
+pub fn parse_kind(s: &str) -> Result<LayerKind, TurnError> {
+    LayerKind::parse(s).ok_or_else(|| TurnError::UnknownLayerKind(s.to_string()))
+}
+
+/// Stored layer rows as the context pipeline takes them, with `memories` (a recalled
+/// neighbourhood) appended to the memories layer.
+pub fn pipeline_layers(
+    rows: &[LayerRow],
+    memories: Option<&Neighbourhood>,
+) -> Result<Vec<Layer>, TurnError> {
+    let mut layers = rows
+        .iter()
+        .map(|r| {
+            let kind =
+                parse_kind(&r.kind).map_err(|_| TurnError::StoredLayerKind(r.kind.clone()))?;
+            Ok(Layer {
+                kind,
+                content: r.content.clone(),
+                budget: r.budget as usize,
+                volatility: if r.stable {
+                    Volatility::Stable
+                } else {
+                    match kind.default_volatility() {
+                        Volatility::Stable => Volatility::Slow,
+                        v => v,
+                    }
+                },
+                importance: r.importance as f32,
+                public: r.public && r.stable,
+            })
+        })
+        .collect::<Result<Vec<_>, TurnError>>()?;
+    if let Some(m) = memories.filter(|m| !m.text.is_empty()) {
+        match layers.iter_mut().find(|l| l.kind == LayerKind::Memories) {
+            Some(l) if l.content.trim().is_empty() => l.content = m.text.clone(),
+            Some(l) => l.content = format!("{}\n{}", l.content.trim_end(), m.text),
+            None => layers.push(Layer::new(LayerKind::Memories, m.text.clone())),
+        }
+    }
+    Ok(layers)
+}
+
+/// A session's turn log as the context pipeline takes it.
+pub async fn history_of(
+    state: &AppState,
+    agent: &Agent,
+    session: &str,
+) -> Result<Vec<Said>, TurnError> {
+    Ok(state
+        .store
+        .turns(&agent.id, session)
+        .await?
+        .into_iter()
+        .map(|t| Said {
+            speaker: match t.role {
+                Role::User => Speaker::User,
+                Role::Assistant => Speaker::Assistant,
+            },
+            text: t.text,
+        })
+        .collect())
+}
+
+/// The prompt `agent` would build for `message` now (no memories), outside a turn: the
+/// layer edits and deletes compare the stable prefixes before and after.
+pub async fn build_context(
+    state: &AppState,
+    agent: &Agent,
+    session: Option<&str>,
+    message: &str,
+) -> Result<BuiltContext, TurnError> {
+    let history = match session {
+        Some(s) => history_of(state, agent, s).await?,
+        None => Vec::new(),
+    };
+    let layers = pipeline_layers(&state.store.layers(&agent.id).await?, None)?;
+    built(state, &layers, &history, message)
+}
+
+fn built(
+    state: &AppState,
+    layers: &[Layer],
+    history: &[Said],
+    message: &str,
+) -> Result<BuiltContext, TurnError> {
+    let req = ContextRequest {
+        layers,
+        history,
+        user_message: message,
+    };
+    Ok(build(&req, &state.counter())?)
+}
+
+/// A turn's prompt and what went into it.
+#[derive(Debug, Clone)]
+pub struct Turned {
+    /// The built prompt.
+    pub built: BuiltContext,
+    /// The conversation before this turn's message.
+    pub history: Vec<Said>,
+    /// The recalled neighbourhood shown in the memories layer.
+    pub memories: Option<Neighbourhood>,
+    /// When the turn started (a delete after it wins over its record).
+    pub started: Instant,
+}
+
+impl Turn {
+    /// The session's turn log (empty for a stateless turn).
+    pub async fn history(&self) -> Result<Vec<Said>, TurnError> {
+        match &self.session {
+            Some(s) => history_of(&self.state, &self.agent, s).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The prompt after `history` for `message`, over the layers the turn read.
+    pub fn build(
+        &self,
+        history: &[Said],
+        message: &str,
+        memories: Option<&Neighbourhood>,
+    ) -> Result<BuiltContext, TurnError> {
+        let layers = pipeline_layers(self.layers(), memories)?;
+        built(&self.state, &layers, history, message)
+    }
+
+    /// Tokens the memories layer may give recalled nodes: its budget less its own content.
+    fn recall_budget(&self) -> u32 {
+        let (budget, own) = match self.layers().iter().find(|r| r.kind == "memories") {
+            Some(r) => (r.budget as usize, self.state.counter().count(&r.content)),
+            None => (Budgets::standard().get(LayerKind::Memories), 0),
+        };
+        u32::try_from(budget.saturating_sub(own + 4)).unwrap_or(u32::MAX)
+    }
+
+    /// The memory graph's neighbourhood of `text` as the memories layer would show it; `None`
+    /// without the memory graph or when nothing was recalled. `exclude_session`'s own episodes
+    /// are left out (the conversation already shows them).
+    pub async fn neighbourhood(
+        &self,
+        exclude_session: Option<&str>,
+        text: &str,
+    ) -> Result<Option<Neighbourhood>, TurnError> {
+        let Some(memory) = &self.state.memory else {
+            return Ok(None);
+        };
+        let cfg = memory.config();
+        let recalled = memory
+            .recall(&RecallQuery {
+                tenant: &self.tenant.id,
+                agent: &self.agent.id,
+                text,
+                k: cfg.recall_k,
+                hops: cfg.hops,
+                kinds: None,
+                exclude_session,
+                at_ms: now_ms(),
+            })
+            .await?;
+        let n = render(recalled, self.recall_budget());
+        Ok((!n.nodes.is_empty()).then_some(n))
+    }
+
+    /// This turn's prompt: `message` after `history`, with the neighbourhood of the message.
+    pub async fn context(&self, history: Vec<Said>, message: &str) -> Result<Turned, TurnError> {
+        let started = Instant::now();
+        let memories = self.neighbourhood(self.session.as_deref(), message).await?;
+        let built = self.build(&history, message, memories.as_ref())?;
+        Ok(Turned {
+            built,
+            history,
+            memories,
+            started,
+        })
+    }
+}

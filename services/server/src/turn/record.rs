@@ -1,0 +1,188 @@
+//! Admission of a turn and its record: the turn log, working memory, the memory graph's
+//! episode, the canonical prefix warmed for the next turn.
+
+use engram_context::{Speaker, TokenCounter, Turn as Said};
+use engram_engine::{GenerateRequest, SamplingParams};
+use engram_graph::{NodeId, NodeKind};
+use engram_store::Role;
+
+use super::{Generated, Turn, TurnError, Turned, check_name};
+
+const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+impl Turn {
+    /// Checks the session name, the message and the session quota before anything runs. The
+    /// session row itself is written with the turn (see [`Turn::record`]), so a refused or
+    /// failed turn stores nothing. Two concurrent first turns of new sessions may both pass the
+    /// check; the quota is exceeded by at most the concurrency.
+    pub async fn admit(&self, message: &str) -> Result<(), TurnError> {
+        if let Some(session) = &self.session {
+            check_name("session", session)?;
+        }
+        if message.trim().is_empty() || message.len() > MAX_MESSAGE_BYTES {
+            return Err(TurnError::InvalidMessage);
+        }
+        let state = &self.state;
+        state.engine()?;
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let (tenant, agent) = (&self.tenant, &self.agent);
+        let known = !state.store.turns(&agent.id, session).await?.is_empty();
+        if !known && state.store.session_count(&tenant.id).await? >= tenant.quotas.sessions {
+            return Err(TurnError::SessionQuota {
+                limit: tenant.quotas.sessions,
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends the turn to the log and spilled lines to working memory, records it as an
+    /// episode of the memory graph, warms the canonical prefix for the next turn, and in the
+    /// background reserves cold-tier blocks for the neighbourhood of what was just said.
+    /// A stateless turn records nothing.
+    ///
+    /// Records nothing, failing with [`TurnError::SessionDeleted`], when the session (its
+    /// agent, its tenant) was deleted while the turn ran.
+    pub async fn record(
+        &self,
+        message: &str,
+        turned: &Turned,
+        generated: &Generated,
+    ) -> Result<(), TurnError> {
+        let (Some(session), Some(key)) = (&self.session, self.kv_session) else {
+            return Ok(());
+        };
+        let state = &self.state;
+        let (tenant, agent) = (&self.tenant, &self.agent);
+        let Some(_recording) = state
+            .deletions
+            .record(self.kv_tenant, key.0, turned.started)
+            .await
+        else {
+            return Err(TurnError::SessionDeleted);
+        };
+        state.tiers.touch((self.kv_tenant, key));
+        let user_tokens = state.engine()?.tokenizer().encode(message)?;
+        let store = &state.store;
+        store.ensure_session(&tenant.id, &agent.id, session).await?;
+        store
+            .append_turn(&agent.id, session, Role::User, message, &user_tokens)
+            .await?;
+        store
+            .append_turn(
+                &agent.id,
+                session,
+                Role::Assistant,
+                &generated.text,
+                &generated.tokens,
+            )
+            .await?;
+        for l in &turned.built.layers {
+            if !l.spilled.is_empty() {
+                store
+                    .add_working_memory(&agent.id, session, l.kind.as_str(), &l.spilled)
+                    .await?;
+            }
+        }
+        let episode = format!("user: {message}\nassistant: {}", generated.text);
+        self.ingest_episode(session, &episode, turned).await?;
+        // The canonical prefix: everything but the volatile block and the (placeholder)
+        // message, after this turn, with this turn's memories. Awaited, so the session's next
+        // turn finds these blocks cached (it costs the prefill of this turn's tokens only:
+        // everything before them is already cached).
+        let mut after = turned.history.clone();
+        after.push(Said {
+            speaker: Speaker::User,
+            text: message.to_string(),
+        });
+        after.push(Said {
+            speaker: Speaker::Assistant,
+            text: generated.text.clone(),
+        });
+        let spec = self.canonical_spec(&after, turned.memories.as_ref())?;
+        if let Ok(rx) = state.engine()?.submit(GenerateRequest {
+            spec,
+            sampling: SamplingParams::greedy(1),
+        }) {
+            while rx.recv_async().await.is_ok() {}
+        }
+        if state.memory.as_ref().is_some_and(|m| m.config().reserve) {
+            let turn = self.clone();
+            let current = turned.memories.as_ref().map(|m| m.ids());
+            let started = turned.started;
+            tokio::task::spawn_local(async move {
+                // Held like the record itself: a delete meanwhile means no reservation for it.
+                let state = &turn.state;
+                let Some(_recording) = state.deletions.record(turn.kv_tenant, key.0, started).await
+                else {
+                    return;
+                };
+                if let Err(e) = turn.reserve_next(&episode, current).await {
+                    eprintln!("engram: reservation after a turn: {e}");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Records a turn as an episode node linked `follows` to the session's previous episode,
+    /// and marks the nodes the turn recalled as accessed.
+    async fn ingest_episode(
+        &self,
+        session: &str,
+        text: &str,
+        turned: &Turned,
+    ) -> Result<(), TurnError> {
+        let state = &self.state;
+        let Some(memory) = &state.memory else {
+            return Ok(());
+        };
+        let (tenant, agent) = (&self.tenant, &self.agent);
+        let now = engram_memory::now_ms();
+        if let Some(m) = &turned.memories {
+            let ids: Vec<i64> = m.ids().iter().map(|&i| i as i64).collect();
+            state
+                .store
+                .touch_memory_nodes(&tenant.id, &ids, now)
+                .await?;
+            memory.touch(
+                &m.nodes.iter().map(|n| n.recall.id).collect::<Vec<_>>(),
+                now,
+            )?;
+        }
+        if !memory.config().ingest_turns {
+            return Ok(());
+        }
+        let previous = memory.last_episode(&agent.id, session);
+        let row = state
+            .store
+            .insert_memory_node(&engram_store::NewMemoryNode {
+                tenant_id: tenant.id.clone(),
+                agent_id: agent.id.clone(),
+                session_id: Some(session.to_string()),
+                kind: NodeKind::Episode.as_str().to_string(),
+                text: text.to_string(),
+                importance: 0.5,
+                tokens: state.counter().count(text) as i64,
+            })
+            .await?;
+        let node = memory.add(&row).await?;
+        if let Some(NodeId(prev)) = previous {
+            let edge = state
+                .store
+                .insert_memory_edge(&engram_store::NewMemoryEdge {
+                    tenant_id: tenant.id.clone(),
+                    from_id: node.id.0 as i64,
+                    to_id: prev as i64,
+                    kind: engram_graph::EdgeKind::Follows.as_str().to_string(),
+                    weight: 1.0,
+                    valid_from: None,
+                    valid_to: None,
+                })
+                .await?;
+            memory.add_edge(&edge)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,107 @@
+//! A built prompt as the engine takes it: tokenized segment by segment (each distinct text once
+//! per turn), tagged with source layers, the tenant's salt, quotas and pin keys.
+
+use std::sync::Arc;
+
+use engram_context::{BuiltContext, Turn as Said, Volatility};
+use engram_engine::{PromptSegment, SequenceSpec};
+use engram_kvcore::{SessionId, SourceLayer};
+
+use super::{Turn, TurnError, pin_key, public_pin_key};
+use engram_memory::Neighbourhood;
+
+impl Turn {
+    /// The tokens of `text`: tokenized on first use in this turn, then reused.
+    fn tokens(&self, text: &str) -> Result<Arc<[u32]>, TurnError> {
+        let known = self.tokens.lock().ok().and_then(|m| m.get(text).cloned());
+        if let Some(t) = known {
+            return Ok(t);
+        }
+        let tok = self.state.engine()?.tokenizer();
+        let t: Arc<[u32]> = tok.encode(text)?.into();
+        if let Ok(mut m) = self.tokens.lock() {
+            m.insert(text.to_string(), t.clone());
+        }
+        Ok(t)
+    }
+
+    /// `built` as a sequence filed under the turn's session key, with the segments `keep`
+    /// selects.
+    pub fn spec(
+        &self,
+        built: &BuiltContext,
+        keep: impl Fn(Volatility) -> bool,
+    ) -> Result<SequenceSpec, TurnError> {
+        self.spec_in(built, self.kv_session, keep)
+    }
+
+    /// `built` as a sequence filed under `session`.
+    pub fn spec_in(
+        &self,
+        built: &BuiltContext,
+        session: Option<SessionId>,
+        keep: impl Fn(Volatility) -> bool,
+    ) -> Result<SequenceSpec, TurnError> {
+        let public = built.public_segments();
+        let mut public_tokens = 0;
+        let mut segments = Vec::with_capacity(built.segments.len());
+        for (i, s) in built.segments.iter().enumerate() {
+            if !keep(s.volatility) {
+                continue;
+            }
+            let tokens = self.tokens(&s.text)?.to_vec();
+            if i < public {
+                public_tokens += tokens.len();
+            }
+            segments.push(PromptSegment {
+                tokens,
+                source: s.source,
+                importance: s.importance,
+            });
+        }
+        let quotas = &self.tenant.quotas;
+        Ok(SequenceSpec {
+            segments,
+            tenant: self.kv_tenant,
+            session,
+            reuse: Default::default(),
+            hot_block_quota: usize::try_from(quotas.hot_blocks).ok(),
+            pin_key: Some(pin_key(&self.tenant, built)),
+            cold_block_quota: usize::try_from(quotas.cold_blocks).ok(),
+            public_tokens,
+            public_pin_key: public_pin_key(built),
+        })
+    }
+
+    /// The canonical prefix after `history`: everything but the volatile block and the
+    /// (placeholder) message, with `memories`. Prefilled after each turn so the next one finds
+    /// it.
+    pub fn canonical_spec(
+        &self,
+        history: &[Said],
+        memories: Option<&Neighbourhood>,
+    ) -> Result<SequenceSpec, TurnError> {
+        let next = self.build(history, ".", memories)?;
+        self.spec(&next, |v| v != Volatility::Volatile)
+    }
+
+    /// The prompt of a neighbourhood as a turn of the agent would show it, cut after the
+    /// memories layer, and that layer's segment index; `None` when the prompt has no memories
+    /// layer.
+    pub fn memories_prompt(
+        &self,
+        memories: &Neighbourhood,
+    ) -> Result<Option<(SequenceSpec, usize)>, TurnError> {
+        let built = self.build(&[], ".", Some(memories))?;
+        let Some(at) = built
+            .segments
+            .iter()
+            .position(|s| s.source == SourceLayer::Memories && s.text.starts_with("## "))
+        else {
+            return Ok(None);
+        };
+        let mut spec = self.spec_in(&built, None, |_| true)?;
+        spec.segments.truncate(at + 1);
+        Ok(Some((spec, at)))
+    }
+}

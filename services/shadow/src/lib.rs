@@ -1,0 +1,674 @@
+//! The shadow: the cache on disk, so that it survives a restart.
+//!
+//! **Layout** under the shadow directory:
+//! - `index.json` — every entry (id, kind, tenant, session, blocks, bytes, last update);
+//! - `entries/<id>/manifest.json` — one entry: its blocks in chain order (hash, tokens, source
+//!   layer, importance, pin state, the segment and row holding its bytes, CRC-32C of the bytes),
+//!   the engine's KV fingerprint, shape, codecs and byte layout;
+//! - `entries/<id>/seg-*.safetensors` — block bytes (see `engram_kvcore::shadow`).
+//!
+//! A session's chain is split in two entries: its leading stable-prefix blocks go to a prefix
+//! entry (`p-<hash of the last prefix block>`, shared by every session with that prefix and
+//! written once), the rest to the session's entry (`s-<tenant>-<session>`), which names its
+//! prefix entry.
+//!
+//! **Writes** are incremental and atomic. A flush asks the engine for the chains that changed
+//! since it last wrote them, with the bytes of blocks the shadow does not hold yet; per entry it
+//! writes the new blocks as one new segment, then the manifest (each file: temp file, fsync,
+//! rename, directory fsync), then deletes segments the manifest no longer names, and finally
+//! rewrites the index. A crash at any point leaves every manifest naming only complete files:
+//! the old manifest with its old segments, or the new one.
+//!
+//! **Recovery** at start reads the index (and any entry directory the index missed), removes
+//! temp files and unreferenced segments, validates each manifest (its own checksum, format,
+//! fingerprint, shape, codecs, layout), decodes its segments, checks every block's CRC and
+//! hands the chain to the engine, which recomputes each block hash before it loads anything.
+//! A damaged or mismatched entry is skipped with a logged, counted reason; its session's next
+//! turn prefills from the turn log (the database), so wrong KV is never served.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use engram_engine::{
+    ChainKey, CollectRequest, Engine, EngineError, KvFormat, RestoreChain, RestoreReport,
+    ShadowBlock,
+};
+use engram_kvcore::shadow::{checksum, decode_segment};
+use engram_kvcore::{SessionId, TenantId};
+use serde::{Deserialize, Serialize};
+
+mod error;
+mod manifest;
+mod offline;
+mod storage;
+mod writer;
+
+use error::invalid;
+pub use error::{Result, ShadowError};
+pub use manifest::{
+    EntryKind, FORMAT, FormatInfo, IndexEntry, Manifest, ManifestBlock, PartInfo, PrefixRef,
+    session_entry_id,
+};
+use manifest::{Index, entry_files, entry_key, now_ms, read_checked_json};
+pub use offline::{
+    EXPORT_KEY, ExportBlock, ExportHeader, VerifyReport, export_file, import_file, verify,
+};
+#[cfg(feature = "s3")]
+pub use storage::ObjectStorage;
+pub use storage::{LocalStorage, Object, S3Settings, Storage, is_temp};
+pub use writer::FlushReport;
+use writer::{State, write_chains};
+
+/// Blocks of a chain in order, each with its bytes.
+pub type ChainBlocks = Vec<(ShadowBlock, Vec<u8>)>;
+
+/// How the recovery at start ended for one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RecoveryEntry {
+    /// Entry id.
+    pub id: String,
+    /// Session or prefix.
+    pub kind: EntryKind,
+    /// Tenant salt.
+    pub tenant: u64,
+    /// Session key.
+    pub session: Option<u64>,
+    /// `recovered`, or the reason it was skipped (`checksum`, `format`, `missing_segment`,
+    /// `model_mismatch`, `shape_mismatch`, `codec_mismatch`, `layout_mismatch`,
+    /// `hash_mismatch`, `prefix_unusable`, `unknown_tenant`, `io`).
+    pub outcome: String,
+    /// Blocks loaded into the cold tier.
+    pub loaded: usize,
+    /// Tokens the recovered chain covers.
+    pub tokens: usize,
+    /// CRC-32C of each recovered block of the entry, in chain order.
+    pub crc32c: Vec<u32>,
+}
+
+/// The shadow's state, for the admin endpoint and `/metrics`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ShadowStatus {
+    /// Shadow directory.
+    pub dir: String,
+    /// Seconds between flushes.
+    pub interval_ms: u64,
+    /// Last successful flush, ms since the Unix epoch.
+    pub last_write_unix_ms: Option<u64>,
+    /// Its duration.
+    pub last_write_ms: Option<f64>,
+    /// Flushes that succeeded.
+    pub writes: u64,
+    /// Flushes that failed.
+    pub failures: u64,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// Bytes written to segment files so far.
+    pub bytes_written: u64,
+    /// Blocks written so far.
+    pub blocks_written: u64,
+    /// Session entries on disk.
+    pub sessions: usize,
+    /// Prefix entries on disk.
+    pub prefixes: usize,
+    /// Bytes of all segment files on disk.
+    pub bytes_on_disk: u64,
+    /// What the recovery at start did, entry by entry.
+    pub recovery: Vec<RecoveryEntry>,
+    /// Recovery outcomes counted by result.
+    pub recovery_counts: BTreeMap<String, u64>,
+    /// Temp files and unreferenced segments removed at start.
+    pub cleaned_files: usize,
+    /// Recovery duration.
+    pub recovery_ms: f64,
+}
+
+/// The shadow writer and reader (see the module docs).
+#[derive(Debug)]
+pub struct Shadow {
+    store: Arc<dyn Storage>,
+    state: tokio::sync::Mutex<State>,
+    status: Mutex<ShadowStatus>,
+}
+
+impl Shadow {
+    /// A shadow over `store` writing at most `max_mib_per_sec` MiB/s (0: unlimited).
+    pub fn open(store: Arc<dyn Storage>, interval_ms: u64, max_mib_per_sec: u64) -> Result<Self> {
+        let location = store.location();
+        Ok(Self {
+            store,
+            state: tokio::sync::Mutex::new(State {
+                throttle: max_mib_per_sec << 20,
+                ..State::default()
+            }),
+            status: Mutex::new(ShadowStatus {
+                dir: location,
+                interval_ms,
+                ..ShadowStatus::default()
+            }),
+        })
+    }
+
+    /// A copy of the status.
+    pub fn status(&self) -> ShadowStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn update_status(&self, f: impl FnOnce(&mut ShadowStatus)) {
+        if let Ok(mut s) = self.status.lock() {
+            f(&mut s);
+        }
+    }
+
+    /// Writes every chain that changed (or only `only`, whatever its generation); records the
+    /// outcome in the status.
+    pub async fn flush(&self, engine: &Engine, only: Option<ChainKey>) -> Result<FlushReport> {
+        let started = Instant::now();
+        let result = self.flush_inner(engine, only).await;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        match &result {
+            Ok(r) => self.update_status(|s| {
+                s.writes += 1;
+                s.last_write_unix_ms = Some(now_ms());
+                s.last_write_ms = Some(ms);
+                s.bytes_written += r.bytes;
+                s.blocks_written += r.blocks as u64;
+            }),
+            Err(e) => self.update_status(|s| {
+                s.failures += 1;
+                s.last_error = Some(e.to_string());
+            }),
+        }
+        result.map(|r| FlushReport { ms, ..r })
+    }
+
+    async fn flush_inner(&self, engine: &Engine, only: Option<ChainKey>) -> Result<FlushReport> {
+        let mut state = self.state.lock().await;
+        let known: HashSet<[u8; 32]> = state
+            .manifests
+            .values()
+            .flat_map(|m| m.blocks.iter().map(|b| b.block.hash.0))
+            .collect();
+        let req = CollectRequest {
+            written: state.written.clone(),
+            known,
+            only,
+        };
+        let chains = engine
+            .shadow_collect(req)?
+            .recv_async()
+            .await
+            .map_err(|_| EngineError::Stopped)??;
+        if chains.is_empty() {
+            return Ok(FlushReport::default());
+        }
+        let kv = FormatInfo::of(engine.kv_format());
+        let store = self.store.clone();
+        let taken = std::mem::take(&mut *state);
+        let (new_state, report) = tokio::task::spawn_blocking(move || {
+            let mut st = taken;
+            let r = write_chains(store.as_ref(), &kv, &mut st, chains);
+            (st, r)
+        })
+        .await
+        .map_err(|e| invalid("flush", e.to_string()))?;
+        *state = new_state;
+        let report = report?;
+        let (sessions, prefixes, bytes) = totals(&state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(report)
+    }
+
+    /// Recovers every entry into the engine (see the module docs); returns the per-entry
+    /// outcomes (also kept in the status).
+    ///
+    /// `quotas` maps each tenant's cache salt to its cold-tier quota: an entry of a salt not in
+    /// it (a tenant that no longer exists) is skipped (`unknown_tenant`); public prefixes
+    /// (salt 0) have no quota.
+    pub async fn recover(
+        &self,
+        engine: &Engine,
+        quotas: &HashMap<u64, usize>,
+    ) -> Result<Vec<RecoveryEntry>> {
+        let started = Instant::now();
+        let store = self.store.clone();
+        let kv = engine.kv_format().clone();
+        let (loaded, cleaned, sizes) =
+            tokio::task::spawn_blocking(move || load_all(store.as_ref(), &kv))
+                .await
+                .map_err(|e| invalid("recover", e.to_string()))??;
+        let mut state = self.state.lock().await;
+        state.sizes = sizes;
+        let mut outcomes = Vec::new();
+        let mut good_prefix: HashMap<String, ChainBlocks> = HashMap::new();
+        // Prefixes first: sessions chain onto them.
+        let (prefixes, sessions): (Vec<_>, Vec<_>) = loaded
+            .into_iter()
+            .partition(|e| e.kind == EntryKind::Prefix);
+        for entry in prefixes.into_iter().chain(sessions) {
+            let mut out = RecoveryEntry {
+                id: entry.id.clone(),
+                kind: entry.kind,
+                tenant: entry.tenant,
+                session: entry.session,
+                outcome: String::new(),
+                loaded: 0,
+                tokens: 0,
+                crc32c: Vec::new(),
+            };
+            let manifest = match entry.result {
+                Ok(m) => m,
+                Err(reason) => {
+                    tracing_skip(&entry.id, &reason);
+                    out.outcome = reason;
+                    outcomes.push(out);
+                    continue;
+                }
+            };
+            let (manifest, blocks) = manifest;
+            let cold_quota = quotas.get(&manifest.tenant).copied();
+            if cold_quota.is_none() && manifest.tenant != 0 {
+                tracing_skip(&entry.id, "unknown_tenant");
+                out.outcome = "unknown_tenant".into();
+                outcomes.push(out);
+                continue;
+            }
+            let mut chain_blocks = Vec::new();
+            if let Some(p) = &manifest.prefix {
+                match good_prefix.get(&p.id) {
+                    Some(pb) if pb.len() >= p.blocks => {
+                        chain_blocks.extend(pb[..p.blocks].iter().cloned());
+                    }
+                    _ => {
+                        tracing_skip(&entry.id, "prefix_unusable");
+                        out.outcome = "prefix_unusable".into();
+                        outcomes.push(out);
+                        continue;
+                    }
+                }
+            }
+            chain_blocks.extend(
+                manifest
+                    .blocks
+                    .iter()
+                    .map(|b| b.block.clone())
+                    .zip(blocks.iter().cloned()),
+            );
+            let chain = RestoreChain {
+                tenant: TenantId(manifest.tenant),
+                session: manifest.session.map(SessionId),
+                stable_blocks: manifest.stable_blocks,
+                pin_key: manifest.pin_key,
+                public_pin_key: manifest.public_pin_key,
+                cold_quota,
+                blocks: chain_blocks.clone(),
+            };
+            // A prefix on its own is loaded too (its sessions then find it present).
+            let restored = engine_restore(engine, chain).await;
+            match restored {
+                Ok(report) => {
+                    out.outcome = "recovered".into();
+                    out.loaded = report.loaded;
+                    out.tokens = report.tokens;
+                    out.crc32c = manifest.blocks.iter().map(|b| b.crc32c).collect();
+                    if manifest.kind == EntryKind::Prefix {
+                        good_prefix.insert(manifest.id.clone(), chain_blocks);
+                    } else if report.generation > 0 {
+                        state.written.insert(
+                            (
+                                TenantId(manifest.tenant),
+                                SessionId(manifest.session.unwrap_or(0)),
+                            ),
+                            report.generation,
+                        );
+                    }
+                    state.manifests.insert(manifest.id.clone(), manifest);
+                }
+                Err(ShadowError::Engine(EngineError::ShadowMismatch { reason, .. })) => {
+                    tracing_skip(&entry.id, reason);
+                    out.outcome = "hash_mismatch".into();
+                }
+                Err(e) => {
+                    tracing_skip(&entry.id, &e.to_string());
+                    out.outcome = "engine".into();
+                }
+            }
+            outcomes.push(out);
+        }
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for o in &outcomes {
+            *counts.entry(o.outcome.clone()).or_default() += 1;
+        }
+        let (sessions, prefixes, bytes) = totals(&state);
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        self.update_status(|s| {
+            s.recovery = outcomes.clone();
+            s.recovery_counts = counts;
+            s.cleaned_files = cleaned;
+            s.recovery_ms = ms;
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(outcomes)
+    }
+
+    /// Reads every readable manifest without loading blocks (`shadow.recover` off): the
+    /// entries stay on disk for `cache/load`, and later flushes build on them.
+    pub async fn index(&self) -> Result<usize> {
+        let store = self.store.clone();
+        let (manifests, sizes) = tokio::task::spawn_blocking(move || {
+            let objects = store.list("entries/")?;
+            let mut out = Vec::new();
+            for id in entry_files(&objects).keys() {
+                if let Ok(m) =
+                    read_checked_json::<Manifest>(store.as_ref(), &entry_key(id, "manifest.json"))
+                    && m.format == FORMAT
+                    && &m.id == id
+                {
+                    out.push(m);
+                }
+            }
+            let sizes = objects.into_iter().map(|o| (o.key, o.size)).collect();
+            Ok::<_, ShadowError>((out, sizes))
+        })
+        .await
+        .map_err(|e| invalid("index", e.to_string()))??;
+        let n = manifests.len();
+        let mut state = self.state.lock().await;
+        state.sizes = sizes;
+        for m in manifests {
+            state.manifests.insert(m.id.clone(), m);
+        }
+        let (sessions, prefixes, bytes) = totals(&state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(n)
+    }
+
+    /// The chain of one session as the shadow holds it (prefix blocks first), with bytes.
+    pub async fn read_session(
+        &self,
+        kv: &KvFormat,
+        key: ChainKey,
+    ) -> Result<(Manifest, ChainBlocks)> {
+        let state = self.state.lock().await;
+        let id = session_entry_id(key.0, key.1);
+        let manifest = state
+            .manifests
+            .get(&id)
+            .cloned()
+            .ok_or(ShadowError::NotFound)?;
+        let prefix = manifest
+            .prefix
+            .as_ref()
+            .and_then(|p| state.manifests.get(&p.id).cloned());
+        drop(state);
+        let store = self.store.clone();
+        let kv = kv.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut blocks = Vec::new();
+            if let (Some(p), Some(r)) = (prefix, manifest.prefix.as_ref()) {
+                let pb = read_blocks(store.as_ref(), &p, &kv)?;
+                blocks.extend(pb.into_iter().take(r.blocks));
+            }
+            blocks.extend(read_blocks(store.as_ref(), &manifest, &kv)?);
+            Ok((manifest, blocks))
+        })
+        .await
+        .map_err(|e| invalid("read", e.to_string()))?
+    }
+}
+
+fn tracing_skip(id: &str, reason: &str) {
+    eprintln!("engram: shadow: skipped entry {id}: {reason} (its session recomputes)");
+}
+
+pub async fn engine_restore(engine: &Engine, chain: RestoreChain) -> Result<RestoreReport> {
+    Ok(engine
+        .shadow_restore(chain)?
+        .recv_async()
+        .await
+        .map_err(|_| EngineError::Stopped)??)
+}
+
+/// Counts of entries and bytes on disk.
+fn totals(state: &State) -> (usize, usize, u64) {
+    let mut sessions = 0;
+    let mut prefixes = 0;
+    let mut bytes = 0;
+    for m in state.manifests.values() {
+        match m.kind {
+            EntryKind::Session => sessions += 1,
+            EntryKind::Prefix => prefixes += 1,
+        }
+        for seg in m.segments() {
+            bytes += state
+                .sizes
+                .get(&entry_key(&m.id, seg))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+    (sessions, prefixes, bytes)
+}
+
+/// Decodes every segment a manifest names (`missing_segment`, `format` on failure).
+fn read_segments(
+    store: &dyn Storage,
+    m: &Manifest,
+    bytes_read: &mut u64,
+) -> Result<HashMap<String, Vec<Vec<u8>>>> {
+    let parts = m.kv.parts();
+    let mut segments = HashMap::new();
+    for seg in m.segments() {
+        let bytes = store
+            .get(&entry_key(&m.id, seg))?
+            .ok_or_else(|| invalid(&m.id, "missing_segment"))?;
+        *bytes_read += bytes.len() as u64;
+        let decoded = decode_segment(&parts, &bytes).map_err(|_| invalid(&m.id, "format"))?;
+        segments.insert(seg.to_string(), decoded.blocks);
+    }
+    Ok(segments)
+}
+
+/// The bytes of one block of a manifest, CRC checked.
+fn block_bytes<'a>(
+    segments: &'a HashMap<String, Vec<Vec<u8>>>,
+    m: &Manifest,
+    b: &ManifestBlock,
+) -> Result<&'a Vec<u8>> {
+    let bytes = segments
+        .get(b.segment.as_str())
+        .and_then(|s| s.get(b.row))
+        .ok_or_else(|| invalid(&m.id, "missing_segment"))?;
+    if checksum(bytes) != b.crc32c {
+        return Err(invalid(&m.id, "checksum"));
+    }
+    Ok(bytes)
+}
+
+/// Reads and checks every block of a manifest (CRC of each block).
+fn read_blocks(store: &dyn Storage, m: &Manifest, kv: &KvFormat) -> Result<ChainBlocks> {
+    if let Some(reason) = m.kv.mismatch(kv) {
+        return Err(invalid(&m.id, reason));
+    }
+    let segments = read_segments(store, m, &mut 0)?;
+    m.blocks
+        .iter()
+        .map(|b| Ok((b.block.clone(), block_bytes(&segments, m, b)?.clone())))
+        .collect()
+}
+
+/// An entry as read from disk: its manifest and blocks, or the reason it is unusable.
+struct LoadedEntry {
+    id: String,
+    kind: EntryKind,
+    tenant: u64,
+    session: Option<u64>,
+    result: std::result::Result<(Manifest, Vec<Vec<u8>>), String>,
+}
+
+/// What [`load_all`] found: the entries, the files it cleaned, and the size of every object
+/// left.
+type Loaded = (Vec<LoadedEntry>, usize, HashMap<String, u64>);
+
+/// Reads every entry (index ∪ entry prefixes), cleaning temp files, unreferenced segments and
+/// entries with segments but no manifest (a crash before the entry's first manifest).
+fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
+    let mut cleaned = 0;
+    let mut objects = Vec::new();
+    for o in store.list("")? {
+        if is_temp(&o.key) {
+            store.delete(&o.key)?;
+            cleaned += 1;
+        } else {
+            objects.push(o);
+        }
+    }
+    let files = entry_files(&objects);
+    let mut ids: Vec<String> = files.keys().cloned().collect();
+    if let Ok(index) = read_checked_json::<Index>(store, "index.json") {
+        for e in index.entries {
+            if !ids.contains(&e.id) {
+                ids.push(e.id);
+            }
+        }
+    }
+    ids.sort();
+    let mut out = Vec::new();
+    let mut removed: HashSet<String> = HashSet::new();
+    for id in ids {
+        let Some(own) = files.get(&id) else {
+            // In the index, but nothing is stored.
+            out.push(LoadedEntry {
+                kind: if id.starts_with("p-") {
+                    EntryKind::Prefix
+                } else {
+                    EntryKind::Session
+                },
+                id,
+                tenant: 0,
+                session: None,
+                result: Err("missing_segment".into()),
+            });
+            continue;
+        };
+        if !own.contains_key("manifest.json") {
+            for name in own.keys().filter(|n| n.starts_with("seg-")) {
+                let key = entry_key(&id, name);
+                store.delete(&key)?;
+                removed.insert(key);
+                cleaned += 1;
+            }
+            continue;
+        }
+        let manifest = read_checked_json::<Manifest>(store, &entry_key(&id, "manifest.json"));
+        // Segments the manifest does not name (a crash between a segment and its manifest).
+        if let Ok(m) = &manifest {
+            let keep = m.segments();
+            for name in own.keys() {
+                if name.starts_with("seg-") && !keep.contains(name.as_str()) {
+                    let key = entry_key(&id, name);
+                    store.delete(&key)?;
+                    removed.insert(key);
+                    cleaned += 1;
+                }
+            }
+        }
+        let (kind, tenant, session) = match &manifest {
+            Ok(m) => (m.kind, m.tenant, m.session),
+            Err(_) if id.starts_with("p-") => (EntryKind::Prefix, 0, None),
+            Err(_) => (EntryKind::Session, 0, None),
+        };
+        let result = manifest.map_err(|e| reason_of(&e)).and_then(|m| {
+            if m.format != FORMAT || m.id != id {
+                return Err("format".to_string());
+            }
+            let blocks = read_blocks(store, &m, kv).map_err(|e| reason_of(&e))?;
+            Ok((m, blocks.into_iter().map(|(_, b)| b).collect()))
+        });
+        out.push(LoadedEntry {
+            id,
+            kind,
+            tenant,
+            session,
+            result,
+        });
+    }
+    let sizes = objects
+        .into_iter()
+        .filter(|o| !removed.contains(&o.key))
+        .map(|o| (o.key, o.size))
+        .collect();
+    Ok((out, cleaned, sizes))
+}
+
+fn reason_of(e: &ShadowError) -> String {
+    match e {
+        ShadowError::Invalid { reason, .. } => reason
+            .split(':')
+            .next()
+            .unwrap_or("format")
+            .trim()
+            .to_string(),
+        ShadowError::Io { .. } | ShadowError::Store { .. } => "io".into(),
+        _ => "format".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::manifest::write_checked_json;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("engram-shadow-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn a_checked_json_file_detects_any_flipped_byte() {
+        let d = dir("json");
+        let store = LocalStorage::open(&d).unwrap();
+        let index = Index {
+            format: FORMAT,
+            entries: vec![IndexEntry {
+                id: "s-1-2".into(),
+                kind: EntryKind::Session,
+                tenant: 1,
+                session: Some(2),
+                blocks: 3,
+                bytes: 300,
+                updated_unix_ms: 5,
+            }],
+        };
+        write_checked_json(&store, "index.json", &index, 0).unwrap();
+        let back: Index = read_checked_json(&store, "index.json").unwrap();
+        assert_eq!(back.entries, index.entries);
+        let good = store.get("index.json").unwrap().unwrap();
+        for at in [0, 9, good.len() / 2, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x04;
+            store.put("index.json", &bad, 0).unwrap();
+            let err = read_checked_json::<Index>(&store, "index.json").unwrap_err();
+            assert_eq!(reason_of(&err), "checksum", "byte {at}: {err}");
+        }
+        let err = read_checked_json::<Index>(&store, "missing.json").unwrap_err();
+        assert_eq!(reason_of(&err), "missing");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

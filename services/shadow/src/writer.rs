@@ -1,0 +1,409 @@
+//! The shadow's writer: per collected chain, the prefix and session entries (new blocks as one
+//! segment, then the manifest, then unreferenced segments dropped), then the index; and the
+//! deletion of entries when their sessions are deleted.
+
+use std::collections::{HashMap, HashSet};
+
+use engram_engine::{ChainKey, CollectedBytes, ShadowChain};
+use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+use engram_kvcore::{BlockPart, TenantId};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, invalid};
+use crate::manifest::{
+    EntryKind, FORMAT, FormatInfo, Index, IndexEntry, Manifest, ManifestBlock, PrefixRef,
+    entry_key, now_ms, prefix_entry_id, session_entry_id, write_checked_json,
+};
+use crate::storage::Storage;
+use crate::{Shadow, totals};
+
+/// What one flush wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FlushReport {
+    /// Chains the engine reported changed.
+    pub chains: usize,
+    /// Entries whose manifest was rewritten.
+    pub entries: usize,
+    /// New blocks written.
+    pub blocks: usize,
+    /// Bytes of new segment files.
+    pub bytes: u64,
+    /// Wall time, ms.
+    pub ms: f64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub(crate) manifests: HashMap<String, Manifest>,
+    pub(crate) written: HashMap<ChainKey, u64>,
+    pub(crate) segment_seq: u64,
+    /// Write rate limit, bytes/s (0: unlimited).
+    pub(crate) throttle: u64,
+    /// Size of each segment the shadow holds, by key.
+    pub(crate) sizes: HashMap<String, u64>,
+}
+
+/// Where each block the shadow holds is: entry, segment, row, CRC.
+type Located = HashMap<[u8; 32], (String, String, usize, u32)>;
+
+/// Records a written entry: in the state, and where its blocks are.
+fn keep(st: &mut State, located: &mut Located, m: Manifest) {
+    locate(located, &m);
+    st.manifests.insert(m.id.clone(), m);
+}
+
+fn locate(located: &mut Located, m: &Manifest) {
+    for b in &m.blocks {
+        located.insert(
+            b.block.hash.0,
+            (m.id.clone(), b.segment.clone(), b.row, b.crc32c),
+        );
+    }
+}
+
+/// Writes the entries of the collected chains, then the index (runs on a blocking thread).
+pub(super) fn write_chains(
+    store: &dyn Storage,
+    kv: &FormatInfo,
+    st: &mut State,
+    chains: Vec<ShadowChain>,
+) -> Result<FlushReport> {
+    let report = FlushReport {
+        chains: chains.len(),
+        ..FlushReport::default()
+    };
+    // Where every block the shadow holds is, for blocks another entry already wrote.
+    let mut located: Located = HashMap::new();
+    for m in st.manifests.values() {
+        locate(&mut located, m);
+    }
+    let mut w = Flush {
+        store,
+        kv,
+        parts: kv.parts(),
+        located,
+        decoded: HashMap::new(),
+        report,
+    };
+    for chain in chains {
+        let key = (chain.tenant, chain.session);
+        // The usable chain ends at the first block with no bytes anywhere.
+        let usable = chain
+            .bytes
+            .iter()
+            .position(|b| matches!(b, CollectedBytes::Missing))
+            .unwrap_or(chain.blocks.len());
+        let p = chain.stable_blocks.min(usable);
+        let mut prefix_ref = None;
+        if p > 0 {
+            let id = prefix_entry_id(&chain.blocks[p - 1].hash);
+            if !st.manifests.contains_key(&id) {
+                w.entry(
+                    st,
+                    EntrySpec {
+                        id: id.clone(),
+                        kind: EntryKind::Prefix,
+                        chain: &chain,
+                        range: 0..p,
+                        prefix: None,
+                    },
+                )?;
+            }
+            prefix_ref = Some(PrefixRef { id, blocks: p });
+        }
+        let id = session_entry_id(chain.tenant, chain.session);
+        w.entry(
+            st,
+            EntrySpec {
+                id: id.clone(),
+                kind: EntryKind::Session,
+                chain: &chain,
+                range: p..usable,
+                prefix: prefix_ref,
+            },
+        )?;
+        st.written.insert(key, chain.generation);
+    }
+    // Prefix entries no session names any more.
+    let used: HashSet<String> = st
+        .manifests
+        .values()
+        .filter_map(|m| m.prefix.as_ref().map(|p| p.id.clone()))
+        .collect();
+    let unused: Vec<String> = st
+        .manifests
+        .values()
+        .filter(|m| m.kind == EntryKind::Prefix && !used.contains(&m.id))
+        .map(|m| m.id.clone())
+        .collect();
+    let report = w.report;
+    write_index(store, st, &unused)?;
+    for id in unused {
+        st.manifests.remove(&id);
+        let dir = entry_key(&id, "");
+        st.sizes.retain(|k, _| !k.starts_with(&dir));
+        // A leftover is harmless: recovery removes entries nobody names.
+        let _ = store.delete_prefix(&dir);
+    }
+    Ok(report)
+}
+
+/// Deletes `tenant`'s session entries that `gone` selects and then its prefix entries no
+/// session names any more (runs on a blocking thread). Each entry's manifest goes first, so a
+/// crash half-way leaves segments without a manifest, which recovery removes: a deleted session
+/// never comes back. Returns the entries deleted.
+pub(super) fn forget_entries(
+    store: &dyn Storage,
+    st: &mut State,
+    tenant: u64,
+    gone: &dyn Fn(&Manifest) -> bool,
+) -> Result<usize> {
+    let mut ids: Vec<String> = st
+        .manifests
+        .values()
+        .filter(|m| m.kind == EntryKind::Session && m.tenant == tenant && gone(m))
+        .map(|m| m.id.clone())
+        .collect();
+    let remaining: HashSet<String> = st
+        .manifests
+        .values()
+        .filter(|m| !ids.contains(&m.id))
+        .filter_map(|m| m.prefix.as_ref().map(|p| p.id.clone()))
+        .collect();
+    ids.extend(
+        st.manifests
+            .values()
+            .filter(|m| {
+                m.kind == EntryKind::Prefix
+                    && m.tenant == tenant
+                    && m.tenant != 0
+                    && !remaining.contains(&m.id)
+            })
+            .map(|m| m.id.clone()),
+    );
+    for id in &ids {
+        store.delete(&entry_key(id, "manifest.json"))?;
+        if let Some(m) = st.manifests.remove(id)
+            && let Some(s) = m.session
+        {
+            st.written.retain(|k, _| !(k.0.0 == m.tenant && k.1.0 == s));
+        }
+        let dir = entry_key(id, "");
+        st.sizes.retain(|k, _| !k.starts_with(&dir));
+        store.delete_prefix(&dir)?;
+    }
+    if !ids.is_empty() {
+        write_index(store, st, &[])?;
+    }
+    Ok(ids.len())
+}
+
+fn write_index(store: &dyn Storage, st: &State, leaving: &[String]) -> Result<()> {
+    let mut entries: Vec<IndexEntry> = st
+        .manifests
+        .values()
+        .filter(|m| !leaving.contains(&m.id))
+        .map(|m| IndexEntry {
+            id: m.id.clone(),
+            kind: m.kind,
+            tenant: m.tenant,
+            session: m.session,
+            blocks: m.blocks.len(),
+            bytes: (m.blocks.len() * m.kv.block_bytes) as u64,
+            updated_unix_ms: m.updated_unix_ms,
+        })
+        .collect();
+    entries.sort_by(|a, b| a.id.cmp(&b.id));
+    write_checked_json(
+        store,
+        "index.json",
+        &Index {
+            format: FORMAT,
+            entries,
+        },
+        st.throttle,
+    )
+}
+
+struct EntrySpec<'a> {
+    id: String,
+    kind: EntryKind,
+    chain: &'a ShadowChain,
+    range: std::ops::Range<usize>,
+    prefix: Option<PrefixRef>,
+}
+
+/// One flush's writer: the store, the format, where every held block is, segments decoded so
+/// far (for blocks another entry wrote) and the running report.
+struct Flush<'a> {
+    store: &'a dyn Storage,
+    kv: &'a FormatInfo,
+    parts: Vec<BlockPart>,
+    located: Located,
+    decoded: HashMap<(String, String), Vec<Vec<u8>>>,
+    report: FlushReport,
+}
+
+impl Flush<'_> {
+    /// Writes an entry and records it (in the state, and where its blocks are).
+    fn entry(&mut self, st: &mut State, spec: EntrySpec<'_>) -> Result<()> {
+        let m = self.write(st, spec)?;
+        keep(st, &mut self.located, m);
+        Ok(())
+    }
+
+    /// Writes one entry: new blocks as one segment, then the manifest, then drops old
+    /// segments.
+    fn write(&mut self, st: &mut State, spec: EntrySpec<'_>) -> Result<Manifest> {
+        st.segment_seq += 1;
+        let seg_name = format!("seg-{:013}-{:06}.safetensors", now_ms(), st.segment_seq);
+        let old = st.manifests.get(&spec.id);
+        let own: HashMap<[u8; 32], &ManifestBlock> = old
+            .map(|m| m.blocks.iter().map(|b| (b.block.hash.0, b)).collect())
+            .unwrap_or_default();
+        let mut fresh: Vec<Vec<u8>> = Vec::new();
+        let mut blocks = Vec::with_capacity(spec.range.len());
+        for i in spec.range.clone() {
+            let mut block = spec.chain.blocks[i].clone();
+            let hash = block.hash.0;
+            if let Some(b) = own.get(&hash) {
+                // Keep what the entry recorded (the engine's view of an evicted block is partial).
+                block = b.block.clone();
+                blocks.push(ManifestBlock {
+                    block,
+                    segment: b.segment.clone(),
+                    row: b.row,
+                    crc32c: b.crc32c,
+                });
+                continue;
+            }
+            let bytes = match &spec.chain.bytes[i] {
+                CollectedBytes::New(bytes) => bytes.clone(),
+                CollectedBytes::Known => {
+                    let (entry, seg, row, crc) = self
+                        .located
+                        .get(&hash)
+                        .cloned()
+                        .ok_or_else(|| invalid(&spec.id, "a known block has no location"))?;
+                    let k = (entry.clone(), seg.clone());
+                    if !self.decoded.contains_key(&k) {
+                        let raw = self.store.get(&entry_key(&entry, &seg))?.ok_or_else(|| {
+                            invalid(&spec.id, "a known block's segment is missing")
+                        })?;
+                        self.decoded
+                            .insert(k.clone(), decode_segment(&self.parts, &raw)?.blocks);
+                    }
+                    let bytes = self
+                        .decoded
+                        .get(&k)
+                        .and_then(|s| s.get(row))
+                        .cloned()
+                        .ok_or_else(|| invalid(&spec.id, "a known block is missing"))?;
+                    if checksum(&bytes) != crc {
+                        return Err(invalid(&spec.id, "checksum: a known block is damaged"));
+                    }
+                    bytes
+                }
+                CollectedBytes::Missing => break,
+            };
+            blocks.push(ManifestBlock {
+                block,
+                segment: seg_name.clone(),
+                row: fresh.len(),
+                crc32c: checksum(&bytes),
+            });
+            fresh.push(bytes);
+        }
+        if !fresh.is_empty() {
+            let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
+            let data = encode_segment(&self.parts, &refs, None)?;
+            let key = entry_key(&spec.id, &seg_name);
+            self.store.put(&key, &data, st.throttle)?;
+            st.sizes.insert(key, data.len() as u64);
+            self.report.blocks += fresh.len();
+            self.report.bytes += data.len() as u64;
+        }
+        let chain = spec.chain;
+        let manifest = Manifest {
+            format: FORMAT,
+            id: spec.id.clone(),
+            kind: spec.kind,
+            tenant: chain.tenant.0,
+            session: (spec.kind == EntryKind::Session).then_some(chain.session.0),
+            kv: self.kv.clone(),
+            prefix: spec.prefix,
+            stable_blocks: chain.stable_blocks,
+            pin_key: chain.pin_key,
+            public_pin_key: chain.public_pin_key,
+            updated_unix_ms: now_ms(),
+            blocks,
+        };
+        if let Some(o) = old
+            && o.blocks == manifest.blocks
+            && o.prefix == manifest.prefix
+            && o.stable_blocks == manifest.stable_blocks
+            && o.kv == manifest.kv
+        {
+            // Nothing changed: keep the file (and its timestamp) as it is.
+            return Ok(o.clone());
+        }
+        let throttle = st.throttle;
+        write_checked_json(
+            self.store,
+            &entry_key(&spec.id, "manifest.json"),
+            &manifest,
+            throttle,
+        )?;
+        self.report.entries += 1;
+        // Segments the new manifest does not name (a failed delete is left to recovery).
+        let keep = manifest.segments();
+        let dir = entry_key(&spec.id, "");
+        let stale: Vec<String> = st
+            .sizes
+            .keys()
+            .filter(|k| {
+                k.strip_prefix(&dir)
+                    .is_some_and(|name| name.starts_with("seg-") && !keep.contains(name))
+            })
+            .cloned()
+            .collect();
+        for key in stale {
+            if self.store.delete(&key).is_ok() {
+                st.sizes.remove(&key);
+            }
+        }
+        Ok(manifest)
+    }
+}
+
+impl Shadow {
+    /// Deletes the session entries whose tenant salt is `tenant` and whose session key matches
+    /// `session & mask == value` (a mask of 0: all of the tenant's), and the tenant's prefix
+    /// entries no session names any more. Call it after the engine forgot the sessions, so
+    /// that no later flush writes them again. Returns the entries deleted.
+    pub async fn forget(&self, tenant: TenantId, mask: u64, value: u64) -> Result<usize> {
+        let mut state = self.state.lock().await;
+        let store = self.store.clone();
+        let mut taken = std::mem::take(&mut *state);
+        let (taken, result) = tokio::task::spawn_blocking(move || {
+            let gone = move |m: &Manifest| m.session.is_some_and(|s| s & mask == value);
+            let r = forget_entries(store.as_ref(), &mut taken, tenant.0, &gone);
+            (taken, r)
+        })
+        .await
+        .map_err(|e| invalid("forget", e.to_string()))?;
+        *state = taken;
+        let (sessions, prefixes, bytes) = totals(&state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+            s.recovery.retain(|r| {
+                !(r.tenant == tenant.0
+                    && (mask == 0 || r.session.is_some_and(|x| x & mask == value)))
+            });
+        });
+        result
+    }
+}

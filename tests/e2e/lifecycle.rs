@@ -1,0 +1,155 @@
+//! Lifecycle: graceful shutdown of the real binary (SIGTERM stops new connections, lets a
+//! running stream finish and reach the turn log, then the process exits 0), and a service
+//! started without a model.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::{ADMIN, Server, model_path, sqlite_url};
+
+#[test]
+fn sigterm_drains_a_running_stream_and_exits_cleanly() {
+    let url = sqlite_url();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engram-under-test"))
+        .args(["serve", "--bind", "127.0.0.1:0", "--database-url", &url])
+        .env("ENGRAM__AUTH__ADMIN_KEY", ADMIN)
+        .env("ENGRAM__MODEL__PATH", model_path())
+        .env("ENGRAM__MODEL__HOT_MIB", "128")
+        .env("ENGRAM__MODEL__COLD_MIB", "64")
+        .env("ENGRAM__SERVER__SHUTDOWN_GRACE_SECS", "120")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || lines.recv_timeout(Duration::from_secs(300)).unwrap();
+    let addr: SocketAddr = loop {
+        if let Some(a) = next_line().strip_prefix("engram: serving on http://") {
+            break a.parse().unwrap();
+        }
+    };
+    let srv = Server::at(addr);
+    let (key, a) = srv.tenant_with_bot("t", "Be thorough.");
+    let agent_id = a["agent"]["id"].as_str().unwrap().to_string();
+
+    // A streamed turn is under way when SIGTERM arrives.
+    let body = json!({
+        "message": "Count from one to forty in words, one number per line.",
+        "max_tokens": 96,
+        "stream": true
+    })
+    .to_string();
+    let mut conn = TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/agents/bot/sessions/s/turns HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+         authorization: Bearer {key}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: {\"delta\"") {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first token");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(next_line().contains("SIGTERM: draining"));
+    // New connections are refused while the stream drains.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_err(),
+        "the listener still accepts after SIGTERM"
+    );
+    conn.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let done = events.last().unwrap();
+    assert_eq!(done["done"], true, "{text}");
+    let streamed: String = events.iter().filter_map(|e| e["delta"].as_str()).collect();
+    assert!(!streamed.is_empty());
+
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    // The drained turn reached the durable log whole.
+    let turns = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = engram_store::Store::connect(&url).await.unwrap();
+        let t = store.turns(&agent_id, "s").await.unwrap();
+        store.close().await;
+        t
+    });
+    assert_eq!(turns.len(), 2);
+    assert_eq!(turns[1].text, streamed);
+    assert!(!turns[1].tokens.is_empty());
+}
+
+#[test]
+fn without_a_model_the_service_runs_and_generation_answers_503() {
+    let mut config = engram_server::Config::default();
+    config.database.url = sqlite_url();
+    config.auth.admin_key.0 = ADMIN.into();
+    config.model.path = std::env::temp_dir().join("engram-no-such-model.gguf");
+    let srv = Server::start_with(config);
+    let (s, ready) = srv.call("GET", "/readyz", None, Value::Null);
+    assert_eq!(s, 200);
+    assert_eq!(
+        (ready["database"].as_bool(), ready["model"].as_bool()),
+        (Some(true), Some(false))
+    );
+    let (key, _) = srv.tenant_with_bot("t", "Be kind.");
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/turns",
+        Some(&key),
+        json!({"message": "hi"}),
+    );
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (503, Some("model_unavailable")),
+        "{v}"
+    );
+    // The body names no server path (the log does).
+    assert!(!v["message"].as_str().unwrap().contains('/'), "{v}");
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/chat/completions",
+        Some(&key),
+        json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (503, Some("model_unavailable")),
+        "{v}"
+    );
+    // The preview still works (token counts are estimated without a tokenizer).
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/context",
+        Some(&key),
+        json!({"message": "hi"}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert!(v["blocks"].is_null(), "{v}");
+}

@@ -1,0 +1,597 @@
+//! A cache that survives: the real binary killed with SIGKILL while the shadow writes, again
+//! and again, recovers byte-identical blocks or recomputes, and answers like a run that was never
+//! killed; a flipped byte is detected; a session's cache moves between servers as one file.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use engram_kvcore::SplitMix64;
+use engram_server::Config;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::harness::{ADMIN, Server, model_path, sqlite_url};
+
+const SESSIONS: [&str; 3] = ["s0", "s1", "s2"];
+const AXIOMS: &str = "You are a terse assistant. Answer in one short sentence.";
+
+fn message(i: usize) -> String {
+    const TOPICS: [&str; 10] = [
+        "the colour of the sky",
+        "why bread rises",
+        "the capital of France",
+        "how a bicycle stays up",
+        "what a prime number is",
+        "the boiling point of water",
+        "why leaves turn red",
+        "what a compiler does",
+        "how tides work",
+        "the speed of sound",
+    ];
+    format!("Turn {i}: tell me about {}.", TOPICS[i % TOPICS.len()])
+}
+
+fn session_of(i: usize) -> &'static str {
+    SESSIONS[i % SESSIONS.len()]
+}
+
+/// The server's session key: 32 bits of the agent over 32 bits of the session's name.
+fn session_key(agent_id: &str, session: &str) -> u64 {
+    let h = Sha256::digest(format!("{agent_id}/{session}").as_bytes());
+    let a = Sha256::digest(format!("engram-agent\0{agent_id}").as_bytes());
+    (u64::from(u32::from_le_bytes(a[..4].try_into().unwrap())) << 32)
+        | u64::from(u32::from_le_bytes(h[..4].try_into().unwrap()))
+}
+
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "engram-e2e-{name}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs one turn (greedy, 8 tokens); returns the text and the cached prompt tokens.
+fn turn(srv: &Server, key: &str, session: &str, msg: &str) -> (String, u64) {
+    let (s, v) = srv.call(
+        "POST",
+        &format!("/v1/agents/bot/sessions/{session}/turns"),
+        Some(key),
+        json!({"message": msg, "max_tokens": 8}),
+    );
+    assert_eq!(s, 200, "{v}");
+    (
+        v["text"].as_str().unwrap().to_string(),
+        v["usage"]["cached_tokens"].as_u64().unwrap(),
+    )
+}
+
+/// Where a test's shadow lives.
+enum Backend {
+    Local(PathBuf),
+    #[cfg(feature = "s3")]
+    S3(crate::storage::S3Server),
+}
+
+#[cfg(feature = "s3")]
+const S3_URL: &str = "s3://engram-shadow/node-1";
+
+impl Backend {
+    fn configure(&self, c: &mut Config) {
+        match self {
+            Backend::Local(dir) => c.shadow.dir = dir.clone(),
+            #[cfg(feature = "s3")]
+            Backend::S3(s3) => {
+                let s = s3.settings(S3_URL);
+                c.shadow.url = s.url;
+                c.shadow.s3_endpoint = s.endpoint;
+                c.shadow.s3_region = s.region;
+                c.shadow.s3_allow_http = true;
+                let (id, secret) = s.credentials.unwrap();
+                c.shadow.s3_access_key_id = id;
+                c.shadow.s3_secret_access_key.0 = secret;
+            }
+        }
+    }
+
+    fn store(&self) -> std::sync::Arc<dyn engram_shadow::Storage> {
+        let mut c = Config::default();
+        self.configure(&mut c);
+        engram_server::shadow_storage(&c).unwrap()
+    }
+
+    /// The directory holding the shadow's files as plain files (the S3 server's bucket).
+    fn files(&self) -> PathBuf {
+        match self {
+            Backend::Local(dir) => dir.clone(),
+            #[cfg(feature = "s3")]
+            Backend::S3(s3) => s3.root.join("engram-shadow/node-1"),
+        }
+    }
+}
+
+fn config(url: &str, shadow: Option<&Path>) -> Config {
+    config_with(
+        url,
+        shadow.map(|d| Backend::Local(d.to_path_buf())).as_ref(),
+    )
+}
+
+fn config_with(url: &str, shadow: Option<&Backend>) -> Config {
+    let mut c = Config::default();
+    c.database.url = url.to_string();
+    c.auth.admin_key.0 = ADMIN.into();
+    c.model.path = model_path();
+    c.model.hot_mib = 128;
+    c.model.cold_mib = 128;
+    c.memory.enabled = false;
+    c.tiers.enabled = false;
+    match shadow {
+        Some(backend) => {
+            backend.configure(&mut c);
+            c.shadow.interval_ms = 3_600_000;
+        }
+        None => c.shadow.enabled = false,
+    }
+    c
+}
+
+/// The texts and cached prompt tokens of a never-killed, never-shadowed run of `n` scripted
+/// turns.
+fn reference(n: usize) -> Vec<(String, u64)> {
+    let srv = Server::start_with(config(&sqlite_url(), None));
+    let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+    let texts = (0..n)
+        .map(|i| turn(&srv, &key, session_of(i), &message(i)))
+        .collect();
+    srv.stop();
+    texts
+}
+
+/// `engram serve` as a child process writing its shadow every `interval_ms`.
+fn spawn(url: &str, dir: &Path, interval_ms: u64) -> (Child, Server) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engram-under-test"))
+        .args(["serve", "--bind", "127.0.0.1:0", "--database-url", url])
+        .env("ENGRAM__AUTH__ADMIN_KEY", ADMIN)
+        .env("ENGRAM__MODEL__PATH", model_path())
+        .env("ENGRAM__MODEL__HOT_MIB", "128")
+        .env("ENGRAM__MODEL__COLD_MIB", "128")
+        .env("ENGRAM__MEMORY__ENABLED", "false")
+        .env("ENGRAM__TIERS__ENABLED", "false")
+        .env("ENGRAM__SHADOW__DIR", dir)
+        .env("ENGRAM__SHADOW__INTERVAL_MS", interval_ms.to_string())
+        // 1 MiB/s: a turn's segment takes a few hundred ms to write, so kills land mid-write.
+        .env("ENGRAM__SHADOW__MAX_WRITE_MIB_PER_SEC", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let addr: SocketAddr = loop {
+        let line = lines.recv_timeout(Duration::from_secs(300)).unwrap();
+        if let Some(a) = line.strip_prefix("engram: serving on http://") {
+            break a.parse().unwrap();
+        }
+    };
+    (child, Server::at(addr))
+}
+
+fn shadow_status(srv: &Server) -> Value {
+    let (s, v) = srv.call("GET", "/v1/admin/shadow", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+/// CRC-32C of each block of a session's export (blocks as they are in memory now).
+fn export_crcs(srv: &Server, key: &str, session: &str) -> Vec<u32> {
+    let (s, body) = srv.raw(
+        "GET",
+        &format!("/v1/agents/bot/sessions/{session}/cache/export"),
+        Some(key),
+        b"",
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&body));
+    let n = u64::from_le_bytes(body[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&body[8..8 + n]).unwrap();
+    let meta: Value =
+        serde_json::from_str(header["__metadata__"]["engram.session"].as_str().unwrap()).unwrap();
+    meta["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["crc32c"].as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn sigkill_during_shadow_writes_recovers_or_recomputes_and_answers_like_a_clean_run() {
+    const ITERATIONS: usize = 30;
+    let expected = reference(ITERATIONS);
+    let url = sqlite_url();
+    let dir = fresh_dir("shadow-crash");
+    let mut rng = SplitMix64::new(0x5eed_2026_1121);
+    let mut key = String::new();
+    let mut agent_id = String::new();
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    let (mut byte_identical, mut cached_after_restart, mut cleaned, mut replayed) = (0, 0, 0, 0);
+    for (i, (want_text, want_cached)) in expected.iter().enumerate() {
+        let (mut child, srv) = spawn(&url, &dir, 10);
+        if i == 0 {
+            let (k, a) = srv.tenant_with_bot("t", AXIOMS);
+            key = k;
+            agent_id = a["agent"]["id"].as_str().unwrap().to_string();
+        } else {
+            let status = shadow_status(&srv);
+            cleaned += status["cleaned_files"].as_u64().unwrap();
+            for e in status["recovery"].as_array().unwrap() {
+                let outcome = e["outcome"].as_str().unwrap().to_string();
+                if e["kind"] == "session" {
+                    *counts.entry(outcome.clone()).or_default() += 1;
+                }
+                // Every entry either recovered or was skipped for a named reason.
+                assert!(!outcome.is_empty());
+                if e["kind"] != "session" || outcome != "recovered" {
+                    continue;
+                }
+                let session = SESSIONS
+                    .iter()
+                    .find(|s| session_key(&agent_id, s) == e["session"].as_u64().unwrap())
+                    .unwrap();
+                // The blocks now in memory are the bytes the shadow wrote before the kill.
+                let on_disk: Vec<u32> = e["crc32c"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.as_u64().unwrap() as u32)
+                    .collect();
+                let in_memory = export_crcs(&srv, &key, session);
+                assert!(
+                    in_memory.ends_with(&on_disk),
+                    "session {session}: memory {in_memory:?} vs disk {on_disk:?}"
+                );
+                byte_identical += 1;
+            }
+        }
+        let session = session_of(i);
+        let (text, cached) = turn(&srv, &key, session, &message(i));
+        assert_eq!(&text, want_text, "turn {i} ({session}) after {i} kills");
+        // Recovered and replayed blocks give this turn exactly the reuse of the clean run.
+        assert_eq!(cached, *want_cached, "turn {i} ({session}): cached tokens");
+        if i >= SESSIONS.len() && cached > 0 {
+            cached_after_restart += 1;
+        }
+        let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
+        replayed += m
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("engram_replayed_turns_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap();
+        // SIGKILL at a random moment while the shadow writes this turn's blocks.
+        std::thread::sleep(Duration::from_micros(rng.next_u64() % 300_000));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    // A last start checks the final state the same way.
+    let (mut child, srv) = spawn(&url, &dir, 10);
+    let status = shadow_status(&srv);
+    for e in status["recovery"].as_array().unwrap() {
+        if e["kind"] == "session" {
+            *counts
+                .entry(e["outcome"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    println!(
+        "shadow crash loop: {ITERATIONS} SIGKILLs; session entries at restart: {counts:?}; \
+         byte-identical checks {byte_identical}; turns with cached_tokens > 0 after a restart \
+         {cached_after_restart}/{}; temp/orphan files cleaned {cleaned}; earlier turns \
+         replayed to recompute lost blocks {replayed}",
+        ITERATIONS - SESSIONS.len()
+    );
+    assert!(
+        counts.get("recovered").copied().unwrap_or(0) > 0,
+        "nothing was ever recovered: {counts:?}"
+    );
+    assert!(cached_after_restart > 0);
+    assert!(cleaned > 0, "no kill landed during a write");
+}
+
+#[test]
+fn a_flipped_byte_is_detected_and_that_session_recomputes_correctly() {
+    flipped_byte(Backend::Local(fresh_dir("shadow-flip")));
+}
+
+/// The same through S3: objects on a real S3-compatible server, recovered at start.
+#[cfg(feature = "s3")]
+#[test]
+fn through_s3_the_cache_survives_a_restart_and_a_flipped_byte_is_detected() {
+    flipped_byte(Backend::S3(crate::storage::S3Server::start(
+        "engram-shadow",
+    )));
+}
+
+fn flipped_byte(backend: Backend) {
+    let msgs = [
+        "What is tea?",
+        "And coffee?",
+        "Name a fruit.",
+        "Which is red?",
+    ];
+    // Never shadowed: x gets turns 0, 1, 3; y gets turn 2.
+    let reference = {
+        let srv = Server::start_with(config(&sqlite_url(), None));
+        let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+        let out: Vec<String> = [("x", 0), ("x", 1), ("y", 2), ("x", 3)]
+            .iter()
+            .map(|&(s, i)| turn(&srv, &key, s, msgs[i]).0)
+            .collect();
+        srv.stop();
+        out
+    };
+    let url = sqlite_url();
+    let srv = Server::start_with(config_with(&url, Some(&backend)));
+    let (key, a) = srv.tenant_with_bot("t", AXIOMS);
+    let agent_id = a["agent"]["id"].as_str().unwrap().to_string();
+    for (n, &(s, i)) in [("x", 0), ("x", 1), ("y", 2)].iter().enumerate() {
+        assert_eq!(turn(&srv, &key, s, msgs[i]).0, reference[n]);
+    }
+    let (s, f) = srv.call("POST", "/v1/admin/shadow/flush", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200, "{f}");
+    assert!(f["blocks"].as_u64().unwrap() > 0);
+    srv.stop();
+    let v = engram_shadow::verify(backend.store().as_ref()).unwrap();
+    assert!(v.damaged.is_empty() && v.ok >= 2, "{v:?}");
+
+    // Flip one byte in the middle of a segment of x's entry.
+    let dir = backend.files();
+    let x_entry = dir.join("entries").join(
+        std::fs::read_dir(dir.join("entries"))
+            .unwrap()
+            .flatten()
+            .map(|d| d.file_name().to_string_lossy().into_owned())
+            .find(|n| n.ends_with(&format!("{:016x}", session_key(&agent_id, "x"))))
+            .unwrap(),
+    );
+    let seg = std::fs::read_dir(&x_entry)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let mid = bytes.len() - bytes.len() / 3;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&seg, bytes).unwrap();
+    let v = engram_shadow::verify(backend.store().as_ref()).unwrap();
+    assert_eq!(v.damaged.len(), 1, "{v:?}");
+    assert_eq!(v.damaged[0].1, "checksum");
+
+    let srv = Server::start_with(config_with(&url, Some(&backend)));
+    let status = shadow_status(&srv);
+    let outcome = |session: &str| {
+        status["recovery"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["session"].as_u64() == Some(session_key(&agent_id, session)))
+            .map(|e| e["outcome"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(outcome("x"), "checksum");
+    assert_eq!(outcome("y"), "recovered");
+    assert_eq!(status["recovery_counts"]["checksum"], 1, "{status}");
+    // x recomputes from the turn log (its two turns replayed as they first ran) and answers
+    // exactly as the never-shadowed run did.
+    let (text, _) = turn(&srv, &key, "x", msgs[3]);
+    assert_eq!(text, reference[3]);
+    let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
+    let m = m.as_str().unwrap_or_default().to_string();
+    assert!(
+        m.contains("engram_shadow_recovery_total{result=\"checksum\"} 1"),
+        "{m}"
+    );
+    // Turn 0's prompt and warm-up, then turn 1's: four prefills replayed.
+    assert!(m.contains("engram_replayed_turns_total 4"), "{m}");
+    srv.stop();
+}
+
+/// One chat completion of session `x` through the OpenAI route (greedy, 8 tokens); returns the
+/// text and the cached prompt tokens.
+fn chat(srv: &Server, key: &str, msg: &str) -> (String, u64) {
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/chat/completions",
+        Some(key),
+        json!({"model": "bot", "user": "x", "max_tokens": 8,
+               "messages": [{"role": "user", "content": msg}]}),
+    );
+    assert_eq!(s, 200, "{v}");
+    (
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+/// The OpenAI route with a `user` session takes the native route's steps: after a restart that
+/// lost every block (no shadow), the session's earlier turns are replayed before its prompt is
+/// built, so the answer and its reuse equal those of a run that never restarted.
+#[test]
+fn the_openai_route_replays_a_session_s_lost_turns_like_the_native_route() {
+    let msgs = ["What is tea?", "And coffee?", "Which has more caffeine?"];
+    let reference = {
+        let srv = Server::start_with(config(&sqlite_url(), None));
+        let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+        turn(&srv, &key, "x", msgs[0]);
+        turn(&srv, &key, "x", msgs[1]);
+        let out = chat(&srv, &key, msgs[2]);
+        srv.stop();
+        out
+    };
+    let url = sqlite_url();
+    let srv = Server::start_with(config(&url, None));
+    let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+    turn(&srv, &key, "x", msgs[0]);
+    turn(&srv, &key, "x", msgs[1]);
+    srv.stop();
+    // The turn log survives the restart; the cache does not.
+    let srv = Server::start_with(config(&url, None));
+    let (text, cached) = chat(&srv, &key, msgs[2]);
+    let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
+    let m = m.as_str().unwrap_or_default().to_string();
+    // Turn 0's prompt and warm-up, then turn 1's: four prefills replayed.
+    assert!(m.contains("engram_replayed_turns_total 4"), "{m}");
+    assert_eq!((text, cached), reference);
+    srv.stop();
+}
+
+#[test]
+fn a_session_cache_saves_loads_exports_and_imports() {
+    let url = sqlite_url();
+    let dir = fresh_dir("shadow-io");
+    let srv = Server::start_with(config(&url, Some(&dir)));
+    let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+    let long = "Summarise the following notes. ".repeat(40);
+    turn(&srv, &key, "a", &long);
+    let (s, saved) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/a/cache/save",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{saved}");
+    assert!(
+        saved["moved"].as_u64().unwrap() > 0 && saved["tokens"].as_u64().unwrap() > 200,
+        "{saved}"
+    );
+    // Saving again writes nothing new.
+    let (_, again) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/a/cache/save",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(again["moved"], 0);
+    let (s, file) = srv.raw(
+        "GET",
+        "/v1/agents/bot/sessions/a/cache/export",
+        Some(&key),
+        b"",
+    );
+    assert_eq!(s, 200);
+    // Unknown session, another tenant's view, a broken file.
+    let (s, e) = srv.call(
+        "GET",
+        "/v1/agents/bot/sessions/none/cache/export",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!((s, e["code"].as_str()), (404, Some("not_found")), "{e}");
+    let (s, e) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/none/cache/load",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(s, 404, "{e}");
+    let (s, e) = {
+        let (s, b) = srv.raw(
+            "POST",
+            "/v1/agents/bot/sessions/b/cache/import",
+            Some(&key),
+            &file[..file.len() / 2],
+        );
+        (s, serde_json::from_slice::<Value>(&b).unwrap())
+    };
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (422, Some("invalid_cache_file")),
+        "{e}"
+    );
+    // The tier bridge: a cycle on request, visible in the admin view and in /metrics.
+    let (s, c) = srv.call("POST", "/v1/admin/tiers/cycle", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200, "{c}");
+    assert!(c["observed"]["hot_used"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(
+        c["observed"]["active_sessions"], 1,
+        "session a had a turn: {c}"
+    );
+    let (_, t) = srv.call("GET", "/v1/admin/tiers", Some(ADMIN), Value::Null);
+    assert!(t["totals"]["cycles"].as_u64().unwrap() >= 1, "{t}");
+    assert_eq!(
+        t["cycles"].as_array().unwrap().len() as u64,
+        t["totals"]["cycles"].as_u64().unwrap()
+    );
+    let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
+    let m = m.as_str().unwrap_or_default().to_string();
+    assert!(m.contains("engram_tier_cycles_total "), "{m}");
+    assert!(
+        m.contains("engram_shadow_writes_total{result=\"ok\"}"),
+        "{m}"
+    );
+    srv.stop();
+
+    // Another node: same database, an empty shadow. Import the file, and the session's next
+    // turn reuses the imported blocks.
+    let other = fresh_dir("shadow-io-other");
+    let srv = Server::start_with(config(&url, Some(&other)));
+    let started = Instant::now();
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/a/cache/import",
+        Some(&key),
+        &file,
+    );
+    let imported: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(s, 200, "{imported}");
+    assert_eq!(imported["moved"], saved["blocks"]);
+    println!(
+        "import of {} tokens: {:.1} ms in the engine, {:.1} ms over HTTP",
+        imported["tokens"],
+        imported["ms"].as_f64().unwrap(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let (_, cached) = turn(&srv, &key, "a", "And in one word?");
+    assert!(
+        cached + 32 >= imported["tokens"].as_u64().unwrap(),
+        "{cached}"
+    );
+    // The import was written to this node's shadow: a restart loads it again.
+    srv.stop();
+    let srv = Server::start_with(config(&url, Some(&other)));
+    let status = shadow_status(&srv);
+    assert!(
+        status["recovery_counts"]["recovered"].as_u64().unwrap() >= 1,
+        "{status}"
+    );
+    let (s, loaded) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/a/cache/load",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{loaded}");
+    assert_eq!(loaded["moved"], 0, "already recovered at start: {loaded}");
+    srv.stop();
+}
