@@ -144,6 +144,8 @@ pub struct RunSummary {
     pub reserved_share: f64,
     /// `memories_cached / memories_tokens`.
     pub cached_share: f64,
+    /// Prompt tokens reused from the cache over all prompt tokens, turns 2..=N.
+    pub prompt_cached_share: f64,
     /// Mean TTFT over turns 2..=N, ms (turn 1 computes the stable prefix in both runs).
     pub mean_ttft_ms: f64,
     /// Median TTFT over turns 2..=N, ms.
@@ -272,6 +274,11 @@ pub async fn run(
         memories_cached: mc,
         reserved_share: mr as f64 / mt.max(1) as f64,
         cached_share: mc as f64 / mt.max(1) as f64,
+        prompt_cached_share: {
+            let later = || out.iter().skip(1);
+            let cached: u64 = later().map(|t| t.cached_tokens).sum();
+            cached as f64 / later().map(|t| t.prompt_tokens).sum::<u64>().max(1) as f64
+        },
         mean_ttft_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
         median_ttft_ms: ttft.get(ttft.len() / 2).copied().unwrap_or(0.0),
         reservations: json!(snap.reservations),

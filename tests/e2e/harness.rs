@@ -156,6 +156,18 @@ impl Server {
         key: Option<&str>,
         body: &[u8],
     ) -> (u16, String, Vec<u8>) {
+        self.raw_with(method, path, key, &[], body)
+    }
+
+    /// [`Server::raw_full`] with more request headers.
+    pub fn raw_with(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, String, Vec<u8>) {
         let mut s = TcpStream::connect(self.addr).unwrap();
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
@@ -164,6 +176,9 @@ impl Server {
         );
         if let Some(k) = key {
             head.push_str(&format!("authorization: Bearer {k}\r\n"));
+        }
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str("\r\n");
         s.write_all(head.as_bytes()).unwrap();

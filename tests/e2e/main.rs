@@ -13,6 +13,7 @@ mod openai;
 mod probes;
 mod reuse;
 mod service;
+mod sessions;
 mod shadow;
 mod storage;
 mod supervision;

@@ -74,8 +74,10 @@ fn a_2600_token_stable_prefix_is_reused_and_turn_two_is_faster() {
     );
     let (p2, c2, ttft2) = turn("And which tools can pay them?");
     assert!(c2 >= stable, "turn 2 cached {c2} < stable prefix {stable}");
+    // All of turn 1's prompt but its volatile block (the memories layer, which depends on the
+    // message, and the clock) and its message.
     assert!(
-        c2 + 40 >= p1,
+        c2 + 60 >= p1,
         "turn 2 cached {c2}; turn 1's prompt was {p1}"
     );
     assert!(
@@ -87,4 +89,53 @@ fn a_2600_token_stable_prefix_is_reused_and_turn_two_is_faster() {
          turn 2 {p2} prompt, {c2} cached, TTFT {ttft2:.0} ms ({:.1}x)",
         ttft1 / ttft2
     );
+}
+
+/// 200 turns of one session in a context of 1,024 tokens (`model.context_tokens`): no turn
+/// answers `context_overflow`, the conversation's window moves in a few steps, and once it has
+/// started to move the turns still reuse at least 70 % of their prompts from the cache.
+#[test]
+fn a_200_turn_session_never_overflows_and_keeps_its_cache() {
+    let mut c = crate::harness::test_config(&sqlite_url(), 1 << 20);
+    c.model.context_tokens = 1_024;
+    c.memory.enabled = false;
+    c.tiers.enabled = false;
+    c.shadow.enabled = false;
+    let srv = Server::start_with(c);
+    let (key, _) = srv.tenant_with_bot("long", "You are terse. Answer in a few words.");
+    let (mut steps, mut last_dropped) = (0, 0);
+    let (mut prompt, mut cached) = (0u64, 0u64);
+    for i in 0..200 {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/sessions/long/turns",
+            Some(&key),
+            json!({"message": format!("Note {i}: the parcel for desk {} arrived.", i * 7 % 31), "max_tokens": 6}),
+        );
+        assert_eq!(s, 200, "turn {i}: {v}");
+        let b = &v["budgets"];
+        assert_eq!(b["context"], 1_024, "{v}");
+        let dropped = b["dropped_turns"].as_u64().unwrap();
+        assert!(
+            dropped >= last_dropped,
+            "turn {i}: the window went back: {v}"
+        );
+        if dropped > last_dropped {
+            steps += 1;
+        }
+        if last_dropped > 0 {
+            prompt += v["usage"]["prompt_tokens"].as_u64().unwrap();
+            cached += v["usage"]["cached_tokens"].as_u64().unwrap();
+        }
+        last_dropped = dropped;
+    }
+    assert!(steps >= 2, "the window moved {steps} times");
+    assert!(steps <= 40, "the window moved {steps} times in 200 turns");
+    let share = cached as f64 / prompt.max(1) as f64;
+    println!("window steps {steps}, cached share after the first step {share:.3}");
+    assert!(
+        share >= 0.7,
+        "cached share {share:.3} after the window started to move"
+    );
+    srv.stop();
 }

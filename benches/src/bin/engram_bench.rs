@@ -471,6 +471,8 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
                 "reserved_share_on": mean(true, |s| s.reserved_share),
                 "cached_share_off": mean(false, |s| s.cached_share),
                 "cached_share_on": mean(true, |s| s.cached_share),
+                "prompt_cached_share_off": mean(false, |s| s.prompt_cached_share),
+                "prompt_cached_share_on": mean(true, |s| s.prompt_cached_share),
             })
         );
         anyhow::Ok(())

@@ -56,6 +56,9 @@ pub struct LimitsSection {
     pub burst: u32,
     /// Generations (turns, chat completions) one tenant may run at once (0: unlimited).
     pub concurrent_generations: u32,
+    /// How long a turn waits for the turn of the same session that runs, ms; then 409
+    /// `session_busy`.
+    pub session_wait_ms: u64,
 }
 
 impl Default for LimitsSection {
@@ -64,6 +67,7 @@ impl Default for LimitsSection {
             requests_per_sec: 50,
             burst: 100,
             concurrent_generations: 8,
+            session_wait_ms: 60_000,
         }
     }
 }
@@ -244,6 +248,9 @@ pub struct ModelSection {
     pub weights: String,
     /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
     pub pin_tenant_share: f64,
+    /// Tokens of context a turn's prompt and reply fit in (0: the model's own context; else at
+    /// most it, at least 256): the layers' budgets and the conversation's window follow it.
+    pub context_tokens: usize,
     /// Fault injection for the supervision tests, `panic:MARKER` or `stop:MARKER` (a prompt
     /// holding MARKER makes the engine panic, or its thread end). Empty, and never set in
     /// production.
@@ -295,6 +302,7 @@ impl Default for ModelSection {
             threads: 0,
             weights: "int16".into(),
             pin_tenant_share: 0.5,
+            context_tokens: 0,
             fault: String::new(),
         }
     }
@@ -415,6 +423,12 @@ impl Config {
             && engram_engine::EngineFault::parse(&self.model.fault).is_err()
         {
             return bad("model.fault", "panic:MARKER or stop:MARKER");
+        }
+        if self.model.context_tokens != 0 && self.model.context_tokens < 256 {
+            return bad(
+                "model.context_tokens",
+                "must be 0 (the model's) or at least 256",
+            );
         }
         if !(self.model.pin_tenant_share > 0.0 && self.model.pin_tenant_share <= 1.0) {
             return bad("model.pin_tenant_share", "must be in (0, 1]");

@@ -110,10 +110,13 @@ impl LayerKind {
             Self::Axioms | Self::Identity | Self::Rules | Self::Capabilities | Self::Soul => {
                 Volatility::Stable
             }
-            Self::Partner | Self::Neurons | Self::Memories => Volatility::Slow,
-            Self::SystemState | Self::CurrentTime | Self::Affect | Self::Awareness => {
-                Volatility::Volatile
-            }
+            Self::Partner | Self::Neurons => Volatility::Slow,
+            // Recalled for each message: after the conversation, so it never invalidates it.
+            Self::Memories
+            | Self::SystemState
+            | Self::CurrentTime
+            | Self::Affect
+            | Self::Awareness => Volatility::Volatile,
         }
     }
 

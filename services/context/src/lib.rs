@@ -16,7 +16,8 @@ mod synth;
 
 pub use layers::{Budgets, Layer, LayerKind, Volatility};
 pub use pipeline::{
-    BuiltContext, ContextError, ContextRequest, LayerReport, Segment, Speaker, Turn, build,
+    BuiltContext, ContextError, ContextRequest, Fit, FitReport, LayerReport, Segment, Speaker,
+    Turn, build,
 };
 pub use synth::{ScoredLine, Synthesis, score_line, synthesize};
 

@@ -5,23 +5,37 @@
 //! 1. `<|im_start|>system\n`, then every **stable** layer present, in the fixed order axioms,
 //!    identity, rules, capabilities, soul (then any other layer an operator marked stable, in
 //!    [`LayerKind::ALL`] order), each as `## Title\n{text}\n\n`;
-//! 2. the **slow** layers (partner, neurons, memories) in the same form, closing the system
-//!    message with `<|im_end|>\n`;
+//! 2. the **slow** layers (partner, neurons) in the same form, closing the system message with
+//!    `<|im_end|>\n`;
 //! 3. the conversation so far, `<|im_start|>user\n…<|im_end|>\n<|im_start|>assistant\n…<|im_end|>\n`
-//!    per turn;
-//! 4. the **volatile** block: `<|im_start|>system\n` with system state, current time, affect and
-//!    awareness, `<|im_end|>\n` — the only part that changes every turn;
+//!    per turn (its oldest turns left out when a [`Fit`] says it would overflow);
+//! 4. the **volatile** block: `<|im_start|>system\n` with the memories recalled for this message
+//!    first, then system state, current time, affect and awareness, `<|im_end|>\n` — the only
+//!    part that depends on the message or changes every turn;
 //! 5. the new user message and `<|im_start|>assistant\n`.
 //!
-//! Nothing that changes per turn sits before the conversation, so turn N's prompt shares with
-//! turn N−1's everything up to the end of the conversation both contain. (The turn just finished
-//! followed the old volatile block when it was computed; a caller that wants it reused too
-//! prefills the canonical prefix — steps 1–3 — once the turn ends.)
+//! Nothing that depends on the message sits before the conversation — slow layers are fitted
+//! without it, like stable ones — so steps 1–3 are a prefix that only grows: turn N's prompt
+//! shares with turn N−1's everything up to the end of the conversation both contain. (The turn
+//! just finished followed the old volatile block when it was computed; a caller that wants it
+//! reused too prefills the canonical prefix — steps 1–3 — once the turn ends.)
+//!
+//! **Fitting** ([`ContextRequest::fit`]): the layers get at most half the model's context (their
+//! budgets scaled down together when they sum to more; the memories layer counts with its
+//! standard budget even when absent, since recall may add it), so that the same layers are
+//! fitted the same way every turn. The conversation gets a steady window: the context less the
+//! layers' budgets and an eighth kept for the message and the reply. When the conversation
+//! outgrows the window, its oldest turns leave in one step, until it holds half the window, so
+//! the prefix then stays put for many turns; where the window starts is a function of the
+//! conversation alone (each step replayed from the first turn), so every build of a session
+//! agrees on it. A turn whose own message and reply need more leaves more of the oldest turns
+//! out for itself; a prompt that does not fit even without history is
+//! [`ContextError::Overflow`].
 //!
 //! The stable prefix's hash is SHA-256 over step 1's text; an edit to a stable layer changes it.
-//! Stable layers over their budget are fitted without the user's message (importance tags and
-//! position only), so the prefix never depends on what the user just asked; the other layers
-//! use the overlap with the message too (see [`crate::synth`]).
+//! Stable and slow layers over their budget are fitted without the user's message (importance
+//! tags and position only), so the prefix never depends on what the user just asked; the
+//! volatile ones use the overlap with the message too (see [`crate::synth`]).
 
 use engram_kvcore::SourceLayer;
 use serde::{Deserialize, Serialize};
@@ -51,6 +65,17 @@ pub enum ContextError {
     /// The new user message is empty.
     #[error("the user message is empty")]
     EmptyMessage,
+    /// The prompt without any history, with the reply, is longer than the model's context.
+    #[error(
+        "the prompt needs {needed} tokens with the reply and no history, more than the model's \
+         context of {context}"
+    )]
+    Overflow {
+        /// Tokens of the layers, the message and the reply.
+        needed: usize,
+        /// The model's context.
+        context: usize,
+    },
 }
 
 /// Who spoke a turn of the conversation.
@@ -81,6 +106,32 @@ pub struct ContextRequest<'a> {
     pub history: &'a [Turn],
     /// The new user message.
     pub user_message: &'a str,
+    /// The model's context and the reply's tokens: with it, budgets are fitted and the
+    /// conversation windowed so that both fit (see the module docs); without it, everything is
+    /// built as given.
+    pub fit: Option<Fit>,
+}
+
+/// What a prompt and its reply must fit in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fit {
+    /// Tokens of the model's context.
+    pub context: usize,
+    /// Tokens the reply may generate.
+    pub reply: usize,
+}
+
+/// How a build was fitted into a [`Fit`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FitReport {
+    /// The layers' budgets were multiplied by this (1 when they fit in half the context).
+    pub scale: f64,
+    /// Tokens the conversation's steady window holds.
+    pub window: usize,
+    /// Turns of the conversation left out of the prompt, oldest first.
+    pub dropped_turns: usize,
+    /// Tokens of the prompt, counted segment by segment.
+    pub prompt_tokens: usize,
 }
 
 /// A tagged piece of the prompt.
@@ -123,6 +174,9 @@ pub struct BuiltContext {
     pub stable_prefix_hash: [u8; 32],
     /// Per-layer reports, in prompt order.
     pub layers: Vec<LayerReport>,
+    /// How the prompt was fitted, when the request asked.
+    #[serde(default)]
+    pub fit: Option<FitReport>,
 }
 
 impl BuiltContext {
@@ -170,20 +224,24 @@ pub fn build(
         }
         seen.push(l.kind);
     }
+    let (fitted, scale) = match req.fit {
+        Some(fit) => fitted_layers(req.layers, fit.context),
+        None => (req.layers.to_vec(), 1.0),
+    };
     let of_class = |v: Volatility| {
-        let mut ls: Vec<&Layer> = req.layers.iter().filter(|l| l.volatility == v).collect();
+        let mut ls: Vec<&Layer> = fitted.iter().filter(|l| l.volatility == v).collect();
         ls.sort_by_key(|l| LayerKind::ALL.iter().position(|k| *k == l.kind));
         ls
     };
     let mut segments = Vec::new();
     let mut reports = Vec::new();
     let mut push_layer = |segments: &mut Vec<Segment>, l: &Layer| {
-        // A stable layer is fitted without the user's message, so its text (and the prefix
-        // hash) depends on its content alone and its KV is reused turn after turn.
-        let turn = if l.volatility == Volatility::Stable {
-            ""
-        } else {
+        // Stable and slow layers are fitted without the user's message, so their text (and the
+        // prefix hash) depends on their content alone and their KV is reused turn after turn.
+        let turn = if l.volatility == Volatility::Volatile {
             req.user_message
+        } else {
+            ""
         };
         let s = synthesize(&l.content, l.budget, turn, counter);
         reports.push(LayerReport {
@@ -229,24 +287,27 @@ pub fn build(
     for l in of_class(Volatility::Slow) {
         push_layer(&mut segments, l);
     }
-    segments.push(header(
-        SourceLayer::Memories,
-        Volatility::Slow,
-        "<|im_end|>\n",
-    ));
-    for t in req.history {
-        let (source, role) = match t.speaker {
-            Speaker::User => (SourceLayer::UserTurn, "user"),
-            Speaker::Assistant => (SourceLayer::AssistantTurn, "assistant"),
-        };
-        segments.push(Segment {
-            source,
-            importance: 0.5,
-            volatility: Volatility::Slow,
-            text: format!("<|im_start|>{role}\n{}<|im_end|>\n", t.text),
-            public: false,
-        });
-    }
+    // The system message's end belongs to the layer before it.
+    let last = segments.last().map_or(SourceLayer::Axioms, |s| s.source);
+    segments.push(header(last, Volatility::Slow, "<|im_end|>\n"));
+    let conversation = segments.len();
+    let turns: Vec<Segment> = req
+        .history
+        .iter()
+        .map(|t| {
+            let (source, role) = match t.speaker {
+                Speaker::User => (SourceLayer::UserTurn, "user"),
+                Speaker::Assistant => (SourceLayer::AssistantTurn, "assistant"),
+            };
+            Segment {
+                source,
+                importance: 0.5,
+                volatility: Volatility::Slow,
+                text: format!("<|im_start|>{role}\n{}<|im_end|>\n", t.text),
+                public: false,
+            }
+        })
+        .collect();
     let volatile = of_class(Volatility::Volatile);
     if !volatile.is_empty() {
         segments.push(header(
@@ -273,12 +334,104 @@ pub fn build(
         ),
         public: false,
     });
+    let (first, fit) = match req.fit {
+        None => (0, None),
+        Some(fit) => {
+            let costs: Vec<usize> = turns.iter().map(|t| counter.count(&t.text)).collect();
+            let fixed: usize = segments.iter().map(|s| counter.count(&s.text)).sum();
+            let layers: usize =
+                fitted.iter().map(|l| l.budget).sum::<usize>() + absent_memories(&fitted);
+            let window = fit
+                .context
+                .saturating_sub(layers.min(fit.context / 2) + fit.context / 8);
+            let mut first = window_start(&costs, req.history, window);
+            // This turn's own message and reply may need more: leave more out, for it only.
+            let mut used: usize = costs[first..].iter().sum();
+            while fixed + used + fit.reply > fit.context && first < costs.len() {
+                let next = next_user_turn(req.history, first + 1);
+                used -= costs[first..next].iter().sum::<usize>();
+                first = next;
+            }
+            if fixed + used + fit.reply > fit.context {
+                return Err(ContextError::Overflow {
+                    needed: fixed + fit.reply,
+                    context: fit.context,
+                });
+            }
+            let report = FitReport {
+                scale,
+                window,
+                dropped_turns: first,
+                prompt_tokens: fixed + used,
+            };
+            (first, Some(report))
+        }
+    };
+    let tail = segments.split_off(conversation);
+    segments.extend(turns.into_iter().skip(first));
+    segments.extend(tail);
     Ok(BuiltContext {
         segments,
         stable_prefix_len,
         stable_prefix_hash,
         layers: reports,
+        fit,
     })
+}
+
+/// The layers with their budgets scaled so that they sum to at most half of `context` (with
+/// the memories layer's standard budget counted when it is absent), and the scale.
+fn fitted_layers(layers: &[Layer], context: usize) -> (Vec<Layer>, f64) {
+    let total: usize = layers.iter().map(|l| l.budget).sum::<usize>() + absent_memories(layers);
+    let share = context / 2;
+    if total <= share {
+        return (layers.to_vec(), 1.0);
+    }
+    let scale = share as f64 / total as f64;
+    let scaled = layers
+        .iter()
+        .map(|l| Layer {
+            budget: (l.budget as f64 * scale).floor() as usize,
+            ..l.clone()
+        })
+        .collect();
+    (scaled, scale)
+}
+
+/// The memories layer's standard budget when `layers` has none: recall may add it any turn, and
+/// the window must not move when it does.
+fn absent_memories(layers: &[Layer]) -> usize {
+    if layers.iter().any(|l| l.kind == LayerKind::Memories) {
+        0
+    } else {
+        crate::Budgets::standard().get(LayerKind::Memories)
+    }
+}
+
+/// The first user turn at or after `from` (or the end).
+fn next_user_turn(history: &[Turn], from: usize) -> usize {
+    (from..history.len())
+        .find(|&i| history[i].speaker == Speaker::User)
+        .unwrap_or(history.len())
+}
+
+/// Where the steady window of `window` tokens starts, replayed from the first turn: each time
+/// the conversation outgrows the window, its oldest turns leave (from a user turn on) until it
+/// holds at most half of it. A function of the conversation alone, so every build agrees, and
+/// the start moves in steps, each leaving room for many turns.
+fn window_start(costs: &[usize], history: &[Turn], window: usize) -> usize {
+    let (mut first, mut used) = (0, 0);
+    for (i, &c) in costs.iter().enumerate() {
+        used += c;
+        if used > window {
+            while used > window / 2 && first <= i {
+                let next = next_user_turn(history, first + 1).min(i + 1);
+                used -= costs[first..next].iter().sum::<usize>();
+                first = next;
+            }
+        }
+    }
+    first
 }
 
 #[cfg(test)]
@@ -319,14 +472,17 @@ mod tests {
             layers: &layers,
             history: &history,
             user_message: "what do I like?",
+            fit: None,
         };
         let built = build(&req, &Chars).unwrap();
         let text = built.text();
         let at = |needle: &str| text.find(needle).unwrap();
         assert!(at("## Axioms") < at("## Identity"));
-        assert!(at("## Identity") < at("## Memories"));
-        assert!(at("## Memories") < at("<|im_start|>user\nhi"));
-        assert!(at("<|im_start|>assistant\nhello") < at("## Current time"));
+        assert!(at("## Identity") < at("<|im_start|>user\nhi"));
+        // Recalled memories depend on the message: after the conversation, first of the
+        // volatile block.
+        assert!(at("<|im_start|>assistant\nhello") < at("## Memories"));
+        assert!(at("## Memories") < at("## Current time"));
         assert!(at("## Current time") < at("## Affect"));
         assert!(at("## Affect") < at("what do I like?"));
         assert!(text.ends_with("<|im_start|>assistant\n"));
@@ -346,6 +502,7 @@ mod tests {
                 layers: &agent("09:00"),
                 history: &[],
                 user_message: "q1",
+                fit: None,
             },
             &Chars,
         )
@@ -355,6 +512,7 @@ mod tests {
                 layers: &agent("09:05"),
                 history: &[],
                 user_message: "q1",
+                fit: None,
             },
             &Chars,
         )
@@ -378,6 +536,7 @@ mod tests {
                 layers: &edited,
                 history: &[],
                 user_message: "q1",
+                fit: None,
             },
             &Chars,
         )
@@ -395,6 +554,7 @@ mod tests {
                 layers: &layers,
                 history: &[],
                 user_message: "tell me memory line 42",
+                fit: None,
             },
             &Chars,
         )
@@ -418,6 +578,7 @@ mod tests {
             layers: &dup,
             history: &[],
             user_message: "x",
+            fit: None,
         };
         assert!(matches!(
             build(&req, &Chars),
@@ -429,6 +590,7 @@ mod tests {
             layers: &[],
             history: &[],
             user_message: "  ",
+            fit: None,
         };
         assert_eq!(build(&req, &Chars), Err(ContextError::EmptyMessage));
     }
@@ -445,6 +607,7 @@ mod tests {
                 layers: &layers,
                 history: &[],
                 user_message: "hi",
+                fit: None,
             };
             let built = build(&req, &Chars).unwrap();
             let n = built.public_segments();
@@ -475,6 +638,7 @@ mod tests {
                 layers: &layers,
                 history: &[],
                 user_message: msg,
+                fit: None,
             };
             let built = build(&req, &Chars).unwrap();
             assert!(!built.layers[0].spilled.is_empty());
@@ -483,6 +647,143 @@ mod tests {
         assert_eq!(
             hash("what is axiom number 42?"),
             hash("and axiom number 7?")
+        );
+    }
+
+    fn said(n: usize) -> Vec<Turn> {
+        (0..n)
+            .map(|i| Turn {
+                speaker: if i % 2 == 0 {
+                    Speaker::User
+                } else {
+                    Speaker::Assistant
+                },
+                text: format!("turn {i}: {}", "words of the conversation ".repeat(4)),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slow_layers_do_not_depend_on_the_message() {
+        let mut layers = agent("noon");
+        let mut partner = Layer::new(LayerKind::Partner, "");
+        partner.content = (0..50).map(|i| format!("partner fact {i}\n")).collect();
+        partner.budget = 20;
+        layers.push(partner);
+        let history = said(2);
+        let before_conversation = |msg: &str| {
+            let built = build(
+                &ContextRequest {
+                    layers: &layers,
+                    history: &history,
+                    user_message: msg,
+                    fit: None,
+                },
+                &Chars,
+            )
+            .unwrap();
+            let text = built.text();
+            text[..text.find("<|im_start|>user").unwrap()].to_string()
+        };
+        assert_eq!(
+            before_conversation("tell me partner fact 42"),
+            before_conversation("tell me partner fact 7")
+        );
+    }
+
+    /// 200 turns in a small context: every prompt and its reply fit, the window moves in a few
+    /// steps, and between two steps each prompt starts with the previous one's prefix.
+    #[test]
+    fn a_long_conversation_is_windowed_in_steps_and_always_fits() {
+        let fit = Fit {
+            context: 2_000,
+            reply: 100,
+        };
+        let layers = agent("noon");
+        let history = said(400);
+        let (mut steps, mut last_dropped, mut last_prefix) = (0, 0, String::new());
+        for n in (0..=400).step_by(2) {
+            let built = build(
+                &ContextRequest {
+                    layers: &layers,
+                    history: &history[..n],
+                    user_message: "and then?",
+                    fit: Some(fit),
+                },
+                &Chars,
+            )
+            .unwrap();
+            let report = built.fit.unwrap();
+            assert!(
+                report.prompt_tokens + fit.reply <= fit.context,
+                "{report:?}"
+            );
+            let counted: usize = built.segments.iter().map(|s| Chars.count(&s.text)).sum();
+            assert_eq!(counted, report.prompt_tokens);
+            assert!(report.dropped_turns >= last_dropped);
+            assert_eq!(
+                report.dropped_turns % 2,
+                0,
+                "a window starts at a user turn"
+            );
+            let text = built.text();
+            if report.dropped_turns == last_dropped {
+                assert!(text.starts_with(&last_prefix), "turn {n}: the prefix moved");
+            } else {
+                steps += 1;
+            }
+            last_dropped = report.dropped_turns;
+            // The canonical prefix: everything before the volatile block.
+            last_prefix = built
+                .segments
+                .iter()
+                .take_while(|s| s.volatility != Volatility::Volatile)
+                .map(|s| s.text.as_str())
+                .collect();
+        }
+        assert!(last_dropped > 0, "the window never moved");
+        // Steps, not a slide: each one leaves room for several turns.
+        assert!((2..=60).contains(&steps), "{steps} steps for 200 turns");
+    }
+
+    #[test]
+    fn layers_over_half_the_context_are_scaled_and_a_message_too_long_is_refused() {
+        let mut layers = agent("noon");
+        layers[3].content = (0..400).map(|i| format!("axiom number {i}\n")).collect();
+        layers[3].budget = 5_000;
+        let fit = Fit {
+            context: 2_000,
+            reply: 100,
+        };
+        let built = build(
+            &ContextRequest {
+                layers: &layers,
+                history: &said(6),
+                user_message: "hi",
+                fit: Some(fit),
+            },
+            &Chars,
+        )
+        .unwrap();
+        let report = built.fit.unwrap();
+        assert!(report.scale < 1.0, "{report:?}");
+        let layer_tokens: usize = built.layers.iter().map(|r| r.tokens).sum();
+        assert!(layer_tokens <= fit.context / 2, "{layer_tokens}");
+        assert!(report.prompt_tokens + fit.reply <= fit.context);
+        let long = "word ".repeat(2_000);
+        let err = build(
+            &ContextRequest {
+                layers: &layers,
+                history: &said(6),
+                user_message: &long,
+                fit: Some(fit),
+            },
+            &Chars,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ContextError::Overflow { context: 2_000, .. }),
+            "{err}"
         );
     }
 }

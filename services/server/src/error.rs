@@ -218,7 +218,14 @@ impl From<EngineError> for ApiError {
 
 impl From<ContextError> for ApiError {
     fn from(e: ContextError) -> Self {
-        Self::invalid(e.to_string())
+        match e {
+            ContextError::Overflow { .. } => {
+                Self::new(StatusCode::BAD_REQUEST, "context_overflow", e.to_string())
+            }
+            ContextError::DuplicateLayer { .. }
+            | ContextError::InvalidImportance { .. }
+            | ContextError::EmptyMessage => Self::invalid(e.to_string()),
+        }
     }
 }
 
@@ -297,6 +304,9 @@ impl From<TurnError> for ApiError {
             ),
             TurnError::SessionDeleted => {
                 Self::new(StatusCode::CONFLICT, "session_deleted", e.to_string())
+            }
+            TurnError::SessionBusy => {
+                Self::new(StatusCode::CONFLICT, "session_busy", e.to_string())
             }
             TurnError::Unavailable(e) => e.into(),
             TurnError::StoredLayerKind(_) | TurnError::NoAnswer | TurnError::StreamClosed => {

@@ -124,6 +124,7 @@ mod tests {
             requests_per_sec: 1,
             burst: 3,
             concurrent_generations: 2,
+            session_wait_ms: 0,
         });
         for _ in 0..3 {
             l.check_rate("a").unwrap();
@@ -143,6 +144,7 @@ mod tests {
             requests_per_sec: 0,
             burst: 0,
             concurrent_generations: 0,
+            session_wait_ms: 0,
         });
         for _ in 0..1000 {
             off.check_rate("a").unwrap();

@@ -5,7 +5,8 @@ use engram_engine::{Engine, TextTokenizer};
 use engram_store::Store;
 use sha2::{Digest, Sha256};
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use engram_kvcore::TenantId;
@@ -91,6 +92,39 @@ impl Deletions {
     }
 }
 
+/// One turn of a session at a time: a turn holds its session's slot from its admission to its
+/// record, and the next one waits for it (bounded).
+#[derive(Debug, Default)]
+pub struct SessionSlots(Mutex<HashMap<(TenantId, u64), SessionLock>>);
+
+/// The lock a session's turns take in turn.
+type SessionLock = Arc<tokio::sync::Mutex<()>>;
+
+/// A session's slot, held by the turn that runs.
+pub type SessionSlot = tokio::sync::OwnedMutexGuard<()>;
+
+impl SessionSlots {
+    /// Waits at most `wait` for the slot of `session` (of `tenant`); `None` when the turn that
+    /// holds it is still running then.
+    pub async fn acquire(
+        &self,
+        tenant: TenantId,
+        session: u64,
+        wait: std::time::Duration,
+    ) -> Option<SessionSlot> {
+        let slot = {
+            let mut slots = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Slots nobody holds or waits for are dropped as we go.
+            slots.retain(|_, s| Arc::strong_count(s) > 1);
+            slots.entry((tenant, session)).or_default().clone()
+        };
+        tokio::time::timeout(wait, slot.lock_owned()).await.ok()
+    }
+}
+
 /// A part of the service that is off (answered 503 with the part's code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Unavailable {
@@ -140,6 +174,8 @@ pub struct AppState {
     pub limits: crate::limits::Limits,
     /// Deletes in progress and recent ones, against turns that ran meanwhile.
     pub deletions: Deletions,
+    /// The turn running in each session.
+    pub sessions: SessionSlots,
 }
 
 impl AppState {
@@ -166,6 +202,7 @@ impl AppState {
             imports: ImportSlots::default(),
             limits,
             deletions: Deletions::default(),
+            sessions: SessionSlots::default(),
         }
     }
 

@@ -26,6 +26,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "memory_graph",
         include_str!("../../../migrations/sqlite/0003_memory_graph.sql"),
     ),
+    (
+        4,
+        "turn_replies",
+        include_str!("../../../migrations/sqlite/0004_turn_replies.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -43,6 +48,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         3,
         "memory_graph",
         include_str!("../../../migrations/postgres/0003_memory_graph.sql"),
+    ),
+    (
+        4,
+        "turn_replies",
+        include_str!("../../../migrations/postgres/0004_turn_replies.sql"),
     ),
 ];
 

@@ -96,7 +96,8 @@ pub enum Role {
 }
 
 impl Role {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// `user` or `assistant`, as stored.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::User => "user",
             Self::Assistant => "assistant",

@@ -512,7 +512,7 @@ pub async fn query(
             .neighbourhood(body.exclude_session.as_deref(), &body.text)
             .await?
         {
-            Some(n) => turn.reserve(&n).await?,
+            Some(n) => turn.reserve(&[], &n).await?,
             None => None,
         }
     } else {

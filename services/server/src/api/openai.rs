@@ -164,6 +164,9 @@ pub async fn chat_completions(
         ..SamplingParams::default()
     };
     sampling.validate().map_err(ApiError::from)?;
+    turn.reply = sampling.max_tokens;
+    // A `user` session runs one turn at a time, as on the native route.
+    let session_slot = turn.hold_session().await?;
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
     let history = match &turn.session {
         Some(_) => {
@@ -187,10 +190,12 @@ pub async fn chat_completions(
         model: turn.agent.name.clone(),
     };
     if req.stream {
-        return stream::pump(turn, message, turned, spec, sampling, slot, chunks);
+        let held = (slot, session_slot);
+        return stream::pump(turn, message, turned, spec, sampling, held, chunks);
     }
     let g = generate(&turn.state, spec, sampling).await?;
-    turn.record(&message, &turned, &g).await?;
+    // No `Idempotency-Key` here (the native route has it): nothing is stored with the turn.
+    turn.record(&message, &turned, &g, "").await?;
     Ok(HttpResponse::Ok().json(json!({
         "id": chunks.id,
         "object": "chat.completion",
@@ -277,6 +282,10 @@ impl Framing for Chunks {
 
     fn delta(&mut self, text: &str) -> String {
         self.chunk(json!({"content": text}), None, None)
+    }
+
+    fn reply(&self, _: &Generated) -> String {
+        String::new()
     }
 
     fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String> {

@@ -9,7 +9,6 @@ use actix_web::web::Bytes;
 use engram_engine::{GenerateRequest, SamplingParams, SequenceSpec};
 
 use crate::error::ApiError;
-use crate::limits::GenerationSlot;
 use crate::turn::{Generated, Step, Turn, Turned};
 
 /// How a route writes its events.
@@ -20,12 +19,27 @@ pub(crate) trait Framing: 'static {
     }
     /// A piece of text.
     fn delta(&mut self, text: &str) -> String;
+    /// The answer as stored with the turn (for a retry with the same `Idempotency-Key`).
+    fn reply(&self, g: &Generated) -> String;
     /// The end, once the turn is recorded (`Err`: its record failed).
     fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String>;
     /// A failure of the generation.
     fn error(&mut self, e: &ApiError) -> String {
         error_event(e)
     }
+}
+
+/// One event: `data: {json}`.
+pub(crate) fn event(value: &serde_json::Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+/// An answer already made, as one response of events.
+pub(crate) fn replayed(frames: Vec<String>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .body(frames.concat())
 }
 
 /// `data: {"error": {code, message}}`.
@@ -35,14 +49,15 @@ pub(crate) fn error_event(e: &ApiError) -> String {
 }
 
 /// Submits `spec` and answers the event stream; the turn is recorded when generation ends, and
-/// the generation slot is held until then. A client that leaves cancels the sequence.
+/// `held` (the generation slot, the session's slot) is kept until then. A client that leaves
+/// cancels the sequence.
 pub(crate) fn pump(
     turn: Turn,
     message: String,
     turned: Turned,
     spec: SequenceSpec,
     sampling: SamplingParams,
-    slot: GenerationSlot,
+    held: impl Sized + 'static,
     mut framing: impl Framing,
 ) -> Result<HttpResponse, ApiError> {
     let rx = turn
@@ -52,7 +67,7 @@ pub(crate) fn pump(
     let (tx, out) = flume::unbounded::<Result<Bytes, actix_web::Error>>();
     let send = move |frame: String| tx.send(Ok(Bytes::from(frame))).is_ok();
     actix_web::rt::spawn(async move {
-        let _slot = slot;
+        let _held = held;
         let t = Instant::now();
         let mut g = Generated::default();
         if let Some(first) = framing.start()
@@ -69,7 +84,8 @@ pub(crate) fn pump(
                     }
                 }
                 Step::Done => {
-                    let recorded = turn.record(&message, &turned, &g).await;
+                    let reply = framing.reply(&g);
+                    let recorded = turn.record(&message, &turned, &g, &reply).await;
                     for frame in framing.done(&g, recorded.map_err(ApiError::from)) {
                         send(frame);
                     }

@@ -2,7 +2,7 @@
 //! cache. The turn itself — prompt, generation, record, replay, reservation — is `crate::turn`;
 //! these handlers only read the request and write the answer.
 
-use actix_web::{HttpResponse, get, post, web};
+use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use engram_engine::{Admission, FinishReason, SamplingParams, SequenceSpec, Usage};
 use engram_kvcore::{SourceLayer, TenantId};
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use crate::api::stream::{self, Framing};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Answer, Generated, Turn, Turned, generate, session_key};
+use crate::turn::{Answer, BudgetsUsed, Generated, Turn, Turned, generate, session_key};
 
 /// Body of a turn.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -53,6 +53,10 @@ pub struct TurnResponse {
     /// What the memory graph put in the prompt (absent without the memory service).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memories: Option<MemoryUsage>,
+    /// The budgets the prompt was fitted to and the conversation's window (absent without a
+    /// model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<BudgetsUsed>,
 }
 
 /// The memories layer of a turn.
@@ -112,6 +116,9 @@ fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<M
 #[utoipa::path(
     tag = "sessions",
     request_body = TurnRequest,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters: a turn sent again with the key of one the session recorded answers that turn's stored reply instead of running again"),
+    ),
     responses(
         (status = 200, description = "The reply (JSON), or with `\"stream\": true` server-sent events: `data: {\"delta\": …}` per piece, then `data: {\"done\": true, …}` or `data: {\"error\": …}`", content(
             (serde_json::Value = "application/json"),
@@ -120,6 +127,7 @@ fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<M
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 409, description = "Another turn of the session ran too long (`session_busy`), or the session was deleted meanwhile", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]
@@ -129,12 +137,21 @@ pub async fn create_turn(
     state: web::Data<AppState>,
     path: web::Path<(String, String)>,
     body: web::Json<TurnRequest>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, session) = path.into_inner();
     let body = body.into_inner();
-    let turn = Turn::open(state.into_inner(), caller.0, &agent, Some(&session)).await?;
+    let mut turn = Turn::open(state.into_inner(), caller.0, &agent, Some(&session)).await?;
     let sampling = sampling(&body);
     sampling.validate().map_err(ApiError::from)?;
+    turn.reply = sampling.max_tokens;
+    turn.idempotency_key = idempotency_key(&req)?;
+    // One turn of a session at a time: the next waits here (bounded), then sees this one's
+    // record.
+    let session_slot = turn.hold_session().await?;
+    if let Some(stored) = turn.stored_reply().await? {
+        return Ok(answer_again(&stored, body.stream));
+    }
     turn.admit(&body.message).await?;
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
     // Replayed prefills delay the first token: they count in the turn's TTFT.
@@ -144,55 +161,101 @@ pub async fn create_turn(
     let replay_ms = replay_started.elapsed().as_secs_f64() * 1e3;
     let turned = turn.context(history, &body.message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
+    let framing = Native {
+        budgets: turn.budgets_used(&turned.built),
+        replay_ms,
+        hash: turned.built.stable_prefix_hex(),
+        turned: turned.clone(),
+        layout: spec.clone(),
+    };
     if body.stream {
-        let framing = Native {
-            replay_ms,
-            hash: turned.built.stable_prefix_hex(),
-            turned: turned.clone(),
-            layout: spec.clone(),
-        };
-        return stream::pump(turn, body.message, turned, spec, sampling, slot, framing);
+        let held = (slot, session_slot);
+        return stream::pump(turn, body.message, turned, spec, sampling, held, framing);
     }
-    let layout = spec.clone();
     let generated = generate(&turn.state, spec, sampling).await?;
-    turn.record(&body.message, &turned, &generated).await?;
-    Ok(HttpResponse::Ok().json(TurnResponse {
-        memories: memory_usage(&turned, &layout, &generated),
-        text: generated.text,
-        finish_reason: generated.reason,
-        usage: generated.usage,
-        ttft_ms: generated.ttft_ms + replay_ms,
-        stable_prefix_hash: turned.built.stable_prefix_hex(),
-    }))
+    let reply = framing.reply(&generated);
+    turn.record(&body.message, &turned, &generated, &reply)
+        .await?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(reply))
+}
+
+/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
+fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
+    let Some(v) = req.headers().get("idempotency-key") else {
+        return Ok(None);
+    };
+    match v.to_str() {
+        Ok(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(k.to_string()))
+        }
+        _ => Err(ApiError::invalid(
+            "Idempotency-Key must be 1 to 255 visible ASCII characters",
+        )),
+    }
+}
+
+/// The answer stored with an earlier run of the turn, as JSON or as the events it streamed.
+fn answer_again(stored: &str, stream: bool) -> HttpResponse {
+    if !stream {
+        return HttpResponse::Ok()
+            .content_type("application/json")
+            .body(stored.to_string());
+    }
+    let mut done: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(stored).unwrap_or_default();
+    let text = done.remove("text").unwrap_or_default();
+    done.insert("done".into(), json!(true));
+    stream::replayed(vec![
+        stream::event(&json!({"delta": text})),
+        stream::event(&serde_json::Value::Object(done)),
+    ])
 }
 
 /// The native SSE framing: `data: {"delta": …}` per piece, then `data: {"done": true, …}` or
 /// `data: {"error": …}`.
 struct Native {
+    budgets: Option<BudgetsUsed>,
     replay_ms: f64,
     hash: String,
     turned: Turned,
     layout: SequenceSpec,
 }
 
+impl Native {
+    fn response(&self, g: &Generated) -> TurnResponse {
+        TurnResponse {
+            memories: memory_usage(&self.turned, &self.layout, g),
+            text: g.text.clone(),
+            finish_reason: g.reason,
+            usage: g.usage,
+            ttft_ms: g.ttft_ms + self.replay_ms,
+            stable_prefix_hash: self.hash.clone(),
+            budgets: self.budgets,
+        }
+    }
+}
+
 impl Framing for Native {
     fn delta(&mut self, text: &str) -> String {
-        format!("data: {}\n\n", json!({"delta": text}))
+        stream::event(&json!({"delta": text}))
+    }
+
+    fn reply(&self, g: &Generated) -> String {
+        serde_json::to_string(&self.response(g)).unwrap_or_default()
     }
 
     fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String> {
         vec![match recorded {
-            Ok(()) => format!(
-                "data: {}\n\n",
-                json!({
-                    "done": true,
-                    "finish_reason": g.reason,
-                    "usage": g.usage,
-                    "ttft_ms": g.ttft_ms + self.replay_ms,
-                    "stable_prefix_hash": self.hash,
-                    "memories": memory_usage(&self.turned, &self.layout, g),
-                })
-            ),
+            Ok(()) => {
+                let mut done = serde_json::to_value(self.response(g)).unwrap_or_default();
+                if let Some(o) = done.as_object_mut() {
+                    o.remove("text");
+                    o.insert("done".into(), json!(true));
+                }
+                stream::event(&done)
+            }
             Err(e) => stream::error_event(&e),
         }]
     }

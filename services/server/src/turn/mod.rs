@@ -39,9 +39,9 @@ use engram_store::{Agent, LayerRow, StoreError, Tenant};
 
 pub use generate::{Generated, Step, generate};
 pub use keys::{AGENT_MASK, agent_bits, check_name, pin_key, public_pin_key, session_key, unpin};
-pub use prompt::{Turned, build_context, history_of, parse_kind, pipeline_layers};
+pub use prompt::{BudgetsUsed, Turned, build_context, history_of, parse_kind, pipeline_layers};
 
-use crate::state::{AppState, Unavailable};
+use crate::state::{AppState, SessionSlot, Unavailable};
 use engram_memory::MemoryError;
 
 /// Why a step of a turn (or a lookup the handlers share with it) failed. `error.rs` maps each
@@ -84,6 +84,9 @@ pub enum TurnError {
         /// The quota.
         limit: u64,
     },
+    /// Another turn of the session ran for longer than `limits.session_wait_ms`.
+    #[error("another turn of this session is running; retry when it has ended")]
+    SessionBusy,
     /// The session (its agent, its tenant) was deleted while the turn ran.
     #[error("the session was deleted while the turn ran; the turn was not recorded")]
     SessionDeleted,
@@ -138,6 +141,10 @@ pub struct Turn {
     pub kv_session: Option<SessionId>,
     /// The tenant's cache salt: blocks are shared only within it (and public prefixes).
     pub kv_tenant: TenantId,
+    /// Tokens the reply may generate: the prompt is fitted to leave room for them.
+    pub reply: usize,
+    /// The request's `Idempotency-Key`: the turn's answer is stored under it with the turn.
+    pub idempotency_key: Option<String>,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
     /// Tokens of each segment text this turn tokenized, so that no step tokenizes it again.
@@ -168,6 +175,8 @@ impl Turn {
         let kv_session = session.map(|s| session_key(&agent, s));
         Ok(Self {
             kv_tenant: TenantId(tenant.cache_salt),
+            reply: engram_engine::SamplingParams::default().max_tokens,
+            idempotency_key: None,
             session: session.map(str::to_string),
             kv_session,
             state,
@@ -181,5 +190,36 @@ impl Turn {
     /// The agent's layers as the turn read them.
     pub fn layers(&self) -> &[LayerRow] {
         &self.layers
+    }
+
+    /// Waits for the turn of the same session that runs, at most `limits.session_wait_ms`;
+    /// the slot is the session's until it drops. `None` for a stateless turn.
+    pub async fn hold_session(&self) -> Result<Option<SessionSlot>, TurnError> {
+        let Some(key) = self.session.as_ref().and(self.kv_session) else {
+            return Ok(None);
+        };
+        let wait = std::time::Duration::from_millis(self.state.config.limits.session_wait_ms);
+        match self
+            .state
+            .sessions
+            .acquire(self.kv_tenant, key.0, wait)
+            .await
+        {
+            Some(slot) => Ok(Some(slot)),
+            None => Err(TurnError::SessionBusy),
+        }
+    }
+
+    /// The answer stored with an earlier run of this turn (same session, same
+    /// `Idempotency-Key`), if there was one.
+    pub async fn stored_reply(&self) -> Result<Option<String>, TurnError> {
+        let (Some(session), Some(key)) = (&self.session, &self.idempotency_key) else {
+            return Ok(None);
+        };
+        Ok(self
+            .state
+            .store
+            .turn_reply(&self.agent.id, session, key)
+            .await?)
     }
 }

@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use engram_context::{
-    Budgets, BuiltContext, ContextRequest, Layer, LayerKind, Speaker, TokenCounter, Turn as Said,
-    Volatility, build,
+    Budgets, BuiltContext, ContextRequest, Fit, Layer, LayerKind, Speaker, TokenCounter,
+    Turn as Said, Volatility, build,
 };
 use engram_store::{Agent, LayerRow, Role};
 
@@ -90,21 +90,29 @@ pub async fn build_context(
         None => Vec::new(),
     };
     let layers = pipeline_layers(&state.store.layers(&agent.id).await?, None)?;
-    built(state, &layers, &history, message)
-}
-
-fn built(
-    state: &AppState,
-    layers: &[Layer],
-    history: &[Said],
-    message: &str,
-) -> Result<BuiltContext, TurnError> {
     let req = ContextRequest {
-        layers,
-        history,
+        layers: &layers,
+        history: &history,
         user_message: message,
+        fit: None,
     };
     Ok(build(&req, &state.counter())?)
+}
+
+/// Which budgets a turn's layers were fitted to.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct BudgetsUsed {
+    /// `standard`, or `expanded` (DESIGN §2's larger budgets, when they fit the context).
+    pub set: &'static str,
+    /// Tokens of context the prompt and the reply fit in.
+    pub context: usize,
+    /// The layers' budgets were multiplied by this (1 when they fit in half the context).
+    pub scale: f64,
+    /// Tokens the conversation's steady window holds.
+    pub window: usize,
+    /// Oldest turns of the conversation left out of the prompt (still in the turn log and the
+    /// memory graph).
+    pub dropped_turns: usize,
 }
 
 /// A turn's prompt and what went into it.
@@ -129,15 +137,88 @@ impl Turn {
         }
     }
 
-    /// The prompt after `history` for `message`, over the layers the turn read.
+    /// Tokens of context a prompt and its reply fit in: the model's, or `model.context_tokens`
+    /// when smaller; `None` without a model.
+    pub fn context_tokens(&self) -> Option<usize> {
+        let model = self.state.engine().ok()?.model_config().context_length;
+        Some(match self.state.config.model.context_tokens {
+            0 => model,
+            cap => cap.min(model),
+        })
+    }
+
+    /// The prompt after `history` for `message`, over the layers the turn read, fitted with
+    /// room for a reply of [`Turn::reply`] tokens.
     pub fn build(
         &self,
         history: &[Said],
         message: &str,
         memories: Option<&Neighbourhood>,
     ) -> Result<BuiltContext, TurnError> {
-        let layers = pipeline_layers(self.layers(), memories)?;
-        built(&self.state, &layers, history, message)
+        self.build_for(history, message, memories, self.reply)
+    }
+
+    /// [`Turn::build`] with room for `reply` tokens.
+    pub fn build_for(
+        &self,
+        history: &[Said],
+        message: &str,
+        memories: Option<&Neighbourhood>,
+        reply: usize,
+    ) -> Result<BuiltContext, TurnError> {
+        let (layers, _) = self.layers_for(memories)?;
+        let req = ContextRequest {
+            layers: &layers,
+            history,
+            user_message: message,
+            fit: self.context_tokens().map(|context| Fit { context, reply }),
+        };
+        Ok(build(&req, self)?)
+    }
+
+    /// The pipeline's layers with the budgets this turn uses: DESIGN §2's expanded budgets
+    /// (for the layers whose stored budget is the standard one) when they fit in half the
+    /// context, else the stored ones.
+    fn layers_for(
+        &self,
+        memories: Option<&Neighbourhood>,
+    ) -> Result<(Vec<Layer>, &'static str), TurnError> {
+        let mut layers = pipeline_layers(self.layers(), memories)?;
+        let Some(context) = self.context_tokens() else {
+            return Ok((layers, "standard"));
+        };
+        let (standard, expanded) = (Budgets::standard(), Budgets::expanded());
+        let budget = |l: &Layer| {
+            if l.budget == standard.get(l.kind) {
+                expanded.get(l.kind)
+            } else {
+                l.budget
+            }
+        };
+        let mut total: usize = layers.iter().map(budget).sum();
+        if !layers.iter().any(|l| l.kind == LayerKind::Memories) {
+            total += expanded.get(LayerKind::Memories);
+        }
+        if total > context / 2 {
+            return Ok((layers, "standard"));
+        }
+        for l in &mut layers {
+            l.budget = budget(l);
+        }
+        Ok((layers, "expanded"))
+    }
+
+    /// What [`Turn::build`] fitted `built` to, for the turn's answer.
+    pub fn budgets_used(&self, built: &BuiltContext) -> Option<BudgetsUsed> {
+        let fit = built.fit?;
+        let set = self.layers_for(None).map_or("standard", |(_, set)| set);
+        Some(BudgetsUsed {
+            set,
+            context: self.context_tokens()?,
+            scale: fit.scale,
+            window: fit.window,
+            dropped_turns: fit.dropped_turns,
+        })
     }
 
     /// Tokens the memories layer may give recalled nodes: its budget less its own content.
@@ -188,5 +269,16 @@ impl Turn {
             memories,
             started,
         })
+    }
+}
+
+/// A turn counts tokens with the tokens it keeps (see `spec.rs`): what a build counts, the spec
+/// of the same text then reuses. Without a model, the service's estimate.
+impl TokenCounter for Turn {
+    fn count(&self, text: &str) -> usize {
+        match self.tokens(text) {
+            Ok(t) => t.len(),
+            Err(_) => self.state.counter().count(text),
+        }
     }
 }

@@ -44,11 +44,13 @@ impl Turn {
     ///
     /// Records nothing, failing with [`TurnError::SessionDeleted`], when the session (its
     /// agent, its tenant) was deleted while the turn ran.
+    /// `reply`, the answer's JSON, is stored with the turn under the turn's idempotency key.
     pub async fn record(
         &self,
         message: &str,
         turned: &Turned,
         generated: &Generated,
+        reply: &str,
     ) -> Result<(), TurnError> {
         let (Some(session), Some(key)) = (&self.session, self.kv_session) else {
             return Ok(());
@@ -67,15 +69,14 @@ impl Turn {
         let store = &state.store;
         store.ensure_session(&tenant.id, &agent.id, session).await?;
         store
-            .append_turn(&agent.id, session, Role::User, message, &user_tokens)
-            .await?;
-        store
-            .append_turn(
+            .append_turns(
                 &agent.id,
                 session,
-                Role::Assistant,
-                &generated.text,
-                &generated.tokens,
+                &[
+                    (Role::User, message, &user_tokens),
+                    (Role::Assistant, &generated.text, &generated.tokens),
+                ],
+                self.idempotency_key.as_deref().map(|k| (k, reply)),
             )
             .await?;
         for l in &turned.built.layers {
@@ -110,6 +111,7 @@ impl Turn {
         if state.memory.as_ref().is_some_and(|m| m.config().reserve) {
             let turn = self.clone();
             let current = turned.memories.as_ref().map(|m| m.ids());
+            let history = after;
             let started = turned.started;
             tokio::task::spawn_local(async move {
                 // Held like the record itself: a delete meanwhile means no reservation for it.
@@ -118,7 +120,7 @@ impl Turn {
                 else {
                     return;
                 };
-                if let Err(e) = turn.reserve_next(&episode, current).await {
+                if let Err(e) = turn.reserve_next(&history, &episode, current).await {
                     eprintln!("engram: reservation after a turn: {e}");
                 }
             });

@@ -1,16 +1,22 @@
 //! Reservations: a recalled neighbourhood's memories layer computed ahead in the cold tier, so
 //! the turn that shows it finds its KV.
 
+use engram_context::Turn as Said;
 use engram_engine::ReserveRequest;
 
 use super::{Answer, Turn, TurnError};
 use engram_memory::Neighbourhood;
 
 impl Turn {
-    /// Reserves cold-tier blocks for `memories` (see `EngineCore::reserve`); answers the
-    /// reservation id, or `None` when the agent's prompt has no memories layer.
-    pub async fn reserve(&self, memories: &Neighbourhood) -> Result<Option<u64>, TurnError> {
-        let Some((spec, segment)) = self.memories_prompt(memories)? else {
+    /// Reserves cold-tier blocks for `memories` as the next turn after `history` would show
+    /// them (see `EngineCore::reserve`); answers the reservation id, or `None` when the agent's
+    /// prompt has no memories layer.
+    pub async fn reserve(
+        &self,
+        history: &[Said],
+        memories: &Neighbourhood,
+    ) -> Result<Option<u64>, TurnError> {
+        let Some((spec, segment)) = self.memories_prompt(history, memories)? else {
             return Ok(None);
         };
         let state = &self.state;
@@ -34,6 +40,7 @@ impl Turn {
     /// an error of the turn.
     pub(super) async fn reserve_next(
         &self,
+        history: &[Said],
         text: &str,
         current: Option<Vec<u64>>,
     ) -> Result<(), TurnError> {
@@ -43,7 +50,7 @@ impl Turn {
         if current.as_deref() == Some(&next.ids()) {
             return Ok(());
         }
-        match self.reserve(&next).await {
+        match self.reserve(history, &next).await {
             Ok(_) => Ok(()),
             Err(e) if e.is_capacity() => Ok(()),
             Err(e) => Err(e),

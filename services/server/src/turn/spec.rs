@@ -12,7 +12,7 @@ use engram_memory::Neighbourhood;
 
 impl Turn {
     /// The tokens of `text`: tokenized on first use in this turn, then reused.
-    fn tokens(&self, text: &str) -> Result<Arc<[u32]>, TurnError> {
+    pub(super) fn tokens(&self, text: &str) -> Result<Arc<[u32]>, TurnError> {
         let known = self.tokens.lock().ok().and_then(|m| m.get(text).cloned());
         if let Some(t) = known {
             return Ok(t);
@@ -81,18 +81,20 @@ impl Turn {
         history: &[Said],
         memories: Option<&Neighbourhood>,
     ) -> Result<SequenceSpec, TurnError> {
-        let next = self.build(history, ".", memories)?;
+        let next = self.build_for(history, ".", memories, 0)?;
         self.spec(&next, |v| v != Volatility::Volatile)
     }
 
-    /// The prompt of a neighbourhood as a turn of the agent would show it, cut after the
-    /// memories layer, and that layer's segment index; `None` when the prompt has no memories
-    /// layer.
+    /// The prompt of a neighbourhood as the agent's next turn after `history` would show it —
+    /// the conversation's prefix, then the memories at the head of the volatile block — cut
+    /// after the memories layer, and that layer's segment index; `None` when the prompt has no
+    /// memories layer.
     pub fn memories_prompt(
         &self,
+        history: &[Said],
         memories: &Neighbourhood,
     ) -> Result<Option<(SequenceSpec, usize)>, TurnError> {
-        let built = self.build(&[], ".", Some(memories))?;
+        let built = self.build_for(history, ".", Some(memories), 0)?;
         let Some(at) = built
             .segments
             .iter()
