@@ -109,6 +109,24 @@ pub struct ShadowSection {
     pub replay: bool,
 }
 
+impl ShadowSection {
+    /// The S3-compatible store `url` names, with the endpoint and credentials configured.
+    pub fn s3_settings(&self) -> engram_shadow::S3Settings {
+        engram_shadow::S3Settings {
+            url: self.url.clone(),
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            allow_http: self.s3_allow_http,
+            credentials: (!self.s3_access_key_id.is_empty()).then(|| {
+                (
+                    self.s3_access_key_id.clone(),
+                    self.s3_secret_access_key.0.clone(),
+                )
+            }),
+        }
+    }
+}
+
 impl Default for ShadowSection {
     fn default() -> Self {
         Self {
@@ -285,6 +303,31 @@ impl Default for DatabaseSection {
         Self {
             url: "sqlite://data/engram.db?mode=rwc".into(),
         }
+    }
+}
+
+impl ModelSection {
+    /// The engine's configuration (the values were checked at load).
+    pub fn engine_config(&self) -> Result<engram_engine::EngineConfig, engram_engine::EngineError> {
+        Ok(engram_engine::EngineConfig {
+            codec: engram_engine::parse_codec(&self.codec)?,
+            hot_bytes: self.hot_mib << 20,
+            cold_bytes: self.cold_mib << 20,
+            device: engram_engine::EngineDevice::parse(&self.device)?,
+            cache_generated: self.cache_generated,
+            max_running: self.max_running,
+            step_tokens: self.step_tokens,
+            threads: self.threads,
+            weights: engram_engine::WeightFormat::parse(&self.weights).unwrap_or_default(),
+            pin_policy: engram_kvcore::PinPolicy {
+                tenant_share: self.pin_tenant_share,
+                ..engram_kvcore::PinPolicy::default()
+            },
+            fault: (!self.fault.is_empty())
+                .then(|| engram_engine::EngineFault::parse(&self.fault))
+                .transpose()?,
+            ..engram_engine::EngineConfig::default()
+        })
     }
 }
 

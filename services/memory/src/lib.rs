@@ -97,6 +97,14 @@ pub enum MemoryError {
     /// Embedding failed.
     #[error("embedding: {0}")]
     Embed(engram_engine::EngineError),
+    /// The index's directory could not be made.
+    #[error("{path}: {source}")]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The graph's lock was poisoned by a panic.
     #[error("memory graph lock poisoned")]
     Poisoned,
@@ -271,6 +279,44 @@ fn point(n: &Node, vector: Vec<f32>) -> VectorPoint {
 const BATCH: usize = 32;
 
 impl MemoryService {
+    /// The service as configured, unless it is disabled or its embedding model is missing
+    /// (logged): its index in `config.vector_dir`, or beside the database at `database_url`.
+    pub async fn start(
+        config: &MemorySection,
+        store: &Store,
+        database_url: &str,
+    ) -> Result<Option<Self>, MemoryError> {
+        if !config.enabled {
+            return Ok(None);
+        }
+        if !config.embedder_path.join("model.safetensors").is_file() {
+            eprintln!(
+                "engram: no embedding model at {}; the memory graph is off (run `make models`)",
+                config.embedder_path.display()
+            );
+            return Ok(None);
+        }
+        let dir = if config.vector_dir.as_os_str().is_empty() {
+            default_vector_dir(database_url)
+        } else {
+            config.vector_dir.clone()
+        };
+        std::fs::create_dir_all(&dir).map_err(|source| MemoryError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let service = Self::open(config, store, &dir).await?;
+        let s = service.startup();
+        eprintln!(
+            "engram: memory graph: {} nodes, {} edges, {} re-embedded; vectors in {}",
+            s.nodes,
+            s.edges,
+            s.reembedded,
+            dir.display()
+        );
+        Ok(Some(service))
+    }
+
     /// Loads the embedder, opens the index and rebuilds the graph from `store` (see the
     /// module docs).
     pub async fn open(

@@ -233,6 +233,7 @@ impl From<MemoryError> for ApiError {
     fn from(e: MemoryError) -> Self {
         match e {
             MemoryError::Embedder { .. }
+            | MemoryError::Io { .. }
             | MemoryError::Vector(_)
             | MemoryError::Store(_)
             | MemoryError::Graph(_)

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use actix_web::error::JsonPayloadError;
 use actix_web::http::StatusCode;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use engram_engine::{Engine, EngineConfig, EngineCore};
+use engram_engine::{Engine, EngineCore};
 use engram_store::Store;
 
 pub use engram_config::{Config, ConfigError};
@@ -66,25 +66,7 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
     }
     let store = Store::connect(&config.database.url).await?;
     let engine = if config.model.path.exists() {
-        let engine_config = EngineConfig {
-            codec: engram_engine::parse_codec(&config.model.codec)?,
-            hot_bytes: config.model.hot_mib << 20,
-            cold_bytes: config.model.cold_mib << 20,
-            device: engram_engine::EngineDevice::parse(&config.model.device)?,
-            cache_generated: config.model.cache_generated,
-            max_running: config.model.max_running,
-            step_tokens: config.model.step_tokens,
-            threads: config.model.threads,
-            weights: engram_engine::WeightFormat::parse(&config.model.weights).unwrap_or_default(),
-            pin_policy: engram_kvcore::PinPolicy {
-                tenant_share: config.model.pin_tenant_share,
-                ..engram_kvcore::PinPolicy::default()
-            },
-            fault: (!config.model.fault.is_empty())
-                .then(|| engram_engine::EngineFault::parse(&config.model.fault))
-                .transpose()?,
-            ..EngineConfig::default()
-        };
+        let engine_config = config.model.engine_config()?;
         let core = EngineCore::load(&config.model.path, engine_config)?;
         Some(Engine::spawn(core)?)
     } else {
@@ -94,7 +76,8 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
         );
         None
     };
-    let memory = open_memory(&config, &store).await?;
+    let memory =
+        engram_memory::MemoryService::start(&config.memory, &store, &config.database.url).await?;
     let shadow = match &engine {
         Some(engine) if config.shadow.enabled => Some(open_shadow(&config, engine, &store).await?),
         _ => None,
@@ -104,49 +87,21 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
     Ok(state)
 }
 
-/// The shadow directory, recovered into the engine's cold tier when `shadow.recover` is on.
 /// The shadow's store as configured: `shadow.url` (S3-compatible) or the local directory.
 pub fn shadow_storage(
     config: &Config,
 ) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
     let s = &config.shadow;
-    if !s.url.is_empty() {
-        return s3_storage(s);
-    }
     let dir = if s.dir.as_os_str().is_empty() {
         engram_memory::default_data_dir(&config.database.url, "shadow")
     } else {
         s.dir.clone()
     };
-    Ok(Arc::new(engram_shadow::LocalStorage::open(&dir)?))
+    let s3 = (!s.url.is_empty()).then(|| s.s3_settings());
+    engram_shadow::open_storage(s3.as_ref(), &dir)
 }
 
-#[cfg(feature = "s3")]
-fn s3_storage(
-    s: &engram_config::ShadowSection,
-) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
-    Ok(Arc::new(engram_shadow::ObjectStorage::open_s3(
-        &engram_shadow::S3Settings {
-            url: s.url.clone(),
-            endpoint: s.s3_endpoint.clone(),
-            region: s.s3_region.clone(),
-            allow_http: s.s3_allow_http,
-            credentials: (!s.s3_access_key_id.is_empty())
-                .then(|| (s.s3_access_key_id.clone(), s.s3_secret_access_key.0.clone())),
-        },
-    )?))
-}
-
-#[cfg(not(feature = "s3"))]
-fn s3_storage(
-    s: &engram_config::ShadowSection,
-) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
-    Err(engram_shadow::ShadowError::Store {
-        key: s.url.clone(),
-        reason: "this binary was built without the `s3` feature (cargo build --features s3)".into(),
-    })
-}
-
+/// The shadow directory, recovered into the engine's cold tier when `shadow.recover` is on.
 async fn open_shadow(
     config: &Config,
     engine: &Engine,
@@ -222,40 +177,6 @@ pub fn spawn_background(state: web::Data<AppState>) {
     }
 }
 
-/// The memory service, unless it is disabled or its embedding model is missing.
-async fn open_memory(
-    config: &Config,
-    store: &Store,
-) -> Result<Option<engram_memory::MemoryService>, StartError> {
-    let m = &config.memory;
-    if !m.enabled {
-        return Ok(None);
-    }
-    if !m.embedder_path.join("model.safetensors").is_file() {
-        eprintln!(
-            "engram: no embedding model at {}; the memory graph is off (run `make models`)",
-            m.embedder_path.display()
-        );
-        return Ok(None);
-    }
-    let dir = if m.vector_dir.as_os_str().is_empty() {
-        engram_memory::default_vector_dir(&config.database.url)
-    } else {
-        m.vector_dir.clone()
-    };
-    std::fs::create_dir_all(&dir)?;
-    let service = engram_memory::MemoryService::open(m, store, &dir).await?;
-    let s = service.startup();
-    eprintln!(
-        "engram: memory graph: {} nodes, {} edges, {} re-embedded; vectors in {}",
-        s.nodes,
-        s.edges,
-        s.reembedded,
-        dir.display()
-    );
-    Ok(Some(service))
-}
-
 fn json_error(err: JsonPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {
     let e = match &err {
         JsonPayloadError::Overflow { .. } | JsonPayloadError::OverflowKnownLength { .. } => {
@@ -302,10 +223,10 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
                 web::scope("")
                     .wrap(actix_web::middleware::from_fn(request_id::middleware))
                     .configure(api::configure)
-                    .service(utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}").url(
-                        "/openapi.json",
-                        <openapi::ApiDoc as utoipa::OpenApi>::openapi(),
-                    ))
+                    .service(
+                        utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}")
+                            .url("/openapi.json", openapi::spec()),
+                    )
                     .default_service(web::to(|| async {
                         HttpResponse::NotFound().json(
                             serde_json::json!({"code": "not_found", "message": "no such route"}),

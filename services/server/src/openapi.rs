@@ -180,55 +180,7 @@ impl Modify for StandardResponses {
         description = "Agent memory with a semantic KV cache: tenants, agents, layered prompts, turns, a memory graph with hybrid recall and cold-tier reservations, a cache that survives restarts (shadow, per-session save/load/export/import), a tier bridge, OpenAI-compatible chat and cache inspection.",
         license(name = "Apache-2.0")
     ),
-    paths(
-        api::health::healthz,
-        api::health::readyz,
-        api::admin::create_tenant,
-        api::admin::list_tenants,
-        api::admin::create_key,
-        api::admin::revoke_key,
-        api::admin::mark_layer_public,
-        api::agents::create_agent,
-        api::agents::list_agents,
-        api::agents::get_agent,
-        api::agents::put_layer,
-        api::agents::list_layers,
-        api::agents::preview_context,
-        api::turns::create_turn,
-        api::turns::working_memory,
-        api::turns::session_cache,
-        api::openai::list_models,
-        api::openai::chat_completions,
-        api::inspect::cache,
-        api::inspect::blocks,
-        api::inspect::metrics,
-        api::memory::create_node,
-        api::memory::list_nodes,
-        api::memory::get_node,
-        api::memory::update_node,
-        api::memory::delete_node,
-        api::memory::create_edge,
-        api::memory::list_edges,
-        api::memory::delete_edge,
-        api::memory::query,
-        api::memory::list_reservations,
-        api::memory::warm_reservation,
-        api::memory::admin_reservations,
-        api::memory::admin_memory,
-        api::cache::save,
-        api::cache::load,
-        api::cache::export,
-        api::cache::import,
-        api::cache::admin_shadow,
-        api::cache::admin_flush,
-        api::cache::admin_tiers,
-        api::cache::admin_tier_cycle,
-        api::lifecycle::delete_session,
-        api::lifecycle::delete_agent,
-        api::lifecycle::delete_tenant,
-    ),
     components(schemas(crate::error::ErrorSchema)),
-    modifiers(&BearerAuth, &StandardResponses),
     tags(
         (name = "health", description = "Probes"),
         (name = "admin", description = "Operator: tenants, keys, cache inspection, metrics"),
@@ -240,9 +192,19 @@ impl Modify for StandardResponses {
 )]
 pub struct ApiDoc;
 
+/// The document: [`ApiDoc`] with every route of [`api::Paths`], then the security scheme and
+/// the standard error answers on each operation.
+pub fn spec() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.merge(api::Paths::openapi());
+    BearerAuth.modify(&mut doc);
+    StandardResponses.modify(&mut doc);
+    doc
+}
+
 /// The document as pretty JSON (what `openapi/openapi.json` holds).
 pub fn spec_json() -> String {
-    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+    spec().to_pretty_json().unwrap_or_default()
 }
 
 #[cfg(test)]

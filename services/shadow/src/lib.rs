@@ -56,7 +56,7 @@ pub use offline::{
 };
 #[cfg(feature = "s3")]
 pub use storage::ObjectStorage;
-pub use storage::{LocalStorage, Object, S3Settings, Storage, is_temp};
+pub use storage::{LocalStorage, Object, S3Settings, Storage, is_temp, open_storage};
 pub use writer::FlushReport;
 use writer::{State, write_chains};
 

@@ -13,6 +13,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Result, ShadowError};
@@ -267,6 +268,22 @@ impl S3Settings {
             check_key(&prefix).map_err(|e| e.to_string())?;
         }
         Ok((bucket.to_string(), prefix))
+    }
+}
+
+/// The store a configuration names: the S3-compatible one `s3` describes (a build with the
+/// `s3` feature), else the local directory `dir`.
+pub fn open_storage(s3: Option<&S3Settings>, dir: &Path) -> Result<Arc<dyn Storage>> {
+    match s3 {
+        None => Ok(Arc::new(LocalStorage::open(dir)?)),
+        #[cfg(feature = "s3")]
+        Some(s) => Ok(Arc::new(ObjectStorage::open_s3(s)?)),
+        #[cfg(not(feature = "s3"))]
+        Some(s) => Err(ShadowError::Store {
+            key: s.url.clone(),
+            reason: "this binary was built without the `s3` feature (cargo build --features s3)"
+                .into(),
+        }),
     }
 }
 

@@ -14,51 +14,33 @@ pub mod turns;
 
 use actix_web::web;
 
-/// Registers every route.
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(health::healthz)
-        .service(health::readyz)
-        .service(admin::create_tenant)
-        .service(admin::list_tenants)
-        .service(admin::create_key)
-        .service(admin::revoke_key)
-        .service(admin::mark_layer_public)
-        .service(agents::create_agent)
-        .service(agents::list_agents)
-        .service(agents::get_agent)
-        .service(agents::put_layer)
-        .service(agents::list_layers)
-        .service(agents::preview_context)
-        .service(turns::create_turn)
-        .service(turns::working_memory)
-        .service(turns::session_cache)
-        .service(openai::list_models)
-        .service(openai::chat_completions)
-        .service(inspect::cache)
-        .service(inspect::blocks)
-        .service(inspect::metrics)
-        .service(memory::create_node)
-        .service(memory::list_nodes)
-        .service(memory::get_node)
-        .service(memory::update_node)
-        .service(memory::delete_node)
-        .service(memory::create_edge)
-        .service(memory::list_edges)
-        .service(memory::delete_edge)
-        .service(memory::query)
-        .service(memory::list_reservations)
-        .service(memory::warm_reservation)
-        .service(memory::admin_reservations)
-        .service(memory::admin_memory)
-        .service(cache::save)
-        .service(cache::load)
-        .service(cache::export)
-        .service(cache::import)
-        .service(cache::admin_shadow)
-        .service(cache::admin_flush)
-        .service(cache::admin_tiers)
-        .service(cache::admin_tier_cycle)
-        .service(lifecycle::delete_session)
-        .service(lifecycle::delete_agent)
-        .service(lifecycle::delete_tenant);
+/// Every route, listed once: [`configure`] registers them and [`Paths`] documents them.
+macro_rules! routes {
+    ($($module:ident::$handler:ident),* $(,)?) => {
+        /// Registers every route.
+        pub fn configure(cfg: &mut web::ServiceConfig) {
+            $(cfg.service($module::$handler);)*
+        }
+
+        /// Every route's OpenAPI operation (merged into `crate::openapi::ApiDoc`).
+        #[derive(Debug, utoipa::OpenApi)]
+        #[openapi(paths($($module::$handler),*))]
+        pub struct Paths;
+    };
 }
+
+#[rustfmt::skip]
+routes!(
+    health::healthz, health::readyz, admin::create_tenant, admin::list_tenants,
+    admin::create_key, admin::revoke_key, admin::mark_layer_public, agents::create_agent,
+    agents::list_agents, agents::get_agent, agents::put_layer, agents::list_layers,
+    agents::preview_context, turns::create_turn, turns::working_memory, turns::session_cache,
+    openai::list_models, openai::chat_completions, inspect::cache, inspect::blocks,
+    inspect::metrics, memory::create_node, memory::list_nodes, memory::get_node,
+    memory::update_node, memory::delete_node, memory::create_edge, memory::list_edges,
+    memory::delete_edge, memory::query, memory::list_reservations, memory::warm_reservation,
+    memory::admin_reservations, memory::admin_memory, cache::save, cache::load, cache::export,
+    cache::import, cache::admin_shadow, cache::admin_flush, cache::admin_tiers,
+    cache::admin_tier_cycle, lifecycle::delete_session, lifecycle::delete_agent,
+    lifecycle::delete_tenant,
+);
