@@ -52,4 +52,24 @@ try:
 except openai.NotFoundError:
     pass
 
+# A system prompt, as every agent framework sends one: added to the agent's stable rules, so a
+# repeated request reuses at least its full blocks (16 tokens each).
+system = "You are a careful travel assistant. " * 12
+asked = [{"role": "system", "content": system}, {"role": "user", "content": "Name a city."}]
+once = client.chat.completions.create(model=agent, messages=asked, max_tokens=4)
+again = client.chat.completions.create(model=agent, messages=asked, max_tokens=4)
+system_tokens = once.usage.prompt_tokens - first.usage.prompt_tokens
+reused = again.usage.prompt_tokens_details.cached_tokens
+assert system_tokens > 48, (once.usage, first.usage)
+assert reused >= system_tokens // 16 * 16, (reused, system_tokens)
+assert once.id != again.id, "completion ids collide"
+
+for bad in ({"n": 2}, {"logprobs": True}):
+    try:
+        client.chat.completions.create(model=agent, messages=question, max_tokens=4, **bad)
+        raise AssertionError(f"{bad} accepted")
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        assert body.get("code") == "unsupported_parameter", (e, e.body)
+
 print(f"openai sdk ok: {answer!r}, second turn cached {cached}, streamed {text!r}")

@@ -12,8 +12,11 @@
 //! Both kinds of request take the native route's steps (`crate::turn`): a session's lost turns
 //! are replayed before its prompt is built, exactly as on `POST …/turns`.
 //!
-//! The last message must be the user's; `system` messages are ignored (the agent's layers are
-//! the system prompt). `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
+//! The last message must be the user's. `system` and `developer` messages are added to the
+//! agent's `rules` layer for the request (a stable layer: cached and pinned with the stable
+//! prefix, so a request that repeats them reuses them); `tool` messages are not rendered yet.
+//! `n` other than 1, `logprobs`, `top_logprobs` and a non-empty `tools` answer 400
+//! `unsupported_parameter` instead of being ignored. `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
 //! reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
 //! `data: [DONE]`; a failure, or a turn that could not be recorded (its session deleted
 //! meanwhile), ends the stream with `data: {"error": …}` instead.
@@ -67,6 +70,16 @@ pub struct ChatRequest {
     /// Stop: a string or a list.
     #[schema(value_type = Option<Object>)]
     pub stop: Option<Value>,
+    /// Choices to generate: only 1 (more answers 400 `unsupported_parameter`).
+    pub n: Option<u32>,
+    /// Log probabilities are not returned: `true` answers 400 `unsupported_parameter`.
+    pub logprobs: Option<bool>,
+    /// Likewise (any value).
+    pub top_logprobs: Option<u32>,
+    /// Tools: the model's chat template has no tool format, so a non-empty list answers 400
+    /// `unsupported_parameter`.
+    #[schema(value_type = Option<Object>)]
+    pub tools: Option<Value>,
 }
 
 fn now_s() -> u64 {
@@ -144,6 +157,14 @@ pub async fn chat_completions(
         req.user.as_deref(),
     )
     .await?;
+    unsupported(&req)?;
+    let system: Vec<&str> = req
+        .messages
+        .iter()
+        .filter(|m| m.role == "system" || m.role == "developer")
+        .filter_map(|m| m.content.as_deref())
+        .collect();
+    turn.add_system_text(&system.join("\n"));
     let Some((last, earlier)) = req.messages.split_last() else {
         return Err(ApiError::invalid("`messages` is empty"));
     };
@@ -185,7 +206,7 @@ pub async fn chat_completions(
     let turned = turn.context(history, &message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
     let chunks = Chunks {
-        id: format!("chatcmpl-{}", now_s()),
+        id: completion_id(),
         created: now_s(),
         model: turn.agent.name.clone(),
     };
@@ -208,6 +229,46 @@ pub async fn chat_completions(
         }],
         "usage": usage_json(&g.usage),
     })))
+}
+
+/// Parameters the route cannot honour: 400 `unsupported_parameter` rather than ignored.
+fn unsupported(req: &ChatRequest) -> Result<(), ApiError> {
+    let refuse = |what: &str| {
+        Err(ApiError::new(
+            actix_web::http::StatusCode::BAD_REQUEST,
+            "unsupported_parameter",
+            what.to_string(),
+        ))
+    };
+    if req.n.is_some_and(|n| n != 1) {
+        return refuse("`n` must be 1: one choice is generated per request");
+    }
+    if req.logprobs == Some(true) || req.top_logprobs.is_some() {
+        return refuse("log probabilities are not returned (`logprobs`, `top_logprobs`)");
+    }
+    let no_tools = match &req.tools {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    };
+    if !no_tools {
+        return refuse("`tools`: the model's chat template has no tool format");
+    }
+    Ok(())
+}
+
+/// A completion id no other completion of this process or another has: the time in
+/// nanoseconds and a per-process sequence number.
+fn completion_id() -> String {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "chatcmpl-{nanos:x}{seq:04x}{:04x}",
+        std::process::id() & 0xffff
+    )
 }
 
 /// `stop`: absent, a string or a list of strings.

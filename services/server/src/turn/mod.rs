@@ -192,6 +192,31 @@ impl Turn {
         &self.layers
     }
 
+    /// Adds a request's system text (OpenAI `system` and `developer` messages) to the agent's
+    /// `rules` layer for this turn only: a stable layer, so it is cached and pinned with the
+    /// stable prefix, and a request that repeats it reuses it.
+    pub fn add_system_text(&mut self, text: &str) {
+        if text.trim().is_empty() {
+            return;
+        }
+        let mut rows = self.layers.to_vec();
+        match rows.iter_mut().find(|r| r.kind == "rules") {
+            Some(r) => r.content = format!("{}\n{}", r.content.trim_end(), text.trim()),
+            None => rows.push(LayerRow {
+                kind: "rules".into(),
+                version: 0,
+                content: text.trim().to_string(),
+                budget: engram_context::Budgets::standard().get(engram_context::LayerKind::Rules)
+                    as u64,
+                stable: true,
+                importance: 1.0,
+                public: false,
+                created_at: 0,
+            }),
+        }
+        self.layers = rows.into();
+    }
+
     /// Waits for the turn of the same session that runs, at most `limits.session_wait_ms`;
     /// the slot is the session's until it drops. `None` for a stateless turn.
     pub async fn hold_session(&self) -> Result<Option<SessionSlot>, TurnError> {
