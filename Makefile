@@ -91,7 +91,7 @@ codec-report:
 
 # Rewrites openapi/openapi.json from the code (a test fails when they differ).
 openapi:
-	UPDATE_OPENAPI=1 $(CARGO) test -p engram-server --lib openapi
+	UPDATE_OPENAPI=1 $(CARGO) test -p engram-tests --test e2e $(FEATURES) -- units::the_committed_openapi
 
 eval-kv: models
 	$(CARGO) run --release -p engram-server --bin engram -- eval kv

@@ -18,4 +18,5 @@ mod shadow;
 mod storage;
 mod supervision;
 mod tenancy;
+mod units;
 mod workload;

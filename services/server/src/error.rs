@@ -316,27 +316,3 @@ impl From<TurnError> for ApiError {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use actix_web::ResponseError;
-
-    use super::*;
-
-    #[test]
-    fn no_hot_room_is_a_503_with_retry_after_and_no_engine_detail() {
-        let e = ApiError::from(EngineError::NoHotRoom {
-            needed: 11,
-            available: 5,
-        });
-        assert_eq!(
-            (e.status, e.code),
-            (StatusCode::SERVICE_UNAVAILABLE, "no_hot_room")
-        );
-        assert!(!e.message.contains("11"), "{}", e.message);
-        let r = e.error_response();
-        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok());
-        assert_eq!(retry, Some("1"));
-    }
-}
