@@ -22,4 +22,4 @@ pub use model::{
     Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow, NewMemoryEdge, NewMemoryNode,
     Quotas, Role, Tenant, TurnRow, WorkingLine,
 };
-pub use repo::Store;
+pub use repo::{Store, WORKING_MEMORY_LINES};

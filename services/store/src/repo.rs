@@ -17,6 +17,9 @@ use lifecycle::commit_if_found;
 
 use crate::model::{Agent, ApiKey, Backend, LayerRow, Quotas, Role, Tenant, TurnRow, WorkingLine};
 
+/// Lines a session's working memory keeps at most (the newest).
+pub const WORKING_MEMORY_LINES: i64 = 512;
+
 /// The durable store (cheap to clone: a pool handle).
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -632,7 +635,8 @@ impl Store {
             .collect()
     }
 
-    /// Adds spilled lines to a session's working memory.
+    /// Adds spilled lines of a layer to a session's working memory: a line already there (same
+    /// layer) is kept once, and the session keeps its newest [`WORKING_MEMORY_LINES`] lines.
     pub async fn add_working_memory(
         &self,
         agent_id: &str,
@@ -651,6 +655,19 @@ impl Store {
         .await?
         .try_get("s")?;
         for line in lines {
+            let known = sqlx::query(
+                "SELECT seq FROM working_memory \
+                 WHERE agent_id = $1 AND session_id = $2 AND kind = $3 AND line = $4",
+            )
+            .bind(agent_id)
+            .bind(session_id)
+            .bind(kind)
+            .bind(line)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if known.is_some() {
+                continue;
+            }
             seq += 1;
             sqlx::query(
                 "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
@@ -665,6 +682,14 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
+        sqlx::query(
+            "DELETE FROM working_memory WHERE agent_id = $1 AND session_id = $2 AND seq <= $3",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .bind(seq - WORKING_MEMORY_LINES)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }

@@ -217,6 +217,25 @@ async fn the_turn_log_and_working_memory_persist() {
             wm.iter().map(|w| w.line.as_str()).collect::<Vec<_>>(),
             ["l1", "l2"]
         );
+        // A line spilled again is kept once; the session keeps its newest lines only.
+        s.add_working_memory(&a.id, "s1", "memories", &["l2".into(), "l3".into()])
+            .await
+            .unwrap();
+        let lines =
+            |wm: Vec<engram_store::WorkingLine>| wm.into_iter().map(|w| w.line).collect::<Vec<_>>();
+        assert_eq!(
+            lines(s.working_memory(&a.id, "s1").await.unwrap()),
+            ["l1", "l2", "l3"]
+        );
+        let many: Vec<String> = (0..600).map(|i| format!("fact {i}")).collect();
+        s.add_working_memory(&a.id, "s1", "neurons", &many)
+            .await
+            .unwrap();
+        let kept = lines(s.working_memory(&a.id, "s1").await.unwrap());
+        let max = engram_store::WORKING_MEMORY_LINES as usize;
+        assert_eq!(kept.len(), max);
+        assert_eq!(kept.last().map(String::as_str), Some("fact 599"));
+        assert_eq!(kept[0], format!("fact {}", 600 - max));
     })
     .await;
 }
