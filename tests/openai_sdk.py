@@ -64,6 +64,25 @@ assert system_tokens > 48, (once.usage, first.usage)
 assert reused >= system_tokens // 16 * 16, (reused, system_tokens)
 assert once.id != again.id, "completion ids collide"
 
+# An agent's tool loop: the model asked for a tool, the tool answered; the model goes on.
+call = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+}
+looped = client.chat.completions.create(
+    model=agent,
+    messages=[
+        {"role": "system", "content": "Use the tools' results."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees."},
+    ],
+    max_tokens=8,
+)
+assert looped.choices[0].message.content, looped
+assert looped.usage.prompt_tokens > 0
+
 for bad in ({"n": 2}, {"logprobs": True}):
     try:
         client.chat.completions.create(model=agent, messages=question, max_tokens=4, **bad)

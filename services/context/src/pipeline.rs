@@ -86,6 +86,20 @@ pub enum Speaker {
     User,
     /// The agent.
     Assistant,
+    /// A tool's result (rendered with the `tool` role).
+    Tool,
+}
+
+impl Speaker {
+    /// The ChatML role and the source layer its blocks carry.
+    fn role(self) -> (SourceLayer, &'static str) {
+        match self {
+            Self::User => (SourceLayer::UserTurn, "user"),
+            Self::Assistant => (SourceLayer::AssistantTurn, "assistant"),
+            // A tool's result is input to the model, like the user's words.
+            Self::Tool => (SourceLayer::UserTurn, "tool"),
+        }
+    }
 }
 
 /// One message of the conversation so far.
@@ -106,6 +120,9 @@ pub struct ContextRequest<'a> {
     pub history: &'a [Turn],
     /// The new user message.
     pub user_message: &'a str,
+    /// Who says it: the user, or a tool whose result the model answers next (`Assistant`
+    /// renders as the user).
+    pub message_speaker: Speaker,
     /// The model's context and the reply's tokens: with it, budgets are fitted and the
     /// conversation windowed so that both fit (see the module docs); without it, everything is
     /// built as given.
@@ -295,10 +312,7 @@ pub fn build(
         .history
         .iter()
         .map(|t| {
-            let (source, role) = match t.speaker {
-                Speaker::User => (SourceLayer::UserTurn, "user"),
-                Speaker::Assistant => (SourceLayer::AssistantTurn, "assistant"),
-            };
+            let (source, role) = t.speaker.role();
             Segment {
                 source,
                 importance: 0.5,
@@ -329,7 +343,11 @@ pub fn build(
         importance: 0.5,
         volatility: Volatility::Volatile,
         text: format!(
-            "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+            "<|im_start|>{}\n{}<|im_end|>\n<|im_start|>assistant\n",
+            match req.message_speaker {
+                Speaker::Tool => "tool",
+                Speaker::User | Speaker::Assistant => "user",
+            },
             req.user_message
         ),
         public: false,
@@ -473,6 +491,7 @@ mod tests {
             history: &history,
             user_message: "what do I like?",
             fit: None,
+            message_speaker: Speaker::User,
         };
         let built = build(&req, &Chars).unwrap();
         let text = built.text();
@@ -503,6 +522,7 @@ mod tests {
                 history: &[],
                 user_message: "q1",
                 fit: None,
+                message_speaker: Speaker::User,
             },
             &Chars,
         )
@@ -513,6 +533,7 @@ mod tests {
                 history: &[],
                 user_message: "q1",
                 fit: None,
+                message_speaker: Speaker::User,
             },
             &Chars,
         )
@@ -537,6 +558,7 @@ mod tests {
                 history: &[],
                 user_message: "q1",
                 fit: None,
+                message_speaker: Speaker::User,
             },
             &Chars,
         )
@@ -555,6 +577,7 @@ mod tests {
                 history: &[],
                 user_message: "tell me memory line 42",
                 fit: None,
+                message_speaker: Speaker::User,
             },
             &Chars,
         )
@@ -579,6 +602,7 @@ mod tests {
             history: &[],
             user_message: "x",
             fit: None,
+            message_speaker: Speaker::User,
         };
         assert!(matches!(
             build(&req, &Chars),
@@ -591,6 +615,7 @@ mod tests {
             history: &[],
             user_message: "  ",
             fit: None,
+            message_speaker: Speaker::User,
         };
         assert_eq!(build(&req, &Chars), Err(ContextError::EmptyMessage));
     }
@@ -608,6 +633,7 @@ mod tests {
                 history: &[],
                 user_message: "hi",
                 fit: None,
+                message_speaker: Speaker::User,
             };
             let built = build(&req, &Chars).unwrap();
             let n = built.public_segments();
@@ -639,6 +665,7 @@ mod tests {
                 history: &[],
                 user_message: msg,
                 fit: None,
+                message_speaker: Speaker::User,
             };
             let built = build(&req, &Chars).unwrap();
             assert!(!built.layers[0].spilled.is_empty());
@@ -678,6 +705,7 @@ mod tests {
                     history: &history,
                     user_message: msg,
                     fit: None,
+                    message_speaker: Speaker::User,
                 },
                 &Chars,
             )
@@ -709,6 +737,7 @@ mod tests {
                     history: &history[..n],
                     user_message: "and then?",
                     fit: Some(fit),
+                    message_speaker: Speaker::User,
                 },
                 &Chars,
             )
@@ -761,6 +790,7 @@ mod tests {
                 history: &said(6),
                 user_message: "hi",
                 fit: Some(fit),
+                message_speaker: Speaker::User,
             },
             &Chars,
         )
@@ -777,6 +807,7 @@ mod tests {
                 history: &said(6),
                 user_message: &long,
                 fit: Some(fit),
+                message_speaker: Speaker::User,
             },
             &Chars,
         )
@@ -784,6 +815,40 @@ mod tests {
         assert!(
             matches!(err, ContextError::Overflow { context: 2_000, .. }),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn tool_results_keep_the_tool_role_and_may_be_the_message() {
+        let history = [
+            Turn {
+                speaker: Speaker::User,
+                text: "weather in Paris?".into(),
+            },
+            Turn {
+                speaker: Speaker::Tool,
+                text: "sunny".into(),
+            },
+        ];
+        let built = build(
+            &ContextRequest {
+                layers: &agent("noon"),
+                history: &history,
+                user_message: "21 degrees",
+                message_speaker: Speaker::Tool,
+                fit: None,
+            },
+            &Chars,
+        )
+        .unwrap();
+        let text = built.text();
+        assert!(
+            text.contains("<|im_start|>tool\nsunny<|im_end|>\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("<|im_start|>tool\n21 degrees<|im_end|>\n<|im_start|>assistant\n"),
+            "{text}"
         );
     }
 }

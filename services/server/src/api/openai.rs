@@ -14,7 +14,10 @@
 //!
 //! The last message must be the user's. `system` and `developer` messages are added to the
 //! agent's `rules` layer for the request (a stable layer: cached and pinned with the stable
-//! prefix, so a request that repeats them reuses them); `tool` messages are not rendered yet.
+//! prefix, so a request that repeats them reuses them). In a stateless request, `tool`
+//! messages stay in the conversation with the `tool` role and an assistant's `tool_calls`
+//! follow its text as `<tool_call>{json}</tool_call>` lines; the last message may be a tool's
+//! result, which the model then answers.
 //! `n` other than 1, `logprobs`, `top_logprobs` and a non-empty `tools` answer 400
 //! `unsupported_parameter` instead of being ignored. `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
 //! reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
@@ -43,6 +46,12 @@ pub struct Message {
     pub role: String,
     /// Text (string content only).
     pub content: Option<String>,
+    /// An assistant message's tool calls (rendered into the conversation as
+    /// `<tool_call>{json}</tool_call>` lines).
+    #[schema(value_type = Option<Object>)]
+    pub tool_calls: Option<Value>,
+    /// A tool message's call id.
+    pub tool_call_id: Option<String>,
 }
 
 /// Body of `POST /v1/chat/completions` (unknown OpenAI fields are accepted and ignored).
@@ -170,9 +179,22 @@ pub async fn chat_completions(
     };
     let message = match (last.role.as_str(), &last.content) {
         ("user", Some(text)) => text.clone(),
+        // A tool's result, which the model answers next: the conversation is the request's
+        // (a session's log has no tool turns).
+        ("tool", Some(text)) if req.user.is_none() => {
+            turn.message_speaker = Speaker::Tool;
+            text.clone()
+        }
+        ("tool", Some(_)) => {
+            return Err(ApiError::new(
+                actix_web::http::StatusCode::BAD_REQUEST,
+                "unsupported_parameter",
+                "a tool result as the last message needs a stateless request (no `user`)",
+            ));
+        }
         _ => {
             return Err(ApiError::invalid(
-                "the last message must be the user's, with text content",
+                "the last message must be the user's or a tool's, with text content",
             ));
         }
     };
@@ -286,16 +308,30 @@ fn stop_of(stop: &Option<Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
-/// An earlier `user` or `assistant` message as a turn of the conversation.
+/// An earlier `user`, `assistant` or `tool` message as a turn of the conversation; an
+/// assistant's tool calls follow its text as `<tool_call>{json}</tool_call>` lines.
 fn said(m: &Message) -> Option<Said> {
     let speaker = match m.role.as_str() {
         "user" => Speaker::User,
         "assistant" => Speaker::Assistant,
+        "tool" => Speaker::Tool,
         _ => return None,
     };
+    let mut text = m.content.clone().unwrap_or_default();
+    if let Some(Value::Array(calls)) = &m.tool_calls {
+        for call in calls {
+            let f = &call["function"];
+            let args = match &f["arguments"] {
+                Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+                other => other.clone(),
+            };
+            let line = json!({"name": f["name"], "arguments": args});
+            text.push_str(&format!("\n<tool_call>\n{line}\n</tool_call>"));
+        }
+    }
     Some(Said {
         speaker,
-        text: m.content.clone().unwrap_or_default(),
+        text: text.trim_start().to_string(),
     })
 }
 

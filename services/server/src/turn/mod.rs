@@ -145,6 +145,8 @@ pub struct Turn {
     pub reply: usize,
     /// The request's `Idempotency-Key`: the turn's answer is stored under it with the turn.
     pub idempotency_key: Option<String>,
+    /// Who says the turn's message: the user, or (a stateless OpenAI request) a tool.
+    pub message_speaker: engram_context::Speaker,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
     /// Tokens of each segment text this turn tokenized, so that no step tokenizes it again.
@@ -177,6 +179,7 @@ impl Turn {
             kv_tenant: TenantId(tenant.cache_salt),
             reply: engram_engine::SamplingParams::default().max_tokens,
             idempotency_key: None,
+            message_speaker: engram_context::Speaker::User,
             session: session.map(str::to_string),
             kv_session,
             state,

@@ -94,6 +94,7 @@ pub async fn build_context(
         layers: &layers,
         history: &history,
         user_message: message,
+        message_speaker: Speaker::User,
         fit: None,
     };
     Ok(build(&req, &state.counter())?)
@@ -171,6 +172,7 @@ impl Turn {
             layers: &layers,
             history,
             user_message: message,
+            message_speaker: self.message_speaker,
             fit: self.context_tokens().map(|context| Fit { context, reply }),
         };
         Ok(build(&req, self)?)
