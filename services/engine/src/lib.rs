@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+mod bridge;
 mod core;
 pub mod embed;
 mod error;
@@ -36,6 +37,7 @@ pub use crate::core::{
     ShadowChain,
 };
 pub use crate::core::{CycleReport, TierObservation, TierPolicy};
+pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};
 pub use prefix::{

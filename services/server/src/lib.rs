@@ -13,7 +13,6 @@ pub mod metrics;
 pub mod openapi;
 pub mod request_id;
 pub mod state;
-pub mod tiers;
 pub mod turn;
 
 use std::path::Path;
@@ -170,7 +169,7 @@ pub fn spawn_background(state: web::Data<AppState>) {
             loop {
                 actix_web::rt::time::sleep(every).await;
                 if let Ok(engine) = st.engine() {
-                    let _ = tiers::tier_cycle(engine, &st.tiers, window).await;
+                    let _ = engram_engine::tier_cycle(engine, &st.tiers, window).await;
                 }
             }
         });

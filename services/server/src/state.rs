@@ -12,8 +12,8 @@ use std::time::Instant;
 use engram_kvcore::TenantId;
 
 use crate::metrics::Metrics;
-use crate::tiers::TierBridge;
 use engram_config::Config;
+use engram_engine::TierBridge;
 use engram_memory::MemoryService;
 use engram_shadow::Shadow;
 

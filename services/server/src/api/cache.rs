@@ -428,6 +428,6 @@ pub async fn admin_tier_cycle(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let window = std::time::Duration::from_secs(state.config.tiers.active_window_secs);
-    let report = crate::tiers::tier_cycle(state.engine()?, &state.tiers, window).await?;
+    let report = engram_engine::tier_cycle(state.engine()?, &state.tiers, window).await?;
     Ok(HttpResponse::Ok().json(report))
 }

@@ -1,23 +1,23 @@
-//! The tier bridge's state on the server side: which sessions are active, the policy the
-//! engine's OODA cycle adapts, and the recent cycles for the admin endpoint.
+//! The tier bridge's state outside the engine thread: which sessions are active, the policy the
+//! engine's OODA cycle adapts (`EngineCore::tier_cycle`), and the recent cycles for the admin
+//! endpoint. The service runs [`tier_cycle`] every `tiers.interval_ms`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use engram_engine::{ChainKey, CycleReport, Engine, EngineError, TierPolicy};
+use crate::{ChainKey, CycleReport, Engine, EngineError, TierPolicy};
 use serde::Serialize;
 
 /// Cycles of the tier bridge kept for the admin endpoint.
 pub const TIER_HISTORY: usize = 32;
 
 /// One tier-bridge cycle as the admin endpoint shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct CycleRecord {
     /// When it ran, ms since the Unix epoch.
     pub at_unix_ms: u64,
     /// What it observed, decided and did.
-    #[schema(value_type = Object)]
     pub report: CycleReport,
 }
 
