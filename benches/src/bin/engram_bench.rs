@@ -2,18 +2,19 @@
 //! `bench-shadow`, `bench-workload`). Each prints its figures (JSON lines or a table); none
 //! asserts a speed.
 
+#[path = "../../../services/server/src/cli.rs"]
+mod cli;
+
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use cli::{DEFAULT_MODEL, ModelArgs, load, print_json};
 use engram_engine::bench::{self, TtftOptions};
 use engram_engine::eval;
 use engram_engine::{
     EngineConfig, EngineDevice, KeyCentering, Llama, ModelConfig, TextTokenizer, parse_codec,
 };
-
-/// The default model, as `make models` places it.
-const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -174,20 +175,6 @@ struct MemoryBenchArgs {
     dir: PathBuf,
 }
 
-#[derive(Debug, Clone, Args)]
-struct ModelArgs {
-    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
-    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
-    model: PathBuf,
-    /// How GGUF weights are held and multiplied: int16 (the default) or int8 (blocks, integer
-    /// activations for the 4-bit ones), quantized (blocks, f32 activations) or f32.
-    #[arg(long, default_value = "int16")]
-    weights: String,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
 #[derive(Debug, Args)]
 struct TtftArgs {
     #[command(flatten)]
@@ -243,22 +230,6 @@ fn main() -> Result<()> {
         BenchCommand::Conversation(args) => bench_conversation(args),
         BenchCommand::Shadow(args) => bench_shadow(args),
         BenchCommand::Workload(cmd) => bench_workload(cmd),
-    }
-}
-
-fn load(args: &ModelArgs) -> Result<(Llama, TextTokenizer)> {
-    let path = args.model.as_path();
-    Llama::load_named(path, &args.weights).with_context(|| {
-        format!(
-            "loading {} (`make models` fetches the default)",
-            path.display()
-        )
-    })
-}
-
-fn print_json(rows: impl IntoIterator<Item = serde_json::Value>) {
-    for r in rows {
-        println!("{r}");
     }
 }
 

@@ -37,6 +37,8 @@
 //! tags and position only), so the prefix never depends on what the user just asked; the
 //! volatile ones use the overlap with the message too (see [`crate::synth`]).
 
+use std::borrow::Cow;
+
 use engram_kvcore::SourceLayer;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -243,7 +245,7 @@ pub fn build(
     }
     let (fitted, scale) = match req.fit {
         Some(fit) => fitted_layers(req.layers, fit.context),
-        None => (req.layers.to_vec(), 1.0),
+        None => (Cow::Borrowed(req.layers), 1.0),
     };
     let of_class = |v: Volatility| {
         let mut ls: Vec<&Layer> = fitted.iter().filter(|l| l.volatility == v).collect();
@@ -399,11 +401,11 @@ pub fn build(
 
 /// The layers with their budgets scaled so that they sum to at most half of `context` (with
 /// the memories layer's standard budget counted when it is absent), and the scale.
-fn fitted_layers(layers: &[Layer], context: usize) -> (Vec<Layer>, f64) {
+fn fitted_layers(layers: &[Layer], context: usize) -> (Cow<'_, [Layer]>, f64) {
     let total: usize = layers.iter().map(|l| l.budget).sum::<usize>() + absent_memories(layers);
     let share = context / 2;
     if total <= share {
-        return (layers.to_vec(), 1.0);
+        return (Cow::Borrowed(layers), 1.0);
     }
     let scale = share as f64 / total as f64;
     let scaled = layers
@@ -412,8 +414,8 @@ fn fitted_layers(layers: &[Layer], context: usize) -> (Vec<Layer>, f64) {
             budget: (l.budget as f64 * scale).floor() as usize,
             ..l.clone()
         })
-        .collect();
-    (scaled, scale)
+        .collect::<Vec<_>>();
+    (Cow::Owned(scaled), scale)
 }
 
 /// The memories layer's standard budget when `layers` has none: recall may add it any turn, and

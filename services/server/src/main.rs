@@ -2,18 +2,18 @@
 //! the CPU reference (`check device`), the offline shadow verifier (`shadow verify`) and
 //! `export-tokenizer`. The benchmarks are `engram-bench` (crate `engram-benches`).
 
+mod cli;
+
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use cli::{DEFAULT_MODEL, ModelArgs, load, print_json};
 use engram_engine::bench;
 use engram_engine::eval::{self, EvalOptions};
 use engram_engine::{
     EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, TextTokenizer, parse_codec,
 };
-
-/// The default model, as `make models` places it.
-const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -116,20 +116,6 @@ enum EvalCommand {
     Kv(EvalKvArgs),
 }
 
-#[derive(Debug, Clone, Args)]
-struct ModelArgs {
-    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
-    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
-    model: PathBuf,
-    /// How GGUF weights are held and multiplied: int16 (the default) or int8 (blocks, integer
-    /// activations for the 4-bit ones), quantized (blocks, f32 activations) or f32.
-    #[arg(long, default_value = "int16")]
-    weights: String,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
 #[derive(Debug, Args)]
 struct EvalKvArgs {
     #[command(flatten)]
@@ -158,22 +144,6 @@ struct EvalKvArgs {
     /// `CODEC+WEIGHTS`.
     #[arg(long, value_delimiter = ',')]
     also_weights: Vec<String>,
-}
-
-fn load(args: &ModelArgs) -> Result<(Llama, TextTokenizer)> {
-    let path = args.model.as_path();
-    Llama::load_named(path, &args.weights).with_context(|| {
-        format!(
-            "loading {} (`make models` fetches the default)",
-            path.display()
-        )
-    })
-}
-
-fn print_json(rows: impl IntoIterator<Item = serde_json::Value>) {
-    for r in rows {
-        println!("{r}");
-    }
 }
 
 fn eval_kv(args: EvalKvArgs) -> Result<()> {

@@ -368,7 +368,7 @@ impl Chunks {
         if let Some(u) = usage {
             v["usage"] = u;
         }
-        format!("data: {v}\n\n")
+        stream::event(&v)
     }
 }
 

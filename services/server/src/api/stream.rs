@@ -44,8 +44,7 @@ pub(crate) fn replayed(frames: Vec<String>) -> HttpResponse {
 
 /// `data: {"error": {code, message}}`.
 pub(crate) fn error_event(e: &ApiError) -> String {
-    let body = serde_json::json!({"error": {"code": e.code, "message": e.message}});
-    format!("data: {body}\n\n")
+    event(&serde_json::json!({"error": {"code": e.code, "message": e.message}}))
 }
 
 /// Submits `spec` and answers the event stream; the turn is recorded when generation ends, and

@@ -203,14 +203,18 @@ fn answer_again(stored: &str, stream: bool) -> HttpResponse {
             .content_type("application/json")
             .body(stored.to_string());
     }
-    let mut done: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(stored).unwrap_or_default();
-    let text = done.remove("text").unwrap_or_default();
-    done.insert("done".into(), json!(true));
-    stream::replayed(vec![
-        stream::event(&json!({"delta": text})),
-        stream::event(&serde_json::Value::Object(done)),
-    ])
+    let (text, done) = done_event(serde_json::from_str(stored).unwrap_or_default());
+    stream::replayed(vec![stream::event(&json!({"delta": text})), done])
+}
+
+/// A turn's answer (a [`TurnResponse`] as JSON) split into its text and the stream's last
+/// event: the rest of the answer with `"done": true`.
+fn done_event(
+    mut answer: serde_json::Map<String, serde_json::Value>,
+) -> (serde_json::Value, String) {
+    let text = answer.remove("text").unwrap_or_default();
+    answer.insert("done".into(), json!(true));
+    (text, stream::event(&serde_json::Value::Object(answer)))
 }
 
 /// The native SSE framing: `data: {"delta": …}` per piece, then `data: {"done": true, …}` or
@@ -248,14 +252,10 @@ impl Framing for Native {
 
     fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String> {
         vec![match recorded {
-            Ok(()) => {
-                let mut done = serde_json::to_value(self.response(g)).unwrap_or_default();
-                if let Some(o) = done.as_object_mut() {
-                    o.remove("text");
-                    o.insert("done".into(), json!(true));
-                }
-                stream::event(&done)
-            }
+            Ok(()) => match serde_json::to_value(self.response(g)) {
+                Ok(serde_json::Value::Object(answer)) => done_event(answer).1,
+                _ => stream::event(&json!({"done": true})),
+            },
             Err(e) => stream::error_event(&e),
         }]
     }

@@ -2,10 +2,10 @@
 //! episode, the canonical prefix warmed for the next turn.
 
 use engram_context::{Speaker, TokenCounter, Turn as Said};
-use engram_engine::{GenerateRequest, SamplingParams};
 use engram_graph::{NodeId, NodeKind};
 use engram_store::Role;
 
+use super::generate::prefill;
 use super::{Generated, Turn, TurnError, Turned, check_name};
 
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -102,12 +102,9 @@ impl Turn {
             text: generated.text.clone(),
         });
         let spec = self.canonical_spec(&after, turned.memories.as_ref())?;
-        if let Ok(rx) = state.engine()?.submit(GenerateRequest {
-            spec,
-            sampling: SamplingParams::greedy(1),
-        }) {
-            while rx.recv_async().await.is_ok() {}
-        }
+        // A warm-up the engine refuses (a full queue) costs the next turn time, not this one
+        // its record.
+        let _ = prefill(state, spec).await;
         if state.memory.as_ref().is_some_and(|m| m.config().reserve) {
             let turn = self.clone();
             let current = turned.memories.as_ref().map(|m| m.ids());
