@@ -10,6 +10,7 @@ mod harness;
 mod lifecycle;
 mod memory;
 mod openai;
+mod phases;
 mod probes;
 mod reuse;
 mod service;

@@ -182,6 +182,16 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         ),
         (
             "POST",
+            format!("/v1/agents/{id}/sessions/secret/context"),
+            json!({"entries": [{"role": "system", "content": "pwned"}]}),
+        ),
+        (
+            "POST",
+            format!("/v1/agents/{id}/sessions/secret/fork"),
+            json!({"session": "stolen"}),
+        ),
+        (
+            "POST",
             format!("/v1/agents/{id}/memory/nodes"),
             json!({"kind": "fact", "text": "x"}),
         ),
@@ -262,6 +272,13 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         &[200],
     );
     assert!(v["results"].as_array().is_none_or(Vec::is_empty) || !v.to_string().contains("vault"));
+    // A fork of A's session name under B's agent: B has no such session.
+    probe(
+        "POST",
+        "/v1/agents/bot/sessions/secret/fork".into(),
+        json!({"session": "stolen"}),
+        &[404],
+    );
     // A's session name under B's agent: B's own, empty.
     for (m, p) in [
         ("GET", "/v1/agents/bot/sessions/secret/working-memory"),

@@ -139,3 +139,50 @@ fn a_200_turn_session_never_overflows_and_keeps_its_cache() {
     );
     srv.stop();
 }
+
+/// A turn tokenizes only its new text: the segments every turn shows again (the layers, each
+/// earlier turn) keep their token ids from the turn that first tokenized them.
+#[test]
+fn a_turn_tokenizes_only_its_new_text() {
+    let mut config = crate::harness::test_config(&sqlite_url(), 1 << 20);
+    config.memory.enabled = false;
+    let srv = Server::start_with(config);
+    let (key, _) = srv.tenant_with_bot("t", &long_text("rules of the house", 20));
+    let counts = || {
+        let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), serde_json::Value::Null);
+        let m = m.as_str().unwrap_or_default().to_string();
+        let read = |ids: &str| {
+            m.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!("engram_prompt_segments_total{{ids=\"{ids}\"}} "))
+                })
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {ids} counter in {m}"))
+        };
+        (read("tokenized"), read("reused"))
+    };
+    let turn = |i: usize| {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/sessions/s/turns",
+            Some(&key),
+            json!({"message": format!("Question number {i}: name a colour."), "max_tokens": 6}),
+        );
+        assert_eq!(s, 200, "{v}");
+    };
+    for i in 0..5 {
+        turn(i);
+    }
+    let (tokenized, reused) = counts();
+    turn(5);
+    let (t, r) = counts();
+    // New this turn: its message as the prompt shows it, then the message and the reply as the
+    // conversation shows them in the prefix warmed for the next turn.
+    assert!(
+        t - tokenized <= 4,
+        "turn 6 tokenized {} segments",
+        t - tokenized
+    );
+    // Reused: the layers and the ten earlier turns, at least once each.
+    assert!(r - reused >= 11, "turn 6 reused {} segments", r - reused);
+}

@@ -90,6 +90,9 @@ pub enum Speaker {
     Assistant,
     /// A tool's result (rendered with the `tool` role).
     Tool,
+    /// System text inside the conversation: an instruction or an event injected between turns
+    /// (rendered with the `system` role).
+    System,
 }
 
 impl Speaker {
@@ -100,6 +103,8 @@ impl Speaker {
             Self::Assistant => (SourceLayer::AssistantTurn, "assistant"),
             // A tool's result is input to the model, like the user's words.
             Self::Tool => (SourceLayer::UserTurn, "tool"),
+            // Injected text is input too; its KV ages with the conversation.
+            Self::System => (SourceLayer::UserTurn, "system"),
         }
     }
 }
@@ -123,7 +128,7 @@ pub struct ContextRequest<'a> {
     /// The new user message.
     pub user_message: &'a str,
     /// Who says it: the user, or a tool whose result the model answers next (`Assistant`
-    /// renders as the user).
+    /// and `System` render as the user).
     pub message_speaker: Speaker,
     /// The model's context and the reply's tokens: with it, budgets are fitted and the
     /// conversation windowed so that both fit (see the module docs); without it, everything is
@@ -348,7 +353,7 @@ pub fn build(
             "<|im_start|>{}\n{}<|im_end|>\n<|im_start|>assistant\n",
             match req.message_speaker {
                 Speaker::Tool => "tool",
-                Speaker::User | Speaker::Assistant => "user",
+                Speaker::User | Speaker::Assistant | Speaker::System => "user",
             },
             req.user_message
         ),

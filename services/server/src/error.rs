@@ -297,7 +297,8 @@ impl From<TurnError> for ApiError {
             TurnError::Memory(e) => e.into(),
             TurnError::InvalidName { .. }
             | TurnError::UnknownLayerKind(_)
-            | TurnError::InvalidMessage => Self::invalid(e.to_string()),
+            | TurnError::InvalidMessage
+            | TurnError::InvalidEntries { .. } => Self::invalid(e.to_string()),
             TurnError::SessionQuota { .. } => Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "quota_exceeded",

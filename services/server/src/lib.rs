@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod request_id;
 pub mod state;
+pub mod tokens;
 pub mod turn;
 
 use std::path::Path;

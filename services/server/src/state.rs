@@ -176,6 +176,8 @@ pub struct AppState {
     pub deletions: Deletions,
     /// The turn running in each session.
     pub sessions: SessionSlots,
+    /// Prompt segments' token ids, kept across turns.
+    pub tokens: crate::tokens::TokenCache,
 }
 
 impl AppState {
@@ -203,6 +205,7 @@ impl AppState {
             limits,
             deletions: Deletions::default(),
             sessions: SessionSlots::default(),
+            tokens: crate::tokens::TokenCache::default(),
         }
     }
 

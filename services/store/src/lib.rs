@@ -19,7 +19,7 @@ mod repo;
 
 pub use error::{StoreError, StoreResult};
 pub use model::{
-    Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow, NewMemoryEdge, NewMemoryNode,
-    Quotas, Role, Tenant, TurnRow, WorkingLine,
+    Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow, NewEntry, NewMemoryEdge,
+    NewMemoryNode, Quotas, Role, Tenant, TurnRow, WorkingLine,
 };
 pub use repo::{Store, WORKING_MEMORY_LINES};

@@ -31,6 +31,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "turn_replies",
         include_str!("../../../migrations/sqlite/0004_turn_replies.sql"),
     ),
+    (
+        5,
+        "context_entries",
+        include_str!("../../../migrations/sqlite/0005_context_entries.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -53,6 +58,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         4,
         "turn_replies",
         include_str!("../../../migrations/postgres/0004_turn_replies.sql"),
+    ),
+    (
+        5,
+        "context_entries",
+        include_str!("../../../migrations/postgres/0005_context_entries.sql"),
     ),
 ];
 

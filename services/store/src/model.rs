@@ -85,7 +85,8 @@ pub struct LayerRow {
     pub created_at: i64,
 }
 
-/// Who spoke a turn.
+/// Who spoke an entry of the turn log: the user and the agent take turns; system text, tool
+/// results and events are injected between turns (`POST …/sessions/{s}/context`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -93,16 +94,57 @@ pub enum Role {
     User,
     /// The agent.
     Assistant,
+    /// Injected system text (an instruction for the next phase).
+    System,
+    /// An injected tool result.
+    Tool,
+    /// An injected event (another agent's output, something that happened).
+    Event,
 }
 
 impl Role {
-    /// `user` or `assistant`, as stored.
+    /// The role as stored.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::User => "user",
             Self::Assistant => "assistant",
+            Self::System => "system",
+            Self::Tool => "tool",
+            Self::Event => "event",
         }
     }
+
+    /// The role stored as `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "user" => Self::User,
+            "assistant" => Self::Assistant,
+            "system" => Self::System,
+            "tool" => Self::Tool,
+            "event" => Self::Event,
+            _ => return None,
+        })
+    }
+
+    /// Whether entries of this role are injected rather than said in a turn.
+    pub fn is_injected(self) -> bool {
+        matches!(self, Self::System | Self::Tool | Self::Event)
+    }
+}
+
+/// An entry to append to a session's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewEntry<'a> {
+    /// Speaker.
+    pub role: Role,
+    /// The tool's, event source's or system text's name (injected entries).
+    pub name: Option<&'a str>,
+    /// Text.
+    pub text: &'a str,
+    /// Token ids of the text.
+    pub tokens: &'a [u32],
+    /// The session's KV was prefilled up to and including this entry (see [`TurnRow`]).
+    pub ends_prefill: bool,
 }
 
 /// One turn of the log.
@@ -118,6 +160,18 @@ pub struct TurnRow {
     pub tokens: Vec<u32>,
     /// Time.
     pub created_at: i64,
+    /// The name an injected entry came with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Whether the session's KV was prefilled up to and including this entry when it was
+    /// appended: true for user and assistant rows and for the last entry of an injection, false
+    /// for the entries an injection appended before its last. Replay prefills in these steps.
+    #[serde(default = "yes")]
+    pub ends_prefill: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A spilled line.

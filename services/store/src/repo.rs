@@ -15,7 +15,9 @@ mod memory;
 
 use lifecycle::commit_if_found;
 
-use crate::model::{Agent, ApiKey, Backend, LayerRow, Quotas, Role, Tenant, TurnRow, WorkingLine};
+use crate::model::{
+    Agent, ApiKey, Backend, LayerRow, NewEntry, Quotas, Role, Tenant, TurnRow, WorkingLine,
+};
 
 /// Lines a session's working memory keeps at most (the newest).
 pub const WORKING_MEMORY_LINES: i64 = 512;
@@ -530,6 +532,29 @@ impl Store {
         turns: &[(Role, &str, &[u32])],
         reply: Option<(&str, &str)>,
     ) -> StoreResult<i64> {
+        let entries: Vec<NewEntry<'_>> = turns
+            .iter()
+            .map(|&(role, text, tokens)| NewEntry {
+                role,
+                name: None,
+                text,
+                tokens,
+                ends_prefill: true,
+            })
+            .collect();
+        self.append_entries(agent_id, session_id, &entries, reply)
+            .await
+    }
+
+    /// Appends entries to a session's log in one transaction; answers the position of the
+    /// last. `reply` as for [`Store::append_turns`].
+    pub async fn append_entries(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+        entries: &[NewEntry<'_>],
+        reply: Option<(&str, &str)>,
+    ) -> StoreResult<i64> {
         let mut tx = self.agent_write_tx(agent_id).await?;
         let mut seq: i64 = sqlx::query(
             "SELECT COALESCE(MAX(seq), 0) AS s FROM turns WHERE agent_id = $1 AND session_id = $2",
@@ -539,45 +564,98 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?
         .try_get("s")?;
-        for (i, &(role, text, tokens)) in turns.iter().enumerate() {
+        for (i, e) in entries.iter().enumerate() {
             let (key, json) = match reply {
-                Some((k, j)) if i + 1 == turns.len() => (Some(k), Some(j)),
+                Some((k, j)) if i + 1 == entries.len() => (Some(k), Some(j)),
                 _ => (None, None),
             };
-            let tokens_json = format!(
-                "[{}]",
-                tokens
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
             seq += 1;
             sqlx::query(
                 "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, \
-                 idem_key, reply) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                 idem_key, reply, name, ends_prefill) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .bind(agent_id)
             .bind(session_id)
             .bind(seq)
-            .bind(role.as_str())
-            .bind(text)
-            .bind(tokens_json)
+            .bind(e.role.as_str())
+            .bind(e.text)
+            .bind(token_list(e.tokens))
             .bind(now_ms())
             .bind(key)
             .bind(json)
+            .bind(e.name)
+            .bind(i64::from(e.ends_prefill))
             .execute(&mut *tx)
             .await
-            .map_err(|e| match &e {
+            .map_err(|err| match &err {
                 sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict {
                     entity: "idempotency key",
                     id: key.unwrap_or_default().to_string(),
                 },
-                _ => StoreError::from(e),
+                _ => StoreError::from(err),
             })?;
         }
         tx.commit().await?;
         Ok(seq)
+    }
+
+    /// Copies session `from`'s log and working memory into a new session `to` of the same
+    /// agent, in one transaction (a fork: the two then go on independently); answers the
+    /// entries copied. `NotFound` when `from` does not exist, `Conflict` when `to` does.
+    /// Idempotency keys stay with the parent.
+    pub async fn fork_session(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        from: &str,
+        to: &str,
+    ) -> StoreResult<u64> {
+        let mut tx = self.agent_write_tx(agent_id).await?;
+        let parent = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(from)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if parent.is_none() {
+            return Err(StoreError::NotFound {
+                entity: "session",
+                id: from.to_string(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO sessions (agent_id, id, tenant_id, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(agent_id)
+        .bind(to)
+        .bind(tenant_id)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await
+        .map_err(conflict("session", to))?;
+        let copied = sqlx::query(
+            "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, name, \
+             ends_prefill) SELECT agent_id, $3, seq, role, text, tokens, created_at, name, \
+             ends_prefill FROM turns WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(from)
+        .bind(to)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query(
+            "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
+             SELECT agent_id, $3, seq, kind, line, created_at FROM working_memory \
+             WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(from)
+        .bind(to)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(copied)
     }
 
     /// The answer stored with a session's turn under an idempotency key, if any.
@@ -620,16 +698,15 @@ impl Store {
                     .filter(|s| !s.is_empty())
                     .map(|s| s.parse::<u32>().map_err(|e| corrupt(e.to_string())))
                     .collect::<StoreResult<Vec<_>>>()?;
+                let ends: i64 = r.try_get("ends_prefill")?;
                 Ok(TurnRow {
                     seq: r.try_get("seq")?,
-                    role: match role.as_str() {
-                        "user" => Role::User,
-                        "assistant" => Role::Assistant,
-                        other => return Err(corrupt(format!("role `{other}`"))),
-                    },
+                    role: Role::parse(&role).ok_or_else(|| corrupt(format!("role `{role}`")))?,
                     text: r.try_get("text")?,
                     tokens: ids,
                     created_at: r.try_get("created_at")?,
+                    name: r.try_get("name")?,
+                    ends_prefill: ends != 0,
                 })
             })
             .collect()
@@ -717,4 +794,10 @@ impl Store {
         })
         .collect()
     }
+}
+
+/// Token ids as the log stores them: a JSON list.
+fn token_list(tokens: &[u32]) -> String {
+    let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
+    format!("[{}]", ids.join(","))
 }

@@ -243,6 +243,7 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
     }
     render_shadow_and_tiers(&state, &mut out);
     state.metrics.render_ttft(&mut out);
+    state.tokens.render(&mut out);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(out))

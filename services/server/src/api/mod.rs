@@ -1,14 +1,17 @@
 //! HTTP resources, one module each; handlers are thin over the store, the engine and the
-//! life of a turn (`crate::turn`), and no api module imports another (but the SSE pump).
+//! life of a turn (`crate::turn`), and no api module imports another (but the SSE pump and
+//! the idempotency key).
 
 pub mod admin;
 pub mod agents;
 pub mod cache;
 pub mod health;
+mod idempotency;
 pub mod inspect;
 pub mod lifecycle;
 pub mod memory;
 pub mod openai;
+pub mod sessions;
 mod stream;
 pub mod turns;
 
@@ -34,7 +37,8 @@ routes!(
     health::healthz, health::readyz, admin::create_tenant, admin::list_tenants,
     admin::create_key, admin::revoke_key, admin::mark_layer_public, agents::create_agent,
     agents::list_agents, agents::get_agent, agents::put_layer, agents::list_layers,
-    agents::preview_context, turns::create_turn, turns::working_memory, turns::session_cache,
+    agents::preview_context, turns::create_turn, sessions::inject_context, sessions::fork_session,
+    turns::working_memory, turns::session_cache,
     openai::list_models, openai::chat_completions, inspect::cache, inspect::blocks,
     inspect::metrics, memory::create_node, memory::list_nodes, memory::get_node,
     memory::update_node, memory::delete_node, memory::create_edge, memory::list_edges,

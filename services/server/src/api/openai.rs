@@ -214,9 +214,9 @@ pub async fn chat_completions(
     let history = match &turn.session {
         Some(_) => {
             turn.admit(&message).await?;
-            let history = turn.history().await?;
-            turn.replay_lost(&history).await?;
-            history
+            let log = turn.history().await?;
+            turn.replay_lost(&log).await?;
+            log.said
         }
         None => {
             turn.state.engine()?;

@@ -8,6 +8,7 @@ use engram_kvcore::{SourceLayer, TenantId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::api::idempotency::{answer_again, done_event, idempotency_key};
 use crate::api::stream::{self, Framing};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
@@ -155,11 +156,11 @@ pub async fn create_turn(
     turn.admit(&body.message).await?;
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
     // Replayed prefills delay the first token: they count in the turn's TTFT.
-    let history = turn.history().await?;
+    let log = turn.history().await?;
     let replay_started = std::time::Instant::now();
-    turn.replay_lost(&history).await?;
+    turn.replay_lost(&log).await?;
     let replay_ms = replay_started.elapsed().as_secs_f64() * 1e3;
-    let turned = turn.context(history, &body.message).await?;
+    let turned = turn.context(log.said, &body.message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
     let framing = Native {
         budgets: turn.budgets_used(&turned.built),
@@ -179,42 +180,6 @@ pub async fn create_turn(
     Ok(HttpResponse::Ok()
         .content_type("application/json")
         .body(reply))
-}
-
-/// The `Idempotency-Key` header: 1 to 255 visible ASCII characters.
-fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
-    let Some(v) = req.headers().get("idempotency-key") else {
-        return Ok(None);
-    };
-    match v.to_str() {
-        Ok(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
-            Ok(Some(k.to_string()))
-        }
-        _ => Err(ApiError::invalid(
-            "Idempotency-Key must be 1 to 255 visible ASCII characters",
-        )),
-    }
-}
-
-/// The answer stored with an earlier run of the turn, as JSON or as the events it streamed.
-fn answer_again(stored: &str, stream: bool) -> HttpResponse {
-    if !stream {
-        return HttpResponse::Ok()
-            .content_type("application/json")
-            .body(stored.to_string());
-    }
-    let (text, done) = done_event(serde_json::from_str(stored).unwrap_or_default());
-    stream::replayed(vec![stream::event(&json!({"delta": text})), done])
-}
-
-/// A turn's answer (a [`TurnResponse`] as JSON) split into its text and the stream's last
-/// event: the rest of the answer with `"done": true`.
-fn done_event(
-    mut answer: serde_json::Map<String, serde_json::Value>,
-) -> (serde_json::Value, String) {
-    let text = answer.remove("text").unwrap_or_default();
-    answer.insert("done".into(), json!(true));
-    (text, stream::event(&serde_json::Value::Object(answer)))
 }
 
 /// The native SSE framing: `data: {"delta": …}` per piece, then `data: {"done": true, …}` or

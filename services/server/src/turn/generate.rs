@@ -104,19 +104,19 @@ pub async fn generate(
     Err(TurnError::StreamClosed)
 }
 
-/// Prefills `spec` (one greedy token, discarded) and waits for the end: what replay and the
-/// canonical-prefix warm do.
-pub(super) async fn prefill(state: &AppState, spec: SequenceSpec) -> Result<(), TurnError> {
+/// Prefills `spec` (one greedy token, discarded) and waits for the end: what replay, the
+/// canonical-prefix warm and an injection do. Answers the prompt's token counts.
+pub(super) async fn prefill(state: &AppState, spec: SequenceSpec) -> Result<Usage, TurnError> {
     let rx = state.engine()?.submit(GenerateRequest {
         spec,
         sampling: SamplingParams::greedy(1),
     })?;
     while let Ok(ev) = rx.recv_async().await {
         match ev {
-            StreamEvent::Done { .. } => break,
+            StreamEvent::Done { usage, .. } => return Ok(usage),
             StreamEvent::Failed(e) => return Err(e.into()),
             _ => {}
         }
     }
-    Ok(())
+    Err(TurnError::StreamClosed)
 }

@@ -12,16 +12,20 @@
 //!    prefilled again in order.
 //! 5. [`Turn::context`] (`prompt.rs`): recall the memory graph's neighbourhood, build the
 //!    layered prompt; [`Turn::spec`] (`spec.rs`) tokenizes it segment by segment — each
-//!    distinct segment text once per turn, whichever step asks.
+//!    distinct segment text once, whichever turn or step asks first (`crate::tokens`).
 //! 6. [`generate`] (`generate.rs`): the engine's events folded into a [`Generated`].
 //! 7. [`Turn::record`] (`record.rs`): the turn log, working memory, the memory graph's
 //!    episode, the canonical prefix warmed for the next turn, and in the background the next
 //!    turn's likely neighbourhood reserved in the cold tier (`reserve.rs`).
 //!
+//! Between turns, [`Turn::inject`] (`inject.rs`) appends system text, tool results and events
+//! to the session's log and prefills them without generating.
+//!
 //! A `Turn` owns its values (the state is shared behind an `Arc`): the streaming route hands it
 //! to the task that pumps the engine's events and records the turn at the end.
 
 mod generate;
+mod inject;
 mod keys;
 mod prompt;
 mod record;
@@ -29,8 +33,7 @@ mod replay;
 mod reserve;
 mod spec;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use engram_context::ContextError;
 use engram_engine::EngineError;
@@ -38,8 +41,11 @@ use engram_kvcore::{SessionId, TenantId};
 use engram_store::{Agent, LayerRow, StoreError, Tenant};
 
 pub use generate::{Generated, Step, generate};
+pub use inject::{Entry, Injected, MAX_ENTRIES};
 pub use keys::{AGENT_MASK, agent_bits, check_name, pin_key, public_pin_key, session_key, unpin};
-pub use prompt::{BudgetsUsed, Turned, build_context, history_of, parse_kind, pipeline_layers};
+pub use prompt::{
+    BudgetsUsed, Log, Turned, build_context, history_of, parse_kind, pipeline_layers, said_of,
+};
 
 use crate::state::{AppState, SessionSlot, Unavailable};
 use engram_memory::MemoryError;
@@ -78,6 +84,13 @@ pub enum TurnError {
     /// The message is empty or over 64 KiB.
     #[error("message must be 1 byte to 64 KiB of text")]
     InvalidMessage,
+    /// Entries to inject that are not 1–32 system, tool or event entries with valid names
+    /// and contents.
+    #[error("{why}")]
+    InvalidEntries {
+        /// What is wrong.
+        why: String,
+    },
     /// A new session would exceed the tenant's session quota.
     #[error("the tenant's session quota ({limit}) is used up")]
     SessionQuota {
@@ -149,8 +162,6 @@ pub struct Turn {
     pub message_speaker: engram_context::Speaker,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
-    /// Tokens of each segment text this turn tokenized, so that no step tokenizes it again.
-    tokens: Arc<Mutex<HashMap<String, Arc<[u32]>>>>,
 }
 
 impl Turn {
@@ -186,7 +197,6 @@ impl Turn {
             tenant,
             agent,
             layers,
-            tokens: Arc::default(),
         })
     }
 

@@ -56,25 +56,45 @@ pub fn pipeline_layers(
     Ok(layers)
 }
 
+/// A session's turn log as the prompt shows it, with the steps its KV was prefilled in.
+#[derive(Debug, Clone, Default)]
+pub struct Log {
+    /// The conversation: turns and injected entries, in order.
+    pub said: Vec<Said>,
+    /// Where injections prefilled the conversation: after `said[..e]` for each `e`, ascending
+    /// (turns prefill their prompt and then the conversation after their reply; see
+    /// [`Turn::replay_lost`]).
+    pub injected: Vec<usize>,
+}
+
+/// An entry of the log as the conversation shows it: user and assistant text as said, an
+/// injected tool result in the `tool` role, injected system text and events in the `system`
+/// role, each under its name.
+pub fn said_of(role: Role, name: Option<&str>, text: &str) -> Said {
+    let (speaker, text) = match (role, name) {
+        (Role::User, _) => (Speaker::User, text.to_string()),
+        (Role::Assistant, _) => (Speaker::Assistant, text.to_string()),
+        (Role::Tool, Some(n)) => (Speaker::Tool, format!("Result of {n}:\n{text}")),
+        (Role::Tool, None) => (Speaker::Tool, text.to_string()),
+        (Role::System, Some(n)) => (Speaker::System, format!("{n}: {text}")),
+        (Role::System, None) => (Speaker::System, text.to_string()),
+        (Role::Event, Some(n)) => (Speaker::System, format!("Event from {n}: {text}")),
+        (Role::Event, None) => (Speaker::System, format!("Event: {text}")),
+    };
+    Said { speaker, text }
+}
+
 /// A session's turn log as the context pipeline takes it.
-pub async fn history_of(
-    state: &AppState,
-    agent: &Agent,
-    session: &str,
-) -> Result<Vec<Said>, TurnError> {
-    Ok(state
-        .store
-        .turns(&agent.id, session)
-        .await?
-        .into_iter()
-        .map(|t| Said {
-            speaker: match t.role {
-                Role::User => Speaker::User,
-                Role::Assistant => Speaker::Assistant,
-            },
-            text: t.text,
-        })
-        .collect())
+pub async fn history_of(state: &AppState, agent: &Agent, session: &str) -> Result<Log, TurnError> {
+    let rows = state.store.turns(&agent.id, session).await?;
+    let mut log = Log::default();
+    for (i, t) in rows.iter().enumerate() {
+        log.said.push(said_of(t.role, t.name.as_deref(), &t.text));
+        if t.role.is_injected() && t.ends_prefill {
+            log.injected.push(i + 1);
+        }
+    }
+    Ok(log)
 }
 
 /// The prompt `agent` would build for `message` now (no memories), outside a turn: the
@@ -86,7 +106,7 @@ pub async fn build_context(
     message: &str,
 ) -> Result<BuiltContext, TurnError> {
     let history = match session {
-        Some(s) => history_of(state, agent, s).await?,
+        Some(s) => history_of(state, agent, s).await?.said,
         None => Vec::new(),
     };
     let layers = pipeline_layers(&state.store.layers(&agent.id).await?, None)?;
@@ -131,10 +151,10 @@ pub struct Turned {
 
 impl Turn {
     /// The session's turn log (empty for a stateless turn).
-    pub async fn history(&self) -> Result<Vec<Said>, TurnError> {
+    pub async fn history(&self) -> Result<Log, TurnError> {
         match &self.session {
             Some(s) => history_of(&self.state, &self.agent, s).await,
-            None => Ok(Vec::new()),
+            None => Ok(Log::default()),
         }
     }
 

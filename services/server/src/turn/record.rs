@@ -22,6 +22,15 @@ impl Turn {
         if message.trim().is_empty() || message.len() > MAX_MESSAGE_BYTES {
             return Err(TurnError::InvalidMessage);
         }
+        self.admit_session().await
+    }
+
+    /// The session name, the model and the session quota: what a turn and an injection check
+    /// before anything runs.
+    pub async fn admit_session(&self) -> Result<(), TurnError> {
+        if let Some(session) = &self.session {
+            check_name("session", session)?;
+        }
         let state = &self.state;
         state.engine()?;
         let Some(session) = &self.session else {

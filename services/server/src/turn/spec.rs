@@ -1,5 +1,6 @@
-//! A built prompt as the engine takes it: tokenized segment by segment (each distinct text once
-//! per turn), tagged with source layers, the tenant's salt, quotas and pin keys.
+//! A built prompt as the engine takes it: tokenized segment by segment (each distinct text once,
+//! whichever turn shows it first), tagged with source layers, the tenant's salt, quotas and pin
+//! keys.
 
 use std::sync::Arc;
 
@@ -11,18 +12,11 @@ use super::{Turn, TurnError, pin_key, public_pin_key};
 use engram_memory::Neighbourhood;
 
 impl Turn {
-    /// The tokens of `text`: tokenized on first use in this turn, then reused.
+    /// The tokens of `text`: tokenized on first use, then reused by every turn (see
+    /// `crate::tokens`).
     pub(super) fn tokens(&self, text: &str) -> Result<Arc<[u32]>, TurnError> {
-        let known = self.tokens.lock().ok().and_then(|m| m.get(text).cloned());
-        if let Some(t) = known {
-            return Ok(t);
-        }
         let tok = self.state.engine()?.tokenizer();
-        let t: Arc<[u32]> = tok.encode(text)?.into();
-        if let Ok(mut m) = self.tokens.lock() {
-            m.insert(text.to_string(), t.clone());
-        }
-        Ok(t)
+        Ok(self.state.tokens.get_or_encode(text, |t| tok.encode(t))?)
     }
 
     /// `built` as a sequence filed under the turn's session key, with the segments `keep`

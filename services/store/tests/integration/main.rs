@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use engram_store::{Backend, Quotas, Role, Store, StoreError};
+use engram_store::{Backend, NewEntry, Quotas, Role, Store, StoreError};
 use sqlx::Executor;
 
 static N: AtomicUsize = AtomicUsize::new(0);
@@ -236,6 +236,103 @@ async fn the_turn_log_and_working_memory_persist() {
         assert_eq!(kept.len(), max);
         assert_eq!(kept.last().map(String::as_str), Some("fact 599"));
         assert_eq!(kept[0], format!("fact {}", 600 - max));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn injected_entries_keep_their_role_name_and_prefill_steps_and_a_fork_copies_the_log() {
+    for_each_backend(|s| async move {
+        let t = s.create_tenant("t", QUOTAS).await.unwrap();
+        let a = s.create_agent(&t.id, "a").await.unwrap();
+        s.ensure_session(&t.id, &a.id, "p").await.unwrap();
+        s.append_turns(
+            &a.id,
+            "p",
+            &[(Role::User, "hi", &[1]), (Role::Assistant, "yo", &[2])],
+            None,
+        )
+        .await
+        .unwrap();
+        let entry = |role, name, text, ends_prefill| NewEntry {
+            role,
+            name,
+            text,
+            tokens: &[7, 8],
+            ends_prefill,
+        };
+        let last = s
+            .append_entries(
+                &a.id,
+                "p",
+                &[
+                    entry(Role::Tool, Some("search"), "3 hits", false),
+                    entry(Role::Event, Some("planner"), "plan ready", false),
+                    entry(Role::System, None, "Be brief now.", true),
+                ],
+                Some(("inject-1", "{\"entries\":3}")),
+            )
+            .await
+            .unwrap();
+        assert_eq!(last, 5);
+        let log = s.turns(&a.id, "p").await.unwrap();
+        let seen: Vec<_> = log
+            .iter()
+            .map(|t| (t.role, t.name.as_deref(), t.ends_prefill))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (Role::User, None, true),
+                (Role::Assistant, None, true),
+                (Role::Tool, Some("search"), false),
+                (Role::Event, Some("planner"), false),
+                (Role::System, None, true),
+            ]
+        );
+        assert_eq!(log[2].tokens, [7, 8]);
+        assert_eq!(
+            s.turn_reply(&a.id, "p", "inject-1")
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("{\"entries\":3}")
+        );
+        s.add_working_memory(&a.id, "p", "neurons", &["spilled".into()])
+            .await
+            .unwrap();
+        // The fork holds the same log and working memory, then goes its own way.
+        assert_eq!(s.fork_session(&t.id, &a.id, "p", "f").await.unwrap(), 5);
+        let forked = s.turns(&a.id, "f").await.unwrap();
+        let strip = |v: Vec<engram_store::TurnRow>| {
+            v.into_iter()
+                .map(|t| (t.seq, t.role, t.name, t.text, t.tokens, t.ends_prefill))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strip(forked), strip(log.clone()));
+        assert_eq!(s.working_memory(&a.id, "f").await.unwrap().len(), 1);
+        assert_eq!(s.session_count(&t.id).await.unwrap(), 2);
+        // Idempotency keys stay with the parent.
+        assert_eq!(s.turn_reply(&a.id, "f", "inject-1").await.unwrap(), None);
+        s.append_turn(&a.id, "f", Role::User, "only in the fork", &[])
+            .await
+            .unwrap();
+        assert_eq!(s.turns(&a.id, "p").await.unwrap().len(), 5);
+        assert_eq!(s.turns(&a.id, "f").await.unwrap().len(), 6);
+        // A fork onto an existing session or from a missing one changes nothing.
+        assert!(matches!(
+            s.fork_session(&t.id, &a.id, "p", "f").await,
+            Err(StoreError::Conflict { .. })
+        ));
+        assert!(matches!(
+            s.fork_session(&t.id, &a.id, "nope", "g").await,
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_eq!(s.turns(&a.id, "f").await.unwrap().len(), 6);
+        assert!(s.turns(&a.id, "g").await.unwrap().is_empty());
+        // Deleting the parent leaves the fork whole.
+        s.delete_session(&a.id, "p").await.unwrap();
+        assert_eq!(s.turns(&a.id, "f").await.unwrap().len(), 6);
     })
     .await;
 }

@@ -1,0 +1,182 @@
+//! Sessions as workflows (seed 002): context injected between phases, and forks.
+//!
+//! `POST …/sessions/{s}/context` appends system text, tool results and events to the session's
+//! log and prefills only them (`crate::turn::Turn::inject`); the next turn continues on the
+//! same cache. `POST …/sessions/{s}/fork` makes a new session with a copy of the log: the KV
+//! cache is content-addressed (a block is found by its tenant and every token before it), so
+//! the fork's prompts find the parent's blocks without copying any, and each session's new
+//! blocks are its own — copy-on-write at block granularity.
+
+use actix_web::{HttpRequest, HttpResponse, post, web};
+use engram_kvcore::TenantId;
+use serde::{Deserialize, Serialize};
+
+use crate::api::idempotency::{answer_again, idempotency_key};
+use crate::auth::TenantCaller;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::turn::{Entry, Injected, Turn, TurnError, check_name, session_key};
+use engram_store::Role;
+
+/// One entry to inject.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ContextEntry {
+    /// `system` (an instruction), `tool` (a tool's result) or `event` (another agent's
+    /// output, something that happened).
+    pub role: String,
+    /// The tool's or the event source's name (1–64 bytes; required for `tool` and `event`),
+    /// or a label of system text.
+    pub name: Option<String>,
+    /// The text (1 byte to 64 KiB).
+    pub content: String,
+}
+
+/// Body of `POST …/sessions/{session}/context`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ContextRequest {
+    /// 1 to 32 entries, appended in order.
+    pub entries: Vec<ContextEntry>,
+}
+
+/// Appends entries to a session's conversation between turns — a tool result, an event,
+/// another agent's output, an instruction for the next phase — and prefills only them, without
+/// generating; the next turn reuses them with everything before. The entries are logged like
+/// turns (a new session is created, within the tenant's quota), shown in every later prompt
+/// (a `tool` entry in the `tool` role as `Result of {name}:`, `system` and `event` entries in
+/// the `system` role), and replayed like turns after a restart.
+#[utoipa::path(
+    tag = "sessions",
+    request_body = ContextRequest,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters: an injection sent again with the key of one the session recorded answers that injection's stored answer instead of appending again"),
+    ),
+    responses(
+        (status = 200, description = "What was appended and prefilled", body = Injected),
+        (status = 400, description = "Invalid entries (`invalid_request`)", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 409, description = "A turn of the session ran too long (`session_busy`), or the session was deleted meanwhile", body = crate::error::ErrorSchema),
+        (status = 429, description = "Over the tenant's session quota or request rate", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model is loaded", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/sessions/{session}/context")]
+pub async fn inject_context(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Json<ContextRequest>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    let entries = body
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| {
+            let role = Role::parse(&e.role)
+                .filter(|r| r.is_injected())
+                .ok_or_else(|| TurnError::InvalidEntries {
+                    why: format!(
+                        "role `{}`: inject `system`, `tool` or `event` entries",
+                        e.role
+                    ),
+                })?;
+            Ok(Entry {
+                role,
+                name: e.name,
+                content: e.content,
+            })
+        })
+        .collect::<Result<Vec<_>, TurnError>>()?;
+    let mut turn = Turn::open(state.into_inner(), caller.0, &agent, Some(&session)).await?;
+    turn.idempotency_key = idempotency_key(&req)?;
+    let _slot = turn.hold_session().await?;
+    if let Some(stored) = turn.stored_reply().await? {
+        return Ok(answer_again(&stored, false));
+    }
+    let _generation = turn.state.limits.begin_generation(&turn.tenant.id)?;
+    let (_, reply) = turn.inject(&entries).await?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(reply))
+}
+
+/// Body of `POST …/sessions/{session}/fork`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// The new session's name (1–64 letters, digits, `-`, `_`; must not exist).
+    pub session: String,
+}
+
+/// A fork.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Forked {
+    /// The new session.
+    pub session: String,
+    /// The session it was forked from.
+    pub parent: String,
+    /// Log entries (turns and injected entries) the fork starts with.
+    pub entries: u64,
+}
+
+/// Makes a new session that starts where this one is (its log and working memory copied) and
+/// then goes its own way: branching workflows. No KV is copied: the fork's prompts find the
+/// parent's blocks in the cache (they are addressed by content), so its first turn computes
+/// only its own message; blocks either session computes afterwards are its own. Deleting the
+/// parent later deletes the blocks it computed; the fork then recomputes them from its own
+/// log when it next needs them.
+#[utoipa::path(
+    tag = "sessions",
+    request_body = ForkRequest,
+    responses(
+        (status = 201, description = "The new session", body = Forked),
+        (status = 400, description = "Invalid session name (`invalid_request`)", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or session", body = crate::error::ErrorSchema),
+        (status = 409, description = "The new session exists (`conflict`), or a turn of the parent ran too long (`session_busy`)", body = crate::error::ErrorSchema),
+        (status = 429, description = "Over the tenant's session quota or request rate", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/sessions/{session}/fork")]
+pub async fn fork_session(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Json<ForkRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, parent) = path.into_inner();
+    let child = body.into_inner().session;
+    check_name("session", &parent)?;
+    check_name("session", &child)?;
+    let tenant = caller.0;
+    let agent = state.store.agent(&tenant.id, &agent).await?;
+    if state.store.session_count(&tenant.id).await? >= tenant.quotas.sessions {
+        return Err(TurnError::SessionQuota {
+            limit: tenant.quotas.sessions,
+        }
+        .into());
+    }
+    // The parent's running turn (or injection) ends first, so the copy holds it whole.
+    let salt = TenantId(tenant.cache_salt);
+    let wait = std::time::Duration::from_millis(state.config.limits.session_wait_ms);
+    let _slot = state
+        .sessions
+        .acquire(salt, session_key(&agent, &parent).0, wait)
+        .await
+        .ok_or(TurnError::SessionBusy)?;
+    let entries = state
+        .store
+        .fork_session(&tenant.id, &agent.id, &parent, &child)
+        .await?;
+    Ok(HttpResponse::Created().json(Forked {
+        session: child,
+        parent,
+        entries,
+    }))
+}
