@@ -392,3 +392,196 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
         srv.stop();
     }
 }
+
+/// The node `id` of the tenant of `key`.
+fn node_of(srv: &Server, key: &str, id: i64) -> Value {
+    let (s, v) = srv.call(
+        "GET",
+        &format!("/v1/agents/bot/memory/nodes/{id}"),
+        Some(key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{v}");
+    v["node"].clone()
+}
+
+/// A session's own turns are never recalled while its conversation shows them; once the window
+/// has left a turn out, its episode can be recalled into the session's own prompt.
+#[test]
+fn a_turn_the_window_left_out_is_recalled_into_its_own_session() {
+    let vectors = vector_dir();
+    let mut c = config(&crate::harness::sqlite_url(), &vectors);
+    c.model.context_tokens = 1024;
+    c.memory.reserve = false;
+    let srv = Server::start_with(c);
+    let (key, _) = srv.tenant_with_bot("t", "Answer in one short sentence.");
+    let turn = |msg: &str| {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/sessions/s/turns",
+            Some(&key),
+            json!({"message": msg, "max_tokens": 8}),
+        );
+        assert_eq!(s, 200, "{v}");
+        v
+    };
+    let recalled = |v: &Value| -> Vec<Value> {
+        v["memories"]["nodes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|id| node_of(&srv, &key, id.as_i64().unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let question = "What is my locker code in hall B?";
+    turn("Remember this: my locker code is 4417 and my locker is in hall B.");
+    // While the conversation shows it, the locker turn is not recalled (nor any other turn of
+    // this session).
+    let v = turn(question);
+    assert!(
+        recalled(&v).iter().all(|n| n["session_id"] != "s"),
+        "{:?}",
+        recalled(&v)
+    );
+    let topics = [
+        "the weather in spring",
+        "baking sourdough bread",
+        "repairing a bicycle chain",
+        "planting tomatoes",
+        "learning the violin",
+        "painting a fence",
+        "training a puppy",
+        "brewing green tea",
+        "tiling a bathroom",
+        "knitting a scarf",
+        "sailing a dinghy",
+        "building a birdhouse",
+        "cleaning a fish tank",
+        "restoring old chairs",
+    ];
+    let mut dropped = 0;
+    for t in topics {
+        let v = turn(&format!(
+            "Tell me one practical tip about {t}, in plain words, for a complete beginner."
+        ));
+        dropped = v["budgets"]["dropped_turns"].as_u64().unwrap();
+        // Only turns the window left out may come back.
+        for n in recalled(&v) {
+            if n["session_id"] == "s" {
+                assert!(dropped > 0, "{n} recalled while the conversation shows it");
+            }
+        }
+        if dropped >= 4 {
+            break;
+        }
+    }
+    assert!(dropped >= 4, "the window never left the locker turn out");
+    let v = turn(question);
+    let nodes = recalled(&v);
+    assert!(
+        nodes
+            .iter()
+            .any(|n| n["session_id"] == "s" && n["text"].as_str().unwrap().contains("4417")),
+        "{nodes:?}"
+    );
+    srv.stop();
+}
+
+/// Lines a layer spilled over its budget become facts of the agent, once each, and are
+/// recalled when a message is about them.
+#[test]
+fn spilled_lines_become_recallable_facts_once() {
+    let vectors = vector_dir();
+    let srv = Server::start_with(config(&crate::harness::sqlite_url(), &vectors));
+    let (key, _) = srv.tenant_with_bot("t", "Answer in one short sentence.");
+    let facts: Vec<String> = [
+        "The server room door code is 5521.",
+        "The coffee beans come from a farm in Huila.",
+        "Invoices are sent on the first Monday of the month.",
+        "The backup tapes are stored in the basement safe.",
+        "The office plants are watered on Thursdays.",
+        "The guest wifi password changes every quarter.",
+        "Parking spaces 12 to 18 belong to the design team.",
+        "The fire drill is held every March.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (s, v) = srv.call(
+        "PUT",
+        "/v1/agents/bot/layers/neurons",
+        Some(&key),
+        json!({"content": facts.join("\n"), "budget": 40}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let turn = |session: &str, msg: &str| {
+        let (s, v) = srv.call(
+            "POST",
+            &format!("/v1/agents/bot/sessions/{session}/turns"),
+            Some(&key),
+            json!({"message": msg, "max_tokens": 6}),
+        );
+        assert_eq!(s, 200, "{v}");
+        v
+    };
+    let fact_nodes = || -> Vec<String> {
+        let (s, v) = srv.call(
+            "GET",
+            "/v1/agents/bot/memory/nodes?limit=1000",
+            Some(&key),
+            Value::Null,
+        );
+        assert_eq!(s, 200, "{v}");
+        let mut out: Vec<String> = v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["kind"] == "fact")
+            .map(|n| n["text"].as_str().unwrap().to_string())
+            .collect();
+        out.sort();
+        out
+    };
+    turn("a", "Hello there.");
+    let (s, wm) = srv.call(
+        "GET",
+        "/v1/agents/bot/sessions/a/working-memory",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{wm}");
+    let mut spilled: Vec<String> = wm["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["line"].as_str().unwrap().trim().to_string())
+        .collect();
+    spilled.sort();
+    assert!(spilled.len() >= 3, "{wm}");
+    assert_eq!(fact_nodes(), spilled);
+    // The same spill again, in this session and another: no second copy.
+    turn("a", "How are you?");
+    turn("b", "Good morning.");
+    assert_eq!(fact_nodes(), spilled);
+    // A message about a spilled fact recalls it.
+    let target = spilled
+        .iter()
+        .find(|l| l.contains("door code"))
+        .or(spilled.first())
+        .unwrap();
+    let v = turn("c", &format!("Tell me about this: {target}"));
+    let texts: Vec<String> = v["memories"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| {
+            node_of(&srv, &key, id.as_i64().unwrap())["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(texts.contains(target), "{target} not in {texts:?}");
+    srv.stop();
+}

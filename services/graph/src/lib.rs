@@ -326,19 +326,27 @@ pub struct QueryFilter {
     pub agent: Option<String>,
     /// Only these kinds (`None`: all).
     pub kinds: Option<Vec<NodeKind>>,
-    /// Never this session's episodes (the conversation already holds them). They may still
-    /// seed and relay proximity.
+    /// Never this session's nodes (the conversation already holds its episodes). They may
+    /// still seed and relay proximity.
     #[serde(default)]
     pub exclude_session: Option<String>,
+    /// With `exclude_session`: only its nodes created at or after this time (ms) are left
+    /// out — the turns the conversation still shows; older ones (turns the window dropped) may
+    /// be recalled. `None`: all of them are left out.
+    #[serde(default)]
+    pub exclude_since_ms: Option<i64>,
 }
 
 impl QueryFilter {
     /// Whether `n` may be returned.
     pub fn admits(&self, n: &Node) -> bool {
+        let excluded = self.exclude_session.is_some()
+            && n.session == self.exclude_session
+            && self.exclude_since_ms.is_none_or(|t| n.created_ms >= t);
         n.tenant == self.tenant
             && self.agent.as_ref().is_none_or(|a| *a == n.agent)
             && self.kinds.as_ref().is_none_or(|k| k.contains(&n.kind))
-            && (self.exclude_session.is_none() || n.session != self.exclude_session)
+            && !excluded
     }
 }
 

@@ -149,6 +149,7 @@ fn filters_scoring_terms_and_order_are_as_documented() {
         agent: Some("a1".into()),
         kinds: Some(vec![NodeKind::Fact]),
         exclude_session: None,
+        exclude_since_ms: None,
     };
     let r = g.hybrid_query(&[(NodeId(1), 0.9)], 10, 3, &facts, &s, NOW);
     assert_eq!(ids(&r), vec![5]);
@@ -362,5 +363,24 @@ fn the_current_sessions_episodes_relay_proximity_but_do_not_surface() {
     assert_eq!(
         ids(&g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &s2, &s, NOW)),
         ids(&all)
+    );
+    // Only the episodes since a time are hidden (the window still shows them): an older one
+    // surfaces again.
+    let (t1, t2) = (
+        g.node(NodeId(1)).unwrap().created_ms,
+        g.node(NodeId(2)).unwrap().created_ms,
+    );
+    let mut n2 = g.node(NodeId(2)).unwrap().clone();
+    n2.created_ms = t1.min(t2) - 10;
+    g.update_node(n2).unwrap();
+    let since = QueryFilter {
+        exclude_since_ms: Some(t1.min(t2) - 5),
+        ..other
+    };
+    let r = g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &since, &s, NOW);
+    assert!(
+        ids(&r).contains(&2) && !ids(&r).contains(&1),
+        "{:?}",
+        ids(&r)
     );
 }

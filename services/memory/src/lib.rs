@@ -47,7 +47,8 @@ pub struct MemorySection {
     pub hops: u32,
     /// Vector seeds per query at least.
     pub seeds: usize,
-    /// Every turn becomes an episode node linked to its predecessor.
+    /// Every turn becomes an episode node linked to its predecessor, and every line a layer
+    /// spilled over its budget (but the memories layer's own) a fact node of the agent, once.
     pub ingest_turns: bool,
     /// After each turn, reserve cold-tier blocks for the neighbourhood of what was just said.
     pub reserve: bool,
@@ -181,8 +182,10 @@ pub struct RecallQuery<'a> {
     pub hops: u32,
     /// Only these kinds.
     pub kinds: Option<Vec<NodeKind>>,
-    /// Leave this session's episodes out.
+    /// Leave this session's nodes out.
     pub exclude_session: Option<&'a str>,
+    /// With `exclude_session`: only those created at or after this time (ms); `None`: all.
+    pub exclude_since_ms: Option<i64>,
     /// Evaluate recency at this time (ms); now by default.
     pub at_ms: i64,
 }
@@ -555,6 +558,7 @@ impl MemoryService {
             agent: Some(q.agent.to_string()),
             kinds: q.kinds.clone(),
             exclude_session: q.exclude_session.map(str::to_string),
+            exclude_since_ms: q.exclude_since_ms,
         };
         let g = self.graph_read()?;
         let recalls = g.hybrid_query(&seeds, q.k, q.hops, &filter, &Scoring::default(), q.at_ms);

@@ -714,13 +714,15 @@ impl Store {
 
     /// Adds spilled lines of a layer to a session's working memory: a line already there (same
     /// layer) is kept once, and the session keeps its newest [`WORKING_MEMORY_LINES`] lines.
+    /// Answers the lines that were new.
     pub async fn add_working_memory(
         &self,
         agent_id: &str,
         session_id: &str,
         kind: &str,
         lines: &[String],
-    ) -> StoreResult<()> {
+    ) -> StoreResult<Vec<String>> {
+        let mut added = Vec::new();
         let mut tx = self.agent_write_tx(agent_id).await?;
         let mut seq: i64 = sqlx::query(
             "SELECT COALESCE(MAX(seq), 0) AS s FROM working_memory \
@@ -758,6 +760,7 @@ impl Store {
             .bind(now_ms())
             .execute(&mut *tx)
             .await?;
+            added.push(line.clone());
         }
         sqlx::query(
             "DELETE FROM working_memory WHERE agent_id = $1 AND session_id = $2 AND seq <= $3",
@@ -768,7 +771,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(added)
     }
 
     /// A session's working memory, oldest first.

@@ -259,8 +259,8 @@ pub async fn preview_context(
 ) -> Result<HttpResponse, ApiError> {
     let session = body.session.as_deref();
     let turn = Turn::open(state.into_inner(), caller.0, &path, session).await?;
-    let history = turn.history().await?.said;
-    let turned = turn.context(history, &body.message).await?;
+    let log = turn.history().await?;
+    let turned = turn.context(log, &body.message).await?;
     let built = &turned.built;
     let counter = turn.state.counter();
     let prompt_tokens: usize = built.segments.iter().map(|s| counter.count(&s.text)).sum();

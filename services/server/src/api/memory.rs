@@ -503,13 +503,14 @@ pub async fn query(
             hops,
             kinds,
             exclude_session: body.exclude_session.as_deref(),
+            exclude_since_ms: None,
             at_ms: body.at_ms.unwrap_or_else(now_ms),
         })
         .await?;
     let reservation = if body.reserve {
         let turn = Turn::of(state.into_inner(), caller.0, agent, None).await?;
         match turn
-            .neighbourhood(body.exclude_session.as_deref(), &body.text)
+            .neighbourhood(body.exclude_session.as_deref(), None, &body.text)
             .await?
         {
             Some(n) => turn.reserve(&[], &n).await?,

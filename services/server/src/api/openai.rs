@@ -37,7 +37,7 @@ use crate::api::stream::{self, Framing};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Generated, Turn, generate, session_key};
+use crate::turn::{Generated, Log, Turn, generate, session_key};
 
 /// One chat message.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -216,13 +216,13 @@ pub async fn chat_completions(
             turn.admit(&message).await?;
             let log = turn.history().await?;
             turn.replay_lost(&log).await?;
-            log.said
+            log
         }
         None => {
             turn.state.engine()?;
             // A stateless conversation's KV is filed under a key of its first user message.
             turn.kv_session = Some(conversation_key(&turn, &req.messages));
-            earlier.iter().filter_map(said).collect()
+            Log::unstored(earlier.iter().filter_map(said).collect())
         }
     };
     let turned = turn.context(history, &message).await?;

@@ -160,7 +160,7 @@ pub async fn create_turn(
     let replay_started = std::time::Instant::now();
     turn.replay_lost(&log).await?;
     let replay_ms = replay_started.elapsed().as_secs_f64() * 1e3;
-    let turned = turn.context(log.said, &body.message).await?;
+    let turned = turn.context(log, &body.message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
     let framing = Native {
         budgets: turn.budgets_used(&turned.built),

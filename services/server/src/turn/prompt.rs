@@ -65,6 +65,18 @@ pub struct Log {
     /// (turns prefill their prompt and then the conversation after their reply; see
     /// [`Turn::replay_lost`]).
     pub injected: Vec<usize>,
+    /// When each entry was logged (ms); empty for a conversation that is not stored.
+    pub created: Vec<i64>,
+}
+
+impl Log {
+    /// A conversation that is not stored (a stateless request's).
+    pub fn unstored(said: Vec<Said>) -> Self {
+        Self {
+            said,
+            ..Self::default()
+        }
+    }
 }
 
 /// An entry of the log as the conversation shows it: user and assistant text as said, an
@@ -90,6 +102,7 @@ pub async fn history_of(state: &AppState, agent: &Agent, session: &str) -> Resul
     let mut log = Log::default();
     for (i, t) in rows.iter().enumerate() {
         log.said.push(said_of(t.role, t.name.as_deref(), &t.text));
+        log.created.push(t.created_at);
         if t.role.is_injected() && t.ends_prefill {
             log.injected.push(i + 1);
         }
@@ -145,6 +158,9 @@ pub struct Turned {
     pub history: Vec<Said>,
     /// The recalled neighbourhood shown in the memories layer.
     pub memories: Option<Neighbourhood>,
+    /// The session's own episodes since this time (ms) were not recalled: the conversation
+    /// shows them (`None`: none of its episodes were).
+    pub since: Option<i64>,
     /// When the turn started (a delete after it wins over its record).
     pub started: Instant,
 }
@@ -254,10 +270,12 @@ impl Turn {
 
     /// The memory graph's neighbourhood of `text` as the memories layer would show it; `None`
     /// without the memory graph or when nothing was recalled. `exclude_session`'s own episodes
-    /// are left out (the conversation already shows them).
+    /// are left out (the conversation already shows them) — those since `exclude_since_ms`
+    /// when given (older ones left the conversation's window and may be recalled).
     pub async fn neighbourhood(
         &self,
         exclude_session: Option<&str>,
+        exclude_since_ms: Option<i64>,
         text: &str,
     ) -> Result<Option<Neighbourhood>, TurnError> {
         let Some(memory) = &self.state.memory else {
@@ -273,6 +291,7 @@ impl Turn {
                 hops: cfg.hops,
                 kinds: None,
                 exclude_session,
+                exclude_since_ms,
                 at_ms: now_ms(),
             })
             .await?;
@@ -280,17 +299,36 @@ impl Turn {
         Ok((!n.nodes.is_empty()).then_some(n))
     }
 
-    /// This turn's prompt: `message` after `history`, with the neighbourhood of the message.
-    pub async fn context(&self, history: Vec<Said>, message: &str) -> Result<Turned, TurnError> {
+    /// This turn's prompt: `message` after the conversation `log`, with the neighbourhood of
+    /// the message — which may hold this session's own episodes of turns the window left out,
+    /// never those the conversation shows.
+    pub async fn context(&self, log: Log, message: &str) -> Result<Turned, TurnError> {
         let started = Instant::now();
-        let memories = self.neighbourhood(self.session.as_deref(), message).await?;
-        let built = self.build(&history, message, memories.as_ref())?;
+        let since = self.window_since(&log, message)?;
+        let memories = self
+            .neighbourhood(self.session.as_deref(), since, message)
+            .await?;
+        let built = self.build(&log.said, message, memories.as_ref())?;
         Ok(Turned {
             built,
-            history,
+            history: log.said,
             memories,
+            since,
             started,
         })
+    }
+
+    /// When the part of the conversation this turn's prompt shows was logged: the first entry
+    /// the window keeps, when it left older ones out; `None` when it shows them all (or nothing
+    /// is recalled). The window depends on the conversation alone (see `engram_context`), so a
+    /// build without memories finds it.
+    fn window_since(&self, log: &Log, message: &str) -> Result<Option<i64>, TurnError> {
+        if self.state.memory.is_none() || log.created.len() != log.said.len() {
+            return Ok(None);
+        }
+        let built = self.build(&log.said, message, None)?;
+        let dropped = built.fit.map_or(0, |f| f.dropped_turns);
+        Ok((dropped > 0).then(|| log.created.get(dropped).copied().unwrap_or(i64::MAX)))
     }
 }
 

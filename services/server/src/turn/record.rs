@@ -88,13 +88,19 @@ impl Turn {
                 self.idempotency_key.as_deref().map(|k| (k, reply)),
             )
             .await?;
+        let mut spilled = Vec::new();
         for l in &turned.built.layers {
             if !l.spilled.is_empty() {
-                store
+                let added = store
                     .add_working_memory(&agent.id, session, l.kind.as_str(), &l.spilled)
                     .await?;
+                // The memories layer's spill is recalled nodes already.
+                if l.kind != engram_context::LayerKind::Memories {
+                    spilled.extend(added);
+                }
             }
         }
+        self.ingest_spilled(&spilled).await?;
         let episode = format!("user: {message}\nassistant: {}", generated.text);
         self.ingest_episode(session, &episode, turned).await?;
         // The canonical prefix: everything but the volatile block and the (placeholder)
@@ -119,6 +125,7 @@ impl Turn {
             let current = turned.memories.as_ref().map(|m| m.ids());
             let history = after;
             let started = turned.started;
+            let since = turned.since;
             tokio::task::spawn_local(async move {
                 // Held like the record itself: a delete meanwhile means no reservation for it.
                 let state = &turn.state;
@@ -126,10 +133,48 @@ impl Turn {
                 else {
                     return;
                 };
-                if let Err(e) = turn.reserve_next(&history, &episode, current).await {
+                if let Err(e) = turn.reserve_next(&history, &episode, current, since).await {
                     eprintln!("engram: reservation after a turn: {e}");
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// Makes each line a layer spilled (new to the session's working memory) a fact node of
+    /// the agent, unless the agent has that fact already: what did not fit the layer's budget
+    /// can still be recalled when a message is about it.
+    async fn ingest_spilled(&self, lines: &[String]) -> Result<(), TurnError> {
+        let state = &self.state;
+        let Some(memory) = state.memory.as_ref().filter(|m| m.config().ingest_turns) else {
+            return Ok(());
+        };
+        let (tenant, agent) = (&self.tenant, &self.agent);
+        let fact = NodeKind::Fact.as_str();
+        for line in lines {
+            let line = line.trim();
+            if line.is_empty()
+                || state
+                    .store
+                    .memory_node_with_text(&tenant.id, &agent.id, fact, line)
+                    .await?
+                    .is_some()
+            {
+                continue;
+            }
+            let row = state
+                .store
+                .insert_memory_node(&engram_store::NewMemoryNode {
+                    tenant_id: tenant.id.clone(),
+                    agent_id: agent.id.clone(),
+                    session_id: None,
+                    kind: fact.to_string(),
+                    text: line.to_string(),
+                    importance: 0.3,
+                    tokens: state.counter().count(line) as i64,
+                })
+                .await?;
+            memory.add(&row).await?;
         }
         Ok(())
     }

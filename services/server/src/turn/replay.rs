@@ -131,12 +131,14 @@ mod tests {
                 a.clone(),
             ],
             injected: vec![1, 4, 6],
+            created: Vec::new(),
         };
         assert_eq!(prefills(&log), [C(1), P(1), C(3), C(4), C(6), P(6), C(8)]);
         // Ending with an injection.
         let log = Log {
             said: vec![u.clone(), a.clone(), said(Speaker::Tool)],
             injected: vec![3],
+            created: Vec::new(),
         };
         assert_eq!(prefills(&log), [P(0), C(2), C(3)]);
     }

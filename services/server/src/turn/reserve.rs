@@ -35,16 +35,20 @@ impl Turn {
     }
 
     /// After a turn: the neighbourhood of what was just said (the episode's text) is the
-    /// likely memories of the next turn; unless it is what this turn already showed (and
-    /// computed), reserve it. A full cold tier or queue skips the reservation: capacity is not
-    /// an error of the turn.
+    /// likely memories of the next turn (recalled as this turn recalled, `since` its window's
+    /// start); unless it is what this turn already showed (and computed), reserve it. A full
+    /// cold tier or queue skips the reservation: capacity is not an error of the turn.
     pub(super) async fn reserve_next(
         &self,
         history: &[Said],
         text: &str,
         current: Option<Vec<u64>>,
+        since: Option<i64>,
     ) -> Result<(), TurnError> {
-        let Some(next) = self.neighbourhood(self.session.as_deref(), text).await? else {
+        let Some(next) = self
+            .neighbourhood(self.session.as_deref(), since, text)
+            .await?
+        else {
             return Ok(());
         };
         if current.as_deref() == Some(&next.ids()) {

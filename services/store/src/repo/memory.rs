@@ -167,6 +167,27 @@ impl Store {
         }
     }
 
+    /// The id of an agent's node of `kind` whose text is `text`, if there is one (the oldest).
+    pub async fn memory_node_with_text(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        kind: &str,
+        text: &str,
+    ) -> StoreResult<Option<i64>> {
+        let row = sqlx::query(
+            "SELECT id FROM memory_nodes WHERE tenant_id = $1 AND agent_id = $2 AND kind = $3 \
+             AND text = $4 ORDER BY created_at LIMIT 1",
+        )
+        .bind(tenant_id)
+        .bind(agent_id)
+        .bind(kind)
+        .bind(text)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.try_get("id")).transpose()?)
+    }
+
     /// Changes a node's text, importance and token count; returns it.
     pub async fn update_memory_node(
         &self,

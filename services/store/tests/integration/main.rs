@@ -218,9 +218,11 @@ async fn the_turn_log_and_working_memory_persist() {
             ["l1", "l2"]
         );
         // A line spilled again is kept once; the session keeps its newest lines only.
-        s.add_working_memory(&a.id, "s1", "memories", &["l2".into(), "l3".into()])
+        let added = s
+            .add_working_memory(&a.id, "s1", "memories", &["l2".into(), "l3".into()])
             .await
             .unwrap();
+        assert_eq!(added, ["l3"]);
         let lines =
             |wm: Vec<engram_store::WorkingLine>| wm.into_iter().map(|w| w.line).collect::<Vec<_>>();
         assert_eq!(
