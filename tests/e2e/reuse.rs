@@ -186,3 +186,55 @@ fn a_turn_tokenizes_only_its_new_text() {
     // Reused: the layers and the ten earlier turns, at least once each.
     assert!(r - reused >= 11, "turn 6 reused {} segments", r - reused);
 }
+
+/// DESIGN §2's expanded budgets are used when they fit in half the context and the tiered
+/// cache has room for what they add (the tier bridge's last cycle saw enough free cold blocks);
+/// otherwise the standard ones. The turn's answer says which.
+#[test]
+fn expanded_budgets_are_used_when_the_tiered_cache_has_room() {
+    // Axioms 200 + system state 2,000 + awareness 1,200 + memories 300 (its own budget):
+    // 3,700 expanded tokens, within half of SmolLM2's 8,192.
+    let set = |tiers: bool, cold_mib: u64| {
+        let mut c = crate::harness::test_config(&sqlite_url(), 1 << 20);
+        c.memory.enabled = false;
+        c.tiers.enabled = tiers;
+        c.model.cold_mib = cold_mib;
+        let srv = Server::start_with(c);
+        let (key, _) = srv.tenant_with_bot("t", "Answer in one short sentence.");
+        for (kind, content, budget) in [
+            ("system_state", "Load is normal.", None),
+            ("awareness", "The user is at work.", None),
+            ("memories", "The user likes tea.", Some(300)),
+        ] {
+            let mut body = json!({ "content": content });
+            if let Some(b) = budget {
+                body["budget"] = json!(b);
+            }
+            let (s, v) = srv.call(
+                "PUT",
+                &format!("/v1/agents/bot/layers/{kind}"),
+                Some(&key),
+                body,
+            );
+            assert_eq!(s, 200, "{v}");
+        }
+        if tiers {
+            let (s, v) = srv.call("POST", "/v1/admin/tiers/cycle", Some(ADMIN), json!(null));
+            assert_eq!(s, 200, "{v}");
+        }
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/sessions/s/turns",
+            Some(&key),
+            json!({"message": "Hello.", "max_tokens": 2}),
+        );
+        assert_eq!(s, 200, "{v}");
+        srv.stop();
+        v["budgets"]["set"].as_str().unwrap().to_string()
+    };
+    assert_eq!(set(true, 256), "expanded");
+    // No tier bridge: nothing says the cache has room.
+    assert_eq!(set(false, 256), "standard");
+    // A cold tier too small for the 2,000 tokens they add.
+    assert_eq!(set(true, 1), "standard");
+}

@@ -162,6 +162,8 @@ pub struct Turn {
     pub message_speaker: engram_context::Speaker,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
+    /// The layers use DESIGN §2's expanded budgets (decided when the turn opened).
+    expanded: bool,
 }
 
 impl Turn {
@@ -186,7 +188,7 @@ impl Turn {
     ) -> Result<Self, TurnError> {
         let layers: Arc<[LayerRow]> = state.store.layers(&agent.id).await?.into();
         let kv_session = session.map(|s| session_key(&agent, s));
-        Ok(Self {
+        let mut turn = Self {
             kv_tenant: TenantId(tenant.cache_salt),
             reply: engram_engine::SamplingParams::default().max_tokens,
             idempotency_key: None,
@@ -197,7 +199,10 @@ impl Turn {
             tenant,
             agent,
             layers,
-        })
+            expanded: false,
+        };
+        turn.expanded = turn.expanded_fit()?;
+        Ok(turn)
     }
 
     /// The agent's layers as the turn read them.
@@ -228,6 +233,7 @@ impl Turn {
             }),
         }
         self.layers = rows.into();
+        self.expanded = self.expanded_fit().unwrap_or(false);
     }
 
     /// Waits for the turn of the same session that runs, at most `limits.session_wait_ms`;

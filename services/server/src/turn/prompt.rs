@@ -133,6 +133,15 @@ pub async fn build_context(
     Ok(build(&req, &state.counter())?)
 }
 
+/// A layer's expanded budget: DESIGN §2's when its budget is the standard one, else its own.
+fn expanded_budget(l: &Layer) -> usize {
+    if l.budget == Budgets::standard().get(l.kind) {
+        Budgets::expanded().get(l.kind)
+    } else {
+        l.budget
+    }
+}
+
 /// Which budgets a turn's layers were fitted to.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct BudgetsUsed {
@@ -214,44 +223,72 @@ impl Turn {
         Ok(build(&req, self)?)
     }
 
-    /// The pipeline's layers with the budgets this turn uses: DESIGN §2's expanded budgets
-    /// (for the layers whose stored budget is the standard one) when they fit in half the
-    /// context, else the stored ones.
+    /// The pipeline's layers with the budgets this turn uses (see [`Turn::expanded_fit`]).
     fn layers_for(
         &self,
         memories: Option<&Neighbourhood>,
     ) -> Result<(Vec<Layer>, &'static str), TurnError> {
         let mut layers = pipeline_layers(self.layers(), memories)?;
-        let Some(context) = self.context_tokens() else {
-            return Ok((layers, "standard"));
-        };
-        let (standard, expanded) = (Budgets::standard(), Budgets::expanded());
-        let budget = |l: &Layer| {
-            if l.budget == standard.get(l.kind) {
-                expanded.get(l.kind)
-            } else {
-                l.budget
-            }
-        };
-        let mut total: usize = layers.iter().map(budget).sum();
-        if !layers.iter().any(|l| l.kind == LayerKind::Memories) {
-            total += expanded.get(LayerKind::Memories);
-        }
-        if total > context / 2 {
+        if !self.expanded {
             return Ok((layers, "standard"));
         }
         for l in &mut layers {
-            l.budget = budget(l);
+            l.budget = expanded_budget(l);
         }
         Ok((layers, "expanded"))
+    }
+
+    /// Whether this turn uses DESIGN §2's expanded budgets (for the layers whose stored budget
+    /// is the standard one): when they fit in half the context and the tiered cache has room
+    /// for what they add. Decided once, when the turn opens.
+    pub(super) fn expanded_fit(&self) -> Result<bool, TurnError> {
+        let layers = pipeline_layers(self.layers(), None)?;
+        let Some(context) = self.context_tokens() else {
+            return Ok(false);
+        };
+        let memories = |budget: usize| {
+            if layers.iter().any(|l| l.kind == LayerKind::Memories) {
+                0
+            } else {
+                budget
+            }
+        };
+        let expanded: usize = layers.iter().map(expanded_budget).sum::<usize>()
+            + memories(Budgets::expanded().get(LayerKind::Memories));
+        let standard: usize = layers.iter().map(|l| l.budget).sum::<usize>()
+            + memories(Budgets::standard().get(LayerKind::Memories));
+        Ok(expanded <= context / 2 && self.cache_has_room(expanded.saturating_sub(standard)))
+    }
+
+    /// Whether the tiered cache has room for `extra` more tokens of a prompt's KV: the tier
+    /// bridge's last cycle saw at least that many blocks free in the cold tier (where idle
+    /// blocks go). No cycle yet (or the bridge off): no.
+    fn cache_has_room(&self, extra: usize) -> bool {
+        let Ok(engine) = self.state.engine() else {
+            return false;
+        };
+        let need = extra.div_ceil(engine.kv_format().shape.block_size.max(1));
+        let history = self
+            .state
+            .tiers
+            .history
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        history.back().is_some_and(|r| {
+            let o = &r.report.observed;
+            o.cold_capacity.saturating_sub(o.cold_used) >= need
+        })
     }
 
     /// What [`Turn::build`] fitted `built` to, for the turn's answer.
     pub fn budgets_used(&self, built: &BuiltContext) -> Option<BudgetsUsed> {
         let fit = built.fit?;
-        let set = self.layers_for(None).map_or("standard", |(_, set)| set);
         Some(BudgetsUsed {
-            set,
+            set: if self.expanded {
+                "expanded"
+            } else {
+                "standard"
+            },
             context: self.context_tokens()?,
             scale: fit.scale,
             window: fit.window,
