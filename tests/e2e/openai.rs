@@ -49,3 +49,98 @@ fn the_official_openai_sdk_works_unchanged() {
     assert!(stdout.contains("openai sdk ok"), "{stdout}");
     println!("{stdout}");
 }
+
+/// In a `user` session, tool results that end a request are logged with the turn (role `tool`,
+/// before its reply): the next request reuses them from the cache, and after a restart that
+/// lost the cache the turn with the tool results is replayed as it ran, so the next answer
+/// equals a run that never restarted.
+#[test]
+fn a_session_s_tool_results_are_logged_reused_and_replayed() {
+    let config = |url: &str| {
+        let mut c = crate::harness::test_config(url, 1 << 20);
+        c.memory.enabled = false;
+        c.shadow.enabled = false;
+        c.tiers.enabled = false;
+        c
+    };
+    let system = json!({"role": "system", "content": "You are a weather assistant. Answer in one short sentence."});
+    let ask = json!({"role": "user", "content": "What is the weather in Paris and in Lyon?"});
+    let call = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Lyon\"}"}},
+    ]});
+    let paris =
+        json!({"role": "tool", "tool_call_id": "c1", "content": "Paris: 14 C, light rain."});
+    let lyon = json!({"role": "tool", "tool_call_id": "c2", "content": "Lyon: 19 C, sunny."});
+    let follow = json!({"role": "user", "content": "Which city is warmer?"});
+    let chat = |srv: &Server, key: &str, messages: serde_json::Value| {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/chat/completions",
+            Some(key),
+            json!({"model": "bot", "user": "trip", "messages": messages, "max_tokens": 10}),
+        );
+        assert_eq!(s, 200, "{v}");
+        v
+    };
+    let text = |v: &serde_json::Value| v["choices"][0]["message"]["content"].clone();
+    let first = json!([system, ask]);
+    let tools = json!([system, ask, call, paris, lyon]);
+    let last = json!([system, ask, call, paris, lyon, follow]);
+    // A run that keeps its cache.
+    let url = sqlite_url();
+    let srv = Server::start_with(config(&url));
+    let (key, _) = srv.tenant_with_bot("t", "Be helpful.");
+    chat(&srv, &key, first.clone());
+    let answered = chat(&srv, &key, tools.clone());
+    let reference = chat(&srv, &key, last.clone());
+    srv.stop();
+    // The log: the question, its reply, both tool results, the reply to them, the follow-up.
+    let roles: Vec<String> = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = engram_store::Store::connect(&url).await.unwrap();
+        let t = store.tenants().await.unwrap();
+        let a = store.agents(&t[0].id).await.unwrap();
+        let rows = store.turns(&a[0].id, "trip").await.unwrap();
+        store.close().await;
+        rows.iter()
+            .map(|r| format!("{}:{}", r.role.as_str(), r.text))
+            .collect()
+    });
+    assert_eq!(roles.len(), 7, "{roles:?}");
+    assert_eq!(roles[2], "tool:Paris: 14 C, light rain.");
+    assert_eq!(roles[3], "tool:Lyon: 19 C, sunny.");
+    assert!(roles[4].starts_with("assistant:"), "{roles:?}");
+    assert_eq!(
+        roles[4],
+        format!("assistant:{}", text(&answered).as_str().unwrap())
+    );
+    // The follow-up reused everything before its own message (its ~12 tokens, and at most a
+    // block's worth before them).
+    let u = &reference["usage"];
+    let cached = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        u["prompt_tokens"].as_u64().unwrap() - cached <= 12 + 16,
+        "{u}"
+    );
+    // The same turns, a restart that loses the cache before the follow-up.
+    let url = sqlite_url();
+    let srv = Server::start_with(config(&url));
+    let (key, _) = srv.tenant_with_bot("t", "Be helpful.");
+    chat(&srv, &key, first);
+    chat(&srv, &key, tools);
+    srv.stop();
+    let srv = Server::start_with(config(&url));
+    let again = chat(&srv, &key, last);
+    let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), serde_json::Value::Null);
+    let m = m.as_str().unwrap_or_default().to_string();
+    // Two turns, each its prompt and the conversation warmed after it.
+    assert!(m.contains("engram_replayed_turns_total 4"), "{m}");
+    assert_eq!(text(&again), text(&reference));
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"],
+        reference["usage"]["prompt_tokens_details"]["cached_tokens"]
+    );
+    srv.stop();
+}

@@ -12,15 +12,16 @@
 //! Both kinds of request take the native route's steps (`crate::turn`): a session's lost turns
 //! are replayed before its prompt is built, exactly as on `POST …/turns`.
 //!
-//! The last message must be the user's. `system` and `developer` messages are added to the
-//! agent's `rules` layer for the request (a stable layer: cached and pinned with the stable
-//! prefix, so a request that repeats them reuses them). In a stateless request, `tool`
-//! messages stay in the conversation with the `tool` role and an assistant's `tool_calls`
-//! follow its text as `<tool_call>{json}</tool_call>` lines; the last message may be a tool's
-//! result, which the model then answers.
+//! The last message must be the user's or a tool's result (which the model then answers).
+//! `system` and `developer` messages are added to the agent's `rules` layer for the request (a
+//! stable layer: cached and pinned with the stable prefix, so a request that repeats them
+//! reuses them). In a stateless request, `tool` messages stay in the conversation with the
+//! `tool` role and an assistant's `tool_calls` follow its text as `<tool_call>{json}</tool_call>`
+//! lines. In a session, the tool results that end the request (after its last other message)
+//! are logged with the turn in the `tool` role, before its reply, and replayed like any turn.
 //! `n` other than 1, `logprobs`, `top_logprobs` and a non-empty `tools` answer 400
-//! `unsupported_parameter` instead of being ignored. `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens
-//! reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
+//! `unsupported_parameter` instead of being ignored. `usage.prompt_tokens_details.cached_tokens`
+//! reports the prompt tokens reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
 //! `data: [DONE]`; a failure, or a turn that could not be recorded (its session deleted
 //! meanwhile), ends the stream with `data: {"error": …}` instead.
 
@@ -37,7 +38,8 @@ use crate::api::stream::{self, Framing};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Generated, Log, Turn, generate, session_key};
+use crate::turn::{Generated, Log, Turn, generate, said_of, session_key};
+use engram_store::Role;
 
 /// One chat message.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -179,18 +181,24 @@ pub async fn chat_completions(
     };
     let message = match (last.role.as_str(), &last.content) {
         ("user", Some(text)) => text.clone(),
-        // A tool's result, which the model answers next: the conversation is the request's
-        // (a session's log has no tool turns).
-        ("tool", Some(text)) if req.user.is_none() => {
+        // A tool's result, which the model answers next. In a session, the tool results after
+        // the request's last other message are logged with the turn (the log holds the rest
+        // of the conversation).
+        ("tool", Some(text)) => {
             turn.message_speaker = Speaker::Tool;
+            if req.user.is_some() {
+                let results: Vec<&Message> = earlier
+                    .iter()
+                    .rev()
+                    .take_while(|m| m.role == "tool")
+                    .collect();
+                turn.preface = results
+                    .into_iter()
+                    .rev()
+                    .map(|m| m.content.clone().unwrap_or_default())
+                    .collect();
+            }
             text.clone()
-        }
-        ("tool", Some(_)) => {
-            return Err(ApiError::new(
-                actix_web::http::StatusCode::BAD_REQUEST,
-                "unsupported_parameter",
-                "a tool result as the last message needs a stateless request (no `user`)",
-            ));
         }
         _ => {
             return Err(ApiError::invalid(
@@ -214,8 +222,14 @@ pub async fn chat_completions(
     let history = match &turn.session {
         Some(_) => {
             turn.admit(&message).await?;
-            let log = turn.history().await?;
+            let mut log = turn.history().await?;
             turn.replay_lost(&log).await?;
+            // Tool results before the message: in the prompt now, logged with the turn.
+            let now = engram_memory::now_ms();
+            for t in &turn.preface {
+                log.said.push(said_of(Role::Tool, None, t));
+                log.created.push(now);
+            }
             log
         }
         None => {

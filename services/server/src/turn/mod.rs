@@ -158,8 +158,13 @@ pub struct Turn {
     pub reply: usize,
     /// The request's `Idempotency-Key`: the turn's answer is stored under it with the turn.
     pub idempotency_key: Option<String>,
-    /// Who says the turn's message: the user, or (a stateless OpenAI request) a tool.
+    /// Who says the turn's message: the user, or (an OpenAI request ending with tool results)
+    /// a tool.
     pub message_speaker: engram_context::Speaker,
+    /// Tool results that come before the message in the conversation and are logged with the
+    /// turn (an OpenAI request in a session ending with several tool results: all but the
+    /// last). The caller adds them to the history it builds the prompt on.
+    pub preface: Vec<String>,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
     /// The layers use DESIGN §2's expanded budgets (decided when the turn opened).
@@ -193,6 +198,7 @@ impl Turn {
             reply: engram_engine::SamplingParams::default().max_tokens,
             idempotency_key: None,
             message_speaker: engram_context::Speaker::User,
+            preface: Vec::new(),
             session: session.map(str::to_string),
             kv_session,
             state,

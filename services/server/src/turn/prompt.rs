@@ -103,7 +103,10 @@ pub async fn history_of(state: &AppState, agent: &Agent, session: &str) -> Resul
     for (i, t) in rows.iter().enumerate() {
         log.said.push(said_of(t.role, t.name.as_deref(), &t.text));
         log.created.push(t.created_at);
-        if t.role.is_injected() && t.ends_prefill {
+        // An entry a reply follows is a turn's message (a tool's result, on the OpenAI route),
+        // not an injection.
+        let answered = rows.get(i + 1).is_some_and(|n| n.role == Role::Assistant);
+        if t.role.is_injected() && t.ends_prefill && !answered {
             log.injected.push(i + 1);
         }
     }
@@ -212,12 +215,25 @@ impl Turn {
         memories: Option<&Neighbourhood>,
         reply: usize,
     ) -> Result<BuiltContext, TurnError> {
+        self.build_as(history, message, self.message_speaker, memories, reply)
+    }
+
+    /// [`Turn::build_for`] with the message said by `speaker` (replay rebuilds earlier turns,
+    /// whose message a tool may have said).
+    pub fn build_as(
+        &self,
+        history: &[Said],
+        message: &str,
+        speaker: Speaker,
+        memories: Option<&Neighbourhood>,
+        reply: usize,
+    ) -> Result<BuiltContext, TurnError> {
         let (layers, _) = self.layers_for(memories)?;
         let req = ContextRequest {
             layers: &layers,
             history,
             user_message: message,
-            message_speaker: self.message_speaker,
+            message_speaker: speaker,
             fit: self.context_tokens().map(|context| Fit { context, reply }),
         };
         Ok(build(&req, self)?)

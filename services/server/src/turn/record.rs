@@ -3,7 +3,7 @@
 
 use engram_context::{Speaker, TokenCounter, Turn as Said};
 use engram_graph::{NodeId, NodeKind};
-use engram_store::Role;
+use engram_store::{NewEntry, Role};
 
 use super::generate::prefill;
 use super::{Generated, Turn, TurnError, Turned, check_name};
@@ -74,17 +74,46 @@ impl Turn {
             return Err(TurnError::SessionDeleted);
         };
         state.tiers.touch((self.kv_tenant, key));
-        let user_tokens = state.engine()?.tokenizer().encode(message)?;
+        let tok = state.engine()?.tokenizer();
+        let preface = self
+            .preface
+            .iter()
+            .map(|t| tok.encode(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let user_tokens = tok.encode(message)?;
+        let entry = |role, text, tokens, ends_prefill| NewEntry {
+            role,
+            name: None,
+            text,
+            tokens,
+            ends_prefill,
+        };
+        // Tool results before the message are part of this turn's prompt, not a prefill of
+        // their own.
+        let mut rows: Vec<NewEntry<'_>> = self
+            .preface
+            .iter()
+            .zip(&preface)
+            .map(|(t, ids)| entry(Role::Tool, t.as_str(), ids.as_slice(), false))
+            .collect();
+        let role = match self.message_speaker {
+            Speaker::Tool => Role::Tool,
+            Speaker::User | Speaker::Assistant | Speaker::System => Role::User,
+        };
+        rows.push(entry(role, message, &user_tokens, true));
+        rows.push(entry(
+            Role::Assistant,
+            &generated.text,
+            &generated.tokens,
+            true,
+        ));
         let store = &state.store;
         store.ensure_session(&tenant.id, &agent.id, session).await?;
         store
-            .append_turns(
+            .append_entries(
                 &agent.id,
                 session,
-                &[
-                    (Role::User, message, &user_tokens),
-                    (Role::Assistant, &generated.text, &generated.tokens),
-                ],
+                &rows,
                 self.idempotency_key.as_deref().map(|k| (k, reply)),
             )
             .await?;
@@ -101,7 +130,11 @@ impl Turn {
             }
         }
         self.ingest_spilled(&spilled).await?;
-        let episode = format!("user: {message}\nassistant: {}", generated.text);
+        let who = match self.message_speaker {
+            Speaker::Tool => "tool",
+            _ => "user",
+        };
+        let episode = format!("{who}: {message}\nassistant: {}", generated.text);
         self.ingest_episode(session, &episode, turned).await?;
         // The canonical prefix: everything but the volatile block and the (placeholder)
         // message, after this turn, with this turn's memories. Awaited, so the session's next
@@ -109,7 +142,10 @@ impl Turn {
         // everything before them is already cached).
         let mut after = turned.history.clone();
         after.push(Said {
-            speaker: Speaker::User,
+            speaker: match self.message_speaker {
+                Speaker::Tool => Speaker::Tool,
+                _ => Speaker::User,
+            },
             text: message.to_string(),
         });
         after.push(Said {

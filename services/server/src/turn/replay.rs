@@ -47,7 +47,8 @@ impl Turn {
         for point in prefills(log).into_iter().rev() {
             let spec = match point {
                 Prefill::Prompt(i) => {
-                    let built = self.build(&history[..i], &history[i].text, None)?;
+                    let (message, speaker) = (&history[i].text, history[i].speaker);
+                    let built = self.build_as(&history[..i], message, speaker, None, self.reply)?;
                     self.spec(&built, |_| true)?
                 }
                 Prefill::Conversation(end) => self.canonical_spec(&history[..end], None)?,
@@ -88,9 +89,13 @@ fn prefills(log: &Log) -> Vec<Prefill> {
         while let Some(end) = injected.next_if(|&e| e <= i) {
             out.push(Prefill::Conversation(end));
         }
-        if t.speaker == Speaker::User {
+        // A turn: its message (the user's, or a tool's result) and the reply after it.
+        let answered = history
+            .get(i + 1)
+            .is_some_and(|n| n.speaker == Speaker::Assistant);
+        if t.speaker != Speaker::Assistant && answered {
             out.push(Prefill::Prompt(i));
-            out.push(Prefill::Conversation((i + 2).min(history.len())));
+            out.push(Prefill::Conversation(i + 2));
         }
     }
     out.extend(injected.map(Prefill::Conversation));
@@ -141,5 +146,12 @@ mod tests {
             created: Vec::new(),
         };
         assert_eq!(prefills(&log), [P(0), C(2), C(3)]);
+        // A turn whose message is a tool's result (two results, the first logged before it).
+        let log = Log {
+            said: vec![u, a.clone(), said(Speaker::Tool), said(Speaker::Tool), a],
+            injected: vec![],
+            created: Vec::new(),
+        };
+        assert_eq!(prefills(&log), [P(0), C(2), P(3), C(5)]);
     }
 }
