@@ -91,14 +91,7 @@ struct Phase {
 }
 
 fn turn(srv: &Server, key: &str, agent: &str, msg: &str) -> Value {
-    let (s, v) = srv.call(
-        "POST",
-        &format!("/v1/agents/{agent}/sessions/job/turns"),
-        Some(key),
-        json!({"message": msg, "max_tokens": 12}),
-    );
-    assert_eq!(s, 200, "{v}");
-    v
+    turn_in(srv, key, agent, "job", msg)
 }
 
 fn inject(srv: &Server, key: &str, agent: &str, entries: Value) -> Value {
@@ -370,16 +363,7 @@ fn a_fork_shares_its_parents_blocks_and_then_goes_its_own_way() {
     let url = sqlite_url();
     let srv = Server::start_with(config(&url, None));
     let key = setup(&srv);
-    let say = |session: &str, msg: &str| {
-        let (s, v) = srv.call(
-            "POST",
-            &format!("/v1/agents/writer/sessions/{session}/turns"),
-            Some(&key),
-            json!({"message": msg, "max_tokens": 12}),
-        );
-        assert_eq!(s, 200, "{v}");
-        v
-    };
+    let say = |session: &str, msg: &str| turn_in(&srv, &key, "writer", session, msg);
     say("main", "We write a report on river water quality.");
     say("main", "The first chapter covers nitrate levels.");
     let (s, v) = srv.call(
