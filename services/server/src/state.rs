@@ -209,6 +209,13 @@ impl AppState {
         }
     }
 
+    /// Waits at most `limits.session_wait_ms` for the slot of `session` of `tenant` (one turn,
+    /// injection or fork of a session at a time); `None` when it is still held then.
+    pub async fn session_slot(&self, tenant: TenantId, session: u64) -> Option<SessionSlot> {
+        let wait = std::time::Duration::from_millis(self.config.limits.session_wait_ms);
+        self.sessions.acquire(tenant, session, wait).await
+    }
+
     /// The shadow, or [`Unavailable::Shadow`].
     pub fn shadow(&self) -> Result<&Shadow, Unavailable> {
         self.shadow.as_ref().ok_or(Unavailable::Shadow {

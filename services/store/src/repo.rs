@@ -476,13 +476,7 @@ impl Store {
         agent_id: &str,
         session_id: &str,
     ) -> StoreResult<bool> {
-        let exists = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
-            .bind(agent_id)
-            .bind(session_id)
-            .fetch_optional(&self.pool)
-            .await?
-            .is_some();
-        if exists {
+        if self.session_exists(agent_id, session_id).await? {
             return Ok(false);
         }
         sqlx::query(
@@ -496,6 +490,18 @@ impl Store {
         .await
         .map_err(conflict("session", session_id))?;
         Ok(true)
+    }
+
+    /// Whether an agent has the session.
+    pub async fn session_exists(&self, agent_id: &str, session_id: &str) -> StoreResult<bool> {
+        Ok(
+            sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
+                .bind(agent_id)
+                .bind(session_id)
+                .fetch_optional(&self.pool)
+                .await?
+                .is_some(),
+        )
     }
 
     /// Sessions a tenant holds.

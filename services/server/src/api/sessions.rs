@@ -15,7 +15,7 @@ use crate::api::idempotency::{answer_again, idempotency_key};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Entry, Injected, Turn, TurnError, check_name, session_key};
+use crate::turn::{Entry, Injected, Turn, TurnError, check_name, session_key, session_room};
 use engram_store::Role;
 
 /// One entry to inject.
@@ -77,14 +77,13 @@ pub async fn inject_context(
         .entries
         .into_iter()
         .map(|e| {
-            let role = Role::parse(&e.role)
-                .filter(|r| r.is_injected())
-                .ok_or_else(|| TurnError::InvalidEntries {
-                    why: format!(
-                        "role `{}`: inject `system`, `tool` or `event` entries",
-                        e.role
-                    ),
-                })?;
+            // Which roles may be injected is `Entry`'s to say.
+            let role = Role::parse(&e.role).ok_or_else(|| TurnError::InvalidEntries {
+                why: format!(
+                    "role `{}`: inject `system`, `tool` or `event` entries",
+                    e.role
+                ),
+            })?;
             Ok(Entry {
                 role,
                 name: e.name,
@@ -156,18 +155,10 @@ pub async fn fork_session(
     check_name("session", &child)?;
     let tenant = caller.0;
     let agent = state.store.agent(&tenant.id, &agent).await?;
-    if state.store.session_count(&tenant.id).await? >= tenant.quotas.sessions {
-        return Err(TurnError::SessionQuota {
-            limit: tenant.quotas.sessions,
-        }
-        .into());
-    }
+    session_room(&state, &tenant).await?;
     // The parent's running turn (or injection) ends first, so the copy holds it whole.
-    let salt = TenantId(tenant.cache_salt);
-    let wait = std::time::Duration::from_millis(state.config.limits.session_wait_ms);
     let _slot = state
-        .sessions
-        .acquire(salt, session_key(&agent, &parent).0, wait)
+        .session_slot(TenantId(tenant.cache_salt), session_key(&agent, &parent).0)
         .await
         .ok_or(TurnError::SessionBusy)?;
     let entries = state

@@ -46,6 +46,7 @@ pub use keys::{AGENT_MASK, agent_bits, check_name, pin_key, public_pin_key, sess
 pub use prompt::{
     BudgetsUsed, Log, Turned, build_context, history_of, parse_kind, pipeline_layers, said_of,
 };
+pub use record::session_room;
 
 use crate::state::{AppState, SessionSlot, Unavailable};
 use engram_memory::MemoryError;
@@ -248,13 +249,7 @@ impl Turn {
         let Some(key) = self.session.as_ref().and(self.kv_session) else {
             return Ok(None);
         };
-        let wait = std::time::Duration::from_millis(self.state.config.limits.session_wait_ms);
-        match self
-            .state
-            .sessions
-            .acquire(self.kv_tenant, key.0, wait)
-            .await
-        {
+        match self.state.session_slot(self.kv_tenant, key.0).await {
             Some(slot) => Ok(Some(slot)),
             None => Err(TurnError::SessionBusy),
         }

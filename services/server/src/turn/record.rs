@@ -3,12 +3,25 @@
 
 use engram_context::{Speaker, TokenCounter, Turn as Said};
 use engram_graph::{NodeId, NodeKind};
-use engram_store::{NewEntry, Role};
+use engram_store::{NewEntry, Role, Tenant};
+
+use crate::state::AppState;
 
 use super::generate::prefill;
 use super::{Generated, Turn, TurnError, Turned, check_name};
 
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// [`TurnError::SessionQuota`] when `tenant` holds as many sessions as its quota allows: what a
+/// new session (a first turn, an injection, a fork) checks first.
+pub async fn session_room(state: &AppState, tenant: &Tenant) -> Result<(), TurnError> {
+    if state.store.session_count(&tenant.id).await? >= tenant.quotas.sessions {
+        return Err(TurnError::SessionQuota {
+            limit: tenant.quotas.sessions,
+        });
+    }
+    Ok(())
+}
 
 impl Turn {
     /// Checks the session name, the message and the session quota before anything runs. The
@@ -36,14 +49,10 @@ impl Turn {
         let Some(session) = &self.session else {
             return Ok(());
         };
-        let (tenant, agent) = (&self.tenant, &self.agent);
-        let known = !state.store.turns(&agent.id, session).await?.is_empty();
-        if !known && state.store.session_count(&tenant.id).await? >= tenant.quotas.sessions {
-            return Err(TurnError::SessionQuota {
-                limit: tenant.quotas.sessions,
-            });
+        if state.store.session_exists(&self.agent.id, session).await? {
+            return Ok(());
         }
-        Ok(())
+        session_room(state, &self.tenant).await
     }
 
     /// Appends the turn to the log and spilled lines to working memory, records it as an
