@@ -3,6 +3,10 @@
 //! one JSON line per (tier, threads, tokens) with ns per (key, KV head) and the speed-up over
 //! the scalar path on one thread, measured interleaved in this run; then the causal (prefill)
 //! form for a 256-token chunk after 3,840 tokens, per tier. `make bench-attention`.
+//!
+//! `KV=tq4,q8/tq4,q8/tq5 make bench-attention` measures other codecs (`KEYS/VALUES` for one per
+//! stream): layers whose keys and values are not both TQ4 take the generic path, compiled per
+//! tier.
 
 // A benchmark whose set-up fails must stop loudly, not measure something else.
 #![allow(clippy::expect_used)]
@@ -11,8 +15,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use engram_kvcore::{
-    AttentionParams, BlockStore, BlockTags, CodecKind, Isa, KvShape, Rows, SessionId, SourceLayer,
-    SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
+    AttentionParams, BlockStore, BlockTags, CodecKind, Isa, KvShape, LayerCodecs, Rows, SessionId,
+    SourceLayer, SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
 };
 
 const HEADS: usize = 9;
@@ -29,10 +33,37 @@ fn main() {
         Isa::active(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    let kv = std::env::var("KV").unwrap_or_else(|_| "tq4".into());
+    for spec in kv.split(',') {
+        let (key, value) = match spec.split_once('/') {
+            Some((k, v)) => (codec(k), codec(v)),
+            None => (codec(spec), codec(spec)),
+        };
+        run(shape, rounds, spec, key, value);
+    }
+}
+
+fn codec(name: &str) -> CodecKind {
+    match name.trim() {
+        "f16" => CodecKind::F16,
+        "q8" => CodecKind::Q8,
+        tq => CodecKind::TurboQuant {
+            bits: tq
+                .strip_prefix("tq")
+                .and_then(|b| b.parse().ok())
+                .expect("a codec: f16, q8 or tqN"),
+        },
+    }
+}
+
+fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKind) {
     for tokens in [1024usize, 4096, 8192] {
         let blocks = tokens / shape.block_size;
-        let mut store = BlockStore::new(StoreConfig::new(shape, CodecKind::TQ4, blocks as u32, 0))
-            .expect("store");
+        let mut store = BlockStore::new(StoreConfig {
+            codecs: LayerCodecs::streams(&shape, key, value),
+            ..StoreConfig::new(shape, key, blocks as u32, 0)
+        })
+        .expect("store");
         let tags = BlockTags {
             source: SourceLayer::UserTurn,
             importance: 0.5,
@@ -98,7 +129,7 @@ fn main() {
                         best = best.min(t.elapsed().as_secs_f64());
                     }
                     println!(
-                        "{{\"bench\":\"attention/tq4/causal\",\"isa\":\"{isa}\",\"threads\":{threads},\"start\":{start},\"new\":{new},\"tiled\":{},\"ms\":{:.2}}}",
+                        "{{\"bench\":\"attention/{name}/causal\",\"isa\":\"{isa}\",\"threads\":{threads},\"start\":{start},\"new\":{new},\"tiled\":{},\"ms\":{:.2}}}",
                         store.causal_is_tiled(isa, 0, HEADS),
                         best * 1e3
                     );
@@ -107,7 +138,7 @@ fn main() {
         }
         for ((isa, threads), s) in configs.iter().zip(&medians) {
             println!(
-                "{{\"bench\":\"attention/tq4\",\"isa\":\"{isa}\",\"threads\":{threads},\"tokens\":{tokens},\"us\":{:.1},\"ns_per_key_group\":{:.1},\"speedup_vs_scalar\":{:.2}}}",
+                "{{\"bench\":\"attention/{name}\",\"isa\":\"{isa}\",\"threads\":{threads},\"tokens\":{tokens},\"us\":{:.1},\"ns_per_key_group\":{:.1},\"speedup_vs_scalar\":{:.2}}}",
                 s * 1e6,
                 s * 1e9 / units,
                 medians[0] / s

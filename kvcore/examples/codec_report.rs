@@ -91,7 +91,7 @@ fn main() -> anyhow::Result<()> {
             bits_per_element: kind.bits_per_element(shape.head_dim),
             relative_mse: mse_sum / rows as f64,
             attention_rel_error: att_err / shape.layers as f64,
-            expected_relative_mse: store.codec(0)?.expected_relative_mse(),
+            expected_relative_mse: store.key_codec(0)?.expected_relative_mse(),
             layers: shape.layers,
             kv_heads: shape.kv_heads,
             head_dim: shape.head_dim,

@@ -111,8 +111,10 @@ impl BlockStore {
     ) -> KvResult<()> {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
         check_len(out.len(), geo.heads * geo.head_dim)?;
+        let (kc, vc) = self.layer_codecs(layer);
         attend_codes(
-            self.layer_codec(layer),
+            kc,
+            vc,
             &bytes,
             &slots,
             geo,
@@ -153,8 +155,7 @@ impl BlockStore {
     /// attention.
     pub fn causal_is_tiled(&self, isa: Isa, layer: usize, num_heads: usize) -> bool {
         let shape = self.shape();
-        let codec = self.layer_codec(layer);
-        matches!(codec.kind(), CodecKind::TurboQuant { bits: 4 })
+        tq4_codebook(self.layer_codecs(layer)).is_some()
             && num_heads.is_multiple_of(shape.kv_heads.max(1))
             && crate::simd::tq4_causal_supports(
                 isa,
@@ -192,13 +193,11 @@ impl BlockStore {
         }
         let total = start + new;
         let (geo, slots, bytes) = self.hot_read(layer, blocks, total, &q[..width], params)?;
-        let codec = self.layer_codec(layer);
+        let (kc, vc) = self.layer_codecs(layer);
         let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
-        let codebook: Option<&[f32; 16]> = match codec.kind() {
-            CodecKind::TurboQuant { bits: 4 } => codec.codebook().try_into().ok(),
-            _ => None,
-        };
-        let Some(cb) = codebook.filter(|_| crate::simd::tq4_causal_supports(isa, d, group)) else {
+        let Some(cb) =
+            tq4_codebook((kc, vc)).filter(|_| crate::simd::tq4_causal_supports(isa, d, group))
+        else {
             if crate::dense::supports(d) {
                 return self
                     .attend_causal_decoded(isa, layer, blocks, geo, start, new, q, params, out);
@@ -208,7 +207,8 @@ impl BlockStore {
                 let n = start + r + 1;
                 let row_geo = Geometry { tokens: n, ..geo };
                 attend_codes(
-                    codec,
+                    kc,
+                    vc,
                     &bytes,
                     &slots[..n.div_ceil(bs)],
                     row_geo,
@@ -220,15 +220,7 @@ impl BlockStore {
             }
             return Ok(());
         };
-        let rows = crate::simd::Tq4Rows {
-            codebook: cb,
-            k_codes: bytes.k_codes,
-            k_norms: bytes.k_norms,
-            v_codes: bytes.v_codes,
-            v_norms: bytes.v_norms,
-            code_row: bytes.code_row,
-            norm_row: bytes.norm_row,
-        };
+        let rows = tq4_rows(cb, &bytes);
         // Units: (KV head, tile of query rows), each wholly on one thread: it rotates its
         // queries (scale folded in), runs the kernel, and rotates its outputs back.
         let units: Vec<(usize, usize, usize)> = (0..geo.kv_heads)
@@ -245,7 +237,7 @@ impl BlockStore {
                 for j in 0..group {
                     let h = g * group + j;
                     let dst = &mut qs[(k * group + j) * d..][..d];
-                    codec.prepare_query(&q[r * width + h * d..][..d], dst);
+                    kc.prepare_query(&q[r * width + h * d..][..d], dst);
                     dst.iter_mut().for_each(|x| *x *= params.scale);
                 }
             }
@@ -264,7 +256,7 @@ impl BlockStore {
                 let inv = 1.0 / part.sum[p];
                 let acc = &mut part.acc[p * d..][..d];
                 acc.iter_mut().for_each(|a| *a *= inv);
-                codec.finish(acc, o);
+                vc.finish(acc, o);
             }
             Some(done)
         };
@@ -351,9 +343,9 @@ impl BlockStore {
     ) -> KvResult<()> {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
         check_len(out.len(), geo.heads * num_tokens)?;
-        let codec = self.layer_codec(layer);
+        let (codec, _) = self.layer_codecs(layer);
         let (d, bs) = (geo.head_dim, geo.block_size);
-        let (cr, nr) = (bytes.code_row, bytes.norm_row);
+        let (cr, nr) = (bytes.k_code_row, bytes.k_norm_row);
         let (mut qp, mut row) = (vec![0.0f32; d], vec![0.0f32; d]);
         for h in 0..geo.heads {
             codec.prepare_query(&q[h * d..][..d], &mut qp);
@@ -425,6 +417,31 @@ impl BlockStore {
     }
 }
 
+/// The 4-bit codebook the SIMD kernels hold in a register, when a layer's keys and values are
+/// both TurboQuant-4 (they then share the rotation and the codebook).
+fn tq4_codebook<'a>((kc, vc): (&'a Codec, &Codec)) -> Option<&'a [f32; 16]> {
+    let tq4 = CodecKind::TurboQuant { bits: 4 };
+    if kc.kind() == tq4 && vc.kind() == tq4 {
+        kc.codebook().try_into().ok()
+    } else {
+        None
+    }
+}
+
+/// A TurboQuant-4 layer's bytes as the SIMD kernels read them (keys' and values' row widths are
+/// then equal).
+fn tq4_rows<'a>(codebook: &'a [f32; 16], bytes: &LayerBytes<'a>) -> Tq4Rows<'a> {
+    Tq4Rows {
+        codebook,
+        k_codes: bytes.k_codes,
+        k_norms: bytes.k_norms,
+        v_codes: bytes.v_codes,
+        v_norms: bytes.v_norms,
+        code_row: bytes.k_code_row,
+        norm_row: bytes.k_norm_row,
+    }
+}
+
 /// Copies a causal unit's output (`[rows, group, d]` of KV head `g`, `span` = `group·d`) into
 /// rows `rows` of `out` (`[new, heads·d]`, `width` = `heads·d`).
 fn scatter_rows(
@@ -464,7 +481,8 @@ fn check_len(got: usize, expected: usize) -> KvResult<()> {
 /// wholly on one thread, and the parts' softmax states are merged in key order.
 #[allow(clippy::too_many_arguments)]
 fn attend_codes(
-    codec: &Codec,
+    kc: &Codec,
+    vc: &Codec,
     bytes: &LayerBytes<'_>,
     slots: &[u32],
     geo: Geometry,
@@ -476,13 +494,9 @@ fn attend_codes(
     let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
     let mut qp = vec![0.0f32; geo.heads * d];
     for (src, dst) in q.chunks_exact(d).zip(qp.chunks_exact_mut(d)) {
-        codec.prepare_query(src, dst);
+        kc.prepare_query(src, dst);
     }
-    let codebook: Option<&[f32; 16]> = match codec.kind() {
-        CodecKind::TurboQuant { bits: 4 } => codec.codebook().try_into().ok(),
-        _ => None,
-    };
-    let fast = codebook.filter(|_| tq4_supports(isa, d, group));
+    let fast = tq4_codebook((kc, vc)).filter(|_| tq4_supports(isa, d, group));
     // The SIMD kernels take the scale folded into the queries.
     let scaled: Vec<f32> = match fast {
         Some(_) => qp.iter().map(|&x| x * params.scale).collect(),
@@ -509,20 +523,21 @@ fn attend_codes(
     let run = |keys: &KeyRange<'_>| -> Partial {
         let heads = keys.g * group * d..(keys.g + 1) * group * d;
         if let Some(cb) = fast {
-            let rows = Tq4Rows {
-                codebook: cb,
-                k_codes: bytes.k_codes,
-                k_norms: bytes.k_norms,
-                v_codes: bytes.v_codes,
-                v_norms: bytes.v_norms,
-                code_row: bytes.code_row,
-                norm_row: bytes.norm_row,
-            };
+            let rows = tq4_rows(cb, bytes);
             if let Some(p) = tq4_attend(isa, &rows, keys, &scaled[heads.clone()], group, d) {
                 return p;
             }
         }
-        scalar_partial(codec, bytes, keys, &qp[heads], params.scale, group, d)
+        crate::simd::codes_partial(
+            isa,
+            (kc, vc),
+            bytes,
+            keys,
+            &qp[heads],
+            params.scale,
+            group,
+            d,
+        )
     };
     let partials = run_units(&units, parts, run);
     for (g, mut per_part) in partials.chunks(parts).map(|c| c.iter()).enumerate() {
@@ -538,7 +553,7 @@ fn attend_codes(
             let inv = 1.0 / total.sum[j];
             let acc = &mut total.acc[j * d..][..d];
             acc.iter_mut().for_each(|a| *a *= inv);
-            codec.finish(acc, &mut out[h * d..][..d]);
+            vc.finish(acc, &mut out[h * d..][..d]);
         }
     }
 }
@@ -568,10 +583,14 @@ fn run_units<U: Sync, R: Send>(
         .collect()
 }
 
-/// The scalar reference over one KV head's key range: per block, each key's codes expanded
-/// once for every query head of the group, one softmax rescale per block.
-fn scalar_partial(
-    codec: &Codec,
+/// The reference over one KV head's key range, for every codec: per block, each key's codes
+/// expanded once for every query head of the group, one softmax rescale per block. Inlined into
+/// each SIMD tier's copy ([`crate::simd::codes_partial`]), which the compiler vectorizes for that
+/// tier; the arithmetic and its order are the same in every copy, so every tier gives the same
+/// bits.
+#[inline(always)]
+pub(crate) fn codes_partial(
+    (kc, vc): (&Codec, &Codec),
     bytes: &LayerBytes<'_>,
     keys: &KeyRange<'_>,
     qp: &[f32],
@@ -580,7 +599,8 @@ fn scalar_partial(
     d: usize,
 ) -> Partial {
     let bs = keys.block_size;
-    let (cr, nr) = (bytes.code_row, bytes.norm_row);
+    let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
+    let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
     let mut part = Partial::empty(group, d);
     let mut w = vec![0.0f32; group * bs];
     let mut row = vec![0.0f32; d];
@@ -590,8 +610,8 @@ fn scalar_partial(
         for p in 0..n {
             let r = keys.row(t0 + p);
             // Expand the key's codes once; every query head of the group reads them.
-            codec.expand(&bytes.k_codes[r * cr..][..cr], &mut row);
-            let k_scale = scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);
+            kc.expand(&bytes.k_codes[r * kcr..][..kcr], &mut row);
+            let k_scale = scale * kc.row_scale(&bytes.k_norms[r * knr..][..knr]);
             for j in 0..group {
                 w[j * bs + p] = k_scale * dot(&qp[j * d..][..d], &row);
             }
@@ -615,8 +635,8 @@ fn scalar_partial(
         }
         for p in 0..n {
             let r = keys.row(t0 + p);
-            codec.expand(&bytes.v_codes[r * cr..][..cr], &mut row);
-            let v_scale = codec.row_scale(&bytes.v_norms[r * nr..][..nr]);
+            vc.expand(&bytes.v_codes[r * vcr..][..vcr], &mut row);
+            let v_scale = vc.row_scale(&bytes.v_norms[r * vnr..][..vnr]);
             for j in 0..group {
                 axpy(&mut part.acc[j * d..][..d], w[j * bs + p] * v_scale, &row);
             }

@@ -20,8 +20,8 @@ pub enum KvError {
         /// What the field must satisfy.
         reason: &'static str,
     },
-    /// TurboQuant supports 2, 3 and 4 bits per coordinate.
-    #[error("TurboQuant supports 2, 3 or 4 bits, got {bits}")]
+    /// TurboQuant supports 2 to 6 bits per coordinate.
+    #[error("TurboQuant supports 2 to 6 bits, got {bits}")]
     UnsupportedBits {
         /// The requested bit width.
         bits: u8,

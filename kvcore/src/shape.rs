@@ -81,29 +81,114 @@ impl KvShape {
     }
 }
 
-/// One codec per layer, as configured (the built codecs live in the store).
+/// One codec per (layer, stream), as configured (the built codecs live in the store): keys and
+/// values of a layer may use different codecs, since keys carry most of a codec's damage.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct LayerCodecs(Vec<CodecKind>);
+pub struct LayerCodecs {
+    keys: Vec<CodecKind>,
+    values: Vec<CodecKind>,
+}
 
 impl LayerCodecs {
-    /// The same codec in every layer.
+    /// The same codec for keys and values in every layer.
     pub fn uniform(shape: &KvShape, kind: CodecKind) -> Self {
-        Self(vec![kind; shape.layers])
+        Self::streams(shape, kind, kind)
     }
 
-    /// An explicit codec per layer; the length must equal the shape's layer count.
-    pub fn per_layer(shape: &KvShape, kinds: Vec<CodecKind>) -> KvResult<Self> {
-        if kinds.len() != shape.layers {
-            return Err(KvError::CodecCount {
-                expected: shape.layers,
-                got: kinds.len(),
-            });
+    /// One codec for the keys and one for the values, in every layer.
+    pub fn streams(shape: &KvShape, key: CodecKind, value: CodecKind) -> Self {
+        Self {
+            keys: vec![key; shape.layers],
+            values: vec![value; shape.layers],
         }
-        Ok(Self(kinds))
     }
 
-    /// The codec of each layer, in layer order.
-    pub fn kinds(&self) -> &[CodecKind] {
-        &self.0
+    /// An explicit codec per layer, for keys and values alike; the length must equal the
+    /// shape's layer count.
+    pub fn per_layer(shape: &KvShape, kinds: Vec<CodecKind>) -> KvResult<Self> {
+        Self::per_stream(shape, kinds.clone(), kinds)
+    }
+
+    /// An explicit codec per layer and stream; both lengths must equal the shape's layer count.
+    pub fn per_stream(
+        shape: &KvShape,
+        keys: Vec<CodecKind>,
+        values: Vec<CodecKind>,
+    ) -> KvResult<Self> {
+        for got in [keys.len(), values.len()] {
+            if got != shape.layers {
+                return Err(KvError::CodecCount {
+                    expected: shape.layers,
+                    got,
+                });
+            }
+        }
+        Ok(Self { keys, values })
+    }
+
+    /// Layers described.
+    pub fn layers(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The key codec of each layer, in layer order.
+    pub fn keys(&self) -> &[CodecKind] {
+        &self.keys
+    }
+
+    /// The value codec of each layer, in layer order.
+    pub fn values(&self) -> &[CodecKind] {
+        &self.values
+    }
+
+    /// Stored bits per element over every layer and both streams, norms included.
+    pub fn bits_per_element(&self, head_dim: usize) -> f64 {
+        let n = (self.keys.len() + self.values.len()).max(1) as f64;
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|k| k.bits_per_element(head_dim))
+            .sum::<f64>()
+            / n
+    }
+
+    /// Bytes of one token position of every layer and both streams (norms included).
+    pub fn token_bytes(&self, shape: &KvShape) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|k| shape.kv_heads * (k.code_bytes(shape.head_dim) + k.norm_bytes()))
+            .sum()
+    }
+
+    /// One codec for everything, when there is one.
+    pub fn single(&self) -> Option<CodecKind> {
+        let first = *self.keys.first()?;
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .all(|&k| k == first)
+            .then_some(first)
+    }
+}
+
+impl std::fmt::Display for LayerCodecs {
+    /// `tq4` for one codec everywhere; `q8/tq4` for one per stream (keys/values); otherwise the
+    /// layers' key codecs, a slash, the layers' value codecs: `q8,tq6,…/tq4,…`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(one) = self.single() {
+            return write!(f, "{one}");
+        }
+        let uniform = |v: &[CodecKind]| v.iter().all(|&k| Some(&k) == v.first());
+        if uniform(&self.keys) && uniform(&self.values) && !self.keys.is_empty() {
+            return write!(f, "{}/{}", self.keys[0], self.values[0]);
+        }
+        let list = |v: &[CodecKind]| {
+            v.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        write!(f, "{}/{}", list(&self.keys), list(&self.values))
     }
 }

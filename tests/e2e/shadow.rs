@@ -470,6 +470,12 @@ fn the_openai_route_replays_a_session_s_lost_turns_like_the_native_route() {
 fn a_session_cache_saves_loads_exports_and_imports() {
     let url = sqlite_url();
     let dir = fresh_dir("shadow-io");
+    // Keys and values in different codecs: every byte path below carries both row widths.
+    let config = |url: &str, dir: Option<&Path>| {
+        let mut c = config(url, dir);
+        c.model.codec = "q8/tq4".into();
+        c
+    };
     let srv = Server::start_with(config(&url, Some(&dir)));
     let (key, _) = srv.tenant_with_bot("t", AXIOMS);
     let long = "Summarise the following notes. ".repeat(40);
@@ -593,5 +599,21 @@ fn a_session_cache_saves_loads_exports_and_imports() {
     );
     assert_eq!(s, 200, "{loaded}");
     assert_eq!(loaded["moved"], 0, "already recovered at start: {loaded}");
+    srv.stop();
+
+    // The same shadow under another KV format (one codec for keys and values): its entries are
+    // skipped for the named reason, never read as this format's bytes, and the session's
+    // next turn recomputes what it needs.
+    let srv = Server::start_with(self::config(&url, Some(&other)));
+    let status = shadow_status(&srv);
+    assert!(
+        status["recovery_counts"]["codec_mismatch"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1
+            && status["recovery_counts"]["recovered"].is_null(),
+        "{status}"
+    );
+    turn(&srv, &key, "a", "And in one word?");
     srv.stop();
 }

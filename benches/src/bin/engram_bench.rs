@@ -13,7 +13,7 @@ use cli::{DEFAULT_MODEL, ModelArgs, load, print_json};
 use engram_engine::bench::{self, TtftOptions};
 use engram_engine::eval;
 use engram_engine::{
-    EngineConfig, EngineDevice, KeyCentering, Llama, ModelConfig, TextTokenizer, parse_codec,
+    EngineConfig, EngineDevice, KeyCentering, Llama, ModelConfig, StreamCodecs, TextTokenizer,
 };
 
 #[derive(Debug, Parser)]
@@ -194,7 +194,7 @@ struct TtftArgs {
     /// Decode steps timed per batch.
     #[arg(long, default_value_t = 16)]
     steps: usize,
-    /// KV codec.
+    /// KV codec, or KEYS/VALUES (`q8/tq4`).
     #[arg(long, default_value = "tq4")]
     codec: String,
     /// Text the prompts are cut from.
@@ -261,7 +261,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         batches: args.batches,
         decode_steps: args.steps,
         decode_prompt: args.decode_context,
-        codec: parse_codec(&args.codec)?,
+        codec: StreamCodecs::parse(&args.codec)?,
         engine: EngineConfig {
             device,
             key_centering,

@@ -1,4 +1,4 @@
-//! LSB-first bit packing of 2-, 3- and 4-bit codes.
+//! LSB-first bit packing of 2- to 6-bit codes.
 //!
 //! Code `i` of a row occupies bits `[i·b, (i+1)·b)` of the row's byte string, least significant
 //! bit first. With head_dim a multiple of 8, every row is exactly `head_dim·b/8` bytes and every
@@ -8,9 +8,9 @@
 pub(crate) fn pack(idx: &[u8], bits: u8, out: &mut [u8]) {
     let b = usize::from(bits);
     for (group, bytes) in idx.chunks_exact(8).zip(out.chunks_exact_mut(b)) {
-        let mut word = 0u32;
+        let mut word = 0u64;
         for (i, &v) in group.iter().enumerate() {
-            word |= u32::from(v) << (i * b);
+            word |= u64::from(v) << (i * b);
         }
         for (j, o) in bytes.iter_mut().enumerate() {
             *o = (word >> (8 * j)) as u8;
@@ -38,11 +38,11 @@ pub(crate) fn for_each_code(packed: &[u8], bits: u8, mut f: impl FnMut(usize, us
         }
         _ => {
             let b = usize::from(bits);
-            let mask = (1u32 << b) - 1;
+            let mask = (1u64 << b) - 1;
             for (g, bytes) in packed.chunks_exact(b).enumerate() {
-                let mut word = 0u32;
+                let mut word = 0u64;
                 for (j, &byte) in bytes.iter().enumerate() {
-                    word |= u32::from(byte) << (8 * j);
+                    word |= u64::from(byte) << (8 * j);
                 }
                 for i in 0..8 {
                     f(8 * g + i, ((word >> (i * b)) & mask) as usize);
@@ -59,7 +59,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn pack_then_read_round_trips(bits in 2u8..=4, groups in 1usize..16, seed in any::<u64>()) {
+        fn pack_then_read_round_trips(bits in 2u8..=6, groups in 1usize..16, seed in any::<u64>()) {
             let mut rng = crate::codec::rng::SplitMix64::new(seed);
             let idx: Vec<u8> = (0..groups * 8).map(|_| (rng.next_u64() % (1 << bits)) as u8).collect();
             let mut packed = vec![0u8; idx.len() * usize::from(bits) / 8];

@@ -116,11 +116,23 @@ mod tests {
         assert!((q2.mse - 0.1175).abs() < 1e-3, "{}", q2.mse);
         assert!((solve(4096, 3).mse - 0.03455).abs() < 3e-4);
         assert!((solve(4096, 4).mse - 0.009497).abs() < 1e-4);
+        // 5 bits 0.002499, 6 bits 0.000660 (Max's table).
+        let (q5, q6) = (solve(4096, 5).mse, solve(4096, 6).mse);
+        assert!((q5 - 0.002499).abs() / 0.002499 < 0.02, "{q5}");
+        assert!((q6 - 0.000660).abs() / 0.000660 < 0.03, "{q6}");
     }
 
     #[test]
     fn levels_are_ascending_and_symmetric() {
-        for (dim, bits) in [(64, 2), (64, 3), (64, 4), (128, 4), (24, 3)] {
+        for (dim, bits) in [
+            (64, 2),
+            (64, 3),
+            (64, 4),
+            (64, 5),
+            (64, 6),
+            (128, 4),
+            (24, 3),
+        ] {
             let q = solve(dim, bits);
             assert_eq!(q.centroids.len(), 1 << bits);
             assert!(q.centroids.windows(2).all(|w| w[0] < w[1]));

@@ -204,6 +204,40 @@ pub(crate) struct Tq4Rows<'a> {
     pub norm_row: usize,
 }
 
+/// Attention over the codes of any codec pair on one KV head's key range
+/// ([`crate::attention::codes_partial`]), compiled for `isa` (lowered to what this CPU runs):
+/// the path of every layer whose keys and values are not both TurboQuant-4.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn codes_partial(
+    isa: Isa,
+    codecs: (&crate::codec::Codec, &crate::codec::Codec),
+    bytes: &crate::store::host::LayerBytes<'_>,
+    keys: &KeyRange<'_>,
+    qp: &[f32],
+    scale: f32,
+    group: usize,
+    d: usize,
+) -> Partial {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::codes_partial(
+            isa.min(Isa::detected()),
+            codecs,
+            bytes,
+            keys,
+            qp,
+            scale,
+            group,
+            d,
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        crate::attention::codes_partial(codecs, bytes, keys, qp, scale, group, d)
+    }
+}
+
 /// Whether `isa`'s kernel takes this geometry (head_dim a multiple of 32 up to 256, at most 8
 /// query heads per KV head); the caller falls back to the scalar path otherwise.
 pub(crate) fn tq4_supports(isa: Isa, head_dim: usize, group: usize) -> bool {

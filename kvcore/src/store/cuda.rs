@@ -42,8 +42,8 @@ fn cuda(e: impl std::fmt::Display) -> KvError {
 pub struct CudaTier {
     layout: Layout,
     capacity: u32,
-    codes: Strides,
-    norms: Strides,
+    /// K codes, V codes, K norms, V norms.
+    strides: [Strides; 4],
     stream: Arc<CudaStream>,
     copy: Arc<CudaStream>,
     copy_kernel: CudaFunction,
@@ -78,26 +78,23 @@ impl CudaTier {
         capacity: u32,
     ) -> KvResult<Self> {
         let ctx = stream.context().clone();
-        let rows = layout.rows_per_block();
-        let codes = Strides::new(&layout.code_row, rows, capacity as usize)?;
-        let norms = Strides::new(&layout.norm_row, rows, capacity as usize)?;
+        let strides = layout.strides(capacity)?;
         let copy = ctx.new_stream().map_err(cuda)?;
         let ptx = cudarc::nvrtc::compile_ptx(COPY_SOURCE).map_err(cuda)?;
         let module = ctx.load_module(ptx).map_err(cuda)?;
         let copy_kernel = module.load_function("tier_copy").map_err(cuda)?;
         let alloc = |n: usize| stream.alloc_zeros::<u8>(n.max(1)).map_err(cuda);
         let bufs = [
-            alloc(codes.total())?,
-            alloc(codes.total())?,
-            alloc(norms.total())?,
-            alloc(norms.total())?,
+            alloc(strides[0].total())?,
+            alloc(strides[1].total())?,
+            alloc(strides[2].total())?,
+            alloc(strides[3].total())?,
         ];
         stream.synchronize().map_err(cuda)?;
         Ok(Self {
             layout,
             capacity,
-            codes,
-            norms,
+            strides,
             stream,
             copy,
             copy_kernel,
@@ -124,7 +121,7 @@ impl CudaTier {
     }
 
     fn strides(&self, plane: usize) -> &Strides {
-        if plane < 2 { &self.codes } else { &self.norms }
+        &self.strides[plane]
     }
 
     /// One layer's tensors.
@@ -159,16 +156,14 @@ impl CudaTier {
                 layers: self.layout.shape.layers,
             });
         }
-        let (c, n) = (
-            self.codes.layer[layer]..self.codes.layer[layer + 1],
-            self.norms.layer[layer]..self.norms.layer[layer + 1],
-        );
+        let span = |p: usize| self.strides[p].layer[layer]..self.strides[p].layer[layer + 1];
+        let (s0, s1, s2, s3) = (span(0), span(1), span(2), span(3));
         let [kc, vc, kn, vn] = &mut self.bufs;
         Ok([
-            kc.slice_mut(c.clone()),
-            vc.slice_mut(c),
-            kn.slice_mut(n.clone()),
-            vn.slice_mut(n),
+            kc.slice_mut(s0),
+            vc.slice_mut(s1),
+            kn.slice_mut(s2),
+            vn.slice_mut(s3),
         ])
     }
 
@@ -208,8 +203,7 @@ impl CudaTier {
         Ok(Self {
             layout: self.layout.clone(),
             capacity: self.capacity,
-            codes: self.codes.clone(),
-            norms: self.norms.clone(),
+            strides: self.strides.clone(),
             stream: self.stream.clone(),
             copy: self.copy.clone(),
             copy_kernel: self.copy_kernel.clone(),
@@ -244,7 +238,7 @@ impl HotStorage for CudaTier {
     }
 
     fn bytes(&self) -> usize {
-        2 * (self.codes.total() + self.norms.total())
+        self.strides.iter().map(Strides::total).sum()
     }
 
     fn spill_to(&self, cold: &mut HostTier, pairs: &[(u32, u32)]) -> KvResult<()> {
@@ -303,11 +297,11 @@ impl HotStorage for CudaTier {
         let layers = self.layout.shape.layers;
         let copy = self.copy.clone();
         copy.context().bind_to_thread().map_err(cuda)?;
-        let (codes, norms) = (self.codes.clone(), self.norms.clone());
+        let strides = self.strides.clone();
         let kernel = self.copy_kernel.clone();
         if runs.len() * layers * 4 <= MEMCPY_RUN_LIMIT {
             for (plane, (src, src_strides)) in cold.planes().into_iter().enumerate() {
-                let dst_strides = if plane < 2 { &codes } else { &norms };
+                let dst_strides = &strides[plane];
                 let (dst, _write) = self.bufs[plane].device_ptr_mut(&copy);
                 for layer in 0..layers {
                     for &(s, d, n) in &runs {
@@ -334,7 +328,7 @@ impl HotStorage for CudaTier {
             let mut guards = Vec::with_capacity(4);
             for (plane, buf) in [b0, b1, b2, b3].into_iter().enumerate() {
                 let (src, src_strides) = cold_planes[plane];
-                let dst_strides = if plane < 2 { &codes } else { &norms };
+                let dst_strides = &strides[plane];
                 let (dst, write) = buf.device_ptr_mut(&copy);
                 guards.push(write);
                 let src = src.device_address().unwrap_or(0);

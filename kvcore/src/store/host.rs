@@ -1,7 +1,7 @@
 //! Host-memory block storage: the cold tier, and the hot tier of the CPU engine.
 //!
 //! Layout: four contiguous byte tensors — K codes and V codes `[layer, block, pos, kv_head,
-//! packed]`, K norms and V norms `[layer, block, pos, kv_head]` (f16 little-endian). A layer's
+//! packed]`, K norms and V norms `[layer, block, pos, kv_head]` (f16 little-endian). A layer's key and value
 //! codec fixes its row widths, so layer `l` starts at the sum of the earlier layers' slabs and the
 //! tensor is exactly 5D whenever all layers share a codec. `tensor[layer]` is a free slice;
 //! moving blocks `ids` of every layer is one copy per (stream, layer, run of consecutive slots).
@@ -17,10 +17,9 @@ use crate::store::buf::HostBuf;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout {
     pub(crate) shape: KvShape,
-    /// Packed code bytes of one head row, per layer.
-    pub(crate) code_row: Vec<usize>,
-    /// Norm bytes of one head row, per layer.
-    pub(crate) norm_row: Vec<usize>,
+    /// Bytes of one head row per layer, for each plane in [`crate::BlockStream::ALL`] order:
+    /// K codes, V codes (packed codes of the layer's key and value codec), K norms, V norms.
+    pub(crate) rows: [Vec<usize>; 4],
 }
 
 impl Layout {
@@ -30,13 +29,15 @@ impl Layout {
 
     /// Bytes of one block in every layer and all four streams.
     pub(crate) fn block_bytes(&self) -> usize {
-        let per_layer: usize = self
-            .code_row
-            .iter()
-            .zip(&self.norm_row)
-            .map(|(c, n)| 2 * (c + n))
-            .sum();
-        per_layer * self.rows_per_block()
+        let per_row: usize = self.rows.iter().flatten().sum();
+        per_row * self.rows_per_block()
+    }
+
+    /// The strides of each plane in a tier of `capacity` blocks.
+    pub(crate) fn strides(&self, capacity: u32) -> KvResult<[Strides; 4]> {
+        let rows = self.rows_per_block();
+        let plane = |p: usize| Strides::new(&self.rows[p], rows, capacity as usize);
+        Ok([plane(0)?, plane(1)?, plane(2)?, plane(3)?])
     }
 }
 
@@ -47,11 +48,13 @@ pub(crate) struct LayerBytes<'a> {
     pub(crate) v_codes: &'a [u8],
     pub(crate) k_norms: &'a [u8],
     pub(crate) v_norms: &'a [u8],
-    pub(crate) code_row: usize,
-    pub(crate) norm_row: usize,
+    pub(crate) k_code_row: usize,
+    pub(crate) v_code_row: usize,
+    pub(crate) k_norm_row: usize,
+    pub(crate) v_norm_row: usize,
 }
 
-/// Offsets of one stream pair (codes or norms) in the layer-major layout.
+/// Offsets of one plane in the layer-major layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Strides {
     /// Bytes of one block in layer `l`.
@@ -95,8 +98,8 @@ impl Strides {
 pub struct HostTier {
     layout: Layout,
     capacity: u32,
-    codes: Strides,
-    norms: Strides,
+    /// K codes, V codes, K norms, V norms.
+    strides: [Strides; 4],
     k_codes: HostBuf,
     v_codes: HostBuf,
     k_norms: HostBuf,
@@ -116,18 +119,15 @@ impl HostTier {
         capacity: u32,
         mut alloc: impl FnMut(usize) -> KvResult<HostBuf>,
     ) -> KvResult<Self> {
-        let rows = layout.rows_per_block();
-        let codes = Strides::new(&layout.code_row, rows, capacity as usize)?;
-        let norms = Strides::new(&layout.norm_row, rows, capacity as usize)?;
+        let strides = layout.strides(capacity)?;
         Ok(Self {
-            k_codes: alloc(codes.total())?,
-            v_codes: alloc(codes.total())?,
-            k_norms: alloc(norms.total())?,
-            v_norms: alloc(norms.total())?,
+            k_codes: alloc(strides[0].total())?,
+            v_codes: alloc(strides[1].total())?,
+            k_norms: alloc(strides[2].total())?,
+            v_norms: alloc(strides[3].total())?,
             layout,
             capacity,
-            codes,
-            norms,
+            strides,
         })
     }
 
@@ -138,7 +138,7 @@ impl HostTier {
 
     /// Bytes of all four tensors.
     pub fn bytes(&self) -> usize {
-        2 * (self.codes.total() + self.norms.total())
+        self.strides.iter().map(Strides::total).sum()
     }
 
     /// The K codes tensor, `[layer, block, pos, kv_head, packed]`.
@@ -195,36 +195,38 @@ impl HostTier {
 
     /// The four tensors (K codes, V codes, K norms, V norms) with the strides of each.
     pub(crate) fn planes(&self) -> [(&HostBuf, &Strides); 4] {
+        let [kc, vc, kn, vn] = &self.strides;
         [
-            (&self.k_codes, &self.codes),
-            (&self.v_codes, &self.codes),
-            (&self.k_norms, &self.norms),
-            (&self.v_norms, &self.norms),
+            (&self.k_codes, kc),
+            (&self.v_codes, vc),
+            (&self.k_norms, kn),
+            (&self.v_norms, vn),
         ]
     }
 
     /// The four tensors, mutable, with the strides of each.
     pub(crate) fn planes_mut(&mut self) -> [(&mut HostBuf, &Strides); 4] {
+        let [kc, vc, kn, vn] = &self.strides;
         [
-            (&mut self.k_codes, &self.codes),
-            (&mut self.v_codes, &self.codes),
-            (&mut self.k_norms, &self.norms),
-            (&mut self.v_norms, &self.norms),
+            (&mut self.k_codes, kc),
+            (&mut self.v_codes, vc),
+            (&mut self.k_norms, kn),
+            (&mut self.v_norms, vn),
         ]
     }
 
     pub(crate) fn layer(&self, layer: usize) -> LayerBytes<'_> {
-        let (c, n) = (
-            self.codes.layer[layer]..self.codes.layer[layer + 1],
-            self.norms.layer[layer]..self.norms.layer[layer + 1],
-        );
+        let span = |p: usize| self.strides[p].layer[layer]..self.strides[p].layer[layer + 1];
+        let row = |p: usize| self.layout.rows[p][layer];
         LayerBytes {
-            k_codes: &self.k_codes[c.clone()],
-            v_codes: &self.v_codes[c],
-            k_norms: &self.k_norms[n.clone()],
-            v_norms: &self.v_norms[n],
-            code_row: self.layout.code_row[layer],
-            norm_row: self.layout.norm_row[layer],
+            k_codes: &self.k_codes[span(0)],
+            v_codes: &self.v_codes[span(1)],
+            k_norms: &self.k_norms[span(2)],
+            v_norms: &self.v_norms[span(3)],
+            k_code_row: row(0),
+            v_code_row: row(1),
+            k_norm_row: row(2),
+            v_norm_row: row(3),
         }
     }
 
@@ -235,14 +237,17 @@ impl HostTier {
         slot: u32,
         row: usize,
     ) -> (&mut [u8], &mut [u8], &mut [u8], &mut [u8]) {
-        let (cr, nr) = (self.layout.code_row[layer], self.layout.norm_row[layer]);
-        let c = self.codes.range(layer, slot, 1).start + row * cr;
-        let n = self.norms.range(layer, slot, 1).start + row * nr;
+        let at = |p: usize| {
+            let width = self.layout.rows[p][layer];
+            let start = self.strides[p].range(layer, slot, 1).start + row * width;
+            start..start + width
+        };
+        let (kc, vc, kn, vn) = (at(0), at(1), at(2), at(3));
         (
-            &mut self.k_codes[c..c + cr],
-            &mut self.v_codes[c..c + cr],
-            &mut self.k_norms[n..n + nr],
-            &mut self.v_norms[n..n + nr],
+            &mut self.k_codes[kc],
+            &mut self.v_codes[vc],
+            &mut self.k_norms[kn],
+            &mut self.v_norms[vn],
         )
     }
 

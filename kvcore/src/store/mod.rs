@@ -96,7 +96,7 @@ impl BlockPart {
 pub struct StoreConfig {
     /// Cache geometry.
     pub shape: KvShape,
-    /// One codec per layer.
+    /// One codec per layer and stream.
     pub codecs: LayerCodecs,
     /// Hot-tier backend.
     pub hot_kind: HotTierKind,
@@ -111,7 +111,8 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
-    /// A host-memory store with the same codec in every layer and default seed and priorities.
+    /// A host-memory store with the same codec in every layer and stream, and default seed and
+    /// priorities.
     pub fn new(shape: KvShape, codec: crate::codec::CodecKind, hot: u32, cold: u32) -> Self {
         Self {
             codecs: LayerCodecs::uniform(&shape, codec),
@@ -159,7 +160,10 @@ impl SlotPool {
 #[derive(Debug, PartialEq)]
 pub struct BlockStore {
     layout: Layout,
-    codecs: Vec<Codec>,
+    /// The built key codec of each layer.
+    k_codecs: Vec<Codec>,
+    /// The built value codec of each layer.
+    v_codecs: Vec<Codec>,
     kinds: LayerCodecs,
     rotation_seed: u64,
     hot: HotTier,
@@ -196,7 +200,8 @@ impl BlockStore {
     pub fn try_clone(&self) -> KvResult<Self> {
         Ok(Self {
             layout: self.layout.clone(),
-            codecs: self.codecs.clone(),
+            k_codecs: self.k_codecs.clone(),
+            v_codecs: self.v_codecs.clone(),
             kinds: self.kinds.clone(),
             rotation_seed: self.rotation_seed,
             hot: self.hot.try_clone()?,
@@ -222,30 +227,47 @@ impl BlockStore {
             priorities,
         } = config;
         shape.validate()?;
-        if kinds.kinds().len() != shape.layers {
+        if kinds.layers() != shape.layers {
             return Err(KvError::CodecCount {
                 expected: shape.layers,
-                got: kinds.kinds().len(),
+                got: kinds.layers(),
             });
         }
-        let mut codecs: Vec<Codec> = Vec::with_capacity(shape.layers);
-        for &kind in kinds.kinds() {
-            let codec = match codecs.iter().find(|c| c.kind() == kind) {
-                Some(built) => built.clone(),
-                None => Codec::new(kind, shape.head_dim, rotation_seed)?,
-            };
-            codecs.push(codec);
-        }
+        // Codecs of the same kind are solved once and shared.
+        let mut built: Vec<Codec> = Vec::new();
+        let mut build = |kind| -> KvResult<Codec> {
+            if let Some(c) = built.iter().find(|c| c.kind() == kind) {
+                return Ok(c.clone());
+            }
+            let c = Codec::new(kind, shape.head_dim, rotation_seed)?;
+            built.push(c.clone());
+            Ok(c)
+        };
+        let k_codecs = kinds
+            .keys()
+            .iter()
+            .map(|&k| build(k))
+            .collect::<KvResult<Vec<_>>>()?;
+        let v_codecs = kinds
+            .values()
+            .iter()
+            .map(|&k| build(k))
+            .collect::<KvResult<Vec<_>>>()?;
         let layout = Layout {
             shape,
-            code_row: codecs.iter().map(Codec::code_bytes).collect(),
-            norm_row: codecs.iter().map(Codec::norm_bytes).collect(),
+            rows: [
+                k_codecs.iter().map(Codec::code_bytes).collect(),
+                v_codecs.iter().map(Codec::code_bytes).collect(),
+                k_codecs.iter().map(Codec::norm_bytes).collect(),
+                v_codecs.iter().map(Codec::norm_bytes).collect(),
+            ],
         };
         let hot = hot(hot_kind, layout.clone(), hot_blocks)?;
         let cold = hot.cold_tier(layout.clone(), cold_blocks)?;
         Ok(Self {
             layout,
-            codecs,
+            k_codecs,
+            v_codecs,
             kinds,
             rotation_seed,
             hot,
@@ -262,14 +284,22 @@ impl BlockStore {
         &self.layout.shape
     }
 
-    /// The codec of each layer, as configured.
+    /// The codec of each layer and stream, as configured.
     pub fn codec_kinds(&self) -> &LayerCodecs {
         &self.kinds
     }
 
-    /// The built codec of one layer.
-    pub fn codec(&self, layer: usize) -> KvResult<&Codec> {
-        self.codecs.get(layer).ok_or(KvError::UnknownLayer {
+    /// The built key codec of one layer.
+    pub fn key_codec(&self, layer: usize) -> KvResult<&Codec> {
+        self.k_codecs.get(layer).ok_or(KvError::UnknownLayer {
+            layer,
+            layers: self.layout.shape.layers,
+        })
+    }
+
+    /// The built value codec of one layer.
+    pub fn value_codec(&self, layer: usize) -> KvResult<&Codec> {
+        self.v_codecs.get(layer).ok_or(KvError::UnknownLayer {
             layer,
             layers: self.layout.shape.layers,
         })
@@ -487,10 +517,10 @@ impl BlockStore {
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         let tiers = self.resident(blocks)?;
-        let codec = &self.codecs[layer];
+        let (kc, vc) = (&self.k_codecs[layer], &self.v_codecs[layer]);
         let d = self.layout.shape.head_dim;
         let mut row = vec![0.0f32; d];
-        for rows in [&k, &v] {
+        for (rows, codec) in [(&k, kc), (&v, vc)] {
             for r in 0..tokens * self.layout.shape.kv_heads {
                 rows.read_into(r * d, &mut row);
                 codec.check_encodable(&row)?;
@@ -511,12 +541,13 @@ impl BlockStore {
                 _ => &mut self.cold,
             };
             for h in 0..kv_heads {
-                let (kc, vc, kn, vn) = target.row_mut(layer, slot, in_block * kv_heads + h);
+                let (k_code, v_code, k_norm, v_norm) =
+                    target.row_mut(layer, slot, in_block * kv_heads + h);
                 let r = (t * kv_heads + h) * d;
                 k.read_into(r, &mut row);
-                codec.encode_row(&row, kc, kn, &mut scratch, &mut idx);
+                kc.encode_row(&row, k_code, k_norm, &mut scratch, &mut idx);
                 v.read_into(r, &mut row);
-                codec.encode_row(&row, vc, vn, &mut scratch, &mut idx);
+                vc.encode_row(&row, v_code, v_norm, &mut scratch, &mut idx);
             }
         }
         Ok(())
@@ -534,7 +565,7 @@ impl BlockStore {
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         let tiers = self.resident(blocks)?;
-        let codec = &self.codecs[layer];
+        let (kc, vc) = (&self.k_codecs[layer], &self.v_codecs[layer]);
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
         let row_elems = kv_heads * self.layout.shape.head_dim;
         let mut scratch = vec![0.0f32; self.layout.shape.head_dim];
@@ -548,14 +579,17 @@ impl BlockStore {
             };
             let bytes = tier.layer(layer);
             let row0 = (slot as usize * bs + in_block) * kv_heads;
-            let codes = (row0 * bytes.code_row)..((row0 + kv_heads) * bytes.code_row);
-            let norms = (row0 * bytes.norm_row)..((row0 + kv_heads) * bytes.norm_row);
+            let span = |width: usize| (row0 * width)..((row0 + kv_heads) * width);
             let out = t * row_elems..(t + 1) * row_elems;
-            let (kc, kn) = (&bytes.k_codes[codes.clone()], &bytes.k_norms[norms.clone()]);
-            codec.decode_rows(kc, kn, &mut k[out.clone()], &mut scratch);
-            codec.decode_rows(
-                &bytes.v_codes[codes],
-                &bytes.v_norms[norms],
+            kc.decode_rows(
+                &bytes.k_codes[span(bytes.k_code_row)],
+                &bytes.k_norms[span(bytes.k_norm_row)],
+                &mut k[out.clone()],
+                &mut scratch,
+            );
+            vc.decode_rows(
+                &bytes.v_codes[span(bytes.v_code_row)],
+                &bytes.v_norms[span(bytes.v_norm_row)],
                 &mut v[out],
                 &mut scratch,
             );
@@ -586,12 +620,9 @@ impl BlockStore {
         let rows = l.shape.block_size * l.shape.kv_heads;
         let mut parts = Vec::with_capacity(4 * l.shape.layers);
         let mut offset = 0;
-        for stream in BlockStream::ALL {
+        for (plane, stream) in BlockStream::ALL.into_iter().enumerate() {
             for layer in 0..l.shape.layers {
-                let row = match stream {
-                    BlockStream::KCodes | BlockStream::VCodes => l.code_row[layer],
-                    BlockStream::KNorms | BlockStream::VNorms => l.norm_row[layer],
-                };
+                let row = l.rows[plane][layer];
                 parts.push(BlockPart {
                     stream,
                     layer,
@@ -633,8 +664,9 @@ impl BlockStore {
         Ok(self.hot.host()?.layer(layer))
     }
 
-    pub(crate) fn layer_codec(&self, layer: usize) -> &Codec {
-        &self.codecs[layer]
+    /// The built key and value codecs of a layer the caller has checked.
+    pub(crate) fn layer_codecs(&self, layer: usize) -> (&Codec, &Codec) {
+        (&self.k_codecs[layer], &self.v_codecs[layer])
     }
 
     /// Every id exists, and none is listed twice.

@@ -1,16 +1,20 @@
 //! Attention read from codes equals the dequantize-then-attend reference.
 
 use engram_kvcore::{
-    AttentionParams, BlockStore, CodecKind, KvError, KvShape, SourceLayer, StoreConfig, Tier,
-    attend_dense,
+    AttentionParams, BlockStore, CodecKind, KvError, KvShape, LayerCodecs, SourceLayer,
+    StoreConfig, Tier, attend_dense,
 };
 use proptest::prelude::*;
 
 use crate::common::{ALL_CODECS, filled, gauss, rel_l2, small_store};
 
-fn store_with(kind: CodecKind, kv_heads: usize, head_dim: usize) -> BlockStore {
+fn store_streams(key: CodecKind, value: CodecKind, kv_heads: usize, head_dim: usize) -> BlockStore {
     let shape = KvShape::new(2, kv_heads, head_dim).unwrap();
-    BlockStore::new(StoreConfig::new(shape, kind, 16, 4)).unwrap()
+    BlockStore::new(StoreConfig {
+        codecs: LayerCodecs::streams(&shape, key, value),
+        ..StoreConfig::new(shape, key, 16, 4)
+    })
+    .unwrap()
 }
 
 proptest! {
@@ -19,6 +23,8 @@ proptest! {
     #[test]
     fn codes_path_matches_the_dequantize_reference(
         codec_index in 0usize..ALL_CODECS.len(),
+        // Values in another codec than the keys half of the time.
+        value_index in 0usize..2 * ALL_CODECS.len(),
         // head_dim 80 exercises the dense rotation; 64 and 128 the Hadamard one.
         head_dim in prop::sample::select(vec![64usize, 80, 128]),
         group in 1usize..4,
@@ -26,8 +32,9 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let kind = ALL_CODECS[codec_index];
+        let value = ALL_CODECS.get(value_index).copied().unwrap_or(kind);
         let kv_heads = 2;
-        let mut store = store_with(kind, kv_heads, head_dim);
+        let mut store = store_streams(kind, value, kv_heads, head_dim);
         let n_blocks = tokens.div_ceil(16);
         let ids = filled(&mut store, n_blocks, SourceLayer::UserTurn, seed);
         let params = AttentionParams::new(kv_heads * group, head_dim);
@@ -51,7 +58,20 @@ proptest! {
         let (mut got, mut reference) = (vec![0.0f32; q.len()], vec![0.0f32; q.len()]);
         store.attend(1, &ids, tokens, &q, &params, &mut got).unwrap();
         store.attend_dequantized(1, &ids, tokens, &q, &params, &mut reference).unwrap();
-        prop_assert!(rel_l2(&got, &reference) < 1e-4, "{kind}: output {}", rel_l2(&got, &reference));
+        prop_assert!(rel_l2(&got, &reference) < 1e-4, "{kind}/{value}: output {}", rel_l2(&got, &reference));
+        // Causal: each row of a chunk equals a decode over its own prefix.
+        let new = tokens.min(5);
+        let start = tokens - new;
+        let qs = gauss(seed ^ 2).gaussian_vec(new * q.len());
+        let mut causal = vec![0.0f32; qs.len()];
+        store.attend_causal(1, &ids, start, new, &qs, &params, &mut causal).unwrap();
+        for r in 0..new {
+            let n = start + r + 1;
+            let mut one = vec![0.0f32; q.len()];
+            store.attend(1, &ids[..n.div_ceil(16)], n, &qs[r * q.len()..][..q.len()], &params, &mut one).unwrap();
+            let e = rel_l2(&causal[r * q.len()..][..q.len()], &one);
+            prop_assert!(e < 1e-4, "{kind}/{value}: causal row {r}: {e}");
+        }
     }
 }
 

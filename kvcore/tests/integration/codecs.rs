@@ -29,6 +29,8 @@ fn relative_mse(codec: &Codec, n: usize, seed: u64) -> f64 {
 /// The bounds: Lloyd–Max figures for a Gaussian source plus 10 %.
 fn bound(kind: CodecKind) -> f64 {
     match kind {
+        CodecKind::TurboQuant { bits: 6 } => 0.00073,
+        CodecKind::TurboQuant { bits: 5 } => 0.00275,
         CodecKind::TurboQuant { bits: 4 } => 0.0105,
         CodecKind::TurboQuant { bits: 3 } => 0.038,
         CodecKind::TurboQuant { bits: 2 } => 0.129,
@@ -94,6 +96,8 @@ fn bits_per_element_including_norms() {
             (CodecKind::TurboQuant { bits: 2 }, 2.25),
             (CodecKind::TurboQuant { bits: 3 }, 3.25),
             (CodecKind::TurboQuant { bits: 4 }, 4.25),
+            (CodecKind::TurboQuant { bits: 5 }, 5.25),
+            (CodecKind::TurboQuant { bits: 6 }, 6.25),
         ]
     );
     // And the buffers really are that size: 64 elements of TQ4 pack into 32 bytes + a 2-byte norm.

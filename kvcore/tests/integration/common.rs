@@ -1,8 +1,8 @@
 //! Helpers shared by the integration tests.
 
 use engram_kvcore::{
-    BlockId, BlockStore, BlockTags, CodecKind, KvShape, Rows, SessionId, SourceLayer, SplitMix64,
-    StoreConfig, TenantId, Tier, TokenRange,
+    BlockId, BlockStore, BlockTags, CodecKind, KvShape, LayerCodecs, Rows, SessionId, SourceLayer,
+    SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
 };
 
 /// Deterministic Gaussian data.
@@ -11,13 +11,15 @@ pub fn gauss(seed: u64) -> SplitMix64 {
 }
 
 /// Every codec the crate offers.
-pub const ALL_CODECS: [CodecKind; 6] = [
+pub const ALL_CODECS: [CodecKind; 8] = [
     CodecKind::F32,
     CodecKind::F16,
     CodecKind::Q8,
     CodecKind::TurboQuant { bits: 2 },
     CodecKind::TurboQuant { bits: 3 },
     CodecKind::TurboQuant { bits: 4 },
+    CodecKind::TurboQuant { bits: 5 },
+    CodecKind::TurboQuant { bits: 6 },
 ];
 
 pub fn tags(source: SourceLayer) -> BlockTags {
@@ -34,6 +36,16 @@ pub fn tags(source: SourceLayer) -> BlockTags {
 pub fn small_store(codec: CodecKind, hot: u32, cold: u32) -> BlockStore {
     let shape = KvShape::new(2, 2, 64).unwrap();
     BlockStore::new(StoreConfig::new(shape, codec, hot, cold)).unwrap()
+}
+
+/// A small store whose keys and values use different codecs.
+pub fn stream_store(key: CodecKind, value: CodecKind, hot: u32, cold: u32) -> BlockStore {
+    let shape = KvShape::new(2, 2, 64).unwrap();
+    BlockStore::new(StoreConfig {
+        codecs: LayerCodecs::streams(&shape, key, value),
+        ..StoreConfig::new(shape, key, hot, cold)
+    })
+    .unwrap()
 }
 
 /// Allocates `n` hot blocks of `source` and fills every layer with Gaussian rows.

@@ -303,11 +303,18 @@ fn bad_configurations_are_typed_errors() {
     assert_eq!(
         BlockStore::new(StoreConfig::new(
             shape,
-            CodecKind::TurboQuant { bits: 5 },
+            CodecKind::TurboQuant { bits: 7 },
             4,
             4
         )),
-        Err(KvError::UnsupportedBits { bits: 5 })
+        Err(KvError::UnsupportedBits { bits: 7 })
+    );
+    assert_eq!(
+        LayerCodecs::per_stream(&shape, vec![CodecKind::Q8; 30], vec![CodecKind::TQ4; 29]),
+        Err(KvError::CodecCount {
+            expected: 30,
+            got: 29
+        })
     );
     let mut cuda = StoreConfig::new(shape, CodecKind::TQ4, 4, 4);
     cuda.hot_kind = HotTierKind::Cuda { device: 0 };

@@ -4,47 +4,59 @@
 use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
 use engram_kvcore::{BlockStream, CodecKind, KvError, LayerCodecs, SourceLayer, StoreConfig, Tier};
 
-use crate::common::{filled, small_store, tags};
+use crate::common::{filled, small_store, stream_store, tags};
 
 #[test]
 fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
-    let mut a = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
-    let ids = filled(&mut a, 3, SourceLayer::UserTurn, 42);
-    let parts = a.block_parts();
-    // K codes, V codes, K norms, V norms, each for both layers, tiling the block's bytes.
-    assert_eq!(parts.len(), 8);
-    assert_eq!(parts[0].stream, BlockStream::KCodes);
-    assert_eq!(parts[7].stream, BlockStream::VNorms);
-    assert_eq!(
-        parts.iter().map(|p| p.len()).sum::<usize>(),
-        a.block_bytes()
-    );
-    for w in parts.windows(2) {
-        assert_eq!(w[0].offset + w[0].len(), w[1].offset);
-    }
-    let bytes: Vec<Vec<u8>> = ids
-        .iter()
-        .map(|&id| a.block_bytes_of(id).unwrap())
-        .collect();
-    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-    let meta = std::collections::HashMap::from([("k".to_string(), "v".to_string())]);
-    let file = encode_segment(&parts, &refs, Some(meta.clone())).unwrap();
-    let seg = decode_segment(&parts, &file).unwrap();
-    assert_eq!(seg.blocks, bytes);
-    assert_eq!(seg.metadata, meta);
+    // One codec for both streams, and keys and values apart (Q8 keys, TQ3 values).
+    let tq4 = CodecKind::TurboQuant { bits: 4 };
+    let tq3 = CodecKind::TurboQuant { bits: 3 };
+    for (key, value) in [(tq4, tq4), (CodecKind::Q8, tq3)] {
+        let mut a = stream_store(key, value, 8, 8);
+        let ids = filled(&mut a, 3, SourceLayer::UserTurn, 42);
+        let parts = a.block_parts();
+        // K codes, V codes, K norms, V norms, each for both layers, tiling the block's bytes.
+        assert_eq!(parts.len(), 8);
+        assert_eq!(parts[0].stream, BlockStream::KCodes);
+        assert_eq!(parts[7].stream, BlockStream::VNorms);
+        assert_eq!(parts[0].shape[2], key.code_bytes(64));
+        assert_eq!(parts[2].shape[2], value.code_bytes(64));
+        assert_eq!(
+            parts.iter().map(|p| p.len()).sum::<usize>(),
+            a.block_bytes()
+        );
+        for w in parts.windows(2) {
+            assert_eq!(w[0].offset + w[0].len(), w[1].offset);
+        }
+        let bytes: Vec<Vec<u8>> = ids
+            .iter()
+            .map(|&id| a.block_bytes_of(id).unwrap())
+            .collect();
+        let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let meta = std::collections::HashMap::from([("k".to_string(), "v".to_string())]);
+        let file = encode_segment(&parts, &refs, Some(meta.clone())).unwrap();
+        let seg = decode_segment(&parts, &file).unwrap();
+        assert_eq!(seg.blocks, bytes);
+        assert_eq!(seg.metadata, meta);
 
-    // Into another store's cold tier, then warmed: the same bytes in every tier.
-    let mut b = small_store(CodecKind::TurboQuant { bits: 4 }, 8, 8);
-    let cold = b
-        .allocate(Tier::Cold, &[tags(SourceLayer::UserTurn); 3])
-        .unwrap();
-    for (&id, block) in cold.iter().zip(&seg.blocks) {
-        b.write_block_bytes(id, block).unwrap();
-    }
-    b.warm(&cold).unwrap();
-    for (&id, block) in cold.iter().zip(&bytes) {
-        assert_eq!(&b.block_bytes_of(id).unwrap(), block);
-        assert_eq!(checksum(&b.block_bytes_of(id).unwrap()), checksum(block));
+        // Into another store's cold tier, then warmed: the same bytes in every tier.
+        let mut b = stream_store(key, value, 8, 8);
+        let cold = b
+            .allocate(Tier::Cold, &[tags(SourceLayer::UserTurn); 3])
+            .unwrap();
+        for (&id, block) in cold.iter().zip(&seg.blocks) {
+            b.write_block_bytes(id, block).unwrap();
+        }
+        b.warm(&cold).unwrap();
+        for (&id, block) in cold.iter().zip(&bytes) {
+            assert_eq!(&b.block_bytes_of(id).unwrap(), block);
+            assert_eq!(checksum(&b.block_bytes_of(id).unwrap()), checksum(block));
+        }
+        // A store with the streams' codecs swapped has another layout: the file is refused.
+        if key != value {
+            let swapped = stream_store(value, key, 8, 8);
+            assert!(decode_segment(&swapped.block_parts(), &file).is_err());
+        }
     }
 }
 

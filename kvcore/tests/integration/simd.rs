@@ -50,6 +50,39 @@ proptest! {
 }
 
 #[test]
+fn the_generic_path_gives_the_same_bits_on_every_tier() {
+    // Keys and values in other codecs than TQ4 both: the generic path, compiled per tier, does
+    // the same arithmetic in the same order, so every tier agrees with the scalar one exactly.
+    for (key, value) in [
+        (CodecKind::Q8, CodecKind::TurboQuant { bits: 5 }),
+        (CodecKind::TurboQuant { bits: 6 }, CodecKind::TQ4),
+        (CodecKind::F16, CodecKind::TurboQuant { bits: 3 }),
+    ] {
+        let shape = KvShape::new(2, 3, 64).unwrap();
+        let mut store = BlockStore::new(StoreConfig {
+            codecs: engram_kvcore::LayerCodecs::streams(&shape, key, value),
+            ..StoreConfig::new(shape, key, 80, 0)
+        })
+        .unwrap();
+        let tokens: usize = 1200;
+        let ids = filled(&mut store, tokens.div_ceil(16), SourceLayer::UserTurn, 3);
+        let params = AttentionParams::new(9, 64);
+        let q = gauss(4).gaussian_vec(9 * 64);
+        let mut reference = vec![0.0f32; q.len()];
+        store
+            .attend_on(Isa::Scalar, 1, &ids, tokens, &q, &params, &mut reference)
+            .unwrap();
+        for isa in Isa::available() {
+            let mut got = vec![0.0f32; q.len()];
+            store
+                .attend_on(isa, 1, &ids, tokens, &q, &params, &mut got)
+                .unwrap();
+            assert_eq!(got, reference, "{key}/{value} on {isa}");
+        }
+    }
+}
+
+#[test]
 fn tiers_and_splits_agree_on_a_long_range_near_the_dense_reference() {
     // SmolLM2's geometry at 4K: every tier and split agrees with the scalar path, which agrees
     // with dequantize-then-attend.

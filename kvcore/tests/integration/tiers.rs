@@ -3,7 +3,7 @@
 use engram_kvcore::{BlockStore, CodecKind, KvShape, LayerCodecs, SourceLayer, StoreConfig, Tier};
 use proptest::prelude::*;
 
-use crate::common::{ALL_CODECS, fill, filled, small_store, tags};
+use crate::common::{ALL_CODECS, fill, filled, small_store, stream_store, tags};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
@@ -11,12 +11,16 @@ proptest! {
     #[test]
     fn spill_warm_spill_is_byte_identical(
         codec_index in 0usize..ALL_CODECS.len(),
+        // Keys and values in different codecs half of the time.
+        value_index in 0usize..2 * ALL_CODECS.len(),
         n in 1usize..12,
         // Occupy some slots first so the moved blocks land in scattered slots.
         holes in 0usize..6,
         seed in any::<u64>(),
     ) {
-        let mut store = small_store(ALL_CODECS[codec_index], 24, 24);
+        let key = ALL_CODECS[codec_index];
+        let value = ALL_CODECS.get(value_index).copied().unwrap_or(key);
+        let mut store = stream_store(key, value, 24, 24);
         let padding = filled(&mut store, holes, SourceLayer::Neurons, 1);
         let ids = filled(&mut store, n, SourceLayer::Memories, seed);
         store.release(&padding).unwrap();
@@ -80,11 +84,59 @@ fn mixed_codecs_per_layer_keep_their_own_widths() {
     store.spill(&ids).unwrap();
     store.warm(&ids).unwrap();
     assert_eq!(store.block_bytes_of(ids[1]).unwrap(), before);
-    assert_eq!(store.codec(0).unwrap().kind(), CodecKind::F16);
+    assert_eq!(store.key_codec(0).unwrap().kind(), CodecKind::F16);
     assert_eq!(
-        store.codec(2).unwrap().kind(),
+        store.value_codec(2).unwrap().kind(),
         CodecKind::TurboQuant { bits: 2 }
     );
+}
+
+#[test]
+fn keys_and_values_keep_their_own_widths() {
+    // Keys Q8 (64 + 2 bytes a row), values TQ4 (32 + 2); 2 layers × 2 heads × 16 positions.
+    let mut store = stream_store(CodecKind::Q8, CodecKind::TQ4, 4, 4);
+    assert_eq!(store.block_bytes(), 2 * 32 * (66 + 34));
+    assert_eq!(store.codec_kinds().to_string(), "q8/tq4");
+    assert!((store.codec_kinds().bits_per_element(64) - 6.25).abs() < 1e-12);
+    let parts = store.block_parts();
+    let width = |stream| {
+        parts
+            .iter()
+            .find(|p| p.stream == stream && p.layer == 1)
+            .unwrap()
+            .shape[2]
+    };
+    assert_eq!(width(engram_kvcore::BlockStream::KCodes), 64);
+    assert_eq!(width(engram_kvcore::BlockStream::VCodes), 32);
+    // Each stream decodes with its own codec: keys within Q8's error, values within TQ4's.
+    let shape = *store.shape();
+    let ids = store
+        .allocate(Tier::Hot, &[tags(SourceLayer::Identity)])
+        .unwrap();
+    let n = shape.block_size * shape.token_width();
+    let mut g = crate::common::gauss(11);
+    let (k, v) = (g.gaussian_vec(n), g.gaussian_vec(n));
+    store
+        .write(
+            1,
+            &ids,
+            0,
+            engram_kvcore::Rows::F32(&k),
+            engram_kvcore::Rows::F32(&v),
+        )
+        .unwrap();
+    let (mut k2, mut v2) = (vec![0.0f32; n], vec![0.0f32; n]);
+    store.read(1, &ids, 0, &mut k2, &mut v2).unwrap();
+    let (ek, ev) = (
+        crate::common::rel_l2(&k2, &k),
+        crate::common::rel_l2(&v2, &v),
+    );
+    assert!(ek < 0.01, "q8 keys: {ek}");
+    assert!(ev > 0.05 && ev < 0.15, "tq4 values: {ev}");
+    let before = store.block_bytes_of(ids[0]).unwrap();
+    store.spill(&ids).unwrap();
+    store.warm(&ids).unwrap();
+    assert_eq!(store.block_bytes_of(ids[0]).unwrap(), before);
 }
 
 #[test]

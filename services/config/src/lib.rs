@@ -239,8 +239,12 @@ pub struct DatabaseSection {
 pub struct ModelSection {
     /// GGUF file or safetensors directory; generation answers 503 when it is missing.
     pub path: PathBuf,
-    /// KV codec: f32, f16, q8, tq4, tq3, tq2.
+    /// KV codec: f32, f16, q8, tq6, tq5, tq4, tq3 or tq2 for keys and values alike, or one per
+    /// stream, keys first: `q8/tq4`.
     pub codec: String,
+    /// A calibrated KV profile (`engram calibrate kv --out FILE`) whose per-layer, per-stream
+    /// codecs replace `codec`; empty for none. It must be calibrated for `path`'s model.
+    pub kv_profile: String,
     /// Hot-tier budget in MiB.
     pub hot_mib: u64,
     /// Cold-tier budget in MiB.
@@ -310,11 +314,13 @@ impl ModelSection {
     /// The engine's configuration (the values were checked at load).
     pub fn engine_config(&self) -> Result<engram_engine::EngineConfig, engram_engine::EngineError> {
         Ok(engram_engine::EngineConfig {
-            codec: engram_engine::parse_codec(&self.codec)?,
+            codec: engram_engine::StreamCodecs::parse(&self.codec)?.key,
+            value_codec: engram_engine::StreamCodecs::parse(&self.codec)?.value_override(),
             hot_bytes: self.hot_mib << 20,
             cold_bytes: self.cold_mib << 20,
             device: engram_engine::EngineDevice::parse(&self.device)?,
             cache_generated: self.cache_generated,
+            kv_profile: (!self.kv_profile.is_empty()).then(|| PathBuf::from(&self.kv_profile)),
             max_running: self.max_running,
             step_tokens: self.step_tokens,
             threads: self.threads,
@@ -336,6 +342,7 @@ impl Default for ModelSection {
         Self {
             path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             codec: "tq4".into(),
+            kv_profile: String::new(),
             hot_mib: 1024,
             cold_mib: 2048,
             device: "cpu".into(),
@@ -459,8 +466,14 @@ impl Config {
         {
             return bad("database.url", "must start with sqlite: or postgres:");
         }
-        if engram_engine::parse_codec(&self.model.codec).is_err() {
-            return bad("model.codec", "one of f32, f16, q8, tq4, tq3, tq2");
+        if engram_engine::StreamCodecs::parse(&self.model.codec).is_err() {
+            return bad(
+                "model.codec",
+                "a codec (f32, f16, q8, tq6, tq5, tq4, tq3, tq2), or KEYS/VALUES such as q8/tq4",
+            );
+        }
+        if !self.model.kv_profile.is_empty() && !Path::new(&self.model.kv_profile).is_file() {
+            return bad("model.kv_profile", "no such file");
         }
         if !self.model.fault.is_empty()
             && engram_engine::EngineFault::parse(&self.model.fault).is_err()
@@ -598,6 +611,21 @@ mod tests {
         let c = Config::load(Some(&file), env).unwrap();
         assert_eq!(c.server.bind, "0.0.0.0:9000");
         assert_eq!(c.model.codec, "f16", "env beats file");
+        let per_stream = Config::load(
+            None,
+            vec![("ENGRAM__MODEL__CODEC".to_string(), "q8/tq5".to_string())],
+        )
+        .unwrap()
+        .model
+        .engine_config()
+        .unwrap();
+        assert_eq!(
+            (per_stream.codec, per_stream.value_codec),
+            (
+                engram_kvcore::CodecKind::Q8,
+                Some(engram_kvcore::CodecKind::TurboQuant { bits: 5 })
+            )
+        );
         assert_eq!(c.tenants.sessions, 7);
         assert_eq!(c.database.url, DatabaseSection::default().url);
         assert!(!format!("{c:?}").contains("a-very-long-admin-key"));
@@ -612,6 +640,12 @@ mod tests {
             ("ENGRAM__AUTH__ADMIN_KEY", "short", "auth.admin_key"),
             ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
             ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
+            ("ENGRAM__MODEL__CODEC", "q8/tq9", "model.codec"),
+            (
+                "ENGRAM__MODEL__KV_PROFILE",
+                "/no/such/profile.json",
+                "model.kv_profile",
+            ),
             ("ENGRAM__MODEL__WEIGHTS", "int4", "model.weights"),
             ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
             ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),

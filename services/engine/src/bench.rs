@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::{EngineConfig, EngineCore, SeqId, SequenceSpec};
 use crate::error::{EngineError, EngineResult};
 use crate::model::Llama;
+use crate::probe::StreamCodecs;
 use crate::sampling::argmax;
 use crate::tokenizer::TextTokenizer;
 
@@ -36,8 +37,8 @@ pub struct TtftOptions {
     pub decode_steps: usize,
     /// Prompt length of each decoding sequence.
     pub decode_prompt: usize,
-    /// KV codec.
-    pub codec: CodecKind,
+    /// KV codecs (keys and values alike, or one per stream).
+    pub codec: StreamCodecs,
     /// The engine's options besides the codec (device, tiers, key centering).
     pub engine: EngineConfig,
 }
@@ -50,7 +51,7 @@ impl Default for TtftOptions {
             batches: vec![1, 2, 4, 8, 16],
             decode_steps: 16,
             decode_prompt: 128,
-            codec: CodecKind::TQ4,
+            codec: StreamCodecs::both(CodecKind::TQ4),
             engine: EngineConfig::default(),
         }
     }
@@ -89,7 +90,8 @@ pub struct DecodeRow {
 
 fn engine(model: &Llama, tok: &TextTokenizer, opts: &TtftOptions) -> EngineResult<EngineCore> {
     let config = EngineConfig {
-        codec: opts.codec,
+        codec: opts.codec.key,
+        value_codec: opts.codec.value_override(),
         ..opts.engine.clone()
     };
     EngineCore::new(model.clone(), tok.clone(), config)

@@ -25,9 +25,9 @@ use std::path::Path;
 
 use candle_core::Tensor;
 use engram_kvcore::{
-    BlockId, BlockStore, BlockTags, CodecKind, DEFAULT_ROTATION_SEED, HotTierKind, LayerCodecs,
-    PinPolicy, PinState, PrefixPinManager, PriorityTable, SessionId, SourceLayer, StoreConfig,
-    TenantId, Tier, TokenRange,
+    BlockId, BlockStore, BlockTags, CodecKind, DEFAULT_ROTATION_SEED, HotTierKind, KvShape,
+    LayerCodecs, PinPolicy, PinState, PrefixPinManager, PriorityTable, SessionId, SourceLayer,
+    StoreConfig, TenantId, Tier, TokenRange,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -60,10 +60,16 @@ pub use tiers::{CycleReport, TierObservation, TierPolicy};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct EngineConfig {
-    /// Codec of every layer (default TurboQuant-4).
+    /// Codec of the keys of every layer, and of the values unless `value_codec` says otherwise
+    /// (default TurboQuant-4).
     pub codec: CodecKind,
-    /// Per-layer override of `codec` (one entry per layer).
-    pub layer_codecs: Option<Vec<CodecKind>>,
+    /// Codec of the values of every layer, when it differs from `codec`.
+    pub value_codec: Option<CodecKind>,
+    /// Per-layer and per-stream override of `codec` and `value_codec`.
+    pub layer_codecs: Option<LayerCodecs>,
+    /// A calibrated profile (`engram calibrate kv`) whose codecs override all of the above; it
+    /// must have been calibrated for the model loaded.
+    pub kv_profile: Option<std::path::PathBuf>,
     /// Tokens per block.
     pub block_size: usize,
     /// Hot-tier budget in bytes.
@@ -106,6 +112,24 @@ pub struct EngineConfig {
     /// serialized).
     #[serde(skip)]
     pub fault: Option<EngineFault>,
+}
+
+impl EngineConfig {
+    /// The codec of each layer and stream these options give a cache of `shape`.
+    pub fn codecs(&self, shape: &KvShape) -> EngineResult<LayerCodecs> {
+        match &self.layer_codecs {
+            Some(c) => Ok(LayerCodecs::per_stream(
+                shape,
+                c.keys().to_vec(),
+                c.values().to_vec(),
+            )?),
+            None => Ok(LayerCodecs::streams(
+                shape,
+                self.codec,
+                self.value_codec.unwrap_or(self.codec),
+            )),
+        }
+    }
 }
 
 impl EngineDevice {
@@ -158,7 +182,9 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             codec: CodecKind::TQ4,
+            value_codec: None,
             layer_codecs: None,
+            kv_profile: None,
             block_size: engram_kvcore::DEFAULT_BLOCK_SIZE,
             hot_bytes: 1 << 30,
             cold_bytes: 2 << 30,
@@ -498,19 +524,11 @@ impl EngineCore {
     /// An engine over a loaded model (cheap to repeat: weights are shared).
     pub fn new(model: Llama, tokenizer: TextTokenizer, config: EngineConfig) -> EngineResult<Self> {
         let shape = model.kv_shape(config.block_size)?;
-        let codecs = match &config.layer_codecs {
-            Some(kinds) => LayerCodecs::per_layer(&shape, kinds.clone())?,
-            None => LayerCodecs::uniform(&shape, config.codec),
+        let codecs = match &config.kv_profile {
+            Some(path) => crate::calibrate::KvProfile::load(path, &model)?.codecs,
+            None => config.codecs(&shape)?,
         };
-        let block_bytes: usize = codecs
-            .kinds()
-            .iter()
-            .map(|k| {
-                2 * shape.block_size
-                    * shape.kv_heads
-                    * (k.code_bytes(shape.head_dim) + k.norm_bytes())
-            })
-            .sum();
+        let block_bytes = shape.block_size * codecs.token_bytes(&shape);
         let per_context = model.config().context_length.div_ceil(shape.block_size);
         let hot = config.hot_bytes / block_bytes as u64;
         if hot < per_context as u64 {
@@ -535,9 +553,7 @@ impl EngineCore {
                 });
             }
         }
-        if config.probe.is_some()
-            && (config.codec != CodecKind::F32 || config.layer_codecs.is_some())
-        {
+        if config.probe.is_some() && codecs.single() != Some(CodecKind::F32) {
             return Err(EngineError::InvalidConfig {
                 field: "probe",
                 reason: "a probe stores its round-tripped rows exactly: use codec f32".into(),
@@ -571,7 +587,7 @@ impl EngineCore {
         h.update(model.fingerprint());
         h.update(NUMERICS.as_bytes());
         h.update(model.weight_format().numerics().as_bytes());
-        h.update(serde_json::to_vec(codecs.kinds()).unwrap_or_default());
+        h.update(serde_json::to_vec(&codecs).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());
         Ok(Self {

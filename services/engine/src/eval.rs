@@ -9,7 +9,9 @@
 //! - `kl_nats`: mean over positions of KL(reference ‖ codec) of the next-token distributions;
 //! - `ppl`: exp of the mean negative log-likelihood of the actual next tokens;
 //! - `ppl_delta_rel`: `ppl / ppl_reference − 1`;
-//! - `top1_agreement`: share of positions where both argmaxes agree.
+//! - `top1_agreement`: share of positions where both argmaxes agree;
+//! - `greedy_agreement`: from 20 prompts cut evenly from the corpus, 64 tokens generated greedily
+//!   with the codec and with the reference; the share equal position by position.
 //!
 //! [`KvProbe`] rows (ablations: keys or values alone, a band of layers, exact first tokens) follow
 //! the codecs.
@@ -19,13 +21,13 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{D, Tensor};
-use engram_kvcore::{CodecKind, TenantId};
+use engram_kvcore::{CodecKind, LayerCodecs, TenantId};
 use serde::{Deserialize, Serialize};
 
 use crate::core::{EngineConfig, EngineCore, KeyCentering, PrefixReuse, SequenceSpec};
 use crate::error::{EngineResult, io_error};
 use crate::model::{Llama, LogitRows};
-use crate::probe::KvProbe;
+use crate::probe::{KvProbe, StreamCodecs};
 use crate::tokenizer::TextTokenizer;
 
 /// Where the default corpus lives on Debian and Ubuntu.
@@ -44,12 +46,21 @@ pub struct EvalOptions {
     pub chunk: usize,
     /// The exact reference codec.
     pub reference: CodecKind,
-    /// Codecs compared with it.
-    pub codecs: Vec<CodecKind>,
-    /// Ablations compared with it (after the codecs).
+    /// Codecs compared with it (keys and values alike, or one per stream).
+    pub codecs: Vec<StreamCodecs>,
+    /// Per-layer allocations compared with it (label, codecs), after the codecs: calibrated
+    /// profiles.
+    pub profiles: Vec<(String, LayerCodecs)>,
+    /// Ablations compared with it (after the profiles).
     pub probes: Vec<KvProbe>,
     /// Key centering of every run, the reference's included.
     pub key_centering: KeyCentering,
+    /// Prompts of the greedy-continuation check (0: off), cut evenly from the corpus.
+    pub greedy_prompts: usize,
+    /// Tokens of each such prompt.
+    pub greedy_prompt_tokens: usize,
+    /// Tokens each run generates greedily from each prompt.
+    pub greedy_tokens: usize,
 }
 
 impl Default for EvalOptions {
@@ -60,15 +71,21 @@ impl Default for EvalOptions {
             window: 2_048,
             chunk: 256,
             reference: CodecKind::F32,
-            codecs: vec![
+            codecs: [
                 CodecKind::F16,
                 CodecKind::Q8,
                 CodecKind::TurboQuant { bits: 4 },
                 CodecKind::TurboQuant { bits: 3 },
                 CodecKind::TurboQuant { bits: 2 },
-            ],
+            ]
+            .map(StreamCodecs::both)
+            .to_vec(),
+            profiles: Vec::new(),
             probes: Vec::new(),
             key_centering: KeyCentering::default(),
+            greedy_prompts: 20,
+            greedy_prompt_tokens: 128,
+            greedy_tokens: 64,
         }
     }
 }
@@ -76,7 +93,7 @@ impl Default for EvalOptions {
 /// One codec's figures (the JSON line of `engram eval kv --json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CodecReport {
-    /// `f16`, `q8`, `tq4`, …
+    /// `f16`, `q8`, `tq4`, … or `KEYS/VALUES` (`q8/tq4`)
     pub codec: String,
     /// Stored bits per K/V element, norms included.
     pub bits_per_element: f64,
@@ -90,14 +107,24 @@ pub struct CodecReport {
     pub top1_agreement: f64,
     /// Positions scored.
     pub tokens: usize,
+    /// Share of greedily generated tokens equal, position by position, to those generated
+    /// with the reference from the same prompts (`None` with the check off).
+    pub greedy_agreement: Option<f64>,
 }
 
 #[derive(Debug, Default, Clone)]
-struct Sums {
-    kl: f64,
-    nll: f64,
-    agree: usize,
-    n: usize,
+pub(crate) struct Sums {
+    pub(crate) kl: f64,
+    pub(crate) nll: f64,
+    pub(crate) agree: usize,
+    pub(crate) n: usize,
+}
+
+impl Sums {
+    /// Mean KL(reference ‖ this run) in nats.
+    pub(crate) fn kl_nats(&self) -> f64 {
+        self.kl / self.n.max(1) as f64
+    }
 }
 
 /// Reads the corpus: one file, or every regular file of a directory in name order (links to a
@@ -145,59 +172,170 @@ pub fn evaluate_with(
     others: &[(&str, &Llama)],
     tokenizer: &TextTokenizer,
     opts: &EvalOptions,
-    mut progress: impl FnMut(&str),
+    progress: impl FnMut(&str),
 ) -> EngineResult<Vec<CodecReport>> {
     let text = read_corpus(&opts.corpus)?;
     let tokens = tokenizer.encode(&text)?;
     let window = opts.window.clamp(2, model.config().context_length);
     let head_dim = model.config().head_dim;
-    // (label, bits per element, codec, probe, model) of every row; the reference first.
-    type Run<'a> = (String, f64, CodecKind, Option<KvProbe>, &'a Llama);
-    let codecs = || std::iter::once(opts.reference).chain(opts.codecs.iter().copied());
+    let base = EngineConfig {
+        key_centering: opts.key_centering,
+        prefill_chunk: opts.chunk,
+        cold_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let with = |k: StreamCodecs| EngineConfig {
+        codec: k.key,
+        value_codec: k.value_override(),
+        ..base.clone()
+    };
+    // (label, bits per element, engine options, model) of every row; the reference first.
+    type Run<'a> = (String, f64, EngineConfig, &'a Llama);
+    let codecs =
+        || std::iter::once(StreamCodecs::both(opts.reference)).chain(opts.codecs.iter().copied());
     let runs: Vec<Run<'_>> = codecs()
-        .map(|k| (k.to_string(), k.bits_per_element(head_dim), k, None, model))
-        .chain(opts.probes.iter().map(|p| {
+        .map(|k| (k.to_string(), k.bits_per_element(head_dim), with(k), model))
+        .chain(opts.profiles.iter().map(|(label, codecs)| {
+            let config = EngineConfig {
+                layer_codecs: Some(codecs.clone()),
+                ..base.clone()
+            };
             (
-                p.label(),
-                p.bits_per_element(head_dim),
-                CodecKind::F32,
-                Some(p.clone()),
+                label.clone(),
+                codecs.bits_per_element(head_dim),
+                config,
                 model,
             )
+        }))
+        .chain(opts.probes.iter().map(|p| {
+            let config = EngineConfig {
+                probe: Some(p.clone()),
+                ..with(StreamCodecs::both(CodecKind::F32))
+            };
+            (p.label(), p.bits_per_element(head_dim), config, model)
         }))
         .chain(others.iter().flat_map(|&(label, other)| {
             codecs().map(move |k| {
                 (
                     format!("{k}+{label}"),
                     k.bits_per_element(head_dim),
-                    k,
-                    None,
+                    with(k),
                     other,
                 )
             })
         }))
         .collect();
-    let mut cores = runs
+    let configs: Vec<(EngineConfig, &Llama)> =
+        runs.iter().map(|(_, _, c, m)| (c.clone(), *m)).collect();
+    let sums = score_configs(
+        tokenizer,
+        &tokens,
+        window,
+        opts.max_tokens,
+        &configs,
+        progress,
+    )?;
+    let greedy = greedy_agreement(tokenizer, &tokens, opts, &configs)?;
+    let ref_ppl = (sums[0].nll / sums[0].n.max(1) as f64).exp();
+    Ok(runs
         .iter()
-        .map(|(_, _, codec, probe, model)| {
-            let config = EngineConfig {
-                codec: *codec,
-                probe: probe.clone(),
-                key_centering: opts.key_centering,
-                prefill_chunk: opts.chunk,
-                cold_bytes: 0,
-                ..EngineConfig::default()
-            };
-            EngineCore::new((*model).clone(), tokenizer.clone(), config)
+        .zip(&sums)
+        .enumerate()
+        .map(|(i, ((label, bits, _, _), s))| {
+            let n = s.n.max(1) as f64;
+            let ppl = (s.nll / n).exp();
+            CodecReport {
+                codec: label.clone(),
+                bits_per_element: *bits,
+                kl_nats: s.kl_nats(),
+                ppl,
+                ppl_delta_rel: ppl / ref_ppl - 1.0,
+                top1_agreement: s.agree as f64 / n,
+                tokens: s.n,
+                greedy_agreement: greedy.as_ref().map(|g| g[i]),
+            }
         })
+        .collect())
+}
+
+/// The greedy-continuation check: from `opts.greedy_prompts` prompts cut evenly from `tokens`,
+/// each configuration generates `opts.greedy_tokens` tokens greedily; a configuration's figure
+/// is the share of its tokens equal, position by position, to the first (reference)
+/// configuration's. `None` with the check off or a corpus too short for one prompt.
+fn greedy_agreement(
+    tokenizer: &TextTokenizer,
+    tokens: &[u32],
+    opts: &EvalOptions,
+    configs: &[(EngineConfig, &Llama)],
+) -> EngineResult<Option<Vec<f64>>> {
+    let (n, len, steps) = (
+        opts.greedy_prompts,
+        opts.greedy_prompt_tokens.max(1),
+        opts.greedy_tokens,
+    );
+    if n == 0 || steps == 0 || tokens.len() < len {
+        return Ok(None);
+    }
+    let stride = ((tokens.len() - len) / n).max(1);
+    let mut equal = vec![0usize; configs.len()];
+    let mut total = 0usize;
+    let mut cores = configs
+        .iter()
+        .map(|(config, model)| EngineCore::new((*model).clone(), tokenizer.clone(), config.clone()))
         .collect::<EngineResult<Vec<_>>>()?;
-    let mut sums = vec![Sums::default(); runs.len()];
+    for p in 0..n {
+        let start = (p * stride).min(tokens.len() - len);
+        let prompt = &tokens[start..start + len];
+        let mut generated: Vec<Vec<u32>> = Vec::with_capacity(cores.len());
+        for core in cores.iter_mut() {
+            let mut spec = SequenceSpec::plain(prompt.to_vec(), TenantId(0));
+            spec.reuse = PrefixReuse::Disabled;
+            let (id, _) = core.start(spec)?;
+            let mut next = crate::sampling::argmax(&core.prefill(id)?);
+            let mut out = Vec::with_capacity(steps);
+            out.push(next);
+            while out.len() < steps {
+                let logits = core.decode(&[(id, next)])?;
+                next = crate::sampling::argmax(logits.first().map_or(&[][..], Vec::as_slice));
+                out.push(next);
+            }
+            core.finish(id)?;
+            generated.push(out);
+        }
+        for (e, g) in equal.iter_mut().zip(&generated) {
+            *e += g.iter().zip(&generated[0]).filter(|(a, b)| a == b).count();
+        }
+        total += steps;
+    }
+    Ok(Some(
+        equal
+            .iter()
+            .map(|&e| e as f64 / total.max(1) as f64)
+            .collect(),
+    ))
+}
+
+/// Runs every configuration (the first is the reference) over the same windows of `tokens` in
+/// lockstep, chunk by chunk, and sums each one's agreement with the reference.
+pub(crate) fn score_configs(
+    tokenizer: &TextTokenizer,
+    tokens: &[u32],
+    window: usize,
+    max_tokens: usize,
+    configs: &[(EngineConfig, &Llama)],
+    mut progress: impl FnMut(&str),
+) -> EngineResult<Vec<Sums>> {
+    let mut cores = configs
+        .iter()
+        .map(|(config, model)| EngineCore::new((*model).clone(), tokenizer.clone(), config.clone()))
+        .collect::<EngineResult<Vec<_>>>()?;
+    let mut sums = vec![Sums::default(); cores.len()];
     let mut scored = 0;
     let mut start = 0;
-    while scored < opts.max_tokens && start + 1 < tokens.len() {
+    while scored < max_tokens && start + 1 < tokens.len() {
         let w = window
             .min(tokens.len() - start)
-            .min(opts.max_tokens - scored + 1);
+            .min(max_tokens - scored + 1);
         let win = &tokens[start..start + w];
         let mut spec = SequenceSpec::plain(win.to_vec(), TenantId(0));
         spec.reuse = PrefixReuse::Disabled;
@@ -230,24 +368,7 @@ pub fn evaluate_with(
         start += w;
         progress(&format!("scored {scored} tokens"));
     }
-    let ref_ppl = (sums[0].nll / sums[0].n.max(1) as f64).exp();
-    Ok(runs
-        .iter()
-        .zip(&sums)
-        .map(|((label, bits, _, _, _), s)| {
-            let n = s.n.max(1) as f64;
-            let ppl = (s.nll / n).exp();
-            CodecReport {
-                codec: label.clone(),
-                bits_per_element: *bits,
-                kl_nats: s.kl / n,
-                ppl,
-                ppl_delta_rel: ppl / ref_ppl - 1.0,
-                top1_agreement: s.agree as f64 / n,
-                tokens: s.n,
-            }
-        })
-        .collect())
+    Ok(sums)
 }
 
 /// Adds the first `rows` rows of each codec's log-probabilities to the sums (index 0 is the

@@ -13,6 +13,7 @@
 
 pub mod bench;
 mod bridge;
+pub mod calibrate;
 mod core;
 pub mod embed;
 mod error;
@@ -43,7 +44,7 @@ pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};
 pub use prefix::{
     BlockHash, PARTIAL_SHARE, PrefixCache, SessionText, TextMatch, chain_hash, match_text,
 };
-pub use probe::{KvProbe, parse_codec};
+pub use probe::{CODEC_NAMES, KvProbe, StreamCodecs, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{
     BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, EngineSnapshot, FinishReason,

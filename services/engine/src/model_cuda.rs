@@ -85,14 +85,11 @@ impl Llama {
         store: &BlockStore,
         stream: &Arc<CudaStream>,
     ) -> EngineResult<Arc<Tq4Kernels>> {
-        let kinds = store.codec_kinds().kinds();
-        if kinds
-            .iter()
-            .any(|&k| k != CodecKind::TurboQuant { bits: 4 })
-        {
+        if store.codec_kinds().single() != Some(CodecKind::TurboQuant { bits: 4 }) {
             return Err(EngineError::InvalidConfig {
                 field: "codec",
-                reason: "the CUDA engine stores KV as TurboQuant-4 (codec tq4) in every layer"
+                reason: "the CUDA engine stores KV as TurboQuant-4 (codec tq4) in every layer, \
+                         keys and values alike"
                     .into(),
             });
         }
@@ -110,7 +107,7 @@ impl Llama {
         let group = self.config.num_heads / self.config.num_kv_heads;
         let k = Arc::new(Tq4Kernels::new(
             stream.clone(),
-            store.codec(0)?,
+            store.key_codec(0)?,
             group,
             DEFAULT_CHUNK,
         )?);

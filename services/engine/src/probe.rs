@@ -123,27 +123,108 @@ impl KvProbe {
     }
 }
 
-/// `f32`, `f16`, `q8`, `tq4`, `tq3`, `tq2`.
+/// The codec names [`parse_codec`] knows.
+pub const CODEC_NAMES: &str = "f32, f16, q8, tq6, tq5, tq4, tq3, tq2";
+
+/// `f32`, `f16`, `q8`, or `tq2` to `tq6` (TurboQuant at 2 to 6 bits).
 pub fn parse_codec(s: &str) -> EngineResult<CodecKind> {
     Ok(match s.trim() {
         "f32" => CodecKind::F32,
         "f16" => CodecKind::F16,
         "q8" => CodecKind::Q8,
+        "tq6" => CodecKind::TurboQuant { bits: 6 },
+        "tq5" => CodecKind::TurboQuant { bits: 5 },
         "tq4" => CodecKind::TurboQuant { bits: 4 },
         "tq3" => CodecKind::TurboQuant { bits: 3 },
         "tq2" => CodecKind::TurboQuant { bits: 2 },
         other => {
             return Err(EngineError::InvalidConfig {
                 field: "codec",
-                reason: format!("unknown codec `{other}` (f32, f16, q8, tq4, tq3, tq2)"),
+                reason: format!("unknown codec `{other}` ({CODEC_NAMES})"),
             });
         }
     })
 }
 
+/// The codec of the keys and the codec of the values: `tq4` (both), or `q8/tq4` (keys q8,
+/// values tq4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StreamCodecs {
+    /// The keys' codec.
+    pub key: CodecKind,
+    /// The values' codec.
+    pub value: CodecKind,
+}
+
+impl StreamCodecs {
+    /// The same codec for both streams.
+    pub fn both(kind: CodecKind) -> Self {
+        Self {
+            key: kind,
+            value: kind,
+        }
+    }
+
+    /// `CODEC` or `KEY_CODEC/VALUE_CODEC`.
+    pub fn parse(s: &str) -> EngineResult<Self> {
+        match s.split_once('/') {
+            Some((k, v)) => Ok(Self {
+                key: parse_codec(k)?,
+                value: parse_codec(v)?,
+            }),
+            None => parse_codec(s).map(Self::both),
+        }
+    }
+
+    /// Stored bits per element of keys and values together, norms included.
+    pub fn bits_per_element(&self, head_dim: usize) -> f64 {
+        0.5 * (self.key.bits_per_element(head_dim) + self.value.bits_per_element(head_dim))
+    }
+
+    /// The values' codec where it differs from the keys' (`EngineConfig::value_codec`).
+    pub fn value_override(&self) -> Option<CodecKind> {
+        (self.value != self.key).then_some(self.value)
+    }
+}
+
+impl From<CodecKind> for StreamCodecs {
+    fn from(kind: CodecKind) -> Self {
+        Self::both(kind)
+    }
+}
+
+impl std::fmt::Display for StreamCodecs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key == self.value {
+            write!(f, "{}", self.key)
+        } else {
+            write!(f, "{}/{}", self.key, self.value)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_codecs_parse_and_label() {
+        let s = StreamCodecs::parse("q8/tq5").unwrap();
+        assert_eq!(
+            (s.key, s.value),
+            (CodecKind::Q8, CodecKind::TurboQuant { bits: 5 })
+        );
+        assert_eq!(s.to_string(), "q8/tq5");
+        assert_eq!(s.bits_per_element(64), (8.25 + 5.25) / 2.0);
+        assert_eq!(s.value_override(), Some(CodecKind::TurboQuant { bits: 5 }));
+        let one = StreamCodecs::parse("tq6").unwrap();
+        assert_eq!(one, StreamCodecs::both(CodecKind::TurboQuant { bits: 6 }));
+        assert_eq!(one.to_string(), "tq6");
+        assert_eq!(one.value_override(), None);
+        for bad in ["q8/", "/tq4", "q8/tq4/f16", "tq7", ""] {
+            assert!(StreamCodecs::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn specs_parse_and_label() {
@@ -153,7 +234,7 @@ mod tests {
         assert_eq!(p.layers, Some(10..=19));
         assert_eq!(p.label(), "k:tq4/v:f32/layers:10-19/exact_first:16");
         assert_eq!(p.bits_per_element(64), (4.25 + 32.0) / 2.0);
-        for bad in ["k=tq5", "layers=9-3", "nonsense", "w=f16"] {
+        for bad in ["k=tq7", "layers=9-3", "nonsense", "w=f16"] {
             assert!(KvProbe::parse(bad).is_err(), "{bad}");
         }
     }

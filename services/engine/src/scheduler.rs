@@ -23,7 +23,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use engram_kvcore::{
-    BlockFilter, BlockPart, CodecKind, KvShape, PinState, SourceLayer, TenantId, Tier,
+    BlockFilter, BlockPart, KvShape, LayerCodecs, PinState, SourceLayer, TenantId, Tier,
 };
 
 use crate::core::{
@@ -203,8 +203,8 @@ pub struct KvFormat {
     pub fingerprint: [u8; 32],
     /// Cache geometry.
     pub shape: KvShape,
-    /// Codec of each layer.
-    pub codecs: Vec<CodecKind>,
+    /// Codec of each layer and stream.
+    pub codecs: LayerCodecs,
     /// How a block's bytes are laid out.
     pub parts: Vec<BlockPart>,
     /// Bytes of one block.
@@ -252,7 +252,7 @@ impl Engine {
         let kv = KvFormat {
             fingerprint: core.fingerprint(),
             shape: *core.store().shape(),
-            codecs: core.store().codec_kinds().kinds().to_vec(),
+            codecs: core.store().codec_kinds().clone(),
             parts: core.store().block_parts(),
             block_bytes: core.store().block_bytes(),
         };

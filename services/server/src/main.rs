@@ -10,9 +10,11 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use cli::{DEFAULT_MODEL, ModelArgs, load, print_json};
 use engram_engine::bench;
+use engram_engine::calibrate;
 use engram_engine::eval::{self, EvalOptions};
 use engram_engine::{
-    EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, TextTokenizer, parse_codec,
+    EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, StreamCodecs, TextTokenizer,
+    parse_codec,
 };
 
 #[derive(Debug, Parser)]
@@ -33,6 +35,9 @@ enum Command {
     /// Evaluations.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// Calibrations.
+    #[command(subcommand)]
+    Calibrate(CalibrateCommand),
     /// Checks against the CPU reference.
     #[command(subcommand)]
     Check(CheckCommand),
@@ -111,6 +116,45 @@ struct ServeArgs {
 }
 
 #[derive(Debug, Subcommand)]
+enum CalibrateCommand {
+    /// A KV profile: the fewest bytes per layer and stream that keep the KL against exact KV
+    /// within a budget on calibration text; writes a JSON profile for `model.kv_profile`.
+    Kv(CalibrateKvArgs),
+}
+
+#[derive(Debug, Args)]
+struct CalibrateKvArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Calibration text: a file or a directory of them (default: the built-in text). Never
+    /// the text `eval kv` scores on.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Mean KL budget in nats.
+    #[arg(long, default_value_t = 0.01)]
+    budget: f64,
+    /// Predictions scored per run.
+    #[arg(long, default_value_t = 1024)]
+    tokens: usize,
+    /// Window length in tokens.
+    #[arg(long, default_value_t = 1024)]
+    window: usize,
+    /// Codecs a stream may take.
+    #[arg(long, value_delimiter = ',', default_value = "tq3,tq4,tq5,tq6,q8")]
+    candidates: Vec<String>,
+    /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
+    #[arg(long, default_value = "calibrated")]
+    key_centering: String,
+    /// Where to write the profile.
+    #[arg(long)]
+    out: PathBuf,
+    /// Reuse the contributions an earlier profile measured (same model and text) and only
+    /// allocate for `--budget`.
+    #[arg(long)]
+    from: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
 enum EvalCommand {
     /// Teacher-forced fidelity of each KV codec against exact (f32) KV.
     Kv(EvalKvArgs),
@@ -129,9 +173,14 @@ struct EvalKvArgs {
     /// Window length in tokens.
     #[arg(long, default_value_t = 2_048)]
     window: usize,
-    /// Codecs to compare with the f32 reference.
+    /// Codecs to compare with the f32 reference: a codec for keys and values alike, or
+    /// KEYS/VALUES (`q8/tq4`).
     #[arg(long, value_delimiter = ',', default_value = "f16,q8,tq4,tq3,tq2")]
     codecs: Vec<String>,
+    /// A calibrated profile (`engram calibrate kv --out FILE`) to score as a row
+    /// `profile:FILE_NAME`; repeat for more.
+    #[arg(long)]
+    profile: Vec<PathBuf>,
     /// An ablation, e.g. `k=tq4` (keys only), `v=tq4`, `k=tq4,layers=10-19`,
     /// `k=tq4,v=tq4,exact_first=16`; repeat for more.
     #[arg(long)]
@@ -139,6 +188,13 @@ struct EvalKvArgs {
     /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
     #[arg(long, default_value = "calibrated")]
     key_centering: String,
+    /// Prompts of the greedy-continuation check (0: off): each run generates `--greedy-tokens`
+    /// tokens greedily from each; the figure is the share equal to the reference's.
+    #[arg(long, default_value_t = 20)]
+    greedy_prompts: usize,
+    /// Tokens generated per greedy prompt.
+    #[arg(long, default_value_t = 64)]
+    greedy_tokens: usize,
     /// Also run the reference codec and every codec with the weights held these ways
     /// (quantized, int16, int8 or f32), scored against `--weights`' reference: rows
     /// `CODEC+WEIGHTS`.
@@ -155,9 +211,23 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
         codecs: args
             .codecs
             .iter()
-            .map(|c| parse_codec(c))
+            .map(|c| StreamCodecs::parse(c))
             .collect::<Result<_, _>>()?,
         key_centering: KeyCentering::parse(&args.key_centering)?,
+        greedy_prompts: args.greedy_prompts,
+        greedy_tokens: args.greedy_tokens,
+        profiles: args
+            .profile
+            .iter()
+            .map(|p| {
+                let profile = calibrate::KvProfile::load(p, &model)?;
+                let name = p.file_name().map_or_else(
+                    || p.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                );
+                Ok((format!("profile:{name}"), profile.codecs))
+            })
+            .collect::<Result<_>>()?,
         probes: args
             .probe
             .iter()
@@ -182,22 +252,61 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
         print_json(rows.iter().map(|r| serde_json::json!(r)));
     } else {
         println!(
-            "{:<12} {:>8} {:>12} {:>10} {:>10} {:>8} {:>8}",
-            "codec", "bits/el", "KL (nats)", "ppl", "Δppl", "top-1", "tokens"
+            "{:<24} {:>8} {:>12} {:>10} {:>10} {:>8} {:>8} {:>8}",
+            "codec", "bits/el", "KL (nats)", "ppl", "Δppl", "top-1", "greedy", "tokens"
         );
         for r in rows {
+            let greedy = r
+                .greedy_agreement
+                .map_or_else(|| "-".to_string(), |g| format!("{:.2}%", 100.0 * g));
             println!(
-                "{:<12} {:>8.2} {:>12.6} {:>10.4} {:>+9.3}% {:>7.2}% {:>8}",
+                "{:<24} {:>8.3} {:>12.6} {:>10.4} {:>+9.3}% {:>7.2}% {:>8} {:>8}",
                 r.codec,
                 r.bits_per_element,
                 r.kl_nats,
                 r.ppl,
                 100.0 * r.ppl_delta_rel,
                 100.0 * r.top1_agreement,
+                greedy,
                 r.tokens
             );
         }
     }
+    Ok(())
+}
+
+fn calibrate_kv(args: CalibrateKvArgs) -> Result<()> {
+    let (model, tok) = load(&args.model)?;
+    let opts = calibrate::CalibrateOptions {
+        text: args.text,
+        budget_kl: args.budget,
+        max_tokens: args.tokens,
+        window: args.window,
+        candidates: args
+            .candidates
+            .iter()
+            .map(|c| parse_codec(c))
+            .collect::<Result<_, _>>()?,
+        key_centering: KeyCentering::parse(&args.key_centering)?,
+        measured: match &args.from {
+            Some(p) => Some(calibrate::KvProfile::load(p, &model)?.sensitivity),
+            None => None,
+        },
+        ..calibrate::CalibrateOptions::default()
+    };
+    let profile = calibrate::calibrate(&model, &tok, &opts, |m| eprintln!("calibrate: {m}"))?;
+    profile.save(&args.out)?;
+    let summary = serde_json::json!({
+        "out": args.out,
+        "codecs": profile.codecs.to_string(),
+        "bits_per_element": profile.bits_per_element,
+        "budget_kl": profile.budget_kl,
+        "predicted_kl": profile.predicted_kl,
+        "measured_kl": profile.measured_kl,
+        "rounds": profile.rounds,
+        "calibration": profile.calibration,
+    });
+    println!("{summary}");
     Ok(())
 }
 
@@ -218,6 +327,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
+        Command::Calibrate(CalibrateCommand::Kv(args)) => calibrate_kv(args),
         Command::Check(CheckCommand::Device(args)) => check_device(args),
         Command::Shadow(ShadowCommand::Verify(args)) => shadow_verify(args),
         Command::ExportTokenizer(args) => {

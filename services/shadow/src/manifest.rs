@@ -7,14 +7,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use engram_engine::{Hex32, KvFormat, ShadowBlock};
 use engram_kvcore::shadow::checksum;
-use engram_kvcore::{BlockPart, BlockStream, CodecKind, SessionId, TenantId};
+use engram_kvcore::{BlockPart, BlockStream, LayerCodecs, SessionId, TenantId};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, invalid};
 use crate::storage::{Object, Storage};
 
-/// Version of the manifest and index format.
-pub const FORMAT: u32 = 1;
+/// Version of the manifest and index format. 2: codecs per layer and stream (keys and values
+/// apart); entries of format 1 are skipped (reason `format`) and their sessions prefilled again.
+pub const FORMAT: u32 = 2;
 
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
@@ -118,8 +119,8 @@ pub struct FormatInfo {
     pub fingerprint: Hex32,
     /// `[layers, kv_heads, head_dim, block_size]`.
     pub shape: [usize; 4],
-    /// Codec per layer.
-    pub codecs: Vec<CodecKind>,
+    /// Codec per layer and stream.
+    pub codecs: LayerCodecs,
     /// Bytes of one block.
     pub block_bytes: usize,
     /// Byte layout of one block.

@@ -1,7 +1,7 @@
 //! The fidelity harness on a small corpus.
 
 use engram_engine::eval::{EvalOptions, evaluate, evaluate_with, read_corpus};
-use engram_engine::{Llama, WeightFormat};
+use engram_engine::{Llama, StreamCodecs, WeightFormat};
 use engram_kvcore::CodecKind;
 
 use crate::common::model;
@@ -21,10 +21,15 @@ fn codecs_are_ranked_by_their_error() {
         window: 160,
         chunk: 64,
         codecs: vec![
-            CodecKind::F16,
-            CodecKind::TQ4,
-            CodecKind::TurboQuant { bits: 2 },
+            CodecKind::F16.into(),
+            CodecKind::TQ4.into(),
+            CodecKind::TurboQuant { bits: 2 }.into(),
+            // Keys at 8 bits, values at 4: most of TQ4's damage is in the keys.
+            StreamCodecs::parse("q8/tq4").unwrap(),
         ],
+        greedy_prompts: 2,
+        greedy_prompt_tokens: 48,
+        greedy_tokens: 12,
         ..EvalOptions::default()
     };
     let (m, t) = model();
@@ -32,17 +37,35 @@ fn codecs_are_ranked_by_their_error() {
     let rows = evaluate(m, t, &opts, |_| windows += 1).unwrap();
     assert_eq!(windows, 2, "300 predictions in windows of 160 (159 each)");
     let names: Vec<_> = rows.iter().map(|r| r.codec.as_str()).collect();
-    assert_eq!(names, ["f32", "f16", "tq4", "tq2"]);
+    assert_eq!(names, ["f32", "f16", "tq4", "tq2", "q8/tq4"]);
     for r in &rows {
         assert_eq!(r.tokens, 300);
         assert!(r.ppl.is_finite() && r.ppl > 1.0);
     }
-    let (reference, f16, tq4, tq2) = (&rows[0], &rows[1], &rows[2], &rows[3]);
+    let (reference, f16, tq4, tq2, streams) = (&rows[0], &rows[1], &rows[2], &rows[3], &rows[4]);
     assert_eq!((reference.kl_nats, reference.top1_agreement), (0.0, 1.0));
+    // Greedy continuations: the reference agrees with itself; f16 keeps (nearly) every token,
+    // 2-bit KV fewer.
+    assert_eq!(reference.greedy_agreement, Some(1.0));
+    let greedy = |r: &engram_engine::eval::CodecReport| r.greedy_agreement.unwrap();
+    assert!(greedy(f16) >= 0.9, "{}", greedy(f16));
+    assert!(
+        greedy(tq2) < greedy(f16),
+        "{} vs {}",
+        greedy(tq2),
+        greedy(f16)
+    );
     assert!(f16.kl_nats < 1e-3, "{}", f16.kl_nats);
     assert!(f16.kl_nats < tq4.kl_nats && tq4.kl_nats < tq2.kl_nats);
     assert!(tq2.top1_agreement < f16.top1_agreement);
     assert_eq!(tq4.bits_per_element, 4.25);
+    assert_eq!(streams.bits_per_element, 6.25);
+    assert!(
+        f16.kl_nats < streams.kl_nats && streams.kl_nats < tq4.kl_nats / 2.0,
+        "q8/tq4 {} vs tq4 {}",
+        streams.kl_nats,
+        tq4.kl_nats
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -56,7 +79,8 @@ fn other_weight_numerics_are_scored_against_the_reference() {
         max_tokens: 200,
         window: 201,
         chunk: 64,
-        codecs: vec![CodecKind::TQ4],
+        codecs: vec![CodecKind::TQ4.into()],
+        greedy_prompts: 0,
         ..EvalOptions::default()
     };
     let (m, t) = model();

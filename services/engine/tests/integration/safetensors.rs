@@ -116,16 +116,40 @@ fn a_safetensors_directory_runs_like_the_gguf() {
 
 #[test]
 fn block_weights_compute_the_f32_weights_and_per_layer_codecs_are_options() {
-    let mut codecs = vec![CodecKind::TQ4; 30];
-    codecs[..2].fill(CodecKind::Q8);
+    let mut keys = vec![CodecKind::TQ4; 30];
+    keys[..2].fill(CodecKind::Q8);
+    let mut values = keys.clone();
+    values[29] = CodecKind::TurboQuant { bits: 5 };
+    let shape = engram_kvcore::KvShape::SMOLLM2_135M;
     let config = EngineConfig {
         weights: engram_engine::WeightFormat::Quantized,
-        layer_codecs: Some(codecs),
+        layer_codecs: Some(engram_kvcore::LayerCodecs::per_stream(&shape, keys, values).unwrap()),
         ..EngineConfig::default()
     };
     let mut core = EngineCore::load(&model_path(), config).unwrap();
-    assert_eq!(core.store().codec(0).unwrap().kind(), CodecKind::Q8);
-    assert_eq!(core.store().codec(2).unwrap().kind(), CodecKind::TQ4);
+    let store = core.store();
+    assert_eq!(store.key_codec(0).unwrap().kind(), CodecKind::Q8);
+    assert_eq!(store.key_codec(2).unwrap().kind(), CodecKind::TQ4);
+    assert_eq!(store.key_codec(29).unwrap().kind(), CodecKind::TQ4);
+    assert_eq!(
+        store.value_codec(29).unwrap().kind(),
+        CodecKind::TurboQuant { bits: 5 }
+    );
+    let fingerprint = core.fingerprint();
+    // Keys and values apart, the same in every layer: another KV format.
+    let streams = EngineCore::new(
+        model().0.clone(),
+        model().1.clone(),
+        EngineConfig {
+            weights: engram_engine::WeightFormat::Quantized,
+            codec: CodecKind::Q8,
+            value_codec: Some(CodecKind::TQ4),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(streams.store().codec_kinds().to_string(), "q8/tq4");
+    assert_ne!(streams.fingerprint(), fingerprint);
     let (id, _) = core
         .start(SequenceSpec::plain(chat("Hello!"), TenantId(1)))
         .unwrap();
@@ -163,8 +187,9 @@ fn block_weights_compute_the_f32_weights_and_per_layer_codecs_are_options() {
     assert_ne!(fp_blocks, fp_dense);
 
     // A per-layer list of the wrong length is refused.
+    let three = engram_kvcore::KvShape::new(3, 3, 64).unwrap();
     let bad = EngineConfig {
-        layer_codecs: Some(vec![CodecKind::TQ4; 3]),
+        layer_codecs: Some(engram_kvcore::LayerCodecs::uniform(&three, CodecKind::TQ4)),
         ..EngineConfig::default()
     };
     assert!(matches!(

@@ -1,0 +1,433 @@
+//! `engram calibrate kv`: a precision allocator that meets a KL budget at the fewest bytes.
+//!
+//! 1. **Measure.** Calibration text is teacher-forced through the engine's real path once with
+//!    exact (f32) KV — the reference — and once per (layer, stream, candidate codec) with that one
+//!    stream of that one layer stored in the candidate codec and everything else exact. Each run's
+//!    mean KL against the reference is that choice's contribution ([`Sensitivity`]).
+//! 2. **Allocate.** Every (layer, stream) starts at the cheapest candidate. While the predicted
+//!    KL — the sum of the chosen contributions, which the ablations in `docs/kv-fidelity.md`
+//!    found additive across layers — is over the budget, the upgrade that removes the most KL per
+//!    added byte is taken (greedy distortion per byte).
+//! 3. **Check.** The allocation is run as a whole on the calibration text; if the measured KL
+//!    is over the budget, the allocation is redone with the budget scaled down by the
+//!    overshoot (at most [`MAX_ROUNDS`] times), and the profile records both figures.
+//!
+//! The result is a [`KvProfile`]: a small JSON file keyed by the model's fingerprint, loaded by
+//! `serve`, `bench` and `eval` (`EngineConfig::layer_codecs`), and part of the KV fingerprint
+//! through the codecs it sets. Cost: `1 + layers · 2 · candidates` forward passes over
+//! `max_tokens` tokens, plus one per round.
+
+use std::path::{Path, PathBuf};
+
+use engram_kvcore::{CodecKind, LayerCodecs};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::core::{EngineConfig, Hex32, KeyCentering};
+use crate::error::{EngineError, EngineResult, io_error};
+use crate::eval::{read_corpus, score_configs};
+use crate::model::Llama;
+use crate::tokenizer::TextTokenizer;
+
+/// The calibration text used when none is given: the first 14 KB of this project's README as
+/// of 2026-11-25 (d6449c1), frozen — technical English with commands, tables and code, unlike the
+/// licence texts `engram eval kv` scores on by default.
+pub const BUILTIN_TEXT: &str = include_str!("../data/calibration.md");
+
+/// How profiles name [`BUILTIN_TEXT`].
+pub const BUILTIN_NAME: &str = "built-in (README of d6449c1, 14 KB)";
+
+/// Allocation rounds at most (the first and its corrections).
+pub const MAX_ROUNDS: usize = 3;
+
+/// Version of the profile file.
+pub const PROFILE_FORMAT: u32 = 1;
+
+/// Calibration options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalibrateOptions {
+    /// Calibration text: a file, or a directory read in name order; `None`, the built-in text
+    /// ([`BUILTIN_TEXT`]). Never the evaluation corpus.
+    pub text: Option<PathBuf>,
+    /// Predictions scored per run.
+    pub max_tokens: usize,
+    /// Window length in tokens.
+    pub window: usize,
+    /// Prefill chunk in tokens.
+    pub chunk: usize,
+    /// Codecs a stream may take.
+    pub candidates: Vec<CodecKind>,
+    /// Mean KL (nats) the whole allocation may cost on the calibration text.
+    pub budget_kl: f64,
+    /// Key centering of every run.
+    pub key_centering: KeyCentering,
+    /// Runs computed in lockstep with one reference run (bounds memory).
+    pub group: usize,
+    /// Contributions measured before (an earlier profile's, on the same text): step 1 is
+    /// skipped and `candidates` ignored, so another budget costs only the checks.
+    pub measured: Option<Vec<Sensitivity>>,
+}
+
+impl Default for CalibrateOptions {
+    fn default() -> Self {
+        Self {
+            text: None,
+            max_tokens: 1024,
+            window: 1024,
+            chunk: 256,
+            candidates: [3, 4, 5, 6]
+                .map(|bits| CodecKind::TurboQuant { bits })
+                .into_iter()
+                .chain([CodecKind::Q8])
+                .collect(),
+            budget_kl: 0.01,
+            key_centering: KeyCentering::default(),
+            group: 12,
+            measured: None,
+        }
+    }
+}
+
+/// Keys or values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// The keys.
+    Key,
+    /// The values.
+    Value,
+}
+
+/// What one choice costs: the KL of storing one stream of one layer in one codec.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sensitivity {
+    /// The layer.
+    pub layer: usize,
+    /// The stream.
+    pub stream: Stream,
+    /// The codec.
+    pub codec: CodecKind,
+    /// Mean KL (nats) against exact KV on the calibration text.
+    pub kl_nats: f64,
+}
+
+/// The text a profile was calibrated on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationText {
+    /// The path given.
+    pub path: String,
+    /// SHA-256 of the text read.
+    pub sha256: Hex32,
+    /// Predictions scored per run.
+    pub tokens: usize,
+}
+
+/// A calibrated codec per layer and stream for one model (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvProfile {
+    /// [`PROFILE_FORMAT`].
+    pub format: u32,
+    /// SHA-256 of the model's files ([`Llama::fingerprint`]).
+    pub model: Hex32,
+    /// The KL budget it was allocated for.
+    pub budget_kl: f64,
+    /// The calibration text.
+    pub calibration: CalibrationText,
+    /// The sum of the chosen contributions.
+    pub predicted_kl: f64,
+    /// The allocation's KL measured as a whole on the calibration text.
+    pub measured_kl: f64,
+    /// Stored bits per element over every layer and stream.
+    pub bits_per_element: f64,
+    /// Allocation rounds taken.
+    pub rounds: usize,
+    /// The codecs.
+    pub codecs: LayerCodecs,
+    /// Every measured contribution (kept for down-tiering decisions and for review).
+    pub sensitivity: Vec<Sensitivity>,
+}
+
+impl KvProfile {
+    /// Reads a profile and checks that it was calibrated for `model`.
+    pub fn load(path: &Path, model: &Llama) -> EngineResult<Self> {
+        let bytes = std::fs::read(path).map_err(io_error(path))?;
+        let profile: Self =
+            serde_json::from_slice(&bytes).map_err(|e| EngineError::InvalidConfig {
+                field: "kv_profile",
+                reason: format!("{}: {e}", path.display()),
+            })?;
+        profile.check(model)?;
+        Ok(profile)
+    }
+
+    /// Refuses a profile of another format, another model or another layer count.
+    pub fn check(&self, model: &Llama) -> EngineResult<()> {
+        let bad = |reason: String| EngineError::InvalidConfig {
+            field: "kv_profile",
+            reason,
+        };
+        if self.format != PROFILE_FORMAT {
+            return Err(bad(format!(
+                "profile format {} (this build reads {PROFILE_FORMAT})",
+                self.format
+            )));
+        }
+        if self.model != Hex32(model.fingerprint()) {
+            return Err(bad("the profile was calibrated for another model".into()));
+        }
+        if self.codecs.layers() != model.config().num_layers {
+            return Err(bad(format!(
+                "{} layers in the profile, {} in the model",
+                self.codecs.layers(),
+                model.config().num_layers
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the profile as pretty JSON.
+    pub fn save(&self, path: &Path) -> EngineResult<()> {
+        let body = serde_json::to_vec_pretty(self).map_err(|e| EngineError::InvalidConfig {
+            field: "kv_profile",
+            reason: e.to_string(),
+        })?;
+        std::fs::write(path, body).map_err(io_error(path))
+    }
+}
+
+/// One (layer, stream)'s measured options, cheapest first.
+#[derive(Debug, Clone)]
+struct Options {
+    /// `(bytes per row, kl, codec)`, ascending bytes.
+    choices: Vec<(usize, f64, CodecKind)>,
+}
+
+/// Greedy distortion-per-byte allocation (module docs, step 2): the chosen index per slot and
+/// the predicted KL. Slots that cannot meet the budget end at their best choice.
+fn allocate(slots: &[Options], budget: f64) -> (Vec<usize>, f64) {
+    let mut pick = vec![0usize; slots.len()];
+    let mut total: f64 = slots.iter().map(|s| s.choices[0].1).sum();
+    while total > budget {
+        // The upgrade with the largest KL removed per added byte.
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (i, slot) in slots.iter().enumerate() {
+            let (bytes, kl, _) = slot.choices[pick[i]];
+            for (j, &(b, k, _)) in slot.choices.iter().enumerate().skip(pick[i] + 1) {
+                let gain = kl - k;
+                if gain <= 0.0 || b <= bytes {
+                    continue;
+                }
+                let rate = gain / (b - bytes) as f64;
+                if best.is_none_or(|(r, _, _)| rate > r) {
+                    best = Some((rate, i, j));
+                }
+            }
+        }
+        let Some((_, i, j)) = best else { break };
+        total += slots[i].choices[j].1 - slots[i].choices[pick[i]].1;
+        pick[i] = j;
+    }
+    (pick, total)
+}
+
+/// Calibrates a profile for `model` (module docs); `progress` hears one line per group of runs.
+pub fn calibrate(
+    model: &Llama,
+    tokenizer: &TextTokenizer,
+    opts: &CalibrateOptions,
+    mut progress: impl FnMut(&str),
+) -> EngineResult<KvProfile> {
+    if opts.candidates.is_empty() || opts.budget_kl.is_nan() || opts.budget_kl <= 0.0 {
+        return Err(EngineError::InvalidConfig {
+            field: "calibrate",
+            reason: "needs at least one candidate codec and a positive KL budget".into(),
+        });
+    }
+    let text = match &opts.text {
+        Some(path) => read_corpus(path)?,
+        None => BUILTIN_TEXT.to_string(),
+    };
+    let tokens = tokenizer.encode(&text)?;
+    let window = opts.window.clamp(2, model.config().context_length);
+    let shape = model.kv_shape(engram_kvcore::DEFAULT_BLOCK_SIZE)?;
+    let d = shape.head_dim;
+    let exact = vec![CodecKind::F32; shape.layers];
+    let config_for = |codecs: LayerCodecs| EngineConfig {
+        codec: CodecKind::F32,
+        layer_codecs: Some(codecs),
+        key_centering: opts.key_centering,
+        prefill_chunk: opts.chunk,
+        cold_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let reference = config_for(LayerCodecs::uniform(&shape, CodecKind::F32));
+    // Every (layer, stream, codec) with the rest exact.
+    let mut probes: Vec<(usize, Stream, CodecKind)> = Vec::new();
+    for layer in 0..shape.layers {
+        for stream in [Stream::Key, Stream::Value] {
+            for &codec in &opts.candidates {
+                probes.push((layer, stream, codec));
+            }
+        }
+    }
+    if opts.measured.is_some() {
+        probes.clear();
+    }
+    let mut sensitivity = opts.measured.clone().unwrap_or_default();
+    for (g, group) in probes.chunks(opts.group.max(1)).enumerate() {
+        let mut configs = vec![(reference.clone(), model)];
+        for &(layer, stream, codec) in group {
+            let (mut keys, mut values) = (exact.clone(), exact.clone());
+            match stream {
+                Stream::Key => keys[layer] = codec,
+                Stream::Value => values[layer] = codec,
+            }
+            let codecs = LayerCodecs::per_stream(&shape, keys, values)?;
+            configs.push((config_for(codecs), model));
+        }
+        let sums = score_configs(
+            tokenizer,
+            &tokens,
+            window,
+            opts.max_tokens,
+            &configs,
+            |_| {},
+        )?;
+        for (&(layer, stream, codec), s) in group.iter().zip(&sums[1..]) {
+            sensitivity.push(Sensitivity {
+                layer,
+                stream,
+                codec,
+                kl_nats: s.kl_nats(),
+            });
+        }
+        progress(&format!(
+            "measured {} of {} choices",
+            (g * opts.group.max(1) + group.len()).min(probes.len()),
+            probes.len()
+        ));
+    }
+    // Slots in (layer, stream) order: keys of layer l at 2l, values at 2l + 1.
+    let mut slots: Vec<Options> = vec![
+        Options {
+            choices: Vec::new()
+        };
+        2 * shape.layers
+    ];
+    for s in &sensitivity {
+        if s.layer >= shape.layers {
+            return Err(EngineError::InvalidConfig {
+                field: "calibrate",
+                reason: format!("a measured layer {} of {}", s.layer, shape.layers),
+            });
+        }
+        let slot = 2 * s.layer + usize::from(s.stream == Stream::Value);
+        let bytes = s.codec.code_bytes(d) + s.codec.norm_bytes();
+        slots[slot].choices.push((bytes, s.kl_nats, s.codec));
+    }
+    for slot in &mut slots {
+        if slot.choices.is_empty() {
+            return Err(EngineError::InvalidConfig {
+                field: "calibrate",
+                reason: "a layer's stream has no measured codec".into(),
+            });
+        }
+        slot.choices
+            .sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    }
+    let codecs_of = |pick: &[usize]| -> EngineResult<LayerCodecs> {
+        let chosen = |stream: usize| -> Vec<CodecKind> {
+            (0..shape.layers)
+                .map(|l| {
+                    let slot = &slots[2 * l + stream];
+                    slot.choices[pick[2 * l + stream]].2
+                })
+                .collect()
+        };
+        Ok(LayerCodecs::per_stream(&shape, chosen(0), chosen(1))?)
+    };
+    let mut budget = opts.budget_kl;
+    let mut rounds = 0;
+    let (mut codecs, mut predicted, mut measured);
+    loop {
+        rounds += 1;
+        let (pick, total) = allocate(&slots, budget);
+        codecs = codecs_of(&pick)?;
+        predicted = total;
+        let sums = score_configs(
+            tokenizer,
+            &tokens,
+            window,
+            opts.max_tokens,
+            &[
+                (reference.clone(), model),
+                (config_for(codecs.clone()), model),
+            ],
+            |_| {},
+        )?;
+        measured = sums[1].kl_nats();
+        progress(&format!(
+            "round {rounds}: {:.3} bits/element, predicted KL {predicted:.5}, measured {measured:.5}",
+            codecs.bits_per_element(d)
+        ));
+        if measured <= opts.budget_kl || rounds >= MAX_ROUNDS || predicted <= 0.0 {
+            break;
+        }
+        budget *= opts.budget_kl / measured;
+    }
+    let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+    Ok(KvProfile {
+        format: PROFILE_FORMAT,
+        model: Hex32(model.fingerprint()),
+        budget_kl: opts.budget_kl,
+        calibration: CalibrationText {
+            path: opts
+                .text
+                .as_ref()
+                .map_or_else(|| BUILTIN_NAME.to_string(), |p| p.display().to_string()),
+            sha256: Hex32(digest),
+            tokens: opts.max_tokens.min(tokens.len().saturating_sub(1)),
+        },
+        predicted_kl: predicted,
+        measured_kl: measured,
+        bits_per_element: codecs.bits_per_element(d),
+        rounds,
+        codecs,
+        sensitivity,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(choices: &[(usize, f64)]) -> Options {
+        Options {
+            choices: choices
+                .iter()
+                .map(|&(b, k)| (b, k, CodecKind::F16))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_greedy_spends_bytes_where_they_remove_the_most_kl() {
+        // Two slots: upgrading the first removes 0.5 per byte, the second 0.1.
+        let slots = [slot(&[(10, 1.0), (12, 0.0)]), slot(&[(10, 1.0), (20, 0.0)])];
+        let (pick, total) = allocate(&slots, 1.5);
+        assert_eq!(pick, [1, 0]);
+        assert!((total - 1.0).abs() < 1e-12);
+        // A budget both must meet: both upgraded.
+        assert_eq!(allocate(&slots, 0.5).0, [1, 1]);
+        // A budget already met: nothing spent.
+        assert_eq!(allocate(&slots, 5.0).0, [0, 0]);
+        // An upgrade that measures worse (noise) is never taken; the budget is then missed.
+        let noisy = [slot(&[(10, 1.0), (12, 1.2)])];
+        let (pick, total) = allocate(&noisy, 0.5);
+        assert_eq!(pick, [0]);
+        assert!((total - 1.0).abs() < 1e-12);
+        // A jump past a poor middle choice: 16 bytes for 0.9, 20 bytes for all of it.
+        let skip = [slot(&[(10, 1.0), (16, 0.9), (20, 0.0)])];
+        assert_eq!(allocate(&skip, 0.5).0, [2]);
+    }
+}
