@@ -619,6 +619,7 @@ mod tests {
         .model
         .engine_config()
         .unwrap();
+        assert_eq!(per_stream.kv_profile, None);
         assert_eq!(
             (per_stream.codec, per_stream.value_codec),
             (

@@ -62,6 +62,22 @@ fn a_short_calibration_meets_its_budget_and_its_profile_loads_only_for_its_model
         engram_engine::calibrate::BUILTIN_NAME
     );
 
+    // Another budget from the same measurements: nothing measured again, fewer bytes.
+    let looser = calibrate(
+        m,
+        t,
+        &CalibrateOptions {
+            budget_kl: 0.08,
+            measured: Some(profile.sensitivity.clone()),
+            ..opts.clone()
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(looser.sensitivity, profile.sensitivity);
+    assert!(looser.bits_per_element < profile.bits_per_element);
+    assert!(looser.predicted_kl > profile.predicted_kl && looser.predicted_kl <= 0.08);
+
     // On disk and back; an engine built from it stores exactly those codecs.
     let dir = tempdir("calibrate");
     let path = dir.join("smollm2.kv-profile.json");
