@@ -528,16 +528,16 @@ fn attend_codes(
                 return p;
             }
         }
-        crate::simd::codes_partial(
-            isa,
-            (kc, vc),
+        let job = CodesJob {
+            codecs: (kc, vc),
             bytes,
             keys,
-            &qp[heads],
-            params.scale,
+            qp: &qp[heads],
+            scale: params.scale,
             group,
             d,
-        )
+        };
+        crate::simd::codes_partial(isa, &job)
     };
     let partials = run_units(&units, parts, run);
     for (g, mut per_part) in partials.chunks(parts).map(|c| c.iter()).enumerate() {
@@ -583,21 +583,35 @@ fn run_units<U: Sync, R: Send>(
         .collect()
 }
 
+/// One KV head's key range for [`codes_partial`]: the layer's codecs (keys, values) and bytes,
+/// the keys, the prepared queries (`[group, d]`) and the score scale.
+#[derive(Clone, Copy)]
+pub(crate) struct CodesJob<'a> {
+    pub(crate) codecs: (&'a Codec, &'a Codec),
+    pub(crate) bytes: &'a LayerBytes<'a>,
+    pub(crate) keys: &'a KeyRange<'a>,
+    pub(crate) qp: &'a [f32],
+    pub(crate) scale: f32,
+    pub(crate) group: usize,
+    pub(crate) d: usize,
+}
+
 /// The reference over one KV head's key range, for every codec: per block, each key's codes
 /// expanded once for every query head of the group, one softmax rescale per block. Inlined into
 /// each SIMD tier's copy ([`crate::simd::codes_partial`]), which the compiler vectorizes for that
 /// tier; the arithmetic and its order are the same in every copy, so every tier gives the same
 /// bits.
 #[inline(always)]
-pub(crate) fn codes_partial(
-    (kc, vc): (&Codec, &Codec),
-    bytes: &LayerBytes<'_>,
-    keys: &KeyRange<'_>,
-    qp: &[f32],
-    scale: f32,
-    group: usize,
-    d: usize,
-) -> Partial {
+pub(crate) fn codes_partial(job: &CodesJob<'_>) -> Partial {
+    let &CodesJob {
+        codecs: (kc, vc),
+        bytes,
+        keys,
+        qp,
+        scale,
+        group,
+        d,
+    } = job;
     let bs = keys.block_size;
     let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
     let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);

@@ -207,34 +207,15 @@ pub(crate) struct Tq4Rows<'a> {
 /// Attention over the codes of any codec pair on one KV head's key range
 /// ([`crate::attention::codes_partial`]), compiled for `isa` (lowered to what this CPU runs):
 /// the path of every layer whose keys and values are not both TurboQuant-4.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn codes_partial(
-    isa: Isa,
-    codecs: (&crate::codec::Codec, &crate::codec::Codec),
-    bytes: &crate::store::host::LayerBytes<'_>,
-    keys: &KeyRange<'_>,
-    qp: &[f32],
-    scale: f32,
-    group: usize,
-    d: usize,
-) -> Partial {
+pub(crate) fn codes_partial(isa: Isa, job: &crate::attention::CodesJob<'_>) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
-        x86::codes_partial(
-            isa.min(Isa::detected()),
-            codecs,
-            bytes,
-            keys,
-            qp,
-            scale,
-            group,
-            d,
-        )
+        x86::codes_partial(isa.min(Isa::detected()), job)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
-        crate::attention::codes_partial(codecs, bytes, keys, qp, scale, group, d)
+        crate::attention::codes_partial(job)
     }
 }
 

@@ -11,8 +11,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::{Isa, KeyRange, Partial, Tq4Rows, from_kernel_order, to_kernel_order};
-use crate::codec::Codec;
-use crate::store::host::LayerBytes;
+use crate::attention::CodesJob;
 
 /// Keys per softmax tile.
 const TILE: usize = 16;
@@ -47,50 +46,22 @@ pub(super) fn tq4_attend(
 
 /// [`crate::attention::codes_partial`] compiled for `isa` (the caller lowered it to what this
 /// CPU runs).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn codes_partial(
-    isa: Isa,
-    codecs: (&Codec, &Codec),
-    bytes: &LayerBytes<'_>,
-    keys: &KeyRange<'_>,
-    qp: &[f32],
-    scale: f32,
-    group: usize,
-    d: usize,
-) -> Partial {
+pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    fn on_avx512(
-        codecs: (&Codec, &Codec),
-        bytes: &LayerBytes<'_>,
-        keys: &KeyRange<'_>,
-        qp: &[f32],
-        scale: f32,
-        group: usize,
-        d: usize,
-    ) -> Partial {
-        crate::attention::codes_partial(codecs, bytes, keys, qp, scale, group, d)
+    fn on_avx512(job: &CodesJob<'_>) -> Partial {
+        crate::attention::codes_partial(job)
     }
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    fn on_avx2(
-        codecs: (&Codec, &Codec),
-        bytes: &LayerBytes<'_>,
-        keys: &KeyRange<'_>,
-        qp: &[f32],
-        scale: f32,
-        group: usize,
-        d: usize,
-    ) -> Partial {
-        crate::attention::codes_partial(codecs, bytes, keys, qp, scale, group, d)
+    fn on_avx2(job: &CodesJob<'_>) -> Partial {
+        crate::attention::codes_partial(job)
     }
     match isa {
         // SAFETY: the caller lowered `isa` to `Isa::detected()`, which is `Avx512` only when
         // the CPU reports AVX-512 F.
-        Isa::Avx512 => unsafe { on_avx512(codecs, bytes, keys, qp, scale, group, d) },
+        Isa::Avx512 => unsafe { on_avx512(job) },
         // SAFETY: as above; `Avx2` is detected only with AVX2 and FMA.
-        Isa::Avx2 => unsafe { on_avx2(codecs, bytes, keys, qp, scale, group, d) },
-        Isa::Scalar => crate::attention::codes_partial(codecs, bytes, keys, qp, scale, group, d),
+        Isa::Avx2 => unsafe { on_avx2(job) },
+        Isa::Scalar => crate::attention::codes_partial(job),
     }
 }
 
