@@ -313,9 +313,10 @@ impl Default for DatabaseSection {
 impl ModelSection {
     /// The engine's configuration (the values were checked at load).
     pub fn engine_config(&self) -> Result<engram_engine::EngineConfig, engram_engine::EngineError> {
+        let codecs = engram_engine::StreamCodecs::parse(&self.codec)?;
         Ok(engram_engine::EngineConfig {
-            codec: engram_engine::StreamCodecs::parse(&self.codec)?.key,
-            value_codec: engram_engine::StreamCodecs::parse(&self.codec)?.value_override(),
+            codec: codecs.key,
+            value_codec: codecs.value_override(),
             hot_bytes: self.hot_mib << 20,
             cold_bytes: self.cold_mib << 20,
             device: engram_engine::EngineDevice::parse(&self.device)?,
