@@ -22,6 +22,9 @@ const MAX_D: usize = 256;
 
 use super::{EXP_MAX, EXP_MIN, EXP_P, LN2_HI, LN2_LO, LOG2E};
 
+#[path = "x86_codes.rs"]
+mod codes;
+
 /// Dispatches to `isa`'s kernel (the caller checked the geometry and that the CPU has `isa`).
 pub(super) fn tq4_attend(
     isa: Isa,
@@ -44,8 +47,9 @@ pub(super) fn tq4_attend(
     }
 }
 
-/// [`crate::attention::codes_partial`] compiled for `isa` (the caller lowered it to what this
-/// CPU runs).
+/// Attention over the codes of any codec pair for `isa` (the caller lowered it to what this CPU
+/// runs): on AVX-512, the kernel of [`codes`] where it takes the geometry; otherwise (and on
+/// AVX2) [`crate::attention::codes_partial`] compiled for the tier.
 pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
     #[target_feature(enable = "avx512f")]
     fn on_avx512(job: &CodesJob<'_>) -> Partial {
@@ -58,6 +62,8 @@ pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
     match isa {
         // SAFETY: the caller lowered `isa` to `Isa::detected()`, which is `Avx512` only when
         // the CPU reports AVX-512 F.
+        Isa::Avx512 if codes::supports(job) => unsafe { codes::attend(job) },
+        // SAFETY: as above.
         Isa::Avx512 => unsafe { on_avx512(job) },
         // SAFETY: as above; `Avx2` is detected only with AVX2 and FMA.
         Isa::Avx2 => unsafe { on_avx2(job) },
@@ -123,6 +129,45 @@ fn exp512(x: __m512) -> __m512 {
         _mm512_add_ps(r, _mm512_set1_ps(1.0)),
     );
     _mm512_scalef_ps(y, n)
+}
+
+/// One head's online-softmax step over a tile: the scores are the lane sums of `lane_sums`
+/// (one register of partials per key) times the keys' norms `norm_v`; lanes outside `lanes`
+/// (past the tile's last key, holding stale partials) are masked out. Rescales `acc` and `sum`
+/// when the tile raises `max`, and leaves the tile's weights in `s`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn tile_softmax(
+    lane_sums: &[__m512; TILE],
+    norm_v: __m512,
+    lanes: __mmask16,
+    stages: &[(__m512i, __m512i); 4],
+    max: &mut f32,
+    sum: &mut f32,
+    acc: &mut [__m512],
+    s: &mut [f32; TILE],
+) {
+    let sv = _mm512_mul_ps(hsum16(lane_sums, stages), norm_v);
+    let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
+    let new_max = max.max(tile_max);
+    let correction = if new_max == *max {
+        1.0
+    } else {
+        (*max - new_max).exp()
+    };
+    if correction != 1.0 {
+        *sum *= correction;
+        let c = _mm512_set1_ps(correction);
+        for a in acc.iter_mut() {
+            *a = _mm512_mul_ps(*a, c);
+        }
+    }
+    let x = _mm512_sub_ps(sv, _mm512_set1_ps(new_max));
+    let p = _mm512_maskz_mov_ps(lanes, exp512(x));
+    *sum += _mm512_reduce_add_ps(p);
+    store512(s, p);
+    *max = new_max;
 }
 
 /// [`tq4_avx512_n`] for the geometry's register counts (`d / 16` registers per row, `group`
@@ -239,27 +284,16 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
         let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
         let norm_v = load512(&norms);
         for j in 0..G {
-            // Lanes past the tile's last key hold stale partials: masked out below.
-            let sv = _mm512_mul_ps(hsum16(&lane_sums[j], &stages), norm_v);
-            let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
-            let new_max = max[j].max(tile_max);
-            let correction = if new_max == max[j] {
-                1.0
-            } else {
-                (max[j] - new_max).exp()
-            };
-            if correction != 1.0 {
-                sum[j] *= correction;
-                let c = _mm512_set1_ps(correction);
-                for a in &mut acc[j] {
-                    *a = _mm512_mul_ps(*a, c);
-                }
-            }
-            let x = _mm512_sub_ps(sv, _mm512_set1_ps(new_max));
-            let p = _mm512_maskz_mov_ps(lanes, exp512(x));
-            sum[j] += _mm512_reduce_add_ps(p);
-            store512(&mut s[j], p);
-            max[j] = new_max;
+            tile_softmax(
+                &lane_sums[j],
+                norm_v,
+                lanes,
+                &stages,
+                &mut max[j],
+                &mut sum[j],
+                &mut acc[j],
+                &mut s[j],
+            );
         }
         for i in 0..n {
             let r = keys.row(t + i);

@@ -293,8 +293,8 @@ pub struct SequenceSpec {
 /// The CPU engine's numerics, hashed into the KV fingerprint: K/V computed by other numerics (an
 /// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
 /// whenever a kernel change can move stored KV.
-pub const NUMERICS: &str = "cpu-numerics/6: simd decode attention with tile transpose-reduce \
-     scores, key-split merge, causal prefill over codes in register blocks of heads or over the \
+pub const NUMERICS: &str = "cpu-numerics/7: simd decode attention with tile transpose-reduce \
+     scores (on AVX-512 one kernel for TQ4 and one for every other codec pair), key-split merge, causal prefill over codes in register blocks of heads or over the \
      prefix decoded once in row-independent key tiles (prompt rows never take the decode \
      kernel), weight products by row (the weight format's own id is hashed beside)";
 

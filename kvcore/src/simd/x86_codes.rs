@@ -1,0 +1,430 @@
+//! The AVX-512 decode kernel for every codec pair: keys and values each expanded from their own
+//! codes into registers by an [`Expander`], then the same tile loop as the 4-bit kernel (scores
+//! of 16 keys from one transpose-reduce per head, online softmax per tile, one FMA per register
+//! and head for values).
+//!
+//! Expansion per 16 coordinates:
+//! - TurboQuant at 4 bits: one byte per two codes, nibbles looked up with `vpermps` (the
+//!   kernels' coordinate order, see [`super::super::to_kernel_order`]);
+//! - TurboQuant at 2, 3, 5 and 6 bits: 16 codes are `2·bits` bytes, LSB first; each group of 8
+//!   codes (`bits` bytes) is read as one 64-bit word, broadcast, shifted per lane (`vpsrlvq`)
+//!   and masked, and the 16 indices look up up to 64 centroids held in four registers
+//!   (`vpermps` for 16, `vpermt2ps` for 32, two of those and a blend on bit 5 for 64);
+//! - Q8: 16 signed bytes widened to i32 and converted;
+//! - F16: `vcvtph2ps`; F32: a load.
+
+use std::arch::x86_64::*;
+
+use super::{MAX_D, TILE, load512, store512, transpose_stage};
+use crate::attention::CodesJob;
+use crate::codec::{Codec, CodecKind};
+use crate::simd::{Partial, from_kernel_order, to_kernel_order};
+
+/// How one stream's code bytes become registers of values, 16 coordinates each.
+// One value per kernel call, held on the stack; boxing the centroids would put a load in front
+// of every lookup.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy)]
+enum Expander {
+    /// TurboQuant at 4 bits: the 16 centroids; coordinates come out in the kernels' order.
+    Nibbles(__m512),
+    /// TurboQuant at 2, 3, 5 or 6 bits: up to 64 centroids (16 per register, the rest zero),
+    /// and the per-lane constants that unpack 16 codes.
+    Packed {
+        bits: usize,
+        cb: [__m512; 4],
+        packing: Packing,
+    },
+    /// Signed 8-bit codes.
+    Q8,
+    /// IEEE halves.
+    F16,
+    /// IEEE singles.
+    F32,
+}
+
+impl Expander {
+    /// The expander of `codec`.
+    #[target_feature(enable = "avx512f")]
+    fn new(codec: &Codec) -> Self {
+        match codec.kind() {
+            CodecKind::F32 => Self::F32,
+            CodecKind::F16 => Self::F16,
+            CodecKind::Q8 => Self::Q8,
+            CodecKind::TurboQuant { bits } => {
+                let mut table = [0.0f32; 64];
+                let book = codec.codebook();
+                let n = book.len().min(64);
+                table[..n].copy_from_slice(&book[..n]);
+                let cb: [__m512; 4] = std::array::from_fn(|i| load512(&table[16 * i..]));
+                if bits == 4 {
+                    return Self::Nibbles(cb[0]);
+                }
+                let bits = usize::from(bits);
+                Self::Packed {
+                    bits,
+                    cb,
+                    packing: Packing::new(bits),
+                }
+            }
+        }
+    }
+
+    /// Whether coordinates come out in the kernels' order rather than the natural one.
+    fn kernel_order(&self) -> bool {
+        matches!(self, Self::Nibbles(_))
+    }
+}
+
+/// Runs `$body` with `$expand` bound to `$x`'s row expansion (a closure from the codes of a row
+/// on to `NZ` registers): the codec is matched once, outside `$body`'s loop, and `$body` is
+/// compiled once per codec with the expansion inlined.
+macro_rules! per_codec {
+    ($x:expr, $nz:ident, $expand:ident => $body:block) => {
+        match $x {
+            Expander::Nibbles(cb) => {
+                let $expand = |rest: &[u8]| nibbles::<$nz>(rest, cb);
+                $body
+            }
+            Expander::Packed { bits, cb, packing } => {
+                // SAFETY: the kernel runs only where the CPU has AVX-512 F.
+                let $expand = |rest: &[u8]| unsafe { packed::<$nz>(rest, bits, &cb, &packing) };
+                $body
+            }
+            Expander::Q8 => {
+                let $expand = |rest: &[u8]| q8::<$nz>(rest);
+                $body
+            }
+            Expander::F16 => {
+                let $expand = |rest: &[u8]| halves::<$nz>(rest);
+                $body
+            }
+            Expander::F32 => {
+                let $expand = |rest: &[u8]| singles::<$nz>(rest);
+                $body
+            }
+        }
+    };
+}
+
+/// 4-bit codes: 16 bytes give 32 coordinates, low nibbles then high nibbles.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn nibbles<const NZ: usize>(rest: &[u8], cb: __m512) -> [__m512; NZ] {
+    let mut e = [_mm512_setzero_ps(); NZ];
+    let low = _mm512_set1_epi32(0x0F);
+    for c in 0..NZ / 2 {
+        let a = _mm512_cvtepu8_epi32(load128(&rest[16 * c..]));
+        e[2 * c] = _mm512_permutexvar_ps(_mm512_and_si512(a, low), cb);
+        e[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(a), cb);
+    }
+    e
+}
+
+/// 2-, 3-, 5- or 6-bit codes packed LSB first: 16 codes are `2·bits` bytes (at most 12), read
+/// as one 16-byte register. Lane `i`'s code starts at bit `i·bits`, in dword `k = ⌊i·bits/32⌋`
+/// at shift `s`; it is `(dword[k] >> s | dword[k + 1] << (32 − s)) & mask` (a shift by 32
+/// gives 0), the dwords placed per lane by `vpermd` ([`Packing`]).
+///
+/// # Safety
+/// The CPU has AVX-512 F. (Not a `target_feature` function so that it is always inlined into
+/// the kernel, whose features its intrinsics then take.)
+#[inline(always)]
+unsafe fn packed<const NZ: usize>(
+    rest: &[u8],
+    bits: usize,
+    cb: &[__m512; 4],
+    p: &Packing,
+) -> [__m512; NZ] {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        let index = |c: usize| {
+            let v = _mm512_castsi128_si512(load128_padded(rest, 2 * bits * c));
+            let lo = _mm512_srlv_epi32(_mm512_permutexvar_epi32(p.first, v), p.shift);
+            let hi = _mm512_sllv_epi32(_mm512_permutexvar_epi32(p.second, v), p.back);
+            // (lo | hi) & mask
+            _mm512_ternarylogic_epi32::<0xA8>(lo, hi, p.mask)
+        };
+        let mut e = [_mm512_setzero_ps(); NZ];
+        match bits {
+            2..=4 => {
+                for (c, ec) in e.iter_mut().enumerate() {
+                    *ec = _mm512_permutexvar_ps(index(c), cb[0]);
+                }
+            }
+            5 => {
+                for (c, ec) in e.iter_mut().enumerate() {
+                    *ec = _mm512_permutex2var_ps(cb[0], index(c), cb[1]);
+                }
+            }
+            _ => {
+                let bit5 = _mm512_set1_epi32(32);
+                for (c, ec) in e.iter_mut().enumerate() {
+                    let idx = index(c);
+                    let low = _mm512_permutex2var_ps(cb[0], idx, cb[1]);
+                    let high = _mm512_permutex2var_ps(cb[2], idx, cb[3]);
+                    *ec = _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), low, high);
+                }
+            }
+        }
+        e
+    }
+}
+
+/// The per-lane constants of [`packed`] for one width.
+#[derive(Clone, Copy)]
+struct Packing {
+    /// Dword holding the start of lane `i`'s code.
+    first: __m512i,
+    /// The dword after it.
+    second: __m512i,
+    /// The code's shift in `first`.
+    shift: __m512i,
+    /// `32 − shift`: where `second`'s bits go.
+    back: __m512i,
+    /// `2^bits − 1`.
+    mask: __m512i,
+}
+
+impl Packing {
+    #[target_feature(enable = "avx512f")]
+    fn new(bits: usize) -> Self {
+        let lanes = |f: &dyn Fn(usize) -> usize| {
+            let v: [i32; 16] = std::array::from_fn(|i| f(i) as i32);
+            // SAFETY: `v` holds 16 i32 (64 bytes); the load is unaligned.
+            unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+        };
+        Self {
+            first: lanes(&|i| i * bits / 32),
+            second: lanes(&|i| i * bits / 32 + 1),
+            shift: lanes(&|i| i * bits % 32),
+            back: lanes(&|i| 32 - i * bits % 32),
+            mask: _mm512_set1_epi32((1 << bits) - 1),
+        }
+    }
+}
+
+/// 16 bytes of `rest` from `at` as a register, zero past the end of `rest`.
+#[inline(always)]
+fn load128_padded(rest: &[u8], at: usize) -> __m128i {
+    match rest.get(at..at + 16) {
+        Some(b) => load128(b),
+        None => {
+            let mut w = [0u8; 16];
+            let tail = rest.get(at..).unwrap_or_default();
+            let n = tail.len().min(16);
+            w[..n].copy_from_slice(&tail[..n]);
+            load128(&w)
+        }
+    }
+}
+
+/// Signed bytes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn q8<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
+    let mut e = [_mm512_setzero_ps(); NZ];
+    for (c, ec) in e.iter_mut().enumerate() {
+        *ec = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(&rest[16 * c..])));
+    }
+    e
+}
+
+/// IEEE halves.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn halves<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
+    let mut e = [_mm512_setzero_ps(); NZ];
+    for (c, ec) in e.iter_mut().enumerate() {
+        let h = &rest[32 * c..][..32];
+        // SAFETY: `h` is 32 bytes long (bounds-checked above); the load is unaligned.
+        *ec = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(h.as_ptr().cast()) });
+    }
+    e
+}
+
+/// IEEE singles.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn singles<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
+    let mut e = [_mm512_setzero_ps(); NZ];
+    for (c, ec) in e.iter_mut().enumerate() {
+        let f = &rest[64 * c..][..64];
+        // SAFETY: `f` is 64 bytes long (bounds-checked above); the load is unaligned.
+        *ec = unsafe { _mm512_loadu_ps(f.as_ptr().cast()) };
+    }
+    e
+}
+
+/// 16 bytes of `bytes` as a register.
+#[inline(always)]
+fn load128(bytes: &[u8]) -> __m128i {
+    let b = &bytes[..16];
+    // SAFETY: `b` is 16 bytes long (bounds-checked above); the load is unaligned.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// Whether the kernel takes `job`: head_dim a multiple of 32 up to 256, at most 8 query heads
+/// per KV head, and code rows as wide as the codecs say.
+pub(super) fn supports(job: &CodesJob<'_>) -> bool {
+    let (kc, vc) = job.codecs;
+    let d = job.d;
+    d.is_multiple_of(32)
+        && (32..=256).contains(&d)
+        && (1..=super::MAX_GROUP).contains(&job.group)
+        && job.qp.len() == job.group * d
+        && kc.head_dim() == d
+        && vc.head_dim() == d
+        && job.bytes.k_code_row == kc.code_bytes()
+        && job.bytes.v_code_row == vc.code_bytes()
+        && job.bytes.k_norm_row == kc.norm_bytes()
+        && job.bytes.v_norm_row == vc.norm_bytes()
+}
+
+/// Runs the kernel for `job`'s geometry (the caller checked [`supports`] and that the CPU has
+/// AVX-512 F).
+#[target_feature(enable = "avx512f")]
+pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
+    #[target_feature(enable = "avx512f")]
+    fn by_group<const NZ: usize>(job: &CodesJob<'_>) -> Partial {
+        match job.group {
+            1 => kernel::<NZ, 1>(job),
+            2 => kernel::<NZ, 2>(job),
+            3 => kernel::<NZ, 3>(job),
+            4 => kernel::<NZ, 4>(job),
+            5 => kernel::<NZ, 5>(job),
+            6 => kernel::<NZ, 6>(job),
+            7 => kernel::<NZ, 7>(job),
+            _ => kernel::<NZ, 8>(job),
+        }
+    }
+    match job.d / 16 {
+        2 => by_group::<2>(job),
+        4 => by_group::<4>(job),
+        6 => by_group::<6>(job),
+        8 => by_group::<8>(job),
+        10 => by_group::<10>(job),
+        12 => by_group::<12>(job),
+        14 => by_group::<14>(job),
+        _ => by_group::<16>(job),
+    }
+}
+
+/// The scales of the tile's rows (lanes past `rows` are 1): their stored f16 norms converted
+/// in one instruction, or 1 for a codec without norms.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn tile_scales(norms: &[u8], rows: &[usize], norm_row: usize) -> __m512 {
+    if norm_row == 0 {
+        return _mm512_set1_ps(1.0);
+    }
+    let mut halves = [0x3C00u16; TILE];
+    for (h, &r) in halves.iter_mut().zip(rows) {
+        let n = &norms[r * norm_row..][..2];
+        *h = u16::from_le_bytes([n[0], n[1]]);
+    }
+    // SAFETY: `halves` is 16 u16 (32 bytes); the load is unaligned.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(halves.as_ptr().cast()) })
+}
+
+/// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`.
+#[target_feature(enable = "avx512f")]
+fn kernel<const NZ: usize, const G: usize>(job: &CodesJob<'_>) -> Partial {
+    const W: usize = 16;
+    let d = NZ * W;
+    let (kc, vc) = job.codecs;
+    let (keys, bytes) = (job.keys, job.bytes);
+    let (kx, vx) = (Expander::new(kc), Expander::new(vc));
+    let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
+    let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
+    let zero = _mm512_setzero_ps();
+    let mut perm = [0.0f32; MAX_D];
+    let mut qz = [[zero; NZ]; G];
+    for (j, qj) in qz.iter_mut().enumerate() {
+        let src = &job.qp[j * d..][..d];
+        let scaled: [f32; MAX_D] =
+            std::array::from_fn(|i| src.get(i).map_or(0.0, |x| x * job.scale));
+        if kx.kernel_order() {
+            to_kernel_order(&scaled[..d], W, &mut perm[..d]);
+        } else {
+            perm[..d].copy_from_slice(&scaled[..d]);
+        }
+        for (z, r) in qj.iter_mut().enumerate() {
+            *r = load512(&perm[z * W..]);
+        }
+    }
+    let mut acc = [[zero; NZ]; G];
+    let mut max = [f32::NEG_INFINITY; G];
+    let mut sum = [0.0f32; G];
+    let mut s = [[0.0f32; TILE]; G];
+    let mut lane_sums = [[zero; TILE]; G];
+    let stages = [
+        transpose_stage(8),
+        transpose_stage(4),
+        transpose_stage(2),
+        transpose_stage(1),
+    ];
+    let mut rows = [0usize; TILE];
+    let mut vnorms = [0.0f32; TILE];
+    let mut t = keys.start;
+    while t < keys.end {
+        let n = TILE.min(keys.end - t);
+        for (i, r) in rows[..n].iter_mut().enumerate() {
+            *r = keys.row(t + i);
+        }
+        per_codec!(kx, NZ, expand => {
+            for (i, &r) in rows[..n].iter().enumerate() {
+                let e = expand(&bytes.k_codes[r * kcr..]);
+                for (ls, qj) in lane_sums.iter_mut().zip(&qz) {
+                    let mut v = _mm512_mul_ps(qj[0], e[0]);
+                    for z in 1..NZ {
+                        v = _mm512_fmadd_ps(qj[z], e[z], v);
+                    }
+                    ls[i] = v;
+                }
+            }
+        });
+        let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
+        let norm_v = tile_scales(bytes.k_norms, &rows[..n], knr);
+        for j in 0..G {
+            super::tile_softmax(
+                &lane_sums[j],
+                norm_v,
+                lanes,
+                &stages,
+                &mut max[j],
+                &mut sum[j],
+                &mut acc[j],
+                &mut s[j],
+            );
+        }
+        store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
+        per_codec!(vx, NZ, expand => {
+            for (i, &r) in rows[..n].iter().enumerate() {
+                let e = expand(&bytes.v_codes[r * vcr..]);
+                for (aj, sj) in acc.iter_mut().zip(&s) {
+                    let w = _mm512_set1_ps(sj[i] * vnorms[i]);
+                    for (a, &x) in aj.iter_mut().zip(&e) {
+                        *a = _mm512_fmadd_ps(w, x, *a);
+                    }
+                }
+            }
+        });
+        t += n;
+    }
+    let mut part = Partial::empty(G, d);
+    for j in 0..G {
+        part.max[j] = max[j];
+        part.sum[j] = sum[j];
+        for z in 0..NZ {
+            store512(&mut perm[z * W..], acc[j][z]);
+        }
+        let out = &mut part.acc[j * d..][..d];
+        if vx.kernel_order() {
+            from_kernel_order(&perm[..d], W, out);
+        } else {
+            out.copy_from_slice(&perm[..d]);
+        }
+    }
+    part
+}
