@@ -150,12 +150,13 @@ impl BlockStore {
         self.attend_causal_on(Isa::active(), layer, blocks, start, new, q, params, out)
     }
 
-    /// Whether [`Self::attend_causal`] runs a tiled kernel for `layer` on `isa` (4-bit
-    /// TurboQuant, AVX-512): the case where it beats dequantizing the prefix for a dense
-    /// attention.
+    /// Whether [`Self::attend_causal`] runs a tiled kernel over the codes for `layer` on `isa`
+    /// (AVX-512: the 4-bit TurboQuant kernel for TQ4 keys and values, one that expands each
+    /// stream by its own codec for any other pair): the case where it beats dequantizing the
+    /// prefix for a dense attention.
     pub fn causal_is_tiled(&self, isa: Isa, layer: usize, num_heads: usize) -> bool {
         let shape = self.shape();
-        tq4_codebook(self.layer_codecs(layer)).is_some()
+        layer < shape.layers
             && num_heads.is_multiple_of(shape.kv_heads.max(1))
             && crate::simd::tq4_causal_supports(
                 isa,
@@ -195,9 +196,7 @@ impl BlockStore {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, total, &q[..width], params)?;
         let (kc, vc) = self.layer_codecs(layer);
         let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
-        let Some(cb) =
-            tq4_codebook((kc, vc)).filter(|_| crate::simd::tq4_causal_supports(isa, d, group))
-        else {
+        if !crate::simd::tq4_causal_supports(isa, d, group) {
             if crate::dense::supports(d) {
                 return self
                     .attend_causal_decoded(isa, layer, blocks, geo, start, new, q, params, out);
@@ -219,8 +218,10 @@ impl BlockStore {
                 );
             }
             return Ok(());
-        };
-        let rows = tq4_rows(cb, &bytes);
+        }
+        // TQ4 keys and values take the 4-bit kernel (codebook in a register); any other pair
+        // the kernel that expands each stream by its own codec.
+        let rows = tq4_codebook((kc, vc)).map(|cb| tq4_rows(cb, &bytes));
         // Units: (KV head, tile of query rows), each wholly on one thread: it rotates its
         // queries (scale folded in), runs the kernel, and rotates its outputs back.
         let units: Vec<(usize, usize, usize)> = (0..geo.kv_heads)
@@ -250,7 +251,21 @@ impl BlockStore {
                 start: 0,
                 end: start + r1,
             };
-            let mut part = crate::simd::tq4_causal(isa, &rows, &keys, &qs, &limits, group, d)?;
+            let mut part = match &rows {
+                Some(rows) => crate::simd::tq4_causal(isa, rows, &keys, &qs, &limits, group, d)?,
+                None => crate::simd::codes_causal(
+                    isa,
+                    &crate::simd::CausalCodes {
+                        codecs: (kc, vc),
+                        bytes: &bytes,
+                        keys: &keys,
+                        q: &qs,
+                        limits: &limits,
+                        group,
+                        d,
+                    },
+                )?,
+            };
             let mut done = vec![0.0f32; (r1 - r0) * group * d];
             for (p, o) in done.chunks_exact_mut(d).enumerate() {
                 let inv = 1.0 / part.sum[p];

@@ -284,6 +284,43 @@ pub(crate) fn tq4_causal(
     }
 }
 
+/// A causal call over the codes of any codec pair: `limits.len()` query rows (`q`: `[rows,
+/// group, d]`, prepared by the key codec, scale folded in), row `r` attending the keys of `keys`
+/// before `limits[r]` (ascending).
+pub(crate) struct CausalCodes<'a> {
+    /// Keys' and values' codecs.
+    pub codecs: (&'a crate::codec::Codec, &'a crate::codec::Codec),
+    /// The layer's codes and norms.
+    pub bytes: &'a crate::store::host::LayerBytes<'a>,
+    /// The KV head's keys.
+    pub keys: &'a KeyRange<'a>,
+    /// The queries.
+    pub q: &'a [f32],
+    /// Each row's end (exclusive).
+    pub limits: &'a [usize],
+    /// Query heads per KV head.
+    pub group: usize,
+    /// Head dimension.
+    pub d: usize,
+}
+
+/// Runs the causal kernel over any codec pair's codes (AVX-512, where
+/// [`tq4_causal_supports`] holds for the geometry); one softmax state per (row, head),
+/// row-major. `None` when `isa` has no such kernel here for the job.
+pub(crate) fn codes_causal(isa: Isa, job: &CausalCodes<'_>) -> Option<Partial> {
+    if !tq4_causal_supports(isa, job.d, job.group) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::codes_causal(isa, job)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
 /// Reorders `natural` (a row of `head_dim` coordinates) into the kernels' order for `lanes`
 /// lanes: per chunk of `lanes` code bytes (`2·lanes` coordinates), the even coordinates (low
 /// nibbles) then the odd ones (high nibbles).

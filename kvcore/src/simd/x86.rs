@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{Isa, KeyRange, Partial, Tq4Rows, from_kernel_order, to_kernel_order};
+use super::{CausalCodes, Isa, KeyRange, Partial, Tq4Rows, from_kernel_order, to_kernel_order};
 use crate::attention::CodesJob;
 
 /// Keys per softmax tile.
@@ -510,6 +510,21 @@ pub(super) fn tq4_causal(
     Some(unsafe { tq4_causal_avx512(rows, keys, q, limits, group, d) })
 }
 
+/// The causal kernel over the codes of any codec pair ([`codes::causal`]); `None` unless `isa`
+/// is AVX-512 and the kernel takes the geometry.
+pub(super) fn codes_causal(isa: Isa, job: &CausalCodes<'_>) -> Option<Partial> {
+    if isa != Isa::Avx512
+        || !codes::geometry_fits(job.codecs, job.bytes, job.d, job.group)
+        || job.q.len() != job.limits.len() * job.group * job.d
+        || !job.limits.is_sorted()
+    {
+        return None;
+    }
+    // SAFETY: called only for a tier at most `Isa::detected()` (see `super::codes_causal`), and
+    // `Avx512` is detected only when the CPU reports AVX-512 F.
+    Some(unsafe { codes::causal(job) })
+}
+
 /// Query heads (rows of `q`) per register block of the causal kernel: one score register and,
 /// per 16 coordinates, one accumulator each.
 const CAUSAL_BLOCK: usize = 8;
@@ -660,6 +675,42 @@ fn causal_block<const R: usize>(
     }
 }
 
+/// Every query head of a causal call over one tile: the rows whose limit is past the tile's
+/// first key (a suffix, since limits ascend), in register blocks of [`CAUSAL_BLOCK`] heads.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn causal_tile(
+    tile: &CausalTile<'_>,
+    qk: &[f32],
+    limits: &[usize],
+    group: usize,
+    d: usize,
+    acc: &mut [f32],
+    max: &mut [f32],
+    sumv: &mut [__m512],
+) {
+    let nq = limits.len() * group;
+    let first = limits.partition_point(|&lim| lim <= tile.t);
+    let mut p = first * group;
+    while p < nq {
+        let r = (nq - p).min(CAUSAL_BLOCK);
+        let lim = |j: usize| limits[(p + j) / group];
+        let (a, m, sv) = (&mut *acc, &mut *max, &mut *sumv);
+        match r {
+            8 => causal_block::<8>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            7 => causal_block::<7>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            6 => causal_block::<6>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            5 => causal_block::<5>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            4 => causal_block::<4>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            3 => causal_block::<3>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            2 => causal_block::<2>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+            _ => causal_block::<1>(tile, qk, p, std::array::from_fn(lim), d, a, m, sv),
+        }
+        p += r;
+    }
+}
+
 /// The causal kernel over tiles of 16 keys: each tile's codes are expanded once (keys
 /// transposed, values scaled by their norms) for every query row and head of the call, which
 /// then run in register blocks of [`CAUSAL_BLOCK`] heads. Rows are taken in ascending limit
@@ -729,25 +780,7 @@ fn tq4_causal_avx512(
             t,
             n,
         };
-        // Rows whose limit is past `t` (a suffix: limits ascend), in blocks of heads.
-        let first = limits.partition_point(|&lim| lim <= t);
-        let mut p = first * group;
-        while p < nq {
-            let r = (nq - p).min(CAUSAL_BLOCK);
-            let lim = |j: usize| limits[(p + j) / group];
-            let (a, m, sv) = (&mut acc[..], &mut max[..], &mut sumv[..]);
-            match r {
-                8 => causal_block::<8>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                7 => causal_block::<7>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                6 => causal_block::<6>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                5 => causal_block::<5>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                4 => causal_block::<4>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                3 => causal_block::<3>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                2 => causal_block::<2>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-                _ => causal_block::<1>(&tile, &qk, p, std::array::from_fn(lim), d, a, m, sv),
-            }
-            p += r;
-        }
+        causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);
         t += n;
     }
     let mut part = Partial::empty(nq, d);

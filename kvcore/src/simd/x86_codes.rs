@@ -12,13 +12,20 @@
 //!   (`vpermps` for 16, `vpermt2ps` for 32, two of those and a blend on bit 5 for 64);
 //! - Q8: 16 signed bytes widened to i32 and converted;
 //! - F16: `vcvtph2ps`; F32: a load.
+//!
+//! The causal (prefill) form expands each tile of 16 keys once for every query row and head of
+//! the call and runs them through the 4-bit causal kernel's register blocks
+//! ([`super::causal_tile`]), so a row's arithmetic does not depend on the other rows of its call.
 
 use std::arch::x86_64::*;
 
-use super::{MAX_D, TILE, load512, store512, transpose_stage};
+use super::{
+    CausalTile, MAX_D, TILE, causal_tile, load512, store512, transpose_stage, transpose16,
+};
 use crate::attention::CodesJob;
 use crate::codec::{Codec, CodecKind};
-use crate::simd::{Partial, from_kernel_order, to_kernel_order};
+use crate::simd::{CausalCodes, Partial, from_kernel_order, to_kernel_order};
+use crate::store::host::LayerBytes;
 
 /// How one stream's code bytes become registers of values, 16 coordinates each.
 // One value per kernel call, held on the stack; boxing the centroids would put a load in front
@@ -267,18 +274,25 @@ fn load128(bytes: &[u8]) -> __m128i {
 /// Whether the kernel takes `job`: head_dim a multiple of 32 up to 256, at most 8 query heads
 /// per KV head, and code rows as wide as the codecs say.
 pub(super) fn supports(job: &CodesJob<'_>) -> bool {
-    let (kc, vc) = job.codecs;
-    let d = job.d;
+    geometry_fits(job.codecs, job.bytes, job.d, job.group) && job.qp.len() == job.group * job.d
+}
+
+/// Whether the kernels take this geometry and the layer's rows are as wide as its codecs say.
+pub(super) fn geometry_fits(
+    (kc, vc): (&Codec, &Codec),
+    bytes: &LayerBytes<'_>,
+    d: usize,
+    group: usize,
+) -> bool {
     d.is_multiple_of(32)
         && (32..=256).contains(&d)
-        && (1..=super::MAX_GROUP).contains(&job.group)
-        && job.qp.len() == job.group * d
+        && (1..=super::MAX_GROUP).contains(&group)
         && kc.head_dim() == d
         && vc.head_dim() == d
-        && job.bytes.k_code_row == kc.code_bytes()
-        && job.bytes.v_code_row == vc.code_bytes()
-        && job.bytes.k_norm_row == kc.norm_bytes()
-        && job.bytes.v_norm_row == vc.norm_bytes()
+        && bytes.k_code_row == kc.code_bytes()
+        && bytes.v_code_row == vc.code_bytes()
+        && bytes.k_norm_row == kc.norm_bytes()
+        && bytes.v_norm_row == vc.norm_bytes()
 }
 
 /// Runs the kernel for `job`'s geometry (the caller checked [`supports`] and that the CPU has
@@ -424,6 +438,121 @@ fn kernel<const NZ: usize, const G: usize>(job: &CodesJob<'_>) -> Partial {
             from_kernel_order(&perm[..d], W, out);
         } else {
             out.copy_from_slice(&perm[..d]);
+        }
+    }
+    part
+}
+
+/// Runs the causal kernel for `job`'s geometry (the caller checked [`geometry_fits`], the query
+/// length and the limits' order, and that the CPU has AVX-512 F).
+#[target_feature(enable = "avx512f")]
+pub(super) fn causal(job: &CausalCodes<'_>) -> Partial {
+    match job.d / 16 {
+        2 => causal_n::<2>(job),
+        4 => causal_n::<4>(job),
+        6 => causal_n::<6>(job),
+        8 => causal_n::<8>(job),
+        10 => causal_n::<10>(job),
+        12 => causal_n::<12>(job),
+        14 => causal_n::<14>(job),
+        _ => causal_n::<16>(job),
+    }
+}
+
+/// The causal kernel for head_dim `16·NZ`: per tile of 16 keys, the keys expanded by their codec
+/// and transposed (coordinate-major, one lane per key), the values expanded by theirs and scaled
+/// by their norms; then every query head whose limit reaches the tile, in register blocks.
+/// Queries are in the keys' coordinate order, accumulators in the values'.
+#[target_feature(enable = "avx512f")]
+fn causal_n<const NZ: usize>(job: &CausalCodes<'_>) -> Partial {
+    const W: usize = 16;
+    let d = NZ * W;
+    let &CausalCodes {
+        codecs: (kc, vc),
+        bytes,
+        keys,
+        q,
+        limits,
+        group,
+        ..
+    } = job;
+    let (kx, vx) = (Expander::new(kc), Expander::new(vc));
+    let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
+    let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
+    let nq = limits.len() * group;
+    let zero = _mm512_setzero_ps();
+    let stages = [
+        transpose_stage(8),
+        transpose_stage(4),
+        transpose_stage(2),
+        transpose_stage(1),
+    ];
+    let mut qk = vec![0.0f32; nq * d];
+    for (dst, src) in qk.chunks_exact_mut(d).zip(q.chunks_exact(d)) {
+        if kx.kernel_order() {
+            to_kernel_order(src, W, dst);
+        } else {
+            dst.copy_from_slice(src);
+        }
+    }
+    let mut acc = vec![0.0f32; nq * d];
+    let mut max = vec![f32::NEG_INFINITY; nq];
+    let mut sumv = vec![zero; nq];
+    // The tile's expanded keys (key-major, before the transpose) and values (norms applied).
+    // Lanes past a short tile's end keep earlier (finite) keys: every row masks them out.
+    let mut ke = [[zero; NZ]; TILE];
+    let mut kt = vec![0.0f32; d * TILE];
+    let mut vt = vec![zero; TILE * NZ];
+    let mut rows = [0usize; TILE];
+    let mut vnorms = [0.0f32; TILE];
+    let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
+    let mut t = keys.start;
+    while t < last {
+        let n = TILE.min(last - t);
+        for (i, r) in rows[..n].iter_mut().enumerate() {
+            *r = keys.row(t + i);
+        }
+        per_codec!(kx, NZ, expand => {
+            for (k, &r) in ke.iter_mut().zip(&rows[..n]) {
+                *k = expand(&bytes.k_codes[r * kcr..]);
+            }
+        });
+        store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
+        per_codec!(vx, NZ, expand => {
+            for (i, &r) in rows[..n].iter().enumerate() {
+                let e = expand(&bytes.v_codes[r * vcr..]);
+                let vn = _mm512_set1_ps(vnorms[i]);
+                for (o, &x) in vt[i * NZ..][..NZ].iter_mut().zip(&e) {
+                    *o = _mm512_mul_ps(x, vn);
+                }
+            }
+        });
+        for z in 0..NZ {
+            let mut m: [__m512; 16] = std::array::from_fn(|i| ke[i][z]);
+            transpose16(&mut m, &stages);
+            for (c, row) in m.iter().enumerate() {
+                store512(&mut kt[(z * W + c) * W..], *row);
+            }
+        }
+        let tile = CausalTile {
+            kt: &kt,
+            k_norm: tile_scales(bytes.k_norms, &rows[..n], knr),
+            vt: &vt,
+            t,
+            n,
+        };
+        causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);
+        t += n;
+    }
+    let mut part = Partial::empty(nq, d);
+    for p in 0..nq {
+        part.max[p] = max[p];
+        part.sum[p] = _mm512_reduce_add_ps(sumv[p]);
+        let (src, out) = (&acc[p * d..][..d], &mut part.acc[p * d..][..d]);
+        if vx.kernel_order() {
+            from_kernel_order(src, W, out);
+        } else {
+            out.copy_from_slice(src);
         }
     }
     part
