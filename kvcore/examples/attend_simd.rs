@@ -6,8 +6,8 @@
 //!
 //! `CAUSAL=0` skips the causal form. `KV=tq4,q8/tq4,q8/tq5 make bench-attention` measures other
 //! codecs (`KEYS/VALUES` for one per stream): layers whose keys and values are not both TQ4 take
-//! the AVX-512 kernel that expands each stream by its own codec, or the generic path compiled
-//! per tier on AVX2 and scalar.
+//! the AVX-512 or AVX2 kernel that expands each stream by its own codec (the scalar tier: the
+//! generic path).
 
 // A benchmark whose set-up fails must stop loudly, not measure something else.
 #![allow(clippy::expect_used)]

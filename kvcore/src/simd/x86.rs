@@ -24,6 +24,8 @@ use super::{EXP_MAX, EXP_MIN, EXP_P, LN2_HI, LN2_LO, LOG2E};
 
 #[path = "x86_codes.rs"]
 mod codes;
+#[path = "x86_codes_avx2.rs"]
+mod codes_avx2;
 
 /// Dispatches to `isa`'s kernel (the caller checked the geometry and that the CPU has `isa`).
 pub(super) fn tq4_attend(
@@ -48,8 +50,8 @@ pub(super) fn tq4_attend(
 }
 
 /// Attention over the codes of any codec pair for `isa` (the caller lowered it to what this CPU
-/// runs): on AVX-512, the kernel of [`codes`] where it takes the geometry; otherwise (and on
-/// AVX2) [`crate::attention::codes_partial`] compiled for the tier.
+/// runs): the kernel of [`codes`] (AVX-512) or [`codes_avx2`] where it takes the geometry;
+/// otherwise [`crate::attention::codes_partial`] compiled for the tier.
 pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
     #[target_feature(enable = "avx512f")]
     fn on_avx512(job: &CodesJob<'_>) -> Partial {
@@ -65,6 +67,9 @@ pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
         Isa::Avx512 if codes::supports(job) => unsafe { codes::attend(job) },
         // SAFETY: as above.
         Isa::Avx512 => unsafe { on_avx512(job) },
+        // SAFETY: as above; `Avx2` is detected only with AVX2 and FMA, and `supports` checked
+        // F16C.
+        Isa::Avx2 if codes_avx2::supports(job) => unsafe { codes_avx2::attend(job) },
         // SAFETY: as above; `Avx2` is detected only with AVX2 and FMA.
         Isa::Avx2 => unsafe { on_avx2(job) },
         Isa::Scalar => crate::attention::codes_partial(job),

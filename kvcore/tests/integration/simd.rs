@@ -109,10 +109,6 @@ fn every_codec_pair_reads_its_own_codes_up_to_the_layers_last_row() {
             store
                 .attend_on(isa, 1, &ids, tokens, &q, &params, &mut got)
                 .unwrap();
-            if isa == Isa::Avx2 {
-                // AVX2 runs the scalar arithmetic compiled for its tier: the same bits.
-                assert_eq!(got, scalar, "{key}/{value} on {isa}");
-            }
             let err = rel_l2(&got, &scalar);
             assert!(err < 1e-5, "{key}/{value} on {isa}: {err}");
         }
