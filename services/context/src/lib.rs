@@ -19,7 +19,7 @@ pub use pipeline::{
     BuiltContext, ContextError, ContextRequest, Fit, FitReport, LayerReport, Segment, Speaker,
     Turn, build,
 };
-pub use synth::{ScoredLine, Synthesis, score_line, synthesize};
+pub use synth::{ScoredLine, Synthesis, content_tokens, score_line, synthesize};
 
 /// Counts tokens of a text (the engine's tokenizer, or a stand-in in tests of pure logic).
 pub trait TokenCounter {

@@ -21,9 +21,10 @@
 //! reused too prefills the canonical prefix — steps 1–3 — once the turn ends.)
 //!
 //! **Fitting** ([`ContextRequest::fit`]): the layers get at most half the model's context (their
-//! budgets scaled down together when they sum to more; the memories layer counts with its
-//! standard budget even when absent, since recall may add it), so that the same layers are
-//! fitted the same way every turn. The conversation gets a steady window: the context less the
+//! claims scaled down together when they sum to more: a stable layer claims the lesser of its
+//! budget and what its text takes whole, any other layer its budget; with the memory graph on,
+//! the memories layer counts with its standard budget even when absent, since recall may add
+//! it), so that the same layers are fitted the same way every turn. The conversation gets a steady window: the context less the
 //! layers' budgets and an eighth kept for the message and the reply. When the conversation
 //! outgrows the window, its oldest turns leave in one step, until it holds half the window, so
 //! the prefix then stays put for many turns; where the window starts is a function of the
@@ -45,7 +46,7 @@ use sha2::{Digest, Sha256};
 
 use crate::TokenCounter;
 use crate::layers::{Layer, LayerKind, Volatility};
-use crate::synth::synthesize;
+use crate::synth::{content_tokens, synthesize};
 
 /// Errors of the context pipeline.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -143,6 +144,9 @@ pub struct Fit {
     pub context: usize,
     /// Tokens the reply may generate.
     pub reply: usize,
+    /// Whether recall may add a memories layer (the memory graph is on): an absent memories
+    /// layer's standard budget is then kept free for it.
+    pub recall: bool,
 }
 
 /// How a build was fitted into a [`Fit`].
@@ -249,7 +253,7 @@ pub fn build(
         seen.push(l.kind);
     }
     let (fitted, scale) = match req.fit {
-        Some(fit) => fitted_layers(req.layers, fit.context),
+        Some(fit) => fitted_layers(req.layers, fit, counter),
         None => (Cow::Borrowed(req.layers), 1.0),
     };
     let of_class = |v: Volatility| {
@@ -404,19 +408,39 @@ pub fn build(
     })
 }
 
-/// The layers with their budgets scaled so that they sum to at most half of `context` (with
-/// the memories layer's standard budget counted when it is absent), and the scale.
-fn fitted_layers(layers: &[Layer], context: usize) -> (Cow<'_, [Layer]>, f64) {
-    let total: usize = layers.iter().map(|l| l.budget).sum::<usize>() + absent_memories(layers);
-    let share = context / 2;
+/// The layers with their claims scaled so that they sum to at most half of the context (with
+/// the memories layer's standard budget counted when it is absent and recall may add it), and
+/// the scale. A stable layer claims the lesser of its budget and what its text takes whole;
+/// slow and volatile layers claim their budgets, so that what they hold this turn (a recall, a
+/// changed partner fact) never moves the stable layers' budgets and with them the prefix.
+fn fitted_layers<'a>(
+    layers: &'a [Layer],
+    fit: Fit,
+    counter: &dyn TokenCounter,
+) -> (Cow<'a, [Layer]>, f64) {
+    let claims: Vec<usize> = layers
+        .iter()
+        .map(|l| match l.volatility {
+            Volatility::Stable => l.budget.min(content_tokens(&l.content, counter)),
+            Volatility::Slow | Volatility::Volatile => l.budget,
+        })
+        .collect();
+    let reserve = if fit.recall {
+        absent_memories(layers)
+    } else {
+        0
+    };
+    let total: usize = claims.iter().sum::<usize>() + reserve;
+    let share = fit.context / 2;
     if total <= share {
         return (Cow::Borrowed(layers), 1.0);
     }
     let scale = share as f64 / total as f64;
     let scaled = layers
         .iter()
-        .map(|l| Layer {
-            budget: (l.budget as f64 * scale).floor() as usize,
+        .zip(&claims)
+        .map(|(l, &claim)| Layer {
+            budget: (claim as f64 * scale).floor() as usize,
             ..l.clone()
         })
         .collect::<Vec<_>>();
@@ -733,6 +757,7 @@ mod tests {
         let fit = Fit {
             context: 2_000,
             reply: 100,
+            recall: true,
         };
         let layers = agent("noon");
         let history = said(400);
@@ -790,6 +815,7 @@ mod tests {
         let fit = Fit {
             context: 2_000,
             reply: 100,
+            recall: true,
         };
         let built = build(
             &ContextRequest {
@@ -823,6 +849,65 @@ mod tests {
             matches!(err, ContextError::Overflow { context: 2_000, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn stable_layers_that_fit_are_kept_whole_and_recall_keeps_its_budget_free() {
+        // Five stable layers with budgets far over their text: one of ~900 tokens, four of
+        // ~150 (1,500 in all) in a 4,000-token context (2,000 for the layers). Each claims what
+        // it holds, so without the memory graph they are kept whole; with it, the memories
+        // layer's standard budget (1,100) is kept free and the layers are scaled.
+        let kinds = [
+            LayerKind::Axioms,
+            LayerKind::Identity,
+            LayerKind::Rules,
+            LayerKind::Capabilities,
+            LayerKind::Soul,
+        ];
+        let layers: Vec<Layer> = kinds
+            .iter()
+            .enumerate()
+            .map(|(k, &kind)| {
+                let mut l = Layer::new(kind, "");
+                let lines = if k == 0 { 90 } else { 15 };
+                l.content = (0..lines)
+                    .map(|i| format!("line {i:02} of layer {k} says a thing\n"))
+                    .collect();
+                l.budget = 65_536;
+                l
+            })
+            .collect();
+        assert!(layers.iter().all(|l| l.volatility == Volatility::Stable));
+        let whole: usize = layers.iter().map(|l| content_tokens(&l.content, &Chars)).sum();
+        assert!((900..=2_000).contains(&whole), "{whole}");
+        let with = |recall| {
+            build(
+                &ContextRequest {
+                    layers: &layers,
+                    history: &[],
+                    user_message: "hi",
+                    fit: Some(Fit {
+                        context: 4_000,
+                        reply: 100,
+                        recall,
+                    }),
+                    message_speaker: Speaker::User,
+                },
+                &Chars,
+            )
+            .unwrap()
+        };
+        let off = with(false);
+        assert_eq!(off.fit.unwrap().scale, 1.0);
+        assert!(off.layers.iter().all(|r| r.spilled.is_empty()), "{:?}", off.layers);
+        assert_eq!(off.layers.iter().map(|r| r.tokens).sum::<usize>(), whole);
+        let on = with(true);
+        assert!(on.fit.unwrap().scale < 1.0);
+        let kept: usize = on.layers.iter().map(|r| r.tokens).sum();
+        // The layers' part of the share next to the 1,100 kept free for recall.
+        assert!(kept < whole && kept <= 2_000 * whole / (whole + 1_100), "{kept}");
+        // Every layer keeps a share of what it holds: the small ones are not starved.
+        assert!(on.layers.iter().all(|r| r.tokens > 0), "{:?}", on.layers);
     }
 
     #[test]

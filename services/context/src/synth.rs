@@ -64,6 +64,16 @@ pub fn score_line(line: &str, index: usize, count: usize, user_words: &HashSet<S
     tag + overlap + position
 }
 
+/// Tokens `content` takes when [`synthesize`] keeps it whole: each non-empty line and its
+/// newline.
+pub fn content_tokens(content: &str, counter: &dyn TokenCounter) -> usize {
+    content
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| counter.count(l) + 1)
+        .sum()
+}
+
 /// Fits `content` into `budget` tokens (see the module docs).
 pub fn synthesize(
     content: &str,

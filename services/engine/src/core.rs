@@ -294,9 +294,11 @@ pub struct SequenceSpec {
 /// older engine's shadow, say) is recomputed once rather than mixed with this engine's. Bump it
 /// whenever a kernel change can move stored KV.
 pub const NUMERICS: &str = "cpu-numerics/7: simd decode attention with tile transpose-reduce \
-     scores (on AVX-512 one kernel for TQ4 and one for every other codec pair), key-split merge, causal prefill over codes in register blocks of heads or over the \
-     prefix decoded once in row-independent key tiles (prompt rows never take the decode \
-     kernel), weight products by row (the weight format's own id is hashed beside)";
+     scores (one kernel for TQ4 and one for every other codec pair, on AVX-512 and on AVX2; on \
+     AVX-512 prefill reads the codes of every codec pair), key-split merge, causal prefill over \
+     codes in register blocks of heads or over the prefix decoded once in row-independent key \
+     tiles (prompt rows never take the decode kernel), weight products by row (the weight \
+     format's own id is hashed beside)";
 
 /// The owner and hash salt of blocks an operator marked public (tenants' salts are never 0).
 pub const PUBLIC_TENANT: TenantId = TenantId(0);

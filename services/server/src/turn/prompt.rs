@@ -234,7 +234,11 @@ impl Turn {
             history,
             user_message: message,
             message_speaker: speaker,
-            fit: self.context_tokens().map(|context| Fit { context, reply }),
+            fit: self.context_tokens().map(|context| Fit {
+                context,
+                reply,
+                recall: self.state.memory.is_some(),
+            }),
         };
         Ok(build(&req, self)?)
     }
