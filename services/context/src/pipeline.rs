@@ -878,7 +878,10 @@ mod tests {
             })
             .collect();
         assert!(layers.iter().all(|l| l.volatility == Volatility::Stable));
-        let whole: usize = layers.iter().map(|l| content_tokens(&l.content, &Chars)).sum();
+        let whole: usize = layers
+            .iter()
+            .map(|l| content_tokens(&l.content, &Chars))
+            .sum();
         assert!((900..=2_000).contains(&whole), "{whole}");
         let with = |recall| {
             build(
@@ -899,13 +902,20 @@ mod tests {
         };
         let off = with(false);
         assert_eq!(off.fit.unwrap().scale, 1.0);
-        assert!(off.layers.iter().all(|r| r.spilled.is_empty()), "{:?}", off.layers);
+        assert!(
+            off.layers.iter().all(|r| r.spilled.is_empty()),
+            "{:?}",
+            off.layers
+        );
         assert_eq!(off.layers.iter().map(|r| r.tokens).sum::<usize>(), whole);
         let on = with(true);
         assert!(on.fit.unwrap().scale < 1.0);
         let kept: usize = on.layers.iter().map(|r| r.tokens).sum();
         // The layers' part of the share next to the 1,100 kept free for recall.
-        assert!(kept < whole && kept <= 2_000 * whole / (whole + 1_100), "{kept}");
+        assert!(
+            kept < whole && kept <= 2_000 * whole / (whole + 1_100),
+            "{kept}"
+        );
         // Every layer keeps a share of what it holds: the small ones are not starved.
         assert!(on.layers.iter().all(|r| r.tokens > 0), "{:?}", on.layers);
     }
