@@ -10,9 +10,10 @@
 //! reply, so prompts are equal token for token whatever each server generated.
 //!
 //! Engram gets each agent created from the same layers (`--engram-admin-key`): its prompt is the
-//! same ChatML text (`## Title\n…` per stable layer), built from its layers; it ignores the
-//! request's system message. The driver checks the equality: a probe request before the run
-//! records `usage.prompt_tokens` on every endpoint that reports it.
+//! same ChatML text (`## Title\n…` per stable layer), built from its layers, so its requests
+//! carry no system message (Engram would add one to the agent's rules for the request). The
+//! driver checks the equality: a probe request before the run records `usage.prompt_tokens` on
+//! every endpoint that reports it, and the report compares the requests' prompt tokens.
 //!
 //! Per request it records TTFT (first non-empty content delta), inter-token latency, total
 //! latency, prompt and cached tokens (when the endpoint reports usage) and errors.
@@ -188,9 +189,22 @@ fn engram_setup(ep: &Endpoint, admin: &str, w: &Workload, plan: &Plan) -> Result
     Ok(key)
 }
 
+/// Leaves the system message out of every request: for an endpoint that holds the agents'
+/// layers itself (Engram, set up by [`engram_setup`]).
+fn without_system(plan: &mut Plan) {
+    for a in &mut plan.agents {
+        a.system.clear();
+    }
+}
+
 fn messages(plan: &Plan, s: usize, t: usize, own: &[String]) -> Vec<Value> {
     let sess = &plan.sessions[s];
-    let mut m = vec![json!({"role": "system", "content": plan.agents[sess.agent].system})];
+    let system = &plan.agents[sess.agent].system;
+    let mut m: Vec<Value> = if system.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"role": "system", "content": system})]
+    };
     for (i, (user, reply)) in sess.turns[..t].iter().enumerate() {
         m.push(json!({"role": "user", "content": user}));
         let reply = own.get(i).unwrap_or(reply);
@@ -318,10 +332,15 @@ enum RestartState {
 
 /// Runs a workload against one endpoint.
 pub fn run(w: &Workload, opt: &RunOptions) -> Result<RunResult> {
-    let plan = w.plan()?;
+    let mut plan = w.plan()?;
     let ep = Endpoint::parse(&opt.endpoint)?;
     let key = match &opt.engram_admin_key {
-        Some(admin) => Some(engram_setup(&ep, admin, w, &plan)?),
+        Some(admin) => {
+            let key = engram_setup(&ep, admin, w, &plan)?;
+            // Engram builds the system text from the agent's layers.
+            without_system(&mut plan);
+            Some(key)
+        }
         None => opt.api_key.clone(),
     };
     // The endpoint must be up already (the caller started it); a restart waits for it.
@@ -329,15 +348,12 @@ pub fn run(w: &Workload, opt: &RunOptions) -> Result<RunResult> {
     // The probe: excluded from the results; records the prompt size for the fairness check.
     let probe = {
         let agent = &plan.agents[0];
-        let payload = body(
-            &agent.name,
-            vec![
-                json!({"role": "system", "content": agent.system}),
-                json!({"role": "user", "content": "Reply with OK."}),
-            ],
-            1,
-            false,
-        );
+        let mut m = Vec::new();
+        if !agent.system.is_empty() {
+            m.push(json!({"role": "system", "content": agent.system}));
+        }
+        m.push(json!({"role": "user", "content": "Reply with OK."}));
+        let payload = body(&agent.name, m, 1, false);
         let (s, b) = ep.request("POST", "/chat/completions", key.as_deref(), &payload)?;
         if !(200..300).contains(&s) {
             return Err(WorkloadError::Setup(format!(
@@ -611,5 +627,11 @@ mod tests {
         let m = messages(&p, 0, 0, &[]);
         assert_eq!(m.len(), 2);
         assert_eq!(m[1]["content"], "hi");
+        // Engram holds the layers: its requests carry the conversation only.
+        let mut p = p;
+        without_system(&mut p);
+        let m = messages(&p, 0, 0, &[]);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0]["role"], "user");
     }
 }

@@ -49,6 +49,8 @@ pub struct RepStats {
     pub restart_ms: Option<f64>,
     /// The probe's prompt tokens.
     pub probe_prompt_tokens: Option<u64>,
+    /// Mean prompt tokens per measured request (endpoints that report them).
+    pub prompt_tokens: Option<f64>,
 }
 
 /// Mean and range of a figure over repetitions.
@@ -110,6 +112,8 @@ pub struct ServerSummary {
     pub wall_ms: Option<Spread>,
     /// TTFT p50 after the restart.
     pub after_restart_ttft_p50: Option<Spread>,
+    /// Mean prompt tokens per request.
+    pub prompt_tokens: Option<Spread>,
     /// Mean TTFT by turn index (all repetitions), ms.
     pub ttft_by_turn: Vec<f64>,
 }
@@ -144,7 +148,14 @@ pub struct Ratio {
     pub tpot: Option<Spread>,
     /// Peer TTFT p50 after the restart over Engram's.
     pub after_restart_ttft_p50: Option<Spread>,
+    /// Engram's mean prompt tokens per request over the peer's: the servers computed the same
+    /// prompts only when it is close to 1 (see [`COMPARABLE`]).
+    pub prompt_tokens: Option<Spread>,
 }
+
+/// How far apart the servers' mean prompt tokens per request may be (as a ratio) for their
+/// TTFTs to compare like with like; the report flags a scenario beyond it.
+pub const COMPARABLE: f64 = 0.05;
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
@@ -187,6 +198,7 @@ fn rep_stats(r: &RunResult) -> RepStats {
         after_restart_ttft_p50: (!after.is_empty()).then(|| quantile(&after, 0.5)),
         restart_ms: r.restart_ms,
         probe_prompt_tokens: r.probe_prompt_tokens,
+        prompt_tokens: (!reported.is_empty()).then(|| prompt as f64 / reported.len() as f64),
     }
 }
 
@@ -252,6 +264,7 @@ pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
                         after_restart_ttft_p50: Spread::of(
                             reps.iter().filter_map(|r| r.after_restart_ttft_p50),
                         ),
+                        prompt_tokens: Spread::of(reps.iter().filter_map(|r| r.prompt_tokens)),
                         reps,
                         ttft_by_turn,
                     }
@@ -268,6 +281,7 @@ pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
                         wall: ratio(e, p, |r| Some(r.wall_ms), false),
                         tpot: ratio(e, p, |r| Some(r.tpot_ms), false),
                         after_restart_ttft_p50: ratio(e, p, |r| r.after_restart_ttft_p50, false),
+                        prompt_tokens: ratio(e, p, |r| r.prompt_tokens, true),
                     })
                     .collect(),
                 None => Vec::new(),
@@ -300,8 +314,9 @@ pub fn markdown(report: &Report, header: &str) -> String {
         );
         md.push_str(
             "| server | reps | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ms per output token \
-             | cached share | wall s | TTFT p50 after restart ms | probe prompt tokens |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|\n",
+             | cached share | wall s | TTFT p50 after restart ms | prompt tokens per request \
+             | probe prompt tokens |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for v in &s.servers {
             let errors: usize = v.reps.iter().map(|r| r.errors).sum();
@@ -320,7 +335,7 @@ pub fn markdown(report: &Report, header: &str) -> String {
             });
             let _ = writeln!(
                 md,
-                "| {} | {} | {errors} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {errors} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 v.label,
                 v.reps.len(),
                 Spread::show(v.ttft_p50, 1),
@@ -330,6 +345,7 @@ pub fn markdown(report: &Report, header: &str) -> String {
                 Spread::show(v.cached_share, 3),
                 Spread::show(wall, 1),
                 Spread::show(v.after_restart_ttft_p50, 1),
+                Spread::show(v.prompt_tokens, 0),
                 probe.join(", "),
             );
         }
@@ -345,6 +361,17 @@ pub fn markdown(report: &Report, header: &str) -> String {
                 Spread::show(r.tpot, 2),
                 Spread::show(r.after_restart_ttft_p50, 2),
             );
+            if let Some(p) = r.prompt_tokens
+                && (p.min < 1.0 - COMPARABLE || p.max > 1.0 + COMPARABLE)
+            {
+                let _ = writeln!(
+                    md,
+                    "\n**Not comparable:** Engram's requests carried {}× the prompt tokens of \
+                     {}'s; the servers did not compute the same prompts.",
+                    Spread::show(Some(p), 2),
+                    r.peer,
+                );
+            }
         }
         let _ = writeln!(
             md,
@@ -612,6 +639,27 @@ mod tests {
         let md = markdown(&r, "test");
         assert!(md.contains("| engram | 2 | 0 | 30.0 (20.0–40.0)"), "{md}");
         assert!(md.contains("TTFT p50 7.50 (5.00–10.00)×"), "{md}");
+        // Both servers saw 100 prompt tokens a request: comparable.
+        assert_eq!(s.ratios[0].prompt_tokens.unwrap().mean, 1.0);
+        assert!(!md.contains("Not comparable"), "{md}");
+    }
+
+    #[test]
+    fn servers_that_computed_other_prompts_are_flagged() {
+        let mut short = run("engram", 1, &[10.0, 20.0]);
+        for q in &mut short.requests {
+            q.prompt_tokens = Some(73);
+        }
+        let runs = vec![short, run("peer", 1, &[50.0, 90.0])];
+        let r = summarize(&runs, "engram");
+        let p = r.scenarios[0].ratios[0].prompt_tokens.unwrap();
+        assert!((p.mean - 0.73).abs() < 1e-12);
+        let md = markdown(&r, "test");
+        assert!(md.contains("| 73 | 42 |"), "{md}");
+        assert!(
+            md.contains("**Not comparable:** Engram's requests carried 0.73×"),
+            "{md}"
+        );
     }
 
     #[test]
