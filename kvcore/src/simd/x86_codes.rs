@@ -90,24 +90,28 @@ macro_rules! per_codec {
     ($x:expr, $nz:ident, $expand:ident => $body:block) => {
         match $x {
             Expander::Nibbles(cb) => {
-                let $expand = |rest: &[u8]| nibbles::<$nz>(rest, cb);
+                // SAFETY: the kernels run only where the CPU has AVX-512 F.
+                let $expand = |rest: &[u8]| unsafe { nibbles::<$nz>(rest, cb) };
                 $body
             }
             Expander::Packed { bits, cb, packing } => {
-                // SAFETY: the kernel runs only where the CPU has AVX-512 F.
+                // SAFETY: as above.
                 let $expand = |rest: &[u8]| unsafe { packed::<$nz>(rest, bits, &cb, &packing) };
                 $body
             }
             Expander::Q8 => {
-                let $expand = |rest: &[u8]| q8::<$nz>(rest);
+                // SAFETY: as above.
+                let $expand = |rest: &[u8]| unsafe { q8::<$nz>(rest) };
                 $body
             }
             Expander::F16 => {
-                let $expand = |rest: &[u8]| halves::<$nz>(rest);
+                // SAFETY: as above.
+                let $expand = |rest: &[u8]| unsafe { halves::<$nz>(rest) };
                 $body
             }
             Expander::F32 => {
-                let $expand = |rest: &[u8]| singles::<$nz>(rest);
+                // SAFETY: as above.
+                let $expand = |rest: &[u8]| unsafe { singles::<$nz>(rest) };
                 $body
             }
         }
@@ -115,17 +119,22 @@ macro_rules! per_codec {
 }
 
 /// 4-bit codes: 16 bytes give 32 coordinates, low nibbles then high nibbles.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn nibbles<const NZ: usize>(rest: &[u8], cb: __m512) -> [__m512; NZ] {
-    let mut e = [_mm512_setzero_ps(); NZ];
-    let low = _mm512_set1_epi32(0x0F);
-    for c in 0..NZ / 2 {
-        let a = _mm512_cvtepu8_epi32(load128(&rest[16 * c..]));
-        e[2 * c] = _mm512_permutexvar_ps(_mm512_and_si512(a, low), cb);
-        e[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(a), cb);
+///
+/// # Safety
+/// As [`packed`].
+#[inline(always)]
+unsafe fn nibbles<const NZ: usize>(rest: &[u8], cb: __m512) -> [__m512; NZ] {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        let mut e = [_mm512_setzero_ps(); NZ];
+        let low = _mm512_set1_epi32(0x0F);
+        for c in 0..NZ / 2 {
+            let a = _mm512_cvtepu8_epi32(load128(&rest[16 * c..]));
+            e[2 * c] = _mm512_permutexvar_ps(_mm512_and_si512(a, low), cb);
+            e[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(a), cb);
+        }
+        e
     }
-    e
 }
 
 /// 2-, 3-, 5- or 6-bit codes packed LSB first: 16 codes are `2·bits` bytes (at most 12), read
@@ -134,8 +143,11 @@ fn nibbles<const NZ: usize>(rest: &[u8], cb: __m512) -> [__m512; NZ] {
 /// gives 0), the dwords placed per lane by `vpermd` ([`Packing`]).
 ///
 /// # Safety
-/// The CPU has AVX-512 F. (Not a `target_feature` function so that it is always inlined into
-/// the kernel, whose features its intrinsics then take.)
+/// The CPU has AVX-512 F. Not a `target_feature` function, and with no closure inside: always
+/// inlined into the kernel, whose features its intrinsics then take (a `target_feature`
+/// function may not be `inline(always)`, and the compiler keeps a large kernel's callee out of
+/// line, returning its registers through memory; a closure here would call every intrinsic out
+/// of line — each made this expansion several times slower).
 #[inline(always)]
 unsafe fn packed<const NZ: usize>(
     rest: &[u8],
@@ -145,29 +157,23 @@ unsafe fn packed<const NZ: usize>(
 ) -> [__m512; NZ] {
     // SAFETY: the caller guarantees AVX-512 F.
     unsafe {
-        let index = |c: usize| {
-            let v = _mm512_castsi128_si512(load128_padded(rest, 2 * bits * c));
-            let lo = _mm512_srlv_epi32(_mm512_permutexvar_epi32(p.first, v), p.shift);
-            let hi = _mm512_sllv_epi32(_mm512_permutexvar_epi32(p.second, v), p.back);
-            // (lo | hi) & mask
-            _mm512_ternarylogic_epi32::<0xA8>(lo, hi, p.mask)
-        };
         let mut e = [_mm512_setzero_ps(); NZ];
         match bits {
             2..=4 => {
                 for (c, ec) in e.iter_mut().enumerate() {
-                    *ec = _mm512_permutexvar_ps(index(c), cb[0]);
+                    *ec = _mm512_permutexvar_ps(packed_index(rest, 2 * bits * c, p), cb[0]);
                 }
             }
             5 => {
                 for (c, ec) in e.iter_mut().enumerate() {
-                    *ec = _mm512_permutex2var_ps(cb[0], index(c), cb[1]);
+                    let idx = packed_index(rest, 2 * bits * c, p);
+                    *ec = _mm512_permutex2var_ps(cb[0], idx, cb[1]);
                 }
             }
             _ => {
                 let bit5 = _mm512_set1_epi32(32);
                 for (c, ec) in e.iter_mut().enumerate() {
-                    let idx = index(c);
+                    let idx = packed_index(rest, 2 * bits * c, p);
                     let low = _mm512_permutex2var_ps(cb[0], idx, cb[1]);
                     let high = _mm512_permutex2var_ps(cb[2], idx, cb[3]);
                     *ec = _mm512_mask_blend_ps(_mm512_test_epi32_mask(idx, bit5), low, high);
@@ -175,6 +181,22 @@ unsafe fn packed<const NZ: usize>(
             }
         }
         e
+    }
+}
+
+/// The 16 code indices of [`packed`] whose bytes start at `rest[at..]`.
+///
+/// # Safety
+/// As [`packed`].
+#[inline(always)]
+unsafe fn packed_index(rest: &[u8], at: usize, p: &Packing) -> __m512i {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        let v = _mm512_castsi128_si512(load128_padded(rest, at));
+        let lo = _mm512_srlv_epi32(_mm512_permutexvar_epi32(p.first, v), p.shift);
+        let hi = _mm512_sllv_epi32(_mm512_permutexvar_epi32(p.second, v), p.back);
+        // (lo | hi) & mask
+        _mm512_ternarylogic_epi32::<0xA8>(lo, hi, p.mask)
     }
 }
 
@@ -227,40 +249,55 @@ fn load128_padded(rest: &[u8], at: usize) -> __m128i {
 }
 
 /// Signed bytes.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn q8<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
-    let mut e = [_mm512_setzero_ps(); NZ];
-    for (c, ec) in e.iter_mut().enumerate() {
-        *ec = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(&rest[16 * c..])));
+///
+/// # Safety
+/// As [`packed`].
+#[inline(always)]
+unsafe fn q8<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        let mut e = [_mm512_setzero_ps(); NZ];
+        for (c, ec) in e.iter_mut().enumerate() {
+            *ec = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(&rest[16 * c..])));
+        }
+        e
     }
-    e
 }
 
 /// IEEE halves.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn halves<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
-    let mut e = [_mm512_setzero_ps(); NZ];
-    for (c, ec) in e.iter_mut().enumerate() {
-        let h = &rest[32 * c..][..32];
-        // SAFETY: `h` is 32 bytes long (bounds-checked above); the load is unaligned.
-        *ec = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(h.as_ptr().cast()) });
+///
+/// # Safety
+/// As [`packed`].
+#[inline(always)]
+unsafe fn halves<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        let mut e = [_mm512_setzero_ps(); NZ];
+        for (c, ec) in e.iter_mut().enumerate() {
+            let h = &rest[32 * c..][..32];
+            // `h` is 32 bytes long (bounds-checked above); the load is unaligned.
+            *ec = _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast()));
+        }
+        e
     }
-    e
 }
 
 /// IEEE singles.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn singles<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
-    let mut e = [_mm512_setzero_ps(); NZ];
-    for (c, ec) in e.iter_mut().enumerate() {
-        let f = &rest[64 * c..][..64];
-        // SAFETY: `f` is 64 bytes long (bounds-checked above); the load is unaligned.
-        *ec = unsafe { _mm512_loadu_ps(f.as_ptr().cast()) };
+///
+/// # Safety
+/// As [`packed`].
+#[inline(always)]
+unsafe fn singles<const NZ: usize>(rest: &[u8]) -> [__m512; NZ] {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        let mut e = [_mm512_setzero_ps(); NZ];
+        for (c, ec) in e.iter_mut().enumerate() {
+            let f = &rest[64 * c..][..64];
+            // `f` is 64 bytes long (bounds-checked above); the load is unaligned.
+            *ec = _mm512_loadu_ps(f.as_ptr().cast());
+        }
+        e
     }
-    e
 }
 
 /// 16 bytes of `bytes` as a register.

@@ -67,19 +67,31 @@ impl Packing {
     }
 
     /// The 8 indices of the codes at `rest[at..at + bits]` (zero past the end of `rest`).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn indices(&self, rest: &[u8], at: usize) -> __m256i {
-        let mut w = [0u8; 8];
-        let src = rest.get(at..).unwrap_or_default();
-        let n = src.len().min(self.bits);
-        w[..n].copy_from_slice(&src[..n]);
-        // SAFETY: `w` is 8 bytes; `_mm_loadl_epi64` reads 8.
-        let v = _mm256_castsi128_si256(unsafe { _mm_loadl_epi64(w.as_ptr().cast()) });
-        // The upper lanes of `v` are undefined: the dword indices are at most 2, in the lower 128.
-        let lo = _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(v, self.first), self.shift);
-        let hi = _mm256_sllv_epi32(_mm256_permutevar8x32_epi32(v, self.second), self.back);
-        _mm256_and_si256(_mm256_or_si256(lo, hi), self.mask)
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (see [`Expander::expand`]).
+    #[inline(always)]
+    unsafe fn indices(&self, rest: &[u8], at: usize) -> __m256i {
+        // Eight bytes hold the `bits` bytes of 8 codes; the rest of them are masked out below.
+        let word = match rest.get(at..at + 8) {
+            Some(b) => u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            None => {
+                let mut w = [0u8; 8];
+                let src = rest.get(at..).unwrap_or_default();
+                let n = src.len().min(8);
+                w[..n].copy_from_slice(&src[..n]);
+                u64::from_le_bytes(w)
+            }
+        };
+        // SAFETY: the caller guarantees AVX2.
+        unsafe {
+            let v = _mm256_castsi128_si256(_mm_cvtsi64_si128(word as i64));
+            // The upper lanes of `v` are undefined: the dword indices are at most 2, in the
+            // lower 128 bits.
+            let lo = _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(v, self.first), self.shift);
+            let hi = _mm256_sllv_epi32(_mm256_permutevar8x32_epi32(v, self.second), self.back);
+            _mm256_and_si256(_mm256_or_si256(lo, hi), self.mask)
+        }
     }
 }
 
@@ -111,53 +123,56 @@ impl Expander {
     }
 
     /// Expands one row's codes (`rest` starts at the row) into `nz` registers.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn expand(&self, rest: &[u8], book: &[f32], nz: usize, e: &mut [__m256; MAX_D / W]) {
-        match *self {
-            Self::Nibbles(lo, hi) => {
-                let low = _mm256_set1_epi32(0x0F);
-                for c in 0..nz / 2 {
-                    let b = &rest[8 * c..][..8];
-                    // SAFETY: `b` is 8 bytes (bounds-checked above); `_mm_loadl_epi64` reads 8.
-                    let a = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(b.as_ptr().cast()) });
-                    e[2 * c] = lookup256(_mm256_and_si256(a, low), lo, hi);
-                    e[2 * c + 1] = lookup256(_mm256_srli_epi32::<4>(a), lo, hi);
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C. Not a `target_feature` function: always inlined into the
+    /// kernel, whose features its intrinsics then take (a `target_feature` function may not be
+    /// `inline(always)`, and one kept out of line passes its registers through memory).
+    #[inline(always)]
+    unsafe fn expand(&self, rest: &[u8], book: &[f32], nz: usize, e: &mut [__m256; MAX_D / W]) {
+        // SAFETY: the caller guarantees AVX2, FMA and F16C; every load below is of a slice
+        // bounds-checked to the bytes it reads, and a gather's indices are masked below
+        // `2^bits`, the codebook's length (checked by `supports`).
+        unsafe {
+            match *self {
+                Self::Nibbles(lo, hi) => {
+                    let low = _mm256_set1_epi32(0x0F);
+                    for c in 0..nz / 2 {
+                        let b = &rest[8 * c..][..8];
+                        let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().cast()));
+                        e[2 * c] = lookup256(_mm256_and_si256(a, low), lo, hi);
+                        e[2 * c + 1] = lookup256(_mm256_srli_epi32::<4>(a), lo, hi);
+                    }
                 }
-            }
-            Self::Small(cb, p) => {
-                for (c, ec) in e.iter_mut().enumerate().take(nz) {
-                    *ec = _mm256_permutevar8x32_ps(cb, p.indices(rest, p.bits * c));
+                Self::Small(cb, p) => {
+                    for (c, ec) in e.iter_mut().enumerate().take(nz) {
+                        *ec = _mm256_permutevar8x32_ps(cb, p.indices(rest, p.bits * c));
+                    }
                 }
-            }
-            Self::Gathered(p) => {
-                for (c, ec) in e.iter_mut().enumerate().take(nz) {
-                    let idx = p.indices(rest, p.bits * c);
-                    // SAFETY: every index is below 2^bits = `book.len()` (masked), so the gather
-                    // reads inside the codebook.
-                    *ec = unsafe { _mm256_i32gather_ps::<4>(book.as_ptr(), idx) };
+                Self::Gathered(p) => {
+                    for (c, ec) in e.iter_mut().enumerate().take(nz) {
+                        let idx = p.indices(rest, p.bits * c);
+                        *ec = _mm256_i32gather_ps::<4>(book.as_ptr(), idx);
+                    }
                 }
-            }
-            Self::Q8 => {
-                for (c, ec) in e.iter_mut().enumerate().take(nz) {
-                    let b = &rest[8 * c..][..8];
-                    // SAFETY: `b` is 8 bytes (bounds-checked above); `_mm_loadl_epi64` reads 8.
-                    let v = unsafe { _mm_loadl_epi64(b.as_ptr().cast()) };
-                    *ec = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                Self::Q8 => {
+                    for (c, ec) in e.iter_mut().enumerate().take(nz) {
+                        let b = &rest[8 * c..][..8];
+                        let v = _mm_loadl_epi64(b.as_ptr().cast());
+                        *ec = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                    }
                 }
-            }
-            Self::F16 => {
-                for (c, ec) in e.iter_mut().enumerate().take(nz) {
-                    let h = &rest[16 * c..][..16];
-                    // SAFETY: `h` is 16 bytes (bounds-checked above); the load is unaligned.
-                    *ec = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) });
+                Self::F16 => {
+                    for (c, ec) in e.iter_mut().enumerate().take(nz) {
+                        let h = &rest[16 * c..][..16];
+                        *ec = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast()));
+                    }
                 }
-            }
-            Self::F32 => {
-                for (c, ec) in e.iter_mut().enumerate().take(nz) {
-                    let f = &rest[32 * c..][..32];
-                    // SAFETY: `f` is 32 bytes (bounds-checked above); the load is unaligned.
-                    *ec = unsafe { _mm256_loadu_ps(f.as_ptr().cast()) };
+                Self::F32 => {
+                    for (c, ec) in e.iter_mut().enumerate().take(nz) {
+                        let f = &rest[32 * c..][..32];
+                        *ec = _mm256_loadu_ps(f.as_ptr().cast());
+                    }
                 }
             }
         }
@@ -224,7 +239,8 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
         let n = TILE.min(keys.end - t);
         for i in 0..n {
             let r = keys.row(t + i);
-            kx.expand(&bytes.k_codes[r * kcr..], kbook, nz, &mut e);
+            // SAFETY: this kernel runs only with AVX2, FMA and F16C (see `supports`).
+            unsafe { kx.expand(&bytes.k_codes[r * kcr..], kbook, nz, &mut e) };
             let norm = if knr == 0 {
                 1.0
             } else {
@@ -268,7 +284,8 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
         }
         for i in 0..n {
             let r = keys.row(t + i);
-            vx.expand(&bytes.v_codes[r * vcr..], vbook, nz, &mut e);
+            // SAFETY: as above.
+            unsafe { vx.expand(&bytes.v_codes[r * vcr..], vbook, nz, &mut e) };
             let norm = if vnr == 0 {
                 1.0
             } else {
