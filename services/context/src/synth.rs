@@ -67,11 +67,19 @@ pub fn score_line(line: &str, index: usize, count: usize, user_words: &HashSet<S
 /// Tokens `content` takes when [`synthesize`] keeps it whole: each non-empty line and its
 /// newline.
 pub fn content_tokens(content: &str, counter: &dyn TokenCounter) -> usize {
-    content
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| counter.count(l) + 1)
+    content_lines(content)
+        .map(|l| line_tokens(l, counter))
         .sum()
+}
+
+/// The lines [`synthesize`] keeps or spills: the non-empty ones.
+fn content_lines(content: &str) -> impl Iterator<Item = &str> {
+    content.lines().filter(|l| !l.trim().is_empty())
+}
+
+/// Tokens one kept line takes: its text and its newline.
+fn line_tokens(line: &str, counter: &dyn TokenCounter) -> usize {
+    counter.count(line) + 1
 }
 
 /// Fits `content` into `budget` tokens (see the module docs).
@@ -81,7 +89,7 @@ pub fn synthesize(
     user_turn: &str,
     counter: &dyn TokenCounter,
 ) -> Synthesis {
-    let lines: Vec<&str> = content.lines().filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<&str> = content_lines(content).collect();
     let user_words = words(user_turn);
     let mut scored: Vec<ScoredLine> = lines
         .iter()
@@ -90,7 +98,7 @@ pub fn synthesize(
             index: i,
             text: (*l).to_string(),
             score: score_line(l, i, lines.len(), &user_words),
-            tokens: counter.count(l) + 1,
+            tokens: line_tokens(l, counter),
         })
         .collect();
     let total: usize = scored.iter().map(|s| s.tokens).sum();
