@@ -2,7 +2,9 @@
 //!
 //! The instruction set is detected once ([`Isa::detected`]); `ENGRAM_SIMD` (`scalar`, `avx2`,
 //! `avx512`) lowers it, so the AVX2 and scalar paths run on an AVX-512 machine too. The scalar
-//! path is the reference every other path is tested against.
+//! path is the reference every other path is tested against. Within the AVX-512 tier, packed
+//! TurboQuant codes (2, 3, 5, 6 bits) are expanded by byte lookups where the CPU has VBMI
+//! (`ENGRAM_SIMD_VBMI=off` keeps the other expansion; both give the same bits, tested).
 //!
 //! The kernels work on one KV head's group of query heads over a range of keys and leave an
 //! online-softmax [`Partial`] (running max, normalizer, accumulator in the rotated space); the

@@ -13,6 +13,13 @@
 //! - Q8: 16 signed bytes widened to i32 and converted;
 //! - F16: `vcvtph2ps`; F32: a load.
 //!
+//! With AVX-512 VBMI (and head_dim a multiple of 64) the packed widths take a shorter path per
+//! 64 coordinates ([`byte_lookup`]): one `vpermb` places the bytes of each group of 4 codes in
+//! a 64-bit word, one `vpmultishiftqb` moves every code to its own byte, four `vpermb` look up
+//! the four bytes of each centroid (the 64-entry table of each byte in one register) and eight
+//! unpacks assemble the singles — about 3.5 instructions per 16 coordinates instead of 10 for
+//! 6-bit codes, and the same bits ([`vbmi`] says whether it runs).
+//!
 //! The causal (prefill) form expands each tile of 16 keys once for every query row and head of
 //! the call and runs them through the 4-bit causal kernel's register blocks
 //! ([`super::causal_tile`]), so a row's arithmetic does not depend on the other rows of its call.
@@ -41,6 +48,8 @@ enum Expander {
         bits: usize,
         cb: [__m512; 4],
         packing: Packing,
+        /// The byte tables of the VBMI path, when the kernel runs it.
+        lut: Option<ByteLookup>,
     },
     /// Signed 8-bit codes.
     Q8,
@@ -51,9 +60,11 @@ enum Expander {
 }
 
 impl Expander {
-    /// The expander of `codec`.
+    /// The expander of `codec` for a kernel of head_dim `16·nz`; packed widths get the byte
+    /// tables of the VBMI path when `vbmi` (the kernel is compiled for it) and `nz` is a
+    /// multiple of 4.
     #[target_feature(enable = "avx512f")]
-    fn new(codec: &Codec) -> Self {
+    fn new(codec: &Codec, vbmi: bool, nz: usize) -> Self {
         match codec.kind() {
             CodecKind::F32 => Self::F32,
             CodecKind::F16 => Self::F16,
@@ -68,10 +79,12 @@ impl Expander {
                     return Self::Nibbles(cb[0]);
                 }
                 let bits = usize::from(bits);
+                let lut = (vbmi && nz.is_multiple_of(4)).then(|| ByteLookup::new(&table, n, bits));
                 Self::Packed {
                     bits,
                     cb,
                     packing: Packing::new(bits),
+                    lut,
                 }
             }
         }
@@ -85,16 +98,31 @@ impl Expander {
 
 /// Runs `$body` with `$expand` bound to `$x`'s row expansion (a closure from the codes of a row
 /// on to `NZ` registers): the codec is matched once, outside `$body`'s loop, and `$body` is
-/// compiled once per codec with the expansion inlined.
+/// compiled once per codec with the expansion inlined. In `vbmi` mode (a kernel compiled with
+/// AVX-512 VBMI) packed codes with byte tables take [`byte_lookup`]; in `plain` mode they never
+/// do.
 macro_rules! per_codec {
-    ($x:expr, $nz:ident, $expand:ident => $body:block) => {
+    (vbmi, $x:expr, $nz:ident, $expand:ident => $body:block) => {
+        match $x {
+            Expander::Packed { lut: Some(lut), .. } => {
+                // SAFETY: this mode runs only in kernels compiled for AVX-512 F, BW and VBMI,
+                // called only where the CPU has them ([`vbmi`]).
+                let $expand = |rest: &[u8]| unsafe { byte_lookup::<$nz>(rest, &lut) };
+                $body
+            }
+            other => per_codec!(plain, other, $nz, $expand => $body),
+        }
+    };
+    (plain, $x:expr, $nz:ident, $expand:ident => $body:block) => {
         match $x {
             Expander::Nibbles(cb) => {
                 // SAFETY: the kernels run only where the CPU has AVX-512 F.
                 let $expand = |rest: &[u8]| unsafe { nibbles::<$nz>(rest, cb) };
                 $body
             }
-            Expander::Packed { bits, cb, packing } => {
+            Expander::Packed {
+                bits, cb, packing, ..
+            } => {
                 // SAFETY: as above.
                 let $expand = |rest: &[u8]| unsafe { packed::<$nz>(rest, bits, &cb, &packing) };
                 $body
@@ -233,6 +261,104 @@ impl Packing {
     }
 }
 
+/// The constants of [`byte_lookup`] for one packed width.
+#[derive(Clone, Copy)]
+struct ByteLookup {
+    /// Byte `k` of every centroid, `k` = 0..3: 64 entries per register, indexed by the low 6
+    /// bits of an index byte (a narrower codebook repeats to fill them, so bits above the
+    /// code's width do not matter).
+    planes: [__m512i; 4],
+    /// `vpermb` control: the source byte of each byte of the gathered words.
+    gather: __m512i,
+    /// `vpmultishiftqb` control: the bit in its 64-bit word where each index byte starts.
+    shifts: __m512i,
+    /// Code bytes of 64 coordinates (`8·bits`).
+    block: usize,
+    /// Load mask of those bytes.
+    mask: __mmask64,
+}
+
+impl ByteLookup {
+    /// The tables of the first `n` centroids of `table` (`n` = 2^bits) for `bits`-bit codes.
+    ///
+    /// Index byte `p = 16·L + 4·k + j` (128-bit lane `L`, quarter `k`, `j` < 4) holds the code of
+    /// coordinate `16·k + 4·L + j`: after the byte and word unpacks, which work within lanes,
+    /// register `k` then holds coordinates `16·k..16·k + 16` in order. The 64-bit word
+    /// `2·L + h` thus holds two runs of 4 codes, from coordinates `a = 32·h + 4·L` and
+    /// `a + 16`; each run is at most 3 bytes from bit `a·bits mod 8` of byte `⌊a·bits/8⌋`.
+    #[target_feature(enable = "avx512f")]
+    fn new(table: &[f32; 64], n: usize, bits: usize) -> Self {
+        let n = n.clamp(1, 64);
+        let mut planes = [[0u8; 64]; 4];
+        for (t, c) in (0..64).map(|t| (t, table[t % n].to_le_bytes())) {
+            for (plane, byte) in planes.iter_mut().zip(c) {
+                plane[t] = byte;
+            }
+        }
+        let (mut gather, mut shifts) = ([0u8; 64], [0u8; 64]);
+        for word in 0..8 {
+            let (lane, half) = (word / 2, word % 2);
+            for run in 0..2 {
+                let a = 32 * half + 16 * run + 4 * lane;
+                let (byte, bit) = (a * bits / 8, a * bits % 8);
+                for j in 0..4 {
+                    let at = 8 * word + 4 * run + j;
+                    gather[at] = (byte + j).min(63) as u8;
+                    shifts[at] = (32 * run + bit + j * bits) as u8;
+                }
+            }
+        }
+        let load = |v: &[u8; 64]| {
+            // SAFETY: `v` holds 64 bytes; the load is unaligned.
+            unsafe { _mm512_loadu_si512(v.as_ptr().cast()) }
+        };
+        let block = 8 * bits;
+        Self {
+            planes: planes.each_ref().map(load),
+            gather: load(&gather),
+            shifts: load(&shifts),
+            block,
+            mask: u64::MAX >> (64 - block.min(64)),
+        }
+    }
+}
+
+/// Packed 2-, 3-, 5- or 6-bit codes (LSB first) of `NZ / 4` blocks of 64 coordinates, through
+/// byte lookups (see [`ByteLookup::new`] for the order that comes out natural).
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW and VBMI; inlined only into kernels compiled for them (see
+/// [`packed`] on why this is no `target_feature` function).
+#[inline(always)]
+unsafe fn byte_lookup<const NZ: usize>(rest: &[u8], l: &ByteLookup) -> [__m512; NZ] {
+    // SAFETY: the caller guarantees AVX-512 F, BW and VBMI.
+    unsafe {
+        let mut e = [_mm512_setzero_ps(); NZ];
+        for b in 0..NZ / 4 {
+            let src = &rest[b * l.block..][..l.block];
+            // Reads only the `block` bytes of `src` (the mask's bits), in bounds above.
+            let v = _mm512_maskz_loadu_epi8(l.mask, src.as_ptr().cast());
+            let idx = _mm512_multishift_epi64_epi8(l.shifts, _mm512_permutexvar_epi8(l.gather, v));
+            let [p0, p1, p2, p3] = l.planes;
+            let (b0, b1) = (
+                _mm512_permutexvar_epi8(idx, p0),
+                _mm512_permutexvar_epi8(idx, p1),
+            );
+            let (b2, b3) = (
+                _mm512_permutexvar_epi8(idx, p2),
+                _mm512_permutexvar_epi8(idx, p3),
+            );
+            let (lo01, hi01) = (_mm512_unpacklo_epi8(b0, b1), _mm512_unpackhi_epi8(b0, b1));
+            let (lo23, hi23) = (_mm512_unpacklo_epi8(b2, b3), _mm512_unpackhi_epi8(b2, b3));
+            e[4 * b] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23));
+            e[4 * b + 1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23));
+            e[4 * b + 2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23));
+            e[4 * b + 3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23));
+        }
+        e
+    }
+}
+
 /// 16 bytes of `rest` from `at` as a register, zero past the end of `rest`.
 #[inline(always)]
 fn load128_padded(rest: &[u8], at: usize) -> __m128i {
@@ -332,32 +458,78 @@ pub(super) fn geometry_fits(
         && bytes.v_norm_row == vc.norm_bytes()
 }
 
+/// Whether the kernels of this process expand packed codes by byte lookups: the CPU has
+/// AVX-512 F, BW and VBMI, and `ENGRAM_SIMD_VBMI` is not `off` (or `0`), which keeps the
+/// shift-and-`vpermt2ps` path to compare with. Both give the same bits.
+pub(crate) fn vbmi() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let off = std::env::var("ENGRAM_SIMD_VBMI")
+            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0"));
+        !off && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+    })
+}
+
+/// Whether a job takes the VBMI kernels: [`vbmi`], a packed stream (2, 3, 5 or 6 bits), and
+/// head_dim 64, 128 or 256 (the VBMI kernels are compiled for those only).
+fn takes_vbmi((kc, vc): (&Codec, &Codec), d: usize) -> bool {
+    let packed = |c: &Codec| matches!(c.kind(), CodecKind::TurboQuant { bits } if bits != 4);
+    matches!(d, 64 | 128 | 256) && (packed(kc) || packed(vc)) && vbmi()
+}
+
 /// Runs the kernel for `job`'s geometry (the caller checked [`supports`] and that the CPU has
-/// AVX-512 F).
+/// AVX-512 F): the VBMI kernels where [`takes_vbmi`].
 #[target_feature(enable = "avx512f")]
 pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
-    #[target_feature(enable = "avx512f")]
-    fn by_group<const NZ: usize>(job: &CodesJob<'_>) -> Partial {
-        match job.group {
-            1 => kernel::<NZ, 1>(job),
-            2 => kernel::<NZ, 2>(job),
-            3 => kernel::<NZ, 3>(job),
-            4 => kernel::<NZ, 4>(job),
-            5 => kernel::<NZ, 5>(job),
-            6 => kernel::<NZ, 6>(job),
-            7 => kernel::<NZ, 7>(job),
-            _ => kernel::<NZ, 8>(job),
-        }
+    if takes_vbmi(job.codecs, job.d) {
+        // SAFETY: `vbmi` holds only where the CPU reports AVX-512 F, BW and VBMI.
+        return unsafe { attend_on(true, job) };
+    }
+    // SAFETY: the plain kernels need AVX-512 F only, which the caller checked.
+    unsafe { attend_on(false, job) }
+}
+
+/// [`attend`] on the chosen kernels.
+///
+/// # Safety
+/// The CPU has AVX-512 F; with `vbmi`, BW and VBMI too, and head_dim is 64, 128 or 256.
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_on(vbmi: bool, job: &CodesJob<'_>) -> Partial {
+    macro_rules! by_group {
+        ($k:ident, $nz:literal) => {
+            match job.group {
+                1 => $k::<$nz, 1>(job),
+                2 => $k::<$nz, 2>(job),
+                3 => $k::<$nz, 3>(job),
+                4 => $k::<$nz, 4>(job),
+                5 => $k::<$nz, 5>(job),
+                6 => $k::<$nz, 6>(job),
+                7 => $k::<$nz, 7>(job),
+                _ => $k::<$nz, 8>(job),
+            }
+        };
+    }
+    if vbmi {
+        // SAFETY: the caller checked the CPU's features and head_dim.
+        return unsafe {
+            match job.d / 16 {
+                4 => by_group!(kernel_vbmi, 4),
+                8 => by_group!(kernel_vbmi, 8),
+                _ => by_group!(kernel_vbmi, 16),
+            }
+        };
     }
     match job.d / 16 {
-        2 => by_group::<2>(job),
-        4 => by_group::<4>(job),
-        6 => by_group::<6>(job),
-        8 => by_group::<8>(job),
-        10 => by_group::<10>(job),
-        12 => by_group::<12>(job),
-        14 => by_group::<14>(job),
-        _ => by_group::<16>(job),
+        2 => by_group!(kernel, 2),
+        4 => by_group!(kernel, 4),
+        6 => by_group!(kernel, 6),
+        8 => by_group!(kernel, 8),
+        10 => by_group!(kernel, 10),
+        12 => by_group!(kernel, 12),
+        14 => by_group!(kernel, 14),
+        _ => by_group!(kernel, 16),
     }
 }
 
@@ -378,112 +550,22 @@ fn tile_scales(norms: &[u8], rows: &[usize], norm_row: usize) -> __m512 {
     _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(halves.as_ptr().cast()) })
 }
 
-/// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`.
-#[target_feature(enable = "avx512f")]
-fn kernel<const NZ: usize, const G: usize>(job: &CodesJob<'_>) -> Partial {
-    const W: usize = 16;
-    let d = NZ * W;
-    let (kc, vc) = job.codecs;
-    let (keys, bytes) = (job.keys, job.bytes);
-    let (kx, vx) = (Expander::new(kc), Expander::new(vc));
-    let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
-    let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
-    let zero = _mm512_setzero_ps();
-    let mut perm = [0.0f32; MAX_D];
-    let mut qz = [[zero; NZ]; G];
-    for (j, qj) in qz.iter_mut().enumerate() {
-        let src = &job.qp[j * d..][..d];
-        let scaled: [f32; MAX_D] =
-            std::array::from_fn(|i| src.get(i).map_or(0.0, |x| x * job.scale));
-        if kx.kernel_order() {
-            to_kernel_order(&scaled[..d], W, &mut perm[..d]);
-        } else {
-            perm[..d].copy_from_slice(&scaled[..d]);
-        }
-        for (z, r) in qj.iter_mut().enumerate() {
-            *r = load512(&perm[z * W..]);
-        }
-    }
-    let mut acc = [[zero; NZ]; G];
-    let mut max = [f32::NEG_INFINITY; G];
-    let mut sum = [0.0f32; G];
-    let mut s = [[0.0f32; TILE]; G];
-    let mut lane_sums = [[zero; TILE]; G];
-    let stages = [
-        transpose_stage(8),
-        transpose_stage(4),
-        transpose_stage(2),
-        transpose_stage(1),
-    ];
-    let mut rows = [0usize; TILE];
-    let mut vnorms = [0.0f32; TILE];
-    let mut t = keys.start;
-    while t < keys.end {
-        let n = TILE.min(keys.end - t);
-        for (i, r) in rows[..n].iter_mut().enumerate() {
-            *r = keys.row(t + i);
-        }
-        per_codec!(kx, NZ, expand => {
-            for (i, &r) in rows[..n].iter().enumerate() {
-                let e = expand(&bytes.k_codes[r * kcr..]);
-                for (ls, qj) in lane_sums.iter_mut().zip(&qz) {
-                    let mut v = _mm512_mul_ps(qj[0], e[0]);
-                    for z in 1..NZ {
-                        v = _mm512_fmadd_ps(qj[z], e[z], v);
-                    }
-                    ls[i] = v;
-                }
-            }
-        });
-        let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
-        let norm_v = tile_scales(bytes.k_norms, &rows[..n], knr);
-        for j in 0..G {
-            super::tile_softmax(
-                &lane_sums[j],
-                norm_v,
-                lanes,
-                &stages,
-                &mut max[j],
-                &mut sum[j],
-                &mut acc[j],
-                &mut s[j],
-            );
-        }
-        store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
-        per_codec!(vx, NZ, expand => {
-            for (i, &r) in rows[..n].iter().enumerate() {
-                let e = expand(&bytes.v_codes[r * vcr..]);
-                for (aj, sj) in acc.iter_mut().zip(&s) {
-                    let w = _mm512_set1_ps(sj[i] * vnorms[i]);
-                    for (a, &x) in aj.iter_mut().zip(&e) {
-                        *a = _mm512_fmadd_ps(w, x, *a);
-                    }
-                }
-            }
-        });
-        t += n;
-    }
-    let mut part = Partial::empty(G, d);
-    for j in 0..G {
-        part.max[j] = max[j];
-        part.sum[j] = sum[j];
-        for z in 0..NZ {
-            store512(&mut perm[z * W..], acc[j][z]);
-        }
-        let out = &mut part.acc[j * d..][..d];
-        if vx.kernel_order() {
-            from_kernel_order(&perm[..d], W, out);
-        } else {
-            out.copy_from_slice(&perm[..d]);
-        }
-    }
-    part
-}
-
 /// Runs the causal kernel for `job`'s geometry (the caller checked [`geometry_fits`], the query
-/// length and the limits' order, and that the CPU has AVX-512 F).
+/// length and the limits' order, and that the CPU has AVX-512 F): the VBMI kernels where
+/// [`takes_vbmi`].
 #[target_feature(enable = "avx512f")]
 pub(super) fn causal(job: &CausalCodes<'_>) -> Partial {
+    if takes_vbmi(job.codecs, job.d) {
+        // SAFETY: `vbmi` holds only where the CPU reports AVX-512 F, BW and VBMI, and
+        // `takes_vbmi` checked head_dim.
+        return unsafe {
+            match job.d / 16 {
+                4 => causal_vbmi::<4>(job),
+                8 => causal_vbmi::<8>(job),
+                _ => causal_vbmi::<16>(job),
+            }
+        };
+    }
     match job.d / 16 {
         2 => causal_n::<2>(job),
         4 => causal_n::<4>(job),
@@ -496,101 +578,398 @@ pub(super) fn causal(job: &CausalCodes<'_>) -> Partial {
     }
 }
 
-/// The causal kernel for head_dim `16·NZ`: per tile of 16 keys, the keys expanded by their codec
-/// and transposed (coordinate-major, one lane per key), the values expanded by theirs and scaled
-/// by their norms; then every query head whose limit reaches the tile, in register blocks.
-/// Queries are in the keys' coordinate order, accumulators in the values'.
-#[target_feature(enable = "avx512f")]
-fn causal_n<const NZ: usize>(job: &CausalCodes<'_>) -> Partial {
-    const W: usize = 16;
-    let d = NZ * W;
-    let &CausalCodes {
-        codecs: (kc, vc),
-        bytes,
-        keys,
-        q,
-        limits,
-        group,
-        ..
-    } = job;
-    let (kx, vx) = (Expander::new(kc), Expander::new(vc));
-    let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
-    let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
-    let nq = limits.len() * group;
-    let zero = _mm512_setzero_ps();
-    let stages = [
-        transpose_stage(8),
-        transpose_stage(4),
-        transpose_stage(2),
-        transpose_stage(1),
-    ];
-    let mut qk = vec![0.0f32; nq * d];
-    for (dst, src) in qk.chunks_exact_mut(d).zip(q.chunks_exact(d)) {
-        if kx.kernel_order() {
-            to_kernel_order(src, W, dst);
-        } else {
-            dst.copy_from_slice(src);
-        }
-    }
-    let mut acc = vec![0.0f32; nq * d];
-    let mut max = vec![f32::NEG_INFINITY; nq];
-    let mut sumv = vec![zero; nq];
-    // The tile's expanded keys (key-major, before the transpose) and values (norms applied).
-    // Lanes past a short tile's end keep earlier (finite) keys: every row masks them out.
-    let mut ke = [[zero; NZ]; TILE];
-    let mut kt = vec![0.0f32; d * TILE];
-    let mut vt = vec![zero; TILE * NZ];
-    let mut rows = [0usize; TILE];
-    let mut vnorms = [0.0f32; TILE];
-    let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
-    let mut t = keys.start;
-    while t < last {
-        let n = TILE.min(last - t);
-        for (i, r) in rows[..n].iter_mut().enumerate() {
-            *r = keys.row(t + i);
-        }
-        per_codec!(kx, NZ, expand => {
-            for (k, &r) in ke.iter_mut().zip(&rows[..n]) {
-                *k = expand(&bytes.k_codes[r * kcr..]);
-            }
-        });
-        store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
-        per_codec!(vx, NZ, expand => {
-            for (i, &r) in rows[..n].iter().enumerate() {
-                let e = expand(&bytes.v_codes[r * vcr..]);
-                let vn = _mm512_set1_ps(vnorms[i]);
-                for (o, &x) in vt[i * NZ..][..NZ].iter_mut().zip(&e) {
-                    *o = _mm512_mul_ps(x, vn);
+/// The decode kernel (`$kernel`) and the causal one (`$causal`) compiled for `$features`:
+/// `$mode` `plain` for AVX-512 F, `vbmi` for F, BW and VBMI (packed codes by byte lookups).
+macro_rules! codes_kernels {
+    ($mode:ident, $vbmi:literal, $features:literal, $kernel:ident, $causal:ident) => {
+        /// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`.
+        #[target_feature(enable = $features)]
+        fn $kernel<const NZ: usize, const G: usize>(job: &CodesJob<'_>) -> Partial {
+            const W: usize = 16;
+            let d = NZ * W;
+            let (kc, vc) = job.codecs;
+            let (keys, bytes) = (job.keys, job.bytes);
+            let (kx, vx) = (Expander::new(kc, $vbmi, NZ), Expander::new(vc, $vbmi, NZ));
+            let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
+            let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
+            let zero = _mm512_setzero_ps();
+            let mut perm = [0.0f32; MAX_D];
+            let mut qz = [[zero; NZ]; G];
+            for (j, qj) in qz.iter_mut().enumerate() {
+                let src = &job.qp[j * d..][..d];
+                let scaled: [f32; MAX_D] =
+                    std::array::from_fn(|i| src.get(i).map_or(0.0, |x| x * job.scale));
+                if kx.kernel_order() {
+                    to_kernel_order(&scaled[..d], W, &mut perm[..d]);
+                } else {
+                    perm[..d].copy_from_slice(&scaled[..d]);
+                }
+                for (z, r) in qj.iter_mut().enumerate() {
+                    *r = load512(&perm[z * W..]);
                 }
             }
-        });
-        for z in 0..NZ {
-            let mut m: [__m512; 16] = std::array::from_fn(|i| ke[i][z]);
-            transpose16(&mut m, &stages);
-            for (c, row) in m.iter().enumerate() {
-                store512(&mut kt[(z * W + c) * W..], *row);
+            let mut acc = [[zero; NZ]; G];
+            let mut max = [f32::NEG_INFINITY; G];
+            let mut sum = [0.0f32; G];
+            let mut s = [[0.0f32; TILE]; G];
+            let mut lane_sums = [[zero; TILE]; G];
+            let stages = [
+                transpose_stage(8),
+                transpose_stage(4),
+                transpose_stage(2),
+                transpose_stage(1),
+            ];
+            let mut rows = [0usize; TILE];
+            let mut vnorms = [0.0f32; TILE];
+            let mut t = keys.start;
+            while t < keys.end {
+                let n = TILE.min(keys.end - t);
+                for (i, r) in rows[..n].iter_mut().enumerate() {
+                    *r = keys.row(t + i);
+                }
+                per_codec!($mode, kx, NZ, expand => {
+                    for (i, &r) in rows[..n].iter().enumerate() {
+                        let e = expand(&bytes.k_codes[r * kcr..]);
+                        for (ls, qj) in lane_sums.iter_mut().zip(&qz) {
+                            let mut v = _mm512_mul_ps(qj[0], e[0]);
+                            for z in 1..NZ {
+                                v = _mm512_fmadd_ps(qj[z], e[z], v);
+                            }
+                            ls[i] = v;
+                        }
+                    }
+                });
+                let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
+                let norm_v = tile_scales(bytes.k_norms, &rows[..n], knr);
+                for j in 0..G {
+                    super::tile_softmax(
+                        &lane_sums[j],
+                        norm_v,
+                        lanes,
+                        &stages,
+                        &mut max[j],
+                        &mut sum[j],
+                        &mut acc[j],
+                        &mut s[j],
+                    );
+                }
+                store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
+                per_codec!($mode, vx, NZ, expand => {
+                    for (i, &r) in rows[..n].iter().enumerate() {
+                        let e = expand(&bytes.v_codes[r * vcr..]);
+                        for (aj, sj) in acc.iter_mut().zip(&s) {
+                            let w = _mm512_set1_ps(sj[i] * vnorms[i]);
+                            for (a, &x) in aj.iter_mut().zip(&e) {
+                                *a = _mm512_fmadd_ps(w, x, *a);
+                            }
+                        }
+                    }
+                });
+                t += n;
+            }
+            let mut part = Partial::empty(G, d);
+            for j in 0..G {
+                part.max[j] = max[j];
+                part.sum[j] = sum[j];
+                for z in 0..NZ {
+                    store512(&mut perm[z * W..], acc[j][z]);
+                }
+                let out = &mut part.acc[j * d..][..d];
+                if vx.kernel_order() {
+                    from_kernel_order(&perm[..d], W, out);
+                } else {
+                    out.copy_from_slice(&perm[..d]);
+                }
+            }
+            part
+        }
+
+        /// The causal kernel for head_dim `16·NZ`: per tile of 16 keys, the keys expanded by
+        /// their codec and transposed (coordinate-major, one lane per key), the values expanded
+        /// by theirs and scaled by their norms; then every query head whose limit reaches the
+        /// tile, in register blocks. Queries are in the keys' coordinate order, accumulators in
+        /// the values'.
+        #[target_feature(enable = $features)]
+        fn $causal<const NZ: usize>(job: &CausalCodes<'_>) -> Partial {
+            const W: usize = 16;
+            let d = NZ * W;
+            let &CausalCodes {
+                codecs: (kc, vc),
+                bytes,
+                keys,
+                q,
+                limits,
+                group,
+                ..
+            } = job;
+            let (kx, vx) = (Expander::new(kc, $vbmi, NZ), Expander::new(vc, $vbmi, NZ));
+            let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
+            let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
+            let nq = limits.len() * group;
+            let zero = _mm512_setzero_ps();
+            let stages = [
+                transpose_stage(8),
+                transpose_stage(4),
+                transpose_stage(2),
+                transpose_stage(1),
+            ];
+            let mut qk = vec![0.0f32; nq * d];
+            for (dst, src) in qk.chunks_exact_mut(d).zip(q.chunks_exact(d)) {
+                if kx.kernel_order() {
+                    to_kernel_order(src, W, dst);
+                } else {
+                    dst.copy_from_slice(src);
+                }
+            }
+            let mut acc = vec![0.0f32; nq * d];
+            let mut max = vec![f32::NEG_INFINITY; nq];
+            let mut sumv = vec![zero; nq];
+            // The tile's expanded keys (key-major, before the transpose) and values (norms applied).
+            // Lanes past a short tile's end keep earlier (finite) keys: every row masks them out.
+            let mut ke = [[zero; NZ]; TILE];
+            let mut kt = vec![0.0f32; d * TILE];
+            let mut vt = vec![zero; TILE * NZ];
+            let mut rows = [0usize; TILE];
+            let mut vnorms = [0.0f32; TILE];
+            let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
+            let mut t = keys.start;
+            while t < last {
+                let n = TILE.min(last - t);
+                for (i, r) in rows[..n].iter_mut().enumerate() {
+                    *r = keys.row(t + i);
+                }
+                per_codec!($mode, kx, NZ, expand => {
+                    for (k, &r) in ke.iter_mut().zip(&rows[..n]) {
+                        *k = expand(&bytes.k_codes[r * kcr..]);
+                    }
+                });
+                store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
+                per_codec!($mode, vx, NZ, expand => {
+                    for (i, &r) in rows[..n].iter().enumerate() {
+                        let e = expand(&bytes.v_codes[r * vcr..]);
+                        let vn = _mm512_set1_ps(vnorms[i]);
+                        for (o, &x) in vt[i * NZ..][..NZ].iter_mut().zip(&e) {
+                            *o = _mm512_mul_ps(x, vn);
+                        }
+                    }
+                });
+                for z in 0..NZ {
+                    let mut m: [__m512; 16] = std::array::from_fn(|i| ke[i][z]);
+                    transpose16(&mut m, &stages);
+                    for (c, row) in m.iter().enumerate() {
+                        store512(&mut kt[(z * W + c) * W..], *row);
+                    }
+                }
+                let tile = CausalTile {
+                    kt: &kt,
+                    k_norm: tile_scales(bytes.k_norms, &rows[..n], knr),
+                    vt: &vt,
+                    t,
+                    n,
+                };
+                causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);
+                t += n;
+            }
+            let mut part = Partial::empty(nq, d);
+            for p in 0..nq {
+                part.max[p] = max[p];
+                part.sum[p] = _mm512_reduce_add_ps(sumv[p]);
+                let (src, out) = (&acc[p * d..][..d], &mut part.acc[p * d..][..d]);
+                if vx.kernel_order() {
+                    from_kernel_order(src, W, out);
+                } else {
+                    out.copy_from_slice(src);
+                }
+            }
+            part
+        }
+    };
+}
+
+codes_kernels!(plain, false, "avx512f", kernel, causal_n);
+codes_kernels!(
+    vbmi,
+    true,
+    "avx512f,avx512bw,avx512vbmi",
+    kernel_vbmi,
+    causal_vbmi
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::KeyRange;
+
+    /// Deterministic bytes (SplitMix64).
+    fn bytes(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                (z ^ (z >> 31)) as u8
+            })
+            .collect()
+    }
+
+    /// Code `i` of LSB-first `bits`-bit codes.
+    fn code_at(codes: &[u8], bits: usize, i: usize) -> usize {
+        (0..bits)
+            .map(|b| {
+                let at = i * bits + b;
+                usize::from(codes[at / 8] >> (at % 8) & 1) << b
+            })
+            .sum()
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn expand_both<const NZ: usize>(codec: &Codec, row: &[u8]) -> [[f32; 16]; 2 * 16] {
+        let mut out = [[0.0f32; 16]; 2 * 16];
+        for (vbmi, half) in [(false, 0), (true, 16)] {
+            let e: [__m512; NZ] = match Expander::new(codec, vbmi, NZ) {
+                Expander::Packed { lut: Some(lut), .. } => {
+                    // SAFETY: this function runs only where the CPU has AVX-512 F, BW, VBMI.
+                    unsafe { byte_lookup::<NZ>(row, &lut) }
+                }
+                Expander::Packed {
+                    bits, cb, packing, ..
+                } => {
+                    // SAFETY: as above.
+                    unsafe { packed::<NZ>(row, bits, &cb, &packing) }
+                }
+                _ => [_mm512_setzero_ps(); NZ],
+            };
+            for (o, r) in out[half..].iter_mut().zip(e) {
+                store512(o, r);
             }
         }
-        let tile = CausalTile {
-            kt: &kt,
-            k_norm: tile_scales(bytes.k_norms, &rows[..n], knr),
-            vt: &vt,
-            t,
-            n,
-        };
-        causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);
-        t += n;
+        out
     }
-    let mut part = Partial::empty(nq, d);
-    for p in 0..nq {
-        part.max[p] = max[p];
-        part.sum[p] = _mm512_reduce_add_ps(sumv[p]);
-        let (src, out) = (&acc[p * d..][..d], &mut part.acc[p * d..][..d]);
-        if vx.kernel_order() {
-            from_kernel_order(src, W, out);
-        } else {
-            out.copy_from_slice(src);
+
+    fn has_vbmi() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+    }
+
+    #[test]
+    fn byte_lookups_give_each_coordinate_its_centroid_like_the_shift_path() {
+        // Every packed width and head_dim the VBMI kernels take, rows of random codes (every
+        // bit pattern is a valid code), the row at the end of its buffer: both expansions give
+        // exactly the centroid of each coordinate's code, in natural order.
+        assert_eq!(
+            vbmi(),
+            has_vbmi() && std::env::var("ENGRAM_SIMD_VBMI").is_err()
+        );
+        if !has_vbmi() {
+            // Nothing to compare on this CPU; the kernels never take the path here.
+            assert!(!takes_vbmi((&tq(6, 64), &tq(5, 64)), 64));
+            return;
+        }
+        for bits in [2u8, 3, 5, 6] {
+            for d in [64usize, 128, 256] {
+                let codec = tq(bits, d);
+                for seed in 0..8 {
+                    let row = bytes(seed * 31 + u64::from(bits), codec.code_bytes());
+                    // SAFETY: the CPU has the features (checked above).
+                    let out = unsafe {
+                        match d {
+                            64 => expand_both::<4>(&codec, &row),
+                            128 => expand_both::<8>(&codec, &row),
+                            _ => expand_both::<16>(&codec, &row),
+                        }
+                    };
+                    for i in 0..d {
+                        let want = codec.codebook()[code_at(&row, usize::from(bits), i)];
+                        let (shift, lookup) = (out[i / 16][i % 16], out[16 + i / 16][i % 16]);
+                        assert_eq!(shift.to_bits(), want.to_bits(), "tq{bits} d{d} shift {i}");
+                        assert_eq!(lookup.to_bits(), want.to_bits(), "tq{bits} d{d} vbmi {i}");
+                    }
+                }
+            }
         }
     }
-    part
+
+    fn tq(bits: u8, d: usize) -> Codec {
+        Codec::new(CodecKind::TurboQuant { bits }, d, 7).unwrap()
+    }
+
+    #[test]
+    fn the_vbmi_kernels_give_the_plain_kernels_bits() {
+        // Decode and causal kernels over random codes of tq6 keys and tq5 values (and the
+        // reverse), SmolLM2's geometry: the VBMI kernels and the plain AVX-512 ones agree to
+        // the bit, so the scalar-reference tests of the tier cover both.
+        if !has_vbmi() {
+            assert!(!takes_vbmi((&tq(6, 64), &tq(5, 64)), 64));
+            return;
+        }
+        let (d, group, rows) = (64usize, 3usize, 16 * 37);
+        for (kb, vb) in [(6u8, 5u8), (5, 6), (3, 2)] {
+            let (kc, vc) = (tq(kb, d), tq(vb, d));
+            let half = |seed| {
+                // f16 norms in [0.5, 2): exponent bits fixed, random mantissa.
+                bytes(seed, rows)
+                    .iter()
+                    .flat_map(|&b| (0x3800u16 | u16::from(b) << 2).to_le_bytes())
+                    .collect::<Vec<u8>>()
+            };
+            let (k_codes, v_codes) = (
+                bytes(11, rows * kc.code_bytes()),
+                bytes(12, rows * vc.code_bytes()),
+            );
+            let (k_norms, v_norms) = (half(13), half(14));
+            let layer = LayerBytes {
+                k_codes: &k_codes,
+                v_codes: &v_codes,
+                k_norms: &k_norms,
+                v_norms: &v_norms,
+                k_code_row: kc.code_bytes(),
+                v_code_row: vc.code_bytes(),
+                k_norm_row: kc.norm_bytes(),
+                v_norm_row: vc.norm_bytes(),
+            };
+            let slots: Vec<u32> = (0..37).rev().collect();
+            let keys = KeyRange {
+                slots: &slots,
+                block_size: 16,
+                kv_heads: 1,
+                g: 0,
+                start: 5,
+                end: rows - 3,
+            };
+            let q: Vec<f32> = bytes(15, 8 * group * d)
+                .iter()
+                .map(|&b| f32::from(b) / 64.0 - 2.0)
+                .collect();
+            let job = CodesJob {
+                codecs: (&kc, &vc),
+                bytes: &layer,
+                keys: &keys,
+                qp: &q[..group * d],
+                scale: 0.125,
+                group,
+                d,
+            };
+            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
+            let (plain, fast) = unsafe { (attend_on(false, &job), attend_on(true, &job)) };
+            assert_eq!(plain, fast, "decode tq{kb}/tq{vb}");
+            assert!(plain.sum.iter().all(|s| s.is_finite() && *s > 0.0));
+            let limits = [100, 200, 333, 400, 401, 500, 560, rows - 3];
+            let causal_job = CausalCodes {
+                codecs: (&kc, &vc),
+                bytes: &layer,
+                keys: &keys,
+                q: &q,
+                limits: &limits,
+                group,
+                d,
+            };
+            // SAFETY: as above.
+            let (plain, fast) =
+                unsafe { (causal_n::<4>(&causal_job), causal_vbmi::<4>(&causal_job)) };
+            assert_eq!(plain, fast, "causal tq{kb}/tq{vb}");
+        }
+    }
 }
