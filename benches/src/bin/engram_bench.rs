@@ -194,8 +194,9 @@ struct TtftArgs {
     /// Decode steps timed per batch.
     #[arg(long, default_value_t = 16)]
     steps: usize,
-    /// KV codec, or KEYS/VALUES (`q8/tq4`).
-    #[arg(long, default_value = "tq4")]
+    /// KV codec, or KEYS/VALUES (`q8/tq4`); empty: the device's built-in default (`tq6/tq5` on
+    /// the CPU, `tq4` on CUDA).
+    #[arg(long, default_value = "")]
     codec: String,
     /// Text the prompts are cut from.
     #[arg(long, default_value = eval::DEFAULT_CORPUS)]
@@ -261,7 +262,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         batches: args.batches,
         decode_steps: args.steps,
         decode_prompt: args.decode_context,
-        codec: StreamCodecs::parse(&args.codec)?,
+        codec: StreamCodecs::parse_or_default(&args.codec, device)?,
         engine: EngineConfig {
             device,
             key_centering,

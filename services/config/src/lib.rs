@@ -240,7 +240,8 @@ pub struct ModelSection {
     /// GGUF file or safetensors directory; generation answers 503 when it is missing.
     pub path: PathBuf,
     /// KV codec: f32, f16, q8, tq6, tq5, tq4, tq3 or tq2 for keys and values alike, or one per
-    /// stream, keys first: `q8/tq4`.
+    /// stream, keys first: `q8/tq4`. Empty (the default): the device's built-in default,
+    /// `tq6/tq5` on the CPU and `tq4` on CUDA.
     pub codec: String,
     /// A calibrated KV profile (`engram calibrate kv --out FILE`) whose per-layer, per-stream
     /// codecs replace `codec`; empty for none. It must be calibrated for `path`'s model.
@@ -313,13 +314,14 @@ impl Default for DatabaseSection {
 impl ModelSection {
     /// The engine's configuration (the values were checked at load).
     pub fn engine_config(&self) -> Result<engram_engine::EngineConfig, engram_engine::EngineError> {
-        let codecs = engram_engine::StreamCodecs::parse(&self.codec)?;
+        let device = engram_engine::EngineDevice::parse(&self.device)?;
+        let codecs = engram_engine::StreamCodecs::parse_or_default(&self.codec, device)?;
         Ok(engram_engine::EngineConfig {
             codec: codecs.key,
             value_codec: codecs.value_override(),
             hot_bytes: self.hot_mib << 20,
             cold_bytes: self.cold_mib << 20,
-            device: engram_engine::EngineDevice::parse(&self.device)?,
+            device,
             cache_generated: self.cache_generated,
             kv_profile: (!self.kv_profile.is_empty()).then(|| PathBuf::from(&self.kv_profile)),
             max_running: self.max_running,
@@ -342,7 +344,7 @@ impl Default for ModelSection {
     fn default() -> Self {
         Self {
             path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            codec: "tq4".into(),
+            codec: String::new(),
             kv_profile: String::new(),
             hot_mib: 1024,
             cold_mib: 2048,
@@ -467,7 +469,9 @@ impl Config {
         {
             return bad("database.url", "must start with sqlite: or postgres:");
         }
-        if engram_engine::StreamCodecs::parse(&self.model.codec).is_err() {
+        if !self.model.codec.trim().is_empty()
+            && engram_engine::StreamCodecs::parse(&self.model.codec).is_err()
+        {
             return bad(
                 "model.codec",
                 "a codec (f32, f16, q8, tq6, tq5, tq4, tq3, tq2), or KEYS/VALUES such as q8/tq4",
@@ -632,6 +636,37 @@ mod tests {
         assert_eq!(c.database.url, DatabaseSection::default().url);
         assert!(!format!("{c:?}").contains("a-very-long-admin-key"));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn without_a_codec_each_device_takes_its_built_in_default() {
+        use engram_kvcore::CodecKind;
+        let engine = |env: Vec<(&str, &str)>| {
+            let env = env
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Config::load(None, env).unwrap().model.engine_config().unwrap()
+        };
+        let cpu = engine(vec![]);
+        assert_eq!(
+            (cpu.codec, cpu.value_codec),
+            (
+                CodecKind::TurboQuant { bits: 6 },
+                Some(CodecKind::TurboQuant { bits: 5 })
+            )
+        );
+        // The CUDA kernel reads TurboQuant-4 only: that is its default.
+        let cuda = engine(vec![("ENGRAM__MODEL__DEVICE", "cuda")]);
+        assert_eq!((cuda.codec, cuda.value_codec), (CodecKind::TQ4, None));
+        // A codec named in the configuration wins on either device.
+        let named = engine(vec![
+            ("ENGRAM__MODEL__DEVICE", "cuda:1"),
+            ("ENGRAM__MODEL__CODEC", "tq4"),
+        ]);
+        assert_eq!((named.codec, named.value_codec), (CodecKind::TQ4, None));
+        let q8 = engine(vec![("ENGRAM__MODEL__CODEC", "q8")]);
+        assert_eq!((q8.codec, q8.value_codec), (CodecKind::Q8, None));
     }
 
     #[test]

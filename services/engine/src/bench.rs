@@ -51,7 +51,7 @@ impl Default for TtftOptions {
             batches: vec![1, 2, 4, 8, 16],
             decode_steps: 16,
             decode_prompt: 128,
-            codec: StreamCodecs::both(CodecKind::TQ4),
+            codec: StreamCodecs::CPU_DEFAULT,
             engine: EngineConfig::default(),
         }
     }

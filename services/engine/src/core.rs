@@ -63,7 +63,9 @@ pub struct EngineConfig {
     /// Codec of the keys of every layer, and of the values unless `value_codec` says otherwise
     /// (default TurboQuant-4).
     pub codec: CodecKind,
-    /// Codec of the values of every layer, when it differs from `codec`.
+    /// Codec of the values of every layer, when it differs from `codec`. The default sets keys
+    /// at TurboQuant-6 and values at TurboQuant-5 ([`crate::StreamCodecs::CPU_DEFAULT`]): with
+    /// another `codec`, set `None` for one codec in both streams.
     pub value_codec: Option<CodecKind>,
     /// Per-layer and per-stream override of `codec` and `value_codec`.
     pub layer_codecs: Option<LayerCodecs>,
@@ -181,8 +183,8 @@ pub enum EngineDevice {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            codec: CodecKind::TQ4,
-            value_codec: None,
+            codec: crate::StreamCodecs::CPU_DEFAULT.key,
+            value_codec: Some(crate::StreamCodecs::CPU_DEFAULT.value),
             layer_codecs: None,
             kv_profile: None,
             block_size: engram_kvcore::DEFAULT_BLOCK_SIZE,

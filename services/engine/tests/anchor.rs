@@ -36,6 +36,7 @@ fn greedy_tokens_and_teacher_forced_logits_match_candle_transformers() {
 fn anchor(path: &std::path::Path, reference: &mut ModelWeights, weights: WeightFormat) {
     let config = EngineConfig {
         codec: CodecKind::F32,
+        value_codec: None,
         weights,
         ..EngineConfig::default()
     };

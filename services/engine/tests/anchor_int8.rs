@@ -38,12 +38,14 @@ fn int8_greedy_tokens_and_logits_match_candles_quantized_forward() {
     let mut reference = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
     let config = EngineConfig {
         codec: CodecKind::F32,
+        value_codec: None,
         weights: WeightFormat::Int8,
         ..EngineConfig::default()
     };
     let mut core = EngineCore::load(&path, config).unwrap();
     let f32_config = EngineConfig {
         codec: CodecKind::F32,
+        value_codec: None,
         ..EngineConfig::default()
     };
     let mut f32_core = EngineCore::load(&path, f32_config).unwrap();

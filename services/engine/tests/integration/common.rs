@@ -50,6 +50,7 @@ pub fn core_as(format: WeightFormat, config: EngineConfig) -> EngineCore {
 pub fn core(codec: CodecKind) -> EngineCore {
     core_with(EngineConfig {
         codec,
+        value_codec: None,
         ..EngineConfig::default()
     })
 }

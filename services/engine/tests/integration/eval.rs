@@ -70,6 +70,47 @@ fn codecs_are_ranked_by_their_error() {
 }
 
 #[test]
+fn the_built_in_default_meets_the_kl_budget() {
+    // The codecs an engine gets when nothing names one (no codec, no profile), scored against
+    // exact KV on 1,024 tokens of the built-in calibration text: within issue 21's budget of
+    // 0.01 nats at no more than 6 bits per element, where TQ4 (the old default) is not.
+    use engram_engine::EngineConfig;
+    let dir = tempdir("eval-default");
+    std::fs::write(
+        dir.join("calibration.md"),
+        engram_engine::calibrate::BUILTIN_TEXT,
+    )
+    .unwrap();
+    let engine = EngineConfig::default();
+    let default = StreamCodecs {
+        key: engine.codec,
+        value: engine.value_codec.unwrap_or(engine.codec),
+    };
+    assert_eq!(default, StreamCodecs::CPU_DEFAULT);
+    let opts = EvalOptions {
+        corpus: dir.clone(),
+        max_tokens: 1024,
+        window: 1025,
+        codecs: vec![default, CodecKind::TQ4.into()],
+        greedy_prompts: 0,
+        ..EvalOptions::default()
+    };
+    let (m, t) = model();
+    let rows = evaluate(m, t, &opts, |_| {}).unwrap();
+    let (built_in, tq4) = (&rows[1], &rows[2]);
+    assert_eq!(built_in.tokens, 1024);
+    assert!(built_in.bits_per_element <= 6.0, "{}", built_in.bits_per_element);
+    assert!(
+        built_in.kl_nats > 0.0 && built_in.kl_nats <= 0.01,
+        "the built-in default {} costs {} nats",
+        built_in.codec,
+        built_in.kl_nats
+    );
+    assert!(tq4.kl_nats > 0.01, "tq4 {}", tq4.kl_nats);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn other_weight_numerics_are_scored_against_the_reference() {
     let dir = tempdir("eval-weights");
     let text = std::fs::read_to_string("/usr/share/common-licenses/GPL-3").unwrap();

@@ -80,6 +80,7 @@ fn a_resumed_prompt_computes_the_bits_of_a_whole_prefill() {
     for format in [WeightFormat::Quantized, WeightFormat::Int16] {
         let config = || EngineConfig {
             codec: CodecKind::TQ4,
+            value_codec: None,
             ..EngineConfig::default()
         };
         let mut cached = crate::common::core_as(format, config());
@@ -296,6 +297,7 @@ fn key_centering_is_exact_for_attention_and_lowers_codec_error() {
             engram_engine::WeightFormat::Quantized,
             EngineConfig {
                 codec,
+                value_codec: None,
                 key_centering,
                 ..EngineConfig::default()
             },

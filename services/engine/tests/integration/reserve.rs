@@ -169,6 +169,7 @@ fn a_reservation_the_cold_tier_cannot_hold_is_refused_and_bad_segments_are_error
     let text = license_tokens(160);
     let mut no_cold = core_with(EngineConfig {
         codec: CodecKind::TQ4,
+        value_codec: None,
         cold_bytes: 0,
         ..EngineConfig::default()
     });

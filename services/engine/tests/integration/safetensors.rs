@@ -86,6 +86,7 @@ fn a_safetensors_directory_runs_like_the_gguf() {
     let tok = TextTokenizer::for_model(&dir).unwrap();
     let config = EngineConfig {
         codec: CodecKind::F32,
+        value_codec: None,
         ..EngineConfig::default()
     };
     let mut from_dir = EngineCore::new(loaded, tok, config.clone()).unwrap();
@@ -165,6 +166,7 @@ fn block_weights_compute_the_f32_weights_and_per_layer_codecs_are_options() {
             EngineConfig {
                 weights,
                 codec: CodecKind::F32,
+                value_codec: None,
                 ..EngineConfig::default()
             },
         )

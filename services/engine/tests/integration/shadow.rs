@@ -171,6 +171,7 @@ fn room_made_for_one_tenant_never_drops_another_tenants_cold_blocks() {
     // A cold tier of 12 blocks, 9 of them another tenant's.
     let mut b = core_with(EngineConfig {
         codec: CodecKind::TQ4,
+        value_codec: None,
         cold_bytes: 12 * block,
         ..EngineConfig::default()
     });
@@ -221,6 +222,7 @@ fn crowded(text: &[u32], block: u64, quota: usize) -> EngineCore {
         t.clone(),
         EngineConfig {
             codec: CodecKind::TQ4,
+            value_codec: None,
             hot_bytes: 16 * block,
             cold_bytes: 2 * block,
             ..EngineConfig::default()
@@ -287,6 +289,7 @@ fn a_session_forgotten_while_it_runs_leaves_nothing_cached_or_recorded() {
     let text = license_tokens(400);
     let mut core = core_with(EngineConfig {
         codec: CodecKind::TQ4,
+        value_codec: None,
         prefill_chunk: 64,
         ..EngineConfig::default()
     });
