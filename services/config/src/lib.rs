@@ -646,7 +646,11 @@ mod tests {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            Config::load(None, env).unwrap().model.engine_config().unwrap()
+            Config::load(None, env)
+                .unwrap()
+                .model
+                .engine_config()
+                .unwrap()
         };
         let cpu = engine(vec![]);
         assert_eq!(

@@ -175,7 +175,11 @@ struct EvalKvArgs {
     window: usize,
     /// Codecs to compare with the f32 reference: a codec for keys and values alike, or
     /// KEYS/VALUES (`q8/tq4`).
-    #[arg(long, value_delimiter = ',', default_value = "f16,q8,tq6/tq5,tq4,tq3,tq2")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "f16,q8,tq6/tq5,tq4,tq3,tq2"
+    )]
     codecs: Vec<String>,
     /// A calibrated profile (`engram calibrate kv --out FILE`) to score as a row
     /// `profile:FILE_NAME`; repeat for more.

@@ -99,7 +99,11 @@ fn the_built_in_default_meets_the_kl_budget() {
     let rows = evaluate(m, t, &opts, |_| {}).unwrap();
     let (built_in, tq4) = (&rows[1], &rows[2]);
     assert_eq!(built_in.tokens, 1024);
-    assert!(built_in.bits_per_element <= 6.0, "{}", built_in.bits_per_element);
+    assert!(
+        built_in.bits_per_element <= 6.0,
+        "{}",
+        built_in.bits_per_element
+    );
     assert!(
         built_in.kl_nats > 0.0 && built_in.kl_nats <= 0.01,
         "the built-in default {} costs {} nats",
