@@ -642,7 +642,7 @@ mod tests {
     fn without_a_codec_each_device_takes_its_built_in_default() {
         use engram_kvcore::CodecKind;
         let engine = |env: Vec<(&str, &str)>| {
-            let env = env
+            let env: Vec<(String, String)> = env
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
