@@ -13,7 +13,7 @@
 //! - Q8: 16 signed bytes widened to i32 and converted;
 //! - F16: `vcvtph2ps`; F32: a load.
 //!
-//! With AVX-512 VBMI (and head_dim a multiple of 64) the packed widths take a shorter path per
+//! With AVX-512 VBMI (and head_dim 64, 128 or 256) the packed widths take a shorter path per
 //! 64 coordinates ([`byte_lookup`]): one `vpermb` places the bytes of each group of 4 codes in
 //! a 64-bit word, one `vpmultishiftqb` moves every code to its own byte, four `vpermb` look up
 //! the four bytes of each centroid (the 64-entry table of each byte in one register) and eight
@@ -859,9 +859,9 @@ mod tests {
         // Every packed width and head_dim the VBMI kernels take, rows of random codes (every
         // bit pattern is a valid code), the row at the end of its buffer: both expansions give
         // exactly the centroid of each coordinate's code, in natural order.
-        assert_eq!(
-            vbmi(),
-            has_vbmi() && std::env::var("ENGRAM_SIMD_VBMI").is_err()
+        assert!(
+            !vbmi() || has_vbmi(),
+            "the VBMI kernels on a CPU without VBMI"
         );
         if !has_vbmi() {
             // Nothing to compare on this CPU; the kernels never take the path here.
@@ -896,80 +896,109 @@ mod tests {
         Codec::new(CodecKind::TurboQuant { bits }, d, 7).unwrap()
     }
 
+    /// The plain and the VBMI kernels (decode, and causal over `limits`) on one job.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VBMI; `job.d` is 64, 128 or 256.
+    unsafe fn both_kernels(
+        job: &CodesJob<'_>,
+        causal: &CausalCodes<'_>,
+    ) -> ((Partial, Partial), (Partial, Partial)) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let decode = (attend_on(false, job), attend_on(true, job));
+            let prefill = match job.d {
+                64 => (causal_n::<4>(causal), causal_vbmi::<4>(causal)),
+                128 => (causal_n::<8>(causal), causal_vbmi::<8>(causal)),
+                _ => (causal_n::<16>(causal), causal_vbmi::<16>(causal)),
+            };
+            (decode, prefill)
+        }
+    }
+
     #[test]
     fn the_vbmi_kernels_give_the_plain_kernels_bits() {
-        // Decode and causal kernels over random codes of tq6 keys and tq5 values (and the
-        // reverse), SmolLM2's geometry: the VBMI kernels and the plain AVX-512 ones agree to
-        // the bit, so the scalar-reference tests of the tier cover both.
+        // Decode and causal kernels over random codes of every head_dim the VBMI kernels take,
+        // packed streams with each other and with TQ4 and Q8 (a key range that starts and ends
+        // inside a tile, blocks out of order): the VBMI kernels and the plain AVX-512 ones agree
+        // to the bit, so the scalar-reference tests of the tier cover both.
         if !has_vbmi() {
             assert!(!takes_vbmi((&tq(6, 64), &tq(5, 64)), 64));
             return;
         }
-        let (d, group, rows) = (64usize, 3usize, 16 * 37);
-        for (kb, vb) in [(6u8, 5u8), (5, 6), (3, 2)] {
-            let (kc, vc) = (tq(kb, d), tq(vb, d));
-            let half = |seed| {
-                // f16 norms in [0.5, 2): exponent bits fixed, random mantissa.
-                bytes(seed, rows)
+        let (group, rows) = (3usize, 16 * 37);
+        let q8 = |d| Codec::new(CodecKind::Q8, d, 7).unwrap();
+        for d in [64usize, 128, 256] {
+            for (kc, vc) in [
+                (tq(6, d), tq(5, d)),
+                (tq(5, d), tq(6, d)),
+                (tq(3, d), tq(2, d)),
+                (q8(d), tq(5, d)),
+                (tq(6, d), tq(4, d)),
+            ] {
+                let half = |seed| {
+                    // f16 norms in [0.5, 2): exponent bits fixed, random mantissa.
+                    bytes(seed, rows)
+                        .iter()
+                        .flat_map(|&b| (0x3800u16 | u16::from(b) << 2).to_le_bytes())
+                        .collect::<Vec<u8>>()
+                };
+                let (k_codes, v_codes) = (
+                    bytes(11, rows * kc.code_bytes()),
+                    bytes(12, rows * vc.code_bytes()),
+                );
+                let (k_norms, v_norms) = (half(13), half(14));
+                let layer = LayerBytes {
+                    k_codes: &k_codes,
+                    v_codes: &v_codes,
+                    k_norms: &k_norms,
+                    v_norms: &v_norms,
+                    k_code_row: kc.code_bytes(),
+                    v_code_row: vc.code_bytes(),
+                    k_norm_row: kc.norm_bytes(),
+                    v_norm_row: vc.norm_bytes(),
+                };
+                let slots: Vec<u32> = (0..37).rev().collect();
+                let keys = KeyRange {
+                    slots: &slots,
+                    block_size: 16,
+                    kv_heads: 1,
+                    g: 0,
+                    start: 5,
+                    end: rows - 3,
+                };
+                let q: Vec<f32> = bytes(15, 8 * group * d)
                     .iter()
-                    .flat_map(|&b| (0x3800u16 | u16::from(b) << 2).to_le_bytes())
-                    .collect::<Vec<u8>>()
-            };
-            let (k_codes, v_codes) = (
-                bytes(11, rows * kc.code_bytes()),
-                bytes(12, rows * vc.code_bytes()),
-            );
-            let (k_norms, v_norms) = (half(13), half(14));
-            let layer = LayerBytes {
-                k_codes: &k_codes,
-                v_codes: &v_codes,
-                k_norms: &k_norms,
-                v_norms: &v_norms,
-                k_code_row: kc.code_bytes(),
-                v_code_row: vc.code_bytes(),
-                k_norm_row: kc.norm_bytes(),
-                v_norm_row: vc.norm_bytes(),
-            };
-            let slots: Vec<u32> = (0..37).rev().collect();
-            let keys = KeyRange {
-                slots: &slots,
-                block_size: 16,
-                kv_heads: 1,
-                g: 0,
-                start: 5,
-                end: rows - 3,
-            };
-            let q: Vec<f32> = bytes(15, 8 * group * d)
-                .iter()
-                .map(|&b| f32::from(b) / 64.0 - 2.0)
-                .collect();
-            let job = CodesJob {
-                codecs: (&kc, &vc),
-                bytes: &layer,
-                keys: &keys,
-                qp: &q[..group * d],
-                scale: 0.125,
-                group,
-                d,
-            };
-            // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above).
-            let (plain, fast) = unsafe { (attend_on(false, &job), attend_on(true, &job)) };
-            assert_eq!(plain, fast, "decode tq{kb}/tq{vb}");
-            assert!(plain.sum.iter().all(|s| s.is_finite() && *s > 0.0));
-            let limits = [100, 200, 333, 400, 401, 500, 560, rows - 3];
-            let causal_job = CausalCodes {
-                codecs: (&kc, &vc),
-                bytes: &layer,
-                keys: &keys,
-                q: &q,
-                limits: &limits,
-                group,
-                d,
-            };
-            // SAFETY: as above.
-            let (plain, fast) =
-                unsafe { (causal_n::<4>(&causal_job), causal_vbmi::<4>(&causal_job)) };
-            assert_eq!(plain, fast, "causal tq{kb}/tq{vb}");
+                    .map(|&b| f32::from(b) / 64.0 - 2.0)
+                    .collect();
+                let job = CodesJob {
+                    codecs: (&kc, &vc),
+                    bytes: &layer,
+                    keys: &keys,
+                    qp: &q[..group * d],
+                    scale: 0.125,
+                    group,
+                    d,
+                };
+                let limits = [100, 200, 333, 400, 401, 500, 560, rows - 3];
+                let causal = CausalCodes {
+                    codecs: (&kc, &vc),
+                    bytes: &layer,
+                    keys: &keys,
+                    q: &q,
+                    limits: &limits,
+                    group,
+                    d,
+                };
+                let name = format!("{}/{} d{d}", kc.kind(), vc.kind());
+                // SAFETY: the CPU has AVX-512 F, BW and VBMI (checked above); d is one the
+                // VBMI kernels take.
+                let ((plain, fast), (plain_c, fast_c)) = unsafe { both_kernels(&job, &causal) };
+                assert_eq!(plain, fast, "decode {name}");
+                assert!(plain.sum.iter().all(|s| s.is_finite() && *s > 0.0));
+                assert_eq!(plain_c, fast_c, "causal {name}");
+                assert!(plain_c.sum.iter().all(|s| s.is_finite() && *s > 0.0));
+            }
         }
     }
 }

@@ -401,7 +401,7 @@ fn tiers_of(core: &EngineCore, session: u64) -> Vec<Tier> {
 fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
     let text = license_tokens(700);
     // The smallest hot tier the engine accepts: one full context (512 blocks).
-    let block_bytes = core(CodecKind::TQ4).store().block_bytes() as u64;
+    let block_bytes = core_with(EngineConfig::default()).store().block_bytes() as u64;
     let mut e = core_with(EngineConfig {
         hot_bytes: 512 * block_bytes,
         ..EngineConfig::default()
