@@ -140,6 +140,27 @@ impl Partial {
         }
     }
 
+    /// Sets head `j`'s running max, normalizer and accumulator: `acc` is `head_dim` coordinates,
+    /// in the kernels' order for `lanes` lanes ([`to_kernel_order`]) when `kernel_order` is
+    /// `Some(lanes)`, else natural.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub fn set_head(
+        &mut self,
+        j: usize,
+        (max, sum): (f32, f32),
+        acc: &[f32],
+        kernel_order: Option<usize>,
+    ) {
+        let d = acc.len();
+        self.max[j] = max;
+        self.sum[j] = sum;
+        let out = &mut self.acc[j * d..][..d];
+        match kernel_order {
+            Some(lanes) => from_kernel_order(acc, lanes, out),
+            None => out.copy_from_slice(acc),
+        }
+    }
+
     /// Folds `next` (the following key range) into `self`.
     pub fn merge(&mut self, next: &Partial) {
         let d = self.acc.len() / self.max.len().max(1);

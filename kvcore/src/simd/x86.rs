@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::{CausalCodes, Isa, KeyRange, Partial, Tq4Rows, from_kernel_order, to_kernel_order};
+use super::{CausalCodes, Isa, KeyRange, Partial, Tq4Rows, to_kernel_order};
 use crate::attention::CodesJob;
 
 /// Keys per softmax tile.
@@ -315,12 +315,10 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
     }
     let mut part = Partial::empty(G, d);
     for j in 0..G {
-        part.max[j] = max[j];
-        part.sum[j] = sum[j];
         for z in 0..NZ {
             store512(&mut perm[z * W..], acc[j][z]);
         }
-        from_kernel_order(&perm[..d], W, &mut part.acc[j * d..][..d]);
+        part.set_head(j, (max[j], sum[j]), &perm[..d], Some(W));
     }
     part
 }
@@ -480,12 +478,10 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
     }
     let mut part = Partial::empty(group, d);
     for j in 0..group {
-        part.max[j] = max[j];
-        part.sum[j] = sum[j];
         for z in 0..nz {
             store256(&mut perm[z * W..], acc[j * nz + z]);
         }
-        from_kernel_order(&perm[..d], W, &mut part.acc[j * d..][..d]);
+        part.set_head(j, (max[j], sum[j]), &perm[..d], Some(W));
     }
     part
 }
@@ -789,12 +785,9 @@ fn tq4_causal_avx512(
         t += n;
     }
     let mut part = Partial::empty(nq, d);
-    let mut perm = [0.0f32; MAX_D];
     for p in 0..nq {
-        part.max[p] = max[p];
-        part.sum[p] = _mm512_reduce_add_ps(sumv[p]);
-        perm[..d].copy_from_slice(&acc[p * d..][..d]);
-        from_kernel_order(&perm[..d], W, &mut part.acc[p * d..][..d]);
+        let sum = _mm512_reduce_add_ps(sumv[p]);
+        part.set_head(p, (max[p], sum), &acc[p * d..][..d], Some(W));
     }
     part
 }

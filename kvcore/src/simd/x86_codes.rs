@@ -31,7 +31,7 @@ use super::{
 };
 use crate::attention::CodesJob;
 use crate::codec::{Codec, CodecKind};
-use crate::simd::{CausalCodes, Partial, from_kernel_order, to_kernel_order};
+use crate::simd::{CausalCodes, Partial, to_kernel_order};
 use crate::store::host::LayerBytes;
 
 /// How one stream's code bytes become registers of values, 16 coordinates each.
@@ -668,18 +668,12 @@ macro_rules! codes_kernels {
                 t += n;
             }
             let mut part = Partial::empty(G, d);
+            let order = vx.kernel_order().then_some(W);
             for j in 0..G {
-                part.max[j] = max[j];
-                part.sum[j] = sum[j];
                 for z in 0..NZ {
                     store512(&mut perm[z * W..], acc[j][z]);
                 }
-                let out = &mut part.acc[j * d..][..d];
-                if vx.kernel_order() {
-                    from_kernel_order(&perm[..d], W, out);
-                } else {
-                    out.copy_from_slice(&perm[..d]);
-                }
+                part.set_head(j, (max[j], sum[j]), &perm[..d], order);
             }
             part
         }
@@ -771,15 +765,10 @@ macro_rules! codes_kernels {
                 t += n;
             }
             let mut part = Partial::empty(nq, d);
+            let order = vx.kernel_order().then_some(W);
             for p in 0..nq {
-                part.max[p] = max[p];
-                part.sum[p] = _mm512_reduce_add_ps(sumv[p]);
-                let (src, out) = (&acc[p * d..][..d], &mut part.acc[p * d..][..d]);
-                if vx.kernel_order() {
-                    from_kernel_order(src, W, out);
-                } else {
-                    out.copy_from_slice(src);
-                }
+                let sum = _mm512_reduce_add_ps(sumv[p]);
+                part.set_head(p, (max[p], sum), &acc[p * d..][..d], order);
             }
             part
         }

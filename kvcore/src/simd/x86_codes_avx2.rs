@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use super::{MAX_D, MAX_GROUP, TILE, exp256, hsum256, load256, lookup256, norm_at, store256};
 use crate::attention::CodesJob;
 use crate::codec::{Codec, CodecKind};
-use crate::simd::{Partial, from_kernel_order, to_kernel_order};
+use crate::simd::{Partial, to_kernel_order};
 
 const W: usize = 8;
 
@@ -301,18 +301,12 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
         t += n;
     }
     let mut part = Partial::empty(group, d);
+    let order = vx.kernel_order().then_some(W);
     for j in 0..group {
-        part.max[j] = max[j];
-        part.sum[j] = sum[j];
         for z in 0..nz {
             store256(&mut perm[z * W..], acc[j * nz + z]);
         }
-        let out = &mut part.acc[j * d..][..d];
-        if vx.kernel_order() {
-            from_kernel_order(&perm[..d], W, out);
-        } else {
-            out.copy_from_slice(&perm[..d]);
-        }
+        part.set_head(j, (max[j], sum[j]), &perm[..d], order);
     }
     part
 }
