@@ -469,9 +469,8 @@ impl Config {
         {
             return bad("database.url", "must start with sqlite: or postgres:");
         }
-        if !self.model.codec.trim().is_empty()
-            && engram_engine::StreamCodecs::parse(&self.model.codec).is_err()
-        {
+        let any_device = engram_engine::EngineDevice::Cpu;
+        if engram_engine::StreamCodecs::parse_or_default(&self.model.codec, any_device).is_err() {
             return bad(
                 "model.codec",
                 "a codec (f32, f16, q8, tq6, tq5, tq4, tq3, tq2), or KEYS/VALUES such as q8/tq4",
