@@ -118,6 +118,16 @@ pub enum KvError {
         /// Blocks it could get.
         available: usize,
     },
+    /// The block is in the reduced cold pool, and the operation needs it in the layer's codec
+    /// (warm it first).
+    #[error("block {id} is down-tiered to the reduced pool; warm it first")]
+    Reduced {
+        /// The id.
+        id: BlockId,
+    },
+    /// Down-tiering was asked of a store built without a reduced pool.
+    #[error("the store has no reduced pool (down-tiering is off)")]
+    NoReducedPool,
     /// The block's reference count would overflow.
     #[error("block {id} reference count overflow")]
     RefCountOverflow {

@@ -42,7 +42,7 @@ pub use error::{KvError, KvResult};
 pub use evict::Eviction;
 pub use metadata::{
     BlockFilter, BlockMeta, BlockMetadataTable, DEGRADED_PIN_PRIORITY, PINNED_PRIORITY, PinState,
-    PriorityTable,
+    Precision, PriorityTable,
 };
 pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
 pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};

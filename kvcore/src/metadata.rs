@@ -90,6 +90,23 @@ pub enum PinState {
     Degraded,
 }
 
+/// How faithful a block's bytes are to what prefill computed.
+///
+/// Down-tiering ([`crate::BlockStore::reduce`]) re-encodes a cold block to a narrower codec
+/// instead of dropping it; warming it re-encodes it back to the layer's codec. Its bytes then
+/// carry the narrower codec's error until the block is recomputed, so the mark stays.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Encoded once, from what prefill computed, in the layer's codec.
+    #[default]
+    Full,
+    /// In the reduced cold pool, in the narrower codecs.
+    Reduced,
+    /// Back in the layer's codec after a stay in the reduced pool (carries its error).
+    Restored,
+}
+
 /// Everything known about one live block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlockMeta {
@@ -108,6 +125,10 @@ pub struct BlockMeta {
     pub(crate) priority: u16,
     pub(crate) pin: PinState,
     pub(crate) tier: Tier,
+    /// Down-tiering history ([`Precision`]); `Reduced` blocks are `Cold` and their slot is one
+    /// of the reduced pool's.
+    #[serde(default)]
+    pub(crate) precision: Precision,
     pub(crate) slot: u32,
     pub(crate) ref_count: u32,
 }
@@ -164,6 +185,10 @@ impl BlockMeta {
     /// Tier the bytes are in.
     pub fn tier(&self) -> Tier {
         self.tier
+    }
+    /// How faithful its bytes are (down-tiering).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
     /// Owners holding the block.
     pub fn ref_count(&self) -> u32 {
@@ -288,6 +313,7 @@ impl BlockMetadataTable {
             priority: self.priorities.get(tags.source),
             pin: PinState::Unpinned,
             tier,
+            precision: Precision::Full,
             slot,
             ref_count: 1,
         };

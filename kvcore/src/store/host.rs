@@ -131,6 +131,10 @@ impl HostTier {
         })
     }
 
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     /// Blocks the tier holds.
     pub fn capacity(&self) -> u32 {
         self.capacity
@@ -228,6 +232,21 @@ impl HostTier {
             k_norm_row: row(2),
             v_norm_row: row(3),
         }
+    }
+
+    /// Slices of one row (layer, slot, pos, head): K code, V code, K norm, V norm.
+    pub(crate) fn row(&self, layer: usize, slot: u32, row: usize) -> [&[u8]; 4] {
+        let at = |p: usize| {
+            let width = self.layout.rows[p][layer];
+            let start = self.strides[p].range(layer, slot, 1).start + row * width;
+            start..start + width
+        };
+        [
+            &self.k_codes[at(0)],
+            &self.v_codes[at(1)],
+            &self.k_norms[at(2)],
+            &self.v_norms[at(3)],
+        ]
     }
 
     /// Mutable slices of one row (layer, slot, pos, head): K code, V code, K norm, V norm.

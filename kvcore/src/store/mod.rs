@@ -22,6 +22,7 @@ pub(crate) mod hot;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod pinned;
+mod reduced;
 
 use std::collections::HashSet;
 
@@ -30,12 +31,13 @@ use serde::{Deserialize, Serialize};
 use crate::block::{BlockId, BlockTags, Tier};
 use crate::codec::{Codec, DEFAULT_ROTATION_SEED, Rows};
 use crate::error::{KvError, KvResult};
-use crate::metadata::{BlockMeta, BlockMetadataTable, PriorityTable};
+use crate::metadata::{BlockMeta, BlockMetadataTable, Precision, PriorityTable};
 use crate::shape::{KvShape, LayerCodecs};
 use host::{HostTier, Layout};
 #[cfg(feature = "cuda")]
 use hot::CudaTier;
 use hot::{HotStorage, HotTier, HotTierKind};
+use reduced::{ReducedPool, Side, check_narrower, recode_block};
 
 /// One of the four byte streams of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -129,7 +131,7 @@ impl StoreConfig {
 /// A free list of slots. Slots are handed out lowest first from a fresh pool, and a batch comes
 /// back sorted so that consecutive slots merge into single copies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct SlotPool {
+pub(crate) struct SlotPool {
     free: Vec<u32>,
 }
 
@@ -170,8 +172,52 @@ pub struct BlockStore {
     cold: HostTier,
     hot_free: SlotPool,
     cold_free: SlotPool,
+    /// Down-tiering's pool of narrower cold slots, when on.
+    reduced: Option<ReducedPool>,
     meta: BlockMetadataTable,
     next_id: u64,
+}
+
+/// Builds the key and value codecs of `kinds`; each kind is solved once and shared through
+/// `built`.
+fn build_codecs(
+    kinds: &LayerCodecs,
+    head_dim: usize,
+    seed: u64,
+    built: &mut Vec<Codec>,
+) -> KvResult<(Vec<Codec>, Vec<Codec>)> {
+    let mut build = |kind| -> KvResult<Codec> {
+        if let Some(c) = built.iter().find(|c| c.kind() == kind) {
+            return Ok(c.clone());
+        }
+        let c = Codec::new(kind, head_dim, seed)?;
+        built.push(c.clone());
+        Ok(c)
+    };
+    let k = kinds
+        .keys()
+        .iter()
+        .map(|&k| build(k))
+        .collect::<KvResult<Vec<_>>>()?;
+    let v = kinds
+        .values()
+        .iter()
+        .map(|&k| build(k))
+        .collect::<KvResult<Vec<_>>>()?;
+    Ok((k, v))
+}
+
+/// The row widths of codecs `k` and `v` per layer.
+fn layout_of(shape: KvShape, k: &[Codec], v: &[Codec]) -> Layout {
+    Layout {
+        shape,
+        rows: [
+            k.iter().map(Codec::code_bytes).collect(),
+            v.iter().map(Codec::code_bytes).collect(),
+            k.iter().map(Codec::norm_bytes).collect(),
+            v.iter().map(Codec::norm_bytes).collect(),
+        ],
+    }
 }
 
 impl BlockStore {
@@ -208,6 +254,7 @@ impl BlockStore {
             cold: self.cold.clone(),
             hot_free: self.hot_free.clone(),
             cold_free: self.cold_free.clone(),
+            reduced: self.reduced.clone(),
             meta: self.meta.clone(),
             next_id: self.next_id,
         })
@@ -233,35 +280,9 @@ impl BlockStore {
                 got: kinds.layers(),
             });
         }
-        // Codecs of the same kind are solved once and shared.
-        let mut built: Vec<Codec> = Vec::new();
-        let mut build = |kind| -> KvResult<Codec> {
-            if let Some(c) = built.iter().find(|c| c.kind() == kind) {
-                return Ok(c.clone());
-            }
-            let c = Codec::new(kind, shape.head_dim, rotation_seed)?;
-            built.push(c.clone());
-            Ok(c)
-        };
-        let k_codecs = kinds
-            .keys()
-            .iter()
-            .map(|&k| build(k))
-            .collect::<KvResult<Vec<_>>>()?;
-        let v_codecs = kinds
-            .values()
-            .iter()
-            .map(|&k| build(k))
-            .collect::<KvResult<Vec<_>>>()?;
-        let layout = Layout {
-            shape,
-            rows: [
-                k_codecs.iter().map(Codec::code_bytes).collect(),
-                v_codecs.iter().map(Codec::code_bytes).collect(),
-                k_codecs.iter().map(Codec::norm_bytes).collect(),
-                v_codecs.iter().map(Codec::norm_bytes).collect(),
-            ],
-        };
+        let (k_codecs, v_codecs) =
+            build_codecs(&kinds, shape.head_dim, rotation_seed, &mut Vec::new())?;
+        let layout = layout_of(shape, &k_codecs, &v_codecs);
         let hot = hot(hot_kind, layout.clone(), hot_blocks)?;
         let cold = hot.cold_tier(layout.clone(), cold_blocks)?;
         Ok(Self {
@@ -274,6 +295,7 @@ impl BlockStore {
             cold,
             hot_free: SlotPool::new(hot_blocks),
             cold_free: SlotPool::new(cold_blocks),
+            reduced: None,
             meta: BlockMetadataTable::new(priorities),
             next_id: 0,
         })
@@ -287,6 +309,39 @@ impl BlockStore {
     /// The codec of each layer and stream, as configured.
     pub fn codec_kinds(&self) -> &LayerCodecs {
         &self.kinds
+    }
+
+    /// Adds a reduced cold pool of `blocks` slots whose blocks are stored in `codecs`
+    /// (down-tiering, see [`Self::reduce`]); every reduced codec must be no wider than the
+    /// layer's own.
+    pub fn with_reduced_pool(mut self, codecs: LayerCodecs, blocks: u32) -> KvResult<Self> {
+        let d = self.layout.shape.head_dim;
+        check_narrower(&self.kinds, &codecs, d)?;
+        let mut built: Vec<Codec> = self.k_codecs.iter().chain(&self.v_codecs).cloned().collect();
+        let (k, v) = build_codecs(&codecs, d, self.rotation_seed, &mut built)?;
+        let layout = layout_of(self.layout.shape, &k, &v);
+        self.reduced = Some(ReducedPool::new(codecs, k, v, layout, blocks)?);
+        Ok(self)
+    }
+
+    /// The reduced pool's codecs, when down-tiering is on.
+    pub fn reduced_codecs(&self) -> Option<&LayerCodecs> {
+        self.reduced.as_ref().map(|p| &p.kinds)
+    }
+
+    /// Slots of the reduced pool (0 without one).
+    pub fn reduced_capacity(&self) -> usize {
+        self.reduced.as_ref().map_or(0, |p| p.tier.capacity() as usize)
+    }
+
+    /// Free slots of the reduced pool (0 without one).
+    pub fn free_reduced(&self) -> usize {
+        self.reduced.as_ref().map_or(0, |p| p.free.available())
+    }
+
+    /// Bytes of one block in the reduced pool's codecs, when down-tiering is on.
+    pub fn reduced_block_bytes(&self) -> Option<usize> {
+        self.reduced.as_ref().map(|p| p.tier.layout().block_bytes())
     }
 
     /// The built key codec of one layer.
@@ -420,7 +475,7 @@ impl BlockStore {
             meta.ref_count -= 1;
             if meta.ref_count == 0 {
                 if let Some(meta) = self.meta.remove(id) {
-                    self.free_slot(meta.tier, meta.slot);
+                    self.free_slot_of(meta.tier, meta.precision, meta.slot);
                 }
                 freed.push(id);
             }
@@ -461,8 +516,131 @@ impl BlockStore {
     }
 
     /// Moves cold blocks to the hot tier: one bulk copy of every layer, bytes unchanged.
+    /// Down-tiered blocks ([`Precision::Reduced`]) are re-encoded to the layer's codecs on the
+    /// way and become [`Precision::Restored`]. Nothing changes on error, except when the device
+    /// copy of the down-tiered blocks fails after the others moved (each block is then either
+    /// wholly cold or wholly hot).
     pub fn warm(&mut self, ids: &[BlockId]) -> KvResult<()> {
-        self.transfer(ids, Tier::Cold, Tier::Hot)
+        self.slots_in(ids, Tier::Cold)?;
+        let (reduced, full): (Vec<BlockId>, Vec<BlockId>) = ids
+            .iter()
+            .partition(|&&id| self.precision_of(id) == Precision::Reduced);
+        if reduced.is_empty() {
+            return self.transfer(ids, Tier::Cold, Tier::Hot);
+        }
+        if self.hot_free.available() < ids.len() {
+            return Err(KvError::TierExhausted {
+                tier: Tier::Hot,
+                requested: ids.len(),
+                available: self.hot_free.available(),
+            });
+        }
+        let scratch = self.expand_reduced(&reduced)?;
+        self.transfer(&full, Tier::Cold, Tier::Hot)?;
+        let to = self.take_slots(Tier::Hot, reduced.len())?;
+        let pairs: Vec<(u32, u32)> = (0..).zip(to.iter().copied()).collect();
+        if let Err(e) = self.hot.warm_from(&scratch, &pairs) {
+            to.into_iter()
+                .for_each(|slot| self.free_slot(Tier::Hot, slot));
+            return Err(e);
+        }
+        for (&id, &new) in reduced.iter().zip(&to) {
+            let Some(meta) = self.meta.get_mut(id) else {
+                continue;
+            };
+            let old = meta.slot;
+            meta.tier = Tier::Hot;
+            meta.slot = new;
+            meta.precision = Precision::Restored;
+            self.free_slot_of(Tier::Cold, Precision::Reduced, old);
+        }
+        Ok(())
+    }
+
+    /// Down-tiers cold blocks: re-encodes each into the reduced pool's codecs and frees its cold
+    /// slot; the block stays `Cold`, marked [`Precision::Reduced`]. Every id must be cold and not
+    /// reduced already, and the pool must have room; nothing changes on error.
+    pub fn reduce(&mut self, ids: &[BlockId]) -> KvResult<()> {
+        let slots = self.slots_in(ids, Tier::Cold)?;
+        if let Some(&id) = ids
+            .iter()
+            .find(|&&id| self.precision_of(id) == Precision::Reduced)
+        {
+            return Err(KvError::Reduced { id });
+        }
+        let Some(pool) = self.reduced.as_mut() else {
+            return Err(KvError::NoReducedPool);
+        };
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if pool.free.available() < ids.len() {
+            return Err(KvError::TierExhausted {
+                tier: Tier::Cold,
+                requested: ids.len(),
+                available: pool.free.available(),
+            });
+        }
+        let mut scratch = HostTier::new(pool.tier.layout().clone(), ids.len() as u32)?;
+        let from = Side {
+            k: &self.k_codecs,
+            v: &self.v_codecs,
+        };
+        let to = Side {
+            k: &pool.k_codecs,
+            v: &pool.v_codecs,
+        };
+        for (i, &slot) in (0u32..).zip(&slots) {
+            recode_block(&self.cold, &from, slot, &mut scratch, &to, i)?;
+        }
+        let dest = pool.free.take(ids.len());
+        let pairs: Vec<(u32, u32)> = (0..).zip(dest.iter().copied()).collect();
+        pool.tier.copy_from(&scratch, &pairs);
+        for ((&id, &old), &new) in ids.iter().zip(&slots).zip(&dest) {
+            self.cold_free.give(old);
+            if let Some(meta) = self.meta.get_mut(id) {
+                meta.precision = Precision::Reduced;
+                meta.slot = new;
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of down-tiered blocks re-encoded to the layer's codecs, block `i` of `ids` in
+    /// slot `i` of a scratch tier the hot tier can copy from.
+    fn expand_reduced(&self, ids: &[BlockId]) -> KvResult<HostTier> {
+        let pool = self.reduced.as_ref().ok_or(KvError::NoReducedPool)?;
+        let mut scratch = self
+            .hot
+            .cold_tier(self.layout.clone(), ids.len() as u32)?;
+        let from = Side {
+            k: &pool.k_codecs,
+            v: &pool.v_codecs,
+        };
+        let to = Side {
+            k: &self.k_codecs,
+            v: &self.v_codecs,
+        };
+        for (i, &id) in (0u32..).zip(ids) {
+            let slot = self.lookup(id)?.slot;
+            recode_block(&pool.tier, &from, slot, &mut scratch, &to, i)?;
+        }
+        Ok(scratch)
+    }
+
+    fn precision_of(&self, id: BlockId) -> Precision {
+        self.meta.get(id).map_or(Precision::Full, |m| m.precision)
+    }
+
+    /// Errors with [`KvError::Reduced`] if one of `ids` is down-tiered.
+    fn check_not_reduced(&self, ids: &[BlockId]) -> KvResult<()> {
+        match ids
+            .iter()
+            .find(|&&id| self.precision_of(id) == Precision::Reduced)
+        {
+            Some(&id) => Err(KvError::Reduced { id }),
+            None => Ok(()),
+        }
     }
 
     /// Drops the bytes of hot or cold blocks; they stay known (tier `Recompute`) while owned, so
@@ -481,9 +659,11 @@ impl BlockStore {
         }
         for &id in ids {
             if let Some(meta) = self.meta.get_mut(id) {
-                let (tier, slot) = (meta.tier, meta.slot);
+                let (tier, precision, slot) = (meta.tier, meta.precision, meta.slot);
                 meta.tier = Tier::Recompute;
-                self.free_slot(tier, slot);
+                // Prefill computes the bytes again, in the layer's codec.
+                meta.precision = Precision::Full;
+                self.free_slot_of(tier, precision, slot);
             }
         }
         Ok(())
@@ -497,6 +677,7 @@ impl BlockStore {
             if let Some(meta) = self.meta.get_mut(id) {
                 meta.tier = Tier::Hot;
                 meta.slot = slot;
+                meta.precision = Precision::Full;
             }
         }
         Ok(())
@@ -517,6 +698,7 @@ impl BlockStore {
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         let tiers = self.resident(blocks)?;
+        self.check_not_reduced(blocks)?;
         let (kc, vc) = (&self.k_codecs[layer], &self.v_codecs[layer]);
         let d = self.layout.shape.head_dim;
         let mut row = vec![0.0f32; d];
@@ -565,7 +747,6 @@ impl BlockStore {
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         let tiers = self.resident(blocks)?;
-        let (kc, vc) = (&self.k_codecs[layer], &self.v_codecs[layer]);
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
         let row_elems = kv_heads * self.layout.shape.head_dim;
         let mut scratch = vec![0.0f32; self.layout.shape.head_dim];
@@ -573,9 +754,16 @@ impl BlockStore {
             let pos = token_start + t;
             let (block, in_block) = (pos / bs, pos % bs);
             let (tier, slot) = tiers[block];
-            let tier = match tier {
-                Tier::Hot => self.hot.host()?,
-                _ => &self.cold,
+            let (tier, kc, vc) = match (tier, self.precision_of(blocks[block]), &self.reduced) {
+                (Tier::Hot, _, _) => (
+                    self.hot.host()?,
+                    &self.k_codecs[layer],
+                    &self.v_codecs[layer],
+                ),
+                (_, Precision::Reduced, Some(pool)) => {
+                    (&pool.tier, &pool.k_codecs[layer], &pool.v_codecs[layer])
+                }
+                _ => (&self.cold, &self.k_codecs[layer], &self.v_codecs[layer]),
             };
             let bytes = tier.layer(layer);
             let row0 = (slot as usize * bs + in_block) * kv_heads;
@@ -597,7 +785,8 @@ impl BlockStore {
         Ok(())
     }
 
-    /// The bytes of one resident block in every layer and stream (for checksums and tests).
+    /// The bytes of one resident block in every layer and stream (for checksums and tests); a
+    /// down-tiered block's re-encoded to the layer's codecs, as warming it would make them.
     pub fn block_bytes_of(&self, id: BlockId) -> KvResult<Vec<u8>> {
         let meta = self.lookup(id)?;
         match meta.tier {
@@ -605,6 +794,9 @@ impl BlockStore {
                 HotTier::Host(h) => Ok(h.block_bytes(meta.slot)),
                 HotTier::Cuda(c) => c.block_bytes(meta.slot),
             },
+            Tier::Cold if meta.precision == Precision::Reduced => {
+                Ok(self.expand_reduced(&[id])?.block_bytes(0))
+            }
             Tier::Cold => Ok(self.cold.block_bytes(meta.slot)),
             Tier::Recompute => Err(KvError::WrongTier {
                 id,
@@ -646,6 +838,7 @@ impl BlockStore {
             });
         }
         let slot = self.slots_in(&[id], Tier::Cold)?[0];
+        self.check_not_reduced(&[id])?;
         self.cold.set_block_bytes(slot, bytes);
         Ok(())
     }
@@ -720,6 +913,14 @@ impl BlockStore {
             });
         }
         Ok(pool.take(n))
+    }
+
+    /// Frees the slot of a block in `tier` with `precision` (a reduced block's is the pool's).
+    fn free_slot_of(&mut self, tier: Tier, precision: Precision, slot: u32) {
+        match (tier, precision, self.reduced.as_mut()) {
+            (Tier::Cold, Precision::Reduced, Some(pool)) => pool.free.give(slot),
+            _ => self.free_slot(tier, slot),
+        }
     }
 
     fn free_slot(&mut self, tier: Tier, slot: u32) {

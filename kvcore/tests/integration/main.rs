@@ -6,6 +6,7 @@
 mod attention;
 mod codecs;
 mod common;
+mod downtier;
 mod errors;
 mod eviction;
 mod pins;
