@@ -317,7 +317,12 @@ impl BlockStore {
     pub fn with_reduced_pool(mut self, codecs: LayerCodecs, blocks: u32) -> KvResult<Self> {
         let d = self.layout.shape.head_dim;
         check_narrower(&self.kinds, &codecs, d)?;
-        let mut built: Vec<Codec> = self.k_codecs.iter().chain(&self.v_codecs).cloned().collect();
+        let mut built: Vec<Codec> = self
+            .k_codecs
+            .iter()
+            .chain(&self.v_codecs)
+            .cloned()
+            .collect();
         let (k, v) = build_codecs(&codecs, d, self.rotation_seed, &mut built)?;
         let layout = layout_of(self.layout.shape, &k, &v);
         self.reduced = Some(ReducedPool::new(codecs, k, v, layout, blocks)?);
@@ -331,7 +336,9 @@ impl BlockStore {
 
     /// Slots of the reduced pool (0 without one).
     pub fn reduced_capacity(&self) -> usize {
-        self.reduced.as_ref().map_or(0, |p| p.tier.capacity() as usize)
+        self.reduced
+            .as_ref()
+            .map_or(0, |p| p.tier.capacity() as usize)
     }
 
     /// Free slots of the reduced pool (0 without one).
@@ -610,9 +617,7 @@ impl BlockStore {
     /// slot `i` of a scratch tier the hot tier can copy from.
     fn expand_reduced(&self, ids: &[BlockId]) -> KvResult<HostTier> {
         let pool = self.reduced.as_ref().ok_or(KvError::NoReducedPool)?;
-        let mut scratch = self
-            .hot
-            .cold_tier(self.layout.clone(), ids.len() as u32)?;
+        let mut scratch = self.hot.cold_tier(self.layout.clone(), ids.len() as u32)?;
         let from = Side {
             k: &pool.k_codecs,
             v: &pool.v_codecs,

@@ -76,7 +76,9 @@ pub(crate) fn recode_block(
             let [kc, vc, kn, vn] = src.row(layer, from_slot, r);
             let (dkc, dvc, dkn, dvn) = dst.row_mut(layer, to_slot, r);
             for ((code, norm, out_code, out_norm), (a, b)) in
-                [(kc, kn, dkc, dkn), (vc, vn, dvc, dvn)].into_iter().zip(pairs)
+                [(kc, kn, dkc, dkn), (vc, vn, dvc, dvn)]
+                    .into_iter()
+                    .zip(pairs)
             {
                 if a.kind() == b.kind() {
                     out_code.copy_from_slice(code);

@@ -1,8 +1,7 @@
 //! Down-tiering: cold blocks re-encoded into a reduced pool instead of dropped, and back.
 
 use engram_kvcore::{
-    BlockId, BlockStore, BlockStream, CodecKind, KvError, LayerCodecs, Precision, SourceLayer,
-    Tier,
+    BlockId, BlockStore, BlockStream, CodecKind, KvError, LayerCodecs, Precision, SourceLayer, Tier,
 };
 
 use crate::common::{filled, rel_l2, stream_store};
@@ -44,7 +43,10 @@ fn reduced_blocks_free_cold_slots_and_warm_back_into_the_layer_codec() {
     assert!(s.reduced_block_bytes().unwrap() < s.block_bytes());
     let ids = filled(&mut s, 4, SourceLayer::Memories, 11);
     let exact = rows(&s, &ids);
-    let bytes: Vec<Vec<u8>> = ids.iter().map(|&id| s.block_bytes_of(id).unwrap()).collect();
+    let bytes: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|&id| s.block_bytes_of(id).unwrap())
+        .collect();
     s.spill(&ids).unwrap();
     assert_eq!(s.free_blocks(Tier::Cold), 0);
 
@@ -114,7 +116,10 @@ fn a_stream_kept_at_its_codec_is_copied_not_rounded_again() {
     // Keys reduced to TQ3, values kept at TQ5: the value bytes survive reduce → warm intact.
     let mut s = store(4, 2, TQ3, TQ5, 2);
     let ids = filled(&mut s, 2, SourceLayer::Memories, 5);
-    let before: Vec<Vec<u8>> = ids.iter().map(|&id| s.block_bytes_of(id).unwrap()).collect();
+    let before: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|&id| s.block_bytes_of(id).unwrap())
+        .collect();
     s.spill(&ids).unwrap();
     s.reduce(&ids).unwrap();
     s.warm(&ids).unwrap();
@@ -140,7 +145,10 @@ fn down_tiering_refuses_what_it_cannot_do_and_changes_nothing() {
     let mut s = store(6, 4, TQ3, TQ3, 1);
     let ids = filled(&mut s, 3, SourceLayer::Memories, 3);
     // Hot blocks are not reduced.
-    assert!(matches!(s.reduce(&ids[..1]), Err(KvError::WrongTier { .. })));
+    assert!(matches!(
+        s.reduce(&ids[..1]),
+        Err(KvError::WrongTier { .. })
+    ));
     s.spill(&ids).unwrap();
     // The pool holds one.
     let before = s.try_clone().unwrap();

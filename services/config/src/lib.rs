@@ -246,6 +246,12 @@ pub struct ModelSection {
     /// A calibrated KV profile (`engram calibrate kv --out FILE`) whose per-layer, per-stream
     /// codecs replace `codec`; empty for none. It must be calibrated for `path`'s model.
     pub kv_profile: String,
+    /// Down-tiering: when the cold tier is full, cold blocks are re-encoded to narrower codecs
+    /// instead of being dropped, within this looser KL budget (nats) as `kv_profile`'s measured
+    /// sensitivity predicts it. 0 (the default): off. Needs `kv_profile`.
+    pub down_tier_kl: f64,
+    /// MiB of the pool of down-tiered blocks (with `down_tier_kl`).
+    pub down_tier_mib: u64,
     /// Hot-tier budget in MiB.
     pub hot_mib: u64,
     /// Cold-tier budget in MiB.
@@ -324,6 +330,10 @@ impl ModelSection {
             device,
             cache_generated: self.cache_generated,
             kv_profile: (!self.kv_profile.is_empty()).then(|| PathBuf::from(&self.kv_profile)),
+            down_tier: (self.down_tier_kl > 0.0).then_some(engram_engine::DownTier {
+                budget_kl: self.down_tier_kl,
+                bytes: self.down_tier_mib << 20,
+            }),
             max_running: self.max_running,
             step_tokens: self.step_tokens,
             threads: self.threads,
@@ -346,6 +356,8 @@ impl Default for ModelSection {
             path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             codec: String::new(),
             kv_profile: String::new(),
+            down_tier_kl: 0.0,
+            down_tier_mib: 256,
             hot_mib: 1024,
             cold_mib: 2048,
             device: "cpu".into(),
@@ -478,6 +490,15 @@ impl Config {
         }
         if !self.model.kv_profile.is_empty() && !Path::new(&self.model.kv_profile).is_file() {
             return bad("model.kv_profile", "no such file");
+        }
+        if !self.model.down_tier_kl.is_finite() || self.model.down_tier_kl < 0.0 {
+            return bad("model.down_tier_kl", "a KL budget in nats ≥ 0 (0: off)");
+        }
+        if self.model.down_tier_kl > 0.0 && self.model.kv_profile.is_empty() {
+            return bad(
+                "model.down_tier_kl",
+                "down-tiering needs model.kv_profile (its sensitivity picks the codecs)",
+            );
         }
         if !self.model.fault.is_empty()
             && engram_engine::EngineFault::parse(&self.model.fault).is_err()
@@ -687,6 +708,9 @@ mod tests {
                 "model.kv_profile",
             ),
             ("ENGRAM__MODEL__WEIGHTS", "int4", "model.weights"),
+            ("ENGRAM__MODEL__DOWN_TIER_KL", "-1", "model.down_tier_kl"),
+            // Without a profile there is no sensitivity to pick the narrower codecs by.
+            ("ENGRAM__MODEL__DOWN_TIER_KL", "0.05", "model.down_tier_kl"),
             ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
             ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
         ] {

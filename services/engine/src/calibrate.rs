@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engram_kvcore::{CodecKind, LayerCodecs};
+use engram_kvcore::{CodecKind, KvShape, LayerCodecs};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -183,6 +183,61 @@ impl KvProfile {
             )));
         }
         Ok(())
+    }
+
+    /// The narrower codecs down-tiering re-encodes cold blocks to (`EngineConfig::down_tier`):
+    /// for each layer and stream, the measured choices no wider than the profile's own codec,
+    /// allocated as calibration allocates (greedy distortion per byte from the cheapest) until
+    /// the predicted KL of a cache wholly in them is within `budget_kl`. Returns the codecs and
+    /// that predicted KL. Errors when the budget is not positive, or a stream's own codec was
+    /// not measured (a profile this build did not write).
+    pub fn reduced_codecs(
+        &self,
+        shape: &KvShape,
+        budget_kl: f64,
+    ) -> EngineResult<(LayerCodecs, f64)> {
+        let bad = |reason: String| EngineError::InvalidConfig {
+            field: "down_tier",
+            reason,
+        };
+        if budget_kl.is_nan() || budget_kl <= 0.0 {
+            return Err(bad(format!("budget_kl {budget_kl} must be positive")));
+        }
+        let d = shape.head_dim;
+        let width = |c: CodecKind| c.code_bytes(d) + c.norm_bytes();
+        let mut slots = Vec::with_capacity(2 * self.codecs.layers());
+        for layer in 0..self.codecs.layers() {
+            let own = [
+                (Stream::Key, self.codecs.keys()[layer]),
+                (Stream::Value, self.codecs.values()[layer]),
+            ];
+            for (stream, codec) in own {
+                let measured = self
+                    .sensitivity
+                    .iter()
+                    .filter(|s| s.layer == layer && s.stream == stream);
+                if !measured.clone().any(|s| s.codec == codec) {
+                    return Err(bad(format!(
+                        "the profile has no measured KL for its own codec {codec} at layer \
+                         {layer}"
+                    )));
+                }
+                let mut choices: Vec<(usize, f64, CodecKind)> = measured
+                    .filter(|s| width(s.codec) <= width(codec))
+                    .map(|s| (width(s.codec), s.kl_nats, s.codec))
+                    .collect();
+                choices.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+                slots.push(Options { choices });
+            }
+        }
+        let (pick, predicted) = allocate(&slots, budget_kl);
+        let chosen = |stream: usize| -> Vec<CodecKind> {
+            (0..self.codecs.layers())
+                .map(|l| slots[2 * l + stream].choices[pick[2 * l + stream]].2)
+                .collect()
+        };
+        let codecs = LayerCodecs::per_stream(shape, chosen(0), chosen(1))?;
+        Ok((codecs, predicted))
     }
 
     /// Writes the profile as pretty JSON.
@@ -429,5 +484,66 @@ mod tests {
         // A jump past a poor middle choice: 16 bytes for 0.9, 20 bytes for all of it.
         let skip = [slot(&[(10, 1.0), (16, 0.9), (20, 0.0)])];
         assert_eq!(allocate(&skip, 0.5).0, [2]);
+    }
+    #[test]
+    fn down_tiering_narrows_the_streams_that_cost_least_within_the_looser_budget() {
+        let (tq3, tq4, tq6) = (
+            CodecKind::TurboQuant { bits: 3 },
+            CodecKind::TurboQuant { bits: 4 },
+            CodecKind::TurboQuant { bits: 6 },
+        );
+        let shape = KvShape::new(2, 1, 64).unwrap();
+        // Layer 0's keys are sensitive, everything else cheap to narrow.
+        let kl = |layer, stream, codec| match (layer, stream, codec) {
+            (0, Stream::Key, c) if c == tq3 => 0.5,
+            (0, Stream::Key, c) if c == tq4 => 0.2,
+            (_, _, c) if c == tq3 => 0.02,
+            (_, _, c) if c == tq4 => 0.01,
+            _ => 0.001,
+        };
+        let mut sensitivity = Vec::new();
+        for layer in 0..2 {
+            for stream in [Stream::Key, Stream::Value] {
+                for codec in [tq3, tq4, tq6, CodecKind::Q8] {
+                    sensitivity.push(Sensitivity {
+                        layer,
+                        stream,
+                        codec,
+                        kl_nats: kl(layer, stream, codec),
+                    });
+                }
+            }
+        }
+        let profile = KvProfile {
+            format: PROFILE_FORMAT,
+            model: Hex32([0; 32]),
+            budget_kl: 0.01,
+            calibration: CalibrationText {
+                path: "test".into(),
+                sha256: Hex32([0; 32]),
+                tokens: 0,
+            },
+            predicted_kl: 0.004,
+            measured_kl: 0.004,
+            bits_per_element: 6.25,
+            rounds: 1,
+            // Layer 1's values already at TQ4: Q8 is wider and never chosen.
+            codecs: LayerCodecs::per_stream(&shape, vec![tq6, tq6], vec![tq6, tq4]).unwrap(),
+            sensitivity,
+        };
+        let (codecs, predicted) = profile.reduced_codecs(&shape, 0.1).unwrap();
+        assert_eq!(codecs.keys(), [tq6, tq3]);
+        assert_eq!(codecs.values(), [tq3, tq3]);
+        assert!(
+            (predicted - (0.001 + 0.02 * 3.0)).abs() < 1e-12,
+            "{predicted}"
+        );
+        // A budget nothing narrower meets keeps the profile's codecs.
+        let (same, _) = profile.reduced_codecs(&shape, 0.003).unwrap();
+        assert_eq!(same, profile.codecs);
+        assert!(profile.reduced_codecs(&shape, 0.0).is_err());
+        let mut unmeasured = profile.clone();
+        unmeasured.sensitivity.retain(|s| s.codec != tq6);
+        assert!(unmeasured.reduced_codecs(&shape, 0.1).is_err());
     }
 }

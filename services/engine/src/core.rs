@@ -26,8 +26,8 @@ use std::path::Path;
 use candle_core::Tensor;
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, CodecKind, DEFAULT_ROTATION_SEED, HotTierKind, KvShape,
-    LayerCodecs, PinPolicy, PinState, PrefixPinManager, PriorityTable, SessionId, SourceLayer,
-    StoreConfig, TenantId, Tier, TokenRange,
+    LayerCodecs, PinPolicy, PinState, Precision, PrefixPinManager, PriorityTable, SessionId,
+    SourceLayer, StoreConfig, TenantId, Tier, TokenRange,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -110,6 +110,10 @@ pub struct EngineConfig {
     /// on another node) could steer greedy decoding apart. With it off, every cached block was
     /// computed by prefill and a turn's answer does not depend on what the cache held.
     pub cache_generated: bool,
+    /// Down-tiering (off by default): when the cold tier is full, cold blocks are re-encoded
+    /// into a pool of narrower codecs instead of being dropped. Needs `kv_profile`, whose
+    /// measured sensitivity picks the narrower codecs.
+    pub down_tier: Option<DownTier>,
     /// Fault injection, for the supervision tests only (never set in production; never
     /// serialized).
     #[serde(skip)]
@@ -202,9 +206,20 @@ impl Default for EngineConfig {
             probe: None,
             device: EngineDevice::Cpu,
             cache_generated: false,
+            down_tier: None,
             fault: None,
         }
     }
+}
+
+/// Down-tiering options (see [`EngineConfig::down_tier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DownTier {
+    /// The looser KL budget (nats) a wholly down-tiered cache may cost, as the profile's
+    /// measured contributions predict it; the profile's own budget is the tighter one.
+    pub budget_kl: f64,
+    /// Bytes of the pool of down-tiered blocks.
+    pub bytes: u64,
 }
 
 /// Whether keys are centered before they are stored (see [`Llama::key_means`]).
@@ -356,6 +371,12 @@ pub struct CacheCounters {
     /// Of the dropped blocks, those dropped because their tenant was over its cold quota.
     #[serde(default)]
     pub cold_quota_dropped: u64,
+    /// Cold blocks re-encoded into the reduced pool instead of being dropped (down-tiering).
+    #[serde(default)]
+    pub down_tiered: u64,
+    /// Down-tiered blocks a turn warmed back (re-encoded to the layer's codecs).
+    #[serde(default)]
+    pub down_tier_hits: u64,
 }
 
 /// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
@@ -384,6 +405,12 @@ pub struct Occupancy {
     pub cached_blocks: usize,
     /// Bytes of one block (all layers, K and V).
     pub block_bytes: usize,
+    /// Slots of the pool of down-tiered blocks (0 when down-tiering is off).
+    #[serde(default)]
+    pub reduced_capacity: usize,
+    /// Down-tiered blocks held.
+    #[serde(default)]
+    pub reduced_used: usize,
     /// Running sequences.
     pub running: usize,
 }
@@ -528,9 +555,39 @@ impl EngineCore {
     /// An engine over a loaded model (cheap to repeat: weights are shared).
     pub fn new(model: Llama, tokenizer: TextTokenizer, config: EngineConfig) -> EngineResult<Self> {
         let shape = model.kv_shape(config.block_size)?;
-        let codecs = match &config.kv_profile {
-            Some(path) => crate::calibrate::KvProfile::load(path, &model)?.codecs,
+        let profile = match &config.kv_profile {
+            Some(path) => Some(crate::calibrate::KvProfile::load(path, &model)?),
+            None => None,
+        };
+        let codecs = match &profile {
+            Some(p) => p.codecs.clone(),
             None => config.codecs(&shape)?,
+        };
+        let reduced = match (config.down_tier, &profile) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(EngineError::InvalidConfig {
+                    field: "down_tier",
+                    reason: "down-tiering needs kv_profile: its measured sensitivity picks the \
+                             narrower codecs"
+                        .into(),
+                });
+            }
+            (Some(d), Some(p)) => {
+                let (reduced, _) = p.reduced_codecs(&shape, d.budget_kl)?;
+                if reduced == codecs {
+                    return Err(EngineError::InvalidConfig {
+                        field: "down_tier",
+                        reason: format!(
+                            "at {} nats the profile narrows no stream: down-tiering would save \
+                             nothing",
+                            d.budget_kl
+                        ),
+                    });
+                }
+                let bytes = shape.block_size * reduced.token_bytes(&shape);
+                Some((reduced, d.bytes / bytes as u64))
+            }
         };
         let block_bytes = shape.block_size * codecs.token_bytes(&shape);
         let per_context = model.config().context_length.div_ceil(shape.block_size);
@@ -584,6 +641,10 @@ impl EngineCore {
         };
         let model = model.with_threads(threads);
         let (model, store) = open_on(config.device, model, store_config)?;
+        let store = match reduced {
+            Some((codecs, blocks)) => store.with_reduced_pool(codecs, clamp(blocks))?,
+            None => store,
+        };
         let mut h = Sha256::new();
         if let Some(m) = &key_means {
             m.iter().for_each(|x| h.update(x.to_le_bytes()));
@@ -659,6 +720,8 @@ impl EngineCore {
             cold_used: cap(Tier::Cold) - self.store.free_blocks(Tier::Cold),
             cached_blocks: self.cache.len(),
             block_bytes: self.store.block_bytes(),
+            reduced_capacity: self.store.reduced_capacity(),
+            reduced_used: self.store.reduced_capacity() - self.store.free_reduced(),
             running: self.seqs.len(),
         }
     }
@@ -836,6 +899,12 @@ impl EngineCore {
             let full = self.seqs.get(&id).map_or(0, |s| (s.prompt_len - 1) / bs);
             self.counters.hot_hits += (hits.len() - cold.len()) as u64;
             self.counters.cold_hits += cold.len() as u64;
+            self.counters.down_tier_hits += cold
+                .iter()
+                .filter(|&&b| {
+                    self.store.metadata().get(b).map(|m| m.precision()) == Some(Precision::Reduced)
+                })
+                .count() as u64;
             self.counters.misses += (full - hits.len()) as u64;
         }
         let warmed = self

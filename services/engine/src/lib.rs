@@ -28,10 +28,10 @@ mod tokenizer;
 mod weights;
 
 pub use crate::core::{
-    Admission, CacheCounters, ChunkOutput, EngineConfig, EngineCore, EngineDevice, EngineFault,
-    FaultKind, ForgetReport, KeyCentering, NUMERICS, Occupancy, PUBLIC_TENANT, PrefillStep,
-    PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters, ReservationId, ReservationInfo,
-    ReservationState, ReserveRequest, SeqId, SequenceSpec, StepOutput,
+    Admission, CacheCounters, ChunkOutput, DownTier, EngineConfig, EngineCore, EngineDevice,
+    EngineFault, FaultKind, ForgetReport, KeyCentering, NUMERICS, Occupancy, PUBLIC_TENANT,
+    PrefillStep, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters, ReservationId,
+    ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec, StepOutput,
 };
 pub use crate::core::{
     ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport, ShadowBlock,

@@ -23,7 +23,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use engram_kvcore::{
-    BlockFilter, BlockPart, KvShape, LayerCodecs, PinState, SourceLayer, TenantId, Tier,
+    BlockFilter, BlockPart, KvShape, LayerCodecs, PinState, Precision, SourceLayer, TenantId, Tier,
 };
 
 use crate::core::{
@@ -177,6 +177,9 @@ pub struct BlockInfo {
     pub tokens: [u32; 2],
     /// Tier.
     pub tier: Tier,
+    /// How faithful its bytes are: `full`, `reduced` (down-tiered to narrower codecs in the cold
+    /// tier) or `restored` (warmed back from there; carries the narrower codecs' error).
+    pub precision: Precision,
     /// Pin state.
     pub pin: PinState,
     /// Eviction priority.
@@ -709,6 +712,7 @@ impl Worker {
                 session: m.session().map(|s| s.0),
                 tokens: [m.tokens().start, m.tokens().end],
                 tier: m.tier(),
+                precision: m.precision(),
                 pin: m.pin(),
                 priority: m.priority(),
                 ref_count: m.ref_count(),

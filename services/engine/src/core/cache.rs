@@ -1,9 +1,9 @@
 //! The engine's cache management: registering and pinning computed blocks, making room in the
 //! hot tier (spill to cold, trim cold, per-tenant cold quotas), and releasing pins and blocks.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
-use engram_kvcore::{BlockId, KvError, TenantId, Tier};
+use engram_kvcore::{BlockId, KvError, Precision, TenantId, Tier};
 
 use serde::{Deserialize, Serialize};
 
@@ -232,14 +232,58 @@ impl EngineCore {
         if free >= n || self.store.capacity(Tier::Cold) == 0 {
             return Ok(());
         }
-        for id in self.cold_victims(tenants).into_iter().take(n - free) {
-            self.drop_cached(id)?;
+        let victims = self.cold_victims(tenants);
+        if self.store.reduced_capacity() == 0 {
+            for id in victims.into_iter().take(n - free) {
+                self.drop_cached(id)?;
+            }
+            return Ok(());
+        }
+        self.down_tier(victims, n - free)
+    }
+
+    /// Frees `need` cold slots out of `victims` (cached cold blocks in drop order) by
+    /// down-tiering them into the reduced pool instead of dropping them. When the pool is full,
+    /// the least valuable block — its first down-tiered victim or the block at hand, whichever
+    /// comes first in drop order — leaves the cache to make room. A block the narrower codecs
+    /// cannot encode is dropped, as without down-tiering.
+    fn down_tier(&mut self, victims: Vec<BlockId>, mut need: usize) -> EngineResult<()> {
+        let reduced = |core: &Self, id| {
+            core.store.metadata().get(id).map(|m| m.precision()) == Some(Precision::Reduced)
+        };
+        let (pool, full): (Vec<(usize, BlockId)>, Vec<(usize, BlockId)>) = victims
+            .into_iter()
+            .enumerate()
+            .partition(|&(_, id)| reduced(self, id));
+        let mut pool = VecDeque::from(pool);
+        for (rank, id) in full {
+            if need == 0 {
+                break;
+            }
+            need -= 1;
+            if self.store.free_reduced() == 0 {
+                match pool.front() {
+                    Some(&(r, worse)) if r < rank => {
+                        pool.pop_front();
+                        self.drop_cached(worse)?;
+                    }
+                    _ => {
+                        self.drop_cached(id)?;
+                        continue;
+                    }
+                }
+            }
+            match self.store.reduce(&[id]) {
+                Ok(()) => self.counters.down_tiered += 1,
+                Err(_) => self.drop_cached(id)?,
+            }
         }
         Ok(())
     }
 
-    /// The cached cold blocks [`Self::trim_cold_for`] may drop for `tenants`, in the order it
-    /// drops them.
+    /// The cached cold blocks [`Self::trim_cold_for`] may drop (or down-tier) for `tenants`, in
+    /// the order it takes them; down-tiered ones included, though dropping them frees no cold
+    /// slot.
     pub(super) fn cold_victims(&self, tenants: Option<&[TenantId]>) -> Vec<BlockId> {
         let mut per_tenant: HashMap<TenantId, usize> = HashMap::new();
         if tenants.is_some() {

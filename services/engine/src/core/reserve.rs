@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use engram_kvcore::{BlockId, PinState, SourceLayer, TenantId, Tier};
+use engram_kvcore::{BlockId, PinState, Precision, SourceLayer, TenantId, Tier};
 use serde::{Deserialize, Serialize};
 
 use super::{EngineCore, SeqId, SequenceSpec};
@@ -253,7 +253,14 @@ impl EngineCore {
         if let Some(quota) = req.spec.cold_block_quota {
             self.cold_quotas.insert(tenant, quota);
         }
-        let droppable = self.cold_victims(Some(&[tenant])).len();
+        // Down-tiered victims hold no cold slot: dropping them makes no room.
+        let droppable = self
+            .cold_victims(Some(&[tenant]))
+            .into_iter()
+            .filter(|&id| {
+                self.store.metadata().get(id).map(|m| m.precision()) != Some(Precision::Reduced)
+            })
+            .count();
         let available = (self.store.free_blocks(Tier::Cold) + droppable)
             .min(self.cold_room_of(tenant).saturating_add(droppable));
         if blocks > available {

@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 
 use engram_kvcore::{
-    BlockId, BlockTags, PinState, SessionId, SourceLayer, TenantId, Tier, TokenRange,
+    BlockId, BlockTags, PinState, Precision, SessionId, SourceLayer, TenantId, Tier, TokenRange,
 };
 use serde::{Deserialize, Serialize};
 
@@ -94,7 +94,8 @@ pub enum CollectedBytes {
     Known,
     /// Resident in the cache and new to the shadow: its bytes.
     New(Vec<u8>),
-    /// Neither cached nor known to the shadow: the chain is usable only up to here.
+    /// Neither cached at full precision nor known to the shadow: the chain is usable only up
+    /// to here.
     Missing,
 }
 
@@ -242,7 +243,11 @@ impl EngineCore {
             for (b, hash) in chain.hashes.iter().enumerate() {
                 let cached = self.cache.get(hash);
                 let meta = cached.and_then(|id| self.store.metadata().get(id));
-                let resident = meta.filter(|m| m.tier() != Tier::Recompute);
+                // The shadow keeps bytes as prefill computed them: a down-tiered block (or one
+                // warmed back from the reduced pool) is not written, so a restart or another
+                // node never inherits the narrower codecs' error as if it were full precision.
+                let resident = meta
+                    .filter(|m| m.tier() != Tier::Recompute && m.precision() == Precision::Full);
                 blocks.push(ShadowBlock {
                     hash: Hex32(*hash),
                     public: b < chain.public_blocks,

@@ -82,3 +82,26 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     }
     (num / den).sqrt()
 }
+
+/// Mean KL(p ‖ q) in nats over rows of 49,152 logits.
+pub fn mean_kl(p: &[f32], q: &[f32]) -> f64 {
+    let log_softmax = |row: &[f32]| {
+        let max = row.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
+        let lse = row
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln()
+            + max;
+        row.iter().map(|&x| x as f64 - lse).collect::<Vec<_>>()
+    };
+    let rows: Vec<f64> = p
+        .chunks(49_152)
+        .zip(q.chunks(49_152))
+        .map(|(a, b)| {
+            let (la, lb) = (log_softmax(a), log_softmax(b));
+            la.iter().zip(&lb).map(|(x, y)| x.exp() * (x - y)).sum()
+        })
+        .collect();
+    rows.iter().sum::<f64>() / rows.len() as f64
+}

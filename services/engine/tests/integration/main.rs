@@ -4,6 +4,7 @@
 
 mod calibrate;
 mod common;
+mod downtier;
 mod embed;
 mod eval;
 mod prefix;

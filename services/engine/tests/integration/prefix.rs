@@ -4,7 +4,7 @@
 use engram_engine::{EngineConfig, EngineCore, PUBLIC_TENANT, PromptSegment, SequenceSpec};
 use engram_kvcore::{CodecKind, PinState, SessionId, SourceLayer, TenantId, Tier};
 
-use crate::common::{core, core_with, license_tokens, rel_l2};
+use crate::common::{core, core_with, license_tokens, mean_kl, rel_l2};
 
 fn with_suffix(prefix: &[u32], suffix: &[u32]) -> Vec<u32> {
     let mut t = prefix.to_vec();
@@ -319,29 +319,6 @@ fn key_centering_is_exact_for_attention_and_lowers_codec_error() {
         tq4_on < 0.95 * tq4_off,
         "KL centered {tq4_on:.4} vs plain {tq4_off:.4}"
     );
-}
-
-/// Mean KL(p ‖ q) in nats over rows of 49,152 logits.
-fn mean_kl(p: &[f32], q: &[f32]) -> f64 {
-    let log_softmax = |row: &[f32]| {
-        let max = row.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
-        let lse = row
-            .iter()
-            .map(|&x| (x as f64 - max).exp())
-            .sum::<f64>()
-            .ln()
-            + max;
-        row.iter().map(|&x| x as f64 - lse).collect::<Vec<_>>()
-    };
-    let rows: Vec<f64> = p
-        .chunks(49_152)
-        .zip(q.chunks(49_152))
-        .map(|(a, b)| {
-            let (la, lb) = (log_softmax(a), log_softmax(b));
-            la.iter().zip(&lb).map(|(x, y)| x.exp() * (x - y)).sum()
-        })
-        .collect();
-    rows.iter().sum::<f64>() / rows.len() as f64
 }
 
 #[test]

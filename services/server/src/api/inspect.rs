@@ -191,6 +191,15 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
             "engram_cold_quota_dropped_total {}\n",
             c.cold_quota_dropped
         ));
+        out.push_str(
+            "# HELP engram_down_tier_blocks_total Cold blocks re-encoded to narrower codecs instead of dropped (down-tiering), and those a turn warmed back.\n",
+        );
+        out.push_str("# TYPE engram_down_tier_blocks_total counter\n");
+        for (kind, n) in [("reduced", c.down_tiered), ("warmed", c.down_tier_hits)] {
+            out.push_str(&format!(
+                "engram_down_tier_blocks_total{{result=\"{kind}\"}} {n}\n"
+            ));
+        }
         let r = &s.reservations;
         out.push_str(
             "# HELP engram_reservations_total Cold-tier reservations of memory neighbourhoods, by outcome.\n",
@@ -232,6 +241,7 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
         for (tier, used, cap) in [
             ("hot", o.hot_used, o.hot_capacity),
             ("cold", o.cold_used, o.cold_capacity),
+            ("reduced", o.reduced_used, o.reduced_capacity),
         ] {
             out.push_str(&format!(
                 "engram_tier_blocks{{tier=\"{tier}\",state=\"used\"}} {used}\n"
