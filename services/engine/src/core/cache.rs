@@ -239,23 +239,30 @@ impl EngineCore {
             }
             return Ok(());
         }
-        self.down_tier(victims, n - free)
+        self.down_tier(victims, n - free).map(|_| ())
     }
 
     /// Frees `need` cold slots out of `victims` (cached cold blocks in drop order) by
     /// down-tiering them into the reduced pool instead of dropping them. When the pool is full,
     /// the least valuable block — its first down-tiered victim or the block at hand, whichever
     /// comes first in drop order — leaves the cache to make room. A block the narrower codecs
-    /// cannot encode is dropped, as without down-tiering.
-    fn down_tier(&mut self, victims: Vec<BlockId>, mut need: usize) -> EngineResult<()> {
+    /// cannot encode is dropped, as without down-tiering. Returns how many blocks were dropped.
+    pub(super) fn down_tier(
+        &mut self,
+        victims: Vec<BlockId>,
+        mut need: usize,
+    ) -> EngineResult<usize> {
         let reduced = |core: &Self, id| {
             core.store.metadata().get(id).map(|m| m.precision()) == Some(Precision::Reduced)
         };
-        let (pool, full): (Vec<(usize, BlockId)>, Vec<(usize, BlockId)>) = victims
+        // (rank in drop order, block)
+        type Ranked = Vec<(usize, BlockId)>;
+        let (pool, full): (Ranked, Ranked) = victims
             .into_iter()
             .enumerate()
             .partition(|&(_, id)| reduced(self, id));
         let mut pool = VecDeque::from(pool);
+        let mut dropped = 0;
         for (rank, id) in full {
             if need == 0 {
                 break;
@@ -269,16 +276,21 @@ impl EngineCore {
                     }
                     _ => {
                         self.drop_cached(id)?;
+                        dropped += 1;
                         continue;
                     }
                 }
+                dropped += 1;
             }
             match self.store.reduce(&[id]) {
                 Ok(()) => self.counters.down_tiered += 1,
-                Err(_) => self.drop_cached(id)?,
+                Err(_) => {
+                    self.drop_cached(id)?;
+                    dropped += 1;
+                }
             }
         }
-        Ok(())
+        Ok(dropped)
     }
 
     /// The cached cold blocks [`Self::trim_cold_for`] may drop (or down-tier) for `tenants`, in

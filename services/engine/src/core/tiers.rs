@@ -308,13 +308,17 @@ impl EngineCore {
                         .map(|m| (m.tier(), m.ref_count()))
                         == Some((Tier::Cold, 1))
                 })
-                .take(want)
                 .map(|s| s.id)
                 .collect();
-            for &id in &victims {
-                self.drop_cached(id)?;
+            if self.store.reduced_capacity() > 0 {
+                // Down-tiered instead of dropped, as far as the reduced pool takes them.
+                report.removed = self.down_tier(victims, want)?;
+            } else {
+                for &id in victims.iter().take(want) {
+                    self.drop_cached(id)?;
+                }
+                report.removed = victims.len().min(want);
             }
-            report.removed = victims.len();
         }
         if policy.adapt {
             match report.suggestion.as_deref() {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use engram_engine::calibrate::{CalibrateOptions, calibrate};
 use engram_engine::{
-    CollectedBytes, DownTier, EngineConfig, EngineCore, LogitRows, SeqId, SequenceSpec,
+    CollectedBytes, DownTier, EngineConfig, EngineCore, LogitRows, SeqId, SequenceSpec, TierPolicy,
 };
 use engram_kvcore::{CodecKind, Precision, SessionId, TenantId, Tier};
 
@@ -150,6 +150,21 @@ fn under_cold_pressure_blocks_are_down_tiered_reused_and_stay_within_the_looser_
         reduced.bits_per_element(d)
     );
     assert!(kl > 1e-6 && kl <= LOOSER_KL, "{kl}");
+
+    // The tier bridge trims a too-full cold tier the same way: down-tiered, not removed.
+    let mut bridged = EngineCore::new(m.clone(), t.clone(), config(true, 30)).unwrap();
+    turn(&mut bridged, &first, 1);
+    assert_eq!(bridged.spill_idle().unwrap(), 28);
+    let mut trim = TierPolicy {
+        cold_high: 0.5,
+        cold_target: 0.2,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let r = bridged.tier_cycle(&mut trim, &[]).unwrap();
+    assert_eq!(r.removed, 0, "{r:?}");
+    assert_eq!(bridged.counters().down_tiered, 22);
+    assert_eq!(bridged.occupancy().cold_used, 6);
 
     // Without down-tiering the same pressure drops them: the next turn recomputes everything.
     let mut plain = pressured(false);
