@@ -5,11 +5,14 @@
 //! sparing the first positions. The stored values are then exactly what a store with those codecs
 //! would return, so `engram eval kv --probe k=tq4,v=f32` measures keys alone, `layers=10-19` one
 //! band of layers, `exact_first=16` the value of keeping attention-sink tokens exact.
+//! Two key codecs are measured this way before any kernel is written for them: `qjl=1` adds
+//! TurboQuant-prod's 1-bit QJL sketch of the key residual (unbiased scores), `outliers=N` keeps
+//! each key row's N largest channels at 8 bits beside the codec.
 //! A probe is an instrument: it costs an encode and decode per row and is never used to serve.
 
 use std::ops::RangeInclusive;
 
-use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows};
+use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows, SplitMix64};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, EngineResult};
@@ -25,7 +28,20 @@ pub struct KvProbe {
     pub layers: Option<RangeInclusive<usize>>,
     /// Positions below this stay exact.
     pub exact_first: usize,
+    /// Keys add a 1-bit QJL sketch of their residual (TurboQuant-prod): `sign(S r)` and `‖r‖`
+    /// for a fixed Gaussian `S`, decoded as `x̂ + ‖r‖·√(π/2)/d · Sᵀ sign(S r)`, whose inner
+    /// product with any query is an unbiased estimate of the exact one. Costs `1 + 16/d` bits.
+    #[serde(default)]
+    pub key_qjl: bool,
+    /// Each key row's this many largest-magnitude channels are stored at 8 bits (absmax scale,
+    /// f16) with their indices, the rest through the key codec. Costs `N·(8 + log2 d)/d + 16/d`
+    /// bits.
+    #[serde(default)]
+    pub key_outliers: usize,
 }
+
+/// Seed of the QJL sketch matrix.
+const QJL_SEED: u64 = 0x514a_4c5f_5345_4544;
 
 impl KvProbe {
     /// Parses `k=tq4,v=f32,layers=10-19,exact_first=16` (every part optional; codecs default to
@@ -40,6 +56,8 @@ impl KvProbe {
             values: CodecKind::F32,
             layers: None,
             exact_first: 0,
+            key_qjl: false,
+            key_outliers: 0,
         };
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
@@ -61,9 +79,21 @@ impl KvProbe {
                         .parse()
                         .map_err(|_| bad(format!("exact_first `{value}` is not a count")))?;
                 }
+                "qjl" => {
+                    probe.key_qjl = match value {
+                        "1" | "on" => true,
+                        "0" | "off" => false,
+                        _ => return Err(bad(format!("qjl `{value}` is not 1 or 0"))),
+                    };
+                }
+                "outliers" => {
+                    probe.key_outliers = value
+                        .parse()
+                        .map_err(|_| bad(format!("outliers `{value}` is not a count")))?;
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown key `{other}` (k, v, layers, exact_first)"
+                        "unknown key `{other}` (k, v, layers, exact_first, qjl, outliers)"
                     )));
                 }
             }
@@ -80,12 +110,26 @@ impl KvProbe {
         if self.exact_first > 0 {
             s.push_str(&format!("/exact_first:{}", self.exact_first));
         }
+        if self.key_qjl {
+            s.push_str("/qjl");
+        }
+        if self.key_outliers > 0 {
+            s.push_str(&format!("/outliers:{}", self.key_outliers));
+        }
         s
     }
 
     /// Mean stored bits per element of K and V in affected layers.
     pub fn bits_per_element(&self, head_dim: usize) -> f64 {
-        (self.keys.bits_per_element(head_dim) + self.values.bits_per_element(head_dim)) / 2.0
+        let d = head_dim as f64;
+        let mut keys = self.keys.bits_per_element(head_dim);
+        if self.key_qjl {
+            keys += 1.0 + 16.0 / d;
+        }
+        if self.key_outliers > 0 {
+            keys += (self.key_outliers as f64 * (8.0 + d.log2().ceil()) + 16.0) / d;
+        }
+        (keys + self.values.bits_per_element(head_dim)) / 2.0
     }
 
     /// Applies the round trips to one layer's new rows (`[rows, kv_heads, head_dim]`) at
@@ -102,24 +146,82 @@ impl KvProbe {
             return Ok(());
         }
         let width = k.len() / positions.len().max(1);
-        for (kind, rows) in [(self.keys, k), (self.values, v)] {
-            if kind == CodecKind::F32 {
+        let sketch = self
+            .key_qjl
+            .then(|| SplitMix64::new(QJL_SEED).gaussian_vec(head_dim * head_dim));
+        for (is_key, kind, rows) in [(true, self.keys, k), (false, self.values, v)] {
+            let extras = is_key && (self.key_qjl || self.key_outliers > 0);
+            if kind == CodecKind::F32 && !extras {
                 continue;
             }
             let codec = Codec::new(kind, head_dim, DEFAULT_ROTATION_SEED)?;
             let (mut code, mut norm) =
                 (vec![0u8; codec.code_bytes()], vec![0u8; codec.norm_bytes()]);
+            let mut exact = vec![0.0f32; head_dim];
             for (token, &pos) in rows.chunks_exact_mut(width).zip(positions) {
                 if pos < self.exact_first {
                     continue;
                 }
                 for row in token.chunks_exact_mut(head_dim) {
+                    exact.copy_from_slice(row);
+                    let outliers = if is_key {
+                        split_outliers(row, self.key_outliers)
+                    } else {
+                        Vec::new()
+                    };
                     codec.encode(Rows::F32(row), &mut code, &mut norm)?;
                     codec.decode(&code, &norm, row)?;
+                    for &(j, value) in &outliers {
+                        row[j] = value;
+                    }
+                    if let (true, Some(s)) = (is_key, &sketch) {
+                        add_qjl(row, &exact, s);
+                    }
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Takes the `n` largest-magnitude channels out of `row` (zeroed there) and returns them as
+/// 8-bit values with an f16 absmax scale would decode them.
+fn split_outliers(row: &mut [f32], n: usize) -> Vec<(usize, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    order.sort_by(|&a, &b| row[b].abs().total_cmp(&row[a].abs()));
+    order.truncate(n.min(row.len()));
+    let absmax = order.iter().fold(0.0f32, |m, &j| m.max(row[j].abs()));
+    // The scale is stored as f16; its rounding (≤ 2⁻¹¹ relative) is left out of the round trip.
+    let scale = absmax / 127.0;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    order
+        .into_iter()
+        .map(|j| {
+            let q = (row[j] * inv).round().clamp(-127.0, 127.0);
+            row[j] = 0.0;
+            (j, q * scale)
+        })
+        .collect()
+}
+
+/// Adds the QJL estimate of the residual `exact − row` to `row` (see [`KvProbe::key_qjl`]);
+/// `s` is the `d × d` sketch, row-major.
+fn add_qjl(row: &mut [f32], exact: &[f32], s: &[f32]) {
+    let d = row.len();
+    let r: Vec<f32> = exact.iter().zip(row.iter()).map(|(e, x)| e - x).collect();
+    // ‖r‖ is stored as f16; its rounding (≤ 2⁻¹¹ relative) is left out of the round trip.
+    let norm = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm == 0.0 {
+        return;
+    }
+    let w = norm * (std::f32::consts::PI / 2.0).sqrt() / d as f32;
+    for s_i in s.chunks_exact(d) {
+        let dot: f32 = s_i.iter().zip(&r).map(|(a, b)| a * b).sum();
+        let sign = if dot >= 0.0 { w } else { -w };
+        row.iter_mut().zip(s_i).for_each(|(x, a)| *x += sign * a);
     }
 }
 
@@ -277,5 +379,59 @@ mod tests {
         assert_eq!(k, k0, "keys stay exact");
         assert_eq!(v[..64], k0[..64], "position 0 is spared");
         assert_ne!(v[64..], k0[64..], "position 1's values went through TQ4");
+    }
+
+    #[test]
+    fn key_extras_parse_count_their_bits_and_touch_keys_only() {
+        let p = KvProbe::parse("k=tq4,v=tq4,qjl=1,outliers=4").unwrap();
+        assert!(p.key_qjl);
+        assert_eq!(p.key_outliers, 4);
+        assert_eq!(p.label(), "k:tq4/v:tq4/qjl/outliers:4");
+        let keys = 4.25 + 1.0 + 0.25 + (4.0 * 14.0 + 16.0) / 64.0;
+        assert!((p.bits_per_element(64) - (keys + 4.25) / 2.0).abs() < 1e-12);
+        for bad in ["qjl=2", "outliers=x"] {
+            assert!(KvProbe::parse(bad).is_err(), "{bad}");
+        }
+        // Outliers alone with exact keys otherwise: only the 8-bit rounding of the largest two.
+        let p = KvProbe::parse("outliers=2").unwrap();
+        let mut k: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        k[5] = 9.0;
+        k[40] = -7.3;
+        let (k0, mut v) = (k.clone(), k.clone());
+        p.apply(0, &[1], 64, &mut k, &mut v).unwrap();
+        assert_eq!(v, k0, "values untouched");
+        for (j, (a, b)) in k.iter().zip(&k0).enumerate() {
+            if j == 5 || j == 40 {
+                assert!((a - b).abs() <= 9.0 / 127.0 / 2.0 + 1e-6, "{j}: {a} vs {b}");
+            } else {
+                assert_eq!(a, b, "{j}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_qjl_sketch_makes_scores_unbiased() {
+        // A reconstruction that shrinks the row (as an MSE codec does): the sketch of the
+        // residual restores ⟨q, x⟩ on average over sketch matrices.
+        let d = 64;
+        let x: Vec<f32> = (0..d).map(|i| (i as f32 * 0.61).cos()).collect();
+        let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.23).sin() + 0.5).collect();
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        let exact = dot(&q, &x);
+        let shrunk: Vec<f32> = x.iter().map(|v| 0.8 * v).collect();
+        let trials = 4000;
+        let mut mean = 0.0f64;
+        for seed in 0..trials {
+            let s = SplitMix64::new(seed).gaussian_vec(d * d);
+            let mut row = shrunk.clone();
+            add_qjl(&mut row, &x, &s);
+            mean += f64::from(dot(&q, &row)) / trials as f64;
+        }
+        let biased = f64::from(dot(&q, &shrunk));
+        assert!(
+            (mean - f64::from(exact)).abs() < 0.05 * f64::from(exact).abs(),
+            "mean {mean} exact {exact} (MSE alone {biased})"
+        );
+        assert!((biased - f64::from(exact)).abs() > 0.15 * f64::from(exact).abs());
     }
 }
