@@ -315,6 +315,13 @@ impl BlockStore {
     /// (down-tiering, see [`Self::reduce`]); every reduced codec must be no wider than the
     /// layer's own.
     pub fn with_reduced_pool(mut self, codecs: LayerCodecs, blocks: u32) -> KvResult<Self> {
+        if self.reduced.is_some() {
+            return Err(KvError::InvalidConfig {
+                field: "reduced_codecs",
+                value: self.reduced_capacity() as f64,
+                reason: "the store has a reduced pool already",
+            });
+        }
         let d = self.layout.shape.head_dim;
         check_narrower(&self.kinds, &codecs, d)?;
         let mut built: Vec<Codec> = self

@@ -189,5 +189,11 @@ fn down_tiering_refuses_what_it_cannot_do_and_changes_nothing() {
     assert!(matches!(
         plain.with_reduced_pool(wider, 2),
         Err(KvError::InvalidConfig { .. })
+    )); // One pool per store: a second would orphan the first one's blocks.
+    let twice = store(2, 2, TQ3, TQ3, 1);
+    let again = LayerCodecs::streams(twice.shape(), TQ3, TQ3);
+    assert!(matches!(
+        twice.with_reduced_pool(again, 1),
+        Err(KvError::InvalidConfig { .. })
     ));
 }

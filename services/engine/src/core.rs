@@ -586,7 +586,17 @@ impl EngineCore {
                     });
                 }
                 let bytes = shape.block_size * reduced.token_bytes(&shape);
-                Some((reduced, d.bytes / bytes as u64))
+                let blocks = d.bytes / bytes as u64;
+                if blocks == 0 {
+                    return Err(EngineError::InvalidConfig {
+                        field: "down_tier",
+                        reason: format!(
+                            "{} bytes hold no down-tiered block of {bytes} bytes",
+                            d.bytes
+                        ),
+                    });
+                }
+                Some((reduced, blocks))
             }
         };
         let block_bytes = shape.block_size * codecs.token_bytes(&shape);
@@ -899,14 +909,14 @@ impl EngineCore {
             let full = self.seqs.get(&id).map_or(0, |s| (s.prompt_len - 1) / bs);
             self.counters.hot_hits += (hits.len() - cold.len()) as u64;
             self.counters.cold_hits += cold.len() as u64;
-            self.counters.down_tier_hits += cold
-                .iter()
-                .filter(|&&b| {
-                    self.store.metadata().get(b).map(|m| m.precision()) == Some(Precision::Reduced)
-                })
-                .count() as u64;
             self.counters.misses += (full - hits.len()) as u64;
         }
+        let down_tiered = cold
+            .iter()
+            .filter(|&&b| {
+                self.store.metadata().get(b).map(|m| m.precision()) == Some(Precision::Reduced)
+            })
+            .count() as u64;
         let warmed = self
             .make_hot_room(cold.len(), &[spec.tenant])
             .and_then(|()| {
@@ -931,6 +941,7 @@ impl EngineCore {
             self.finish(id)?;
             return Err(e);
         }
+        self.counters.down_tier_hits += down_tiered;
         let admission = Admission {
             prompt_tokens: self.seqs.get(&id).map_or(0, |s| s.prompt_len),
             cached_tokens,

@@ -283,7 +283,12 @@ impl EngineCore {
                 dropped += 1;
             }
             match self.store.reduce(&[id]) {
-                Ok(()) => self.counters.down_tiered += 1,
+                Ok(()) => {
+                    self.counters.down_tiered += 1;
+                    // Now a pool candidate itself, in its place in drop order.
+                    let at = pool.partition_point(|&(r, _)| r < rank);
+                    pool.insert(at, (rank, id));
+                }
                 Err(_) => {
                     self.drop_cached(id)?;
                     dropped += 1;

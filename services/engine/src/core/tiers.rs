@@ -10,7 +10,8 @@
 //!   tier is at `hot_target`; otherwise, hot fill below `warm_below` → warm the cold blocks of
 //!   the sessions the caller names active (their recorded chains, leading blocks first) while the
 //!   hot tier stays under `hot_target`; cold fill above `cold_high` → remove the lowest-scored
-//!   cold blocks until it is at `cold_target` (the shadow still holds them on disk).
+//!   cold blocks until it is at `cold_target` (the shadow still holds them on disk; with
+//!   down-tiering on they are re-encoded into the reduced pool instead, as far as it has room).
 //! - **Act** through kvcore (spill, warm, and dropping from the cache).
 //!
 //! Threshold suggestions follow cold-tier fill: below 50 % the cold tier has room, so promote
@@ -156,7 +157,10 @@ pub struct CycleReport {
     pub spilled: usize,
     /// Blocks warmed cold → hot.
     pub warmed: usize,
-    /// Blocks removed from the cold tier (and the cache).
+    /// Blocks removed from the cold tier (and the cache); with down-tiering on, the blocks that
+    /// left the cache to make room (cold blocks the reduced pool could not take, or down-tiered
+    /// blocks dropped for more valuable ones); the blocks down-tiered are counted in
+    /// `CacheCounters::down_tiered`.
     pub removed: usize,
 }
 
