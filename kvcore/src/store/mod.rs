@@ -37,7 +37,7 @@ use host::{HostTier, Layout};
 #[cfg(feature = "cuda")]
 use hot::CudaTier;
 use hot::{HotStorage, HotTier, HotTierKind};
-use reduced::{ReducedPool, Side, check_narrower, recode_block};
+use reduced::ReducedPool;
 
 /// One of the four byte streams of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -311,53 +311,6 @@ impl BlockStore {
         &self.kinds
     }
 
-    /// Adds a reduced cold pool of `blocks` slots whose blocks are stored in `codecs`
-    /// (down-tiering, see [`Self::reduce`]); every reduced codec must be no wider than the
-    /// layer's own.
-    pub fn with_reduced_pool(mut self, codecs: LayerCodecs, blocks: u32) -> KvResult<Self> {
-        if self.reduced.is_some() {
-            return Err(KvError::InvalidConfig {
-                field: "reduced_codecs",
-                value: self.reduced_capacity() as f64,
-                reason: "the store has a reduced pool already",
-            });
-        }
-        let d = self.layout.shape.head_dim;
-        check_narrower(&self.kinds, &codecs, d)?;
-        let mut built: Vec<Codec> = self
-            .k_codecs
-            .iter()
-            .chain(&self.v_codecs)
-            .cloned()
-            .collect();
-        let (k, v) = build_codecs(&codecs, d, self.rotation_seed, &mut built)?;
-        let layout = layout_of(self.layout.shape, &k, &v);
-        self.reduced = Some(ReducedPool::new(codecs, k, v, layout, blocks)?);
-        Ok(self)
-    }
-
-    /// The reduced pool's codecs, when down-tiering is on.
-    pub fn reduced_codecs(&self) -> Option<&LayerCodecs> {
-        self.reduced.as_ref().map(|p| &p.kinds)
-    }
-
-    /// Slots of the reduced pool (0 without one).
-    pub fn reduced_capacity(&self) -> usize {
-        self.reduced
-            .as_ref()
-            .map_or(0, |p| p.tier.capacity() as usize)
-    }
-
-    /// Free slots of the reduced pool (0 without one).
-    pub fn free_reduced(&self) -> usize {
-        self.reduced.as_ref().map_or(0, |p| p.free.available())
-    }
-
-    /// Bytes of one block in the reduced pool's codecs, when down-tiering is on.
-    pub fn reduced_block_bytes(&self) -> Option<usize> {
-        self.reduced.as_ref().map(|p| p.tier.layout().block_bytes())
-    }
-
     /// The built key codec of one layer.
     pub fn key_codec(&self, layer: usize) -> KvResult<&Codec> {
         self.k_codecs.get(layer).ok_or(KvError::UnknownLayer {
@@ -569,90 +522,6 @@ impl BlockStore {
             self.free_slot_of(Tier::Cold, Precision::Reduced, old);
         }
         Ok(())
-    }
-
-    /// Down-tiers cold blocks: re-encodes each into the reduced pool's codecs and frees its cold
-    /// slot; the block stays `Cold`, marked [`Precision::Reduced`]. Every id must be cold and not
-    /// reduced already, and the pool must have room; nothing changes on error.
-    pub fn reduce(&mut self, ids: &[BlockId]) -> KvResult<()> {
-        let slots = self.slots_in(ids, Tier::Cold)?;
-        if let Some(&id) = ids
-            .iter()
-            .find(|&&id| self.precision_of(id) == Precision::Reduced)
-        {
-            return Err(KvError::Reduced { id });
-        }
-        let Some(pool) = self.reduced.as_mut() else {
-            return Err(KvError::NoReducedPool);
-        };
-        if ids.is_empty() {
-            return Ok(());
-        }
-        if pool.free.available() < ids.len() {
-            return Err(KvError::TierExhausted {
-                tier: Tier::Cold,
-                requested: ids.len(),
-                available: pool.free.available(),
-            });
-        }
-        let mut scratch = HostTier::new(pool.tier.layout().clone(), ids.len() as u32)?;
-        let from = Side {
-            k: &self.k_codecs,
-            v: &self.v_codecs,
-        };
-        let to = Side {
-            k: &pool.k_codecs,
-            v: &pool.v_codecs,
-        };
-        for (i, &slot) in (0u32..).zip(&slots) {
-            recode_block(&self.cold, &from, slot, &mut scratch, &to, i)?;
-        }
-        let dest = pool.free.take(ids.len());
-        let pairs: Vec<(u32, u32)> = (0..).zip(dest.iter().copied()).collect();
-        pool.tier.copy_from(&scratch, &pairs);
-        for ((&id, &old), &new) in ids.iter().zip(&slots).zip(&dest) {
-            self.cold_free.give(old);
-            if let Some(meta) = self.meta.get_mut(id) {
-                meta.precision = Precision::Reduced;
-                meta.slot = new;
-            }
-        }
-        Ok(())
-    }
-
-    /// The bytes of down-tiered blocks re-encoded to the layer's codecs, block `i` of `ids` in
-    /// slot `i` of a scratch tier the hot tier can copy from.
-    fn expand_reduced(&self, ids: &[BlockId]) -> KvResult<HostTier> {
-        let pool = self.reduced.as_ref().ok_or(KvError::NoReducedPool)?;
-        let mut scratch = self.hot.cold_tier(self.layout.clone(), ids.len() as u32)?;
-        let from = Side {
-            k: &pool.k_codecs,
-            v: &pool.v_codecs,
-        };
-        let to = Side {
-            k: &self.k_codecs,
-            v: &self.v_codecs,
-        };
-        for (i, &id) in (0u32..).zip(ids) {
-            let slot = self.lookup(id)?.slot;
-            recode_block(&pool.tier, &from, slot, &mut scratch, &to, i)?;
-        }
-        Ok(scratch)
-    }
-
-    fn precision_of(&self, id: BlockId) -> Precision {
-        self.meta.get(id).map_or(Precision::Full, |m| m.precision)
-    }
-
-    /// Errors with [`KvError::Reduced`] if one of `ids` is down-tiered.
-    fn check_not_reduced(&self, ids: &[BlockId]) -> KvResult<()> {
-        match ids
-            .iter()
-            .find(|&&id| self.precision_of(id) == Precision::Reduced)
-        {
-            Some(&id) => Err(KvError::Reduced { id }),
-            None => Ok(()),
-        }
     }
 
     /// Drops the bytes of hot or cold blocks; they stay known (tier `Recompute`) while owned, so
@@ -925,14 +794,6 @@ impl BlockStore {
             });
         }
         Ok(pool.take(n))
-    }
-
-    /// Frees the slot of a block in `tier` with `precision` (a reduced block's is the pool's).
-    fn free_slot_of(&mut self, tier: Tier, precision: Precision, slot: u32) {
-        match (tier, precision, self.reduced.as_mut()) {
-            (Tier::Cold, Precision::Reduced, Some(pool)) => pool.free.give(slot),
-            _ => self.free_slot(tier, slot),
-        }
     }
 
     fn free_slot(&mut self, tier: Tier, slot: u32) {

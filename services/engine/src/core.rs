@@ -45,7 +45,7 @@ use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::WeightFormat;
-pub use cache::ForgetReport;
+pub use cache::{DownTier, ForgetReport};
 pub use fault::{EngineFault, FaultKind};
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
@@ -210,16 +210,6 @@ impl Default for EngineConfig {
             fault: None,
         }
     }
-}
-
-/// Down-tiering options (see [`EngineConfig::down_tier`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct DownTier {
-    /// The looser KL budget (nats) a wholly down-tiered cache may cost, as the profile's
-    /// measured contributions predict it; the profile's own budget is the tighter one.
-    pub budget_kl: f64,
-    /// Bytes of the pool of down-tiered blocks.
-    pub bytes: u64,
 }
 
 /// Whether keys are centered before they are stored (see [`Llama::key_means`]).
@@ -563,42 +553,7 @@ impl EngineCore {
             Some(p) => p.codecs.clone(),
             None => config.codecs(&shape)?,
         };
-        let reduced = match (config.down_tier, &profile) {
-            (None, _) => None,
-            (Some(_), None) => {
-                return Err(EngineError::InvalidConfig {
-                    field: "down_tier",
-                    reason: "down-tiering needs kv_profile: its measured sensitivity picks the \
-                             narrower codecs"
-                        .into(),
-                });
-            }
-            (Some(d), Some(p)) => {
-                let (reduced, _) = p.reduced_codecs(&shape, d.budget_kl)?;
-                if reduced == codecs {
-                    return Err(EngineError::InvalidConfig {
-                        field: "down_tier",
-                        reason: format!(
-                            "at {} nats the profile narrows no stream: down-tiering would save \
-                             nothing",
-                            d.budget_kl
-                        ),
-                    });
-                }
-                let bytes = shape.block_size * reduced.token_bytes(&shape);
-                let blocks = d.bytes / bytes as u64;
-                if blocks == 0 {
-                    return Err(EngineError::InvalidConfig {
-                        field: "down_tier",
-                        reason: format!(
-                            "{} bytes hold no down-tiered block of {bytes} bytes",
-                            d.bytes
-                        ),
-                    });
-                }
-                Some((reduced, blocks))
-            }
-        };
+        let reduced = cache::reduced_pool(&config, profile.as_ref(), &codecs, &shape)?;
         let block_bytes = shape.block_size * codecs.token_bytes(&shape);
         let per_context = model.config().context_length.div_ceil(shape.block_size);
         let hot = config.hot_bytes / block_bytes as u64;

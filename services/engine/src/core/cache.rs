@@ -3,13 +3,71 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use engram_kvcore::{BlockId, KvError, Precision, TenantId, Tier};
+use engram_kvcore::{BlockId, KvError, KvShape, LayerCodecs, Precision, TenantId, Tier};
 
 use serde::{Deserialize, Serialize};
 
-use super::{EngineCore, PUBLIC_TENANT, PrefixReuse, SeqId, block_salt};
+use super::{EngineConfig, EngineCore, PUBLIC_TENANT, PrefixReuse, SeqId, block_salt};
+use crate::calibrate::KvProfile;
 use crate::error::{EngineError, EngineResult};
 use crate::prefix::chain_hash;
+
+/// Down-tiering options (see [`EngineConfig::down_tier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DownTier {
+    /// The looser KL budget (nats) a wholly down-tiered cache may cost, as the profile's
+    /// measured contributions predict it; the profile's own budget is the tighter one.
+    pub budget_kl: f64,
+    /// Bytes of the pool of down-tiered blocks.
+    pub bytes: u64,
+}
+
+/// The reduced pool down-tiering needs, as `(codecs, blocks)`: `None` when it is off. Refuses a
+/// configuration without a profile (its measured sensitivity picks the codecs), one whose looser
+/// budget narrows nothing, and a pool too small for one block.
+pub(super) fn reduced_pool(
+    config: &EngineConfig,
+    profile: Option<&KvProfile>,
+    codecs: &LayerCodecs,
+    shape: &KvShape,
+) -> EngineResult<Option<(LayerCodecs, u64)>> {
+    Ok(match (config.down_tier, profile) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(EngineError::InvalidConfig {
+                field: "down_tier",
+                reason: "down-tiering needs kv_profile: its measured sensitivity picks the \
+                         narrower codecs"
+                    .into(),
+            });
+        }
+        (Some(d), Some(p)) => {
+            let (reduced, _) = p.reduced_codecs(shape, d.budget_kl)?;
+            if &reduced == codecs {
+                return Err(EngineError::InvalidConfig {
+                    field: "down_tier",
+                    reason: format!(
+                        "at {} nats the profile narrows no stream: down-tiering would save \
+                         nothing",
+                        d.budget_kl
+                    ),
+                });
+            }
+            let bytes = shape.block_size * reduced.token_bytes(shape);
+            let blocks = d.bytes / bytes as u64;
+            if blocks == 0 {
+                return Err(EngineError::InvalidConfig {
+                    field: "down_tier",
+                    reason: format!(
+                        "{} bytes hold no down-tiered block of {bytes} bytes",
+                        d.bytes
+                    ),
+                });
+            }
+            Some((reduced, blocks))
+        }
+    })
+}
 
 /// What [`EngineCore::forget`] dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
