@@ -152,11 +152,12 @@ impl BlockStore {
 
     /// Whether [`Self::attend_causal`] runs a tiled kernel over the codes for `layer` on `isa`
     /// (AVX-512: the 4-bit TurboQuant kernel for TQ4 keys and values, one that expands each
-    /// stream by its own codec for any other pair): the case where it beats dequantizing the
-    /// prefix for a dense attention.
+    /// stream by its own codec for any other pair but keys with an outlier split): the case
+    /// where it beats dequantizing the prefix for a dense attention.
     pub fn causal_is_tiled(&self, isa: Isa, layer: usize, num_heads: usize) -> bool {
         let shape = self.shape();
         layer < shape.layers
+            && self.layer_codecs(layer).0.outliers() == 0
             && num_heads.is_multiple_of(shape.kv_heads.max(1))
             && crate::simd::tq4_causal_supports(
                 isa,
@@ -196,7 +197,9 @@ impl BlockStore {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, total, &q[..width], params)?;
         let (kc, vc) = self.layer_codecs(layer);
         let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
-        if !crate::simd::tq4_causal_supports(isa, d, group) {
+        // Keys with an outlier split take the decoded prefix (or the decode kernel row by row):
+        // the tiled causal kernels have no term for the stored-apart coordinates.
+        if !crate::simd::tq4_causal_supports(isa, d, group) || kc.outliers() > 0 {
             if crate::dense::supports(d) {
                 return self
                     .attend_causal_decoded(isa, layer, blocks, geo, start, new, q, params, out);
@@ -367,9 +370,11 @@ impl BlockStore {
             let g = h / geo.group();
             for (t, o) in out[h * num_tokens..][..num_tokens].iter_mut().enumerate() {
                 let r = (slots[t / bs] as usize * bs + t % bs) * geo.kv_heads + g;
-                codec.expand(&bytes.k_codes[r * cr..][..cr], &mut row);
+                let code = &bytes.k_codes[r * cr..][..cr];
+                codec.expand(code, &mut row);
                 let k_scale = params.scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);
-                *o = k_scale * dot(&qp, &row);
+                *o = k_scale * dot(&qp, &row)
+                    + params.scale * codec.apart_dot(code, &q[h * d..][..d]);
             }
         }
         Ok(())
@@ -547,6 +552,7 @@ fn attend_codes(
             codecs: (kc, vc),
             bytes,
             keys,
+            q: &q[heads.clone()],
             qp: &qp[heads],
             scale: params.scale,
             group,
@@ -599,12 +605,14 @@ fn run_units<U: Sync, R: Send>(
 }
 
 /// One KV head's key range for [`codes_partial`]: the layer's codecs (keys, values) and bytes,
-/// the keys, the prepared queries (`[group, d]`) and the score scale.
+/// the keys, the queries as given (`q`, read for an outlier split's stored-apart coordinates)
+/// and prepared (`qp`, both `[group, d]`), and the score scale.
 #[derive(Clone, Copy)]
 pub(crate) struct CodesJob<'a> {
     pub(crate) codecs: (&'a Codec, &'a Codec),
     pub(crate) bytes: &'a LayerBytes<'a>,
     pub(crate) keys: &'a KeyRange<'a>,
+    pub(crate) q: &'a [f32],
     pub(crate) qp: &'a [f32],
     pub(crate) scale: f32,
     pub(crate) group: usize,
@@ -622,12 +630,14 @@ pub(crate) fn codes_partial(job: &CodesJob<'_>) -> Partial {
         codecs: (kc, vc),
         bytes,
         keys,
+        q,
         qp,
         scale,
         group,
         d,
     } = job;
     let bs = keys.block_size;
+    let split = kc.outliers() > 0;
     let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
     let (vcr, vnr) = (bytes.v_code_row, bytes.v_norm_row);
     let mut part = Partial::empty(group, d);
@@ -639,10 +649,14 @@ pub(crate) fn codes_partial(job: &CodesJob<'_>) -> Partial {
         for p in 0..n {
             let r = keys.row(t0 + p);
             // Expand the key's codes once; every query head of the group reads them.
-            kc.expand(&bytes.k_codes[r * kcr..][..kcr], &mut row);
+            let code = &bytes.k_codes[r * kcr..][..kcr];
+            kc.expand(code, &mut row);
             let k_scale = scale * kc.row_scale(&bytes.k_norms[r * knr..][..knr]);
             for j in 0..group {
                 w[j * bs + p] = k_scale * dot(&qp[j * d..][..d], &row);
+                if split {
+                    w[j * bs + p] += scale * kc.apart_dot(code, &q[j * d..][..d]);
+                }
             }
         }
         for j in 0..group {

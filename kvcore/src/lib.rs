@@ -37,7 +37,10 @@ pub use attention::MIN_KEYS_PER_THREAD;
 pub use attention::{AttentionParams, attend_dense};
 pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, Tier, TokenRange};
 pub use codec::rng::SplitMix64;
-pub use codec::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows, TurboQuantTables};
+pub use codec::{
+    Codec, CodecKind, DEFAULT_ROTATION_SEED, MAX_OUTLIERS, MAX_SPLIT_HEAD_DIM, Rows,
+    TurboQuantTables,
+};
 pub use error::{KvError, KvResult};
 pub use evict::Eviction;
 pub use metadata::{

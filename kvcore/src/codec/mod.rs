@@ -7,6 +7,7 @@
 //! | `F16` | 2·d | 0 | 16 |
 //! | `Q8` (per-row absmax scale) | d | 2 (scale, f16) | 8.25 |
 //! | `TurboQuant { bits: b }` | b·d/8 | 2 (‖x‖, f16) | b + 0.25 |
+//! | `TurboQuantSplit { bits: b, outliers: n }` | b·d/8 + 3n | 2 (‖x − o‖, f16) | b + 0.25 + 24n/d |
 //!
 //! TurboQuant (MSE variant) stores `x` as `‖x‖` and the Lloyd–Max codes of `Π·x/‖x‖`, where Π is
 //! the seeded rotation of [`rotation`]; `x̂ = ‖x‖·Πᵀ·c[idx]`. Because Π is orthogonal,
@@ -25,6 +26,15 @@
 //!
 //! 5 and 6 bits (32 and 64 levels; MSE at d = 64: 0.0024, 0.00064) serve the streams a
 //! calibrated profile gives more bits, keys above all; their codes straddle bytes like 3 bits'.
+//!
+//! The **outlier split** (`TurboQuantSplit`, names like `tq6o1`) takes each row's `n` largest-
+//! magnitude coordinates out *before* the rotation — post-RoPE keys put much of their energy in
+//! a few channels, and TurboQuant's error is relative to the whole row's norm — and stores them
+//! after the TurboQuant codes of the rest, `n` × (index byte, f16 value), in ascending index
+//! order. A row decodes to `‖r‖·Πᵀ·c[idx] + Σ oⱼ·eⱼ` and scores as
+//! `‖r‖·⟨Πq, c[idx]⟩ + Σ qⱼ·oⱼ`: attention still never decodes a key, it adds `n` products of
+//! the unrotated query. One index byte limits the split to head_dim ≤ 256
+//! ([`MAX_SPLIT_HEAD_DIM`]), and `n` is 1 to [`MAX_OUTLIERS`].
 //!
 //! (`cargo test -p engram-kvcore codebook_table -- --nocapture` prints these from the code; a
 //! test fails if they drift from the table.) The Gaussian limit is the classic Max quantizer
@@ -60,7 +70,25 @@ pub enum CodecKind {
         /// Bits per coordinate: 2 to 6.
         bits: u8,
     },
+    /// TurboQuant of a row without its `outliers` largest-magnitude coordinates, which are
+    /// stored apart at f16 (see the module docs). Serialized as
+    /// `{"kind":"turbo_quant_split","bits":6,"outliers":1}`.
+    TurboQuantSplit {
+        /// Bits per coordinate of the rest of the row: 2 to 6.
+        bits: u8,
+        /// Coordinates stored apart: 1 to [`MAX_OUTLIERS`].
+        outliers: u8,
+    },
 }
+
+/// The most coordinates an outlier split stores apart per row.
+pub const MAX_OUTLIERS: u8 = 4;
+
+/// The largest head_dim an outlier split takes (its indices are one byte).
+pub const MAX_SPLIT_HEAD_DIM: usize = 256;
+
+/// Bytes of one stored outlier: its index and its f16 value.
+const OUTLIER_BYTES: usize = 3;
 
 impl CodecKind {
     /// The default: TurboQuant at 4 bits.
@@ -73,6 +101,25 @@ impl CodecKind {
             Self::F16 => 2 * head_dim,
             Self::Q8 => head_dim,
             Self::TurboQuant { bits } => head_dim * usize::from(bits) / 8,
+            Self::TurboQuantSplit { bits, outliers } => {
+                head_dim * usize::from(bits) / 8 + OUTLIER_BYTES * usize::from(outliers)
+            }
+        }
+    }
+
+    /// Coordinates per row stored apart (0 but for the outlier split).
+    pub fn outliers(self) -> usize {
+        match self {
+            Self::TurboQuantSplit { outliers, .. } => usize::from(outliers),
+            _ => 0,
+        }
+    }
+
+    /// TurboQuant's bits per coordinate, split or not (None for the other codecs).
+    pub fn turboquant_bits(self) -> Option<u8> {
+        match self {
+            Self::TurboQuant { bits } | Self::TurboQuantSplit { bits, .. } => Some(bits),
+            _ => None,
         }
     }
 
@@ -80,7 +127,7 @@ impl CodecKind {
     pub fn norm_bytes(self) -> usize {
         match self {
             Self::F32 | Self::F16 => 0,
-            Self::Q8 | Self::TurboQuant { .. } => 2,
+            Self::Q8 | Self::TurboQuant { .. } | Self::TurboQuantSplit { .. } => 2,
         }
     }
 
@@ -97,6 +144,7 @@ impl std::fmt::Display for CodecKind {
             Self::F16 => f.write_str("f16"),
             Self::Q8 => f.write_str("q8"),
             Self::TurboQuant { bits } => write!(f, "tq{bits}"),
+            Self::TurboQuantSplit { bits, outliers } => write!(f, "tq{bits}o{outliers}"),
         }
     }
 }
@@ -183,15 +231,35 @@ pub struct Codec {
     kind: CodecKind,
     head_dim: usize,
     tq: Option<TurboQuant>,
+    /// Outlier split: coordinates stored apart per row (0: none) and where they start in a
+    /// row's code bytes (after the TurboQuant codes).
+    outliers: usize,
+    tq_code_bytes: usize,
 }
 
 impl Codec {
     /// Builds the codec; TurboQuant solves its codebook and derives its rotation from `seed`.
     pub fn new(kind: CodecKind, head_dim: usize, seed: u64) -> KvResult<Self> {
         check_head_dim(head_dim)?;
-        let tq = match kind {
-            CodecKind::F32 | CodecKind::F16 | CodecKind::Q8 => None,
-            CodecKind::TurboQuant { bits } => {
+        if let CodecKind::TurboQuantSplit { outliers, .. } = kind {
+            if !(1..=MAX_OUTLIERS).contains(&outliers) {
+                return Err(KvError::InvalidConfig {
+                    field: "outliers",
+                    value: f64::from(outliers),
+                    reason: "an outlier split stores 1 to 4 coordinates per row",
+                });
+            }
+            if head_dim > MAX_SPLIT_HEAD_DIM {
+                return Err(KvError::InvalidConfig {
+                    field: "head_dim",
+                    value: head_dim as f64,
+                    reason: "an outlier split indexes coordinates with one byte: at most 256",
+                });
+            }
+        }
+        let tq = match kind.turboquant_bits() {
+            None => None,
+            Some(bits) => {
                 if !(2..=6).contains(&bits) {
                     return Err(KvError::UnsupportedBits { bits });
                 }
@@ -219,7 +287,17 @@ impl Codec {
                 })
             }
         };
-        Ok(Self { kind, head_dim, tq })
+        let tq_code_bytes = match kind.turboquant_bits() {
+            Some(bits) => head_dim * usize::from(bits) / 8,
+            None => kind.code_bytes(head_dim),
+        };
+        Ok(Self {
+            kind,
+            head_dim,
+            tq,
+            outliers: kind.outliers(),
+            tq_code_bytes,
+        })
     }
 
     /// The codec's kind.
@@ -242,6 +320,11 @@ impl Codec {
         self.kind.norm_bytes()
     }
 
+    /// Coordinates per row stored apart by an outlier split (0 for the other codecs).
+    pub fn outliers(&self) -> usize {
+        self.outliers
+    }
+
     /// The TurboQuant codebook in unit-vector scale (empty for F16 and Q8).
     pub fn codebook(&self) -> &[f32] {
         self.tq.as_ref().map_or(&[], |t| t.codebook.as_slice())
@@ -251,6 +334,9 @@ impl Codec {
     /// `None` for the other codecs and for a head_dim that is not a power of two (dense
     /// rotation).
     pub fn turboquant_tables(&self) -> Option<TurboQuantTables> {
+        if self.outliers > 0 {
+            return None;
+        }
         let tq = self.tq.as_ref()?;
         match &tq.rotation {
             Rotation::Hadamard { signs, scale } => Some(TurboQuantTables {
@@ -353,7 +439,7 @@ impl Codec {
             // Finite f32 values are stored exactly.
             CodecKind::F32 => 0.0,
             CodecKind::F16 | CodecKind::Q8 => row.iter().fold(0.0f32, |m, v| m.max(v.abs())),
-            CodecKind::TurboQuant { .. } => l2(row),
+            CodecKind::TurboQuant { .. } | CodecKind::TurboQuantSplit { .. } => l2(row),
         };
         let fits = magnitude.is_finite() && magnitude <= f16::MAX.to_f32();
         if !fits || row.iter().any(|v| !v.is_finite()) {
@@ -395,27 +481,36 @@ impl Codec {
             }
             CodecKind::TurboQuant { bits } => {
                 let Some(tq) = &self.tq else { return };
-                let n = l2(row);
-                let stored = f16::from_f32(n);
-                norm.copy_from_slice(&stored.to_le_bytes());
-                if stored.to_f32() == 0.0 {
-                    // The norm decodes to zero; any code gives x̂ = 0.
-                    code.fill(0);
-                    return;
-                }
-                // Π is linear: rotate the row, then scale to the unit sphere.
-                tq.rotation.forward(row, scratch);
-                let inv = 1.0 / n;
-                scratch.iter_mut().for_each(|y| *y *= inv);
-                // idx = number of thresholds below y (thresholds ascend): counted threshold by
-                // threshold over the whole row, which is branchless and vectorizes.
-                idx.fill(0);
-                for &t in &tq.thresholds {
-                    for (i, &y) in idx.iter_mut().zip(scratch.iter()) {
-                        *i += u8::from(t < y);
+                encode_turboquant(tq, bits, row, code, norm, scratch, idx);
+            }
+            CodecKind::TurboQuantSplit { bits, .. } => {
+                let Some(tq) = &self.tq else { return };
+                let (tq_code, apart) = code.split_at_mut(self.tq_code_bytes);
+                let mut rest = [0.0f32; MAX_SPLIT_HEAD_DIM];
+                let rest = &mut rest[..row.len()];
+                rest.copy_from_slice(row);
+                // The largest magnitudes, the first index on ties, each taken once.
+                let mut picked = [usize::MAX; MAX_OUTLIERS as usize];
+                for k in 0..self.outliers {
+                    let mut best = None::<(usize, f32)>;
+                    for (j, &v) in row.iter().enumerate() {
+                        if picked[..k].contains(&j) {
+                            continue;
+                        }
+                        if best.is_none_or(|(_, m)| v.abs() > m) {
+                            best = Some((j, v.abs()));
+                        }
                     }
+                    picked[k] = best.map_or(0, |(j, _)| j);
                 }
-                bitpack::pack(idx, bits, code);
+                let picked = &mut picked[..self.outliers];
+                picked.sort_unstable();
+                for (&j, out) in picked.iter().zip(apart.chunks_exact_mut(OUTLIER_BYTES)) {
+                    out[0] = j as u8;
+                    out[1..].copy_from_slice(&f16::from_f32(row[j]).to_le_bytes());
+                    rest[j] = 0.0;
+                }
+                encode_turboquant(tq, bits, rest, tq_code, norm, scratch, idx);
             }
         }
     }
@@ -430,6 +525,31 @@ impl Codec {
             None => self.expand(code, out),
         }
         out.iter_mut().for_each(|o| *o *= scale);
+        for (j, v) in self.apart(code) {
+            if let Some(o) = out.get_mut(j) {
+                *o += v;
+            }
+        }
+    }
+
+    /// The coordinates an outlier split stored apart in a row's code bytes: (index, value).
+    #[inline]
+    pub(crate) fn apart<'a>(&self, code: &'a [u8]) -> impl Iterator<Item = (usize, f32)> + 'a {
+        let apart = code.get(self.tq_code_bytes..).unwrap_or_default();
+        let n = if self.outliers > 0 { apart.len() } else { 0 };
+        apart[..n]
+            .chunks_exact(OUTLIER_BYTES)
+            .map(|o| (usize::from(o[0]), f16::from_le_bytes([o[1], o[2]]).to_f32()))
+    }
+
+    /// `Σ q[j]·o_j` over a row's stored-apart coordinates (`q` unrotated; 0 without a split):
+    /// the term a score adds to `row_scale · ⟨q', expand(code)⟩`. An index past `q` (bytes
+    /// that did not come from this codec) counts 0.
+    #[inline]
+    pub(crate) fn apart_dot(&self, code: &[u8], q: &[f32]) -> f32 {
+        self.apart(code)
+            .map(|(j, v)| q.get(j).copied().unwrap_or(0.0) * v)
+            .sum()
     }
 
     /// Prepares a query for scoring: q' = Πq for TurboQuant, a copy otherwise.
@@ -445,6 +565,7 @@ impl Codec {
     /// A row is then `row_scale · (Πᵀ) · out`, and a score is `row_scale · ⟨q', out⟩`.
     #[inline]
     pub(crate) fn expand(&self, code: &[u8], out: &mut [f32]) {
+        let code = &code[..self.tq_code_bytes.min(code.len())];
         match &self.tq {
             // Fixed-size copies per byte: the compiler keeps them in registers.
             Some(tq) if tq.bits == 4 => {
@@ -492,7 +613,9 @@ impl Codec {
     pub(crate) fn row_scale(&self, norm: &[u8]) -> f32 {
         match self.kind {
             CodecKind::F32 | CodecKind::F16 => 1.0,
-            CodecKind::Q8 | CodecKind::TurboQuant { .. } => read_norm(norm),
+            CodecKind::Q8 | CodecKind::TurboQuant { .. } | CodecKind::TurboQuantSplit { .. } => {
+                read_norm(norm)
+            }
         }
     }
 
@@ -503,6 +626,39 @@ impl Codec {
             None => out.copy_from_slice(acc),
         }
     }
+}
+
+/// TurboQuant's encoding of one validated row into its codes and norm.
+fn encode_turboquant(
+    tq: &TurboQuant,
+    bits: u8,
+    row: &[f32],
+    code: &mut [u8],
+    norm: &mut [u8],
+    scratch: &mut [f32],
+    idx: &mut [u8],
+) {
+    let n = l2(row);
+    let stored = f16::from_f32(n);
+    norm.copy_from_slice(&stored.to_le_bytes());
+    if stored.to_f32() == 0.0 {
+        // The norm decodes to zero; any code gives x̂ = 0.
+        code.fill(0);
+        return;
+    }
+    // Π is linear: rotate the row, then scale to the unit sphere.
+    tq.rotation.forward(row, scratch);
+    let inv = 1.0 / n;
+    scratch.iter_mut().for_each(|y| *y *= inv);
+    // idx = number of thresholds below y (thresholds ascend): counted threshold by threshold
+    // over the whole row, which is branchless and vectorizes.
+    idx.fill(0);
+    for &t in &tq.thresholds {
+        for (i, &y) in idx.iter_mut().zip(scratch.iter()) {
+            *i += u8::from(t < y);
+        }
+    }
+    bitpack::pack(idx, bits, code);
 }
 
 #[inline]

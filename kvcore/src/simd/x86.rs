@@ -137,7 +137,8 @@ fn exp512(x: __m512) -> __m512 {
 }
 
 /// One head's online-softmax step over a tile: the scores are the lane sums of `lane_sums`
-/// (one register of partials per key) times the keys' norms `norm_v`; lanes outside `lanes`
+/// (one register of partials per key) times the keys' norms `norm_v`, plus `bias` (an outlier
+/// split's stored-apart terms, 0 otherwise); lanes outside `lanes`
 /// (past the tile's last key, holding stale partials) are masked out. Rescales `acc` and `sum`
 /// when the tile raises `max`, and leaves the tile's weights in `s`.
 #[allow(clippy::too_many_arguments)]
@@ -146,6 +147,7 @@ fn exp512(x: __m512) -> __m512 {
 fn tile_softmax(
     lane_sums: &[__m512; TILE],
     norm_v: __m512,
+    bias: __m512,
     lanes: __mmask16,
     stages: &[(__m512i, __m512i); 4],
     max: &mut f32,
@@ -153,7 +155,9 @@ fn tile_softmax(
     acc: &mut [__m512],
     s: &mut [f32; TILE],
 ) {
-    let sv = _mm512_mul_ps(hsum16(lane_sums, stages), norm_v);
+    // `bias` (an outlier split's terms, else 0) adds after one rounding of the product, so a
+    // zero bias gives the product's bits.
+    let sv = _mm512_fmadd_ps(hsum16(lane_sums, stages), norm_v, bias);
     let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
     let new_max = max.max(tile_max);
     let correction = if new_max == *max {
@@ -292,6 +296,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
             tile_softmax(
                 &lane_sums[j],
                 norm_v,
+                _mm512_setzero_ps(),
                 lanes,
                 &stages,
                 &mut max[j],

@@ -69,7 +69,7 @@ impl Expander {
             CodecKind::F32 => Self::F32,
             CodecKind::F16 => Self::F16,
             CodecKind::Q8 => Self::Q8,
-            CodecKind::TurboQuant { bits } => {
+            CodecKind::TurboQuant { bits } | CodecKind::TurboQuantSplit { bits, .. } => {
                 let mut table = [0.0f32; 64];
                 let book = codec.codebook();
                 let n = book.len().min(64);
@@ -475,7 +475,7 @@ pub(crate) fn vbmi() -> bool {
 /// Whether a job takes the VBMI kernels: [`vbmi`], a packed stream (2, 3, 5 or 6 bits), and
 /// head_dim 64, 128 or 256 (the VBMI kernels are compiled for those only).
 fn takes_vbmi((kc, vc): (&Codec, &Codec), d: usize) -> bool {
-    let packed = |c: &Codec| matches!(c.kind(), CodecKind::TurboQuant { bits } if bits != 4);
+    let packed = |c: &Codec| c.kind().turboquant_bits().is_some_and(|bits| bits != 4);
     matches!(d, 64 | 128 | 256) && (packed(kc) || packed(vc)) && vbmi()
 }
 
@@ -621,6 +621,8 @@ macro_rules! codes_kernels {
             ];
             let mut rows = [0usize; TILE];
             let mut vnorms = [0.0f32; TILE];
+            let split = kc.outliers() > 0;
+            let mut bias = [[0.0f32; TILE]; G];
             let mut t = keys.start;
             while t < keys.end {
                 let n = TILE.min(keys.end - t);
@@ -639,12 +641,22 @@ macro_rules! codes_kernels {
                         }
                     }
                 });
+                // An outlier split's stored-apart coordinates: one term per key and head.
+                if split {
+                    for (i, &r) in rows[..n].iter().enumerate() {
+                        let code = &bytes.k_codes[r * kcr..][..kcr];
+                        for (j, b) in bias.iter_mut().enumerate() {
+                            b[i] = job.scale * kc.apart_dot(code, &job.q[j * d..][..d]);
+                        }
+                    }
+                }
                 let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
                 let norm_v = tile_scales(bytes.k_norms, &rows[..n], knr);
                 for j in 0..G {
                     super::tile_softmax(
                         &lane_sums[j],
                         norm_v,
+                        if split { load512(&bias[j]) } else { zero },
                         lanes,
                         &stages,
                         &mut max[j],
@@ -964,6 +976,7 @@ mod tests {
                     codecs: (&kc, &vc),
                     bytes: &layer,
                     keys: &keys,
+                    q: &q[..group * d],
                     qp: &q[..group * d],
                     scale: 0.125,
                     group,

@@ -102,7 +102,7 @@ impl Expander {
             CodecKind::F32 => Self::F32,
             CodecKind::F16 => Self::F16,
             CodecKind::Q8 => Self::Q8,
-            CodecKind::TurboQuant { bits } => {
+            CodecKind::TurboQuant { bits } | CodecKind::TurboQuantSplit { bits, .. } => {
                 let mut table = [0.0f32; 16];
                 let book = codec.codebook();
                 let n = book.len().min(16);
@@ -185,7 +185,9 @@ impl Expander {
 pub(super) fn supports(job: &CodesJob<'_>) -> bool {
     let (kc, vc) = job.codecs;
     let book_ok = |c: &Codec| match c.kind() {
-        CodecKind::TurboQuant { bits } => c.codebook().len() >= 1 << bits,
+        CodecKind::TurboQuant { bits } | CodecKind::TurboQuantSplit { bits, .. } => {
+            c.codebook().len() >= 1 << bits
+        }
         _ => true,
     };
     super::codes::supports(job)
@@ -201,12 +203,14 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
         codecs: (kc, vc),
         bytes,
         keys,
+        q,
         qp,
         scale,
         group,
         d,
     } = job;
     let nz = d / W;
+    let split = kc.outliers() > 0;
     let (kx, vx) = (Expander::new(kc), Expander::new(vc));
     let (kbook, vbook) = (kc.codebook(), vc.codebook());
     let (kcr, knr) = (bytes.k_code_row, bytes.k_norm_row);
@@ -246,6 +250,7 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
             } else {
                 norm_at(bytes.k_norms, r, knr)
             };
+            let code = &bytes.k_codes[r * kcr..][..kcr];
             for (j, sj) in s.iter_mut().enumerate().take(group) {
                 let qj = &qz[j * nz..][..nz];
                 let mut v = _mm256_mul_ps(qj[0], e[0]);
@@ -253,6 +258,10 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
                     v = _mm256_fmadd_ps(qj[z], e[z], v);
                 }
                 sj[i] = norm * hsum256(v);
+                // An outlier split's stored-apart coordinates.
+                if split {
+                    sj[i] += scale * kc.apart_dot(code, &q[j * d..][..d]);
+                }
             }
         }
         for j in 0..group {

@@ -199,6 +199,15 @@ fn build_codecs(
         .iter()
         .map(|&k| build(k))
         .collect::<KvResult<Vec<_>>>()?;
+    // Attention sums values in the rotated space; a value's stored-apart coordinates would need
+    // a second accumulator in every kernel, so the split is a key codec.
+    if let Some(split) = kinds.values().iter().find(|v| v.outliers() > 0) {
+        return Err(KvError::InvalidConfig {
+            field: "value_codec",
+            value: split.outliers() as f64,
+            reason: "an outlier split (tqBoN) is a key codec; values take another",
+        });
+    }
     let v = kinds
         .values()
         .iter()

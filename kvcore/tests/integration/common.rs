@@ -11,7 +11,31 @@ pub fn gauss(seed: u64) -> SplitMix64 {
 }
 
 /// Every codec the crate offers.
-pub const ALL_CODECS: [CodecKind; 8] = [
+pub const ALL_CODECS: [CodecKind; 11] = [
+    CodecKind::F32,
+    CodecKind::F16,
+    CodecKind::Q8,
+    CodecKind::TurboQuant { bits: 2 },
+    CodecKind::TurboQuant { bits: 3 },
+    CodecKind::TurboQuant { bits: 4 },
+    CodecKind::TurboQuant { bits: 5 },
+    CodecKind::TurboQuant { bits: 6 },
+    CodecKind::TurboQuantSplit {
+        bits: 6,
+        outliers: 1,
+    },
+    CodecKind::TurboQuantSplit {
+        bits: 4,
+        outliers: 4,
+    },
+    CodecKind::TurboQuantSplit {
+        bits: 2,
+        outliers: 2,
+    },
+];
+
+/// Every codec a value stream takes (the outlier splits are key codecs).
+pub const VALUE_CODECS: [CodecKind; 8] = [
     CodecKind::F32,
     CodecKind::F16,
     CodecKind::Q8,
@@ -21,6 +45,15 @@ pub const ALL_CODECS: [CodecKind; 8] = [
     CodecKind::TurboQuant { bits: 5 },
     CodecKind::TurboQuant { bits: 6 },
 ];
+
+/// The value codec at `index` of [`VALUE_CODECS`], or past its end the key's own (TurboQuant at
+/// the split's width for an outlier split).
+pub fn value_for(key: CodecKind, index: usize) -> CodecKind {
+    VALUE_CODECS.get(index).copied().unwrap_or(match key {
+        CodecKind::TurboQuantSplit { bits, .. } => CodecKind::TurboQuant { bits },
+        other => other,
+    })
+}
 
 pub fn tags(source: SourceLayer) -> BlockTags {
     BlockTags {

@@ -293,6 +293,28 @@ fn bad_configurations_are_typed_errors() {
         })
     ));
     let shape = KvShape::SMOLLM2_135M;
+    // The outlier split is a key codec: a store whose values take it is refused.
+    let split = CodecKind::TurboQuantSplit {
+        bits: 6,
+        outliers: 1,
+    };
+    assert!(matches!(
+        BlockStore::new(StoreConfig {
+            codecs: LayerCodecs::streams(&shape, CodecKind::TQ4, split),
+            ..StoreConfig::new(shape, CodecKind::TQ4, 4, 4)
+        }),
+        Err(KvError::InvalidConfig {
+            field: "value_codec",
+            ..
+        })
+    ));
+    assert!(
+        BlockStore::new(StoreConfig {
+            codecs: LayerCodecs::streams(&shape, split, CodecKind::TQ4),
+            ..StoreConfig::new(shape, CodecKind::TQ4, 4, 4)
+        })
+        .is_ok()
+    );
     assert_eq!(
         LayerCodecs::per_layer(&shape, vec![CodecKind::TQ4; 3]),
         Err(KvError::CodecCount {

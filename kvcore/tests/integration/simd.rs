@@ -6,7 +6,7 @@ use engram_kvcore::{
 };
 use proptest::prelude::*;
 
-use crate::common::{ALL_CODECS, filled, gauss, rel_l2};
+use crate::common::{ALL_CODECS, VALUE_CODECS, filled, gauss, rel_l2};
 
 fn store_with(kind: CodecKind, kv_heads: usize, head_dim: usize, blocks: u32) -> BlockStore {
     store_pair(kind, kind, kv_heads, head_dim, blocks)
@@ -36,7 +36,7 @@ proptest! {
         // Keys and values each in any codec: TQ4 for both runs the 4-bit kernels, any other
         // pair the kernel that expands each stream by its own codec.
         key_index in 0usize..ALL_CODECS.len(),
-        value_index in 0usize..ALL_CODECS.len(),
+        value_index in 0usize..VALUE_CODECS.len(),
         // 80 is not a multiple of 32: the kernels decline it and the scalar path runs.
         head_dim in prop::sample::select(vec![32usize, 64, 128, 80]),
         group in 1usize..5,
@@ -45,7 +45,7 @@ proptest! {
         threads in 1usize..4,
         seed in any::<u64>(),
     ) {
-        let (key, value) = (ALL_CODECS[key_index], ALL_CODECS[value_index]);
+        let (key, value) = (ALL_CODECS[key_index], VALUE_CODECS[value_index]);
         let kv_heads = 2;
         let mut store = store_pair(key, value, kv_heads, head_dim, 168);
         let ids = filled(&mut store, tokens.div_ceil(16), SourceLayer::UserTurn, seed);
@@ -83,6 +83,21 @@ fn every_codec_pair_reads_its_own_codes_up_to_the_layers_last_row() {
         (CodecKind::F16, tq(3)),
         (tq(2), CodecKind::F32),
         (tq(5), tq(6)),
+        // Outlier splits: the TurboQuant codes first, the stored-apart pairs at the row's end.
+        (
+            CodecKind::TurboQuantSplit {
+                bits: 6,
+                outliers: 1,
+            },
+            tq(5),
+        ),
+        (
+            CodecKind::TurboQuantSplit {
+                bits: 4,
+                outliers: 3,
+            },
+            CodecKind::TQ4,
+        ),
     ] {
         let shape = KvShape::new(2, 3, 64).unwrap();
         let blocks = 80u32;
@@ -178,7 +193,7 @@ proptest! {
     #[test]
     fn causal_attention_equals_decoding_row_by_row(
         key_index in 0usize..ALL_CODECS.len(),
-        value_index in 0usize..ALL_CODECS.len(),
+        value_index in 0usize..VALUE_CODECS.len(),
         head_dim in prop::sample::select(vec![64usize, 128, 80]),
         group in 1usize..4,
         start in 0usize..300,
@@ -186,7 +201,7 @@ proptest! {
         threads in 1usize..4,
         seed in any::<u64>(),
     ) {
-        let (key, value) = (ALL_CODECS[key_index], ALL_CODECS[value_index]);
+        let (key, value) = (ALL_CODECS[key_index], VALUE_CODECS[value_index]);
         let kv_heads = 2;
         let total = start + new;
         let mut store = store_pair(key, value, kv_heads, head_dim, 24);
@@ -247,7 +262,7 @@ proptest! {
     #[test]
     fn causal_rows_do_not_depend_on_their_chunk(
         key_index in 0usize..ALL_CODECS.len(),
-        value_index in 0usize..ALL_CODECS.len(),
+        value_index in 0usize..VALUE_CODECS.len(),
         head_dim in prop::sample::select(vec![32usize, 64, 128]),
         group in 1usize..4,
         start in 0usize..200,
@@ -256,7 +271,7 @@ proptest! {
         threads in 1usize..4,
         seed in any::<u64>(),
     ) {
-        let (key, value) = (ALL_CODECS[key_index], ALL_CODECS[value_index]);
+        let (key, value) = (ALL_CODECS[key_index], VALUE_CODECS[value_index]);
         let cut = cut.min(new - 1);
         let kv_heads = 2;
         let total = start + new;

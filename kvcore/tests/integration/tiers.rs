@@ -3,7 +3,9 @@
 use engram_kvcore::{BlockStore, CodecKind, KvShape, LayerCodecs, SourceLayer, StoreConfig, Tier};
 use proptest::prelude::*;
 
-use crate::common::{ALL_CODECS, fill, filled, small_store, stream_store, tags};
+use crate::common::{
+    ALL_CODECS, VALUE_CODECS, fill, filled, small_store, stream_store, tags, value_for,
+};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
@@ -12,14 +14,14 @@ proptest! {
     fn spill_warm_spill_is_byte_identical(
         codec_index in 0usize..ALL_CODECS.len(),
         // Keys and values in different codecs half of the time.
-        value_index in 0usize..2 * ALL_CODECS.len(),
+        value_index in 0usize..2 * VALUE_CODECS.len(),
         n in 1usize..12,
         // Occupy some slots first so the moved blocks land in scattered slots.
         holes in 0usize..6,
         seed in any::<u64>(),
     ) {
         let key = ALL_CODECS[codec_index];
-        let value = ALL_CODECS.get(value_index).copied().unwrap_or(key);
+        let value = value_for(key, value_index);
         let mut store = stream_store(key, value, 24, 24);
         let padding = filled(&mut store, holes, SourceLayer::Neurons, 1);
         let ids = filled(&mut store, n, SourceLayer::Memories, seed);

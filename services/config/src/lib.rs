@@ -239,9 +239,10 @@ pub struct DatabaseSection {
 pub struct ModelSection {
     /// GGUF file or safetensors directory; generation answers 503 when it is missing.
     pub path: PathBuf,
-    /// KV codec: f32, f16, q8, tq6, tq5, tq4, tq3 or tq2 for keys and values alike, or one per
-    /// stream, keys first: `q8/tq4`. Empty (the default): the device's built-in default,
-    /// `tq6/tq5` on the CPU and `tq4` on CUDA.
+    /// KV codec: f32, f16, q8, tq6 … tq2, or tqBoN (TurboQuant with N outliers per row stored
+    /// apart, such as tq6o1) for keys and values alike, or one per stream, keys first:
+    /// `q8/tq4`. Empty (the default): the device's built-in default, `tq6/tq5` on the CPU and
+    /// `tq4` on CUDA.
     pub codec: String,
     /// A calibrated KV profile (`engram calibrate kv --out FILE`) whose per-layer, per-stream
     /// codecs replace `codec`; empty for none. It must be calibrated for `path`'s model.
@@ -485,7 +486,7 @@ impl Config {
         if engram_engine::StreamCodecs::parse_or_default(&self.model.codec, any_device).is_err() {
             return bad(
                 "model.codec",
-                "a codec (f32, f16, q8, tq6, tq5, tq4, tq3, tq2), or KEYS/VALUES such as q8/tq4",
+                "a codec (f32, f16, q8, tq6 … tq2, tqBoN such as tq6o1), or KEYS/VALUES such as q8/tq4",
             );
         }
         if !self.model.kv_profile.is_empty() && !Path::new(&self.model.kv_profile).is_file() {

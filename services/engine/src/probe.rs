@@ -12,7 +12,7 @@
 
 use std::ops::RangeInclusive;
 
-use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, Rows, SplitMix64};
+use engram_kvcore::{Codec, CodecKind, DEFAULT_ROTATION_SEED, MAX_OUTLIERS, Rows, SplitMix64};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, EngineResult};
@@ -226,25 +226,34 @@ fn add_qjl(row: &mut [f32], exact: &[f32], s: &[f32]) {
 }
 
 /// The codec names [`parse_codec`] knows.
-pub const CODEC_NAMES: &str = "f32, f16, q8, tq6, tq5, tq4, tq3, tq2";
+pub const CODEC_NAMES: &str = "f32, f16, q8, tq6, tq5, tq4, tq3, tq2, or tqBoN: TurboQuant at B bits with N outliers per \
+     row stored apart (B 2 to 6, N 1 to 4, such as tq6o1)";
 
-/// `f32`, `f16`, `q8`, or `tq2` to `tq6` (TurboQuant at 2 to 6 bits).
+/// `f32`, `f16`, `q8`, `tq2` to `tq6` (TurboQuant at 2 to 6 bits), or `tqBoN` (TurboQuant at
+/// `B` bits with an outlier split of `N` coordinates per row, `N` 1 to 4).
 pub fn parse_codec(s: &str) -> EngineResult<CodecKind> {
-    Ok(match s.trim() {
-        "f32" => CodecKind::F32,
-        "f16" => CodecKind::F16,
-        "q8" => CodecKind::Q8,
-        "tq6" => CodecKind::TurboQuant { bits: 6 },
-        "tq5" => CodecKind::TurboQuant { bits: 5 },
-        "tq4" => CodecKind::TurboQuant { bits: 4 },
-        "tq3" => CodecKind::TurboQuant { bits: 3 },
-        "tq2" => CodecKind::TurboQuant { bits: 2 },
-        other => {
-            return Err(EngineError::InvalidConfig {
-                field: "codec",
-                reason: format!("unknown codec `{other}` ({CODEC_NAMES})"),
-            });
-        }
+    let s = s.trim();
+    // One decimal digit in `lo..=hi`.
+    let digit = |t: &str, lo: u8, hi: u8| match t.as_bytes() {
+        [c @ b'0'..=b'9'] => Some(c - b'0').filter(|v| (lo..=hi).contains(v)),
+        _ => None,
+    };
+    let kind = match s {
+        "f32" => Some(CodecKind::F32),
+        "f16" => Some(CodecKind::F16),
+        "q8" => Some(CodecKind::Q8),
+        _ => s
+            .strip_prefix("tq")
+            .and_then(|rest| match rest.split_once('o') {
+                None => digit(rest, 2, 6).map(|bits| CodecKind::TurboQuant { bits }),
+                Some((b, n)) => digit(b, 2, 6)
+                    .zip(digit(n, 1, MAX_OUTLIERS))
+                    .map(|(bits, outliers)| CodecKind::TurboQuantSplit { bits, outliers }),
+            }),
+    };
+    kind.ok_or_else(|| EngineError::InvalidConfig {
+        field: "codec",
+        reason: format!("unknown codec `{s}` ({CODEC_NAMES})"),
     })
 }
 
@@ -352,6 +361,28 @@ mod tests {
         assert_eq!(one.value_override(), None);
         for bad in ["q8/", "/tq4", "q8/tq4/f16", "tq7", ""] {
             assert!(StreamCodecs::parse(bad).is_err(), "{bad}");
+        }
+        // Outlier splits: every name prints back as itself, out-of-range ones are refused.
+        let split = StreamCodecs::parse("tq6o1/tq5").unwrap();
+        assert_eq!(
+            split.key,
+            CodecKind::TurboQuantSplit {
+                bits: 6,
+                outliers: 1
+            }
+        );
+        assert_eq!(split.to_string(), "tq6o1/tq5");
+        assert_eq!(split.bits_per_element(64), (6.625 + 5.25) / 2.0);
+        for bits in 2..=6u8 {
+            for outliers in 1..=MAX_OUTLIERS {
+                let name = format!("tq{bits}o{outliers}");
+                assert_eq!(parse_codec(&name).unwrap().to_string(), name);
+            }
+        }
+        for bad in [
+            "tq6o0", "tq6o5", "tq7o1", "tq6o", "tqo1", "tq6o12", "tq+6", "tq06",
+        ] {
+            assert!(parse_codec(bad).is_err(), "{bad}");
         }
     }
 
