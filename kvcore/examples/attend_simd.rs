@@ -48,12 +48,19 @@ fn codec(name: &str) -> CodecKind {
     match name.trim() {
         "f16" => CodecKind::F16,
         "q8" => CodecKind::Q8,
-        tq => CodecKind::TurboQuant {
-            bits: tq
+        tq => {
+            let rest = tq
                 .strip_prefix("tq")
-                .and_then(|b| b.parse().ok())
-                .expect("a codec: f16, q8 or tqN"),
-        },
+                .expect("a codec: f16, q8, tqB or tqBoN");
+            let num = |s: &str| s.parse::<u8>().expect("a codec: f16, q8, tqB or tqBoN");
+            match rest.split_once('o') {
+                Some((b, n)) => CodecKind::TurboQuantSplit {
+                    bits: num(b),
+                    outliers: num(n),
+                },
+                None => CodecKind::TurboQuant { bits: num(rest) },
+            }
+        }
     }
 }
 

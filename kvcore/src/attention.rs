@@ -152,12 +152,11 @@ impl BlockStore {
 
     /// Whether [`Self::attend_causal`] runs a tiled kernel over the codes for `layer` on `isa`
     /// (AVX-512: the 4-bit TurboQuant kernel for TQ4 keys and values, one that expands each
-    /// stream by its own codec for any other pair but keys with an outlier split): the case
-    /// where it beats dequantizing the prefix for a dense attention.
+    /// stream by its own codec for any other pair): the case where it beats dequantizing the
+    /// prefix for a dense attention.
     pub fn causal_is_tiled(&self, isa: Isa, layer: usize, num_heads: usize) -> bool {
         let shape = self.shape();
         layer < shape.layers
-            && self.layer_codecs(layer).0.outliers() == 0
             && num_heads.is_multiple_of(shape.kv_heads.max(1))
             && crate::simd::tq4_causal_supports(
                 isa,
@@ -197,9 +196,7 @@ impl BlockStore {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, total, &q[..width], params)?;
         let (kc, vc) = self.layer_codecs(layer);
         let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
-        // Keys with an outlier split take the decoded prefix (or the decode kernel row by row):
-        // the tiled causal kernels have no term for the stored-apart coordinates.
-        if !crate::simd::tq4_causal_supports(isa, d, group) || kc.outliers() > 0 {
+        if !crate::simd::tq4_causal_supports(isa, d, group) {
             if crate::dense::supports(d) {
                 return self
                     .attend_causal_decoded(isa, layer, blocks, geo, start, new, q, params, out);
@@ -237,12 +234,23 @@ impl BlockStore {
         let run = |&(g, r0, r1): &(usize, usize, usize)| -> Option<Vec<f32>> {
             // [rows][group][d]
             let mut qs = vec![0.0f32; (r1 - r0) * group * d];
+            // Keys with an outlier split also score their stored-apart coordinates against the
+            // unrotated queries.
+            let split = kc.outliers() > 0;
+            let mut q_apart = vec![0.0f32; if split { qs.len() } else { 0 }];
             for (k, r) in (r0..r1).enumerate() {
                 for j in 0..group {
                     let h = g * group + j;
+                    let src = &q[r * width + h * d..][..d];
                     let dst = &mut qs[(k * group + j) * d..][..d];
-                    kc.prepare_query(&q[r * width + h * d..][..d], dst);
+                    kc.prepare_query(src, dst);
                     dst.iter_mut().for_each(|x| *x *= params.scale);
+                    if split {
+                        let apart = &mut q_apart[(k * group + j) * d..][..d];
+                        for (a, &x) in apart.iter_mut().zip(src) {
+                            *a = x * params.scale;
+                        }
+                    }
                 }
             }
             let limits: Vec<usize> = (r0..r1).map(|r| start + r + 1).collect();
@@ -263,6 +271,7 @@ impl BlockStore {
                         bytes: &bytes,
                         keys: &keys,
                         q: &qs,
+                        q_apart: &q_apart,
                         limits: &limits,
                         group,
                         d,

@@ -319,6 +319,9 @@ pub(crate) struct CausalCodes<'a> {
     pub keys: &'a KeyRange<'a>,
     /// The queries.
     pub q: &'a [f32],
+    /// The queries unrotated, scale folded in (`[rows, group, d]`), for keys whose codec stores
+    /// coordinates apart (an outlier split); empty otherwise.
+    pub q_apart: &'a [f32],
     /// Each row's end (exclusive).
     pub limits: &'a [usize],
     /// Query heads per KV head.

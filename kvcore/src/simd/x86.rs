@@ -606,6 +606,12 @@ struct CausalTile<'a> {
     /// First key of the tile and its length.
     t: usize,
     n: usize,
+    /// An outlier split's stored-apart coordinates, `per_key` (index, value) pairs per key of
+    /// the tile (`per_key` 0: none), and the queries they multiply: unrotated, scale folded in,
+    /// `[heads, d]` in natural order.
+    apart: &'a [(usize, f32)],
+    per_key: usize,
+    q_apart: &'a [f32],
 }
 
 /// One register block of `R` query heads (rows `p0..p0 + R` of the kernel-order queries `qk`)
@@ -646,7 +652,19 @@ fn causal_block<const R: usize>(
         } else {
             (1u16 << live) - 1
         };
-        let sv = _mm512_mul_ps(s[j], tile.k_norm);
+        let sv = if tile.per_key == 0 {
+            _mm512_mul_ps(s[j], tile.k_norm)
+        } else {
+            let qa = &tile.q_apart[p * d..][..d];
+            let mut bias = [0.0f32; W];
+            for (b, pairs) in bias.iter_mut().zip(tile.apart.chunks_exact(tile.per_key)) {
+                *b = pairs
+                    .iter()
+                    .map(|&(c, v)| qa.get(c).copied().unwrap_or(0.0) * v)
+                    .sum();
+            }
+            _mm512_fmadd_ps(s[j], tile.k_norm, load512(&bias))
+        };
         let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
         let new_max = max[p].max(tile_max);
         let correction = if new_max == max[p] {
@@ -785,6 +803,9 @@ fn tq4_causal_avx512(
             vt: &vt,
             t,
             n,
+            apart: &[],
+            per_key: 0,
+            q_apart: &[],
         };
         causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);
         t += n;

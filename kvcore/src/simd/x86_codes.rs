@@ -737,6 +737,9 @@ macro_rules! codes_kernels {
             let mut vt = vec![zero; TILE * NZ];
             let mut rows = [0usize; TILE];
             let mut vnorms = [0.0f32; TILE];
+            // An outlier split's pairs of the tile's keys (lanes past a short tile: zero).
+            let per_key = kc.outliers();
+            let mut apart = vec![(0usize, 0.0f32); TILE * per_key];
             let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
             let mut t = keys.start;
             while t < last {
@@ -749,6 +752,14 @@ macro_rules! codes_kernels {
                         *k = expand(&bytes.k_codes[r * kcr..]);
                     }
                 });
+                if per_key > 0 {
+                    apart.fill((0, 0.0));
+                    for (pairs, &r) in apart.chunks_exact_mut(per_key).zip(&rows[..n]) {
+                        for (slot, pair) in pairs.iter_mut().zip(kc.apart(&bytes.k_codes[r * kcr..][..kcr])) {
+                            *slot = pair;
+                        }
+                    }
+                }
                 store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
                 per_codec!($mode, vx, NZ, expand => {
                     for (i, &r) in rows[..n].iter().enumerate() {
@@ -772,6 +783,9 @@ macro_rules! codes_kernels {
                     vt: &vt,
                     t,
                     n,
+                    apart: &apart,
+                    per_key,
+                    q_apart: job.q_apart,
                 };
                 causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);
                 t += n;
@@ -988,6 +1002,7 @@ mod tests {
                     bytes: &layer,
                     keys: &keys,
                     q: &q,
+                    q_apart: &[],
                     limits: &limits,
                     group,
                     d,

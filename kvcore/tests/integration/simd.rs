@@ -226,9 +226,21 @@ proptest! {
 
 #[test]
 fn a_prefill_chunk_at_smollm2_geometry_takes_the_tiled_kernel_where_there_is_one() {
-    // The last 256-token chunk of a 1K prompt: 3 KV heads of 64, 9 query heads.
+    // The last 256-token chunk of a 1K prompt: 3 KV heads of 64, 9 query heads; TQ4, and
+    // outlier-split TQ6 keys with TQ5 values.
+    let split = CodecKind::TurboQuantSplit {
+        bits: 6,
+        outliers: 1,
+    };
+    let tq5 = CodecKind::TurboQuant { bits: 5 };
+    for (key, value) in [(CodecKind::TQ4, CodecKind::TQ4), (split, tq5)] {
+        prefill_chunk_at_smollm2_geometry(key, value);
+    }
+}
+
+fn prefill_chunk_at_smollm2_geometry(key: CodecKind, value: CodecKind) {
     let (kv_heads, head_dim, start, new) = (3, 64, 768, 256);
-    let mut store = store_with(CodecKind::TQ4, kv_heads, head_dim, 64);
+    let mut store = store_pair(key, value, kv_heads, head_dim, 64);
     let ids = filled(&mut store, (start + new) / 16, SourceLayer::UserTurn, 21);
     let params = AttentionParams::new(9, head_dim);
     let width = 9 * head_dim;
@@ -248,7 +260,7 @@ fn a_prefill_chunk_at_smollm2_geometry_takes_the_tiled_kernel_where_there_is_one
         store
             .attend_causal_on(Isa::detected(), 0, &ids, start, new, &q, &p, &mut got)
             .unwrap();
-        assert!(rel_l2(&got, &want) < 1e-5, "x{threads}");
+        assert!(rel_l2(&got, &want) < 1e-5, "{key}/{value} x{threads}");
     }
 }
 

@@ -14,8 +14,9 @@
 //!
 //! The result is a [`KvProfile`]: a small JSON file keyed by the model's fingerprint, loaded by
 //! `serve`, `bench` and `eval` (`EngineConfig::layer_codecs`), and part of the KV fingerprint
-//! through the codecs it sets. Cost: `1 + layers · 2 · candidates` forward passes over
-//! `max_tokens` tokens, plus one per round.
+//! through the codecs it sets. Cost: one forward pass over `max_tokens` tokens per measured
+//! choice — every candidate for keys, every candidate but the outlier splits (a key codec) for
+//! values — plus the reference and one per round.
 
 use std::path::{Path, PathBuf};
 
@@ -55,7 +56,8 @@ pub struct CalibrateOptions {
     pub window: usize,
     /// Prefill chunk in tokens.
     pub chunk: usize,
-    /// Codecs a stream may take.
+    /// Codecs a stream may take (outlier splits: keys only). By default TurboQuant at 3 to 6
+    /// bits, TurboQuant at 5 and 6 bits with one outlier per key row stored apart, and Q8.
     pub candidates: Vec<CodecKind>,
     /// Mean KL (nats) the whole allocation may cost on the calibration text.
     pub budget_kl: f64,
@@ -78,6 +80,7 @@ impl Default for CalibrateOptions {
             candidates: [3, 4, 5, 6]
                 .map(|bits| CodecKind::TurboQuant { bits })
                 .into_iter()
+                .chain([5, 6].map(|bits| CodecKind::TurboQuantSplit { bits, outliers: 1 }))
                 .chain([CodecKind::Q8])
                 .collect(),
             budget_kl: 0.01,
@@ -320,8 +323,11 @@ pub fn calibrate(
     let mut probes: Vec<(usize, Stream, CodecKind)> = Vec::new();
     for layer in 0..shape.layers {
         for stream in [Stream::Key, Stream::Value] {
+            // An outlier split is a key codec.
             for &codec in &opts.candidates {
-                probes.push((layer, stream, codec));
+                if stream == Stream::Key || codec.outliers() == 0 {
+                    probes.push((layer, stream, codec));
+                }
             }
         }
     }

@@ -139,8 +139,12 @@ struct CalibrateKvArgs {
     /// Window length in tokens.
     #[arg(long, default_value_t = 1024)]
     window: usize,
-    /// Codecs a stream may take.
-    #[arg(long, value_delimiter = ',', default_value = "tq3,tq4,tq5,tq6,q8")]
+    /// Codecs a stream may take (outlier splits such as tq6o1: keys only).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "tq3,tq4,tq5,tq6,tq5o1,tq6o1,q8"
+    )]
     candidates: Vec<String>,
     /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
     #[arg(long, default_value = "calibrated")]
