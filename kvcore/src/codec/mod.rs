@@ -532,6 +532,12 @@ impl Codec {
         }
     }
 
+    /// Where an outlier split's stored-apart pairs start in a row's code bytes (after the
+    /// TurboQuant codes); each pair is an index byte and an f16 value.
+    pub(crate) fn apart_offset(&self) -> usize {
+        self.tq_code_bytes
+    }
+
     /// The coordinates an outlier split stored apart in a row's code bytes: (index, value).
     #[inline]
     pub(crate) fn apart<'a>(&self, code: &'a [u8]) -> impl Iterator<Item = (usize, f32)> + 'a {

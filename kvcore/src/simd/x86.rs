@@ -136,6 +136,71 @@ fn exp512(x: __m512) -> __m512 {
     _mm512_scalef_ps(y, n)
 }
 
+/// An outlier split's stored-apart pairs of one tile of keys, read once for every query head:
+/// per pair slot, the 16 keys' coordinate indices and values (lanes past the tile's keys, and
+/// slots past `per_key`, hold index 0 and value 0).
+#[derive(Clone, Copy)]
+pub(super) struct TileApart {
+    idx: [__m512i; crate::codec::MAX_OUTLIERS as usize],
+    val: [__m512; crate::codec::MAX_OUTLIERS as usize],
+    per_key: usize,
+}
+
+impl TileApart {
+    /// Reads the pairs of `rows` (the tile's keys) from `codes` (rows of `code_row` bytes, the
+    /// pairs at `offset`), `per_key` of them per row (at most [`crate::codec::MAX_OUTLIERS`]).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn read(
+        codes: &[u8],
+        rows: &[usize],
+        code_row: usize,
+        offset: usize,
+        per_key: usize,
+    ) -> Self {
+        const SLOTS: usize = crate::codec::MAX_OUTLIERS as usize;
+        let per_key = per_key.min(SLOTS);
+        let mut idx = [[0i32; TILE]; SLOTS];
+        let mut halves = [[0u16; TILE]; SLOTS];
+        for (i, &r) in rows.iter().enumerate().take(TILE) {
+            let pairs = &codes[r * code_row + offset..][..3 * per_key];
+            for (k, pair) in pairs.chunks_exact(3).enumerate() {
+                idx[k][i] = i32::from(pair[0]);
+                halves[k][i] = u16::from_le_bytes([pair[1], pair[2]]);
+            }
+        }
+        Self {
+            idx: std::array::from_fn(|k| {
+                // SAFETY: `idx[k]` is 16 i32 (64 bytes); the load is unaligned.
+                unsafe { _mm512_loadu_si512(idx[k].as_ptr().cast()) }
+            }),
+            // SAFETY: `halves[k]` is 16 u16 (32 bytes); the load is unaligned.
+            val: std::array::from_fn(|k| {
+                _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(halves[k].as_ptr().cast()) })
+            }),
+            per_key,
+        }
+    }
+
+    /// The 16 keys' stored-apart terms for query `q` (`d` coordinates, natural order):
+    /// `Σ_k q[idx_k]·val_k` per lane; an index past `q` counts 0.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn scores(&self, q: &[f32]) -> __m512 {
+        let d = _mm512_set1_epi32(q.len() as i32);
+        let mut b = _mm512_setzero_ps();
+        for k in 0..self.per_key {
+            let live = _mm512_cmplt_epi32_mask(self.idx[k], d);
+            // SAFETY: only lanes whose index is below `q.len()` read, at `q[idx]`.
+            let g = unsafe {
+                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), live, self.idx[k], q.as_ptr())
+            };
+            b = _mm512_fmadd_ps(g, self.val[k], b);
+        }
+        b
+    }
+}
+
 /// One head's online-softmax step over a tile: the scores are the lane sums of `lane_sums`
 /// (one register of partials per key) times the keys' norms `norm_v`, plus `bias` (an outlier
 /// split's stored-apart terms, 0 otherwise); lanes outside `lanes`
@@ -606,11 +671,9 @@ struct CausalTile<'a> {
     /// First key of the tile and its length.
     t: usize,
     n: usize,
-    /// An outlier split's stored-apart coordinates, `per_key` (index, value) pairs per key of
-    /// the tile (`per_key` 0: none), and the queries they multiply: unrotated, scale folded in,
-    /// `[heads, d]` in natural order.
-    apart: &'a [(usize, f32)],
-    per_key: usize,
+    /// An outlier split's stored-apart pairs of the tile's keys (None: no split), and the
+    /// queries they multiply: unrotated, scale folded in, `[heads, d]` in natural order.
+    apart: Option<TileApart>,
     q_apart: &'a [f32],
 }
 
@@ -652,18 +715,12 @@ fn causal_block<const R: usize>(
         } else {
             (1u16 << live) - 1
         };
-        let sv = if tile.per_key == 0 {
-            _mm512_mul_ps(s[j], tile.k_norm)
-        } else {
-            let qa = &tile.q_apart[p * d..][..d];
-            let mut bias = [0.0f32; W];
-            for (b, pairs) in bias.iter_mut().zip(tile.apart.chunks_exact(tile.per_key)) {
-                *b = pairs
-                    .iter()
-                    .map(|&(c, v)| qa.get(c).copied().unwrap_or(0.0) * v)
-                    .sum();
+        let sv = match &tile.apart {
+            None => _mm512_mul_ps(s[j], tile.k_norm),
+            Some(apart) => {
+                let bias = apart.scores(&tile.q_apart[p * d..][..d]);
+                _mm512_fmadd_ps(s[j], tile.k_norm, bias)
             }
-            _mm512_fmadd_ps(s[j], tile.k_norm, load512(&bias))
         };
         let tile_max = _mm512_mask_reduce_max_ps(lanes, sv);
         let new_max = max[p].max(tile_max);
@@ -803,8 +860,7 @@ fn tq4_causal_avx512(
             vt: &vt,
             t,
             n,
-            apart: &[],
-            per_key: 0,
+            apart: None,
             q_apart: &[],
         };
         causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);

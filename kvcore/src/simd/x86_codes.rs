@@ -27,7 +27,8 @@
 use std::arch::x86_64::*;
 
 use super::{
-    CausalTile, MAX_D, TILE, causal_tile, load512, store512, transpose_stage, transpose16,
+    CausalTile, MAX_D, TILE, TileApart, causal_tile, load512, store512, transpose_stage,
+    transpose16,
 };
 use crate::attention::CodesJob;
 use crate::codec::{Codec, CodecKind};
@@ -622,7 +623,7 @@ macro_rules! codes_kernels {
             let mut rows = [0usize; TILE];
             let mut vnorms = [0.0f32; TILE];
             let split = kc.outliers() > 0;
-            let mut bias = [[0.0f32; TILE]; G];
+            let scale = _mm512_set1_ps(job.scale);
             let mut t = keys.start;
             while t < keys.end {
                 let n = TILE.min(keys.end - t);
@@ -642,21 +643,19 @@ macro_rules! codes_kernels {
                     }
                 });
                 // An outlier split's stored-apart coordinates: one term per key and head.
-                if split {
-                    for (i, &r) in rows[..n].iter().enumerate() {
-                        let code = &bytes.k_codes[r * kcr..][..kcr];
-                        for (j, b) in bias.iter_mut().enumerate() {
-                            b[i] = job.scale * kc.apart_dot(code, &job.q[j * d..][..d]);
-                        }
-                    }
-                }
+                let apart = split.then(|| {
+                    TileApart::read(bytes.k_codes, &rows[..n], kcr, kc.apart_offset(), kc.outliers())
+                });
                 let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
                 let norm_v = tile_scales(bytes.k_norms, &rows[..n], knr);
                 for j in 0..G {
                     super::tile_softmax(
                         &lane_sums[j],
                         norm_v,
-                        if split { load512(&bias[j]) } else { zero },
+                        match &apart {
+                            Some(a) => _mm512_mul_ps(a.scores(&job.q[j * d..][..d]), scale),
+                            None => zero,
+                        },
                         lanes,
                         &stages,
                         &mut max[j],
@@ -737,9 +736,7 @@ macro_rules! codes_kernels {
             let mut vt = vec![zero; TILE * NZ];
             let mut rows = [0usize; TILE];
             let mut vnorms = [0.0f32; TILE];
-            // An outlier split's pairs of the tile's keys (lanes past a short tile: zero).
             let per_key = kc.outliers();
-            let mut apart = vec![(0usize, 0.0f32); TILE * per_key];
             let last = limits.iter().copied().max().unwrap_or(0).min(keys.end);
             let mut t = keys.start;
             while t < last {
@@ -752,14 +749,10 @@ macro_rules! codes_kernels {
                         *k = expand(&bytes.k_codes[r * kcr..]);
                     }
                 });
-                if per_key > 0 {
-                    apart.fill((0, 0.0));
-                    for (pairs, &r) in apart.chunks_exact_mut(per_key).zip(&rows[..n]) {
-                        for (slot, pair) in pairs.iter_mut().zip(kc.apart(&bytes.k_codes[r * kcr..][..kcr])) {
-                            *slot = pair;
-                        }
-                    }
-                }
+                // An outlier split's pairs of the tile's keys.
+                let apart = (per_key > 0).then(|| {
+                    TileApart::read(bytes.k_codes, &rows[..n], kcr, kc.apart_offset(), per_key)
+                });
                 store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
                 per_codec!($mode, vx, NZ, expand => {
                     for (i, &r) in rows[..n].iter().enumerate() {
@@ -783,8 +776,7 @@ macro_rules! codes_kernels {
                     vt: &vt,
                     t,
                     n,
-                    apart: &apart,
-                    per_key,
+                    apart,
                     q_apart: job.q_apart,
                 };
                 causal_tile(&tile, &qk, limits, group, d, &mut acc, &mut max, &mut sumv);

@@ -250,7 +250,16 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
             } else {
                 norm_at(bytes.k_norms, r, knr)
             };
-            let code = &bytes.k_codes[r * kcr..][..kcr];
+            // An outlier split's pairs, read once for every head.
+            let mut pairs = [(0usize, 0.0f32); crate::codec::MAX_OUTLIERS as usize];
+            if split {
+                for (slot, pair) in pairs
+                    .iter_mut()
+                    .zip(kc.apart(&bytes.k_codes[r * kcr..][..kcr]))
+                {
+                    *slot = pair;
+                }
+            }
             for (j, sj) in s.iter_mut().enumerate().take(group) {
                 let qj = &qz[j * nz..][..nz];
                 let mut v = _mm256_mul_ps(qj[0], e[0]);
@@ -260,7 +269,12 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
                 sj[i] = norm * hsum256(v);
                 // An outlier split's stored-apart coordinates.
                 if split {
-                    sj[i] += scale * kc.apart_dot(code, &q[j * d..][..d]);
+                    let qj = &q[j * d..][..d];
+                    let apart: f32 = pairs[..kc.outliers()]
+                        .iter()
+                        .map(|&(c, v)| qj.get(c).copied().unwrap_or(0.0) * v)
+                        .sum();
+                    sj[i] += scale * apart;
                 }
             }
         }
