@@ -194,7 +194,7 @@ struct TtftArgs {
     /// Decode steps timed per batch.
     #[arg(long, default_value_t = 16)]
     steps: usize,
-    /// KV codec, or KEYS/VALUES (`q8/tq4`); empty: the device's built-in default (`tq6/tq5` on
+    /// KV codec, or KEYS/VALUES (`q8/tq4`); empty: the device's built-in default (`tq6o1/tq5` on
     /// the CPU, `tq4` on CUDA).
     #[arg(long, default_value = "")]
     codec: String,

@@ -241,8 +241,8 @@ pub struct ModelSection {
     pub path: PathBuf,
     /// KV codec: f32, f16, q8, tq6 … tq2, or tqBoN (TurboQuant with N outliers per row stored
     /// apart, such as tq6o1) for keys and values alike, or one per stream, keys first:
-    /// `q8/tq4`. Empty (the default): the device's built-in default, `tq6/tq5` on the CPU and
-    /// `tq4` on CUDA.
+    /// `q8/tq4`. Empty (the default): the device's built-in default, `tq6o1/tq5` on the CPU and
+    /// `tq4` on CUDA. An outlier split is a key codec: `tq6o1` alone is refused.
     pub codec: String,
     /// A calibrated KV profile (`engram calibrate kv --out FILE`) whose per-layer, per-stream
     /// codecs replace `codec`; empty for none. It must be calibrated for `path`'s model.
@@ -486,7 +486,8 @@ impl Config {
         if engram_engine::StreamCodecs::parse_or_default(&self.model.codec, any_device).is_err() {
             return bad(
                 "model.codec",
-                "a codec (f32, f16, q8, tq6 … tq2, tqBoN such as tq6o1), or KEYS/VALUES such as q8/tq4",
+                "a codec (f32, f16, q8, tq6 … tq2), or KEYS/VALUES such as q8/tq4 or tq6o1/tq5 \
+                 (tqBoN, an outlier split, is for keys only)",
             );
         }
         if !self.model.kv_profile.is_empty() && !Path::new(&self.model.kv_profile).is_file() {
@@ -677,7 +678,10 @@ mod tests {
         assert_eq!(
             (cpu.codec, cpu.value_codec),
             (
-                CodecKind::TurboQuant { bits: 6 },
+                CodecKind::TurboQuantSplit {
+                    bits: 6,
+                    outliers: 1
+                },
                 Some(CodecKind::TurboQuant { bits: 5 })
             )
         );
@@ -703,6 +707,9 @@ mod tests {
             ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
             ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
             ("ENGRAM__MODEL__CODEC", "q8/tq9", "model.codec"),
+            // An outlier split is a key codec: not for both streams, not for the values.
+            ("ENGRAM__MODEL__CODEC", "tq6o1", "model.codec"),
+            ("ENGRAM__MODEL__CODEC", "tq5/tq6o1", "model.codec"),
             (
                 "ENGRAM__MODEL__KV_PROFILE",
                 "/no/such/profile.json",

@@ -64,8 +64,9 @@ pub struct EngineConfig {
     /// (default TurboQuant-4).
     pub codec: CodecKind,
     /// Codec of the values of every layer, when it differs from `codec`. The default sets keys
-    /// at TurboQuant-6 and values at TurboQuant-5 ([`crate::StreamCodecs::CPU_DEFAULT`]): with
-    /// another `codec`, set `None` for one codec in both streams.
+    /// at TurboQuant-6 with one outlier per row stored apart and values at TurboQuant-5
+    /// ([`crate::StreamCodecs::CPU_DEFAULT`]): with another `codec`, set `None` for one codec in
+    /// both streams (an outlier split is a key codec: its values need their own).
     pub value_codec: Option<CodecKind>,
     /// Per-layer and per-stream override of `codec` and `value_codec`.
     pub layer_codecs: Option<LayerCodecs>,

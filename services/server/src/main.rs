@@ -182,7 +182,7 @@ struct EvalKvArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "f16,q8,tq6/tq5,tq4,tq3,tq2"
+        default_value = "f16,q8,tq6o1/tq5,tq6/tq5,tq4,tq3,tq2"
     )]
     codecs: Vec<String>,
     /// A calibrated profile (`engram calibrate kv --out FILE`) to score as a row

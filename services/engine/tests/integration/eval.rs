@@ -73,7 +73,8 @@ fn codecs_are_ranked_by_their_error() {
 fn the_built_in_default_meets_the_kl_budget() {
     // The codecs an engine gets when nothing names one (no codec, no profile), scored against
     // exact KV on 1,024 tokens of the built-in calibration text: within issue 21's budget of
-    // 0.01 nats at no more than 6 bits per element, where TQ4 (the old default) is not.
+    // 0.01 nats at no more than 6 bits per element, where TQ4 (the first default) is not, and
+    // below the same widths without the outlier split (the previous default).
     use engram_engine::EngineConfig;
     let dir = tempdir("eval-default");
     std::fs::write(
@@ -91,13 +92,29 @@ fn the_built_in_default_meets_the_kl_budget() {
         corpus: dir.clone(),
         max_tokens: 1024,
         window: 1025,
-        codecs: vec![default, CodecKind::TQ4.into()],
+        // The default's outlier split against the same codecs without it.
+        codecs: vec![
+            default,
+            CodecKind::TQ4.into(),
+            StreamCodecs::parse("tq6/tq5").unwrap(),
+        ],
         greedy_prompts: 0,
         ..EvalOptions::default()
     };
     let (m, t) = model();
     let rows = evaluate(m, t, &opts, |_| {}).unwrap();
-    let (built_in, tq4) = (&rows[1], &rows[2]);
+    let (built_in, tq4, unsplit) = (&rows[1], &rows[2], &rows[3]);
+    assert_eq!(built_in.codec, "tq6o1/tq5");
+    assert!(
+        built_in.kl_nats < unsplit.kl_nats,
+        "the split {} vs {}",
+        built_in.kl_nats,
+        unsplit.kl_nats
+    );
+    println!(
+        "built-in {} {:.4} bits: KL {:.6} (tq6/tq5 {:.6}, tq4 {:.6})",
+        built_in.codec, built_in.bits_per_element, built_in.kl_nats, unsplit.kl_nats, tq4.kl_nats
+    );
     assert_eq!(built_in.tokens, 1024);
     assert!(
         built_in.bits_per_element <= 6.0,
