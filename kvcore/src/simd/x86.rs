@@ -174,9 +174,10 @@ impl TileApart {
                 // SAFETY: `idx[k]` is 16 i32 (64 bytes); the load is unaligned.
                 unsafe { _mm512_loadu_si512(idx[k].as_ptr().cast()) }
             }),
-            // SAFETY: `halves[k]` is 16 u16 (32 bytes); the load is unaligned.
             val: std::array::from_fn(|k| {
-                _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(halves[k].as_ptr().cast()) })
+                // SAFETY: `halves[k]` is 16 u16 (32 bytes); the load is unaligned.
+                let h = unsafe { _mm256_loadu_si256(halves[k].as_ptr().cast()) };
+                _mm512_cvtph_ps(h)
             }),
             per_key,
         }
