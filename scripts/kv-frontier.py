@@ -6,8 +6,9 @@ family and one point per calibrated profile, from `engram eval kv --json` lines.
     scripts/kv-frontier.py rows.jsonl > frontier.svg
 
 Families: `K=V` (one codec for keys and values), and `keys X` (keys in codec X, values in each
-TurboQuant width). Rows named `profile:…` are points; probes and the reference are left out.
-Standard library only.
+TurboQuant width; `keys tq6o1` is TurboQuant-6 keys with one outlier per row stored apart). Rows
+named `profile:…` are points; probes (`k:…`) and the reference are left out. Where files repeat
+a codec, the later file's row is drawn. Standard library only.
 """
 
 import json
@@ -18,6 +19,8 @@ import sys
 def family(name):
     if name.startswith("profile:"):
         return None
+    if name.startswith("k:"):
+        return ""
     if "/" in name:
         return "keys " + name.split("/", 1)[0]
     if name in ("f32",) or name.startswith("k:"):
@@ -28,6 +31,8 @@ def family(name):
 def main():
     rows = [json.loads(line) for path in sys.argv[1:] for line in open(path) if line.strip()]
     rows = [r for r in rows if r.get("kl_nats", 0) > 0 and "+" not in r["codec"]]
+    # A later file's row of the same codec replaces an earlier one's.
+    rows = list({r["codec"]: r for r in rows}.values())
     lines = {}
     points = []
     for r in rows:
