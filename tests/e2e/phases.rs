@@ -201,9 +201,21 @@ fn three_agents_five_phases_reuse_their_cache_and_answer_alike_after_restarts() 
          tokens over their own",
         reference.len()
     );
-    // Answers depend on the phase: the injected results reach the model.
+    // The injected results reach the model: each agent's next phase turn reads a context grown
+    // by at least that phase's injection. (Whether a 135M model's short greedy answer changes
+    // with them is not asserted: with f16 KV each agent answers alike in every phase, and only
+    // codec noise made the answers differ before.)
+    for (i, pair) in reference.windows(AGENTS.len() + 1).enumerate() {
+        let (before, after) = (&pair[0], &pair[AGENTS.len()]);
+        assert!(
+            after.prompt_tokens >= before.prompt_tokens + after.injected_tokens,
+            "phase turn {}: {before:?} then {after:?}",
+            i + AGENTS.len()
+        );
+    }
+    // Answers depend on the agent.
     let distinct: std::collections::HashSet<_> = reference.iter().map(|p| &p.answer).collect();
-    assert!(distinct.len() > 3, "{reference:?}");
+    assert!(distinct.len() >= AGENTS.len(), "{reference:?}");
     let last = |v: &[Phase]| -> Vec<String> {
         v[v.len() - AGENTS.len()..]
             .iter()

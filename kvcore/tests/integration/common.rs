@@ -34,17 +34,8 @@ pub const ALL_CODECS: [CodecKind; 11] = [
     },
 ];
 
-/// Every codec a value stream takes (the outlier splits are key codecs).
-pub const VALUE_CODECS: [CodecKind; 8] = [
-    CodecKind::F32,
-    CodecKind::F16,
-    CodecKind::Q8,
-    CodecKind::TurboQuant { bits: 2 },
-    CodecKind::TurboQuant { bits: 3 },
-    CodecKind::TurboQuant { bits: 4 },
-    CodecKind::TurboQuant { bits: 5 },
-    CodecKind::TurboQuant { bits: 6 },
-];
+/// Every codec a value stream takes: [`ALL_CODECS`] without the outlier splits (key codecs).
+pub const VALUE_CODECS: &[CodecKind] = ALL_CODECS.split_at(8).0;
 
 /// The value codec at `index` of [`VALUE_CODECS`], or past its end the key's own (TurboQuant at
 /// the split's width for an outlier split).
