@@ -231,9 +231,8 @@ pub struct Codec {
     kind: CodecKind,
     head_dim: usize,
     tq: Option<TurboQuant>,
-    /// Outlier split: coordinates stored apart per row (0: none) and where they start in a
-    /// row's code bytes (after the TurboQuant codes).
-    outliers: usize,
+    /// Where an outlier split's stored-apart pairs start in a row's code bytes (after the
+    /// TurboQuant codes; the row's end for the other codecs).
     tq_code_bytes: usize,
 }
 
@@ -295,7 +294,6 @@ impl Codec {
             kind,
             head_dim,
             tq,
-            outliers: kind.outliers(),
             tq_code_bytes,
         })
     }
@@ -322,7 +320,7 @@ impl Codec {
 
     /// Coordinates per row stored apart by an outlier split (0 for the other codecs).
     pub fn outliers(&self) -> usize {
-        self.outliers
+        self.kind.outliers()
     }
 
     /// The TurboQuant codebook in unit-vector scale (empty for F16 and Q8).
@@ -334,7 +332,7 @@ impl Codec {
     /// `None` for the other codecs and for a head_dim that is not a power of two (dense
     /// rotation).
     pub fn turboquant_tables(&self) -> Option<TurboQuantTables> {
-        if self.outliers > 0 {
+        if self.outliers() > 0 {
             return None;
         }
         let tq = self.tq.as_ref()?;
@@ -491,7 +489,7 @@ impl Codec {
                 rest.copy_from_slice(row);
                 // The largest magnitudes, the first index on ties, each taken once.
                 let mut picked = [usize::MAX; MAX_OUTLIERS as usize];
-                for k in 0..self.outliers {
+                for k in 0..self.outliers() {
                     let mut best = None::<(usize, f32)>;
                     for (j, &v) in row.iter().enumerate() {
                         if picked[..k].contains(&j) {
@@ -503,7 +501,7 @@ impl Codec {
                     }
                     picked[k] = best.map_or(0, |(j, _)| j);
                 }
-                let picked = &mut picked[..self.outliers];
+                let picked = &mut picked[..self.outliers()];
                 picked.sort_unstable();
                 for (&j, out) in picked.iter().zip(apart.chunks_exact_mut(OUTLIER_BYTES)) {
                     out[0] = j as u8;
@@ -541,9 +539,9 @@ impl Codec {
     /// The coordinates an outlier split stored apart in a row's code bytes: (index, value).
     #[inline]
     pub(crate) fn apart<'a>(&self, code: &'a [u8]) -> impl Iterator<Item = (usize, f32)> + 'a {
+        // Empty for the other codecs: their codes end the row.
         let apart = code.get(self.tq_code_bytes..).unwrap_or_default();
-        let n = if self.outliers > 0 { apart.len() } else { 0 };
-        apart[..n]
+        apart
             .chunks_exact(OUTLIER_BYTES)
             .map(|o| (usize::from(o[0]), f16::from_le_bytes([o[1], o[2]]).to_f32()))
     }
