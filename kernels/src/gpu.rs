@@ -9,7 +9,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use engram_kvcore::{Codec, CodecKind};
 
-use crate::{KernelError, SplitPlan, TQ4_SOURCE, defines};
+use crate::{ItemPlan, KernelError, PAGE, PageLayout, SplitPlan, TQ4_SOURCE, defines};
 
 fn driver(e: impl std::fmt::Display) -> KernelError {
     KernelError::Driver(e.to_string())
@@ -27,6 +27,11 @@ pub struct Tq4Kernels {
     decode_rows: CudaFunction,
     attend: CudaFunction,
     combine: CudaFunction,
+    mma: CudaFunction,
+    combine_items: CudaFunction,
+    read_stream: CudaFunction,
+    sms: usize,
+    max_shared: usize,
     signs: CudaSlice<f32>,
     thresholds: CudaSlice<f32>,
     codebook: CudaSlice<f32>,
@@ -67,6 +72,45 @@ pub struct DecodeBatch<'a> {
     pub block_size: usize,
     /// Softmax scale (usually 1/√head_dim).
     pub scale: f32,
+}
+
+/// Warps of one tensor-core CTA at most (`__launch_bounds__(256, 2)`): `ipc` items of
+/// `min(kv_heads, 8)` warps; two CTAs per SM.
+pub const MMA_WARPS: usize = 8;
+/// CTAs of the tensor-core kernel resident per SM.
+pub const MMA_CTAS_PER_SM: usize = 2;
+const LUT_BYTES: usize = 256 * 64 * 4;
+
+/// How the tensor-core kernel's CTAs are cut for `kv_heads` KV heads: `(items per CTA, warps
+/// per item)`.
+pub fn mma_cta(kv_heads: usize) -> (usize, usize) {
+    let wpi = kv_heads.clamp(1, MMA_WARPS);
+    ((MMA_WARPS / wpi).max(1), wpi)
+}
+
+/// Dynamic shared memory of one tensor-core CTA: the 64 KB pair table and each warp's rotated
+/// queries.
+pub fn mma_shared_bytes(warps: usize, group: usize, head_dim: usize) -> usize {
+    LUT_BYTES + warps * group * head_dim * 4
+}
+
+/// A batch's work-item plan on the device and the partials it needs (tensor-core kernel).
+#[derive(Debug)]
+pub struct MmaWork {
+    plan: ItemPlan,
+    kv_heads: usize,
+    items: CudaSlice<i32>,
+    seq_first: CudaSlice<i32>,
+    acc: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    l: CudaSlice<f32>,
+}
+
+impl MmaWork {
+    /// The plan it was built from.
+    pub fn plan(&self) -> &ItemPlan {
+        &self.plan
+    }
 }
 
 /// Scratch for the split-K partials, reusable across launches of the same or smaller size.
@@ -131,11 +175,29 @@ impl Tq4Kernels {
         .map_err(|e| KernelError::Compile(e.to_string()))?;
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
+        let mma = f("tq4_decode_mma")?;
+        use cudarc::driver::sys::CUdevice_attribute as Dev;
+        let optin = ctx
+            .attribute(Dev::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(driver)?;
+        mma.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            optin,
+        )
+        .map_err(driver)?;
+        let sms = ctx
+            .attribute(Dev::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver)?;
         Ok(Self {
             encode: f("tq4_encode")?,
             decode_rows: f("tq4_decode_rows")?,
             attend: f("tq4_decode_attention")?,
             combine: f("tq4_combine")?,
+            combine_items: f("tq4_combine_items")?,
+            read_stream: f("read_stream")?,
+            mma,
+            sms: usize::try_from(sms).unwrap_or(1).max(1),
+            max_shared: usize::try_from(optin).unwrap_or(0),
             signs: stream.clone_htod(&tables.signs).map_err(driver)?,
             thresholds: stream.clone_htod(&tables.thresholds).map_err(driver)?,
             codebook: stream.clone_htod(&tables.codebook).map_err(driver)?,
@@ -269,6 +331,180 @@ impl Tq4Kernels {
             m: self.stream.alloc_zeros(parts).map_err(driver)?,
             l: self.stream.alloc_zeros(parts).map_err(driver)?,
         })
+    }
+
+    /// Items the card works on at once with the tensor-core kernel (two CTAs per SM): the
+    /// `slots` of [`ItemPlan::new`].
+    pub fn mma_slots(&self, kv_heads: usize) -> usize {
+        let (ipc, wpi) = mma_cta(kv_heads);
+        (self.sms * MMA_CTAS_PER_SM * ipc / kv_heads.div_ceil(wpi).max(1)).max(1)
+    }
+
+    /// The work-item plan for sequences of `lens` positions (`chunk` overrides the plan's) and
+    /// its partials, uploaded.
+    pub fn mma_work(
+        &self,
+        lens: &[usize],
+        kv_heads: usize,
+        chunk: Option<usize>,
+    ) -> Result<MmaWork, KernelError> {
+        let (ipc, wpi) = mma_cta(kv_heads);
+        let need = mma_shared_bytes(ipc * wpi, self.group, self.head_dim);
+        if need > self.max_shared {
+            return Err(KernelError::Unsupported(format!(
+                "the tensor-core kernel needs {need} bytes of shared memory; the card has {}",
+                self.max_shared
+            )));
+        }
+        let plan = ItemPlan::new(lens, self.mma_slots(kv_heads), chunk)?;
+        let parts = plan.len().max(1) * kv_heads * self.group;
+        let items = if plan.items.is_empty() {
+            vec![0i32; 2]
+        } else {
+            plan.items.clone()
+        };
+        Ok(MmaWork {
+            items: self.stream.clone_htod(&items).map_err(driver)?,
+            seq_first: self.stream.clone_htod(&plan.seq_first).map_err(driver)?,
+            acc: self
+                .stream
+                .alloc_zeros(parts * self.head_dim)
+                .map_err(driver)?,
+            m: self.stream.alloc_zeros(parts).map_err(driver)?,
+            l: self.stream.alloc_zeros(parts).map_err(driver)?,
+            kv_heads,
+            plan,
+        })
+    }
+
+    /// [`Self::decode_attention`] on tensor cores (`tq4_decode_mma` + `tq4_combine_items`):
+    /// 16-position pages only; `layout` says how a page orders its rows (kvcore's is
+    /// [`PageLayout::TokenMajor`]). `work` must come from [`Self::mma_work`] for this batch's
+    /// lengths.
+    pub fn decode_attention_mma(
+        &self,
+        a: &DecodeBatch<'_>,
+        layout: PageLayout,
+        work: &mut MmaWork,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        if a.heads != a.kv_heads * self.group || a.kv_heads != work.kv_heads {
+            return Err(KernelError::Invalid(format!(
+                "{} heads over {} KV heads is not a group of {} (plan: {} KV heads)",
+                a.heads, a.kv_heads, self.group, work.kv_heads
+            )));
+        }
+        if a.block_size != PAGE {
+            return Err(KernelError::Unsupported(format!(
+                "block size {} (the tensor-core kernel reads {PAGE}-position pages)",
+                a.block_size
+            )));
+        }
+        if work.plan.seq_first.len() != a.batch + 1
+            || out.len() < a.batch * a.heads * self.head_dim
+            || a.q.len() < a.batch * a.heads * self.head_dim
+            || a.block_tables.len() < a.batch * a.max_blocks
+            || a.seq_lens.len() < a.batch
+            || a.max_blocks * a.block_size < a.max_len
+        {
+            return Err(KernelError::Invalid(
+                "a buffer is smaller than the batch it is given for".into(),
+            ));
+        }
+        let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
+        let max_blocks = int(a.max_blocks, "max_blocks")?;
+        let (ps, hs) = layout.strides(a.kv_heads);
+        let (ps, hs) = (int(ps, "pos stride")?, int(hs, "head stride")?);
+        let chunk = int(work.plan.chunk, "chunk")?;
+        let qscale = self.rot_scale * a.scale * std::f32::consts::LOG2_E;
+        if !work.plan.is_empty() {
+            let (ipc, wpi) = mma_cta(a.kv_heads);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(work.plan.len().div_ceil(ipc))
+                        .map_err(|_| KernelError::Invalid("items over u32".into()))?,
+                    a.kv_heads.div_ceil(wpi) as u32,
+                    1,
+                ),
+                block_dim: (32 * (ipc * wpi) as u32, 1, 1),
+                shared_mem_bytes: mma_shared_bytes(ipc * wpi, self.group, self.head_dim) as u32,
+            };
+            let n_items = int(work.plan.len(), "items")?;
+            let (ipc, wpi) = (int(ipc, "ipc")?, int(wpi, "wpi")?);
+            let mut launch = self.stream.launch_builder(&self.mma);
+            launch
+                .arg(&a.q)
+                .arg(&heads)
+                .arg(&kv_heads)
+                .arg(&a.k_codes)
+                .arg(&a.k_norms)
+                .arg(&a.v_codes)
+                .arg(&a.v_norms)
+                .arg(a.block_tables)
+                .arg(&max_blocks)
+                .arg(a.seq_lens)
+                .arg(&ps)
+                .arg(&hs)
+                .arg(&work.items)
+                .arg(&n_items)
+                .arg(&chunk)
+                .arg(&ipc)
+                .arg(&wpi)
+                .arg(&self.signs)
+                .arg(&self.codebook)
+                .arg(&qscale)
+                .arg(&mut work.acc)
+                .arg(&mut work.m)
+                .arg(&mut work.l);
+            // SAFETY: the arguments match `tq4_decode_mma`; the sizes were checked above, the
+            // partials were sized for this plan's items, and every block-table entry of a
+            // sequence's first ⌈len/16⌉ pages must name a slot of the planes (the block store
+            // hands out only such slots).
+            unsafe { launch.launch(cfg) }.map_err(driver)?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (a.heads as u32, a.batch as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.combine_items);
+        launch
+            .arg(&work.acc)
+            .arg(&work.m)
+            .arg(&work.l)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&work.seq_first)
+            .arg(&self.signs)
+            .arg(&self.rot_scale)
+            .arg(out);
+        // SAFETY: the arguments match `tq4_combine_items`; `seq_first` has batch + 1 entries
+        // naming items of the plan the partials were sized for.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Reads `bytes` of `src` once with 16-byte loads (the read-bandwidth ceiling the benches
+    /// compare with); `sink` takes one word per CTA.
+    pub fn read_stream(
+        &self,
+        src: &CudaSlice<u8>,
+        sink: &mut CudaSlice<u32>,
+    ) -> Result<(), KernelError> {
+        let n = src.len() / 16;
+        let blocks = (self.sms * 4).min(sink.len());
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = u64::try_from(n).map_err(|_| KernelError::Invalid("size over u64".into()))?;
+        let mut launch = self.stream.launch_builder(&self.read_stream);
+        launch.arg(src).arg(&n).arg(sink);
+        // SAFETY: `read_stream` reads `n` 16-byte words of `src` and writes one word per CTA of
+        // `sink`, which holds at least `blocks`.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
     }
 
     /// Decode attention of one query token per sequence over one layer; writes `out`

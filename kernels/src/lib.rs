@@ -16,6 +16,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod mma;
 pub mod reference;
 
 /// The CUDA C source of the TurboQuant-4 kernels.
@@ -67,6 +68,103 @@ impl SplitPlan {
     }
 }
 
+/// Positions of one KV page: the tensor-core kernel's tile (kvcore's default block size).
+pub const PAGE: usize = 16;
+
+/// The smallest and largest chunk the work-item plan picks on its own.
+pub const MIN_CHUNK: usize = 64;
+/// See [`MIN_CHUNK`].
+pub const MAX_CHUNK: usize = 2048;
+
+/// How a ragged batch of decode attention is cut into work items for the tensor-core kernel
+/// (`tq4_decode_mma`): every item is `chunk` positions of one sequence (the last one shorter),
+/// so that variable lengths balance; the items of sequence `b` are
+/// `seq_first[b] .. seq_first[b + 1]`, and the combine merges exactly those.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemPlan {
+    /// Positions per item, a multiple of [`PAGE`].
+    pub chunk: usize,
+    /// `(sequence, first position)` pairs, flattened for the kernel.
+    pub items: Vec<i32>,
+    /// Prefix sums of items per sequence (`batch + 1` entries).
+    pub seq_first: Vec<i32>,
+}
+
+impl ItemPlan {
+    /// The plan for sequences of `lens` positions on a card that runs `slots` CTAs at once
+    /// (SMs × CTAs per SM): the chunk is the power of two nearest above `Σ len / slots`,
+    /// clamped to [`MIN_CHUNK`] (256 once the batch holds more than 8K positions) ..
+    /// [`MAX_CHUNK`]; `chunk` overrides it (a multiple of [`PAGE`]). Sequences of length 0 get
+    /// no items (their output is zeros).
+    pub fn new(lens: &[usize], slots: usize, chunk: Option<usize>) -> Result<Self, KernelError> {
+        let total: usize = lens.iter().sum();
+        let chunk = match chunk {
+            Some(c) if c == 0 || !c.is_multiple_of(PAGE) => {
+                return Err(KernelError::Invalid(format!(
+                    "chunk {c} is not a positive multiple of {PAGE}"
+                )));
+            }
+            Some(c) => c,
+            None => {
+                let lo = if total <= 8192 { MIN_CHUNK } else { 256 };
+                (total / slots.max(1))
+                    .next_power_of_two()
+                    .clamp(lo, MAX_CHUNK)
+            }
+        };
+        let mut items = Vec::new();
+        let mut seq_first = Vec::with_capacity(lens.len() + 1);
+        seq_first.push(0);
+        for (b, &len) in lens.iter().enumerate() {
+            let b = i32::try_from(b).map_err(|_| KernelError::Invalid("batch over i32".into()))?;
+            for start in (0..len).step_by(chunk) {
+                let start = i32::try_from(start)
+                    .map_err(|_| KernelError::Invalid(format!("length {len} over i32")))?;
+                items.extend_from_slice(&[b, start]);
+            }
+            let n = i32::try_from(items.len() / 2)
+                .map_err(|_| KernelError::Invalid("items over i32".into()))?;
+            seq_first.push(n);
+        }
+        Ok(Self {
+            chunk,
+            items,
+            seq_first,
+        })
+    }
+
+    /// Work items.
+    pub fn len(&self) -> usize {
+        self.items.len() / 2
+    }
+
+    /// Whether the batch has no positions at all.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// How a page orders its rows: kvcore's `[pos][kv_head]` (token-major, today's layout) or
+/// `[kv_head][pos]` (head-major: a head's 16 rows contiguous). The tensor-core kernel reads
+/// either; the bench measures both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageLayout {
+    /// Row of (pos, head) = pos · kv_heads + head (kvcore's layout).
+    TokenMajor,
+    /// Row of (pos, head) = head · 16 + pos.
+    HeadMajor,
+}
+
+impl PageLayout {
+    /// `(pos_stride, head_stride)` in rows, for `kv_heads` KV heads.
+    pub fn strides(self, kv_heads: usize) -> (usize, usize) {
+        match self {
+            Self::TokenMajor => (kv_heads, 1),
+            Self::HeadMajor => (1, PAGE),
+        }
+    }
+}
+
 /// NVRTC defines for one kernel build.
 pub fn defines(head_dim: usize, group: usize, chunk: usize) -> Result<Vec<String>, KernelError> {
     if head_dim != 64 && head_dim != 128 {
@@ -106,5 +204,37 @@ mod tests {
         assert!(defines(96, 4, 512).is_err());
         assert!(defines(128, 4, 500).is_err());
         assert_eq!(defines(128, 4, 512).unwrap()[1], "-DGROUP=4");
+        for name in ["tq4_decode_mma", "tq4_combine_items"] {
+            assert!(TQ4_SOURCE.contains(&format!(" {name}(")), "{name}");
+        }
+    }
+
+    #[test]
+    fn item_plans_cover_every_position_once_and_balance_the_card() {
+        // 4K batch 1 on 132 SMs × 2: 4096 / 264 = 15.5 → the floor of 64.
+        let p = ItemPlan::new(&[4096], 264, None).unwrap();
+        assert_eq!((p.chunk, p.len()), (64, 64));
+        // 32K batch 16: 524,288 / 264 → 2048 (the ceiling).
+        let p = ItemPlan::new(&[32_768; 16], 264, None).unwrap();
+        assert_eq!((p.chunk, p.len()), (2048, 256));
+        // 32K batch 1: 124 → 256 (the floor above 8K positions).
+        assert_eq!(ItemPlan::new(&[32_768], 264, None).unwrap().chunk, 256);
+        // Ragged: every position of every sequence in exactly one item, in order.
+        let lens = [1usize, 0, 700, 2085, 16];
+        let p = ItemPlan::new(&lens, 8, Some(128)).unwrap();
+        assert_eq!(p.seq_first.len(), lens.len() + 1);
+        for (b, &len) in lens.iter().enumerate() {
+            let (lo, hi) = (p.seq_first[b] as usize, p.seq_first[b + 1] as usize);
+            assert_eq!(hi - lo, len.div_ceil(128), "sequence {b}");
+            for (k, it) in (lo..hi).enumerate() {
+                assert_eq!(p.items[2 * it], b as i32);
+                assert_eq!(p.items[2 * it + 1], (k * 128) as i32);
+            }
+        }
+        assert!(ItemPlan::new(&[100], 8, Some(24)).is_err());
+        assert!(ItemPlan::new(&[100], 8, Some(0)).is_err());
+        assert!(ItemPlan::new(&[0, 0], 8, None).unwrap().is_empty());
+        assert_eq!(PageLayout::TokenMajor.strides(8), (8, 1));
+        assert_eq!(PageLayout::HeadMajor.strides(8), (1, 16));
     }
 }

@@ -26,7 +26,7 @@ pub struct Planes<'a> {
 }
 
 /// In-place fast Walsh–Hadamard transform (the butterflies of `fwht_warp`, in its order).
-fn fwht(b: &mut [f32]) {
+pub(crate) fn fwht(b: &mut [f32]) {
     let n = b.len();
     let mut h = 1;
     while h < n {

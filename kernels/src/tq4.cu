@@ -352,3 +352,416 @@ extern "C" __global__ void tq4_decode_rows(
     float* o = out + (size_t)r * HEAD_DIM;
     for (int i = lane; i < HEAD_DIM; i += WARP) o[i] = b[i] * signs[i] * rot_scale;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core decode attention: tq4_decode_mma + tq4_combine_items.
+//
+// Work items (sequence b, first position) come from the host plan (kernels/src/lib.rs,
+// `ItemPlan`): every item covers `chunk` positions (a multiple of the 16-position page) of one
+// sequence. A CTA takes one item for `blockDim.x / 32` KV heads, one warp per KV head; the warp
+// walks the item's pages one 16-position tile at a time:
+//   scores  S^T[16 pos x 8] = K[16 x HEAD_DIM] . Q^T[HEAD_DIM x 8]   (mma.m16n8k16, f16 in, f32 acc)
+//   values  O^T[HEAD_DIM x 8] += V^T[HEAD_DIM x 16] . P^T[16 x 8]
+// with the GROUP query heads of the KV head in N = 8 (columns GROUP..7 are zero). Codes become
+// f16 operands through a shared-memory pair table: entry `byte` = half2(codebook[byte & 15],
+// codebook[byte >> 4]), one copy per bank (word address byte * 64 + lane), so a lookup is one
+// PRMT + one conflict-free LDS per two values. The softmax runs in the log2 domain (the query is
+// pre-scaled by rot_scale . scale . log2 e) and rescales lazily: the running max moves only when
+// a tile's score passes it by more than LAZY, so P <= 2^LAZY; the value norm (times VSCALE, a
+// power of two keeping P . |v| inside f16) folds into P before P is rounded to f16.
+// Lane (r = lane / 4, c = lane % 4) of a warp:
+//   keys:   bytes [BPL c, BPL c + BPL) of positions r and r + 8; k-step j reads bytes 2j, 2j+1
+//           (dims 2 BPL c + 4j + {0,1} and + {2,3}); its Q fragment is the same dims of head r;
+//   values: bytes [VB r, VB r + VB) of positions 2c, 2c+1, 2c+8, 2c+9; two positions' words are
+//           interleaved nibble-wise so that one table entry is (V[p][d], V[p+1][d]); m-tile i
+//           covers dims 2 VB r + 2i (row r) and 2 VB r + 2i + 1 (row r + 8);
+//   output: m-tile i, heads 2c and 2c+1, dims 2 VB r + 2i + {0, 1}.
+// The CPU emulation of exactly this fragment arithmetic is `reference::mma_decode`; CI runs it.
+// Page layout: row of (slot, pos, kv head) = slot . 16 . kv_heads + pos . pos_stride +
+// head . head_stride (kvcore's layout: pos_stride = kv_heads, head_stride = 1; head-major pages:
+// pos_stride = 1, head_stride = 16).
+#define BPL (HEAD_DIM / 8)
+#define KSTEPS (HEAD_DIM / 16)
+#define VB (HEAD_DIM / 16)
+#define PAGE 16
+#define LUT_WORDS (256 * 64)
+#ifndef LAZY
+#define LAZY 8.0f
+#endif
+#define VSCALE 0.015625f
+#define INV_VSCALE 64.0f
+
+__device__ __forceinline__ unsigned int pack_half2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ void mma16816(float* d, unsigned int a0, unsigned int a1,
+                                         unsigned int a2, unsigned int a3, unsigned int b0,
+                                         unsigned int b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned int movmatrix_t(unsigned int x) {
+    unsigned int r;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+// Byte k of `word` looked up in the lane's copy of the pair table.
+#define PAIR(lut, word, k, lane4) \
+    (*(const unsigned int*)((lut) + __byte_perm((word), (lane4), 0x5504 | ((k) << 4))))
+
+__device__ __forceinline__ unsigned int ldg_u32(const void* p) {
+    unsigned int r;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 ldg_u64(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint4 ldg_u128(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ unsigned short ldg_u16(const void* p) {
+    unsigned short r;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
+    return r;
+}
+
+// One tile's bytes for one lane, loaded straight into registers (a copy ring through shared
+// memory was measured slower: its LDGSTS and LDS traffic competes with the pair-table lookups
+// for the L1 pipe).
+struct MmaTile {
+    unsigned int k0[BPL / 4], k1[BPL / 4];  // rows r, r + 8
+    unsigned int v[4][VB / 4];              // positions 2c, 2c+1, 2c+8, 2c+9
+    unsigned short kn0, kn1, vn0, vn1;      // norms of positions r, r + 8
+};
+
+__device__ __forceinline__ void mma_load(MmaTile& t, const unsigned char* kc,
+                                         const unsigned char* vc, const unsigned short* kn,
+                                         const unsigned short* vn, size_t page_row, int koff0,
+                                         int koff1, int voff0, int vstep, int noff0, int noff1) {
+    const unsigned char* kp = kc + page_row * CODE_BYTES;
+    const unsigned char* vp = vc + page_row * CODE_BYTES + voff0;
+#if HEAD_DIM == 128
+    const uint4 a = ldg_u128(kp + koff0), b = ldg_u128(kp + koff1);
+    t.k0[0] = a.x; t.k0[1] = a.y; t.k0[2] = a.z; t.k0[3] = a.w;
+    t.k1[0] = b.x; t.k1[1] = b.y; t.k1[2] = b.z; t.k1[3] = b.w;
+    uint2 w;
+    w = ldg_u64(vp); t.v[0][0] = w.x; t.v[0][1] = w.y;
+    w = ldg_u64(vp + vstep); t.v[1][0] = w.x; t.v[1][1] = w.y;
+    w = ldg_u64(vp + 8 * vstep); t.v[2][0] = w.x; t.v[2][1] = w.y;
+    w = ldg_u64(vp + 9 * vstep); t.v[3][0] = w.x; t.v[3][1] = w.y;
+#else
+    const uint2 a = ldg_u64(kp + koff0), b = ldg_u64(kp + koff1);
+    t.k0[0] = a.x; t.k0[1] = a.y;
+    t.k1[0] = b.x; t.k1[1] = b.y;
+    t.v[0][0] = ldg_u32(vp);
+    t.v[1][0] = ldg_u32(vp + vstep);
+    t.v[2][0] = ldg_u32(vp + 8 * vstep);
+    t.v[3][0] = ldg_u32(vp + 9 * vstep);
+#endif
+    t.kn0 = ldg_u16(kn + page_row + noff0);
+    t.kn1 = ldg_u16(kn + page_row + noff1);
+    t.vn0 = ldg_u16(vn + page_row + noff0);
+    t.vn1 = ldg_u16(vn + page_row + noff1);
+}
+
+// The softmax and accumulator state of one warp over one item.
+struct MmaState {
+    float o[KSTEPS][4];
+    float m0, m1, l0, l1;
+};
+
+// Scores, lazy softmax and values of one 16-position tile (page index t) for one lane.
+__device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t, int start,
+                                         int end, int r, const char* lut, unsigned int lane4,
+                                         const unsigned int (&qf)[KSTEPS][2]) {
+    float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < KSTEPS; j++) {
+        const unsigned int w0 = cur.k0[j >> 1], w1 = cur.k1[j >> 1];
+        const int kb = (2 * j) & 3;
+        mma16816(j & 1 ? sb : sa, PAIR(lut, w0, kb, lane4), PAIR(lut, w1, kb, lane4),
+                 PAIR(lut, w0, kb + 1, lane4), PAIR(lut, w1, kb + 1, lane4), qf[j][0], qf[j][1]);
+    }
+    const int p0 = t * PAGE + r, p1 = p0 + 8;
+    const bool ok0 = p0 >= start && p0 < end, ok1 = p1 >= start && p1 < end;
+    const float kn0 = f16_to_f32(cur.kn0), kn1 = f16_to_f32(cur.kn1);
+    const float s0 = ok0 ? (sa[0] + sb[0]) * kn0 : NEG_INF;
+    const float s1 = ok0 ? (sa[1] + sb[1]) * kn0 : NEG_INF;
+    const float s2 = ok1 ? (sa[2] + sb[2]) * kn1 : NEG_INF;
+    const float s3 = ok1 ? (sa[3] + sb[3]) * kn1 : NEG_INF;
+    float x0 = fmaxf(s0, s2), x1 = fmaxf(s1, s3);
+    if (__any_sync(0xffffffffu, x0 > st.m0 + LAZY || x1 > st.m1 + LAZY)) {
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, off));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, off));
+        }
+        const float n0 = fmaxf(st.m0, x0), n1 = fmaxf(st.m1, x1);
+        const float f0 = fast_exp2(st.m0 - n0), f1 = fast_exp2(st.m1 - n1);
+        st.m0 = n0;
+        st.m1 = n1;
+        st.l0 *= f0;
+        st.l1 *= f1;
+#pragma unroll
+        for (int i = 0; i < KSTEPS; i++) {
+            st.o[i][0] *= f0;
+            st.o[i][1] *= f1;
+            st.o[i][2] *= f0;
+            st.o[i][3] *= f1;
+        }
+    }
+    const float e0 = fast_exp2(s0 - st.m0), e1 = fast_exp2(s1 - st.m1);
+    const float e2 = fast_exp2(s2 - st.m0), e3 = fast_exp2(s3 - st.m1);
+    st.l0 += e0 + e2;
+    st.l1 += e1 + e3;
+    const float vn0 = ok0 ? f16_to_f32(cur.vn0) * VSCALE : 0.0f;
+    const float vn1 = ok1 ? f16_to_f32(cur.vn1) * VSCALE : 0.0f;
+    const unsigned int pb0 = movmatrix_t(pack_half2(e0 * vn0, e1 * vn0));
+    const unsigned int pb1 = movmatrix_t(pack_half2(e2 * vn1, e3 * vn1));
+#pragma unroll
+    for (int w = 0; w < VB / 4; w++) {
+        const unsigned int A = cur.v[0][w], B = cur.v[1][w], C = cur.v[2][w], D = cur.v[3][w];
+        const unsigned int elo = (A & 0x0F0F0F0Fu) | ((B << 4) & 0xF0F0F0F0u);
+        const unsigned int olo = ((A >> 4) & 0x0F0F0F0Fu) | (B & 0xF0F0F0F0u);
+        const unsigned int ehi = (C & 0x0F0F0F0Fu) | ((D << 4) & 0xF0F0F0F0u);
+        const unsigned int ohi = ((C >> 4) & 0x0F0F0F0Fu) | (D & 0xF0F0F0F0u);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            mma16816(st.o[4 * w + k], PAIR(lut, elo, k, lane4), PAIR(lut, olo, k, lane4),
+                     PAIR(lut, ehi, k, lane4), PAIR(lut, ohi, k, lane4), pb0, pb1);
+    }
+}
+
+// Tensor-core decode attention. A CTA holds `ipc` items of `wpi` warps (one KV head each):
+// warp w works on item blockIdx.x . ipc + w / wpi, KV head blockIdx.y . wpi + w % wpi.
+// Dynamic shared memory: the 64 KB pair table, then each warp's rotated queries. A warp loads
+// tile t + 1 into registers while it computes tile t (two buffers, the loop unrolled by two);
+// the block-table entries of 32 pages at a time sit one per lane (the next 32 in flight) and
+// reach the loads through a shuffle, so no load waits on another.
+extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
+    const float* __restrict__ q, int heads, int kv_heads,
+    const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
+    const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
+    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
+    int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int chunk,
+    int ipc, int wpi,
+    const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
+    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l) {
+    extern __shared__ __align__(16) unsigned int smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int i = tid; i < LUT_WORDS / 8; i += blockDim.x) {
+        int idx = i >> 3;
+        unsigned int v = pack_half2(codebook[idx & 15], codebook[idx >> 4]);
+        *(uint4*)(smem + idx * 64 + (i & 7) * 4) = make_uint4(v, v, v, v);
+    }
+    const int item = blockIdx.x * ipc + warp / wpi;
+    const int g = blockIdx.y * wpi + warp % wpi;
+    const bool live = item < n_items && g < kv_heads && warp / wpi < ipc;
+    float* qs = (float*)(smem + LUT_WORDS) + warp * GROUP * HEAD_DIM;
+    int b = 0, start = 0, end = 0;
+    if (live) {
+        b = items[2 * item];
+        start = items[2 * item + 1];
+        end = min(start + chunk, seq_lens[b]);
+        for (int h = 0; h < GROUP; h++) {
+            const float* qh = q + ((size_t)b * heads + g * GROUP + h) * HEAD_DIM;
+            for (int i = lane; i < HEAD_DIM; i += WARP) qs[h * HEAD_DIM + i] = qh[i] * signs[i];
+            __syncwarp();
+            fwht_warp(qs + h * HEAD_DIM, lane);
+        }
+    }
+    __syncthreads();
+    if (!live || start >= end) return;
+    const int r = lane >> 2, c = lane & 3;
+    const unsigned int lane4 = (unsigned int)lane << 2;
+    const char* lut = (const char*)smem;
+    unsigned int qf[KSTEPS][2];
+#pragma unroll
+    for (int j = 0; j < KSTEPS; j++) {
+        if (r < GROUP) {
+            const float* qr = qs + r * HEAD_DIM + (HEAD_DIM / 4) * c + 4 * j;
+            qf[j][0] = pack_half2(qr[0] * qscale, qr[1] * qscale);
+            qf[j][1] = pack_half2(qr[2] * qscale, qr[3] * qscale);
+        } else {
+            qf[j][0] = 0u;
+            qf[j][1] = 0u;
+        }
+    }
+    // Per-lane offsets inside a page (rows of the planes, then bytes).
+    const int hrow = g * head_stride;
+    const int noff0 = r * pos_stride + hrow, noff1 = noff0 + 8 * pos_stride;
+    const int koff0 = noff0 * CODE_BYTES + BPL * c, koff1 = noff1 * CODE_BYTES + BPL * c;
+    const int voff0 = (2 * c * pos_stride + hrow) * CODE_BYTES + VB * r;
+    const int vstep = pos_stride * CODE_BYTES;
+    const size_t page_rows = (size_t)PAGE * kv_heads;
+    const int* table = block_tables + (size_t)b * max_blocks;
+    const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
+    int tb_now = t_first + lane < t_end ? table[t_first + lane] : 0;
+    int tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
+    // The page row of tile u (u - t_first < 32 · refills so far + 32).
+    auto page_of = [&](int u) -> size_t {
+        const int k = u - t_first;
+        if ((k & 31) == 0 && k > 0) {
+            tb_now = tb_next;
+            tb_next = u + 32 + lane < t_end ? table[u + 32 + lane] : 0;
+        }
+        return (size_t)__shfl_sync(0xffffffffu, tb_now, k & 31) * page_rows;
+    };
+
+    MmaState st;
+#pragma unroll
+    for (int i = 0; i < KSTEPS; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
+    st.m0 = st.m1 = NEG_INF;
+    st.l0 = st.l1 = 0.0f;
+    MmaTile ta, tb;
+    mma_load(ta, k_codes, v_codes, k_norms, v_norms, page_of(t_first), koff0, koff1, voff0,
+             vstep, noff0, noff1);
+    for (int t = t_first; t < t_end; t += 2) {
+        if (t + 1 < t_end)
+            mma_load(tb, k_codes, v_codes, k_norms, v_norms, page_of(t + 1), koff0, koff1, voff0,
+                     vstep, noff0, noff1);
+        mma_tile(st, ta, t, start, end, r, lut, lane4, qf);
+        if (t + 1 >= t_end) break;
+        if (t + 2 < t_end)
+            mma_load(ta, k_codes, v_codes, k_norms, v_norms, page_of(t + 2), koff0, koff1, voff0,
+                     vstep, noff0, noff1);
+        mma_tile(st, tb, t + 1, start, end, r, lut, lane4, qf);
+    }
+    float l0 = st.l0, l1 = st.l1;
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const size_t part = ((size_t)item * kv_heads + g) * GROUP;
+    const int h0 = 2 * c, h1 = 2 * c + 1;
+#pragma unroll
+    for (int i = 0; i < KSTEPS; i++) {
+        const int dim = 2 * VB * r + 2 * i;
+        if (h0 < GROUP)
+            *(float2*)(part_acc + (part + h0) * HEAD_DIM + dim) =
+                make_float2(st.o[i][0] * INV_VSCALE, st.o[i][2] * INV_VSCALE);
+        if (h1 < GROUP)
+            *(float2*)(part_acc + (part + h1) * HEAD_DIM + dim) =
+                make_float2(st.o[i][1] * INV_VSCALE, st.o[i][3] * INV_VSCALE);
+    }
+    if (r == 0) {
+        if (h0 < GROUP) {
+            part_m[part + h0] = st.m0;
+            part_l[part + h0] = l0;
+        }
+        if (h1 < GROUP) {
+            part_m[part + h1] = st.m1;
+            part_l[part + h1] = l1;
+        }
+    }
+}
+
+// Merges the items of each (sequence, head) (`seq_first[b] .. seq_first[b + 1]`, maxima in the
+// log2 domain) and rotates the result back: out = signs . (H . acc / l) . rot_scale. One CTA of
+// COMBINE_WARPS warps per (head, sequence): the warps stride over the items (independent loads,
+// several in flight), each lane HEAD_DIM / 32 dims; warp 0 merges the warps' sums through shared
+// memory, normalizes and rotates. A sequence without items gets zeros.
+#define COMBINE_WARPS 8
+#define DPL (HEAD_DIM / WARP)
+extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * WARP) tq4_combine_items(
+    const float* __restrict__ part_acc, const float* __restrict__ part_m,
+    const float* __restrict__ part_l, int heads, int kv_heads, const int* __restrict__ seq_first,
+    const float* __restrict__ signs, float rot_scale, float* __restrict__ out) {
+    __shared__ float ys[COMBINE_WARPS][HEAD_DIM];
+    __shared__ float ms[COMBINE_WARPS], ls[COMBINE_WARPS];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int h = blockIdx.x, b = blockIdx.y;
+    const int g = h / GROUP, gh = h % GROUP;
+    const int first = seq_first[b], last = seq_first[b + 1];
+    // Each warp's own max and sums (online over its items), merged below.
+    float mx = NEG_INF;
+    for (int s = first + warp; s < last; s += COMBINE_WARPS)
+        mx = fmaxf(mx, part_m[((size_t)s * kv_heads + g) * GROUP + gh]);
+    float y[DPL], total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) y[i] = 0.0f;
+#pragma unroll 4
+    for (int s = first + warp; s < last; s += COMBINE_WARPS) {
+        const size_t k = ((size_t)s * kv_heads + g) * GROUP + gh;
+        const float f = fast_exp2(part_m[k] - mx);  // 0 for an empty partial (m = -inf)
+        total += part_l[k] * f;
+        const float* a = part_acc + k * HEAD_DIM + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) y[i] += a[i] * f;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) ys[warp][lane * DPL + i] = y[i];
+    if (lane == 0) {
+        ms[warp] = mx;
+        ls[warp] = total;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    float gm = NEG_INF;
+    for (int w = 0; w < COMBINE_WARPS; w++) gm = fmaxf(gm, ms[w]);
+    float sum = 0.0f, acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    for (int w = 0; w < COMBINE_WARPS; w++) {
+        const float f = ms[w] == NEG_INF ? 0.0f : fast_exp2(ms[w] - gm);
+        sum += ls[w] * f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] += ys[w][lane * DPL + i] * f;
+    }
+    __syncwarp();
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    float* yv = ys[0];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) yv[lane * DPL + i] = acc[i] * inv;
+    __syncwarp();
+    fwht_warp(yv, lane);
+    float* o = out + ((size_t)b * heads + h) * HEAD_DIM;
+    for (int i = lane; i < HEAD_DIM; i += WARP) o[i] = yv[i] * signs[i] * rot_scale;
+}
+
+// Reads n 16-byte words once (grid-stride, four loads in flight per thread) and keeps the XOR
+// of all of them, one word per CTA: the read-bandwidth ceiling of the benches.
+extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned long long n,
+                                       unsigned int* __restrict__ sink) {
+    unsigned int x = 0;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = ldg_u128(p + i), b = ldg_u128(p + i + stride);
+        uint4 c = ldg_u128(p + i + 2 * stride), d = ldg_u128(p + i + 3 * stride);
+        x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
+             d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 v = ldg_u128(p + i);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) x ^= __shfl_xor_sync(0xffffffffu, x, o);
+    __shared__ unsigned int part[32];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) x ^= part[w];
+        sink[blockIdx.x] = x;
+    }
+}

@@ -7,6 +7,12 @@
 //! own blocks (no sharing through L2). Times are CUDA-event times of `--reps` launches after
 //! `--warmup` launches.
 //!
+//! Tensor-core kernel (`tq4_decode_mma`, `--kernels mma`): the same batches in token-major
+//! (kvcore's) and head-major pages (`--layouts token,head`), at the planned chunk and at every
+//! chunk of `--mma-chunks 64,256,…` (a sweep), median of 5 rounds of `--reps` launches
+//! (attention + combine). The read ceiling is a read-only stream of 2 GiB with 16-byte loads
+//! (`read_stream`), measured in the same process; `share_of_read_bw` divides by it.
+//!
 //! Tiers (`--only tiers`, or by default after attention): warm and spill of 1,000 blocks of the
 //! same shape across all 32 layers (540,672 bytes a block, 540.7 MB in all) between VRAM and the
 //! page-locked cold tier, for consecutive slots (one `cuMemcpyAsync` per tensor, layer and run)
@@ -19,8 +25,8 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUevent_flags;
-use engram_kernels::DEFAULT_CHUNK;
 use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
+use engram_kernels::{DEFAULT_CHUNK, PageLayout};
 use engram_kvcore::{
     BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, SourceLayer,
     SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
@@ -47,6 +53,25 @@ fn main() -> Result<()> {
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let only = flag("--only").unwrap_or_default();
+    let kernels = flag("--kernels").unwrap_or_else(|| "fp32,mma".into());
+    let layouts: Vec<PageLayout> = flag("--layouts")
+        .unwrap_or_else(|| "token,head".into())
+        .split(',')
+        .map(|l| match l {
+            "head" => Ok(PageLayout::HeadMajor),
+            "token" => Ok(PageLayout::TokenMajor),
+            other => Err(anyhow::anyhow!("layout {other} (token or head)")),
+        })
+        .collect::<Result<_>>()?;
+    let mma_chunks: Vec<Option<usize>> = std::iter::once(Ok(None))
+        .chain(
+            flag("--mma-chunks")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(|c| c.parse().map(Some)),
+        )
+        .collect::<Result<_, _>>()?;
     let chunk: usize = flag("--chunk").map_or(Ok(DEFAULT_CHUNK), |v| v.parse())?;
     let mut out_file = match flag("--out") {
         Some(p) => Some(std::fs::File::create(&p).with_context(|| p.clone())?),
@@ -98,6 +123,28 @@ fn main() -> Result<()> {
         .map(|v| v.split(',').map(|d| format!("-D{d}")).collect())
         .unwrap_or_default();
     let k = Tq4Kernels::with_defines(stream.clone(), &codec, group, chunk, &extra)?;
+    // The read ceiling: a read-only stream of 2 GiB, median of 5 rounds of 10.
+    let big = stream.alloc_zeros::<u8>(copy_bytes)?;
+    let mut sink = stream.alloc_zeros::<u32>(4096)?;
+    for _ in 0..3 {
+        k.read_stream(&big, &mut sink)?;
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..5 {
+        let t0 = stream.record_event(timing)?;
+        for _ in 0..10 {
+            k.read_stream(&big, &mut sink)?;
+        }
+        let t1 = stream.record_event(timing)?;
+        t1.synchronize()?;
+        rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / 10.0);
+    }
+    drop((big, sink));
+    let read_s = median(rounds);
+    let read_bw = copy_bytes as f64 / read_s;
+    emit(format!(
+        "{{\"bench\":\"read_stream\",\"bytes\":{copy_bytes},\"seconds\":{read_s:.6},\"bytes_per_s\":{read_bw:.4e}}}"
+    ))?;
     let mut rng = SplitMix64::new(11);
     let attention = only.is_empty() || only == "attention";
     for &ctx_len in contexts.iter().filter(|_| attention) {
@@ -146,25 +193,55 @@ fn main() -> Result<()> {
                 block_size: bs,
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };
-            for _ in 0..warmup {
-                k.decode_attention(&a, &mut work, &mut out)?;
-            }
-            let t0 = stream.record_event(timing)?;
-            for _ in 0..reps {
-                k.decode_attention(&a, &mut work, &mut out)?;
-            }
-            let t1 = stream.record_event(timing)?;
-            t1.synchronize()?;
-            let s = f64::from(t0.elapsed_ms(&t1)?) / 1e3 / reps as f64;
             let bytes = (batch * ctx_len * kv_heads * (head_dim + 4)) as f64
                 + (2 * batch * heads * head_dim * 4) as f64;
-            let bw = bytes / s;
-            emit(format!(
-                "{{\"bench\":\"tq4_decode_attention\",\"layers\":1,\"chunk\":{chunk},\"defines\":\"{}\",\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_copy_bw\":{:.3}}}",
-                extra.join(" "),
-                s * 32.0,
-                bw / copy_bw
-            ))?;
+            let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+                for _ in 0..warmup {
+                    f()?;
+                }
+                let mut rounds = Vec::new();
+                for _ in 0..5 {
+                    let t0 = stream.record_event(timing)?;
+                    for _ in 0..reps {
+                        f()?;
+                    }
+                    let t1 = stream.record_event(timing)?;
+                    t1.synchronize()?;
+                    rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / reps as f64);
+                }
+                Ok(median(rounds))
+            };
+            if kernels.contains("fp32") {
+                let s = time(&mut || Ok(k.decode_attention(&a, &mut work, &mut out)?))?;
+                let bw = bytes / s;
+                emit(format!(
+                    "{{\"bench\":\"tq4_decode_attention\",\"layers\":1,\"chunk\":{chunk},\"defines\":\"{}\",\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_copy_bw\":{:.3},\"share_of_read_bw\":{:.3}}}",
+                    extra.join(" "),
+                    s * 32.0,
+                    bw / copy_bw,
+                    bw / read_bw
+                ))?;
+            }
+            if kernels.contains("mma") {
+                let lens_host = vec![ctx_len; batch];
+                for &layout in &layouts {
+                    for &mc in &mma_chunks {
+                        let mut mw = k.mma_work(&lens_host, kv_heads, mc)?;
+                        let s = time(&mut || {
+                            Ok(k.decode_attention_mma(&a, layout, &mut mw, &mut out)?)
+                        })?;
+                        let bw = bytes / s;
+                        emit(format!(
+                            "{{\"bench\":\"tq4_decode_mma\",\"defines\":\"{}\",\"layers\":1,\"layout\":\"{layout:?}\",\"chunk\":{},\"items\":{},\"planned\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
+                            extra.join(" "),
+                            mw.plan().chunk,
+                            mw.plan().len(),
+                            mc.is_none(),
+                            bw / read_bw
+                        ))?;
+                    }
+                }
+            }
         }
     }
     if only.is_empty() || only == "tiers" {

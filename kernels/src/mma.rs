@@ -1,0 +1,699 @@
+//! The tensor-core decode kernel (`tq4_decode_mma` + `tq4_combine_items` in `tq4.cu`) emulated
+//! on the CPU lane by lane: the same work items, per-lane byte offsets, pair-table lookups,
+//! `mma.m16n8k16` fragments (assembled by the PTX fragment layouts), `movmatrix` transposes,
+//! f16 roundings, lazy log2-domain softmax and partial layout as the CUDA code. CI checks it
+//! against kvcore's dense reference, so the tile formulation (which lane holds which dims and
+//! positions), the split and the combine are tested on every commit, not only on a GPU; the GPU
+//! check (`engram-gpu-check`) then holds the kernel to the same bound.
+//!
+//! Emulation differs from the hardware only in the order of f32 sums inside one MMA and in
+//! `ex2.approx` (here `f32::exp2`); both are far below the 2e-3 bound.
+
+// Loops over lanes, tiles and k-steps index several arrays at once, as the CUDA code does.
+#![allow(clippy::needless_range_loop)]
+
+use engram_kvcore::Codec;
+use half::f16;
+
+use crate::reference::{Planes, fwht};
+use crate::{ItemPlan, KernelError, PAGE, PageLayout};
+
+/// `LAZY` of the kernel: the running max moves only when a score passes it by more than this
+/// (log2 units), so softmax weights stay ≤ 2^8 before the value norm.
+pub const LAZY: f32 = 8.0;
+/// `VSCALE` of the kernel: value norms are scaled by 2^-6 before `P·‖v‖` is rounded to f16, so
+/// norms up to 16,380 stay finite with `P ≤ 2^LAZY`.
+pub const VSCALE: f32 = 1.0 / 64.0;
+
+type Warp<T> = [T; 32];
+
+fn pack(lo: f32, hi: f32) -> u32 {
+    u32::from(f16::from_f32(lo).to_bits()) | (u32::from(f16::from_f32(hi).to_bits()) << 16)
+}
+
+fn lo(x: u32) -> f32 {
+    f16::from_bits(x as u16).to_f32()
+}
+
+fn hi(x: u32) -> f32 {
+    f16::from_bits((x >> 16) as u16).to_f32()
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`, `d += a·b`, by the PTX fragment
+/// layouts: lane `(g, c) = (lane / 4, lane % 4)` holds A rows g, g+8 × columns 2c, 2c+1,
+/// 2c+8, 2c+9 (`a[0..4]` = (g, 2c..), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..)), B rows 2c, 2c+1
+/// (`b[0]`) and 2c+8, 2c+9 (`b[1]`) of column g, and D (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1).
+pub fn mma16816(d: &mut Warp<[f32; 4]>, a: &Warp<[u32; 4]>, b: &Warp<[u32; 2]>) {
+    let mut am = [[0f32; 16]; 16];
+    let mut bm = [[0f32; 8]; 16];
+    for lane in 0..32 {
+        let (g, c) = (lane / 4, lane % 4);
+        let a = a[lane];
+        for (k, (row, col)) in [
+            (g, 2 * c),
+            (g + 8, 2 * c),
+            (g, 2 * c + 8),
+            (g + 8, 2 * c + 8),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            am[row][col] = lo(a[k]);
+            am[row][col + 1] = hi(a[k]);
+        }
+        let b = b[lane];
+        bm[2 * c][g] = lo(b[0]);
+        bm[2 * c + 1][g] = hi(b[0]);
+        bm[2 * c + 8][g] = lo(b[1]);
+        bm[2 * c + 9][g] = hi(b[1]);
+    }
+    for (lane, d) in d.iter_mut().enumerate() {
+        let (g, c) = (lane / 4, lane % 4);
+        for (k, (row, col)) in [
+            (g, 2 * c),
+            (g, 2 * c + 1),
+            (g + 8, 2 * c),
+            (g + 8, 2 * c + 1),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            d[k] += (0..16).map(|i| am[row][i] * bm[i][col]).sum::<f32>();
+        }
+    }
+}
+
+/// `movmatrix.sync.aligned.m8n8.trans.b16`: lane `(g, c)` holds row g, columns 2c, 2c+1 of an
+/// 8×8 matrix of 16-bit values before and of its transpose after.
+pub fn movmatrix_t(x: &Warp<u32>) -> Warp<u32> {
+    let mut m = [[0u16; 8]; 8];
+    for (lane, &v) in x.iter().enumerate() {
+        let (g, c) = (lane / 4, lane % 4);
+        m[g][2 * c] = v as u16;
+        m[g][2 * c + 1] = (v >> 16) as u16;
+    }
+    std::array::from_fn(|lane| {
+        let (g, c) = (lane / 4, lane % 4);
+        u32::from(m[2 * c][g]) | (u32::from(m[2 * c + 1][g]) << 16)
+    })
+}
+
+/// The pair table: entry `byte` = half2(codebook[byte & 15], codebook[byte >> 4]).
+pub fn pair_table(codebook: &[f32]) -> [u32; 256] {
+    std::array::from_fn(|i| pack(codebook[i & 15], codebook[i >> 4]))
+}
+
+fn word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+fn byte(w: u32, k: usize) -> usize {
+    ((w >> (8 * k)) & 0xFF) as usize
+}
+
+fn norm(bytes: &[u8], row: usize) -> f32 {
+    f16::from_le_bytes([bytes[2 * row], bytes[2 * row + 1]]).to_f32()
+}
+
+/// One item's partial for one KV head: per query head of the group, the max (log2 domain), the
+/// normalizer and the accumulator (rotated space, true dim order).
+struct Partial {
+    m: Vec<f32>,
+    l: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn warp_item(
+    lut: &[u32; 256],
+    d: usize,
+    group: usize,
+    qrot: &[f32],
+    planes: &Planes<'_>,
+    (pos_stride, head_stride): (usize, usize),
+    table: &[u32],
+    g: usize,
+    start: usize,
+    end: usize,
+    qscale: f32,
+) -> Partial {
+    let (bpl, ksteps, vb, cb) = (d / 8, d / 16, d / 16, d / 2);
+    let kv_heads = planes.kv_heads;
+    // Q fragments: lane (r, c), k-step j: head r, dims (d/4)·c + 4j + {0, 1} and {2, 3}.
+    let qf: Warp<Vec<[u32; 2]>> = std::array::from_fn(|lane| {
+        let (r, c) = (lane / 4, lane % 4);
+        (0..ksteps)
+            .map(|j| {
+                if r >= group {
+                    return [0, 0];
+                }
+                let q = &qrot[r * d + (d / 4) * c + 4 * j..];
+                [
+                    pack(q[0] * qscale, q[1] * qscale),
+                    pack(q[2] * qscale, q[3] * qscale),
+                ]
+            })
+            .collect()
+    });
+    let mut o: Vec<Warp<[f32; 4]>> = vec![[[0.0; 4]; 32]; ksteps];
+    let (mut m, mut l) = ([[f32::NEG_INFINITY; 2]; 32], [[0.0f32; 2]; 32]);
+    for tile in start / PAGE..end.div_ceil(PAGE) {
+        let page_row = table[tile] as usize * PAGE * kv_heads;
+        let row = |p: usize| page_row + p * pos_stride + g * head_stride;
+        // Scores: S^T = K · Q^T over `ksteps` MMAs (one accumulator: the kernel's two chains
+        // only reorder the f32 sum).
+        let mut s: Warp<[f32; 4]> = [[0.0; 4]; 32];
+        for j in 0..ksteps {
+            let a: Warp<[u32; 4]> = std::array::from_fn(|lane| {
+                let (r, c) = (lane / 4, lane % 4);
+                let at = |p: usize| row(p) * cb + bpl * c + 4 * (j >> 1);
+                let (w0, w1) = (word(planes.k_codes, at(r)), word(planes.k_codes, at(r + 8)));
+                let kb = (2 * j) & 3;
+                [
+                    lut[byte(w0, kb)],
+                    lut[byte(w1, kb)],
+                    lut[byte(w0, kb + 1)],
+                    lut[byte(w1, kb + 1)],
+                ]
+            });
+            let b: Warp<[u32; 2]> = std::array::from_fn(|lane| qf[lane][j]);
+            mma16816(&mut s, &a, &b);
+        }
+        // Softmax, lazily: each lane holds positions r, r+8 of heads 2c, 2c+1.
+        let mut sc = [[0f32; 4]; 32];
+        let mut need = false;
+        for lane in 0..32 {
+            let r = lane / 4;
+            let (p0, p1) = (tile * PAGE + r, tile * PAGE + r + 8);
+            let (ok0, ok1) = (p0 >= start && p0 < end, p1 >= start && p1 < end);
+            let (kn0, kn1) = (
+                norm(planes.k_norms, row(r)),
+                norm(planes.k_norms, row(r + 8)),
+            );
+            let v = s[lane];
+            sc[lane] = [
+                if ok0 { v[0] * kn0 } else { f32::NEG_INFINITY },
+                if ok0 { v[1] * kn0 } else { f32::NEG_INFINITY },
+                if ok1 { v[2] * kn1 } else { f32::NEG_INFINITY },
+                if ok1 { v[3] * kn1 } else { f32::NEG_INFINITY },
+            ];
+            let x = [sc[lane][0].max(sc[lane][2]), sc[lane][1].max(sc[lane][3])];
+            need |= x[0] > m[lane][0] + LAZY || x[1] > m[lane][1] + LAZY;
+        }
+        if need {
+            for c in 0..4 {
+                for hh in 0..2 {
+                    let x = (0..8)
+                        .map(|r| sc[4 * r + c][hh].max(sc[4 * r + c][hh + 2]))
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    for r in 0..8 {
+                        let lane = 4 * r + c;
+                        let n = m[lane][hh].max(x);
+                        let f = (m[lane][hh] - n).exp2();
+                        m[lane][hh] = n;
+                        l[lane][hh] *= f;
+                        for oi in o.iter_mut() {
+                            oi[lane][hh] *= f;
+                            oi[lane][hh + 2] *= f;
+                        }
+                    }
+                }
+            }
+        }
+        let mut x0 = [0u32; 32];
+        let mut x1 = [0u32; 32];
+        for lane in 0..32 {
+            let r = lane / 4;
+            let (p0, p1) = (tile * PAGE + r, tile * PAGE + r + 8);
+            let (ok0, ok1) = (p0 >= start && p0 < end, p1 >= start && p1 < end);
+            let e = [
+                (sc[lane][0] - m[lane][0]).exp2(),
+                (sc[lane][1] - m[lane][1]).exp2(),
+                (sc[lane][2] - m[lane][0]).exp2(),
+                (sc[lane][3] - m[lane][1]).exp2(),
+            ];
+            l[lane][0] += e[0] + e[2];
+            l[lane][1] += e[1] + e[3];
+            let vn0 = if ok0 {
+                norm(planes.v_norms, row(r)) * VSCALE
+            } else {
+                0.0
+            };
+            let vn1 = if ok1 {
+                norm(planes.v_norms, row(r + 8)) * VSCALE
+            } else {
+                0.0
+            };
+            x0[lane] = pack(e[0] * vn0, e[1] * vn0);
+            x1[lane] = pack(e[2] * vn1, e[3] * vn1);
+        }
+        let (pb0, pb1) = (movmatrix_t(&x0), movmatrix_t(&x1));
+        let b: Warp<[u32; 2]> = std::array::from_fn(|lane| [pb0[lane], pb1[lane]]);
+        // Values: O^T += V^T · P^T, m-tile i = 4w + k.
+        for w in 0..vb / 4 {
+            let idx: Warp<[u32; 4]> = std::array::from_fn(|lane| {
+                let (r, c) = (lane / 4, lane % 4);
+                let at = |p: usize| word(planes.v_codes, row(p) * cb + vb * r + 4 * w);
+                let (a, b, cc, dd) = (at(2 * c), at(2 * c + 1), at(2 * c + 8), at(2 * c + 9));
+                [
+                    (a & 0x0F0F_0F0F) | ((b << 4) & 0xF0F0_F0F0),
+                    ((a >> 4) & 0x0F0F_0F0F) | (b & 0xF0F0_F0F0),
+                    (cc & 0x0F0F_0F0F) | ((dd << 4) & 0xF0F0_F0F0),
+                    ((cc >> 4) & 0x0F0F_0F0F) | (dd & 0xF0F0_F0F0),
+                ]
+            });
+            for k in 0..4 {
+                let a: Warp<[u32; 4]> =
+                    std::array::from_fn(|lane| idx[lane].map(|wd| lut[byte(wd, k)]));
+                mma16816(&mut o[4 * w + k], &a, &b);
+            }
+        }
+    }
+    // The kernel's epilogue: normalizers summed over the 8 lanes of a column pair, the
+    // accumulator written at dims 2·vb·r + 2i (+1) for heads 2c, 2c+1.
+    let mut out = Partial {
+        m: vec![f32::NEG_INFINITY; group],
+        l: vec![0.0; group],
+        acc: vec![0.0; group * d],
+    };
+    for lane in 0..32 {
+        let (r, c) = (lane / 4, lane % 4);
+        for (hh, h) in [2 * c, 2 * c + 1].into_iter().enumerate() {
+            if h >= group {
+                continue;
+            }
+            out.m[h] = m[lane][hh];
+            out.l[h] = (0..8).map(|rr| l[4 * rr + c][hh]).sum();
+            for (i, oi) in o.iter().enumerate() {
+                let dim = 2 * vb * r + 2 * i;
+                out.acc[h * d + dim] = oi[lane][hh] / VSCALE;
+                out.acc[h * d + dim + 1] = oi[lane][hh + 2] / VSCALE;
+            }
+        }
+    }
+    out
+}
+
+/// Decode attention of a ragged batch (`q`: `[batch, heads, head_dim]`, model space) as the
+/// tensor-core kernel computes it: items of `plan`, one emulated warp per (item, KV head), then
+/// the combine. `block_tables` is `[batch, max_blocks]`; writes `out` (`[batch, heads,
+/// head_dim]`).
+#[allow(clippy::too_many_arguments)]
+pub fn mma_decode(
+    codec: &Codec,
+    group: usize,
+    plan: &ItemPlan,
+    layout: PageLayout,
+    q: &[f32],
+    planes: &Planes<'_>,
+    block_tables: &[u32],
+    max_blocks: usize,
+    lens: &[usize],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let t = codec
+        .turboquant_tables()
+        .filter(|t| t.bits == 4)
+        .ok_or_else(|| KernelError::Unsupported("not a TurboQuant 4-bit codec".into()))?;
+    let d = codec.head_dim();
+    let kv_heads = planes.kv_heads;
+    let heads = kv_heads * group;
+    let batch = lens.len();
+    if planes.block_size != PAGE || !(1..=8).contains(&group) || (d != 64 && d != 128) {
+        return Err(KernelError::Unsupported(format!(
+            "block size {}, group {group}, head_dim {d}",
+            planes.block_size
+        )));
+    }
+    if q.len() != batch * heads * d
+        || out.len() != batch * heads * d
+        || block_tables.len() < batch * max_blocks
+        || plan.seq_first.len() != batch + 1
+        || lens.iter().any(|&l| l > max_blocks * PAGE)
+    {
+        return Err(KernelError::Invalid(
+            "buffer sizes do not match the shape".into(),
+        ));
+    }
+    let lut = pair_table(&t.codebook);
+    let qscale = t.scale * scale * std::f32::consts::LOG2_E;
+    let strides = layout.strides(kv_heads);
+    // Partials [item][kv_head].
+    let mut parts: Vec<Partial> = Vec::with_capacity(plan.len() * kv_heads);
+    for it in 0..plan.len() {
+        let (b, start) = (plan.items[2 * it] as usize, plan.items[2 * it + 1] as usize);
+        let end = (start + plan.chunk).min(lens[b]);
+        let table = &block_tables[b * max_blocks..][..max_blocks];
+        for g in 0..kv_heads {
+            let mut qrot = vec![0f32; group * d];
+            for (h, qr) in qrot.chunks_exact_mut(d).enumerate() {
+                let src = &q[(b * heads + g * group + h) * d..][..d];
+                qr.iter_mut()
+                    .zip(src.iter().zip(&t.signs))
+                    .for_each(|(x, (v, s))| *x = v * s);
+                fwht(qr);
+            }
+            parts.push(warp_item(
+                &lut, d, group, &qrot, planes, strides, table, g, start, end, qscale,
+            ));
+        }
+    }
+    // The combine: merge a sequence's items in the log2 domain, normalize, rotate back.
+    for b in 0..batch {
+        let (first, last) = (plan.seq_first[b] as usize, plan.seq_first[b + 1] as usize);
+        for h in 0..heads {
+            let (g, gh) = (h / group, h % group);
+            let ps = (first..last).map(|it| &parts[it * kv_heads + g]);
+            let mx = ps
+                .clone()
+                .map(|p| p.m[gh])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut y = vec![0f32; d];
+            let mut total = 0.0f32;
+            for p in ps {
+                if p.l[gh] == 0.0 {
+                    continue;
+                }
+                let f = (p.m[gh] - mx).exp2();
+                total += p.l[gh] * f;
+                y.iter_mut()
+                    .zip(&p.acc[gh * d..][..d])
+                    .for_each(|(y, a)| *y += a * f);
+            }
+            let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+            y.iter_mut().for_each(|v| *v *= inv);
+            fwht(&mut y);
+            for i in 0..d {
+                out[(b * heads + h) * d + i] = y[i] * t.signs[i] * t.scale;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_kvcore::{
+        AttentionParams, CodecKind, DEFAULT_ROTATION_SEED, Rows, SplitMix64, attend_dense,
+    };
+
+    use super::*;
+    use crate::reference::rel_l2;
+
+    #[test]
+    fn mma_fragments_follow_the_ptx_layouts() {
+        // A = row index + column/16 as f16, B = identity-like: D = A·B picks known sums.
+        let mut rng = SplitMix64::new(3);
+        let am: Vec<f32> = (0..256)
+            .map(|_| (rng.next_u64() % 9) as f32 - 4.0)
+            .collect();
+        let bm: Vec<f32> = (0..128)
+            .map(|_| (rng.next_u64() % 7) as f32 - 3.0)
+            .collect();
+        let a: Warp<[u32; 4]> = std::array::from_fn(|lane| {
+            let (g, c) = (lane / 4, lane % 4);
+            let at = |r: usize, k: usize| pack(am[r * 16 + k], am[r * 16 + k + 1]);
+            [
+                at(g, 2 * c),
+                at(g + 8, 2 * c),
+                at(g, 2 * c + 8),
+                at(g + 8, 2 * c + 8),
+            ]
+        });
+        let b: Warp<[u32; 2]> = std::array::from_fn(|lane| {
+            let (g, c) = (lane / 4, lane % 4);
+            let at = |k: usize| pack(bm[k * 8 + g], bm[(k + 1) * 8 + g]);
+            [at(2 * c), at(2 * c + 8)]
+        });
+        let mut d = [[1.0f32; 4]; 32];
+        mma16816(&mut d, &a, &b);
+        for lane in 0..32 {
+            let (g, c) = (lane / 4, lane % 4);
+            let want = |r: usize, n: usize| {
+                1.0 + (0..16).map(|k| am[r * 16 + k] * bm[k * 8 + n]).sum::<f32>()
+            };
+            assert_eq!(d[lane][0], want(g, 2 * c));
+            assert_eq!(d[lane][1], want(g, 2 * c + 1));
+            assert_eq!(d[lane][2], want(g + 8, 2 * c));
+            assert_eq!(d[lane][3], want(g + 8, 2 * c + 1));
+        }
+        // movmatrix twice is the identity, once moves (g, 2c) to (2c, g).
+        let x: Warp<u32> = std::array::from_fn(|l| (l as u32) * 0x0002_0002 + 0x0001_0000);
+        assert_eq!(movmatrix_t(&movmatrix_t(&x)), x);
+        let t = movmatrix_t(&x);
+        // Element (row 3, col 5) of the transpose = element (5, 3): lane 5·4 + 1, high half.
+        assert_eq!(t[3 * 4 + 2] >> 16, x[5 * 4 + 1] >> 16);
+    }
+
+    #[test]
+    fn the_pair_table_holds_both_nibbles_low_first() {
+        let cb: Vec<f32> = (0..16).map(|i| i as f32 * 0.125 - 1.0).collect();
+        let lut = pair_table(&cb);
+        for b in 0..256 {
+            assert_eq!(lo(lut[b]), cb[b & 15]);
+            assert_eq!(hi(lut[b]), cb[b >> 4]);
+        }
+    }
+
+    struct Case {
+        kc: Vec<u8>,
+        kn: Vec<u8>,
+        vc: Vec<u8>,
+        vn: Vec<u8>,
+        kd: Vec<f32>,
+        vd: Vec<f32>,
+    }
+
+    fn encode(codec: &Codec, rows: usize, rng: &mut SplitMix64, vscale: f32) -> Case {
+        let d = codec.head_dim();
+        let kx = rng.gaussian_vec(rows * d);
+        let mut vx = rng.gaussian_vec(rows * d);
+        vx.iter_mut().for_each(|v| *v *= vscale);
+        let (mut kc, mut kn) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
+        let (mut vc, mut vn) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
+        codec.encode(Rows::F32(&kx), &mut kc, &mut kn).unwrap();
+        codec.encode(Rows::F32(&vx), &mut vc, &mut vn).unwrap();
+        let (mut kd, mut vd) = (vec![0f32; rows * d], vec![0f32; rows * d]);
+        codec.decode(&kc, &kn, &mut kd).unwrap();
+        codec.decode(&vc, &vn, &mut vd).unwrap();
+        Case {
+            kc,
+            kn,
+            vc,
+            vn,
+            kd,
+            vd,
+        }
+    }
+
+    /// Rewrites token-major planes (`[slot][pos][head]`) as head-major (`[slot][head][pos]`).
+    fn head_major(bytes: &[u8], row_bytes: usize, kv_heads: usize) -> Vec<u8> {
+        let mut out = vec![0u8; bytes.len()];
+        let page = PAGE * kv_heads;
+        for (i, src) in bytes.chunks_exact(row_bytes).enumerate() {
+            let (slot, rest) = (i / page, i % page);
+            let (pos, head) = (rest / kv_heads, rest % kv_heads);
+            let to = slot * page + head * PAGE + pos;
+            out[to * row_bytes..][..row_bytes].copy_from_slice(src);
+        }
+        out
+    }
+
+    /// The emulated kernel against the dense f32 reference over the CPU-decoded rows, for head
+    /// dims 64 and 128, groups 1, 3, 4 and 8, ragged lengths (one position, a page plus one, a
+    /// tail), the automatic and forced chunks, both page layouts (identical results), a
+    /// shuffled block table, and peaked attention (queries ×8) that moves the lazy max.
+    #[test]
+    fn the_tensor_core_formulation_matches_the_dense_reference() {
+        let mut rng = SplitMix64::new(9);
+        for (d, group, kv_heads, qmul) in [
+            (64usize, 3usize, 3usize, 1.0f32),
+            (128, 4, 2, 1.0),
+            (128, 8, 1, 8.0),
+            (64, 1, 2, 8.0),
+        ] {
+            let codec =
+                Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
+            let lens = [1usize, 17, 300, 1061];
+            let max_blocks = 1061usize.div_ceil(PAGE);
+            let slots = lens.len() * max_blocks;
+            let rows = slots * PAGE * kv_heads;
+            let c = encode(&codec, rows, &mut rng, 1.0);
+            let mut order: Vec<u32> = (0..slots as u32).collect();
+            for i in (1..slots).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let heads = kv_heads * group;
+            let mut q = rng.gaussian_vec(lens.len() * heads * d);
+            q.iter_mut().for_each(|v| *v *= qmul);
+            let scale = 1.0 / (d as f32).sqrt();
+            let planes = Planes {
+                k_codes: &c.kc,
+                k_norms: &c.kn,
+                v_codes: &c.vc,
+                v_norms: &c.vn,
+                kv_heads,
+                block_size: PAGE,
+            };
+            let (hk, hn) = (
+                head_major(&c.kc, d / 2, kv_heads),
+                head_major(&c.kn, 2, kv_heads),
+            );
+            let (hv, hvn) = (
+                head_major(&c.vc, d / 2, kv_heads),
+                head_major(&c.vn, 2, kv_heads),
+            );
+            let hplanes = Planes {
+                k_codes: &hk,
+                k_norms: &hn,
+                v_codes: &hv,
+                v_norms: &hvn,
+                kv_heads,
+                block_size: PAGE,
+            };
+            for chunk in [None, Some(64), Some(256)] {
+                let plan = ItemPlan::new(&lens, 8, chunk).unwrap();
+                let mut got = vec![0f32; q.len()];
+                mma_decode(
+                    &codec,
+                    group,
+                    &plan,
+                    PageLayout::TokenMajor,
+                    &q,
+                    &planes,
+                    &order,
+                    max_blocks,
+                    &lens,
+                    scale,
+                    &mut got,
+                )
+                .unwrap();
+                let mut hgot = vec![0f32; q.len()];
+                mma_decode(
+                    &codec,
+                    group,
+                    &plan,
+                    PageLayout::HeadMajor,
+                    &q,
+                    &hplanes,
+                    &order,
+                    max_blocks,
+                    &lens,
+                    scale,
+                    &mut hgot,
+                )
+                .unwrap();
+                assert_eq!(got, hgot, "d {d} group {group}: layouts differ");
+                let row = kv_heads * d;
+                for (b, &len) in lens.iter().enumerate() {
+                    let (mut keys, mut values) = (Vec::new(), Vec::new());
+                    for p in 0..len {
+                        let r = (order[b * max_blocks + p / PAGE] as usize * PAGE + p % PAGE)
+                            * kv_heads;
+                        keys.extend_from_slice(&c.kd[r * d..][..row]);
+                        values.extend_from_slice(&c.vd[r * d..][..row]);
+                    }
+                    let mut want = vec![0f32; heads * d];
+                    attend_dense(
+                        &keys,
+                        &values,
+                        kv_heads,
+                        &q[b * heads * d..][..heads * d],
+                        &AttentionParams::new(heads, d),
+                        &mut want,
+                    )
+                    .unwrap();
+                    let err = rel_l2(&got[b * heads * d..][..heads * d], &want);
+                    assert!(
+                        err < 2e-3,
+                        "d {d} group {group} len {len} chunk {chunk:?}: rel L2 {err:.3e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Value norms in the thousands (P·‖v‖ would overflow f16 without VSCALE) stay finite and
+    /// within the bound.
+    #[test]
+    fn large_value_norms_stay_finite() {
+        let mut rng = SplitMix64::new(4);
+        let (d, group, kv_heads) = (128usize, 4usize, 1usize);
+        let codec =
+            Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
+        let len = 200usize;
+        let blocks = len.div_ceil(PAGE);
+        let c = encode(&codec, blocks * PAGE * kv_heads, &mut rng, 300.0);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let q = rng.gaussian_vec(group * d);
+        let planes = Planes {
+            k_codes: &c.kc,
+            k_norms: &c.kn,
+            v_codes: &c.vc,
+            v_norms: &c.vn,
+            kv_heads,
+            block_size: PAGE,
+        };
+        let plan = ItemPlan::new(&[len], 8, None).unwrap();
+        let mut got = vec![0f32; group * d];
+        let scale = 1.0 / (d as f32).sqrt();
+        mma_decode(
+            &codec,
+            group,
+            &plan,
+            PageLayout::TokenMajor,
+            &q,
+            &planes,
+            &table,
+            blocks,
+            &[len],
+            scale,
+            &mut got,
+        )
+        .unwrap();
+        assert!(got.iter().all(|v| v.is_finite()));
+        let mut want = vec![0f32; group * d];
+        attend_dense(
+            &c.kd[..len * d],
+            &c.vd[..len * d],
+            kv_heads,
+            &q,
+            &AttentionParams::new(group, d),
+            &mut want,
+        )
+        .unwrap();
+        let err = rel_l2(&got, &want);
+        assert!(err < 2e-3, "rel L2 {err:.3e}");
+    }
+
+    #[test]
+    fn unsupported_shapes_are_refused() {
+        let codec =
+            Codec::new(CodecKind::TurboQuant { bits: 4 }, 64, DEFAULT_ROTATION_SEED).unwrap();
+        let planes = Planes {
+            k_codes: &[],
+            k_norms: &[],
+            v_codes: &[],
+            v_norms: &[],
+            kv_heads: 1,
+            block_size: 32,
+        };
+        let plan = ItemPlan::new(&[1], 8, None).unwrap();
+        let mut out = vec![0f32; 64];
+        let r = mma_decode(
+            &codec,
+            1,
+            &plan,
+            PageLayout::TokenMajor,
+            &[0.0; 64],
+            &planes,
+            &[0],
+            1,
+            &[1],
+            0.125,
+            &mut out,
+        );
+        assert!(matches!(r, Err(KernelError::Unsupported(_))));
+    }
+}
