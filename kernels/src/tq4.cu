@@ -453,34 +453,40 @@ struct MmaTile {
     unsigned short kn0, kn1, vn0, vn1;      // norms of positions r, r + 8
 };
 
-__device__ __forceinline__ void mma_load(MmaTile& t, const unsigned char* kc,
-                                         const unsigned char* vc, const unsigned short* kn,
-                                         const unsigned short* vn, size_t page_row, int koff0,
-                                         int koff1, int voff0, int vstep, int noff0, int noff1) {
-    const unsigned char* kp = kc + page_row * CODE_BYTES;
-    const unsigned char* vp = vc + page_row * CODE_BYTES + voff0;
+// Loads tile bytes from per-lane bases (plane + this lane's offset inside a page) plus the
+// page's first row; every other address is a fixed offset from those (an immediate when the
+// strides are compile-time constants, MMA_KV_HEADS).
+__device__ __forceinline__ void mma_load(MmaTile& t, const unsigned char* kb,
+                                         const unsigned char* vb, const unsigned short* knb,
+                                         const unsigned short* vnb, size_t page_row,
+                                         int pos_stride) {
+    const unsigned char* kp = kb + page_row * CODE_BYTES;
+    const unsigned char* vp = vb + page_row * CODE_BYTES;
+    const unsigned short* knp = knb + page_row;
+    const unsigned short* vnp = vnb + page_row;
+    const int r8 = 8 * pos_stride * CODE_BYTES, vstep = pos_stride * CODE_BYTES;
 #if HEAD_DIM == 128
-    const uint4 a = ldg_u128(kp + koff0), b = ldg_u128(kp + koff1);
+    const uint4 a = ldg_u128(kp), b = ldg_u128(kp + r8);
     t.k0[0] = a.x; t.k0[1] = a.y; t.k0[2] = a.z; t.k0[3] = a.w;
     t.k1[0] = b.x; t.k1[1] = b.y; t.k1[2] = b.z; t.k1[3] = b.w;
     uint2 w;
     w = ldg_u64(vp); t.v[0][0] = w.x; t.v[0][1] = w.y;
     w = ldg_u64(vp + vstep); t.v[1][0] = w.x; t.v[1][1] = w.y;
-    w = ldg_u64(vp + 8 * vstep); t.v[2][0] = w.x; t.v[2][1] = w.y;
-    w = ldg_u64(vp + 9 * vstep); t.v[3][0] = w.x; t.v[3][1] = w.y;
+    w = ldg_u64(vp + r8); t.v[2][0] = w.x; t.v[2][1] = w.y;
+    w = ldg_u64(vp + r8 + vstep); t.v[3][0] = w.x; t.v[3][1] = w.y;
 #else
-    const uint2 a = ldg_u64(kp + koff0), b = ldg_u64(kp + koff1);
+    const uint2 a = ldg_u64(kp), b = ldg_u64(kp + r8);
     t.k0[0] = a.x; t.k0[1] = a.y;
     t.k1[0] = b.x; t.k1[1] = b.y;
     t.v[0][0] = ldg_u32(vp);
     t.v[1][0] = ldg_u32(vp + vstep);
-    t.v[2][0] = ldg_u32(vp + 8 * vstep);
-    t.v[3][0] = ldg_u32(vp + 9 * vstep);
+    t.v[2][0] = ldg_u32(vp + r8);
+    t.v[3][0] = ldg_u32(vp + r8 + vstep);
 #endif
-    t.kn0 = ldg_u16(kn + page_row + noff0);
-    t.kn1 = ldg_u16(kn + page_row + noff1);
-    t.vn0 = ldg_u16(vn + page_row + noff0);
-    t.vn1 = ldg_u16(vn + page_row + noff1);
+    t.kn0 = ldg_u16(knp);
+    t.kn1 = ldg_u16(knp + 8 * pos_stride);
+    t.vn0 = ldg_u16(vnp);
+    t.vn1 = ldg_u16(vnp + 8 * pos_stride);
 }
 
 // The softmax and accumulator state of one warp over one item.
@@ -494,6 +500,12 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
                                          int end, int r, const char* lut, unsigned int lane4,
                                          const unsigned int (&qf)[KSTEPS][2]) {
     float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#ifdef MMA_PROFILE_NO_QK  // timing experiments only: the results are wrong
+    sa[0] = __int_as_float(cur.k0[0] & 0x3f000000u);
+    sa[1] = __int_as_float(cur.k1[1] & 0x3f000000u);
+    sa[2] = __int_as_float(cur.k0[2] & 0x3f000000u);
+    sa[3] = __int_as_float(cur.k1[3] & 0x3f000000u);
+#else
 #pragma unroll
     for (int j = 0; j < KSTEPS; j++) {
         const unsigned int w0 = cur.k0[j >> 1], w1 = cur.k1[j >> 1];
@@ -501,6 +513,7 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
         mma16816(j & 1 ? sb : sa, PAIR(lut, w0, kb, lane4), PAIR(lut, w1, kb, lane4),
                  PAIR(lut, w0, kb + 1, lane4), PAIR(lut, w1, kb + 1, lane4), qf[j][0], qf[j][1]);
     }
+#endif
     const int p0 = t * PAGE + r, p1 = p0 + 8;
     const bool ok0 = p0 >= start && p0 < end, ok1 = p1 >= start && p1 < end;
     const float kn0 = f16_to_f32(cur.kn0), kn1 = f16_to_f32(cur.kn1);
@@ -544,10 +557,14 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
         const unsigned int olo = ((A >> 4) & 0x0F0F0F0Fu) | (B & 0xF0F0F0F0u);
         const unsigned int ehi = (C & 0x0F0F0F0Fu) | ((D << 4) & 0xF0F0F0F0u);
         const unsigned int ohi = ((C >> 4) & 0x0F0F0F0Fu) | (D & 0xF0F0F0F0u);
+#ifdef MMA_PROFILE_NO_PV  // timing experiments only: the results are wrong
+        st.o[w][0] += __int_as_float((elo ^ olo ^ ehi ^ ohi ^ pb0 ^ pb1) & 0x3f00ffffu);
+#else
 #pragma unroll
         for (int k = 0; k < 4; k++)
             mma16816(st.o[4 * w + k], PAIR(lut, elo, k, lane4), PAIR(lut, olo, k, lane4),
                      PAIR(lut, ehi, k, lane4), PAIR(lut, ohi, k, lane4), pb0, pb1);
+#endif
     }
 }
 
@@ -567,6 +584,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l) {
     extern __shared__ __align__(16) unsigned int smem[];
+#ifdef MMA_KV_HEADS
+    // Strides fixed at compile time (the host checks they match the arguments).
+    kv_heads = MMA_KV_HEADS;
+#ifdef MMA_HEAD_MAJOR
+    pos_stride = 1;
+    head_stride = PAGE;
+#else
+    pos_stride = MMA_KV_HEADS;
+    head_stride = 1;
+#endif
+#endif
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int i = tid; i < LUT_WORDS / 8; i += blockDim.x) {
         int idx = i >> 3;
@@ -608,24 +636,57 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     }
     // Per-lane offsets inside a page (rows of the planes, then bytes).
     const int hrow = g * head_stride;
-    const int noff0 = r * pos_stride + hrow, noff1 = noff0 + 8 * pos_stride;
-    const int koff0 = noff0 * CODE_BYTES + BPL * c, koff1 = noff1 * CODE_BYTES + BPL * c;
+    const int noff0 = r * pos_stride + hrow;
+    const int koff0 = noff0 * CODE_BYTES + BPL * c;
     const int voff0 = (2 * c * pos_stride + hrow) * CODE_BYTES + VB * r;
-    const int vstep = pos_stride * CODE_BYTES;
+    const unsigned char* kb = k_codes + koff0;
+    const unsigned char* vb = v_codes + voff0;
+    const unsigned short* knb = k_norms + noff0;
+    const unsigned short* vnb = v_norms + noff0;
     const size_t page_rows = (size_t)PAGE * kv_heads;
     const int* table = block_tables + (size_t)b * max_blocks;
     const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
     int tb_now = t_first + lane < t_end ? table[t_first + lane] : 0;
     int tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
-    // The page row of tile u (u - t_first < 32 · refills so far + 32).
+    int blk = 0;  // tb_now holds pages t_first + 32 blk .. + 32, tb_next the 32 after
+    // The page row of tile u, for u up to 32 pages past the block of the last `page_of`.
+    auto page_row = [&](int u) -> size_t {
+        const int k = u - t_first;
+        const int e = (k >> 5) == blk ? tb_now : tb_next;
+        return (size_t)__shfl_sync(0xffffffffu, e, k & 31) * page_rows;
+    };
+    // The same, moving the window when u enters the next block (loads, in tile order).
     auto page_of = [&](int u) -> size_t {
         const int k = u - t_first;
-        if ((k & 31) == 0 && k > 0) {
+        if ((k >> 5) != blk) {
+            blk++;
             tb_now = tb_next;
-            tb_next = u + 32 + lane < t_end ? table[u + 32 + lane] : 0;
+            const int n = t_first + 32 * (blk + 1) + lane;
+            tb_next = n < t_end ? table[n] : 0;
         }
-        return (size_t)__shfl_sync(0xffffffffu, tb_now, k & 31) * page_rows;
+        return page_row(u);
     };
+#ifdef L2_PREFETCH
+    // Tile u's bytes of this lane into L2, L2_PREFETCH tiles ahead of its use.
+    auto prefetch = [&](int u) {
+        const size_t pr = page_row(u);
+        const int r8 = 8 * pos_stride * CODE_BYTES, vstep = pos_stride * CODE_BYTES;
+        const unsigned char* kp = kb + pr * CODE_BYTES;
+        const unsigned char* vp = vb + pr * CODE_BYTES;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + r8));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + vstep));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + r8));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + r8 + vstep));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(knb + pr));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vnb + pr));
+    };
+#define PREFETCH(u) \
+    if ((u) + L2_PREFETCH < t_end) prefetch((u) + L2_PREFETCH)
+#else
+#define PREFETCH(u)
+#endif
 
     MmaState st;
 #pragma unroll
@@ -633,17 +694,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     st.m0 = st.m1 = NEG_INF;
     st.l0 = st.l1 = 0.0f;
     MmaTile ta, tb;
-    mma_load(ta, k_codes, v_codes, k_norms, v_norms, page_of(t_first), koff0, koff1, voff0,
-             vstep, noff0, noff1);
+    mma_load(ta, kb, vb, knb, vnb, page_of(t_first), pos_stride);
+#ifdef L2_PREFETCH
+    for (int u = t_first + 1; u < t_first + L2_PREFETCH && u < t_end; u++) prefetch(u);
+#endif
     for (int t = t_first; t < t_end; t += 2) {
         if (t + 1 < t_end)
-            mma_load(tb, k_codes, v_codes, k_norms, v_norms, page_of(t + 1), koff0, koff1, voff0,
-                     vstep, noff0, noff1);
+            mma_load(tb, kb, vb, knb, vnb, page_of(t + 1), pos_stride);
+        PREFETCH(t);
         mma_tile(st, ta, t, start, end, r, lut, lane4, qf);
         if (t + 1 >= t_end) break;
         if (t + 2 < t_end)
-            mma_load(ta, k_codes, v_codes, k_norms, v_norms, page_of(t + 2), koff0, koff1, voff0,
-                     vstep, noff0, noff1);
+            mma_load(ta, kb, vb, knb, vnb, page_of(t + 2), pos_stride);
+        PREFETCH(t + 1);
         mma_tile(st, tb, t + 1, start, end, r, lut, lane4, qf);
     }
     float l0 = st.l0, l1 = st.l1;
