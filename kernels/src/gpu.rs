@@ -462,25 +462,77 @@ impl Tq4Kernels {
             // hands out only such slots).
             unsafe { launch.launch(cfg) }.map_err(driver)?;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (a.heads as u32, a.batch as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+        self.combine_items_pdl(work, heads, kv_heads, a.batch, out)
+    }
+
+    /// Launches `tq4_combine_items` as a programmatic dependent of the attention launch before
+    /// it on the stream (`cuLaunchKernelEx` with programmatic stream serialization): its CTAs
+    /// are scheduled while the attention grid drains and wait in `griddepcontrol.wait`.
+    fn combine_items_pdl(
+        &self,
+        work: &MmaWork,
+        heads: i32,
+        kv_heads: i32,
+        batch: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut, sys};
+        use std::ffi::c_void;
+        let s = &self.stream;
+        let (acc, _acc) = work.acc.device_ptr(s);
+        let (m, _m) = work.m.device_ptr(s);
+        let (l, _l) = work.l.device_ptr(s);
+        let (first, _first) = work.seq_first.device_ptr(s);
+        let (signs, _signs) = self.signs.device_ptr(s);
+        let (o, _o) = out.device_ptr_mut(s);
+        let rot = self.rot_scale;
+        let mut args: [*mut c_void; 9] = [
+            (&raw const acc).cast_mut().cast(),
+            (&raw const m).cast_mut().cast(),
+            (&raw const l).cast_mut().cast(),
+            (&raw const heads).cast_mut().cast(),
+            (&raw const kv_heads).cast_mut().cast(),
+            (&raw const first).cast_mut().cast(),
+            (&raw const signs).cast_mut().cast(),
+            (&raw const rot).cast_mut().cast(),
+            (&raw const o).cast_mut().cast(),
+        ];
+        // SAFETY: an all-zero launch attribute value is valid (a union of plain integers).
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
         };
-        let mut launch = self.stream.launch_builder(&self.combine_items);
-        launch
-            .arg(&work.acc)
-            .arg(&work.m)
-            .arg(&work.l)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&work.seq_first)
-            .arg(&self.signs)
-            .arg(&self.rot_scale)
-            .arg(out);
-        // SAFETY: the arguments match `tq4_combine_items`; `seq_first` has batch + 1 entries
-        // naming items of the plan the partials were sized for.
-        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: u32::try_from(heads).map_err(|_| KernelError::Invalid("heads".into()))?,
+            gridDimY: u32::try_from(batch).map_err(|_| KernelError::Invalid("batch".into()))?,
+            gridDimZ: 1,
+            blockDimX: 256,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: s.cu_stream(),
+            attrs: &raw mut attr,
+            numAttrs: 1,
+        };
+        self.stream.context().bind_to_thread().map_err(driver)?;
+        // SAFETY: `args` points at one value per parameter of `tq4_combine_items`, in order and
+        // of its types (device pointers as CUdeviceptr, i32, f32), alive until the call returns
+        // (the driver copies them); `seq_first` has batch + 1 entries naming items of the plan
+        // the partials were sized for; the device pointers' guards above record the launch on
+        // the stream for cudarc's read/write tracking.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &raw const cfg,
+                self.combine_items.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(driver)?;
         Ok(())
     }
 

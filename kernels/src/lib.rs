@@ -4,13 +4,19 @@
 //! - `tq4_encode`: rotate (random signs + Walsh–Hadamard), scale to the unit sphere, quantize
 //!   against the Lloyd–Max thresholds, pack two codes per byte, store the f16 norm — the same
 //!   bytes as [`engram_kvcore::Codec::encode`], written straight into a layer's code plane;
-//! - `tq4_decode_attention` + `tq4_combine`: fused paged decode attention over the packed codes
-//!   (rotated query, online softmax, GQA groups, per-sequence block tables, batched across
-//!   sequences, split-K over long contexts), the GPU form of [`engram_kvcore::BlockStore::attend`].
+//! - `tq4_decode_mma` + `tq4_combine_items`: paged decode attention on tensor cores
+//!   (`mma.m16n8k16`, the GQA group's query heads as the N dimension, codes turned into f16
+//!   operands through a shared-memory pair table, lazy log2-domain softmax), cut into work items
+//!   by a host plan ([`ItemPlan`]) and merged by a combine; the engine's decode path on
+//!   16-position blocks. [`mma`] emulates its fragment arithmetic on the CPU (tested in CI);
+//! - `tq4_decode_attention` + `tq4_combine`: the FP32 CUDA-core form of the same attention, the
+//!   reference path (and the path for other block sizes), the GPU form of
+//!   [`engram_kvcore::BlockStore::attend`] step for step ([`reference`]).
 //!
-//! Without the `cuda` feature the crate holds the kernel source and the launch plan only, so
-//! CI builds it with no CUDA anywhere; [`gpu`] (feature `cuda`) launches the kernels, and the
-//! `engram-gpu-check` binary compares every kernel with its CPU reference on random inputs.
+//! Without the `cuda` feature the crate holds the kernel source, the plans and the CPU
+//! references only, so CI builds and tests it with no CUDA anywhere; [`gpu`] (feature `cuda`)
+//! launches the kernels, and the `engram-gpu-check` binary compares every kernel with its CPU
+//! reference on random inputs (`engram-gpu-bench` times them).
 
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 

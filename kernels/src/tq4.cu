@@ -358,8 +358,9 @@ extern "C" __global__ void tq4_decode_rows(
 //
 // Work items (sequence b, first position) come from the host plan (kernels/src/lib.rs,
 // `ItemPlan`): every item covers `chunk` positions (a multiple of the 16-position page) of one
-// sequence. A CTA takes one item for `blockDim.x / 32` KV heads, one warp per KV head; the warp
-// walks the item's pages one 16-position tile at a time:
+// sequence. A CTA of up to 8 warps holds `ipc` items of `wpi` = min(kv_heads, 8) warps, one warp
+// per (item, KV head), two CTAs per SM; the warp walks the item's pages one 16-position tile at
+// a time:
 //   scores  S^T[16 pos x 8] = K[16 x HEAD_DIM] . Q^T[HEAD_DIM x 8]   (mma.m16n8k16, f16 in, f32 acc)
 //   values  O^T[HEAD_DIM x 8] += V^T[HEAD_DIM x 16] . P^T[16 x 8]
 // with the GROUP query heads of the KV head in N = 8 (columns GROUP..7 are zero). Codes become
@@ -376,7 +377,8 @@ extern "C" __global__ void tq4_decode_rows(
 //           interleaved nibble-wise so that one table entry is (V[p][d], V[p+1][d]); m-tile i
 //           covers dims 2 VB r + 2i (row r) and 2 VB r + 2i + 1 (row r + 8);
 //   output: m-tile i, heads 2c and 2c+1, dims 2 VB r + 2i + {0, 1}.
-// The CPU emulation of exactly this fragment arithmetic is `reference::mma_decode`; CI runs it.
+// The CPU emulation of exactly this fragment arithmetic is `mma::mma_decode`; CI runs it. The
+// combine is launched as a programmatic dependent (PDL) of the attention grid.
 // Page layout: row of (slot, pos, kv head) = slot . 16 . kv_heads + pos . pos_stride +
 // head . head_stride (kvcore's layout: pos_stride = kv_heads, head_stride = 1; head-major pages:
 // pos_stride = 1, head_stride = 16).
@@ -510,8 +512,9 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
     for (int j = 0; j < KSTEPS; j++) {
         const unsigned int w0 = cur.k0[j >> 1], w1 = cur.k1[j >> 1];
         const int kb = (2 * j) & 3;
+        const unsigned int q0 = qf[j][0], q1 = qf[j][1];
         mma16816(j & 1 ? sb : sa, PAIR(lut, w0, kb, lane4), PAIR(lut, w1, kb, lane4),
-                 PAIR(lut, w0, kb + 1, lane4), PAIR(lut, w1, kb + 1, lane4), qf[j][0], qf[j][1]);
+                 PAIR(lut, w0, kb + 1, lane4), PAIR(lut, w1, kb + 1, lane4), q0, q1);
     }
 #endif
     const int p0 = t * PAGE + r, p1 = p0 + 8;
@@ -666,27 +669,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
         }
         return page_row(u);
     };
-#ifdef L2_PREFETCH
-    // Tile u's bytes of this lane into L2, L2_PREFETCH tiles ahead of its use.
-    auto prefetch = [&](int u) {
-        const size_t pr = page_row(u);
-        const int r8 = 8 * pos_stride * CODE_BYTES, vstep = pos_stride * CODE_BYTES;
-        const unsigned char* kp = kb + pr * CODE_BYTES;
-        const unsigned char* vp = vb + pr * CODE_BYTES;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + r8));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + vstep));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + r8));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp + r8 + vstep));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(knb + pr));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vnb + pr));
-    };
-#define PREFETCH(u) \
-    if ((u) + L2_PREFETCH < t_end) prefetch((u) + L2_PREFETCH)
-#else
-#define PREFETCH(u)
-#endif
 
     MmaState st;
 #pragma unroll
@@ -695,20 +677,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     st.l0 = st.l1 = 0.0f;
     MmaTile ta, tb;
     mma_load(ta, kb, vb, knb, vnb, page_of(t_first), pos_stride);
-#ifdef L2_PREFETCH
-    for (int u = t_first + 1; u < t_first + L2_PREFETCH && u < t_end; u++) prefetch(u);
-#endif
     for (int t = t_first; t < t_end; t += 2) {
         if (t + 1 < t_end)
             mma_load(tb, kb, vb, knb, vnb, page_of(t + 1), pos_stride);
-        PREFETCH(t);
         mma_tile(st, ta, t, start, end, r, lut, lane4, qf);
         if (t + 1 >= t_end) break;
         if (t + 2 < t_end)
             mma_load(ta, kb, vb, knb, vnb, page_of(t + 2), pos_stride);
-        PREFETCH(t + 1);
         mma_tile(st, tb, t + 1, start, end, r, lut, lane4, qf);
     }
+    // The combine (launched with programmatic dependent launch) may start its prologue now; it
+    // waits for this grid's completion before it reads a partial.
+    asm volatile("griddepcontrol.launch_dependents;");
     float l0 = st.l0, l1 = st.l1;
 #pragma unroll
     for (int off = 4; off < 32; off <<= 1) {
@@ -756,6 +736,9 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * WARP) tq4_combine_i
     const int h = blockIdx.x, b = blockIdx.y;
     const int g = h / GROUP, gh = h % GROUP;
     const int first = seq_first[b], last = seq_first[b + 1];
+    // Launched as a programmatic dependent of tq4_decode_mma: wait for its partials (a no-op
+    // when launched plainly).
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     // Each warp's own max and sums (online over its items), merged below.
     float mx = NEG_INF;
     for (int s = first + warp; s < last; s += COMBINE_WARPS)

@@ -9,8 +9,10 @@
 //!
 //! Tensor-core decode attention (`tq4_decode_mma` + `tq4_combine_items`): within 2e-3 relative
 //! L2 of the same dense reference (fp16 operands; the 4-bit codec's own error is ~10 % a row),
-//! within 1e-4 of its CPU emulation (`engram_kernels::mma::mma_decode`, the fragment arithmetic
-//! step for step), bitwise equal between token-major and head-major pages, with no NaN left in
+//! within 5e-4 of its CPU emulation (`engram_kernels::mma::mma_decode`, the fragment arithmetic
+//! step for step: `ex2.approx` and the MMA's f32 sum order move an f16 rounding now and then,
+//! 7.4e-5 at worst measured; a fragment-layout error is O(1)), bitwise equal between
+//! token-major and head-major pages, with no NaN left in
 //! outputs poisoned before the run; head_dim 64 (3 KV heads) and 128 (8 KV heads), groups 1, 3,
 //! 4 and 8, lengths 1, 16, 37, 1000, 2085 and 4611, the planned chunk, chunk 64 and one item per
 //! sequence.
@@ -381,10 +383,10 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     let got = &outs[0][b * n..][..n];
                     let err = rel_l2(got, &want[b]);
                     let emu = rel_l2(got, &emulated[b * n..][..n]);
-                    let pass = err <= 2e-3 && emu <= 1e-4 && same_layouts && no_nan;
+                    let pass = err <= 2e-3 && emu <= 5e-4 && same_layouts && no_nan;
                     ok &= pass;
                     println!(
-                        "{{\"check\":\"tq4_decode_mma\",\"head_dim\":{head_dim},\"group\":{group},\"kv_heads\":{kv_heads},\"tokens\":{len},\"chunk\":{chunk_used},\"rel_l2\":{err:.3e},\"bound\":2e-3,\"rel_l2_vs_emulation\":{emu:.3e},\"layouts_identical\":{same_layouts},\"finite\":{no_nan},\"pass\":{pass}}}"
+                        "{{\"check\":\"tq4_decode_mma\",\"head_dim\":{head_dim},\"group\":{group},\"kv_heads\":{kv_heads},\"tokens\":{len},\"chunk\":{chunk_used},\"rel_l2\":{err:.3e},\"bound\":2e-3,\"rel_l2_vs_emulation\":{emu:.3e},\"emulation_bound\":5e-4,\"layouts_identical\":{same_layouts},\"finite\":{no_nan},\"pass\":{pass}}}"
                     );
                 }
             }

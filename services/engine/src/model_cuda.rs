@@ -4,8 +4,10 @@
 //! - Projections, RoPE, norms and the MLP are candle ops on the model's device.
 //! - New K/V rows are written into their blocks by `tq4_encode` (one launch each for K and V
 //!   per layer), straight from the projection's output.
-//! - Decode tokens of the whole batch attend in one `tq4_decode_attention` launch per layer, over
-//!   their block tables, from the packed codes.
+//! - Decode tokens of the whole batch attend in one launch per layer, over their block tables,
+//!   from the packed codes: the tensor-core kernel (`tq4_decode_mma`, work items planned once
+//!   per forward) on 16-position blocks, the FP32 kernel (`tq4_decode_attention`) otherwise;
+//!   then one combine launch.
 //! - A prefill chunk decodes the rows of its context once per layer with `tq4_decode_rows` and
 //!   attends causally with dense products ([`super::attend_rows`], shared with the CPU path).
 //!
@@ -17,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
-use engram_kernels::{DEFAULT_CHUNK, KernelError};
+use engram_kernels::gpu::{DecodeBatch, MmaWork, Tq4Kernels, Workspace};
+use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
 
 use super::{KvTransform, Llama, SeqInput, attend_rows, causal_mask_on, rope};
@@ -32,6 +34,14 @@ impl From<KernelError> for EngineError {
     fn from(e: KernelError) -> Self {
         dev_err(e)
     }
+}
+
+/// The decode kernel of a forward and its scratch.
+enum DecodeWork {
+    /// The tensor-core kernel's plan (16-position blocks).
+    Mma(MmaWork),
+    /// The FP32 kernel's split-K partials.
+    Fp32(Workspace),
 }
 
 /// Kernels compiled for one rotation seed.
@@ -185,11 +195,17 @@ impl Llama {
         let nd = dec_rows.len();
         let max_len = dec_lens.iter().copied().max().unwrap_or(1).max(1) as usize;
         let decode = if nd > 0 {
+            let work = if bs == PAGE {
+                let lens: Vec<usize> = dec_lens.iter().map(|&l| l as usize).collect();
+                DecodeWork::Mma(kernels.mma_work(&lens, kv_heads, None)?)
+            } else {
+                DecodeWork::Fp32(kernels.workspace(nd, kv_heads, max_len)?)
+            };
             Some((
                 up_i32(&dec_tables)?,
                 up_i32(&dec_lens)?,
                 Tensor::from_vec(dec_rows, nd, dev)?,
-                kernels.workspace(nd, kv_heads, max_len)?,
+                work,
             ))
         } else {
             None
@@ -240,26 +256,31 @@ impl Llama {
                     let q_dec = q.index_select(rows, 0)?;
                     let mut out = stream.alloc_zeros::<f32>(nd * heads * d).map_err(dev_err)?;
                     with_view(&q_dec, |qv| {
-                        kernels.decode_attention(
-                            &DecodeBatch {
-                                q: qv,
-                                heads,
-                                kv_heads,
-                                k_codes: planes.k_codes.slice(..),
-                                k_norms: planes.k_norms.slice(..),
-                                v_codes: planes.v_codes.slice(..),
-                                v_norms: planes.v_norms.slice(..),
-                                block_tables: tables,
-                                max_blocks,
-                                seq_lens: lens,
-                                batch: nd,
-                                max_len,
-                                block_size: bs,
-                                scale,
-                            },
-                            work,
-                            &mut out,
-                        )?;
+                        let a = DecodeBatch {
+                            q: qv,
+                            heads,
+                            kv_heads,
+                            k_codes: planes.k_codes.slice(..),
+                            k_norms: planes.k_norms.slice(..),
+                            v_codes: planes.v_codes.slice(..),
+                            v_norms: planes.v_norms.slice(..),
+                            block_tables: tables,
+                            max_blocks,
+                            seq_lens: lens,
+                            batch: nd,
+                            max_len,
+                            block_size: bs,
+                            scale,
+                        };
+                        match work {
+                            DecodeWork::Mma(w) => kernels.decode_attention_mma(
+                                &a,
+                                PageLayout::TokenMajor,
+                                w,
+                                &mut out,
+                            )?,
+                            DecodeWork::Fp32(w) => kernels.decode_attention(&a, w, &mut out)?,
+                        }
                         Ok(())
                     })?;
                     Some(tensor(out, cuda, (nd, heads * d)))
