@@ -171,6 +171,21 @@ impl PageLayout {
     }
 }
 
+/// A layer's token-major plane (kvcore's `[slot][pos][head]` rows of `row_bytes`) rewritten
+/// head-major (`[slot][head][pos]`): what [`PageLayout::HeadMajor`] reads (the checks and the
+/// bench lay data out this way to compare the two).
+pub fn to_head_major(bytes: &[u8], row_bytes: usize, kv_heads: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    let page = PAGE * kv_heads;
+    for (i, src) in bytes.chunks_exact(row_bytes).enumerate() {
+        let (slot, rest) = (i / page, i % page);
+        let (pos, head) = (rest / kv_heads, rest % kv_heads);
+        let to = slot * page + head * PAGE + pos;
+        out[to * row_bytes..][..row_bytes].copy_from_slice(src);
+    }
+    out
+}
+
 /// NVRTC defines for one kernel build.
 pub fn defines(head_dim: usize, group: usize, chunk: usize) -> Result<Vec<String>, KernelError> {
     if head_dim != 64 && head_dim != 128 {
@@ -242,5 +257,14 @@ mod tests {
         assert!(ItemPlan::new(&[0, 0], 8, None).unwrap().is_empty());
         assert_eq!(PageLayout::TokenMajor.strides(8), (8, 1));
         assert_eq!(PageLayout::HeadMajor.strides(8), (1, 16));
+        // Two slots of 2 heads × 16 positions, one byte a row: row (slot, pos, head) moves to
+        // (slot, head, pos).
+        let plane: Vec<u8> = (0..64).collect();
+        let hm = to_head_major(&plane, 1, 2);
+        assert_eq!(hm[16 + 3], plane[2 * 3 + 1]); // slot 0, head 1, pos 3
+        assert_eq!(hm[32 + 5], plane[32 + 2 * 5]); // slot 1, head 0, pos 5
+        let mut sorted = hm.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, plane);
     }
 }

@@ -400,6 +400,7 @@ mod tests {
 
     use super::*;
     use crate::reference::rel_l2;
+    use crate::to_head_major;
 
     #[test]
     fn mma_fragments_follow_the_ptx_layouts() {
@@ -487,19 +488,6 @@ mod tests {
         }
     }
 
-    /// Rewrites token-major planes (`[slot][pos][head]`) as head-major (`[slot][head][pos]`).
-    fn head_major(bytes: &[u8], row_bytes: usize, kv_heads: usize) -> Vec<u8> {
-        let mut out = vec![0u8; bytes.len()];
-        let page = PAGE * kv_heads;
-        for (i, src) in bytes.chunks_exact(row_bytes).enumerate() {
-            let (slot, rest) = (i / page, i % page);
-            let (pos, head) = (rest / kv_heads, rest % kv_heads);
-            let to = slot * page + head * PAGE + pos;
-            out[to * row_bytes..][..row_bytes].copy_from_slice(src);
-        }
-        out
-    }
-
     /// The emulated kernel against the dense f32 reference over the CPU-decoded rows, for head
     /// dims 64 and 128, groups 1, 3, 4 and 8, ragged lengths (one position, a page plus one, a
     /// tail), the automatic and forced chunks, both page layouts (identical results), a
@@ -537,12 +525,12 @@ mod tests {
                 block_size: PAGE,
             };
             let (hk, hn) = (
-                head_major(&c.kc, d / 2, kv_heads),
-                head_major(&c.kn, 2, kv_heads),
+                to_head_major(&c.kc, d / 2, kv_heads),
+                to_head_major(&c.kn, 2, kv_heads),
             );
             let (hv, hvn) = (
-                head_major(&c.vc, d / 2, kv_heads),
-                head_major(&c.vn, 2, kv_heads),
+                to_head_major(&c.vc, d / 2, kv_heads),
+                to_head_major(&c.vn, 2, kv_heads),
             );
             let hplanes = Planes {
                 k_codes: &hk,

@@ -30,7 +30,7 @@ use engram_kernels::DEFAULT_CHUNK;
 use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
 use engram_kernels::mma::mma_decode;
 use engram_kernels::reference::{Planes, rel_l2};
-use engram_kernels::{PAGE, PageLayout};
+use engram_kernels::{PAGE, PageLayout, to_head_major};
 use engram_kvcore::{AttentionParams, attend_dense};
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, Rows,
@@ -235,19 +235,6 @@ fn main() -> Result<ExitCode> {
     })
 }
 
-/// Token-major planes (`[slot][pos][head]`) rewritten head-major (`[slot][head][pos]`).
-fn head_major(bytes: &[u8], row_bytes: usize, kv_heads: usize) -> Vec<u8> {
-    let mut out = vec![0u8; bytes.len()];
-    let page = PAGE * kv_heads;
-    for (i, src) in bytes.chunks_exact(row_bytes).enumerate() {
-        let (slot, rest) = (i / page, i % page);
-        let (pos, head) = (rest / kv_heads, rest % kv_heads);
-        let to = slot * page + head * PAGE + pos;
-        out[to * row_bytes..][..row_bytes].copy_from_slice(src);
-    }
-    out
-}
-
 /// The tensor-core kernel against the dense reference, its CPU emulation and itself across
 /// page layouts.
 fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
@@ -295,10 +282,10 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
             stream.clone_htod(&vn)?,
         ];
         let head = [
-            stream.clone_htod(&head_major(&kc, cb, kv_heads))?,
-            stream.clone_htod(&head_major(&kn, 2, kv_heads))?,
-            stream.clone_htod(&head_major(&vc, cb, kv_heads))?,
-            stream.clone_htod(&head_major(&vn, 2, kv_heads))?,
+            stream.clone_htod(&to_head_major(&kc, cb, kv_heads))?,
+            stream.clone_htod(&to_head_major(&kn, 2, kv_heads))?,
+            stream.clone_htod(&to_head_major(&vc, cb, kv_heads))?,
+            stream.clone_htod(&to_head_major(&vn, 2, kv_heads))?,
         ];
         let tables_d = stream.clone_htod(&tables)?;
         let lens_i: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
