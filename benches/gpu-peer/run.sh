@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the folder prepare.sh filled (.gpu-peer/): builds llama.cpp with CUDA
-# (llama-batched-bench, llama-bench) and measures it on a random-weight Llama-3-8B-shape GGUF
+# (llama-batched-bench, llama-bench, llama-server) and measures it on a random-weight Llama-3-8B-shape GGUF
 # (bf16) with llama-batched-bench:
 # prompt processing (TTFT at batch 1 = T_PP) and generation (time per output token = T_TG / ntg)
 # at each prompt length and batch, with flash attention, f16 KV and again q4_0 KV.
@@ -31,9 +31,11 @@ build)
   start=$(date +%s)
   cmake -S "$W/llama.cpp" -B "$W/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF >"$W/cmake.log" 2>&1
-  # llama-server's target also fetches its web UI from the network, which the GPU machine lacks.
-  cmake --build "$W/build" -j"$(nproc)" --target llama-batched-bench llama-bench \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    >"$W/cmake.log" 2>&1
+  # No npm and no download of the web UI (the GPU machine has no network): llama-server embeds
+  # an empty one.
+  cmake --build "$W/build" -j"$(nproc)" --target llama-batched-bench llama-bench llama-server \
     >"$W/build.log" 2>&1 || { tail -40 "$W/build.log"; exit 1; }
   echo "build: $(($(date +%s) - start)) s"
   [ -z "$gen" ] || wait "$gen" || { cat "$W/gguf.log"; exit 1; }
