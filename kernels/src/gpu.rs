@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchArgs,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use engram_kvcore::{Codec, CodecKind};
@@ -72,6 +72,28 @@ pub struct DecodeBatch<'a> {
     pub block_size: usize,
     /// Softmax scale (usually 1/√head_dim).
     pub scale: f32,
+}
+
+/// Pushes the arguments both decode-attention kernels begin with: the queries, the head counts,
+/// the four planes, the block tables and the sequence lengths.
+fn push_batch<'a>(
+    launch: &mut LaunchArgs<'a>,
+    a: &'a DecodeBatch<'_>,
+    heads: &'a i32,
+    kv_heads: &'a i32,
+    max_blocks: &'a i32,
+) {
+    launch
+        .arg(&a.q)
+        .arg(heads)
+        .arg(kv_heads)
+        .arg(&a.k_codes)
+        .arg(&a.k_norms)
+        .arg(&a.v_codes)
+        .arg(&a.v_norms)
+        .arg(a.block_tables)
+        .arg(max_blocks)
+        .arg(a.seq_lens);
 }
 
 /// Warps of one tensor-core CTA at most (`__launch_bounds__(256, 2)`): `ipc` items of
@@ -432,17 +454,8 @@ impl Tq4Kernels {
             let n_items = int(work.plan.len(), "items")?;
             let (ipc, wpi) = (int(ipc, "ipc")?, int(wpi, "wpi")?);
             let mut launch = self.stream.launch_builder(&self.mma);
+            push_batch(&mut launch, a, &heads, &kv_heads, &max_blocks);
             launch
-                .arg(&a.q)
-                .arg(&heads)
-                .arg(&kv_heads)
-                .arg(&a.k_codes)
-                .arg(&a.k_norms)
-                .arg(&a.v_codes)
-                .arg(&a.v_norms)
-                .arg(a.block_tables)
-                .arg(&max_blocks)
-                .arg(a.seq_lens)
                 .arg(&ps)
                 .arg(&hs)
                 .arg(&work.items)
@@ -599,17 +612,8 @@ impl Tq4Kernels {
             shared_mem_bytes: 0,
         };
         let mut launch = self.stream.launch_builder(&self.attend);
+        push_batch(&mut launch, a, &heads, &kv_heads, &max_blocks);
         launch
-            .arg(&a.q)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&a.k_codes)
-            .arg(&a.k_norms)
-            .arg(&a.v_codes)
-            .arg(&a.v_norms)
-            .arg(a.block_tables)
-            .arg(&max_blocks)
-            .arg(a.seq_lens)
             .arg(&block_size)
             .arg(&splits)
             .arg(&self.signs)
