@@ -355,6 +355,28 @@ impl Tq4Kernels {
         })
     }
 
+    /// What both decode-attention launches check: the heads form groups of the compiled size,
+    /// and the queries, output, block tables and lengths hold the batch.
+    fn check_batch(&self, a: &DecodeBatch<'_>, out: &CudaSlice<f32>) -> Result<(), KernelError> {
+        if a.heads != a.kv_heads * self.group {
+            return Err(KernelError::Invalid(format!(
+                "{} heads over {} KV heads is not a group of {}",
+                a.heads, a.kv_heads, self.group
+            )));
+        }
+        if out.len() < a.batch * a.heads * self.head_dim
+            || a.q.len() < a.batch * a.heads * self.head_dim
+            || a.block_tables.len() < a.batch * a.max_blocks
+            || a.seq_lens.len() < a.batch
+            || a.max_blocks * a.block_size < a.max_len
+        {
+            return Err(KernelError::Invalid(
+                "a buffer is smaller than the batch it is given for".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Items the card works on at once with the tensor-core kernel (two CTAs per SM): the
     /// `slots` of [`ItemPlan::new`].
     pub fn mma_slots(&self, kv_heads: usize) -> usize {
@@ -410,10 +432,14 @@ impl Tq4Kernels {
         work: &mut MmaWork,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        if a.heads != a.kv_heads * self.group || a.kv_heads != work.kv_heads {
+        self.check_batch(a, out)?;
+        if a.kv_heads != work.kv_heads || work.plan.seq_first.len() != a.batch + 1 {
             return Err(KernelError::Invalid(format!(
-                "{} heads over {} KV heads is not a group of {} (plan: {} KV heads)",
-                a.heads, a.kv_heads, self.group, work.kv_heads
+                "the plan is for {} KV heads and {} sequences, the batch has {} and {}",
+                work.kv_heads,
+                work.plan.seq_first.len().saturating_sub(1),
+                a.kv_heads,
+                a.batch
             )));
         }
         if a.block_size != PAGE {
@@ -421,17 +447,6 @@ impl Tq4Kernels {
                 "block size {} (the tensor-core kernel reads {PAGE}-position pages)",
                 a.block_size
             )));
-        }
-        if work.plan.seq_first.len() != a.batch + 1
-            || out.len() < a.batch * a.heads * self.head_dim
-            || a.q.len() < a.batch * a.heads * self.head_dim
-            || a.block_tables.len() < a.batch * a.max_blocks
-            || a.seq_lens.len() < a.batch
-            || a.max_blocks * a.block_size < a.max_len
-        {
-            return Err(KernelError::Invalid(
-                "a buffer is smaller than the batch it is given for".into(),
-            ));
         }
         let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
         let max_blocks = int(a.max_blocks, "max_blocks")?;
@@ -580,24 +595,12 @@ impl Tq4Kernels {
         work: &mut Workspace,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        if a.heads != a.kv_heads * self.group {
-            return Err(KernelError::Invalid(format!(
-                "{} heads over {} KV heads is not a group of {}",
-                a.heads, a.kv_heads, self.group
-            )));
-        }
+        self.check_batch(a, out)?;
         let plan = SplitPlan::new(a.max_len, self.chunk)?;
         let parts = a.batch * a.kv_heads * plan.splits * self.group;
-        if work.m.len() < parts
-            || work.acc.len() < parts * self.head_dim
-            || out.len() < a.batch * a.heads * self.head_dim
-            || a.q.len() < a.batch * a.heads * self.head_dim
-            || a.block_tables.len() < a.batch * a.max_blocks
-            || a.seq_lens.len() < a.batch
-            || a.max_blocks * a.block_size < a.max_len
-        {
+        if work.m.len() < parts || work.acc.len() < parts * self.head_dim {
             return Err(KernelError::Invalid(
-                "a buffer is smaller than the batch it is given for".into(),
+                "the workspace is smaller than the batch it is given for".into(),
             ));
         }
         let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);

@@ -47,6 +47,9 @@ pub enum KernelError {
     /// The driver failed.
     #[error("CUDA: {0}")]
     Driver(String),
+    /// The codec or the dense reference refused its input.
+    #[error(transparent)]
+    Kv(#[from] engram_kvcore::KvError),
 }
 
 /// How a batch of decode attention is cut: `splits` CTAs of `chunk` positions per

@@ -15,7 +15,7 @@
 use engram_kvcore::Codec;
 use half::f16;
 
-use crate::reference::{Planes, fwht};
+use crate::reference::{Planes, fwht, norm};
 use crate::{ItemPlan, KernelError, PAGE, PageLayout};
 
 /// `LAZY` of the kernel: the running max moves only when a score passes it by more than this
@@ -109,10 +109,6 @@ fn word(bytes: &[u8], at: usize) -> u32 {
 
 fn byte(w: u32, k: usize) -> usize {
     ((w >> (8 * k)) & 0xFF) as usize
-}
-
-fn norm(bytes: &[u8], row: usize) -> f32 {
-    f16::from_le_bytes([bytes[2 * row], bytes[2 * row + 1]]).to_f32()
 }
 
 /// One item's partial for one KV head: per query head of the group, the max (log2 domain), the
@@ -394,12 +390,10 @@ pub fn mma_decode(
 
 #[cfg(test)]
 mod tests {
-    use engram_kvcore::{
-        AttentionParams, CodecKind, DEFAULT_ROTATION_SEED, Rows, SplitMix64, attend_dense,
-    };
+    use engram_kvcore::{CodecKind, DEFAULT_ROTATION_SEED, SplitMix64};
 
     use super::*;
-    use crate::reference::rel_l2;
+    use crate::reference::{EncodedPlanes, rel_l2};
     use crate::to_head_major;
 
     #[test]
@@ -457,37 +451,6 @@ mod tests {
         }
     }
 
-    struct Case {
-        kc: Vec<u8>,
-        kn: Vec<u8>,
-        vc: Vec<u8>,
-        vn: Vec<u8>,
-        kd: Vec<f32>,
-        vd: Vec<f32>,
-    }
-
-    fn encode(codec: &Codec, rows: usize, rng: &mut SplitMix64, vscale: f32) -> Case {
-        let d = codec.head_dim();
-        let kx = rng.gaussian_vec(rows * d);
-        let mut vx = rng.gaussian_vec(rows * d);
-        vx.iter_mut().for_each(|v| *v *= vscale);
-        let (mut kc, mut kn) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
-        let (mut vc, mut vn) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
-        codec.encode(Rows::F32(&kx), &mut kc, &mut kn).unwrap();
-        codec.encode(Rows::F32(&vx), &mut vc, &mut vn).unwrap();
-        let (mut kd, mut vd) = (vec![0f32; rows * d], vec![0f32; rows * d]);
-        codec.decode(&kc, &kn, &mut kd).unwrap();
-        codec.decode(&vc, &vn, &mut vd).unwrap();
-        Case {
-            kc,
-            kn,
-            vc,
-            vn,
-            kd,
-            vd,
-        }
-    }
-
     /// The emulated kernel against the dense f32 reference over the CPU-decoded rows, for head
     /// dims 64 and 128, groups 1, 3, 4 and 8, ragged lengths (one position, a page plus one, a
     /// tail), the automatic and forced chunks, both page layouts (identical results), a
@@ -506,8 +469,7 @@ mod tests {
             let lens = [1usize, 17, 300, 1061];
             let max_blocks = 1061usize.div_ceil(PAGE);
             let slots = lens.len() * max_blocks;
-            let rows = slots * PAGE * kv_heads;
-            let c = encode(&codec, rows, &mut rng, 1.0);
+            let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, &mut rng, 1.0).unwrap();
             let mut order: Vec<u32> = (0..slots as u32).collect();
             for i in (1..slots).rev() {
                 order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
@@ -516,83 +478,37 @@ mod tests {
             let mut q = rng.gaussian_vec(lens.len() * heads * d);
             q.iter_mut().for_each(|v| *v *= qmul);
             let scale = 1.0 / (d as f32).sqrt();
-            let planes = Planes {
-                k_codes: &c.kc,
-                k_norms: &c.kn,
-                v_codes: &c.vc,
-                v_norms: &c.vn,
-                kv_heads,
-                block_size: PAGE,
-            };
-            let (hk, hn) = (
-                to_head_major(&c.kc, d / 2, kv_heads),
-                to_head_major(&c.kn, 2, kv_heads),
-            );
-            let (hv, hvn) = (
-                to_head_major(&c.vc, d / 2, kv_heads),
-                to_head_major(&c.vn, 2, kv_heads),
-            );
+            let hm = |bytes: &[u8], row_bytes| to_head_major(bytes, row_bytes, kv_heads);
+            let (hk, hn) = (hm(&data.k_codes, d / 2), hm(&data.k_norms, 2));
+            let (hv, hvn) = (hm(&data.v_codes, d / 2), hm(&data.v_norms, 2));
             let hplanes = Planes {
                 k_codes: &hk,
                 k_norms: &hn,
                 v_codes: &hv,
                 v_norms: &hvn,
-                kv_heads,
-                block_size: PAGE,
+                ..data.planes()
             };
             for chunk in [None, Some(64), Some(256)] {
                 let plan = ItemPlan::new(&lens, 8, chunk).unwrap();
-                let mut got = vec![0f32; q.len()];
-                mma_decode(
-                    &codec,
-                    group,
-                    &plan,
-                    PageLayout::TokenMajor,
-                    &q,
-                    &planes,
-                    &order,
-                    max_blocks,
-                    &lens,
-                    scale,
-                    &mut got,
-                )
-                .unwrap();
-                let mut hgot = vec![0f32; q.len()];
-                mma_decode(
-                    &codec,
-                    group,
-                    &plan,
-                    PageLayout::HeadMajor,
-                    &q,
-                    &hplanes,
-                    &order,
-                    max_blocks,
-                    &lens,
-                    scale,
-                    &mut hgot,
-                )
-                .unwrap();
-                assert_eq!(got, hgot, "d {d} group {group}: layouts differ");
-                let row = kv_heads * d;
-                for (b, &len) in lens.iter().enumerate() {
-                    let (mut keys, mut values) = (Vec::new(), Vec::new());
-                    for p in 0..len {
-                        let r = (order[b * max_blocks + p / PAGE] as usize * PAGE + p % PAGE)
-                            * kv_heads;
-                        keys.extend_from_slice(&c.kd[r * d..][..row]);
-                        values.extend_from_slice(&c.vd[r * d..][..row]);
-                    }
-                    let mut want = vec![0f32; heads * d];
-                    attend_dense(
-                        &keys,
-                        &values,
-                        kv_heads,
-                        &q[b * heads * d..][..heads * d],
-                        &AttentionParams::new(heads, d),
-                        &mut want,
+                let run = |layout, planes: &Planes<'_>| {
+                    let mut out = vec![0f32; q.len()];
+                    mma_decode(
+                        &codec, group, &plan, layout, &q, planes, &order, max_blocks, &lens, scale,
+                        &mut out,
                     )
                     .unwrap();
-                    let err = rel_l2(&got[b * heads * d..][..heads * d], &want);
+                    out
+                };
+                let got = run(PageLayout::TokenMajor, &data.planes());
+                let hgot = run(PageLayout::HeadMajor, &hplanes);
+                assert_eq!(got, hgot, "d {d} group {group}: layouts differ");
+                for (b, &len) in lens.iter().enumerate() {
+                    let n = heads * d;
+                    let table = &order[b * max_blocks..][..max_blocks];
+                    let want = data
+                        .attend_dense(table, len, &q[b * n..][..n], heads)
+                        .unwrap();
+                    let err = rel_l2(&got[b * n..][..n], &want);
                     assert!(
                         err < 2e-3,
                         "d {d} group {group} len {len} chunk {chunk:?}: rel L2 {err:.3e}"
@@ -612,17 +528,9 @@ mod tests {
             Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
         let len = 200usize;
         let blocks = len.div_ceil(PAGE);
-        let c = encode(&codec, blocks * PAGE * kv_heads, &mut rng, 300.0);
+        let data = EncodedPlanes::random(&codec, blocks, kv_heads, PAGE, &mut rng, 300.0).unwrap();
         let table: Vec<u32> = (0..blocks as u32).collect();
         let q = rng.gaussian_vec(group * d);
-        let planes = Planes {
-            k_codes: &c.kc,
-            k_norms: &c.kn,
-            v_codes: &c.vc,
-            v_norms: &c.vn,
-            kv_heads,
-            block_size: PAGE,
-        };
         let plan = ItemPlan::new(&[len], 8, None).unwrap();
         let mut got = vec![0f32; group * d];
         let scale = 1.0 / (d as f32).sqrt();
@@ -632,7 +540,7 @@ mod tests {
             &plan,
             PageLayout::TokenMajor,
             &q,
-            &planes,
+            &data.planes(),
             &table,
             blocks,
             &[len],
@@ -641,16 +549,7 @@ mod tests {
         )
         .unwrap();
         assert!(got.iter().all(|v| v.is_finite()));
-        let mut want = vec![0f32; group * d];
-        attend_dense(
-            &c.kd[..len * d],
-            &c.vd[..len * d],
-            kv_heads,
-            &q,
-            &AttentionParams::new(group, d),
-            &mut want,
-        )
-        .unwrap();
+        let want = data.attend_dense(&table, len, &q, group).unwrap();
         let err = rel_l2(&got, &want);
         assert!(err < 2e-3, "rel L2 {err:.3e}");
     }

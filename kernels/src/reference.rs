@@ -4,7 +4,7 @@
 //! inverse rotation of `tq4_combine`. CI runs it against kvcore's dense reference, so the
 //! algorithm the GPU runs is checked on every commit, not only on the GPU machine.
 
-use engram_kvcore::{Codec, TurboQuantTables};
+use engram_kvcore::{AttentionParams, Codec, Rows, SplitMix64, TurboQuantTables, attend_dense};
 
 use crate::{KernelError, SplitPlan};
 
@@ -23,6 +23,108 @@ pub struct Planes<'a> {
     pub kv_heads: usize,
     /// Positions per block.
     pub block_size: usize,
+}
+
+/// A layer's planes (kvcore's token-major layout) encoded from Gaussian rows, with the rows the
+/// CPU decodes them back to: the test data of the kernel checks (CI tests and
+/// `engram-gpu-check`).
+#[derive(Debug, Clone)]
+pub struct EncodedPlanes {
+    /// Key codes.
+    pub k_codes: Vec<u8>,
+    /// Key norms (f16 little-endian).
+    pub k_norms: Vec<u8>,
+    /// Value codes.
+    pub v_codes: Vec<u8>,
+    /// Value norms.
+    pub v_norms: Vec<u8>,
+    /// The keys as `Codec::decode` returns them, `[row, head_dim]`.
+    pub k_rows: Vec<f32>,
+    /// The values, likewise.
+    pub v_rows: Vec<f32>,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    head_dim: usize,
+}
+
+impl EncodedPlanes {
+    /// `slots` blocks of `block_size` positions × `kv_heads` rows: keys N(0, 1), then values
+    /// N(0, 1) × `value_scale`, drawn from `rng` in that order.
+    pub fn random(
+        codec: &Codec,
+        slots: usize,
+        kv_heads: usize,
+        block_size: usize,
+        rng: &mut SplitMix64,
+        value_scale: f32,
+    ) -> Result<Self, KernelError> {
+        let d = codec.head_dim();
+        let rows = slots * block_size * kv_heads;
+        let kx = rng.gaussian_vec(rows * d);
+        let mut vx = rng.gaussian_vec(rows * d);
+        vx.iter_mut().for_each(|v| *v *= value_scale);
+        let (mut k_codes, mut k_norms) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
+        let (mut v_codes, mut v_norms) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
+        codec.encode(Rows::F32(&kx), &mut k_codes, &mut k_norms)?;
+        codec.encode(Rows::F32(&vx), &mut v_codes, &mut v_norms)?;
+        let (mut k_rows, mut v_rows) = (vec![0f32; rows * d], vec![0f32; rows * d]);
+        codec.decode(&k_codes, &k_norms, &mut k_rows)?;
+        codec.decode(&v_codes, &v_norms, &mut v_rows)?;
+        Ok(Self {
+            k_codes,
+            k_norms,
+            v_codes,
+            v_norms,
+            k_rows,
+            v_rows,
+            kv_heads,
+            block_size,
+            head_dim: d,
+        })
+    }
+
+    /// The planes as the references read them.
+    pub fn planes(&self) -> Planes<'_> {
+        Planes {
+            k_codes: &self.k_codes,
+            k_norms: &self.k_norms,
+            v_codes: &self.v_codes,
+            v_norms: &self.v_norms,
+            kv_heads: self.kv_heads,
+            block_size: self.block_size,
+        }
+    }
+
+    /// kvcore's dense attention (`attend_dense`) of one sequence's queries (`q`: `[heads,
+    /// head_dim]`) over the decoded rows of its first `len` positions through `block_table`.
+    pub fn attend_dense(
+        &self,
+        block_table: &[u32],
+        len: usize,
+        q: &[f32],
+        heads: usize,
+    ) -> Result<Vec<f32>, KernelError> {
+        let (d, bs, kv) = (self.head_dim, self.block_size, self.kv_heads);
+        let row = kv * d;
+        let (mut keys, mut values) = (Vec::with_capacity(len * row), Vec::with_capacity(len * row));
+        for p in 0..len {
+            let r = (block_table[p / bs] as usize * bs + p % bs) * kv;
+            keys.extend_from_slice(&self.k_rows[r * d..][..row]);
+            values.extend_from_slice(&self.v_rows[r * d..][..row]);
+        }
+        let mut out = vec![0f32; heads * d];
+        attend_dense(
+            &keys,
+            &values,
+            kv,
+            q,
+            &AttentionParams::new(heads, d),
+            &mut out,
+        )?;
+        Ok(out)
+    }
 }
 
 /// In-place fast Walsh–Hadamard transform (the butterflies of `fwht_warp`, in its order).
@@ -50,7 +152,7 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-fn norm(bytes: &[u8], row: usize) -> f32 {
+pub(crate) fn norm(bytes: &[u8], row: usize) -> f32 {
     half::f16::from_le_bytes([bytes[2 * row], bytes[2 * row + 1]]).to_f32()
 }
 
@@ -138,9 +240,7 @@ pub fn split_k_decode(
 
 #[cfg(test)]
 mod tests {
-    use engram_kvcore::{
-        AttentionParams, CodecKind, DEFAULT_ROTATION_SEED, Rows, SplitMix64, attend_dense,
-    };
+    use engram_kvcore::{CodecKind, DEFAULT_ROTATION_SEED};
 
     use super::*;
 
@@ -154,24 +254,9 @@ mod tests {
                 Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
             let bs = 16;
             let slots = 50;
-            let rows = slots * bs * kv_heads;
-            let (kx, vx) = (rng.gaussian_vec(rows * d), rng.gaussian_vec(rows * d));
-            let (mut kc, mut kn) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
-            let (mut vc, mut vn) = (vec![0u8; rows * d / 2], vec![0u8; rows * 2]);
-            codec.encode(Rows::F32(&kx), &mut kc, &mut kn).unwrap();
-            codec.encode(Rows::F32(&vx), &mut vc, &mut vn).unwrap();
-            let (mut kd, mut vd) = (vec![0f32; rows * d], vec![0f32; rows * d]);
-            codec.decode(&kc, &kn, &mut kd).unwrap();
-            codec.decode(&vc, &vn, &mut vd).unwrap();
+            let data = EncodedPlanes::random(&codec, slots, kv_heads, bs, &mut rng, 1.0).unwrap();
             let table: Vec<u32> = (0..slots as u32).map(|s| (s * 17) % slots as u32).collect();
-            let planes = Planes {
-                k_codes: &kc,
-                k_norms: &kn,
-                v_codes: &vc,
-                v_norms: &vn,
-                kv_heads,
-                block_size: bs,
-            };
+            let planes = data.planes();
             let heads = kv_heads * group;
             for (len, chunk) in [(1usize, 64usize), (64, 64), (700, 64), (777, 512)] {
                 let q = rng.gaussian_vec(heads * d);
@@ -181,23 +266,7 @@ mod tests {
                     &codec, group, chunk, &q, &planes, &table, len, scale, &mut got,
                 )
                 .unwrap();
-                let row = kv_heads * d;
-                let (mut keys, mut values) = (Vec::new(), Vec::new());
-                for p in 0..len {
-                    let r = (table[p / bs] as usize * bs + p % bs) * kv_heads;
-                    keys.extend_from_slice(&kd[r * d..][..row]);
-                    values.extend_from_slice(&vd[r * d..][..row]);
-                }
-                let mut want = vec![0f32; heads * d];
-                attend_dense(
-                    &keys,
-                    &values,
-                    kv_heads,
-                    &q,
-                    &AttentionParams::new(heads, d),
-                    &mut want,
-                )
-                .unwrap();
+                let want = data.attend_dense(&table, len, &q, heads).unwrap();
                 let err = rel_l2(&got, &want);
                 assert!(
                     err < 1e-5,

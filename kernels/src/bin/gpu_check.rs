@@ -29,7 +29,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use engram_kernels::DEFAULT_CHUNK;
 use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
 use engram_kernels::mma::mma_decode;
-use engram_kernels::reference::{Planes, rel_l2};
+use engram_kernels::reference::{EncodedPlanes, rel_l2};
 use engram_kernels::{PAGE, PageLayout, to_head_major};
 use engram_kvcore::{AttentionParams, attend_dense};
 use engram_kvcore::{
@@ -250,73 +250,44 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
         )?;
         let cb = head_dim / 2;
         let slots = lens.len() * max_blocks;
-        let rows = slots * PAGE * kv_heads;
-        let (kx, vx) = (
-            rng.gaussian_vec(rows * head_dim),
-            rng.gaussian_vec(rows * head_dim),
-        );
-        let (mut kc, mut kn) = (vec![0u8; rows * cb], vec![0u8; rows * 2]);
-        let (mut vc, mut vn) = (vec![0u8; rows * cb], vec![0u8; rows * 2]);
-        codec.encode(Rows::F32(&kx), &mut kc, &mut kn)?;
-        codec.encode(Rows::F32(&vx), &mut vc, &mut vn)?;
-        let (mut kd, mut vd) = (vec![0f32; rows * head_dim], vec![0f32; rows * head_dim]);
-        codec.decode(&kc, &kn, &mut kd)?;
-        codec.decode(&vc, &vn, &mut vd)?;
+        let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, rng, 1.0)?;
+        let [kc, kn, vc, vn] = [&data.k_codes, &data.k_norms, &data.v_codes, &data.v_norms];
         let mut order: Vec<u32> = (0..slots as u32).collect();
         for i in (1..slots).rev() {
             order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
         }
         let tables: Vec<i32> = order.iter().map(|&s| s as i32).collect();
-        let planes = Planes {
-            k_codes: &kc,
-            k_norms: &kn,
-            v_codes: &vc,
-            v_norms: &vn,
-            kv_heads,
-            block_size: PAGE,
-        };
+        let planes = data.planes();
         let token = [
-            stream.clone_htod(&kc)?,
-            stream.clone_htod(&kn)?,
-            stream.clone_htod(&vc)?,
-            stream.clone_htod(&vn)?,
+            stream.clone_htod(kc)?,
+            stream.clone_htod(kn)?,
+            stream.clone_htod(vc)?,
+            stream.clone_htod(vn)?,
         ];
         let head = [
-            stream.clone_htod(&to_head_major(&kc, cb, kv_heads))?,
-            stream.clone_htod(&to_head_major(&kn, 2, kv_heads))?,
-            stream.clone_htod(&to_head_major(&vc, cb, kv_heads))?,
-            stream.clone_htod(&to_head_major(&vn, 2, kv_heads))?,
+            stream.clone_htod(&to_head_major(kc, cb, kv_heads))?,
+            stream.clone_htod(&to_head_major(kn, 2, kv_heads))?,
+            stream.clone_htod(&to_head_major(vc, cb, kv_heads))?,
+            stream.clone_htod(&to_head_major(vn, 2, kv_heads))?,
         ];
         let tables_d = stream.clone_htod(&tables)?;
         let lens_i: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
         let lens_d = stream.clone_htod(&lens_i)?;
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let row = kv_heads * head_dim;
         for group in [1usize, 3, 4, 8] {
             let heads = kv_heads * group;
             let k = Tq4Kernels::new(stream.clone(), &codec, group, DEFAULT_CHUNK)?;
             let q = rng.gaussian_vec(lens.len() * heads * head_dim);
             let q_d = stream.clone_htod(&q)?;
-            let mut want = Vec::new();
-            for (b, &len) in lens.iter().enumerate() {
-                let (mut keys, mut values) = (Vec::new(), Vec::new());
-                for pos in 0..len {
-                    let r = (order[b * max_blocks + pos / PAGE] as usize * PAGE + pos % PAGE)
-                        * kv_heads;
-                    keys.extend_from_slice(&kd[r * head_dim..][..row]);
-                    values.extend_from_slice(&vd[r * head_dim..][..row]);
-                }
-                let mut w = vec![0f32; heads * head_dim];
-                attend_dense(
-                    &keys,
-                    &values,
-                    kv_heads,
-                    &q[b * heads * head_dim..][..heads * head_dim],
-                    &AttentionParams::new(heads, head_dim),
-                    &mut w,
-                )?;
-                want.push(w);
-            }
+            let n = heads * head_dim;
+            let want: Vec<Vec<f32>> = lens
+                .iter()
+                .enumerate()
+                .map(|(b, &len)| {
+                    let table = &order[b * max_blocks..][..max_blocks];
+                    data.attend_dense(table, len, &q[b * n..][..n], heads)
+                })
+                .collect::<Result<_, _>>()?;
             for chunk in [None, Some(64), Some(8192)] {
                 let mut work = k.mma_work(&lens, kv_heads, chunk)?;
                 let mut emulated = vec![0f32; q.len()];
@@ -366,7 +337,6 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 let no_nan = outs[0].iter().all(|v| v.is_finite());
                 let chunk_used = work.plan().chunk;
                 for (b, &len) in lens.iter().enumerate() {
-                    let n = heads * head_dim;
                     let got = &outs[0][b * n..][..n];
                     let err = rel_l2(got, &want[b]);
                     let emu = rel_l2(got, &emulated[b * n..][..n]);
