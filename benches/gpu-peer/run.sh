@@ -7,6 +7,9 @@
 #
 #   ./run.sh build                      # cmake + build (~5 min on 16 cores) and the GGUF, in parallel
 #   ./run.sh bench 4096 1,16 [NTG]      # one prompt length, batches; $OUT/peer-p4096-b1-16-kvf16.txt …
+#   ./run.sh serve 32768 16 f16 [NTG]   # llama-server (flash attention, KV type f16 or q4_0, one
+#                                       # slot per sequence) timed by serve_client.py: one JSON
+#                                       # line appended to $OUT/peer-serve.jsonl
 #
 # The work folder ($WORK, default /tmp/gpu-peer) must survive between the two: run them in one
 # command, or in calls that find the machine still warm.
@@ -54,8 +57,28 @@ bench)
     grep -E "^\|" "$OUT/peer-p$p-b${npl//,/-}-kv$kv.txt" | sed "s/^/kv $kv: /"
   done
   ;;
+serve)
+  p="$2"; b="$3"; kv="$4"; ntg="${5:-64}"
+  port=8089
+  "$W/build/bin/llama-server" -m "$GGUF" -ngl 99 -fa on -ctk "$kv" -ctv "$kv" \
+    -np "$b" -c $((b * (p + ntg + 64))) --port "$port" --host 127.0.0.1 --no-webui \
+    >"$W/server-p$p-b$b-$kv.log" 2>&1 &
+  srv=$!
+  trap 'kill $srv 2>/dev/null || true' EXIT
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 "$srv" 2>/dev/null || { tail -20 "$W/server-p$p-b$b-$kv.log"; exit 1; }
+    sleep 0.5
+  done
+  # One short request first: CUDA graphs and kernels warm, as Engram's warm-up.
+  python3 "$HERE/serve_client.py" "http://127.0.0.1:$port" 64 1 4 1 >/dev/null
+  python3 "$HERE/serve_client.py" "http://127.0.0.1:$port" "$p" "$b" "$ntg" |
+    sed "s/^{/{\"engine\": \"llama-server\", \"kv\": \"$kv\", /" | tee -a "$OUT/peer-serve.jsonl"
+  kill "$srv"; wait "$srv" 2>/dev/null || true
+  trap - EXIT
+  ;;
 *)
-  echo "usage: $0 build | bench PROMPT BATCHES [NTG]" >&2
+  echo "usage: $0 build | bench PROMPT BATCHES [NTG] | serve PROMPT BATCH KV [NTG]" >&2
   exit 2
   ;;
 esac

@@ -28,6 +28,7 @@ pub struct Tq4Kernels {
     attend: CudaFunction,
     combine: CudaFunction,
     mma: CudaFunction,
+    prefill: CudaFunction,
     combine_items: CudaFunction,
     read_stream: CudaFunction,
     sms: usize,
@@ -39,6 +40,7 @@ pub struct Tq4Kernels {
     head_dim: usize,
     group: usize,
     chunk: usize,
+    prefill_query_tiles: usize,
 }
 
 /// The inputs of one decode-attention launch over one layer.
@@ -70,6 +72,34 @@ pub struct DecodeBatch<'a> {
     pub max_len: usize,
     /// Positions per block.
     pub block_size: usize,
+    /// Softmax scale (usually 1/√head_dim).
+    pub scale: f32,
+}
+
+/// The inputs of one prefill-attention launch: one sequence's chunk of new queries over one
+/// layer, causal (query `i` at position `start + i` attends positions `0 ..= start + i`).
+#[derive(Debug)]
+pub struct PrefillChunk<'a> {
+    /// Queries `[m, heads, head_dim]` (model space; the kernel rotates them).
+    pub q: CudaView<'a, f32>,
+    /// New queries.
+    pub m: usize,
+    /// Position of the first.
+    pub start: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads (`heads / group`).
+    pub kv_heads: usize,
+    /// The layer's key code plane (16-position pages).
+    pub k_codes: CudaView<'a, u8>,
+    /// The layer's key norms (f16, little-endian bytes).
+    pub k_norms: CudaView<'a, u8>,
+    /// Value codes, as the keys.
+    pub v_codes: CudaView<'a, u8>,
+    /// Value norms.
+    pub v_norms: CudaView<'a, u8>,
+    /// The sequence's block table: the slots of its first `⌈(start + m) / 16⌉` pages at least.
+    pub block_table: &'a CudaSlice<i32>,
     /// Softmax scale (usually 1/√head_dim).
     pub scale: f32,
 }
@@ -198,15 +228,18 @@ impl Tq4Kernels {
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
         let mma = f("tq4_decode_mma")?;
+        let prefill = f("tq4_prefill_mma")?;
         use cudarc::driver::sys::CUdevice_attribute as Dev;
         let optin = ctx
             .attribute(Dev::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(driver)?;
-        mma.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            optin,
-        )
-        .map_err(driver)?;
+        for k in [&mma, &prefill] {
+            k.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                optin,
+            )
+            .map_err(driver)?;
+        }
         let sms = ctx
             .attribute(Dev::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver)?;
@@ -218,6 +251,7 @@ impl Tq4Kernels {
             combine_items: f("tq4_combine_items")?,
             read_stream: f("read_stream")?,
             mma,
+            prefill,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             max_shared: usize::try_from(optin).unwrap_or(0),
             signs: stream.clone_htod(&tables.signs).map_err(driver)?,
@@ -227,6 +261,7 @@ impl Tq4Kernels {
             head_dim,
             group,
             chunk,
+            prefill_query_tiles: crate::prefill::default_query_tiles(group),
             stream,
         })
     }
@@ -323,6 +358,20 @@ impl Tq4Kernels {
         // (checked above) and every `src` entry must name a row of the planes, which the
         // caller's block table guarantees.
         unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+
+    /// Sets the prefill kernel's 16-position query tiles per CTA (`group × tiles` warps, at
+    /// most 8; the default is [`crate::prefill::default_query_tiles`]): a tuning knob of the
+    /// benches.
+    pub fn set_prefill_query_tiles(&mut self, tiles: usize) -> Result<(), KernelError> {
+        if tiles == 0 || self.group * tiles > 8 {
+            return Err(KernelError::Invalid(format!(
+                "{tiles} query tiles of {} warps each (1 to 8 warps a CTA)",
+                self.group
+            )));
+        }
+        self.prefill_query_tiles = tiles;
         Ok(())
     }
 
@@ -561,6 +610,84 @@ impl Tq4Kernels {
         }
         .result()
         .map_err(driver)?;
+        Ok(())
+    }
+
+    /// Causal prefill attention of one sequence's chunk on tensor cores (`tq4_prefill_mma`):
+    /// writes `out` (`[m, heads, head_dim]`, model space). 16-position pages in `layout`.
+    pub fn prefill_attention(
+        &self,
+        a: &PrefillChunk<'_>,
+        layout: PageLayout,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        if a.heads != a.kv_heads * self.group {
+            return Err(KernelError::Invalid(format!(
+                "{} heads over {} KV heads is not a group of {}",
+                a.heads, a.kv_heads, self.group
+            )));
+        }
+        let n = a.m * a.heads * self.head_dim;
+        if a.q.len() < n || out.len() < n || a.block_table.len() * PAGE < a.start + a.m {
+            return Err(KernelError::Invalid(
+                "a buffer is smaller than the chunk it is given for".into(),
+            ));
+        }
+        let tiles = self.prefill_query_tiles;
+        let shared = crate::prefill::prefill_shared_bytes(self.group, tiles, self.head_dim);
+        if shared > self.max_shared {
+            return Err(KernelError::Unsupported(format!(
+                "the prefill kernel needs {shared} bytes of shared memory; the card has {}",
+                self.max_shared
+            )));
+        }
+        if a.m == 0 {
+            return Ok(());
+        }
+        let (m, start) = (int(a.m, "queries")?, int(a.start, "start")?);
+        let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
+        let (ps, hs) = layout.strides(a.kv_heads);
+        let (ps, hs) = (int(ps, "pos stride")?, int(hs, "head stride")?);
+        let qscale = self.rot_scale * a.scale * std::f32::consts::LOG2_E;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(a.m.div_ceil(16 * tiles))
+                    .map_err(|_| KernelError::Invalid("query tiles over u32".into()))?,
+                a.kv_heads as u32,
+                1,
+            ),
+            block_dim: (
+                32 * crate::prefill::prefill_warps(self.group, tiles) as u32,
+                1,
+                1,
+            ),
+            shared_mem_bytes: shared as u32,
+        };
+        let qtiles = int(tiles, "query tiles")?;
+        let mut launch = self.stream.launch_builder(&self.prefill);
+        launch
+            .arg(&a.q)
+            .arg(&m)
+            .arg(&start)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&a.k_codes)
+            .arg(&a.k_norms)
+            .arg(&a.v_codes)
+            .arg(&a.v_norms)
+            .arg(a.block_table)
+            .arg(&ps)
+            .arg(&hs)
+            .arg(&qtiles)
+            .arg(&self.signs)
+            .arg(&self.codebook)
+            .arg(&qscale)
+            .arg(&self.rot_scale)
+            .arg(out);
+        // SAFETY: the arguments match `tq4_prefill_mma`; the sizes were checked above, and the
+        // block table's first ⌈(start + m)/16⌉ entries must name slots of the planes (the block
+        // store hands out only such slots).
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
         Ok(())
     }
 

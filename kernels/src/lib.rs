@@ -9,6 +9,10 @@
 //!   operands through a shared-memory pair table, lazy log2-domain softmax), cut into work items
 //!   by a host plan ([`ItemPlan`]) and merged by a combine; the engine's decode path on
 //!   16-position blocks. [`mma`] emulates its fragment arithmetic on the CPU (tested in CI);
+//! - `tq4_prefill_mma`: causal prefill attention of a chunk's queries over the codes on tensor
+//!   cores, flash-attention style: each 64-position tile dequantized once into shared memory
+//!   (swizzled for `ldmatrix`) and shared by the CTA's 96–128 query rows; no f32 expansion of
+//!   the prefix. [`prefill`] emulates its tile formulation on the CPU (tested in CI);
 //! - `tq4_decode_attention` + `tq4_combine`: the FP32 CUDA-core form of the same attention, the
 //!   reference path (and the path for other block sizes), the GPU form of
 //!   [`engram_kvcore::BlockStore::attend`] step for step ([`reference`]).
@@ -23,6 +27,7 @@
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod mma;
+pub mod prefill;
 pub mod reference;
 
 /// The CUDA C source of the TurboQuant-4 kernels.
@@ -228,7 +233,7 @@ mod tests {
         assert!(defines(96, 4, 512).is_err());
         assert!(defines(128, 4, 500).is_err());
         assert_eq!(defines(128, 4, 512).unwrap()[1], "-DGROUP=4");
-        for name in ["tq4_decode_mma", "tq4_combine_items"] {
+        for name in ["tq4_decode_mma", "tq4_combine_items", "tq4_prefill_mma"] {
             assert!(TQ4_SOURCE.contains(&format!(" {name}(")), "{name}");
         }
     }

@@ -811,3 +811,242 @@ extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned lon
         sink[blockIdx.x] = x;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core prefill attention over TQ4 codes: tq4_prefill_mma.
+//
+// Causal attention of one sequence's m new queries (positions start .. start + m) over its
+// pages, flash-attention style. A CTA takes 16 . qtiles query positions of one KV head:
+// GROUP . qtiles warps (the host's choice: 8 / GROUP, at least 1, so 6 to 8 warps and 96 to
+// 128 query rows), warp w holding the 16 positions of query tile w / GROUP for query head
+// w % GROUP (its rows, the A operand). Key/value positions go through shared memory PF_KT at a
+// time: all warps dequantize the tile once (codes through the 16-entry codebook to f16, value
+// rows times their norm . VSCALE; key norms kept apart in f32) into row-major [pos][dim] tiles
+// whose 16-byte chunks are XOR-swizzled by the row, so that every ldmatrix is conflict-free;
+// then every warp computes
+//   S[16 x PF_KT] = Q[16 x HEAD_DIM] . K^T     (B fragments by ldmatrix from [pos][dim])
+//   O[16 x HEAD_DIM] += P[16 x PF_KT] . V       (B fragments by ldmatrix.trans; P straight from
+//                                                the S accumulators, rounded to f16)
+// with an online softmax in the log2 domain (queries pre-scaled by rot_scale . scale . log2 e,
+// S columns times their key norm, causal mask by position). Queries are rotated into the
+// codebook's space on entry and outputs rotated back on exit through shared memory that
+// aliases the tiles. The CPU emulation of this tile formulation (same roundings, same tile
+// order) is `prefill::prefill_tiles`; CI runs it against kvcore's dense reference.
+#define PF_KT 64
+#define PF_ROW_BYTES (HEAD_DIM * 2)
+#define PF_CHUNKS (HEAD_DIM / 8)
+#define PF_TILE_BYTES (PF_KT * PF_ROW_BYTES)
+
+// Byte offset of (row, 16-byte chunk) in a swizzled tile.
+__device__ __forceinline__ int pf_off(int row, int chunk) {
+    return row * PF_ROW_BYTES + ((chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ unsigned int smem_u32(const void* p) {
+    unsigned int a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned int addr, unsigned int (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned int addr, unsigned int (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
+    const float* __restrict__ q, int m, int start, int heads, int kv_heads,
+    const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
+    const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
+    const int* __restrict__ table, int pos_stride, int head_stride,
+    int qtiles, const float* __restrict__ signs, const float* __restrict__ codebook,
+    float qscale, float rot_scale, float* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    const int n_warps = blockDim.x >> 5;
+    const int pf_qp = 16 * qtiles;
+    // The tiles, or (aliasing them) each warp's 16 rotated rows; then key norms and codebook.
+    const int rot_bytes = n_warps * 16 * HEAD_DIM * 4;
+    const int main_bytes = 2 * PF_TILE_BYTES > rot_bytes ? 2 * PF_TILE_BYTES : rot_bytes;
+    unsigned char* kt_s = sm;
+    unsigned char* vt_s = sm + PF_TILE_BYTES;
+    float* kn_s = (float*)(sm + main_bytes);
+    float* cb_s = kn_s + PF_KT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, c = lane & 3;
+    const int g = blockIdx.y;
+    const int hh = warp % GROUP, qt = warp / GROUP;
+    const int head = g * GROUP + hh;
+    const int i0 = blockIdx.x * pf_qp + qt * 16;  // the warp's first query (index in the chunk)
+    const int cta_last = min(m, (int)(blockIdx.x + 1) * pf_qp);
+    const int kend = start + cta_last;  // keys 0 .. kend
+    if (tid < 16) cb_s[tid] = codebook[tid];
+
+    // Rotate the warp's 16 query rows into the codebook's space (shared memory aliasing the
+    // tiles), then keep them as A fragments, scaled and rounded to f16.
+    float* rot = (float*)sm + warp * 16 * HEAD_DIM;
+    for (int row = 0; row < 16; row++) {
+        const int i = i0 + row;
+        float* b = rot + row * HEAD_DIM;
+        if (i < m) {
+            const float* qr = q + ((size_t)i * heads + head) * HEAD_DIM;
+            for (int d = lane; d < HEAD_DIM; d += WARP) b[d] = qr[d] * signs[d];
+        } else {
+            for (int d = lane; d < HEAD_DIM; d += WARP) b[d] = 0.0f;
+        }
+        __syncwarp();
+        fwht_warp(b, lane);
+    }
+    unsigned int qa[KSTEPS][4];
+#pragma unroll
+    for (int s = 0; s < KSTEPS; s++) {
+        const float* x0 = rot + r * HEAD_DIM + 16 * s + 2 * c;
+        const float* x1 = rot + (r + 8) * HEAD_DIM + 16 * s + 2 * c;
+        qa[s][0] = pack_half2(x0[0] * qscale, x0[1] * qscale);
+        qa[s][1] = pack_half2(x1[0] * qscale, x1[1] * qscale);
+        qa[s][2] = pack_half2(x0[8] * qscale, x0[9] * qscale);
+        qa[s][3] = pack_half2(x1[8] * qscale, x1[9] * qscale);
+    }
+    __syncthreads();
+
+    const int qp0 = start + i0 + r, qp1 = qp0 + 8;  // positions of the lane's two rows
+    const int warp_last = start + i0 + 15;
+    float o[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    const size_t page_rows = (size_t)PAGE * kv_heads;
+    const int hrow = g * head_stride;
+    const unsigned int k_base = smem_u32(kt_s), v_base = smem_u32(vt_s);
+
+    for (int t0 = 0; t0 < kend; t0 += PF_KT) {
+        // Dequantize the tile: PF_KT positions x PF_CHUNKS chunks, keys then values.
+        for (int it = tid; it < 2 * PF_KT * PF_CHUNKS; it += n_warps * WARP) {
+            const bool is_v = it >= PF_KT * PF_CHUNKS;
+            const int e = is_v ? it - PF_KT * PF_CHUNKS : it;
+            const int j = e / PF_CHUNKS, ch = e % PF_CHUNKS;
+            const int p = t0 + j;
+            uint4 w = make_uint4(0u, 0u, 0u, 0u);
+            if (p < kend) {
+                const size_t row = (size_t)table[p / PAGE] * page_rows + (p % PAGE) * pos_stride + hrow;
+                const unsigned int bits =
+                    *(const unsigned int*)((is_v ? v_codes : k_codes) + row * CODE_BYTES + 4 * ch);
+                float f = 1.0f;
+                if (is_v) {
+                    f = f16_to_f32(v_norms[row]) * VSCALE;
+                } else if (ch == 0) {
+                    kn_s[j] = f16_to_f32(k_norms[row]);
+                }
+                w.x = pack_half2(cb_s[bits & 15u] * f, cb_s[(bits >> 4) & 15u] * f);
+                w.y = pack_half2(cb_s[(bits >> 8) & 15u] * f, cb_s[(bits >> 12) & 15u] * f);
+                w.z = pack_half2(cb_s[(bits >> 16) & 15u] * f, cb_s[(bits >> 20) & 15u] * f);
+                w.w = pack_half2(cb_s[(bits >> 24) & 15u] * f, cb_s[bits >> 28] * f);
+            } else if (!is_v && ch == 0) {
+                kn_s[j] = 0.0f;
+            }
+            *(uint4*)((is_v ? vt_s : kt_s) + pf_off(j, ch)) = w;
+        }
+        __syncthreads();
+        if (t0 <= warp_last) {
+            float s[PF_KT / 8][4];
+#pragma unroll
+            for (int n = 0; n < PF_KT / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks += 2) {
+#pragma unroll
+                for (int n = 0; n < PF_KT / 8; n++) {
+                    unsigned int b[4];
+                    ldsm_x4(k_base + pf_off(n * 8 + (lane & 7), 2 * ks + (lane >> 3)), b);
+                    mma16816(s[n], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b[0], b[1]);
+                    mma16816(s[n], qa[ks + 1][0], qa[ks + 1][1], qa[ks + 1][2], qa[ks + 1][3],
+                             b[2], b[3]);
+                }
+            }
+            float x0 = NEG_INF, x1 = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < PF_KT / 8; n++) {
+                const int pa = t0 + n * 8 + 2 * c, pb = pa + 1;
+                const float ka = kn_s[n * 8 + 2 * c], kb = kn_s[n * 8 + 2 * c + 1];
+                s[n][0] = pa <= qp0 ? s[n][0] * ka : NEG_INF;
+                s[n][1] = pb <= qp0 ? s[n][1] * kb : NEG_INF;
+                s[n][2] = pa <= qp1 ? s[n][2] * ka : NEG_INF;
+                s[n][3] = pb <= qp1 ? s[n][3] * kb : NEG_INF;
+                x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
+                x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
+            }
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, off));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, off));
+            }
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            // A row with nothing valid yet keeps m = -inf: its factors and weights are 0.
+            const float f0 = n0 == NEG_INF ? 1.0f : fast_exp2(m0 - n0);
+            const float f1 = n1 == NEG_INF ? 1.0f : fast_exp2(m1 - n1);
+            m0 = n0;
+            m1 = n1;
+            l0 *= f0;
+            l1 *= f1;
+#pragma unroll
+            for (int n = 0; n < HEAD_DIM / 8; n++) {
+                o[n][0] *= f0;
+                o[n][1] *= f0;
+                o[n][2] *= f1;
+                o[n][3] *= f1;
+            }
+            unsigned int pa[PF_KT / 16][4];
+#pragma unroll
+            for (int n = 0; n < PF_KT / 8; n++) {
+                const float e0 = n0 == NEG_INF ? 0.0f : fast_exp2(s[n][0] - n0);
+                const float e1 = n0 == NEG_INF ? 0.0f : fast_exp2(s[n][1] - n0);
+                const float e2 = n1 == NEG_INF ? 0.0f : fast_exp2(s[n][2] - n1);
+                const float e3 = n1 == NEG_INF ? 0.0f : fast_exp2(s[n][3] - n1);
+                l0 += e0 + e1;
+                l1 += e2 + e3;
+                pa[n >> 1][(n & 1) * 2] = pack_half2(e0, e1);
+                pa[n >> 1][(n & 1) * 2 + 1] = pack_half2(e2, e3);
+            }
+#pragma unroll
+            for (int kk = 0; kk < PF_KT / 16; kk++) {
+#pragma unroll
+                for (int dn = 0; dn < HEAD_DIM / 8; dn += 2) {
+                    unsigned int b[4];
+                    const int mat = lane >> 3;
+                    ldsm_x4_t(v_base + pf_off(16 * kk + (mat & 1) * 8 + (lane & 7), dn + (mat >> 1)), b);
+                    mma16816(o[dn], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[0], b[1]);
+                    mma16816(o[dn + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Normalize, rotate back, write.
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float inv0 = l0 > 0.0f ? INV_VSCALE / l0 : 0.0f;
+    const float inv1 = l1 > 0.0f ? INV_VSCALE / l1 : 0.0f;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; n++) {
+        const int d = n * 8 + 2 * c;
+        rot[r * HEAD_DIM + d] = o[n][0] * inv0;
+        rot[r * HEAD_DIM + d + 1] = o[n][1] * inv0;
+        rot[(r + 8) * HEAD_DIM + d] = o[n][2] * inv1;
+        rot[(r + 8) * HEAD_DIM + d + 1] = o[n][3] * inv1;
+    }
+    __syncwarp();
+    for (int row = 0; row < 16; row++) {
+        const int i = i0 + row;
+        if (i >= m) break;
+        float* b = rot + row * HEAD_DIM;
+        fwht_warp(b, lane);
+        float* dst = out + ((size_t)i * heads + head) * HEAD_DIM;
+        for (int d = lane; d < HEAD_DIM; d += WARP) dst[d] = b[d] * signs[d] * rot_scale;
+    }
+}

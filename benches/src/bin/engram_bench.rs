@@ -31,6 +31,10 @@ struct Cli {
 enum BenchCommand {
     /// Time to first token (cold / hot / warm prefix) and decode tokens/s by batch.
     Ttft(TtftArgs),
+    /// Serving speed on a model file, as a client sees it: random prompts of each length, one
+    /// or a batch at a time; TTFT per sequence and time per output token from token arrival
+    /// gaps (the engine in process; `benches/gpu-peer/` runs llama-server beside it).
+    E2e(E2eArgs),
     /// Hybrid recall latency (p50/p99) on synthetic graphs of random unit vectors, and the
     /// embedding model's sentences per second. One JSON object per line.
     Memory(MemoryBenchArgs),
@@ -224,9 +228,43 @@ struct TtftArgs {
     cold_mib: u64,
 }
 
+#[derive(Debug, Args)]
+struct E2eArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths in tokens.
+    #[arg(long, value_delimiter = ',', default_value = "4096,32768")]
+    prompts: Vec<usize>,
+    /// Sequences decoding together.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    batches: Vec<usize>,
+    /// Tokens generated per sequence after its first.
+    #[arg(long, default_value_t = 64)]
+    steps: usize,
+    /// KV codec, or KEYS/VALUES; empty: the device's built-in default (`tq4` on CUDA).
+    #[arg(long, default_value = "")]
+    codec: String,
+    /// Where the engine runs: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// Prefill chunk in tokens.
+    #[arg(long, default_value_t = 1024)]
+    prefill_chunk: usize,
+    /// Hot-tier budget in MiB (VRAM on CUDA): room for the largest batch × (prompt + steps).
+    #[arg(long, default_value_t = 24 << 10)]
+    hot_mib: u64,
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 11)]
+    seed: u64,
+    /// How a CUDA device holds the projections: bf16 (the default) or f32.
+    #[arg(long, default_value = "bf16")]
+    device_weights: String,
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         BenchCommand::Ttft(args) => bench_ttft(args),
+        BenchCommand::E2e(args) => bench_e2e(args),
         BenchCommand::Memory(args) => bench_memory(args),
         BenchCommand::Conversation(args) => bench_conversation(args),
         BenchCommand::Shadow(args) => bench_shadow(args),
@@ -307,6 +345,65 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
             println!(
                 "decode {:>10} batch {:>2} at {:>5} tokens: {:>8.1} tokens/s, {:>7.1} ms per token",
                 r.mode, r.batch, r.context_tokens, r.decode_tokens_per_s, r.ms_per_token
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench_e2e(args: E2eArgs) -> Result<()> {
+    let device = EngineDevice::parse(&args.device)?;
+    let t = std::time::Instant::now();
+    let (model, tok) = load(&args.model)?;
+    let device_weights = engram_engine::DeviceWeights::parse(&args.device_weights)
+        .with_context(|| format!("--device-weights `{}` (bf16, f32)", args.device_weights))?;
+    let config = EngineConfig {
+        device,
+        device_weights,
+        hot_bytes: args.hot_mib << 20,
+        prefill_chunk: args.prefill_chunk,
+        max_running: args.batches.iter().copied().max().unwrap_or(1),
+        ..EngineConfig::default()
+    };
+    let codec = StreamCodecs::parse_or_default(&args.codec, device)?;
+    let config = EngineConfig {
+        codec: codec.key,
+        value_codec: codec.value_override(),
+        ..config
+    };
+    let mut core = engram_engine::EngineCore::new(model, tok, config)?;
+    eprintln!("e2e: loaded in {:.1} s", t.elapsed().as_secs_f64());
+    // Warm-up (kernel compilation, first allocations), not reported.
+    let warm = bench::E2eOptions {
+        prompts: vec![64],
+        batches: vec![1],
+        steps: 4,
+        seed: args.seed ^ 1,
+    };
+    bench::e2e(&mut core, &warm, |_| {})?;
+    let opts = bench::E2eOptions {
+        prompts: args.prompts,
+        batches: args.batches,
+        steps: args.steps,
+        seed: args.seed,
+    };
+    let rows = bench::e2e(&mut core, &opts, |m| eprintln!("e2e: {m}"))?;
+    if args.model.json {
+        print_json(rows.iter().map(|r| serde_json::json!(r)));
+    } else {
+        println!(
+            "{:>7} {:>5} {:>12} {:>12} {:>12} {:>12}",
+            "prompt", "batch", "TTFT p50 ms", "TTFT max ms", "TPOT p50 ms", "TPOT p90 ms"
+        );
+        for r in &rows {
+            println!(
+                "{:>7} {:>5} {:>12.1} {:>12.1} {:>12.2} {:>12.2}",
+                r.prompt_tokens,
+                r.batch,
+                r.ttft_ms_p50,
+                r.ttft_ms_max,
+                r.tpot_ms_p50,
+                r.tpot_ms_p90
             );
         }
     }

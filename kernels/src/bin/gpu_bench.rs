@@ -13,6 +13,13 @@
 //! (attention + combine). The read ceiling is a read-only stream of 2 GiB with 16-byte loads
 //! (`read_stream`), measured in the same process; `share_of_read_bw` divides by it.
 //!
+//! Prefill (`--only prefill`, or by default after attention): one layer's causal attention of a
+//! whole prompt of each `--contexts` length over random codes, in chunks of `--prefill-chunk`
+//! queries (1024) as the engine runs it, with `tq4_prefill_mma` at each `--prefill-tiles`
+//! (16-position query tiles per CTA; 2 = the default for the 8B group of 4); causal FLOPs (4 · heads ·
+//! head_dim per (query, key) pair) per second. `gpu_sdpa_baseline.py prefill` times PyTorch's
+//! causal bf16 SDPA on the same shape.
+//!
 //! Tiers (`--only tiers`, or by default after attention): warm and spill of 1,000 blocks of the
 //! same shape across all 32 layers (540,672 bytes a block, 540.7 MB in all) between VRAM and the
 //! page-locked cold tier, for consecutive slots (one `cuMemcpyAsync` per tensor, layer and run)
@@ -25,7 +32,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUevent_flags;
-use engram_kernels::gpu::{DecodeBatch, Tq4Kernels};
+use engram_kernels::gpu::{DecodeBatch, PrefillChunk, Tq4Kernels};
 use engram_kernels::{DEFAULT_CHUNK, PageLayout};
 use engram_kvcore::{
     BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, SourceLayer,
@@ -122,7 +129,7 @@ fn main() -> Result<()> {
     let extra: Vec<String> = flag("--define")
         .map(|v| v.split(',').map(|d| format!("-D{d}")).collect())
         .unwrap_or_default();
-    let k = Tq4Kernels::with_defines(stream.clone(), &codec, group, chunk, &extra)?;
+    let mut k = Tq4Kernels::with_defines(stream.clone(), &codec, group, chunk, &extra)?;
     // The read ceiling: a read-only stream of 2 GiB, median of 5 rounds of 10.
     let big = stream.alloc_zeros::<u8>(copy_bytes)?;
     let mut sink = stream.alloc_zeros::<u32>(4096)?;
@@ -244,10 +251,95 @@ fn main() -> Result<()> {
             }
         }
     }
+    if only.is_empty() || only == "prefill" {
+        let chunk: usize = flag("--prefill-chunk").map_or(Ok(1024), |v| v.parse())?;
+        let tiles: Vec<usize> = flag("--prefill-tiles")
+            .unwrap_or_else(|| "2".into())
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        for (&ctx_len, &t) in contexts
+            .iter()
+            .flat_map(|c| tiles.iter().map(move |t| (c, t)))
+        {
+            k.set_prefill_query_tiles(t)?;
+            let s = bench_prefill(&stream, &k, ctx_len, chunk, &mut rng)?;
+            let flops = 4.0 * (heads * head_dim) as f64 * (ctx_len * (ctx_len + 1) / 2) as f64;
+            emit(format!(
+                "{{\"bench\":\"tq4_prefill_mma\",\"layers\":1,\"context\":{ctx_len},\"chunk\":{chunk},\"query_tiles\":{t},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"seconds_32_layers\":{:.4},\"causal_flops\":{flops:.4e},\"flops_per_s\":{:.4e}}}",
+                s * 32.0,
+                flops / s
+            ))?;
+        }
+    }
     if only.is_empty() || only == "tiers" {
         bench_tiers(&stream, reps.min(7), &mut rng, &mut emit)?;
     }
     Ok(())
+}
+
+/// One layer's causal prefill attention of a `ctx_len`-token prompt in chunks of `chunk`
+/// queries (the engine's prefill: chunk `c` attends positions `0 ..` its own end), 8B shape,
+/// over random codes in shuffled pages; seconds for the whole prompt, median of 3 rounds.
+fn bench_prefill(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    k: &Tq4Kernels,
+    ctx_len: usize,
+    chunk: usize,
+    rng: &mut SplitMix64,
+) -> Result<f64> {
+    let (head_dim, kv_heads, heads) = (128usize, 8usize, 32usize);
+    let slots = ctx_len.div_ceil(16);
+    let rows = slots * 16 * kv_heads;
+    let codes: Vec<u8> = (0..rows * head_dim / 2)
+        .map(|i| {
+            (i as u64)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(17) as u8
+        })
+        .collect();
+    let norms: Vec<u8> = (0..rows)
+        .flat_map(|i| (0x3C00 | (i as u16 & 0xFF)).to_le_bytes())
+        .collect();
+    let (kc, vc) = (stream.clone_htod(&codes)?, stream.clone_htod(&codes)?);
+    let (kn, vn) = (stream.clone_htod(&norms)?, stream.clone_htod(&norms)?);
+    let mut order: Vec<i32> = (0..slots as i32).collect();
+    for i in (1..slots).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let table = stream.clone_htod(&order)?;
+    let q = stream.clone_htod(&rng.gaussian_vec(chunk.min(ctx_len) * heads * head_dim))?;
+    let mut out = stream.alloc_zeros::<f32>(chunk.min(ctx_len) * heads * head_dim)?;
+    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut run = || -> Result<()> {
+        for start in (0..ctx_len).step_by(chunk) {
+            let a = PrefillChunk {
+                q: q.as_view(),
+                m: chunk.min(ctx_len - start),
+                start,
+                heads,
+                kv_heads,
+                k_codes: kc.as_view(),
+                k_norms: kn.as_view(),
+                v_codes: vc.as_view(),
+                v_norms: vn.as_view(),
+                block_table: &table,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            k.prefill_attention(&a, PageLayout::TokenMajor, &mut out)?;
+        }
+        Ok(())
+    };
+    run()?;
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let t0 = stream.record_event(timing)?;
+        run()?;
+        let t1 = stream.record_event(timing)?;
+        t1.synchronize()?;
+        rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3);
+    }
+    Ok(median(rounds))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

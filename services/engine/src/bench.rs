@@ -270,6 +270,126 @@ pub fn decode(
     Ok(rows)
 }
 
+/// Options of `engram-bench e2e`: a model served to random prompts of given lengths, one or
+/// many at a time, timed as a client sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct E2eOptions {
+    /// Prompt lengths in tokens.
+    pub prompts: Vec<usize>,
+    /// Sequences decoding together.
+    pub batches: Vec<usize>,
+    /// Tokens generated per sequence after its first.
+    pub steps: usize,
+    /// Seed of the random prompts.
+    pub seed: u64,
+}
+
+/// One (prompt, batch) measurement of [`e2e`] (a JSON line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct E2eRow {
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Sequences decoding together.
+    pub batch: usize,
+    /// Time to first token of a sequence prefilled alone (start to its first token), ms:
+    /// the median over the batch's sequences.
+    pub ttft_ms_p50: f64,
+    /// The slowest sequence's.
+    pub ttft_ms_max: f64,
+    /// Time per output token after the first: the median gap between a sequence's successive
+    /// token arrivals (a batched step delivers one token to every sequence), ms.
+    pub tpot_ms_p50: f64,
+    /// The mean gap.
+    pub tpot_ms_mean: f64,
+    /// The 90th percentile gap.
+    pub tpot_ms_p90: f64,
+    /// Gaps measured per sequence.
+    pub steps: usize,
+}
+
+/// The `q`-quantile of `v` (sorted in place), nearest rank.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n => v[((n - 1) as f64 * q).round() as usize],
+    }
+}
+
+/// Serving speed on `core`'s model: for each prompt length and batch, `batch` sequences of
+/// random token ids are started and prefilled one after another (each one's TTFT from its
+/// start to its first token), then decoded together for `steps` steps, each step's tokens
+/// arriving at once; TPOT is the gap between arrivals. Sequences are finished after, so every
+/// measurement starts from the same empty running set; prompts are distinct (no cache hits).
+pub fn e2e(
+    core: &mut EngineCore,
+    opts: &E2eOptions,
+    mut progress: impl FnMut(&str),
+) -> EngineResult<Vec<E2eRow>> {
+    let vocab = core.model().config().vocab_size as u64;
+    let stops = core.tokenizer().stop_ids().to_vec();
+    let mut rng = engram_kvcore::SplitMix64::new(opts.seed);
+    let mut draw = |n: usize| -> Vec<u32> {
+        let mut v = Vec::with_capacity(n);
+        while v.len() < n {
+            let t = (rng.next_u64() % vocab) as u32;
+            if !stops.contains(&t) {
+                v.push(t);
+            }
+        }
+        v
+    };
+    let mut rows = Vec::new();
+    for &p in &opts.prompts {
+        for &b in &opts.batches {
+            let mut seqs = Vec::with_capacity(b);
+            let mut ttft = Vec::with_capacity(b);
+            for i in 0..b {
+                let t = Instant::now();
+                let (id, _) = core.start(SequenceSpec::plain(draw(p), TenantId(i as u64 + 1)))?;
+                let first = argmax(&core.prefill(id)?);
+                ttft.push(t.elapsed().as_secs_f64() * 1e3);
+                seqs.push((id, first));
+            }
+            let mut gaps = Vec::with_capacity(opts.steps);
+            let mut last = Instant::now();
+            for _ in 0..opts.steps {
+                let logits = core.decode(&seqs)?;
+                for (s, l) in seqs.iter_mut().zip(&logits) {
+                    s.1 = argmax(l);
+                }
+                let now = Instant::now();
+                gaps.push((now - last).as_secs_f64() * 1e3);
+                last = now;
+            }
+            for (id, _) in &seqs {
+                core.finish(*id)?;
+            }
+            let mean = gaps.iter().sum::<f64>() / gaps.len().max(1) as f64;
+            let row = E2eRow {
+                prompt_tokens: p,
+                batch: b,
+                ttft_ms_p50: quantile(&mut ttft, 0.5),
+                ttft_ms_max: quantile(&mut ttft, 1.0),
+                tpot_ms_p50: quantile(&mut gaps, 0.5),
+                tpot_ms_mean: mean,
+                tpot_ms_p90: quantile(&mut gaps, 0.9),
+                steps: opts.steps,
+            };
+            progress(&format!(
+                "prompt {p} batch {b}: TTFT p50 {:.1} ms (max {:.1}), TPOT p50 {:.2} ms (mean {:.2}, p90 {:.2})",
+                row.ttft_ms_p50,
+                row.ttft_ms_max,
+                row.tpot_ms_p50,
+                row.tpot_ms_mean,
+                row.tpot_ms_p90
+            ));
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
 /// One step of [`device_parity`] (a JSON line of `engram check device`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParityRow {
@@ -283,11 +403,13 @@ pub struct ParityRow {
     pub same_argmax: bool,
 }
 
-/// The forward pass on `device` against the CPU on the same random weights (`shape`): two
+/// The forward pass on `device` against the CPU on the same random weights (`shape`; for a GPU
+/// the CPU multiplies them in bf16 as the GPU does): two
 /// sequences of `prompt` and `prompt / 2 + 7` random tokens prefilled in 256-token chunks
 /// through TurboQuant-4 blocks, then `steps` batched decode steps fed the CPU's greedy tokens.
 pub fn device_parity(
     device: crate::core::EngineDevice,
+    held: crate::weights::DeviceWeights,
     shape: crate::weights::ModelConfig,
     prompt: usize,
     steps: usize,
@@ -298,7 +420,13 @@ pub fn device_parity(
 
     use crate::model::{LogitRows, SeqInput};
 
+    // The reference multiplies as the device does (bf16 weights and matmul operands on a
+    // GPU), so the comparison checks the device's kernels, not the choice of bf16 numerics.
     let cpu = Llama::random(shape.clone(), &candle_core::Device::Cpu, 7)?;
+    let cpu = match device {
+        crate::core::EngineDevice::Cpu => cpu,
+        crate::core::EngineDevice::Cuda { .. } => cpu.rounded_for_device(held)?,
+    };
     let kv = KvShape::with_block_size(
         shape.num_layers,
         shape.num_kv_heads,
@@ -308,7 +436,8 @@ pub fn device_parity(
     let lens = [prompt, prompt / 2 + 7];
     let blocks_per = (prompt + steps).div_ceil(kv.block_size) + 1;
     let config = StoreConfig::new(kv, CodecKind::TQ4, (3 * blocks_per) as u32, 0);
-    let (dev_model, mut dev_store) = crate::core::open_on(device, cpu.clone(), config.clone())?;
+    let (dev_model, mut dev_store) =
+        crate::core::open_on(device, held, cpu.clone(), config.clone())?;
     let mut cpu_store = BlockStore::new(config)?;
     let tags = vec![
         BlockTags {

@@ -44,7 +44,7 @@ use crate::model::Llama;
 use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
-use crate::weights::WeightFormat;
+use crate::weights::{DeviceWeights, WeightFormat};
 pub use cache::{DownTier, ForgetReport};
 pub use fault::{EngineFault, FaultKind};
 pub use reserve::{
@@ -105,6 +105,8 @@ pub struct EngineConfig {
     pub probe: Option<KvProbe>,
     /// Where the model and the KV hot tier live.
     pub device: EngineDevice,
+    /// How a CUDA device holds the projections (bf16 by default; f32 for the CPU's numerics).
+    pub device_weights: DeviceWeights,
     /// Also cache blocks that hold generated tokens (the next turn then reuses the reply's KV
     /// as decode computed it). Off by default: decode and prefill round differently, so a reply
     /// reused from decode and the same reply recomputed by prefill (after an eviction, a crash,
@@ -206,6 +208,7 @@ impl Default for EngineConfig {
             key_centering: KeyCentering::Calibrated,
             probe: None,
             device: EngineDevice::Cpu,
+            device_weights: DeviceWeights::default(),
             cache_generated: false,
             down_tier: None,
             fault: None,
@@ -474,6 +477,7 @@ fn block_salt(tenant: TenantId, public_blocks: usize, b: usize) -> u64 {
 /// The model on `device` and a block store whose hot tier is on the same device.
 pub(crate) fn open_on(
     device: EngineDevice,
+    held: DeviceWeights,
     model: Llama,
     store: StoreConfig,
 ) -> EngineResult<(Llama, BlockStore)> {
@@ -483,17 +487,22 @@ pub(crate) fn open_on(
             model.to_device(&candle_core::Device::Cpu)?,
             BlockStore::new(store)?,
         )),
-        EngineDevice::Cuda { ordinal } => on_cuda(model, store, ordinal),
+        EngineDevice::Cuda { ordinal } => on_cuda(model, held, store, ordinal),
     }
 }
 
 /// The model on CUDA device `ordinal` (unless it is on a device already) and a store whose hot
 /// tier shares the model's stream.
 #[cfg(feature = "cuda")]
-fn on_cuda(model: Llama, store: StoreConfig, ordinal: usize) -> EngineResult<(Llama, BlockStore)> {
+fn on_cuda(
+    model: Llama,
+    held: DeviceWeights,
+    store: StoreConfig,
+    ordinal: usize,
+) -> EngineResult<(Llama, BlockStore)> {
     let model = match model.device() {
         candle_core::Device::Cuda(_) => model,
-        _ => model.to_device(&candle_core::Device::new_cuda(ordinal)?)?,
+        _ => model.to_device_as(&candle_core::Device::new_cuda(ordinal)?, held)?,
     };
     let stream = model.device().as_cuda_device()?.cuda_stream();
     let store = BlockStore::on_cuda_stream(store, stream)?;
@@ -503,6 +512,7 @@ fn on_cuda(model: Llama, store: StoreConfig, ordinal: usize) -> EngineResult<(Ll
 #[cfg(not(feature = "cuda"))]
 fn on_cuda(
     _model: Llama,
+    _held: DeviceWeights,
     _store: StoreConfig,
     _ordinal: usize,
 ) -> EngineResult<(Llama, BlockStore)> {
@@ -606,7 +616,7 @@ impl EngineCore {
             n => n,
         };
         let model = model.with_threads(threads);
-        let (model, store) = open_on(config.device, model, store_config)?;
+        let (model, store) = open_on(config.device, config.device_weights, model, store_config)?;
         let store = match reduced {
             Some((codecs, blocks)) => store.with_reduced_pool(codecs, clamp(blocks))?,
             None => store,
@@ -618,6 +628,9 @@ impl EngineCore {
         h.update(model.fingerprint());
         h.update(NUMERICS.as_bytes());
         h.update(model.weight_format().numerics().as_bytes());
+        if let Some(n) = model.device_weight_numerics() {
+            h.update(n.as_bytes());
+        }
         h.update(serde_json::to_vec(&codecs).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());

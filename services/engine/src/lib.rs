@@ -51,4 +51,4 @@ pub use scheduler::{
     GenerateRequest, KvFormat, StreamEvent, Usage,
 };
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
-pub use weights::{ModelConfig, WeightFormat};
+pub use weights::{DeviceWeights, ModelConfig, WeightFormat};

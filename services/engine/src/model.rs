@@ -30,7 +30,7 @@ use engram_kvcore::{BlockId, BlockStore, BlockTags, CodecKind, KvShape, StoreCon
 use crate::error::{EngineError, EngineResult};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
-use crate::weights::{Layer, Linear, ModelConfig, WeightFormat, Weights};
+use crate::weights::{DeviceWeights, Layer, Linear, ModelConfig, WeightFormat, Weights};
 use engram_qmatmul::Activations;
 
 #[cfg(feature = "cuda")]
@@ -65,6 +65,10 @@ pub struct Llama {
     device: Device,
     #[cfg(feature = "cuda")]
     kernels: cuda::KernelCache,
+    /// Per layer on a CUDA device, its projections that read one input stacked (empty on the
+    /// CPU).
+    #[cfg(feature = "cuda")]
+    device_stacks: Arc<Vec<cuda::DeviceStack>>,
     config: ModelConfig,
     embed: Tensor,
     layers: Vec<Layer>,
@@ -264,6 +268,8 @@ impl Llama {
             device: Device::Cpu,
             #[cfg(feature = "cuda")]
             kernels: cuda::KernelCache::default(),
+            #[cfg(feature = "cuda")]
+            device_stacks: Arc::default(),
             cos: angles.cos()?,
             sin: angles.sin()?,
             config,
@@ -290,9 +296,14 @@ impl Llama {
         Ok(m)
     }
 
-    /// The same model with its weights on `device` (dense weights only). Key means already
-    /// calibrated come along.
+    /// The same model with its weights on `device` (dense weights only; bf16 projections on a
+    /// CUDA device). Key means already calibrated come along.
     pub fn to_device(&self, device: &Device) -> EngineResult<Self> {
+        self.to_device_as(device, DeviceWeights::default())
+    }
+
+    /// [`Self::to_device`] with the projections held as `held` says on a CUDA device.
+    pub fn to_device_as(&self, device: &Device, held: DeviceWeights) -> EngineResult<Self> {
         let mv = |t: &Tensor| t.to_device(device);
         let layers = self
             .layers
@@ -300,26 +311,34 @@ impl Llama {
             .map(|l| {
                 Ok(Layer {
                     attn_norm: mv(&l.attn_norm)?,
-                    wq: l.wq.to_device(device)?,
-                    wk: l.wk.to_device(device)?,
-                    wv: l.wv.to_device(device)?,
-                    wo: l.wo.to_device(device)?,
+                    wq: l.wq.to_device(device, held)?,
+                    wk: l.wk.to_device(device, held)?,
+                    wv: l.wv.to_device(device, held)?,
+                    wo: l.wo.to_device(device, held)?,
                     ffn_norm: mv(&l.ffn_norm)?,
-                    w_gate: l.w_gate.to_device(device)?,
-                    w_up: l.w_up.to_device(device)?,
-                    w_down: l.w_down.to_device(device)?,
+                    w_gate: l.w_gate.to_device(device, held)?,
+                    w_up: l.w_up.to_device(device, held)?,
+                    w_down: l.w_down.to_device(device, held)?,
                 })
             })
             .collect::<EngineResult<Vec<_>>>()?;
+        #[cfg(feature = "cuda")]
+        let (layers, device_stacks) = if device.is_cuda() {
+            cuda::stack_layers(layers)?
+        } else {
+            (layers, Vec::new())
+        };
         Ok(Self {
             device: device.clone(),
             #[cfg(feature = "cuda")]
             kernels: cuda::KernelCache::default(),
+            #[cfg(feature = "cuda")]
+            device_stacks: Arc::new(device_stacks),
             config: self.config.clone(),
             embed: mv(&self.embed)?,
             layers,
             norm: mv(&self.norm)?,
-            lm_head: self.lm_head.to_device(device)?,
+            lm_head: self.lm_head.to_device(device, held)?,
             cos: mv(&self.cos)?,
             sin: mv(&self.sin)?,
             fingerprint: self.fingerprint,
@@ -331,6 +350,49 @@ impl Llama {
             },
             threads: self.threads,
         })
+    }
+
+    /// The same model on the CPU holding and multiplying its dense projections as a CUDA
+    /// device holding them as `held` does (bf16: bf16-rounded activations and products) (embedding, norms and RoPE tables stay f32, as on the device). The CPU
+    /// reference of `engram check device`.
+    pub fn rounded_for_device(&self, held: DeviceWeights) -> EngineResult<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    attn_norm: l.attn_norm.clone(),
+                    wq: l.wq.rounded_for_device(held)?,
+                    wk: l.wk.rounded_for_device(held)?,
+                    wv: l.wv.rounded_for_device(held)?,
+                    wo: l.wo.rounded_for_device(held)?,
+                    ffn_norm: l.ffn_norm.clone(),
+                    w_gate: l.w_gate.rounded_for_device(held)?,
+                    w_up: l.w_up.rounded_for_device(held)?,
+                    w_down: l.w_down.rounded_for_device(held)?,
+                })
+            })
+            .collect::<EngineResult<Vec<_>>>()?;
+        Ok(Self {
+            layers,
+            lm_head: self.lm_head.rounded_for_device(held)?,
+            // Means calibrated on other weights do not carry over.
+            key_means: Arc::new(OnceLock::new()),
+            ..self.clone()
+        })
+    }
+
+    /// The numerics of weights held in the device's dtype (hashed into the KV fingerprint:
+    /// bf16 products move K/V), or `None` when every projection is f32 or in GGUF blocks.
+    pub fn device_weight_numerics(&self) -> Option<&'static str> {
+        let mut linears = std::iter::once(&self.lm_head).chain(
+            self.layers
+                .iter()
+                .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
+        );
+        linears
+            .any(Linear::is_device_dtype)
+            .then_some("weights=bf16-gemm-f32-accumulate/v1")
     }
 
     /// The device the weights are on.

@@ -8,8 +8,11 @@
 //!   from the packed codes: the tensor-core kernel (`tq4_decode_mma`, work items planned once
 //!   per forward) on 16-position blocks, the FP32 kernel (`tq4_decode_attention`) otherwise;
 //!   then one combine launch.
-//! - A prefill chunk decodes the rows of its context once per layer with `tq4_decode_rows` and
-//!   attends causally with dense products ([`super::attend_rows`], shared with the CPU path).
+//! - A prefill chunk attends causally over its context's codes on tensor cores
+//!   (`tq4_prefill_mma`: each 64-position tile dequantized once into shared memory for all of
+//!   the CTA's query rows) on 16-position blocks; with other block sizes it decodes the rows of
+//!   its context once per layer with `tq4_decode_rows` and attends with dense products
+//!   ([`super::attend_rows`], shared with the CPU path).
 //!
 //! Index tables (encode destinations, block tables, decoded row sources) depend only on the
 //! batch, so they are built and uploaded once per forward, not per layer.
@@ -17,14 +20,15 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
+use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use engram_kernels::gpu::{DecodeBatch, MmaWork, Tq4Kernels, Workspace};
+use engram_kernels::gpu::{DecodeBatch, MmaWork, PrefillChunk, Tq4Kernels, Workspace};
 use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
 
 use super::{KvTransform, Llama, SeqInput, attend_rows, causal_mask_on, rope};
 use crate::error::{EngineError, EngineResult};
+use crate::weights::{Layer, Linear};
 
 fn dev_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Device(e.to_string())
@@ -76,17 +80,105 @@ fn tensor(slice: CudaSlice<f32>, dev: &CudaDevice, shape: (usize, usize)) -> Ten
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
+/// A layer's projections that read the same input, stacked on the device: one product for
+/// q, k and v and one for gate and up (the layer's own weights are views of these, so nothing
+/// is held twice).
+#[derive(Debug, Clone)]
+pub(crate) struct DeviceStack {
+    /// `[wq; wk; wv]`.
+    qkv: Tensor,
+    /// `[w_gate; w_up]`.
+    gate_up: Tensor,
+}
+
+/// Stacks every layer's q/k/v and gate/up weights (dense on the device); the layers' weights
+/// become views of the stacks. Layers whose weights are not all dense are left as they are, and
+/// then no layer is stacked.
+pub(crate) fn stack_layers(layers: Vec<Layer>) -> EngineResult<(Vec<Layer>, Vec<DeviceStack>)> {
+    fn dense(w: &Linear) -> Option<&Tensor> {
+        match w {
+            Linear::Dense(t) => Some(t),
+            Linear::Blocks(_) => None,
+        }
+    }
+    if !layers.iter().all(|l| {
+        [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up]
+            .into_iter()
+            .all(|w| dense(w).is_some())
+    }) {
+        return Ok((layers, Vec::new()));
+    }
+    let mut out = Vec::with_capacity(layers.len());
+    let mut stacks = Vec::with_capacity(layers.len());
+    for l in layers {
+        let (Some(q), Some(k), Some(v), Some(g), Some(u)) = (
+            dense(&l.wq),
+            dense(&l.wk),
+            dense(&l.wv),
+            dense(&l.w_gate),
+            dense(&l.w_up),
+        ) else {
+            return Err(dev_err("a projection left the device's dense form"));
+        };
+        let (nq, nk, nv, ff) = (q.dim(0)?, k.dim(0)?, v.dim(0)?, g.dim(0)?);
+        let qkv = Tensor::cat(&[q, k, v], 0)?;
+        let gate_up = Tensor::cat(&[g, u], 0)?;
+        out.push(Layer {
+            wq: Linear::Dense(qkv.narrow(0, 0, nq)?),
+            wk: Linear::Dense(qkv.narrow(0, nq, nk)?),
+            wv: Linear::Dense(qkv.narrow(0, nq + nk, nv)?),
+            w_gate: Linear::Dense(gate_up.narrow(0, 0, ff)?),
+            w_up: Linear::Dense(gate_up.narrow(0, ff, u.dim(0)?)?),
+            ..l
+        });
+        stacks.push(DeviceStack { qkv, gate_up });
+    }
+    Ok((out, stacks))
+}
+
+/// `x · wᵀ` for a stacked matrix, as [`Linear::forward`] multiplies (bf16 operands, f32 out).
+fn stacked_product(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    x.to_dtype(w.dtype())?.matmul(&w.t()?)?.to_dtype(DType::F32)
+}
+
+/// The rest of a decoder layer through the stacked gate/up product: output projection and
+/// residual, then the SwiGLU MLP (silu and product in f32, as the CPU) and its residual.
+fn finish_stacked(
+    layer: &Layer,
+    st: &DeviceStack,
+    x: &Tensor,
+    attn: &Tensor,
+    eps: f32,
+) -> candle_core::Result<Tensor> {
+    let x = (x + layer.wo.forward(attn, 1)?)?;
+    let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+    let gu = stacked_product(&h, &st.gate_up)?;
+    let ff = gu.dim(1)? / 2;
+    let act = (candle_nn::ops::silu(&gu.narrow(1, 0, ff)?)? * gu.narrow(1, ff, ff)?)?;
+    x + layer.w_down.forward(&act, 1)?
+}
+
+/// How a prefill chunk reads its context.
+enum PrefillKeys {
+    /// The sequence's page slots: the tensor-core kernel attends over the codes
+    /// (16-position blocks).
+    Pages(CudaSlice<i32>),
+    /// Plane rows of positions `0..total` (`[total, kv_heads]` flattened), decoded to f32 for
+    /// dense products, and the causal mask (other block sizes).
+    Rows(CudaSlice<i32>, Option<Tensor>),
+}
+
 /// One prefill sequence's part of the batch.
 struct Prefill {
     /// Row offset of its new tokens in the batch.
     off: usize,
     /// New tokens.
     m: usize,
+    /// Position of the first.
+    start: usize,
     /// Context positions (start + m).
     total: usize,
-    /// Plane rows of positions `0..total`, `[total, kv_heads]` flattened.
-    src: CudaSlice<i32>,
-    mask: Option<Tensor>,
+    keys: PrefillKeys,
 }
 
 impl Llama {
@@ -154,6 +246,10 @@ impl Llama {
         let dev = &self.device;
         let up_i32 = |v: &[i32]| stream.clone_htod(v).map_err(dev_err);
 
+        // `ENGRAM_CUDA_PREFILL=dense`: prefill attention through decoded f32 rows even on
+        // 16-position blocks (a diagnostic switch: the tensor-core kernel's f16 operands
+        // against the f32 reference path, e.g. under `engram check device`).
+        let dense_prefill = std::env::var("ENGRAM_CUDA_PREFILL").is_ok_and(|v| v == "dense");
         // Index tables, once per forward.
         let mut dst = Vec::with_capacity(n * kv_heads);
         let (mut dec_rows, mut dec_tables, mut dec_lens) = (Vec::new(), Vec::new(), Vec::new());
@@ -173,15 +269,21 @@ impl Llama {
                 dec_lens.push(total as i32);
                 dec_slots.push(slots);
             } else {
-                let src: Vec<i32> = (0..total)
-                    .flat_map(|p| (0..kv_heads).map(move |h| (row(p) + h) as i32))
-                    .collect();
+                let keys = if bs == PAGE && !dense_prefill {
+                    let pages: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+                    PrefillKeys::Pages(up_i32(&pages)?)
+                } else {
+                    let src: Vec<i32> = (0..total)
+                        .flat_map(|p| (0..kv_heads).map(move |h| (row(p) + h) as i32))
+                        .collect();
+                    PrefillKeys::Rows(up_i32(&src)?, causal_mask_on(s.start, m, dev)?)
+                };
                 prefills.push(Prefill {
                     off,
                     m,
+                    start: s.start,
                     total,
-                    src: up_i32(&src)?,
-                    mask: causal_mask_on(s.start, m, dev)?,
+                    keys,
                 });
             }
             off += m;
@@ -226,12 +328,36 @@ impl Llama {
         let mut x = self.embed.index_select(&ids, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = rope(&layer.wq.forward(&h, 1)?, heads, d, &cos, &sin)?;
-            let mut k = rope(&layer.wk.forward(&h, 1)?, kv_heads, d, &cos, &sin)?;
+            let stack = self.device_stacks.get(l);
+            let (q, mut k, v) = match stack {
+                // One product for q, k and v; RoPE on q and k at once, in place of layout.
+                Some(st) => {
+                    let qkv = stacked_product(&h, &st.qkv)?;
+                    let w = (heads + kv_heads) * d;
+                    let qk =
+                        qkv.narrow(1, 0, w)?
+                            .contiguous()?
+                            .reshape((1, n, heads + kv_heads, d))?;
+                    let qk = candle_nn::rotary_emb::rope_thd(&qk, &cos, &sin)?.reshape((
+                        n,
+                        heads + kv_heads,
+                        d,
+                    ))?;
+                    (
+                        qk.narrow(1, 0, heads)?.contiguous()?,
+                        qk.narrow(1, heads, kv_heads)?,
+                        qkv.narrow(1, w, kv_heads * d)?,
+                    )
+                }
+                None => (
+                    rope(&layer.wq.forward(&h, 1)?, heads, d, &cos, &sin)?,
+                    rope(&layer.wk.forward(&h, 1)?, kv_heads, d, &cos, &sin)?,
+                    layer.wv.forward(&h, 1)?,
+                ),
+            };
             if let Some(m) = &means {
                 k = k.broadcast_sub(&m.get(l)?)?;
             }
-            let v = layer.wv.forward(&h, 1)?;
             {
                 let tier = store
                     .hot_mut()
@@ -253,7 +379,12 @@ impl Llama {
 
             let dec_out = match decode.as_mut() {
                 Some((tables, lens, rows, work)) => {
-                    let q_dec = q.index_select(rows, 0)?;
+                    // Every row a decode row, in order: the queries as they are.
+                    let q_dec = if nd == n {
+                        q.clone()
+                    } else {
+                        q.index_select(rows, 0)?
+                    };
                     let mut out = stream.alloc_zeros::<f32>(nd * heads * d).map_err(dev_err)?;
                     with_view(&q_dec, |qv| {
                         let a = DecodeBatch {
@@ -291,7 +422,8 @@ impl Llama {
             let mut outs = Vec::with_capacity(batch.len());
             let (mut next_dec, mut next_pre) = (0usize, 0usize);
             for s in batch {
-                if s.tokens.len() == 1 {
+                // As classified above: a one-token prompt chunk is a prefill.
+                if s.tokens.len() == 1 && !s.prompt {
                     let o = dec_out
                         .as_ref()
                         .ok_or_else(|| dev_err("a decode row without its output"))?;
@@ -300,30 +432,70 @@ impl Llama {
                 } else {
                     let p = &prefills[next_pre];
                     next_pre += 1;
-                    let rows = p.total * kv_heads;
-                    let mut kb = stream.alloc_zeros::<f32>(rows * d).map_err(dev_err)?;
-                    let mut vb = stream.alloc_zeros::<f32>(rows * d).map_err(dev_err)?;
-                    kernels.decode_rows(
-                        &planes.k_codes,
-                        &planes.k_norms,
-                        &p.src,
-                        rows,
-                        &mut kb.slice_mut(..),
-                    )?;
-                    kernels.decode_rows(
-                        &planes.v_codes,
-                        &planes.v_norms,
-                        &p.src,
-                        rows,
-                        &mut vb.slice_mut(..),
-                    )?;
-                    let kt = tensor(kb, cuda, (rows, d)).reshape((p.total, kv_heads, d))?;
-                    let vt = tensor(vb, cuda, (rows, d)).reshape((p.total, kv_heads, d))?;
                     let q_seq = q.narrow(0, p.off, p.m)?;
-                    outs.push(attend_rows(&kt, &vt, &q_seq, &p.mask, cfg)?);
+                    match &p.keys {
+                        PrefillKeys::Pages(table) => {
+                            let mut o = stream
+                                .alloc_zeros::<f32>(p.m * heads * d)
+                                .map_err(dev_err)?;
+                            with_view(&q_seq, |qv| {
+                                let a = PrefillChunk {
+                                    q: qv,
+                                    m: p.m,
+                                    start: p.start,
+                                    heads,
+                                    kv_heads,
+                                    k_codes: planes.k_codes.slice(..),
+                                    k_norms: planes.k_norms.slice(..),
+                                    v_codes: planes.v_codes.slice(..),
+                                    v_norms: planes.v_norms.slice(..),
+                                    block_table: table,
+                                    scale,
+                                };
+                                Ok(
+                                    kernels.prefill_attention(
+                                        &a,
+                                        PageLayout::TokenMajor,
+                                        &mut o,
+                                    )?,
+                                )
+                            })?;
+                            outs.push(tensor(o, cuda, (p.m, heads * d)));
+                        }
+                        PrefillKeys::Rows(src, mask) => {
+                            let rows = p.total * kv_heads;
+                            let mut kb = stream.alloc_zeros::<f32>(rows * d).map_err(dev_err)?;
+                            let mut vb = stream.alloc_zeros::<f32>(rows * d).map_err(dev_err)?;
+                            kernels.decode_rows(
+                                &planes.k_codes,
+                                &planes.k_norms,
+                                src,
+                                rows,
+                                &mut kb.slice_mut(..),
+                            )?;
+                            kernels.decode_rows(
+                                &planes.v_codes,
+                                &planes.v_norms,
+                                src,
+                                rows,
+                                &mut vb.slice_mut(..),
+                            )?;
+                            let kt = tensor(kb, cuda, (rows, d)).reshape((p.total, kv_heads, d))?;
+                            let vt = tensor(vb, cuda, (rows, d)).reshape((p.total, kv_heads, d))?;
+                            outs.push(attend_rows(&kt, &vt, &q_seq, mask, cfg)?);
+                        }
+                    }
                 }
             }
-            x = layer.finish(&x, &Tensor::cat(&outs, 0)?, eps, 1)?;
+            let attn = if prefills.is_empty() {
+                dec_out.ok_or_else(|| dev_err("a decode batch without its output"))?
+            } else {
+                Tensor::cat(&outs, 0)?
+            };
+            x = match stack {
+                Some(st) => finish_stacked(layer, st, &x, &attn, eps)?,
+                None => layer.finish(&x, &attn, eps, 1)?,
+            };
         }
         let x = self.final_norm(&x, batch, dev)?;
         Ok(self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?)

@@ -115,6 +115,42 @@ impl WeightFormat {
     }
 }
 
+/// The dtype a CUDA device holds the projections in by default: half the bytes of f32 per
+/// decode step (an 8B model reads 16 GB instead of 32), tensor-core products.
+pub const DEVICE_WEIGHTS: DType = DType::BF16;
+
+/// How a CUDA device holds and multiplies the projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceWeights {
+    /// bf16 weights and matmul operands, f32 accumulation, products rounded to bf16 (cuBLAS
+    /// through candle): the serving default.
+    #[default]
+    Bf16,
+    /// f32 weights and products, the CPU engine's numerics (twice the bytes per step): the
+    /// reference for checks.
+    F32,
+}
+
+impl DeviceWeights {
+    /// The dtype of the weights on the device.
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::Bf16 => DEVICE_WEIGHTS,
+            Self::F32 => DType::F32,
+        }
+    }
+
+    /// `bf16` or `f32`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "bf16" => Some(Self::Bf16),
+            "f32" => Some(Self::F32),
+            _ => None,
+        }
+    }
+}
+
 /// A projection: a dense `[out, in]` matrix or one kept in its GGUF blocks.
 #[derive(Debug, Clone)]
 pub(crate) enum Linear {
@@ -171,17 +207,40 @@ impl ModelConfig {
 }
 
 impl Linear {
-    /// The projection on `device` (a device gets block weights dequantized to f32).
-    pub fn to_device(&self, device: &Device) -> EngineResult<Self> {
+    /// The projection on `device`. A CUDA device holds it as `held` says (bf16 by default: GGUF
+    /// blocks and f32 matrices alike are dequantized and rounded once, at load), multiplied by
+    /// cuBLAS with f32 accumulation; the CPU keeps blocks as they are and dense matrices in f32.
+    pub fn to_device(&self, device: &Device, held: DeviceWeights) -> EngineResult<Self> {
+        let dense = match self {
+            Self::Blocks(_) if device.is_cpu() => return Ok(self.clone()),
+            Self::Blocks(q) => {
+                Tensor::from_vec(q.dequantize(), (q.rows(), q.cols()), &Device::Cpu)?
+            }
+            Self::Dense(w) => w.clone(),
+        };
+        let dtype = if device.is_cpu() {
+            DType::F32
+        } else {
+            held.dtype()
+        };
+        // Converted where it lands: a device rounds in parallel, the CPU keeps f32 as is.
+        Ok(Self::Dense(dense.to_device(device)?.to_dtype(dtype)?))
+    }
+
+    /// The projection held as a device holds it, on the CPU: dense weights in
+    /// [`DEVICE_WEIGHTS`], multiplied as a device multiplies them (activations rounded to bf16,
+    /// f32 accumulation, products rounded to bf16): the CPU reference of `engram check device`
+    /// computes what the device computes. Blocks unchanged.
+    pub fn rounded_for_device(&self, held: DeviceWeights) -> EngineResult<Self> {
         match self {
-            Self::Dense(w) => Ok(Self::Dense(w.to_device(device)?)),
-            Self::Blocks(_) if device.is_cpu() => Ok(self.clone()),
-            Self::Blocks(q) => Ok(Self::Dense(Tensor::from_vec(
-                q.dequantize(),
-                (q.rows(), q.cols()),
-                device,
-            )?)),
+            Self::Dense(w) => Ok(Self::Dense(w.to_dtype(held.dtype())?)),
+            Self::Blocks(_) => Ok(self.clone()),
         }
+    }
+
+    /// Whether the matrix is held in [`DEVICE_WEIGHTS`].
+    pub fn is_device_dtype(&self) -> bool {
+        matches!(self, Self::Dense(w) if w.dtype() == DEVICE_WEIGHTS)
     }
 
     /// `x · wᵀ` for `x: [m, in]` row-major on the CPU, as a row-major `[m, out]` buffer.
@@ -190,17 +249,29 @@ impl Linear {
             Self::Blocks(q) => block_product(q, x, m, threads),
             Self::Dense(w) => {
                 let x = Tensor::from_slice(x, (m, w.dim(1)?), &Device::Cpu)?;
-                x.matmul(&w.t()?)?.flatten_all()?.to_vec1()
+                self.forward(&x, threads)?.flatten_all()?.to_vec1()
             }
         }
     }
 
-    /// `x · wᵀ` for `x: [rows, in]`, block kernels on up to `threads` threads (the device
-    /// path's).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// `x · wᵀ` for `x: [rows, in]` (f32 in and out; bf16 weights multiply bf16-rounded
+    /// activations), block kernels on up to `threads` threads.
     pub fn forward(&self, x: &Tensor, threads: usize) -> candle_core::Result<Tensor> {
         match self {
-            Self::Dense(w) => x.matmul(&w.t()?),
+            Self::Dense(w) if w.dtype() == x.dtype() => x.matmul(&w.t()?),
+            // bf16 operands, f32 accumulation (candle's cuBLAS default), the product rounded to
+            // bf16, f32 out.
+            Self::Dense(w) if !x.device().is_cpu() => {
+                x.to_dtype(w.dtype())?.matmul(&w.t()?)?.to_dtype(x.dtype())
+            }
+            // The same numerics on the CPU, spelled out (an f32 product of the rounded operands,
+            // rounded once): the CPU's bf16 kernels round partial sums of long rows.
+            Self::Dense(w) => {
+                let xr = x.to_dtype(w.dtype())?.to_dtype(DType::F32)?;
+                xr.matmul(&w.to_dtype(DType::F32)?.t()?)?
+                    .to_dtype(w.dtype())?
+                    .to_dtype(DType::F32)
+            }
             Self::Blocks(q) => {
                 let m = x.dim(0)?;
                 let y = block_product(q, &x.flatten_all()?.to_vec1()?, m, threads)?;
@@ -568,4 +639,100 @@ fn hash_files(files: &[PathBuf]) -> EngineResult<[u8; 32]> {
         }
     }
     Ok(h.finalize().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn randn(rows: usize, cols: usize) -> Tensor {
+        Tensor::randn(0f32, 0.5, (rows, cols), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn device_weights_are_rounded_once_and_multiplied_with_f32_results() {
+        let w = randn(24, 64);
+        let dense = Linear::Dense(w.clone());
+        // The CPU keeps f32: moving there changes nothing.
+        let on_cpu = dense.to_device(&Device::Cpu, DeviceWeights::Bf16).unwrap();
+        assert!(!on_cpu.is_device_dtype());
+        let Linear::Dense(same) = &on_cpu else {
+            panic!("dense stays dense")
+        };
+        let d = (same - &w).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(d.to_scalar::<f32>().unwrap(), 0.0);
+
+        // Rounded for a device: held in bf16, every value within its half-ulp.
+        let rounded = dense.rounded_for_device(DeviceWeights::Bf16).unwrap();
+        assert!(
+            !dense
+                .rounded_for_device(DeviceWeights::F32)
+                .unwrap()
+                .is_device_dtype()
+        );
+        assert_eq!(DeviceWeights::parse(" BF16"), Some(DeviceWeights::Bf16));
+        assert_eq!(DeviceWeights::parse("f32"), Some(DeviceWeights::F32));
+        assert_eq!(DeviceWeights::parse("f16"), None);
+        assert!(rounded.is_device_dtype());
+        let Linear::Dense(rb) = &rounded else {
+            panic!("dense stays dense")
+        };
+        let r = rb.to_dtype(DType::F32).unwrap();
+        let (wv, rv): (Vec<f32>, Vec<f32>) = (
+            w.flatten_all().unwrap().to_vec1().unwrap(),
+            r.flatten_all().unwrap().to_vec1().unwrap(),
+        );
+        assert!(
+            wv.iter().zip(&rv).any(|(a, b)| a != b),
+            "nothing was rounded"
+        );
+        for (a, b) in wv.iter().zip(&rv) {
+            assert!((a - b).abs() <= a.abs() * 2f32.powi(-8), "{a} → {b}");
+        }
+        // The CPU slice path multiplies it as the tensor path does.
+        let xs: Vec<f32> = randn(2, 64).flatten_all().unwrap().to_vec1().unwrap();
+        let via_apply = rounded.apply(&xs, 2, 1).unwrap();
+        let x2 = Tensor::from_slice(&xs, (2, 64), &Device::Cpu).unwrap();
+        let via_forward: Vec<f32> = rounded
+            .forward(&x2, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(via_apply, via_forward);
+
+        // Held in bf16 (as on a device; candle multiplies bf16 on the CPU too): an f32 input
+        // gives an f32 output close to the product with the rounded weights.
+        let held = Linear::Dense(w.to_dtype(DEVICE_WEIGHTS).unwrap());
+        assert!(held.is_device_dtype());
+        let x = randn(3, 64);
+        let y = held.forward(&x, 1).unwrap();
+        assert_eq!(y.dtype(), DType::F32);
+        assert_eq!(y.dims(), &[3, 24]);
+        // Exactly the f32 product of the rounded operands, rounded once to bf16.
+        let xr = x
+            .to_dtype(DEVICE_WEIGHTS)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let exact = xr.matmul(&r.t().unwrap()).unwrap();
+        let exact = exact
+            .to_dtype(DEVICE_WEIGHTS)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let d = (&y - &exact).unwrap().abs().unwrap().max_all().unwrap();
+        assert_eq!(d.to_scalar::<f32>().unwrap(), 0.0);
+        let want = x.matmul(&r.t().unwrap()).unwrap();
+        let err = (&y - &want).unwrap().sqr().unwrap().sum_all().unwrap();
+        let norm = want.sqr().unwrap().sum_all().unwrap();
+        let rel = (err.to_scalar::<f32>().unwrap() / norm.to_scalar::<f32>().unwrap()).sqrt();
+        // Only the activations' rounding to bf16 is left (≤ 2^-8 per value).
+        assert!(rel < 1e-2, "relative error {rel}");
+        assert!(
+            rel > 0.0,
+            "the activations were not rounded: is the product f32?"
+        );
+    }
 }

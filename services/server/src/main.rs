@@ -13,8 +13,8 @@ use engram_engine::bench;
 use engram_engine::calibrate;
 use engram_engine::eval::{self, EvalOptions};
 use engram_engine::{
-    EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, StreamCodecs, TextTokenizer,
-    parse_codec,
+    DeviceWeights, EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, StreamCodecs,
+    TextTokenizer, parse_codec,
 };
 
 #[derive(Debug, Parser)]
@@ -97,9 +97,17 @@ struct CheckDeviceArgs {
     /// Batched decode steps.
     #[arg(long, default_value_t = 8)]
     steps: usize,
-    /// Largest relative L2 distance of the logits allowed.
-    #[arg(long, default_value_t = 5e-3)]
-    bound: f64,
+    /// Largest relative L2 distance of the logits allowed. Default: 2e-2 with f32 weights, 6e-2
+    /// with bf16. On random weights, small differences compound through the layers: the
+    /// tensor-core prefill's f16 operands (≤ 4e-4 per attention output against float64) move
+    /// SmolLM2-shape logits by ~1.1 % (8e-4 with `ENGRAM_CUDA_PREFILL=dense`), bf16 products
+    /// by ~4 %.
+    #[arg(long)]
+    bound: Option<f64>,
+    /// How the device holds the projections: f32 (the CPU's numerics: the check of the
+    /// kernels) or bf16 (the serving default; the CPU reference then multiplies in bf16 too).
+    #[arg(long, default_value = "f32")]
+    weights: String,
 }
 
 #[derive(Debug, Args)]
@@ -375,21 +383,30 @@ fn shadow_verify(args: ShadowVerifyArgs) -> Result<()> {
 
 fn check_device(args: CheckDeviceArgs) -> Result<()> {
     let device = EngineDevice::parse(&args.device)?;
+    let held = DeviceWeights::parse(&args.weights)
+        .ok_or_else(|| anyhow::anyhow!("unknown --weights `{}` (bf16, f32)", args.weights))?;
     let rows = bench::device_parity(
         device,
+        held,
         ModelConfig::named(&args.shape)?,
         args.prompt,
         args.steps,
     )?;
+    let bound = args.bound.unwrap_or(match held {
+        DeviceWeights::F32 => 2e-2,
+        DeviceWeights::Bf16 => 6e-2,
+    });
     let mut worst = 0.0f64;
     for r in &rows {
         println!("{}", serde_json::json!(r));
         worst = worst.max(r.rel_l2);
     }
-    let pass = worst <= args.bound;
+    // Every greedy token equal, and the logits within the bound.
+    let same_tokens = rows.iter().all(|r| r.same_argmax);
+    let pass = same_tokens && worst <= bound;
     println!(
         "{}",
-        serde_json::json!({"device": args.device, "shape": args.shape, "worst_rel_l2": worst, "bound": args.bound, "pass": pass})
+        serde_json::json!({"device": args.device, "shape": args.shape, "weights": args.weights, "worst_rel_l2": worst, "bound": bound, "greedy_tokens_equal": same_tokens, "pass": pass})
     );
     if !pass {
         std::process::exit(1);

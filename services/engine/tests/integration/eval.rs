@@ -203,6 +203,50 @@ fn the_ttft_bench_reuses_the_prefix_it_times() {
 }
 
 #[test]
+fn the_e2e_bench_times_every_sequence_and_step_and_finishes_them() {
+    use engram_engine::bench::{E2eOptions, e2e};
+    use engram_engine::{EngineConfig, EngineCore, KeyCentering};
+    let (m, t) = model();
+    let config = EngineConfig {
+        key_centering: KeyCentering::Off,
+        prefill_chunk: 64,
+        ..EngineConfig::default()
+    };
+    let mut core = EngineCore::new(m.clone(), t.clone(), config).unwrap();
+    let opts = E2eOptions {
+        // 65 = one chunk and a one-token prompt chunk after it.
+        prompts: vec![65, 20],
+        batches: vec![1, 3],
+        steps: 4,
+        seed: 5,
+    };
+    let rows = e2e(&mut core, &opts, |_| {}).unwrap();
+    let shape: Vec<_> = rows
+        .iter()
+        .map(|r| (r.prompt_tokens, r.batch, r.steps))
+        .collect();
+    assert_eq!(shape, [(65, 1, 4), (65, 3, 4), (20, 1, 4), (20, 3, 4)]);
+    for r in &rows {
+        assert!(
+            r.ttft_ms_p50 > 0.0 && r.ttft_ms_max >= r.ttft_ms_p50,
+            "{r:?}"
+        );
+        assert!(
+            r.tpot_ms_p50 > 0.0 && r.tpot_ms_p90 >= r.tpot_ms_p50,
+            "{r:?}"
+        );
+        assert!(r.tpot_ms_mean > 0.0, "{r:?}");
+    }
+    // Every sequence was finished: nothing left running for the next measurement.
+    assert_eq!(core.running(), 0);
+    // Distinct random prompts: nothing was served from the cache.
+    assert_eq!(
+        (core.counters().hot_hits, core.counters().cold_hits),
+        (0, 0)
+    );
+}
+
+#[test]
 fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
     use engram_engine::{EngineError, KeyCentering, ModelConfig};
     assert_eq!(
