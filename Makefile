@@ -28,7 +28,7 @@ help:
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
 	@echo "make bench-workload  agent workloads (a, b, c) on llama.cpp's server and on Engram, same GGUF; report + plots"
-	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped, gzipped engram (feature cuda), GPU check and bench binaries in gpu-dist/"
+	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped engram and engram-bench (feature cuda, xz), GPU check and bench binaries (gzip) in gpu-dist/"
 
 models:
 	./scripts/fetch-models.sh
@@ -122,11 +122,14 @@ bench-workload: models
 	./benches/workload/run.sh
 
 # The CUDA kernels' GPU binaries (check against the CPU references; decode-attention bench),
-# stripped and gzipped into gpu-dist/ for the GPU machine. Needs no GPU here.
+# stripped into gpu-dist/ for the GPU machine: engram and engram-bench xz-compressed (~20 MB each,
+# so both fit one device call's 64 MiB; `xz -d`, or Python's lzma module where xz is missing,
+# unpacks them), the kernel binaries gzipped. Needs no GPU here.
 CUDA_TARGET_DIR ?= $(HOME)/.cache/engram-target-cuda
 build-cuda:
 	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-kernels --features cuda --bins
 	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-server --bin engram -p engram-benches --bin engram-bench --features engram-server/cuda,engram-benches/cuda
 	rm -rf gpu-dist && mkdir -p gpu-dist
-	for b in engram engram-bench engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
+	for b in engram engram-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && xz -T2 -6 -f gpu-dist/$$b; done
+	for b in engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
 	cp benches/gpu_sdpa_baseline.py gpu-dist/

@@ -247,6 +247,31 @@ fn the_e2e_bench_times_every_sequence_and_step_and_finishes_them() {
 }
 
 #[test]
+fn bf16_device_weights_get_their_own_kv_fingerprint() {
+    use engram_engine::{DeviceWeights, EngineConfig, EngineCore, KeyCentering, ModelConfig};
+    let (_, t) = model();
+    let f32_model =
+        Llama::random(ModelConfig::smollm2_135m(), &candle_core::Device::Cpu, 3).unwrap();
+    let config = EngineConfig {
+        key_centering: KeyCentering::Off,
+        ..EngineConfig::default()
+    };
+    let fp = |m: Llama| {
+        EngineCore::new(m, t.clone(), config.clone())
+            .unwrap()
+            .fingerprint()
+    };
+    let bf16 = f32_model.rounded_for_device(DeviceWeights::Bf16).unwrap();
+    assert!(f32_model.device_weight_numerics().is_none());
+    assert!(bf16.device_weight_numerics().is_some());
+    // KV computed with bf16 products is never taken for the f32 engine's, nor the reverse.
+    assert_ne!(fp(f32_model.clone()), fp(bf16));
+    // Held as f32, nothing changes.
+    let same = f32_model.rounded_for_device(DeviceWeights::F32).unwrap();
+    assert_eq!(fp(f32_model), fp(same));
+}
+
+#[test]
 fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
     use engram_engine::{EngineError, KeyCentering, ModelConfig};
     assert_eq!(
