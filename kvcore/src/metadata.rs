@@ -324,6 +324,31 @@ impl BlockMetadataTable {
         self.blocks.get_mut(&id)
     }
 
+    /// Live blocks with ids in `lo..=hi`, in id order.
+    pub(crate) fn range(
+        &self,
+        lo: BlockId,
+        hi: BlockId,
+    ) -> impl Iterator<Item = (&BlockId, &BlockMeta)> {
+        self.blocks.range(lo..=hi)
+    }
+
+    /// Live blocks with ids in `lo..=hi`, in id order, to update.
+    pub(crate) fn range_mut(
+        &mut self,
+        lo: BlockId,
+        hi: BlockId,
+    ) -> impl Iterator<Item = (&BlockId, &mut BlockMeta)> {
+        self.blocks.range_mut(lo..=hi)
+    }
+
+    /// Advances the clock by `n` ticks; returns the first of them.
+    pub(crate) fn ticks(&mut self, n: u64) -> u64 {
+        let first = self.clock + 1;
+        self.clock += n;
+        first
+    }
+
     pub(crate) fn remove(&mut self, id: BlockId) -> Option<BlockMeta> {
         self.blocks.remove(&id)
     }

@@ -461,17 +461,59 @@ impl BlockStore {
 
     /// Marks blocks as just attended (eviction prefers older `last_attended`).
     pub fn touch(&mut self, ids: &[BlockId]) -> KvResult<()> {
-        for &id in ids {
-            self.lookup(id)?;
-        }
-        for &id in ids {
-            let now = self.meta.tick();
-            if let Some(meta) = self.meta.get_mut(id) {
-                meta.last_attended = now;
+        // One ordered walk of the table instead of a tree search per id (a decode step touches
+        // every block of every running sequence): the ids sorted once, each occurrence keeping
+        // the tick of its position in `ids`, as if they were touched one after another.
+        let order = self.sorted_live(ids, true)?;
+        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
+            return Ok(());
+        };
+        let (lo, hi) = (ids[lo], ids[hi]);
+        let first = self.meta.ticks(ids.len() as u64);
+        let mut walk = self.meta.range_mut(lo, hi);
+        let mut cur = walk.next();
+        for i in order {
+            while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
+                cur = walk.next();
+            }
+            if let Some((_, meta)) = cur.as_mut() {
+                meta.last_attended = first + i as u64;
                 meta.attended = meta.attended.saturating_add(1);
             }
         }
         Ok(())
+    }
+
+    /// The positions of `ids` sorted by id (ties in input order), once every id is checked
+    /// live (and, unless `repeats`, distinct) by one ordered walk of the table. Errors as
+    /// [`Self::lookup`] and `DuplicateBlock`.
+    fn sorted_live(&self, ids: &[BlockId], repeats: bool) -> KvResult<Vec<usize>> {
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| (ids[i], i));
+        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
+            return Ok(order);
+        };
+        let mut walk = self
+            .meta
+            .range(ids[lo], ids[hi])
+            .map(|(&id, _)| id)
+            .peekable();
+        let mut prev = None;
+        for &i in &order {
+            let id = ids[i];
+            if prev == Some(id) {
+                if repeats {
+                    continue;
+                }
+                return Err(KvError::DuplicateBlock { id });
+            }
+            prev = Some(id);
+            while walk.next_if(|&k| k < id).is_some() {}
+            if walk.peek() != Some(&id) {
+                self.lookup(id)?;
+            }
+        }
+        Ok(order)
     }
 
     /// Sets a block's importance (0..=1).
@@ -766,21 +808,30 @@ impl BlockStore {
 
     /// The slots of `ids`, which must all be live, distinct and in `tier`.
     pub(crate) fn slots_in(&self, ids: &[BlockId], tier: Tier) -> KvResult<Vec<u32>> {
-        self.check_unique_live(ids)?;
-        ids.iter()
-            .map(|&id| {
-                let meta = self.lookup(id)?;
-                if meta.tier == tier {
-                    Ok(meta.slot)
-                } else {
-                    Err(KvError::WrongTier {
-                        id,
-                        expected: tier,
-                        actual: meta.tier,
-                    })
-                }
-            })
-            .collect()
+        // One ordered walk (block tables of long sequences are read every decode step).
+        let order = self.sorted_live(ids, false)?;
+        let mut slots = vec![0u32; ids.len()];
+        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
+            return Ok(slots);
+        };
+        let mut walk = self.meta.range(ids[lo], ids[hi]).peekable();
+        for i in order {
+            let id = ids[i];
+            while walk.next_if(|(k, _)| **k < id).is_some() {}
+            let meta = match walk.peek() {
+                Some((_, meta)) => *meta,
+                None => self.lookup(id)?,
+            };
+            if meta.tier != tier {
+                return Err(KvError::WrongTier {
+                    id,
+                    expected: tier,
+                    actual: meta.tier,
+                });
+            }
+            slots[i] = meta.slot;
+        }
+        Ok(slots)
     }
 
     fn take_slots(&mut self, tier: Tier, n: usize) -> KvResult<Vec<u32>> {

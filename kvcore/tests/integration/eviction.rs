@@ -186,3 +186,58 @@ fn too_few_removable_blocks_is_an_error_and_changes_nothing() {
     assert_eq!(ev.removed, vec![mine]);
     assert_eq!(ev.spilled, vec![theirs[0]]);
 }
+
+/// `touch` and `hot_slots` walk the table in id order, but answer as one lookup per id in the
+/// caller's order: ticks follow the order given (a repeated id keeps its last tick and counts
+/// twice), slots come back in the order asked, and a freed, unknown or repeated id is refused
+/// with nothing touched.
+#[test]
+fn touch_and_slots_follow_the_callers_order() {
+    let mut store = small_store(CodecKind::TQ4, 6, 0);
+    let ids = filled(&mut store, 6, SourceLayer::UserTurn, 1);
+    let meta = |s: &engram_kvcore::BlockStore, i: usize| {
+        let m = s.metadata().get(ids[i]).unwrap();
+        (m.last_attended(), m.attended())
+    };
+    let before: Vec<_> = (0..6).map(|i| meta(&store, i)).collect();
+    // Out of order, with a repeat and a gap (ids[1] untouched).
+    store
+        .touch(&[ids[4], ids[0], ids[5], ids[0], ids[2]])
+        .unwrap();
+    let t = |i: usize| meta(&store, i).0;
+    assert!(
+        t(4) < t(5) && t(5) < t(0) && t(0) < t(2),
+        "ticks follow the order given"
+    );
+    assert_eq!(
+        t(0) - t(4),
+        3,
+        "ids[0] keeps the tick of its last occurrence"
+    );
+    assert_eq!(meta(&store, 0).1, before[0].1 + 2);
+    assert_eq!(meta(&store, 4).1, before[4].1 + 1);
+    assert_eq!(meta(&store, 1), before[1]);
+    assert!(t(4) > before.iter().map(|m| m.0).max().unwrap());
+
+    let asked = [ids[3], ids[0], ids[5]];
+    let slots = store.hot_slots(&asked).unwrap();
+    let one_by_one: Vec<u32> = asked
+        .iter()
+        .map(|&id| store.hot_slots(&[id]).unwrap()[0])
+        .collect();
+    assert_eq!(slots, one_by_one);
+    assert!(matches!(
+        store.hot_slots(&[ids[2], ids[3], ids[2]]),
+        Err(KvError::DuplicateBlock { .. })
+    ));
+
+    // A freed id: refused, and nothing else touched.
+    store.release(&[ids[1]]).unwrap();
+    let snapshot: Vec<_> = [0, 2, 3].iter().map(|&i| meta(&store, i)).collect();
+    assert!(store.touch(&[ids[0], ids[1], ids[3]]).is_err());
+    assert!(store.hot_slots(&[ids[0], ids[1]]).is_err());
+    let after: Vec<_> = [0, 2, 3].iter().map(|&i| meta(&store, i)).collect();
+    assert_eq!(snapshot, after);
+    assert!(store.touch(&[]).is_ok());
+    assert_eq!(store.hot_slots(&[]).unwrap(), Vec::<u32>::new());
+}
