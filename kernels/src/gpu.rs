@@ -43,6 +43,32 @@ pub struct Tq4Kernels {
     prefill_query_tiles: usize,
 }
 
+/// One layer's code and norm planes on the device, as the attention kernels read them.
+#[derive(Debug)]
+pub struct PlaneViews<'a> {
+    /// Key codes `[slots, block_size, kv_heads, head_dim/2]` (kvcore's layout).
+    pub k_codes: CudaView<'a, u8>,
+    /// Key norms `[slots, block_size, kv_heads]` (f16, little-endian bytes).
+    pub k_norms: CudaView<'a, u8>,
+    /// Value codes, as the keys.
+    pub v_codes: CudaView<'a, u8>,
+    /// Value norms.
+    pub v_norms: CudaView<'a, u8>,
+}
+
+impl<'a> PlaneViews<'a> {
+    /// Views of the four planes, in the order key codes, key norms, value codes, value norms.
+    pub fn of(planes: [&'a CudaSlice<u8>; 4]) -> Self {
+        let [k_codes, k_norms, v_codes, v_norms] = planes.map(|p| p.slice(..));
+        Self {
+            k_codes,
+            k_norms,
+            v_codes,
+            v_norms,
+        }
+    }
+}
+
 /// The inputs of one decode-attention launch over one layer.
 #[derive(Debug)]
 pub struct DecodeBatch<'a> {
@@ -52,14 +78,8 @@ pub struct DecodeBatch<'a> {
     pub heads: usize,
     /// KV heads (`heads / group`).
     pub kv_heads: usize,
-    /// The layer's key code plane `[slots, block_size, kv_heads, head_dim/2]`.
-    pub k_codes: CudaView<'a, u8>,
-    /// The layer's key norms `[slots, block_size, kv_heads]` (f16, little-endian bytes).
-    pub k_norms: CudaView<'a, u8>,
-    /// Value codes, as the keys.
-    pub v_codes: CudaView<'a, u8>,
-    /// Value norms.
-    pub v_norms: CudaView<'a, u8>,
+    /// The layer's planes.
+    pub planes: PlaneViews<'a>,
     /// Block tables `[batch, max_blocks]` (slots of the layer plane).
     pub block_tables: &'a CudaSlice<i32>,
     /// Entries per block-table row.
@@ -90,14 +110,8 @@ pub struct PrefillChunk<'a> {
     pub heads: usize,
     /// KV heads (`heads / group`).
     pub kv_heads: usize,
-    /// The layer's key code plane (16-position pages).
-    pub k_codes: CudaView<'a, u8>,
-    /// The layer's key norms (f16, little-endian bytes).
-    pub k_norms: CudaView<'a, u8>,
-    /// Value codes, as the keys.
-    pub v_codes: CudaView<'a, u8>,
-    /// Value norms.
-    pub v_norms: CudaView<'a, u8>,
+    /// The layer's planes (16-position pages).
+    pub planes: PlaneViews<'a>,
     /// The sequence's block table: the slots of its first `⌈(start + m) / 16⌉` pages at least.
     pub block_table: &'a CudaSlice<i32>,
     /// Softmax scale (usually 1/√head_dim).
@@ -117,10 +131,10 @@ fn push_batch<'a>(
         .arg(&a.q)
         .arg(heads)
         .arg(kv_heads)
-        .arg(&a.k_codes)
-        .arg(&a.k_norms)
-        .arg(&a.v_codes)
-        .arg(&a.v_norms)
+        .arg(&a.planes.k_codes)
+        .arg(&a.planes.k_norms)
+        .arg(&a.planes.v_codes)
+        .arg(&a.planes.v_norms)
         .arg(a.block_tables)
         .arg(max_blocks)
         .arg(a.seq_lens);
@@ -671,10 +685,10 @@ impl Tq4Kernels {
             .arg(&start)
             .arg(&heads)
             .arg(&kv_heads)
-            .arg(&a.k_codes)
-            .arg(&a.k_norms)
-            .arg(&a.v_codes)
-            .arg(&a.v_norms)
+            .arg(&a.planes.k_codes)
+            .arg(&a.planes.k_norms)
+            .arg(&a.planes.v_codes)
+            .arg(&a.planes.v_norms)
             .arg(a.block_table)
             .arg(&ps)
             .arg(&hs)

@@ -558,14 +558,7 @@ mod tests {
     fn unsupported_shapes_are_refused() {
         let codec =
             Codec::new(CodecKind::TurboQuant { bits: 4 }, 64, DEFAULT_ROTATION_SEED).unwrap();
-        let planes = Planes {
-            k_codes: &[],
-            k_norms: &[],
-            v_codes: &[],
-            v_norms: &[],
-            kv_heads: 1,
-            block_size: 32,
-        };
+        let planes = Planes::empty(1, 32);
         let plan = ItemPlan::new(&[1], 8, None).unwrap();
         let mut out = vec![0f32; 64];
         let r = mma_decode(

@@ -260,14 +260,7 @@ mod tests {
         assert_eq!(prefill_shared_bytes(4, 1, 128), 32768 + 320);
         let codec =
             Codec::new(CodecKind::TurboQuant { bits: 4 }, 64, DEFAULT_ROTATION_SEED).unwrap();
-        let planes = Planes {
-            k_codes: &[],
-            k_norms: &[],
-            v_codes: &[],
-            v_norms: &[],
-            kv_heads: 1,
-            block_size: PAGE,
-        };
+        let planes = Planes::empty(1, PAGE);
         let err = prefill_tiles(
             &codec,
             1,

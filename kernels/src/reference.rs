@@ -25,6 +25,20 @@ pub struct Planes<'a> {
     pub block_size: usize,
 }
 
+impl Planes<'static> {
+    /// Planes with no rows (the refusal tests' input).
+    pub fn empty(kv_heads: usize, block_size: usize) -> Self {
+        Self {
+            k_codes: &[],
+            k_norms: &[],
+            v_codes: &[],
+            v_norms: &[],
+            kv_heads,
+            block_size,
+        }
+    }
+}
+
 /// A layer's planes (kvcore's token-major layout) encoded from Gaussian rows, with the rows the
 /// CPU decodes them back to: the test data of the kernel checks (CI tests and
 /// `engram-gpu-check`).
@@ -280,14 +294,7 @@ mod tests {
     fn mismatched_buffers_are_refused() {
         let codec =
             Codec::new(CodecKind::TurboQuant { bits: 4 }, 64, DEFAULT_ROTATION_SEED).unwrap();
-        let planes = Planes {
-            k_codes: &[],
-            k_norms: &[],
-            v_codes: &[],
-            v_norms: &[],
-            kv_heads: 1,
-            block_size: 16,
-        };
+        let planes = Planes::empty(1, 16);
         let mut out = vec![0f32; 64];
         let err = split_k_decode(&codec, 1, 64, &[0.0; 64], &planes, &[], 17, 0.125, &mut out);
         assert!(matches!(err, Err(KernelError::Invalid(_))));

@@ -32,7 +32,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUevent_flags;
-use engram_kernels::gpu::{DecodeBatch, PrefillChunk, Tq4Kernels};
+use engram_kernels::gpu::{DecodeBatch, PlaneViews, PrefillChunk, Tq4Kernels};
 use engram_kernels::{DEFAULT_CHUNK, PageLayout};
 use engram_kvcore::{
     BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, SourceLayer,
@@ -159,17 +159,7 @@ fn main() -> Result<()> {
             let blocks = ctx_len.div_ceil(bs);
             let slots = blocks * batch;
             let rows = slots * bs * kv_heads;
-            // Random codes; norms near 1 (valid f16: 0x3C00 = 1.0 plus a small mantissa).
-            let codes: Vec<u8> = (0..rows * head_dim / 2)
-                .map(|i| {
-                    (i as u64)
-                        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                        .rotate_left(17) as u8
-                })
-                .collect();
-            let norms: Vec<u8> = (0..rows)
-                .flat_map(|i| (0x3C00 | (i as u16 & 0xFF)).to_le_bytes())
-                .collect();
+            let (codes, norms) = synthetic_plane(rows, head_dim);
             let kc = stream.clone_htod(&codes)?;
             let vc = stream.clone_htod(&codes)?;
             let kn = stream.clone_htod(&norms)?;
@@ -188,10 +178,7 @@ fn main() -> Result<()> {
                 q: q.as_view(),
                 heads,
                 kv_heads,
-                k_codes: kc.as_view(),
-                k_norms: kn.as_view(),
-                v_codes: vc.as_view(),
-                v_norms: vn.as_view(),
+                planes: PlaneViews::of([&kc, &kn, &vc, &vn]),
                 block_tables: &tables,
                 max_blocks: blocks,
                 seq_lens: &lens,
@@ -291,16 +278,7 @@ fn bench_prefill(
     let (head_dim, kv_heads, heads) = (128usize, 8usize, 32usize);
     let slots = ctx_len.div_ceil(16);
     let rows = slots * 16 * kv_heads;
-    let codes: Vec<u8> = (0..rows * head_dim / 2)
-        .map(|i| {
-            (i as u64)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .rotate_left(17) as u8
-        })
-        .collect();
-    let norms: Vec<u8> = (0..rows)
-        .flat_map(|i| (0x3C00 | (i as u16 & 0xFF)).to_le_bytes())
-        .collect();
+    let (codes, norms) = synthetic_plane(rows, head_dim);
     let (kc, vc) = (stream.clone_htod(&codes)?, stream.clone_htod(&codes)?);
     let (kn, vn) = (stream.clone_htod(&norms)?, stream.clone_htod(&norms)?);
     let mut order: Vec<i32> = (0..slots as i32).collect();
@@ -319,10 +297,7 @@ fn bench_prefill(
                 start,
                 heads,
                 kv_heads,
-                k_codes: kc.as_view(),
-                k_norms: kn.as_view(),
-                v_codes: vc.as_view(),
-                v_norms: vn.as_view(),
+                planes: PlaneViews::of([&kc, &kn, &vc, &vn]),
                 block_table: &table,
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };
@@ -340,6 +315,22 @@ fn bench_prefill(
         rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3);
     }
     Ok(median(rounds))
+}
+
+/// A plane of `rows` rows for timing: pseudo-random codes and norms near 1 (valid f16: 0x3C00 =
+/// 1.0 plus a small mantissa).
+fn synthetic_plane(rows: usize, head_dim: usize) -> (Vec<u8>, Vec<u8>) {
+    let codes = (0..rows * head_dim / 2)
+        .map(|i| {
+            (i as u64)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .rotate_left(17) as u8
+        })
+        .collect();
+    let norms = (0..rows)
+        .flat_map(|i| (0x3C00 | (i as u16 & 0xFF)).to_le_bytes())
+        .collect();
+    (codes, norms)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use engram_kernels::DEFAULT_CHUNK;
-use engram_kernels::gpu::{DecodeBatch, PrefillChunk, Tq4Kernels};
+use engram_kernels::gpu::{DecodeBatch, PlaneViews, PrefillChunk, Tq4Kernels};
 use engram_kernels::mma::mma_decode;
 use engram_kernels::prefill::prefill_tiles;
 use engram_kernels::reference::{EncodedPlanes, rel_l2};
@@ -187,10 +187,7 @@ fn main() -> Result<ExitCode> {
                 q: q_d.as_view(),
                 heads,
                 kv_heads,
-                k_codes: kc_d.as_view(),
-                k_norms: kn_d.as_view(),
-                v_codes: vc_d.as_view(),
-                v_norms: vn_d.as_view(),
+                planes: PlaneViews::of([&kc_d, &kn_d, &vc_d, &vn_d]),
                 block_tables: &tables_d,
                 max_blocks,
                 seq_lens: &lens_d,
@@ -323,10 +320,7 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                             q: q_d.as_view(),
                             heads,
                             kv_heads,
-                            k_codes: p[0].as_view(),
-                            k_norms: p[1].as_view(),
-                            v_codes: p[2].as_view(),
-                            v_norms: p[3].as_view(),
+                            planes: PlaneViews::of(p.each_ref()),
                             block_tables: &tables_d,
                             max_blocks,
                             seq_lens: &lens_d,
@@ -426,10 +420,7 @@ fn check_prefill(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool>
                             start,
                             heads,
                             kv_heads,
-                            k_codes: p[0].as_view(),
-                            k_norms: p[1].as_view(),
-                            v_codes: p[2].as_view(),
-                            v_norms: p[3].as_view(),
+                            planes: PlaneViews::of(p.each_ref()),
                             block_table: &table_d,
                             scale,
                         },

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use engram_kernels::gpu::{DecodeBatch, MmaWork, PrefillChunk, Tq4Kernels, Workspace};
+use engram_kernels::gpu::{DecodeBatch, MmaWork, PlaneViews, PrefillChunk, Tq4Kernels, Workspace};
 use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
 
@@ -376,6 +376,12 @@ impl Llama {
                 .cuda()
                 .ok_or_else(|| dev_err("the hot tier left the device"))?;
             let planes = tier.layer(l)?;
+            let views = || PlaneViews {
+                k_codes: planes.k_codes.slice(..),
+                k_norms: planes.k_norms.slice(..),
+                v_codes: planes.v_codes.slice(..),
+                v_norms: planes.v_norms.slice(..),
+            };
 
             let dec_out = match decode.as_mut() {
                 Some((tables, lens, rows, work)) => {
@@ -391,10 +397,7 @@ impl Llama {
                             q: qv,
                             heads,
                             kv_heads,
-                            k_codes: planes.k_codes.slice(..),
-                            k_norms: planes.k_norms.slice(..),
-                            v_codes: planes.v_codes.slice(..),
-                            v_norms: planes.v_norms.slice(..),
+                            planes: views(),
                             block_tables: tables,
                             max_blocks,
                             seq_lens: lens,
@@ -445,10 +448,7 @@ impl Llama {
                                     start: p.start,
                                     heads,
                                     kv_heads,
-                                    k_codes: planes.k_codes.slice(..),
-                                    k_norms: planes.k_norms.slice(..),
-                                    v_codes: planes.v_codes.slice(..),
-                                    v_norms: planes.v_norms.slice(..),
+                                    planes: views(),
                                     block_table: table,
                                     scale,
                                 };
