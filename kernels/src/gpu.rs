@@ -379,9 +379,10 @@ impl Tq4Kernels {
     /// most 8; the default is [`crate::prefill::default_query_tiles`]): a tuning knob of the
     /// benches.
     pub fn set_prefill_query_tiles(&mut self, tiles: usize) -> Result<(), KernelError> {
-        if tiles == 0 || self.group * tiles > 8 {
+        // At least 4 warps: the first 128 threads stage a tile's 128 norms, one each.
+        if tiles == 0 || self.group * tiles > 8 || self.group * tiles < 4 {
             return Err(KernelError::Invalid(format!(
-                "{tiles} query tiles of {} warps each (1 to 8 warps a CTA)",
+                "{tiles} query tiles of {} warps each (4 to 8 warps a CTA)",
                 self.group
             )));
         }

@@ -820,7 +820,8 @@ extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned lon
 // GROUP . qtiles warps (the host's choice: 8 / GROUP, at least 1, so 6 to 8 warps and 96 to
 // 128 query rows), warp w holding the 16 positions of query tile w / GROUP for query head
 // w % GROUP (its rows, the A operand). Key/value positions go through shared memory PF_KT at a
-// time: all warps dequantize the tile once (codes through the 16-entry codebook to f16, value
+// time: the tile's raw codes arrive by cp.async while the previous tile is computed, then all
+// warps dequantize it once (codes through the 16-entry codebook to f16, value
 // rows times their norm . VSCALE; key norms kept apart in f32) into row-major [pos][dim] tiles
 // whose 16-byte chunks are XOR-swizzled by the row, so that every ldmatrix is conflict-free;
 // then every warp computes
@@ -868,13 +869,17 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     extern __shared__ __align__(16) unsigned char sm[];
     const int n_warps = blockDim.x >> 5;
     const int pf_qp = 16 * qtiles;
-    // The tiles, or (aliasing them) each warp's 16 rotated rows; then key norms and codebook.
+    // The f16 tiles, or (aliasing them) each warp's 16 rotated rows; then the codebook, the
+    // next tile's norms (keys, then values) and its raw codes (keys, then values), staged by
+    // cp.async while the current tile is computed.
     const int rot_bytes = n_warps * 16 * HEAD_DIM * 4;
     const int main_bytes = 2 * PF_TILE_BYTES > rot_bytes ? 2 * PF_TILE_BYTES : rot_bytes;
     unsigned char* kt_s = sm;
     unsigned char* vt_s = sm + PF_TILE_BYTES;
-    float* kn_s = (float*)(sm + main_bytes);
-    float* cb_s = kn_s + PF_KT;
+    float* cb_s = (float*)(sm + main_bytes);
+    float* norm_s = cb_s + 16;
+    float* kn_s = norm_s;
+    unsigned char* raw_s = (unsigned char*)(norm_s + 2 * PF_KT);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
     const int g = blockIdx.y;
@@ -922,33 +927,58 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     const int hrow = g * head_stride;
     const unsigned int k_base = smem_u32(kt_s), v_base = smem_u32(vt_s);
 
+    // Stages tile t0: its raw key and value codes by cp.async (16 bytes a copy, one group), its
+    // norms into `pend` (one per thread of the first 2 . PF_KT; the host keeps >= 4 warps).
+    float pend = 0.0f;
+    auto stage = [&](int t0) {
+        for (int it = tid; it < 2 * PF_KT * (CODE_BYTES / 16); it += n_warps * WARP) {
+            const bool is_v = it >= PF_KT * (CODE_BYTES / 16);
+            const int e = is_v ? it - PF_KT * (CODE_BYTES / 16) : it;
+            const int j = e / (CODE_BYTES / 16), c16 = e % (CODE_BYTES / 16);
+            const int p = t0 + j;
+            if (p < kend) {
+                const size_t row = (size_t)table[p / PAGE] * page_rows + (p % PAGE) * pos_stride + hrow;
+                const unsigned char* src = (is_v ? v_codes : k_codes) + row * CODE_BYTES + 16 * c16;
+                const unsigned int dst = smem_u32(raw_s + (is_v ? PF_KT * CODE_BYTES : 0) +
+                                                  j * CODE_BYTES + 16 * c16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+        if (tid < 2 * PF_KT) {
+            const int j = tid % PF_KT, p = t0 + j;
+            pend = 0.0f;
+            if (p < kend) {
+                const size_t row = (size_t)table[p / PAGE] * page_rows + (p % PAGE) * pos_stride + hrow;
+                pend = f16_to_f32(tid < PF_KT ? k_norms[row] : v_norms[row]);
+            }
+        }
+    };
+    stage(0);
     for (int t0 = 0; t0 < kend; t0 += PF_KT) {
-        // Dequantize the tile: PF_KT positions x PF_CHUNKS chunks, keys then values.
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        if (tid < 2 * PF_KT) norm_s[tid] = pend;
+        __syncthreads();
+        // Dequantize the staged tile: PF_KT positions x PF_CHUNKS chunks, keys then values.
         for (int it = tid; it < 2 * PF_KT * PF_CHUNKS; it += n_warps * WARP) {
             const bool is_v = it >= PF_KT * PF_CHUNKS;
             const int e = is_v ? it - PF_KT * PF_CHUNKS : it;
             const int j = e / PF_CHUNKS, ch = e % PF_CHUNKS;
-            const int p = t0 + j;
             uint4 w = make_uint4(0u, 0u, 0u, 0u);
-            if (p < kend) {
-                const size_t row = (size_t)table[p / PAGE] * page_rows + (p % PAGE) * pos_stride + hrow;
-                const unsigned int bits =
-                    *(const unsigned int*)((is_v ? v_codes : k_codes) + row * CODE_BYTES + 4 * ch);
-                float f = 1.0f;
-                if (is_v) {
-                    f = f16_to_f32(v_norms[row]) * VSCALE;
-                } else if (ch == 0) {
-                    kn_s[j] = f16_to_f32(k_norms[row]);
-                }
+            if (t0 + j < kend) {
+                const unsigned int bits = *(const unsigned int*)(raw_s + (is_v ? PF_KT * CODE_BYTES : 0) +
+                                                                 j * CODE_BYTES + 4 * ch);
+                const float f = is_v ? norm_s[PF_KT + j] * VSCALE : 1.0f;
                 w.x = pack_half2(cb_s[bits & 15u] * f, cb_s[(bits >> 4) & 15u] * f);
                 w.y = pack_half2(cb_s[(bits >> 8) & 15u] * f, cb_s[(bits >> 12) & 15u] * f);
                 w.z = pack_half2(cb_s[(bits >> 16) & 15u] * f, cb_s[(bits >> 20) & 15u] * f);
                 w.w = pack_half2(cb_s[(bits >> 24) & 15u] * f, cb_s[bits >> 28] * f);
-            } else if (!is_v && ch == 0) {
-                kn_s[j] = 0.0f;
             }
             *(uint4*)((is_v ? vt_s : kt_s) + pf_off(j, ch)) = w;
         }
+        __syncthreads();
+        // The staging area is free: the next tile's loads fly while this one is computed.
+        if (t0 + PF_KT < kend) stage(t0 + PF_KT);
         __syncthreads();
         if (t0 <= warp_last) {
             float s[PF_KT / 8][4];
