@@ -7,7 +7,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use engram_kvcore::{Codec, CodecKind};
+use engram_kvcore::{Codec, CodecKind, CudaLayer};
 
 use crate::{ItemPlan, KernelError, PAGE, PageLayout, SplitPlan, TQ4_SOURCE, defines};
 
@@ -43,29 +43,15 @@ pub struct Tq4Kernels {
     prefill_query_tiles: usize,
 }
 
-/// One layer's code and norm planes on the device, as the attention kernels read them.
-#[derive(Debug)]
-pub struct PlaneViews<'a> {
-    /// Key codes `[slots, block_size, kv_heads, head_dim/2]` (kvcore's layout).
-    pub k_codes: CudaView<'a, u8>,
-    /// Key norms `[slots, block_size, kv_heads]` (f16, little-endian bytes).
-    pub k_norms: CudaView<'a, u8>,
-    /// Value codes, as the keys.
-    pub v_codes: CudaView<'a, u8>,
-    /// Value norms.
-    pub v_norms: CudaView<'a, u8>,
-}
-
-impl<'a> PlaneViews<'a> {
-    /// Views of the four planes, in the order key codes, key norms, value codes, value norms.
-    pub fn of(planes: [&'a CudaSlice<u8>; 4]) -> Self {
-        let [k_codes, k_norms, v_codes, v_norms] = planes.map(|p| p.slice(..));
-        Self {
-            k_codes,
-            k_norms,
-            v_codes,
-            v_norms,
-        }
+/// kvcore's [`CudaLayer`] over four device buffers (key codes, key norms, value codes, value
+/// norms), for planes that do not live in a block store (the check and the bench).
+pub fn plane_views(planes: [&CudaSlice<u8>; 4]) -> CudaLayer<'_> {
+    let [k_codes, k_norms, v_codes, v_norms] = planes.map(|p| p.slice(..));
+    CudaLayer {
+        k_codes,
+        v_codes,
+        k_norms,
+        v_norms,
     }
 }
 
@@ -79,7 +65,7 @@ pub struct DecodeBatch<'a> {
     /// KV heads (`heads / group`).
     pub kv_heads: usize,
     /// The layer's planes.
-    pub planes: PlaneViews<'a>,
+    pub planes: CudaLayer<'a>,
     /// Block tables `[batch, max_blocks]` (slots of the layer plane).
     pub block_tables: &'a CudaSlice<i32>,
     /// Entries per block-table row.
@@ -111,7 +97,7 @@ pub struct PrefillChunk<'a> {
     /// KV heads (`heads / group`).
     pub kv_heads: usize,
     /// The layer's planes (16-position pages).
-    pub planes: PlaneViews<'a>,
+    pub planes: CudaLayer<'a>,
     /// The sequence's block table: the slots of its first `⌈(start + m) / 16⌉` pages at least.
     pub block_table: &'a CudaSlice<i32>,
     /// Softmax scale (usually 1/√head_dim).

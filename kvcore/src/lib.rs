@@ -51,5 +51,7 @@ pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
 pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
 pub use simd::Isa;
 pub use store::host::HostTier;
+#[cfg(feature = "cuda")]
+pub use store::hot::CudaLayer;
 pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
 pub use store::{BlockPart, BlockStore, BlockStream, StoreConfig};

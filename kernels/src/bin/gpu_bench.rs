@@ -32,7 +32,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUevent_flags;
-use engram_kernels::gpu::{DecodeBatch, PlaneViews, PrefillChunk, Tq4Kernels};
+use engram_kernels::gpu::{DecodeBatch, PrefillChunk, Tq4Kernels, plane_views};
 use engram_kernels::{DEFAULT_CHUNK, PageLayout};
 use engram_kvcore::{
     BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, SourceLayer,
@@ -178,7 +178,7 @@ fn main() -> Result<()> {
                 q: q.as_view(),
                 heads,
                 kv_heads,
-                planes: PlaneViews::of([&kc, &kn, &vc, &vn]),
+                planes: plane_views([&kc, &kn, &vc, &vn]),
                 block_tables: &tables,
                 max_blocks: blocks,
                 seq_lens: &lens,
@@ -297,7 +297,7 @@ fn bench_prefill(
                 start,
                 heads,
                 kv_heads,
-                planes: PlaneViews::of([&kc, &kn, &vc, &vn]),
+                planes: plane_views([&kc, &kn, &vc, &vn]),
                 block_table: &table,
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };

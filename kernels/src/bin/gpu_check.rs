@@ -33,7 +33,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use engram_kernels::DEFAULT_CHUNK;
-use engram_kernels::gpu::{DecodeBatch, PlaneViews, PrefillChunk, Tq4Kernels};
+use engram_kernels::gpu::{DecodeBatch, PrefillChunk, Tq4Kernels, plane_views};
 use engram_kernels::mma::mma_decode;
 use engram_kernels::prefill::prefill_tiles;
 use engram_kernels::reference::{EncodedPlanes, rel_l2};
@@ -187,7 +187,7 @@ fn main() -> Result<ExitCode> {
                 q: q_d.as_view(),
                 heads,
                 kv_heads,
-                planes: PlaneViews::of([&kc_d, &kn_d, &vc_d, &vn_d]),
+                planes: plane_views([&kc_d, &kn_d, &vc_d, &vn_d]),
                 block_tables: &tables_d,
                 max_blocks,
                 seq_lens: &lens_d,
@@ -320,7 +320,7 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                             q: q_d.as_view(),
                             heads,
                             kv_heads,
-                            planes: PlaneViews::of(p.each_ref()),
+                            planes: plane_views(p.each_ref()),
                             block_tables: &tables_d,
                             max_blocks,
                             seq_lens: &lens_d,
@@ -420,7 +420,7 @@ fn check_prefill(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool>
                             start,
                             heads,
                             kv_heads,
-                            planes: PlaneViews::of(p.each_ref()),
+                            planes: plane_views(p.each_ref()),
                             block_table: &table_d,
                             scale,
                         },

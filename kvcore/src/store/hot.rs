@@ -16,6 +16,8 @@ pub(crate) mod cuda;
 #[path = "cuda_stub.rs"]
 pub(crate) mod cuda;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaLayer;
 pub use cuda::CudaTier;
 
 /// Which backend holds the hot tier.

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use engram_kernels::gpu::{DecodeBatch, MmaWork, PlaneViews, PrefillChunk, Tq4Kernels, Workspace};
+use engram_kernels::gpu::{DecodeBatch, MmaWork, PrefillChunk, Tq4Kernels, Workspace};
 use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
 
@@ -249,7 +249,10 @@ impl Llama {
         // `ENGRAM_CUDA_PREFILL=dense`: prefill attention through decoded f32 rows even on
         // 16-position blocks (a diagnostic switch: the tensor-core kernel's f16 operands
         // against the f32 reference path, e.g. under `engram check device`).
-        let dense_prefill = std::env::var("ENGRAM_CUDA_PREFILL").is_ok_and(|v| v == "dense");
+        // Read once per process, not per forward.
+        static DENSE_PREFILL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let dense_prefill = *DENSE_PREFILL
+            .get_or_init(|| std::env::var("ENGRAM_CUDA_PREFILL").is_ok_and(|v| v == "dense"));
         // Index tables, once per forward.
         let mut dst = Vec::with_capacity(n * kv_heads);
         let (mut dec_rows, mut dec_tables, mut dec_lens) = (Vec::new(), Vec::new(), Vec::new());
@@ -376,12 +379,6 @@ impl Llama {
                 .cuda()
                 .ok_or_else(|| dev_err("the hot tier left the device"))?;
             let planes = tier.layer(l)?;
-            let views = || PlaneViews {
-                k_codes: planes.k_codes.slice(..),
-                k_norms: planes.k_norms.slice(..),
-                v_codes: planes.v_codes.slice(..),
-                v_norms: planes.v_norms.slice(..),
-            };
 
             let dec_out = match decode.as_mut() {
                 Some((tables, lens, rows, work)) => {
@@ -397,7 +394,7 @@ impl Llama {
                             q: qv,
                             heads,
                             kv_heads,
-                            planes: views(),
+                            planes: tier.layer(l)?,
                             block_tables: tables,
                             max_blocks,
                             seq_lens: lens,
@@ -448,7 +445,7 @@ impl Llama {
                                     start: p.start,
                                     heads,
                                     kv_heads,
-                                    planes: views(),
+                                    planes: tier.layer(l)?,
                                     block_table: table,
                                     scale,
                                 };
