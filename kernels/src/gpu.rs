@@ -11,6 +11,9 @@ use engram_kvcore::{Codec, CodecKind, CudaLayer};
 
 use crate::{ItemPlan, KernelError, PAGE, PageLayout, SplitPlan, TQ4_SOURCE, defines};
 
+mod glue;
+pub use glue::{Act, ActBuf, QkvGlue};
+
 fn driver(e: impl std::fmt::Display) -> KernelError {
     KernelError::Driver(e.to_string())
 }
@@ -31,6 +34,9 @@ pub struct Tq4Kernels {
     prefill: CudaFunction,
     combine_items: CudaFunction,
     read_stream: CudaFunction,
+    glue_norm: CudaFunction,
+    glue_qkv: CudaFunction,
+    glue_swiglu: CudaFunction,
     sms: usize,
     max_shared: usize,
     signs: CudaSlice<f32>,
@@ -250,6 +256,9 @@ impl Tq4Kernels {
             combine: f("tq4_combine")?,
             combine_items: f("tq4_combine_items")?,
             read_stream: f("read_stream")?,
+            glue_norm: f("glue_add_rms_norm")?,
+            glue_qkv: f("glue_qkv_rope_encode")?,
+            glue_swiglu: f("glue_swiglu")?,
             mma,
             prefill,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
@@ -407,14 +416,14 @@ impl Tq4Kernels {
 
     /// What both decode-attention launches check: the heads form groups of the compiled size,
     /// and the queries, output, block tables and lengths hold the batch.
-    fn check_batch(&self, a: &DecodeBatch<'_>, out: &CudaSlice<f32>) -> Result<(), KernelError> {
+    fn check_batch(&self, a: &DecodeBatch<'_>, out_len: usize) -> Result<(), KernelError> {
         if a.heads != a.kv_heads * self.group {
             return Err(KernelError::Invalid(format!(
                 "{} heads over {} KV heads is not a group of {}",
                 a.heads, a.kv_heads, self.group
             )));
         }
-        if out.len() < a.batch * a.heads * self.head_dim
+        if out_len < a.batch * a.heads * self.head_dim
             || a.q.len() < a.batch * a.heads * self.head_dim
             || a.block_tables.len() < a.batch * a.max_blocks
             || a.seq_lens.len() < a.batch
@@ -482,7 +491,21 @@ impl Tq4Kernels {
         work: &mut MmaWork,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        self.check_batch(a, out)?;
+        use cudarc::driver::DevicePtrMut;
+        self.check_batch(a, out.len())?;
+        self.mma_items(a, layout, work)?;
+        let (o, _o) = out.device_ptr_mut(&self.stream);
+        self.combine_items_pdl(work, a, o, false)
+    }
+
+    /// The attention launch of [`Self::decode_attention_mma`] (checked by the caller): the
+    /// plan's items into the partials.
+    fn mma_items(
+        &self,
+        a: &DecodeBatch<'_>,
+        layout: PageLayout,
+        work: &mut MmaWork,
+    ) -> Result<(), KernelError> {
         if a.kv_heads != work.kv_heads || work.plan.seq_first.len() != a.batch + 1 {
             return Err(KernelError::Invalid(format!(
                 "the plan is for {} KV heads and {} sequences, the batch has {} and {}",
@@ -540,31 +563,63 @@ impl Tq4Kernels {
             // hands out only such slots).
             unsafe { launch.launch(cfg) }.map_err(driver)?;
         }
-        self.combine_items_pdl(work, heads, kv_heads, a.batch, out)
+        Ok(())
+    }
+
+    /// [`Self::decode_attention_mma`] into a fresh output `[batch, heads, head_dim]`, f32 or
+    /// bf16 (rounded to nearest even: the output projection's operand). It is uninitialized
+    /// before the launch (the combine writes every row, zeros for a sequence without items), so
+    /// no memset is launched for it.
+    pub fn decode_attention_mma_out(
+        &self,
+        a: &DecodeBatch<'_>,
+        layout: PageLayout,
+        work: &mut MmaWork,
+        bf16: bool,
+    ) -> Result<ActBuf, KernelError> {
+        use cudarc::driver::DevicePtrMut;
+        let len = a.batch * a.heads * self.head_dim;
+        self.check_batch(a, len)?;
+        let mut out = glue::alloc_act(&self.stream, len, bf16)?;
+        self.mma_items(a, layout, work)?;
+        match &mut out {
+            ActBuf::F32(o) => {
+                let (p, _p) = o.device_ptr_mut(&self.stream);
+                self.combine_items_pdl(work, a, p, false)?;
+            }
+            ActBuf::Bf16(o) => {
+                let (p, _p) = o.device_ptr_mut(&self.stream);
+                self.combine_items_pdl(work, a, p, true)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Launches `tq4_combine_items` as a programmatic dependent of the attention launch before
     /// it on the stream (`cuLaunchKernelEx` with programmatic stream serialization): its CTAs
     /// are scheduled while the attention grid drains and wait in `griddepcontrol.wait`.
+    /// `o` is the output's device address (`batch × heads × head_dim` elements, f32 or bf16 as
+    /// `bf16` says), its guard held by the caller across the call.
     fn combine_items_pdl(
         &self,
         work: &MmaWork,
-        heads: i32,
-        kv_heads: i32,
-        batch: usize,
-        out: &mut CudaSlice<f32>,
+        a: &DecodeBatch<'_>,
+        o: cudarc::driver::sys::CUdeviceptr,
+        bf16: bool,
     ) -> Result<(), KernelError> {
-        use cudarc::driver::{DevicePtr, DevicePtrMut, sys};
+        use cudarc::driver::{DevicePtr, sys};
         use std::ffi::c_void;
+        let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
+        let batch = a.batch;
+        let out_bf16 = i32::from(bf16);
         let s = &self.stream;
         let (acc, _acc) = work.acc.device_ptr(s);
         let (m, _m) = work.m.device_ptr(s);
         let (l, _l) = work.l.device_ptr(s);
         let (first, _first) = work.seq_first.device_ptr(s);
         let (signs, _signs) = self.signs.device_ptr(s);
-        let (o, _o) = out.device_ptr_mut(s);
         let rot = self.rot_scale;
-        let mut args: [*mut c_void; 9] = [
+        let mut args: [*mut c_void; 10] = [
             (&raw const acc).cast_mut().cast(),
             (&raw const m).cast_mut().cast(),
             (&raw const l).cast_mut().cast(),
@@ -574,6 +629,7 @@ impl Tq4Kernels {
             (&raw const signs).cast_mut().cast(),
             (&raw const rot).cast_mut().cast(),
             (&raw const o).cast_mut().cast(),
+            (&raw const out_bf16).cast_mut().cast(),
         ];
         // SAFETY: an all-zero launch attribute value is valid (a union of plain integers).
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
@@ -597,7 +653,8 @@ impl Tq4Kernels {
         };
         self.stream.context().bind_to_thread().map_err(driver)?;
         // SAFETY: `args` points at one value per parameter of `tq4_combine_items`, in order and
-        // of its types (device pointers as CUdeviceptr, i32, f32), alive until the call returns
+        // of its types (device pointers as CUdeviceptr, i32, f32; the output `batch × heads ×
+        // head_dim` elements of the flagged type, checked by the callers), alive until the call returns
         // (the driver copies them); `seq_first` has batch + 1 entries naming items of the plan
         // the partials were sized for; the device pointers' guards above record the launch on
         // the stream for cudarc's read/write tracking.
@@ -723,7 +780,7 @@ impl Tq4Kernels {
         work: &mut Workspace,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), KernelError> {
-        self.check_batch(a, out)?;
+        self.check_batch(a, out.len())?;
         let plan = SplitPlan::new(a.max_len, self.chunk)?;
         let parts = a.batch * a.kv_heads * plan.splits * self.group;
         if work.m.len() < parts || work.acc.len() < parts * self.head_dim {

@@ -24,14 +24,16 @@
 
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 
+pub mod glue;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod mma;
 pub mod prefill;
 pub mod reference;
 
-/// The CUDA C source of the TurboQuant-4 kernels.
-pub const TQ4_SOURCE: &str = include_str!("tq4.cu");
+/// The CUDA C source of the TurboQuant-4 kernels and the fused layer glue (`glue.cu`, which
+/// uses tq4.cu's encode), one NVRTC module.
+pub const TQ4_SOURCE: &str = concat!(include_str!("tq4.cu"), "\n", include_str!("glue.cu"));
 
 /// Positions one attention CTA scores (the split-K chunk); a compile-time constant of the kernel.
 pub const DEFAULT_CHUNK: usize = 512;
@@ -233,7 +235,14 @@ mod tests {
         assert!(defines(96, 4, 512).is_err());
         assert!(defines(128, 4, 500).is_err());
         assert_eq!(defines(128, 4, 512).unwrap()[1], "-DGROUP=4");
-        for name in ["tq4_decode_mma", "tq4_combine_items", "tq4_prefill_mma"] {
+        for name in [
+            "tq4_decode_mma",
+            "tq4_combine_items",
+            "tq4_prefill_mma",
+            "glue_add_rms_norm",
+            "glue_qkv_rope_encode",
+            "glue_swiglu",
+        ] {
             assert!(TQ4_SOURCE.contains(&format!(" {name}(")), "{name}");
         }
     }

@@ -30,13 +30,15 @@ pub fn prefill_warps(group: usize, query_tiles: usize) -> usize {
     group * query_tiles
 }
 
-/// Dynamic shared memory of one CTA: the key and value tiles in f16 (or, aliasing them, each
-/// warp's 16 rotated rows, whichever is larger), the codebook, and the next tile's norms and raw
-/// codes staged by `cp.async`.
+/// Dynamic shared memory of one CTA: two sets of key and value tiles in f16 (or, aliasing them,
+/// each warp's 16 rotated rows, whichever is larger), the codebook, three sets of norms and two
+/// sets of raw codes staged by `cp.async` two tiles ahead.
 pub fn prefill_shared_bytes(group: usize, query_tiles: usize, head_dim: usize) -> usize {
-    let tiles = 2 * PREFILL_KEYS * head_dim * 2;
+    // Two sets of f16 key and value tiles (or the warps' rotated rows, aliasing them), the
+    // codebook, three sets of norms and two sets of raw codes.
+    let tiles = 2 * 2 * PREFILL_KEYS * head_dim * 2;
     let rot = prefill_warps(group, query_tiles) * 16 * head_dim * 4;
-    tiles.max(rot) + 16 * 4 + 2 * PREFILL_KEYS * 4 + 2 * PREFILL_KEYS * head_dim / 2
+    tiles.max(rot) + 16 * 4 + 3 * 2 * PREFILL_KEYS * 4 + 2 * 2 * PREFILL_KEYS * head_dim / 2
 }
 
 fn round(x: f32) -> f32 {
@@ -257,9 +259,9 @@ mod tests {
         // 8 warps × 16 rows × 128 dims × 4 bytes beats the 32 KB of tiles; 6 × 16 × 64 × 4
         // beats 2 × 64 × 64 × 2; 4 × 16 × 128 × 4 equals 2 × 64 × 128 × 2. Then the codebook
         // (64 bytes), 128 staged norms (512) and 128 staged code rows.
-        assert_eq!(prefill_shared_bytes(8, 1, 128), 65536 + 576 + 8192);
-        assert_eq!(prefill_shared_bytes(3, 2, 64), 24576 + 576 + 4096);
-        assert_eq!(prefill_shared_bytes(4, 1, 128), 32768 + 576 + 8192);
+        assert_eq!(prefill_shared_bytes(8, 1, 128), 65536 + 64 + 1536 + 16384);
+        assert_eq!(prefill_shared_bytes(3, 2, 64), 32768 + 64 + 1536 + 8192);
+        assert_eq!(prefill_shared_bytes(4, 1, 128), 65536 + 64 + 1536 + 16384);
         let codec =
             Codec::new(CodecKind::TurboQuant { bits: 4 }, 64, DEFAULT_ROTATION_SEED).unwrap();
         let planes = Planes::empty(1, PAGE);

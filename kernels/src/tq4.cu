@@ -28,6 +28,17 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
     return f;
 }
 
+__device__ __forceinline__ float bf16_to_f32(unsigned short h) {
+    return __uint_as_float((unsigned int)h << 16);
+}
+
+// Round to nearest even (as candle's casts).
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
 // In-place fast Walsh-Hadamard transform of HEAD_DIM floats in shared memory by one warp; the
 // butterflies pair exactly the elements kvcore's CPU transform pairs, in the same order.
 __device__ __forceinline__ void fwht_warp(float* b, int lane) {
@@ -42,24 +53,17 @@ __device__ __forceinline__ void fwht_warp(float* b, int lane) {
     }
 }
 
-// Encodes `rows` rows of x (f32, HEAD_DIM each): row r goes to row dst[r] of the layer's code
-// and norm planes. One warp per row: norm, signs, Hadamard, scale, 15 thresholds, pack.
-extern "C" __global__ void tq4_encode(
-    const float* __restrict__ x, int rows, const int* __restrict__ dst,
-    const float* __restrict__ signs, const float* __restrict__ thresholds, float rot_scale,
-    unsigned char* __restrict__ codes, unsigned short* __restrict__ norms) {
-    __shared__ float buf[WARPS][HEAD_DIM];
-    __shared__ float th[15];
-    if (threadIdx.x < 15) th[threadIdx.x] = thresholds[threadIdx.x];
-    __syncthreads();
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int r = blockIdx.x * WARPS + warp;
-    if (r >= rows) return;
-    const float* xr = x + (size_t)r * HEAD_DIM;
-    float* b = buf[warp];
+// Encodes the row in b (HEAD_DIM floats in shared memory, written by this lane's own indices
+// i = lane, lane + 32, ...; overwritten) into row `out` of a code and norm plane, by one warp:
+// norm, signs, Hadamard, scale, 15 thresholds, pack. tq4_encode and the fused layer glue
+// (glue.cu) share it, so both write the same bytes as kvcore's Codec::encode.
+__device__ __forceinline__ void encode_warp(float* b, int lane, const float* th,
+                                            const float* __restrict__ signs, float rot_scale,
+                                            size_t out, unsigned char* __restrict__ codes,
+                                            unsigned short* __restrict__ norms) {
     float ss = 0.0f;
     for (int i = lane; i < HEAD_DIM; i += WARP) {
-        float v = xr[i];
+        float v = b[i];
         ss += v * v;
         b[i] = v * signs[i];
     }
@@ -69,7 +73,6 @@ extern "C" __global__ void tq4_encode(
     bool zero = f16_to_f32(nh) == 0.0f;
     __syncwarp();
     fwht_warp(b, lane);
-    size_t out = (size_t)dst[r];
     if (lane == 0) norms[out] = nh;
     float inv = 1.0f / n;
     for (int i = lane; i < CODE_BYTES; i += WARP) {
@@ -83,6 +86,25 @@ extern "C" __global__ void tq4_encode(
         }
         codes[out * CODE_BYTES + i] = zero ? 0 : (unsigned char)byte;
     }
+}
+
+// Encodes `rows` rows of x (f32, HEAD_DIM each): row r goes to row dst[r] of the layer's code
+// and norm planes. One warp per row (encode_warp).
+extern "C" __global__ void tq4_encode(
+    const float* __restrict__ x, int rows, const int* __restrict__ dst,
+    const float* __restrict__ signs, const float* __restrict__ thresholds, float rot_scale,
+    unsigned char* __restrict__ codes, unsigned short* __restrict__ norms) {
+    __shared__ float buf[WARPS][HEAD_DIM];
+    __shared__ float th[15];
+    if (threadIdx.x < 15) th[threadIdx.x] = thresholds[threadIdx.x];
+    __syncthreads();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int r = blockIdx.x * WARPS + warp;
+    if (r >= rows) return;
+    const float* xr = x + (size_t)r * HEAD_DIM;
+    float* b = buf[warp];
+    for (int i = lane; i < HEAD_DIM; i += WARP) b[i] = xr[i];
+    encode_warp(b, lane, th, signs, rot_scale, (size_t)dst[r], codes, norms);
 }
 
 // Split-K paged decode attention over TQ4 codes, one CTA per (split, kv_head, sequence):
@@ -723,13 +745,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
 // log2 domain) and rotates the result back: out = signs . (H . acc / l) . rot_scale. One CTA of
 // COMBINE_WARPS warps per (head, sequence): the warps stride over the items (independent loads,
 // several in flight), each lane HEAD_DIM / 32 dims; warp 0 merges the warps' sums through shared
-// memory, normalizes and rotates. A sequence without items gets zeros.
+// memory, normalizes and rotates. A sequence without items gets zeros. The output is f32, or
+// bf16 (rounded to nearest even) when out_bf16 is set: the output projection's operand.
 #define COMBINE_WARPS 8
 #define DPL (HEAD_DIM / WARP)
 extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * WARP) tq4_combine_items(
     const float* __restrict__ part_acc, const float* __restrict__ part_m,
     const float* __restrict__ part_l, int heads, int kv_heads, const int* __restrict__ seq_first,
-    const float* __restrict__ signs, float rot_scale, float* __restrict__ out) {
+    const float* __restrict__ signs, float rot_scale, void* __restrict__ out, int out_bf16) {
     __shared__ float ys[COMBINE_WARPS][HEAD_DIM];
     __shared__ float ms[COMBINE_WARPS], ls[COMBINE_WARPS];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -781,8 +804,14 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * WARP) tq4_combine_i
     for (int i = 0; i < DPL; i++) yv[lane * DPL + i] = acc[i] * inv;
     __syncwarp();
     fwht_warp(yv, lane);
-    float* o = out + ((size_t)b * heads + h) * HEAD_DIM;
-    for (int i = lane; i < HEAD_DIM; i += WARP) o[i] = yv[i] * signs[i] * rot_scale;
+    const size_t o = ((size_t)b * heads + h) * HEAD_DIM;
+    for (int i = lane; i < HEAD_DIM; i += WARP) {
+        const float v = yv[i] * signs[i] * rot_scale;
+        if (out_bf16)
+            ((unsigned short*)out)[o + i] = f32_to_bf16(v);
+        else
+            ((float*)out)[o + i] = v;
+    }
 }
 
 // Reads n 16-byte words once (grid-stride, four loads in flight per thread) and keeps the XOR
@@ -820,8 +849,9 @@ extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned lon
 // GROUP . qtiles warps (the host's choice: 8 / GROUP, at least 1, so 6 to 8 warps and 96 to
 // 128 query rows), warp w holding the 16 positions of query tile w / GROUP for query head
 // w % GROUP (its rows, the A operand). Key/value positions go through shared memory PF_KT at a
-// time: the tile's raw codes arrive by cp.async while the previous tile is computed, then all
-// warps dequantize it once (codes through the 16-entry codebook to f16, value
+// time: the tile's raw codes arrive by cp.async two tiles ahead, then all warps dequantize it
+// once into one of two sets (warps that finish computing tile t dequantize tile t + 1 while
+// others still compute; one barrier a tile) (codes through the 16-entry codebook to f16, value
 // rows times their norm . VSCALE; key norms kept apart in f32) into row-major [pos][dim] tiles
 // whose 16-byte chunks are XOR-swizzled by the row, so that every ldmatrix is conflict-free;
 // then every warp computes
@@ -869,17 +899,15 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     extern __shared__ __align__(16) unsigned char sm[];
     const int n_warps = blockDim.x >> 5;
     const int pf_qp = 16 * qtiles;
-    // The f16 tiles, or (aliasing them) each warp's 16 rotated rows; then the codebook, the
-    // next tile's norms (keys, then values) and its raw codes (keys, then values), staged by
-    // cp.async while the current tile is computed.
+    // Two sets of f16 tiles (tile t in set t % 2), or (aliasing them) each warp's 16 rotated
+    // rows; then the codebook, three sets of norms (keys, then values; tile t in set t % 3) and
+    // two sets of raw codes (keys, then values; tile t in set t % 2), staged by cp.async two
+    // tiles ahead.
     const int rot_bytes = n_warps * 16 * HEAD_DIM * 4;
-    const int main_bytes = 2 * PF_TILE_BYTES > rot_bytes ? 2 * PF_TILE_BYTES : rot_bytes;
-    unsigned char* kt_s = sm;
-    unsigned char* vt_s = sm + PF_TILE_BYTES;
+    const int main_bytes = 4 * PF_TILE_BYTES > rot_bytes ? 4 * PF_TILE_BYTES : rot_bytes;
     float* cb_s = (float*)(sm + main_bytes);
-    float* norm_s = cb_s + 16;
-    float* kn_s = norm_s;
-    unsigned char* raw_s = (unsigned char*)(norm_s + 2 * PF_KT);
+    float* norms_s = cb_s + 16;
+    unsigned char* raws_s = (unsigned char*)(norms_s + 3 * 2 * PF_KT);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
     const int g = blockIdx.y;
@@ -925,12 +953,13 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
     const size_t page_rows = (size_t)PAGE * kv_heads;
     const int hrow = g * head_stride;
-    const unsigned int k_base = smem_u32(kt_s), v_base = smem_u32(vt_s);
 
-    // Stages tile t0: its raw key and value codes by cp.async (16 bytes a copy, one group), its
-    // norms into `pend` (one per thread of the first 2 . PF_KT; the host keeps >= 4 warps).
+    // Stages tile t0 into raw set `set`: its raw key and value codes by cp.async (16 bytes a
+    // copy, one group), its norms into `pend` (one per thread of the first 2 . PF_KT; the host
+    // keeps >= 4 warps).
     float pend = 0.0f;
-    auto stage = [&](int t0) {
+    auto stage = [&](int t0, int set) {
+        unsigned char* raw_s = raws_s + set * 2 * PF_KT * CODE_BYTES;
         for (int it = tid; it < 2 * PF_KT * (CODE_BYTES / 16); it += n_warps * WARP) {
             const bool is_v = it >= PF_KT * (CODE_BYTES / 16);
             const int e = is_v ? it - PF_KT * (CODE_BYTES / 16) : it;
@@ -954,21 +983,22 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
             }
         }
     };
-    stage(0);
-    for (int t0 = 0; t0 < kend; t0 += PF_KT) {
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        if (tid < 2 * PF_KT) norm_s[tid] = pend;
-        __syncthreads();
-        // Dequantize the staged tile: PF_KT positions x PF_CHUNKS chunks, keys then values.
+    // Dequantizes tile t (starting at position t1) from its raw set into its f16 tiles:
+    // PF_KT positions x PF_CHUNKS chunks, keys then values.
+    auto dequant = [&](int t, int t1) {
+        const unsigned char* raw_s = raws_s + (t & 1) * 2 * PF_KT * CODE_BYTES;
+        const float* nrm = norms_s + (t % 3) * 2 * PF_KT;
+        unsigned char* kt_s = sm + (t & 1) * 2 * PF_TILE_BYTES;
+        unsigned char* vt_s = kt_s + PF_TILE_BYTES;
         for (int it = tid; it < 2 * PF_KT * PF_CHUNKS; it += n_warps * WARP) {
             const bool is_v = it >= PF_KT * PF_CHUNKS;
             const int e = is_v ? it - PF_KT * PF_CHUNKS : it;
             const int j = e / PF_CHUNKS, ch = e % PF_CHUNKS;
             uint4 w = make_uint4(0u, 0u, 0u, 0u);
-            if (t0 + j < kend) {
+            if (t1 + j < kend) {
                 const unsigned int bits = *(const unsigned int*)(raw_s + (is_v ? PF_KT * CODE_BYTES : 0) +
                                                                  j * CODE_BYTES + 4 * ch);
-                const float f = is_v ? norm_s[PF_KT + j] * VSCALE : 1.0f;
+                const float f = is_v ? nrm[PF_KT + j] * VSCALE : 1.0f;
                 w.x = pack_half2(cb_s[bits & 15u] * f, cb_s[(bits >> 4) & 15u] * f);
                 w.y = pack_half2(cb_s[(bits >> 8) & 15u] * f, cb_s[(bits >> 12) & 15u] * f);
                 w.z = pack_half2(cb_s[(bits >> 16) & 15u] * f, cb_s[(bits >> 20) & 15u] * f);
@@ -976,10 +1006,26 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
             }
             *(uint4*)((is_v ? vt_s : kt_s) + pf_off(j, ch)) = w;
         }
+    };
+    // One barrier a tile: in iteration t every warp computes tile t, then dequantizes tile
+    // t + 1 into the other set while slower warps still compute (tile t + 2's codes are in
+    // flight meanwhile); the barrier at the top of iteration t + 1 orders both.
+    stage(0, 0);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (tid < 2 * PF_KT) norms_s[tid] = pend;
+    __syncthreads();
+    if (PF_KT < kend) stage(PF_KT, 1);
+    dequant(0, 0);
+    for (int t = 0, t0 = 0; t0 < kend; t++, t0 += PF_KT) {
+        // Tile t + 1's codes (this thread's copies) and norms.
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        if (tid < 2 * PF_KT) norms_s[((t + 1) % 3) * 2 * PF_KT + tid] = pend;
         __syncthreads();
-        // The staging area is free: the next tile's loads fly while this one is computed.
-        if (t0 + PF_KT < kend) stage(t0 + PF_KT);
-        __syncthreads();
+        // Tile t's raw set is free (dequantized before the barrier): stage tile t + 2 there.
+        if (t0 + 2 * PF_KT < kend) stage(t0 + 2 * PF_KT, t & 1);
+        const float* kn_s = norms_s + (t % 3) * 2 * PF_KT;
+        const unsigned int k_base = smem_u32(sm + (t & 1) * 2 * PF_TILE_BYTES);
+        const unsigned int v_base = k_base + PF_TILE_BYTES;
         if (t0 <= warp_last) {
             float s[PF_KT / 8][4];
 #pragma unroll
@@ -1051,8 +1097,9 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
                 }
             }
         }
-        __syncthreads();
+        if (t0 + PF_KT < kend) dequant(t + 1, t0 + PF_KT);
     }
+    __syncthreads();
 
     // Normalize, rotate back, write.
 #pragma unroll

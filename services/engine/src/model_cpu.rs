@@ -274,4 +274,46 @@ mod tests {
             assert_eq!(g, want);
         }
     }
+
+    /// The CUDA glue is checked on the GPU against `engram_kernels::glue`; this pins those
+    /// references to the CPU engine's own RoPE (bitwise, key centering included), SwiGLU
+    /// (bitwise) and RMSNorm.
+    #[test]
+    fn the_cuda_glue_references_are_this_engines_arithmetic() {
+        use engram_kernels::glue;
+        let (rows, heads, d) = (4, 3, 16);
+        let x = floats(rows * heads * d, 11);
+        let angles: Vec<f32> = floats(rows * d / 2, 5).iter().map(|a| a * 6.0).collect();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        let mean = floats(heads * d, 13);
+        let mut ours = x.clone();
+        rope(&mut ours, heads, d, &cos, &sin);
+        for row in ours.chunks_exact_mut(heads * d) {
+            row.iter_mut().zip(&mean).for_each(|(v, m)| *v -= m);
+        }
+        let mut theirs = x.clone();
+        for (r, row) in theirs.chunks_exact_mut(heads * d).enumerate() {
+            let (c, s) = (&cos[r * d / 2..][..d / 2], &sin[r * d / 2..][..d / 2]);
+            for (h, head) in row.chunks_exact_mut(d).enumerate() {
+                glue::rope_half(head, c, s, Some(&mean[h * d..][..d]));
+            }
+        }
+        assert_eq!(
+            ours.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            theirs.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+
+        let (mut g, u) = (floats(64, 1), floats(64, 2));
+        let gu: Vec<f32> = g.iter().chain(&u).copied().collect();
+        swiglu(&mut g, &u, 1);
+        assert_eq!(g, glue::swiglu(&gu, 64));
+
+        let w = floats(heads * d, 9);
+        let mut xr = x.clone();
+        let theirs = glue::add_rms_norm(&mut xr, heads * d, None, Some(&w), 1e-5).unwrap();
+        for (a, b) in rms_norm(&x, &w, 1e-5).iter().zip(&theirs) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
 }

@@ -19,10 +19,13 @@
 
 use std::sync::{Arc, Mutex};
 
+use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use engram_kernels::gpu::{DecodeBatch, MmaWork, PrefillChunk, Tq4Kernels, Workspace};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
+use engram_kernels::gpu::{
+    Act, ActBuf, DecodeBatch, MmaWork, PrefillChunk, QkvGlue, Tq4Kernels, Workspace,
+};
 use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
 
@@ -74,10 +77,54 @@ fn with_view<R>(
     f(view(slice, layout.start_offset(), t.elem_count()))
 }
 
+/// Runs `f` over the device memory of `t` as `T` (made contiguous first).
+fn with_view_of<T: CudaDType + DeviceRepr, R>(
+    t: &Tensor,
+    f: impl FnOnce(CudaView<'_, T>) -> EngineResult<R>,
+) -> EngineResult<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*storage else {
+        return Err(dev_err("a tensor of the CUDA forward is not on the device"));
+    };
+    let slice = cs.as_cuda_slice::<T>()?;
+    let off = layout.start_offset();
+    f(slice.slice(off..off + t.elem_count()))
+}
+
 /// Wraps device memory as a tensor of `shape`.
-fn tensor(slice: CudaSlice<f32>, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
+fn tensor<T: CudaDType>(slice: CudaSlice<T>, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
     let storage = CudaStorage::wrap_cuda_slice(slice, dev.clone());
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+/// A glue output as a tensor of `shape`.
+fn act_tensor(buf: ActBuf, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
+    match buf {
+        ActBuf::F32(s) => tensor(s, dev, shape),
+        ActBuf::Bf16(s) => tensor(s, dev, shape),
+    }
+}
+
+/// The dense weight of a projection, if it is one.
+fn dense(w: &Linear) -> Option<&Tensor> {
+    match w {
+        Linear::Dense(t) => Some(t),
+        Linear::Blocks(_) => None,
+    }
+}
+
+/// The state of the fused layer glue over one forward: the residual stream as one f32 buffer
+/// updated in place, the tokens' positions on the device, and the next product operand.
+struct Glue {
+    /// The products' operand type (the weights').
+    dtype: DType,
+    /// `[n, hidden]` f32, the residual stream.
+    x: CudaSlice<f32>,
+    /// Each token's position.
+    positions: CudaSlice<i32>,
+    /// The current layer's normed input `[n, hidden]` as a product operand.
+    h: Option<Tensor>,
 }
 
 /// A layer's projections that read the same input, stacked on the device: one product for
@@ -91,16 +138,79 @@ pub(crate) struct DeviceStack {
     gate_up: Tensor,
 }
 
+/// A contiguous tensor's storage held for reading (the glue's launches take views of it).
+struct Held<'t> {
+    storage: Box<dyn std::ops::Deref<Target = Storage> + 't>,
+    off: usize,
+    len: usize,
+    dtype: DType,
+}
+
+/// Holds `t`'s storage; `t` must be contiguous (every tensor the glue reads is: products,
+/// tables and its own outputs).
+fn hold(t: &Tensor) -> EngineResult<Held<'_>> {
+    if !t.is_contiguous() {
+        return Err(dev_err("the CUDA glue reads contiguous tensors only"));
+    }
+    let (storage, layout) = t.storage_and_layout();
+    Ok(Held {
+        storage: Box::new(storage),
+        off: layout.start_offset(),
+        len: t.elem_count(),
+        dtype: t.dtype(),
+    })
+}
+
+impl Held<'_> {
+    fn view<T: CudaDType + DeviceRepr>(&self) -> EngineResult<CudaView<'_, T>> {
+        let Storage::Cuda(cs) = &**self.storage else {
+            return Err(dev_err("a tensor of the CUDA forward is not on the device"));
+        };
+        Ok(cs
+            .as_cuda_slice::<T>()?
+            .slice(self.off..self.off + self.len))
+    }
+
+    fn act(&self) -> EngineResult<Act<'_>> {
+        match self.dtype {
+            DType::BF16 => Ok(Act::Bf16(self.view()?)),
+            DType::F32 => Ok(Act::F32(self.view()?)),
+            other => Err(dev_err(format!("a {other:?} activation in the CUDA glue"))),
+        }
+    }
+}
+
+/// The glue's residual and norm: `x += delta` (when given), then the rows normed by `w` (when
+/// given) as the next product's operand `[n, hidden]`.
+#[allow(clippy::too_many_arguments)]
+fn glue_norm(
+    kernels: &Tq4Kernels,
+    g: &mut Glue,
+    cuda: &CudaDevice,
+    n: usize,
+    hidden: usize,
+    delta: Option<&Tensor>,
+    w: Option<&Tensor>,
+    eps: f32,
+) -> EngineResult<Option<Tensor>> {
+    let delta_h = delta.map(hold).transpose()?;
+    let delta_a = delta_h.as_ref().map(Held::act).transpose()?;
+    let w_h = w.map(hold).transpose()?;
+    let w_v = w_h.as_ref().map(Held::view::<f32>).transpose()?;
+    let out = kernels.add_rms_norm(
+        &mut g.x.slice_mut(..),
+        n,
+        hidden,
+        delta_a.as_ref(),
+        w_v.as_ref().map(|w| (w, eps, g.dtype == DType::BF16)),
+    )?;
+    Ok(out.map(|o| act_tensor(o, cuda, (n, hidden))))
+}
+
 /// Stacks every layer's q/k/v and gate/up weights (dense on the device); the layers' weights
 /// become views of the stacks. Layers whose weights are not all dense are left as they are, and
 /// then no layer is stacked.
 pub(crate) fn stack_layers(layers: Vec<Layer>) -> EngineResult<(Vec<Layer>, Vec<DeviceStack>)> {
-    fn dense(w: &Linear) -> Option<&Tensor> {
-        match w {
-            Linear::Dense(t) => Some(t),
-            Linear::Blocks(_) => None,
-        }
-    }
     if !layers.iter().all(|l| {
         [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up]
             .into_iter()
@@ -217,6 +327,89 @@ impl Llama {
         Ok(k)
     }
 
+    /// The products' operand type when the fused glue can run this model: every layer's
+    /// projections dense on the device (q/k/v and gate/up stacked) and of one type, f32 or bf16.
+    /// `ENGRAM_CUDA_GLUE=candle` keeps the candle ops (a diagnostic switch, read once).
+    fn glue_dtype(&self) -> Option<DType> {
+        static CANDLE_GLUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *CANDLE_GLUE
+            .get_or_init(|| std::env::var("ENGRAM_CUDA_GLUE").is_ok_and(|v| v == "candle"))
+        {
+            return None;
+        }
+        let dtype = self.device_stacks.first()?.qkv.dtype();
+        let same = |t: Option<&Tensor>| t.is_some_and(|t| t.dtype() == dtype);
+        let all = self.device_stacks.len() == self.layers.len()
+            && self
+                .device_stacks
+                .iter()
+                .all(|st| st.gate_up.dtype() == dtype)
+            && self
+                .layers
+                .iter()
+                .all(|l| same(dense(&l.wo)) && same(dense(&l.w_down)));
+        (all && matches!(dtype, DType::F32 | DType::BF16)).then_some(dtype)
+    }
+
+    /// A layer's queries through candle ops (models the glue does not cover): norm, q/k/v
+    /// products, RoPE, key centering, then K and V encoded into the layer's planes.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_candle(
+        &self,
+        store: &mut BlockStore,
+        kernels: &Tq4Kernels,
+        (x, layer, stack, l): (&Tensor, &Layer, Option<&DeviceStack>, usize),
+        (cos, sin): (&Tensor, &Tensor),
+        means: Option<&Tensor>,
+        dst: &CudaSlice<i32>,
+        n: usize,
+    ) -> EngineResult<Tensor> {
+        let cfg = &self.config;
+        let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, cfg.rms_eps as f32)?;
+        let (q, mut k, v) = match stack {
+            Some(st) => {
+                let qkv = stacked_product(&h, &st.qkv)?;
+                let w = (heads + kv_heads) * d;
+                let qk = qkv
+                    .narrow(1, 0, w)?
+                    .contiguous()?
+                    .reshape((1, n, heads + kv_heads, d))?;
+                let qk = candle_nn::rotary_emb::rope_thd(&qk, cos, sin)?.reshape((
+                    n,
+                    heads + kv_heads,
+                    d,
+                ))?;
+                (
+                    qk.narrow(1, 0, heads)?.contiguous()?,
+                    qk.narrow(1, heads, kv_heads)?,
+                    qkv.narrow(1, w, kv_heads * d)?,
+                )
+            }
+            None => (
+                rope(&layer.wq.forward(&h, 1)?, heads, d, cos, sin)?,
+                rope(&layer.wk.forward(&h, 1)?, kv_heads, d, cos, sin)?,
+                layer.wv.forward(&h, 1)?,
+            ),
+        };
+
+        if let Some(m) = means {
+            k = k.broadcast_sub(&m.get(l)?)?;
+        }
+        let tier = store
+            .hot_mut()
+            .cuda_mut()
+            .ok_or_else(|| dev_err("the hot tier left the device"))?;
+        let [mut kc, mut vc, mut kn, mut vn] = tier.layer_mut(l)?;
+        with_view(&k, |kv| {
+            Ok(kernels.encode(&kv, n * kv_heads, dst, &mut kc, &mut kn)?)
+        })?;
+        with_view(&v, |vv| {
+            Ok(kernels.encode(&vv, n * kv_heads, dst, &mut vc, &mut vn)?)
+        })?;
+        Ok(q)
+    }
+
     /// [`Llama::forward_with`] when the store's hot tier is in VRAM.
     pub(super) fn forward_cuda(
         &self,
@@ -320,65 +513,105 @@ impl Llama {
             None => None,
         };
 
-        let ids = Tensor::from_vec(ids, n, dev)?;
-        let pos = Tensor::from_vec(positions, n, dev)?;
-        let cos = self.cos.index_select(&pos, 0)?;
-        let sin = self.sin.index_select(&pos, 0)?;
         let eps = cfg.rms_eps as f32;
         let scale = 1.0 / (d as f32).sqrt();
+        let hidden = cfg.hidden_size;
         let mut decode = decode;
-
+        let ids = Tensor::from_vec(ids, n, dev)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let stack = self.device_stacks.get(l);
-            let (q, mut k, v) = match stack {
-                // One product for q, k and v; RoPE on q and k at once, in place of layout.
-                Some(st) => {
-                    let qkv = stacked_product(&h, &st.qkv)?;
-                    let w = (heads + kv_heads) * d;
-                    let qk =
-                        qkv.narrow(1, 0, w)?
-                            .contiguous()?
-                            .reshape((1, n, heads + kv_heads, d))?;
-                    let qk = candle_nn::rotary_emb::rope_thd(&qk, &cos, &sin)?.reshape((
-                        n,
-                        heads + kv_heads,
-                        d,
-                    ))?;
-                    (
-                        qk.narrow(1, 0, heads)?.contiguous()?,
-                        qk.narrow(1, heads, kv_heads)?,
-                        qkv.narrow(1, w, kv_heads * d)?,
-                    )
+
+        // The fused glue (four launches a layer around the products and attention) where every
+        // projection is dense on the device; candle ops otherwise.
+        let mut glue = match self.glue_dtype() {
+            Some(dtype) => {
+                if positions
+                    .iter()
+                    .any(|&p| p as usize >= self.cos.dim(0).unwrap_or(0))
+                {
+                    return Err(dev_err("a position beyond the RoPE tables"));
                 }
-                None => (
-                    rope(&layer.wq.forward(&h, 1)?, heads, d, &cos, &sin)?,
-                    rope(&layer.wk.forward(&h, 1)?, kv_heads, d, &cos, &sin)?,
-                    layer.wv.forward(&h, 1)?,
-                ),
+                let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+                let x0 = x.to_dtype(DType::F32)?;
+                let mut g = Glue {
+                    dtype,
+                    x: with_view_of::<f32, _>(&x0, |v| stream.clone_dtod(&v).map_err(dev_err))?,
+                    positions: up_i32(&pos)?,
+                    h: None,
+                };
+                let first = self.layers.first().map(|l| &l.attn_norm);
+                g.h = glue_norm(&kernels, &mut g, cuda, n, hidden, None, first, eps)?;
+                Some(g)
+            }
+            None => None,
+        };
+        let (cos, sin) = if glue.is_none() {
+            let pos = Tensor::from_vec(positions, n, dev)?;
+            (
+                self.cos.index_select(&pos, 0)?,
+                self.sin.index_select(&pos, 0)?,
+            )
+        } else {
+            (self.cos.clone(), self.sin.clone())
+        };
+
+        // A batch of decode rows only, with bf16 products: the combine writes the output
+        // projection's bf16 operand itself.
+        let bf16_attn =
+            prefills.is_empty() && glue.as_ref().is_some_and(|g| g.dtype == DType::BF16);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let stack = self.device_stacks.get(l);
+            let q = match (glue.as_mut(), stack) {
+                (Some(g), Some(st)) => {
+                    let h =
+                        g.h.take()
+                            .ok_or_else(|| dev_err("the glue lost its layer input"))?;
+                    let qkv = h.matmul(&st.qkv.t()?)?;
+                    let tier = store
+                        .hot_mut()
+                        .cuda_mut()
+                        .ok_or_else(|| dev_err("the hot tier left the device"))?;
+                    let [mut kc, mut vc, mut kn, mut vn] = tier.layer_mut(l)?;
+                    let (qkv_h, cos_h, sin_h) = (hold(&qkv)?, hold(&self.cos)?, hold(&self.sin)?);
+                    let means_h = means.as_ref().map(hold).transpose()?;
+                    let key_mean = match &means_h {
+                        Some(m) => {
+                            let w = kv_heads * d;
+                            Some(m.view::<f32>()?.slice(l * w..(l + 1) * w))
+                        }
+                        None => None,
+                    };
+                    let a = QkvGlue {
+                        qkv: qkv_h.act()?,
+                        n,
+                        heads,
+                        kv_heads,
+                        positions: g.positions.slice(..),
+                        cos: cos_h.view()?,
+                        sin: sin_h.view()?,
+                        key_mean,
+                        dst: dst.slice(..),
+                        table_positions: self.cos.dim(0)?,
+                    };
+                    let qb = kernels.qkv_rope_encode(&a, [&mut kc, &mut vc, &mut kn, &mut vn])?;
+                    tensor(qb, cuda, (n, heads * d)).reshape((n, heads, d))?
+                }
+                _ => self.qkv_candle(
+                    store,
+                    &kernels,
+                    (&x, layer, stack, l),
+                    (&cos, &sin),
+                    means.as_ref(),
+                    &dst,
+                    n,
+                )?,
             };
-            if let Some(m) = &means {
-                k = k.broadcast_sub(&m.get(l)?)?;
-            }
-            {
-                let tier = store
-                    .hot_mut()
-                    .cuda_mut()
-                    .ok_or_else(|| dev_err("the hot tier left the device"))?;
-                let [mut kc, mut vc, mut kn, mut vn] = tier.layer_mut(l)?;
-                with_view(&k, |kv| {
-                    Ok(kernels.encode(&kv, n * kv_heads, &dst, &mut kc, &mut kn)?)
-                })?;
-                with_view(&v, |vv| {
-                    Ok(kernels.encode(&vv, n * kv_heads, &dst, &mut vc, &mut vn)?)
-                })?;
-            }
             let tier = store
                 .hot()
                 .cuda()
                 .ok_or_else(|| dev_err("the hot tier left the device"))?;
             let planes = tier.layer(l)?;
+
+            // One product for q, k and v; RoPE on q and k at once, in place of layout.
 
             let dec_out = match decode.as_mut() {
                 Some((tables, lens, rows, work)) => {
@@ -388,8 +621,7 @@ impl Llama {
                     } else {
                         q.index_select(rows, 0)?
                     };
-                    let mut out = stream.alloc_zeros::<f32>(nd * heads * d).map_err(dev_err)?;
-                    with_view(&q_dec, |qv| {
+                    let out = with_view(&q_dec, |qv| {
                         let a = DecodeBatch {
                             q: qv,
                             heads,
@@ -403,18 +635,22 @@ impl Llama {
                             block_size: bs,
                             scale,
                         };
-                        match work {
-                            DecodeWork::Mma(w) => kernels.decode_attention_mma(
+                        Ok(match work {
+                            DecodeWork::Mma(w) => kernels.decode_attention_mma_out(
                                 &a,
                                 PageLayout::TokenMajor,
                                 w,
-                                &mut out,
+                                bf16_attn,
                             )?,
-                            DecodeWork::Fp32(w) => kernels.decode_attention(&a, w, &mut out)?,
-                        }
-                        Ok(())
+                            DecodeWork::Fp32(w) => {
+                                let mut out =
+                                    stream.alloc_zeros::<f32>(nd * heads * d).map_err(dev_err)?;
+                                kernels.decode_attention(&a, w, &mut out)?;
+                                ActBuf::F32(out)
+                            }
+                        })
                     })?;
-                    Some(tensor(out, cuda, (nd, heads * d)))
+                    Some(act_tensor(out, cuda, (nd, heads * d)))
                 }
                 None => None,
             };
@@ -489,10 +725,40 @@ impl Llama {
             } else {
                 Tensor::cat(&outs, 0)?
             };
-            x = match stack {
-                Some(st) => finish_stacked(layer, st, &x, &attn, eps)?,
-                None => layer.finish(&x, &attn, eps, 1)?,
-            };
+            match (glue.as_mut(), stack) {
+                (Some(g), Some(st)) => {
+                    let (Some(wo), Some(wd)) = (dense(&layer.wo), dense(&layer.w_down)) else {
+                        return Err(dev_err("a projection left the device's dense form"));
+                    };
+                    let o = attn.to_dtype(g.dtype)?.matmul(&wo.t()?)?;
+                    let h2 = glue_norm(
+                        &kernels,
+                        g,
+                        cuda,
+                        n,
+                        hidden,
+                        Some(&o),
+                        Some(&layer.ffn_norm),
+                        eps,
+                    )?
+                    .ok_or_else(|| dev_err("the glue's norm gave no output"))?;
+                    let gu = h2.matmul(&st.gate_up.t()?)?;
+                    let ff = gu.dim(1)? / 2;
+                    let act = {
+                        let gu_h = hold(&gu)?;
+                        kernels.swiglu(&gu_h.act()?, n, ff, g.dtype == DType::BF16)?
+                    };
+                    let down = act_tensor(act, cuda, (n, ff)).matmul(&wd.t()?)?;
+                    // The residual, and the next layer's normed input (none after the last).
+                    let next = self.layers.get(l + 1).map(|nl| &nl.attn_norm);
+                    g.h = glue_norm(&kernels, g, cuda, n, hidden, Some(&down), next, eps)?;
+                }
+                (_, Some(st)) => x = finish_stacked(layer, st, &x, &attn, eps)?,
+                (_, None) => x = layer.finish(&x, &attn, eps, 1)?,
+            }
+        }
+        if let Some(g) = glue {
+            x = tensor(g.x, cuda, (n, hidden));
         }
         let x = self.final_norm(&x, batch, dev)?;
         Ok(self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?)
