@@ -58,23 +58,12 @@ type SeededKernels = (u64, Arc<Tq4Kernels>);
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelCache(Arc<Mutex<Option<SeededKernels>>>);
 
-/// A contiguous f32 tensor's device memory as a view.
-fn view<'a>(slice: &'a CudaSlice<f32>, offset: usize, len: usize) -> CudaView<'a, f32> {
-    slice.slice(offset..offset + len)
-}
-
-/// Runs `f` over the device memory of `t` (made contiguous first).
+/// Runs `f` over the device memory of `t` (f32, made contiguous first).
 fn with_view<R>(
     t: &Tensor,
     f: impl FnOnce(CudaView<'_, f32>) -> EngineResult<R>,
 ) -> EngineResult<R> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cuda(cs) = &*storage else {
-        return Err(dev_err("a tensor of the CUDA forward is not on the device"));
-    };
-    let slice = cs.as_cuda_slice::<f32>()?;
-    f(view(slice, layout.start_offset(), t.elem_count()))
+    with_view_of::<f32, R>(t, f)
 }
 
 /// Runs `f` over the device memory of `t` as `T` (made contiguous first).
