@@ -276,6 +276,10 @@ pub struct ModelSection {
     /// to 2e-7 nats), `quantized` (blocks, f32 activations), `int8` (int8 activations,
     /// llama.cpp's numerics: fastest, moves answers) or `f32` (dequantized at load).
     pub weights: String,
+    /// How the projections are held and multiplied on a CUDA device: `bf16` (the default:
+    /// dequantized and rounded once at load, products through cuBLAS with f32 accumulation,
+    /// half the bytes a step) or `f32` (the CPU engine's numerics). Unused on the CPU.
+    pub device_weights: String,
     /// Share of the pin cap (a quarter of the hot tier) one tenant may hold pinned, in (0, 1].
     pub pin_tenant_share: f64,
     /// Tokens of context a turn's prompt and reply fit in (0: the model's own context; else at
@@ -339,6 +343,8 @@ impl ModelSection {
             step_tokens: self.step_tokens,
             threads: self.threads,
             weights: engram_engine::WeightFormat::parse(&self.weights).unwrap_or_default(),
+            device_weights: engram_engine::DeviceWeights::parse(&self.device_weights)
+                .unwrap_or_default(),
             pin_policy: engram_kvcore::PinPolicy {
                 tenant_share: self.pin_tenant_share,
                 ..engram_kvcore::PinPolicy::default()
@@ -367,6 +373,7 @@ impl Default for ModelSection {
             step_tokens: 32,
             threads: 0,
             weights: "int16".into(),
+            device_weights: "bf16".into(),
             pin_tenant_share: 0.5,
             context_tokens: 0,
             fault: String::new(),
@@ -524,6 +531,9 @@ impl Config {
         }
         if engram_engine::WeightFormat::parse(&self.model.weights).is_none() {
             return bad("model.weights", "one of quantized, int16, int8, f32");
+        }
+        if engram_engine::DeviceWeights::parse(&self.model.device_weights).is_none() {
+            return bad("model.device_weights", "bf16 or f32");
         }
         if self.model.threads > 1024 {
             return bad("model.threads", "must be 0 (one per CPU) to 1024");
@@ -696,6 +706,14 @@ mod tests {
         assert_eq!((named.codec, named.value_codec), (CodecKind::TQ4, None));
         let q8 = engine(vec![("ENGRAM__MODEL__CODEC", "q8")]);
         assert_eq!((q8.codec, q8.value_codec), (CodecKind::Q8, None));
+        // Device weights: bf16 unless the configuration asks for f32.
+        use engram_engine::DeviceWeights;
+        assert_eq!(cpu.device_weights, DeviceWeights::Bf16);
+        let f32_products = engine(vec![
+            ("ENGRAM__MODEL__DEVICE", "cuda"),
+            ("ENGRAM__MODEL__DEVICE_WEIGHTS", "f32"),
+        ]);
+        assert_eq!(f32_products.device_weights, DeviceWeights::F32);
     }
 
     #[test]
@@ -716,6 +734,11 @@ mod tests {
                 "model.kv_profile",
             ),
             ("ENGRAM__MODEL__WEIGHTS", "int4", "model.weights"),
+            (
+                "ENGRAM__MODEL__DEVICE_WEIGHTS",
+                "fp8",
+                "model.device_weights",
+            ),
             ("ENGRAM__MODEL__DOWN_TIER_KL", "-1", "model.down_tier_kl"),
             // Without a profile there is no sensitivity to pick the narrower codecs by.
             ("ENGRAM__MODEL__DOWN_TIER_KL", "0.05", "model.down_tier_kl"),
