@@ -1,13 +1,16 @@
 //! The forward pass on a CUDA device (feature `cuda`): the same API and the same arithmetic as
 //! the CPU path, with the KV hot tier in VRAM.
 //!
-//! - Projections, RoPE, norms and the MLP are candle ops on the model's device.
-//! - New K/V rows are written into their blocks by `tq4_encode` (one launch each for K and V
-//!   per layer), straight from the projection's output.
+//! - The four products of a layer (q/k/v and gate/up stacked) are candle matmuls (cuBLAS).
+//! - Around them, where every projection is dense on the device, the fused glue of
+//!   `engram-kernels` (`glue.cu`): residual + RMSNorm writing the next product's operand, RoPE +
+//!   key centering + the TQ4 encode of the new K and V rows into their blocks (one launch, from
+//!   the q/k/v product), SwiGLU. Otherwise (or with `ENGRAM_CUDA_GLUE=candle`) norms, RoPE and
+//!   the MLP are candle ops and `tq4_encode` writes K and V (one launch each per layer).
 //! - Decode tokens of the whole batch attend in one launch per layer, over their block tables,
 //!   from the packed codes: the tensor-core kernel (`tq4_decode_mma`, work items planned once
 //!   per forward) on 16-position blocks, the FP32 kernel (`tq4_decode_attention`) otherwise;
-//!   then one combine launch.
+//!   then one combine launch (writing the output product's bf16 operand when it can).
 //! - A prefill chunk attends causally over its context's codes on tensor cores
 //!   (`tq4_prefill_mma`: each 64-position tile dequantized once into shared memory for all of
 //!   the CTA's query rows) on 16-position blocks; with other block sizes it decodes the rows of
