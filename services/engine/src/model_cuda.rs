@@ -536,14 +536,18 @@ impl Llama {
             }
             None => None,
         };
-        let (cos, sin) = if glue.is_none() {
+        // What the layers read besides their weights: for the glue, the RoPE tables and the
+        // key means held once for every layer; for candle ops, the batch's cos/sin rows.
+        let (held, rows) = if glue.is_some() {
+            let means_h = means.as_ref().map(hold).transpose()?;
+            (Some((hold(&self.cos)?, hold(&self.sin)?, means_h)), None)
+        } else {
             let pos = Tensor::from_vec(positions, n, dev)?;
-            (
+            let rows = (
                 self.cos.index_select(&pos, 0)?,
                 self.sin.index_select(&pos, 0)?,
-            )
-        } else {
-            (self.cos.clone(), self.sin.clone())
+            );
+            (None, Some(rows))
         };
 
         // A batch of decode rows only, with bf16 products: the combine writes the output
@@ -563,9 +567,11 @@ impl Llama {
                         .cuda_mut()
                         .ok_or_else(|| dev_err("the hot tier left the device"))?;
                     let [mut kc, mut vc, mut kn, mut vn] = tier.layer_mut(l)?;
-                    let (qkv_h, cos_h, sin_h) = (hold(&qkv)?, hold(&self.cos)?, hold(&self.sin)?);
-                    let means_h = means.as_ref().map(hold).transpose()?;
-                    let key_mean = match &means_h {
+                    let (cos_h, sin_h, means_h) = held
+                        .as_ref()
+                        .ok_or_else(|| dev_err("the glue's tables are not held"))?;
+                    let qkv_h = hold(&qkv)?;
+                    let key_mean = match means_h {
                         Some(m) => {
                             let w = kv_heads * d;
                             Some(m.view::<f32>()?.slice(l * w..(l + 1) * w))
@@ -587,15 +593,20 @@ impl Llama {
                     let qb = kernels.qkv_rope_encode(&a, [&mut kc, &mut vc, &mut kn, &mut vn])?;
                     tensor(qb, cuda, (n, heads * d)).reshape((n, heads, d))?
                 }
-                _ => self.qkv_candle(
-                    store,
-                    &kernels,
-                    (&x, layer, stack, l),
-                    (&cos, &sin),
-                    means.as_ref(),
-                    &dst,
-                    n,
-                )?,
+                _ => {
+                    let (cos, sin) = rows
+                        .as_ref()
+                        .ok_or_else(|| dev_err("the batch's RoPE rows are missing"))?;
+                    self.qkv_candle(
+                        store,
+                        &kernels,
+                        (&x, layer, stack, l),
+                        (cos, sin),
+                        means.as_ref(),
+                        &dst,
+                        n,
+                    )?
+                }
             };
             let tier = store
                 .hot()
