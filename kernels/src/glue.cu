@@ -1,5 +1,6 @@
 // Layer glue of the CUDA forward, fused: what candle did in ~28 launches a decoder layer
-// (norms, casts, RoPE, key centering, encode, SwiGLU, residuals) in four. Compiled in one NVRTC
+// (norms, casts, RoPE, key centering, encode, SwiGLU, residuals) in four; and the few-row bf16
+// product of decode steps (gemv_bf16). Compiled in one NVRTC
 // module with tq4.cu (same defines; encode_warp, fwht_warp and the f16/bf16 helpers come from
 // there).
 // Activations that feed a matrix product (and the products' outputs) are f32 or bf16: a flag per
@@ -178,4 +179,80 @@ extern "C" __global__ void __launch_bounds__(256) glue_swiglu(
     const float g = load_act(gu, r * 2 * ff + j, gu_bf16);
     const float u = load_act(gu, r * 2 * ff + ff + j, gu_bf16);
     store_act(act, r * ff + j, g / (1.0f + expf(-g)) * u, act_bf16);
+}
+
+// y[r, j] = sum_i x[r, i] . w[j, i] for the few rows of a decode step (n <= GEMV_ROWS): the
+// products' weights read once at the memory's pace, where cuBLAS's small-N kernels reach
+// 2.5–3.9 TB/s of the H200's 4.5. bf16 in (x [n, k], w [m, k], both row-major), products exact
+// in f32, sums in f32, y [n, m] rounded to bf16 (nearest even). One warp per output column j,
+// GEMV_WARPS a CTA; each lane reads 16-byte words of w's row (8 values) four at a time, so that
+// 2 KB per warp are in flight (a scalar loop instead when k is not a multiple of 8 or a pointer
+// not 16-byte aligned); x comes through the read-only cache (every warp of the grid reads it).
+#define GEMV_ROWS 4
+#define GEMV_WARPS 8
+
+__device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b, float acc) {
+    const unsigned int aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        acc = fmaf(__uint_as_float(aw[i] << 16), __uint_as_float(bw[i] << 16), acc);
+        acc = fmaf(__uint_as_float(aw[i] & 0xffff0000u), __uint_as_float(bw[i] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+
+// gemv_bf16's 16-byte path: lane's share of row j of w against the n rows of x, into acc.
+__device__ __forceinline__ void gemv_words(const unsigned short* __restrict__ x, int n, int k,
+                                           const unsigned short* __restrict__ w, int j, int lane,
+                                           float (&acc)[GEMV_ROWS]) {
+    const int words = k >> 3;
+    const uint4* wr = (const uint4*)(w + (size_t)j * k);
+    const uint4* xr = (const uint4*)x;
+    int i = lane;
+    for (; i + 3 * WARP < words; i += 4 * WARP) {
+        uint4 wv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) wv[u] = ldg_u128(wr + i + u * WARP);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            if (r < n) {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    acc[r] = dot8_bf16(wv[u], __ldg(xr + (size_t)r * words + i + u * WARP), acc[r]);
+            }
+        }
+    }
+    for (; i < words; i += WARP) {
+        const uint4 wv = ldg_u128(wr + i);
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++)
+            if (r < n) acc[r] = dot8_bf16(wv, __ldg(xr + (size_t)r * words + i), acc[r]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP) gemv_bf16(
+    const unsigned short* __restrict__ x, int n, int k, const unsigned short* __restrict__ w,
+    int m, unsigned short* __restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    const int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (j >= m) return;
+    float acc[GEMV_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (((k & 7) | (int)(((size_t)x | (size_t)w) & 15)) != 0) {
+        for (int i = lane; i < k; i += WARP) {
+            const float wv = bf16_to_f32(w[(size_t)j * k + i]);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++)
+                if (r < n) acc[r] = fmaf(bf16_to_f32(x[(size_t)r * k + i]), wv, acc[r]);
+        }
+    } else {
+        gemv_words(x, n, k, w, j, lane, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        if (r < n) {
+            float v = acc[r];
+            for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) y[(size_t)r * m + j] = f32_to_bf16(v);
+        }
+    }
 }

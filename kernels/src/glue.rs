@@ -1,5 +1,5 @@
 //! The fused layer glue's arithmetic on the CPU (`glue.cu`): residual + RMSNorm, half-split
-//! RoPE with key centering, SwiGLU, and bf16 rounding. `engram-gpu-check` compares the kernels
+//! RoPE with key centering, SwiGLU, bf16 rounding, and the few-row bf16 product (`gemv_bf16`). `engram-gpu-check` compares the kernels
 //! with these; the engine's tests check that these are the CPU engine's own ops.
 
 /// Rounds to the nearest bf16, ties to even (what `cvt.rn.bf16.f32` and candle's casts do), as
@@ -60,9 +60,62 @@ pub fn swiglu(gu: &[f32], ff: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Rows a `gemv_bf16` launch takes (`GEMV_ROWS`): decode steps of up to this many tokens.
+pub const GEMV_MAX_ROWS: usize = 4;
+
+/// `y[r, j] = Σᵢ x[r, i] · w[j, i]` for `x` `[n, k]` and `w` `[m, k]` (bf16 values as f32),
+/// summed in f64: `[n, m]`, unrounded. The kernel sums in f32 in another order and rounds to
+/// bf16, so it is within one bf16 step of this (plus f32 summation error, ~k · 2⁻²⁴ of the
+/// magnitudes).
+pub fn gemv(x: &[f32], n: usize, k: usize, w: &[f32], m: usize) -> Vec<f64> {
+    let mut y = Vec::with_capacity(n * m);
+    for r in 0..n {
+        let xr = &x[r * k..(r + 1) * k];
+        for j in 0..m {
+            let wr = &w[j * k..(j + 1) * k];
+            y.push(
+                xr.iter()
+                    .zip(wr)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum(),
+            );
+        }
+    }
+    y
+}
+
+/// The distance from `exact` to the next bf16 value away from zero (one bf16 step at that
+/// magnitude): the bound on `gemv_bf16`'s rounding.
+pub fn bf16_step(exact: f64) -> f64 {
+    let a = exact.abs() as f32;
+    if a == 0.0 || !a.is_finite() {
+        return f64::from(f32::MIN_POSITIVE);
+    }
+    let e = a.log2().floor();
+    f64::from(2f32.powf(e - 7.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemv_is_the_row_by_row_dot_product() {
+        // x = [[1, 2], [3, -1]], w = [[1, 0], [0.5, 4], [2, 2]]
+        let y = gemv(
+            &[1.0, 2.0, 3.0, -1.0],
+            2,
+            2,
+            &[1.0, 0.0, 0.5, 4.0, 2.0, 2.0],
+            3,
+        );
+        assert_eq!(y, vec![1.0, 8.5, 6.0, 3.0, -2.5, 4.0]);
+        // bf16 keeps 8 significant bits: one step at 1.0 is 2^-7, at 6.0 it is 2^-5.
+        assert_eq!(bf16_step(1.0), 1.0 / 128.0);
+        assert_eq!(bf16_step(-6.0), 1.0 / 32.0);
+        assert_eq!(round_bf16(6.0 + 1.0 / 32.0), 6.0 + 1.0 / 32.0);
+        assert_eq!(round_bf16(6.0 + 1.0 / 128.0), 6.0);
+    }
 
     #[test]
     fn bf16_rounding_is_to_nearest_even() {

@@ -37,6 +37,7 @@ pub struct Tq4Kernels {
     glue_norm: CudaFunction,
     glue_qkv: CudaFunction,
     glue_swiglu: CudaFunction,
+    gemv: CudaFunction,
     sms: usize,
     max_shared: usize,
     signs: CudaSlice<f32>,
@@ -137,7 +138,7 @@ fn push_batch<'a>(
 pub const MMA_WARPS: usize = 8;
 /// CTAs of the tensor-core kernel resident per SM.
 pub const MMA_CTAS_PER_SM: usize = 2;
-const LUT_BYTES: usize = 256 * 64 * 4;
+const LUT_BYTES: usize = crate::mma::PAIR_TABLE_BYTES;
 
 /// How the tensor-core kernel's CTAs are cut for `kv_heads` KV heads: `(items per CTA, warps
 /// per item)`.
@@ -259,6 +260,7 @@ impl Tq4Kernels {
             glue_norm: f("glue_add_rms_norm")?,
             glue_qkv: f("glue_qkv_rope_encode")?,
             glue_swiglu: f("glue_swiglu")?,
+            gemv: f("gemv_bf16")?,
             mma,
             prefill,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
@@ -669,6 +671,13 @@ impl Tq4Kernels {
         .result()
         .map_err(driver)?;
         Ok(())
+    }
+
+    /// Whether this card's shared memory holds the prefill kernel's CTA (149 KB at head_dim 128:
+    /// H100, H200 and A100 do; a card with less attends prefill through decoded rows).
+    pub fn prefill_fits(&self) -> bool {
+        crate::prefill::prefill_shared_bytes(self.group, self.prefill_query_tiles, self.head_dim)
+            <= self.max_shared
     }
 
     /// Causal prefill attention of one sequence's chunk on tensor cores (`tq4_prefill_mma`):

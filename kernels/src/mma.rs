@@ -24,6 +24,9 @@ pub const LAZY: f32 = 8.0;
 /// `VSCALE` of the kernel: value norms are scaled by 2^-6 before `P·‖v‖` is rounded to f16, so
 /// norms up to 16,380 stay finite with `P ≤ 2^LAZY`.
 pub const VSCALE: f32 = 1.0 / 64.0;
+/// Shared memory of the kernels' pair table (`LUT_WORDS`): 256 byte values × 64 words, word
+/// `byte · 64 + lane` = the two f16 centroids of that byte, so each lane reads its own copy.
+pub const PAIR_TABLE_BYTES: usize = 256 * 64 * 4;
 
 type Warp<T> = [T; 32];
 

@@ -31,14 +31,15 @@ pub fn prefill_warps(group: usize, query_tiles: usize) -> usize {
 }
 
 /// Dynamic shared memory of one CTA: two sets of key and value tiles in f16 (or, aliasing them,
-/// each warp's 16 rotated rows, whichever is larger), the codebook, three sets of norms and two
-/// sets of raw codes staged by `cp.async` two tiles ahead.
+/// each warp's 16 rotated rows, whichever is larger), three sets of norms, two sets of raw codes
+/// staged by `cp.async` two tiles ahead, and the 64 KB pair table (as the decode kernel's).
 pub fn prefill_shared_bytes(group: usize, query_tiles: usize, head_dim: usize) -> usize {
-    // Two sets of f16 key and value tiles (or the warps' rotated rows, aliasing them), the
-    // codebook, three sets of norms and two sets of raw codes.
     let tiles = 2 * 2 * PREFILL_KEYS * head_dim * 2;
     let rot = prefill_warps(group, query_tiles) * 16 * head_dim * 4;
-    tiles.max(rot) + 16 * 4 + 3 * 2 * PREFILL_KEYS * 4 + 2 * 2 * PREFILL_KEYS * head_dim / 2
+    tiles.max(rot)
+        + 3 * 2 * PREFILL_KEYS * 4
+        + 2 * 2 * PREFILL_KEYS * head_dim / 2
+        + crate::mma::PAIR_TABLE_BYTES
 }
 
 fn round(x: f32) -> f32 {
@@ -122,9 +123,10 @@ pub fn prefill_tiles(
                 for (row, s) in scores {
                     let e = (s - mx).exp2();
                     l += e;
-                    let (w, vn) = (round(e), norm(planes.v_norms, row) * VSCALE);
+                    let (w, vn) = (round(e), round(norm(planes.v_norms, row) * VSCALE));
                     for (k, x) in o.iter_mut().enumerate() {
-                        *x += w * round(t.codebook[code(planes.v_codes, row, k)] * vn);
+                        // f16 centroid times f16 scale: exact in f32, then one rounding.
+                        *x += w * round(round(t.codebook[code(planes.v_codes, row, k)]) * vn);
                     }
                 }
                 t0 += PREFILL_KEYS;
@@ -257,11 +259,17 @@ mod tests {
         assert_eq!(shape(4), (2, 8));
         assert_eq!(shape(8), (1, 8));
         // 8 warps × 16 rows × 128 dims × 4 bytes beats the 32 KB of tiles; 6 × 16 × 64 × 4
-        // beats 2 × 64 × 64 × 2; 4 × 16 × 128 × 4 equals 2 × 64 × 128 × 2. Then the codebook
-        // (64 bytes), 128 staged norms (512) and 128 staged code rows.
-        assert_eq!(prefill_shared_bytes(8, 1, 128), 65536 + 64 + 1536 + 16384);
-        assert_eq!(prefill_shared_bytes(3, 2, 64), 32768 + 64 + 1536 + 8192);
-        assert_eq!(prefill_shared_bytes(4, 1, 128), 65536 + 64 + 1536 + 16384);
+        // beats 2 × 64 × 64 × 2; 4 × 16 × 128 × 4 equals 2 × 64 × 128 × 2. Then three sets of
+        // 128 norms, two sets of 128 raw code rows and the pair table.
+        assert_eq!(
+            prefill_shared_bytes(8, 1, 128),
+            65536 + 1536 + 16384 + 65536
+        );
+        assert_eq!(prefill_shared_bytes(3, 2, 64), 32768 + 1536 + 8192 + 65536);
+        assert_eq!(
+            prefill_shared_bytes(4, 1, 128),
+            65536 + 1536 + 16384 + 65536
+        );
         let codec =
             Codec::new(CodecKind::TurboQuant { bits: 4 }, 64, DEFAULT_ROTATION_SEED).unwrap();
         let planes = Planes::empty(1, PAGE);

@@ -436,6 +436,13 @@ __device__ __forceinline__ void mma16816(float* d, unsigned int a0, unsigned int
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Two f16 products, each rounded once (round to nearest even).
+__device__ __forceinline__ unsigned int hmul2(unsigned int a, unsigned int b) {
+    unsigned int r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 __device__ __forceinline__ unsigned int movmatrix_t(unsigned int x) {
     unsigned int r;
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
@@ -850,16 +857,17 @@ extern "C" __global__ void read_stream(const uint4* __restrict__ p, unsigned lon
 // 128 query rows), warp w holding the 16 positions of query tile w / GROUP for query head
 // w % GROUP (its rows, the A operand). Key/value positions go through shared memory PF_KT at a
 // time: the tile's raw codes arrive by cp.async two tiles ahead, then all warps dequantize it
-// once into one of two sets (warps that finish computing tile t dequantize tile t + 1 while
-// others still compute; one barrier a tile) (codes through the 16-entry codebook to f16, value
-// rows times their norm . VSCALE; key norms kept apart in f32) into row-major [pos][dim] tiles
-// whose 16-byte chunks are XOR-swizzled by the row, so that every ldmatrix is conflict-free;
-// then every warp computes
+// once into one of two sets of f16 tiles (warps that finish computing tile t dequantize tile
+// t + 1 while others still compute; one barrier a tile): each code byte through the pair table
+// of tq4_decode_mma (two f16 centroids), value pairs times f16(norm . VSCALE) (one rounding),
+// key norms kept apart in f32, into row-major [pos][dim] tiles whose 16-byte chunks are
+// XOR-swizzled by the row, so that every ldmatrix is conflict-free; then every warp computes
 //   S[16 x PF_KT] = Q[16 x HEAD_DIM] . K^T     (B fragments by ldmatrix from [pos][dim])
 //   O[16 x HEAD_DIM] += P[16 x PF_KT] . V       (B fragments by ldmatrix.trans; P straight from
 //                                                the S accumulators, rounded to f16)
 // with an online softmax in the log2 domain (queries pre-scaled by rot_scale . scale . log2 e,
-// S columns times their key norm, causal mask by position). Queries are rotated into the
+// S columns times their key norm, the causal mask only on tiles that reach the warp's rows, the
+// accumulators rescaled only when a row's maximum moves). Queries are rotated into the
 // codebook's space on entry and outputs rotated back on exit through shared memory that
 // aliases the tiles. The CPU emulation of this tile formulation (same roundings, same tile
 // order) is `prefill::prefill_tiles`; CI runs it against kvcore's dense reference.
@@ -900,14 +908,14 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     const int n_warps = blockDim.x >> 5;
     const int pf_qp = 16 * qtiles;
     // Two sets of f16 tiles (tile t in set t % 2), or (aliasing them) each warp's 16 rotated
-    // rows; then the codebook, three sets of norms (keys, then values; tile t in set t % 3) and
-    // two sets of raw codes (keys, then values; tile t in set t % 2), staged by cp.async two
-    // tiles ahead.
+    // rows; then three sets of norms (keys, then values; tile t in set t % 3), two sets of raw
+    // codes (keys, then values; tile t in set t % 2) staged by cp.async two tiles ahead, and
+    // the 64 KB pair table.
     const int rot_bytes = n_warps * 16 * HEAD_DIM * 4;
     const int main_bytes = 4 * PF_TILE_BYTES > rot_bytes ? 4 * PF_TILE_BYTES : rot_bytes;
-    float* cb_s = (float*)(sm + main_bytes);
-    float* norms_s = cb_s + 16;
+    float* norms_s = (float*)(sm + main_bytes);
     unsigned char* raws_s = (unsigned char*)(norms_s + 3 * 2 * PF_KT);
+    const char* lut = (const char*)(raws_s + 2 * 2 * PF_KT * CODE_BYTES);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, c = lane & 3;
     const int g = blockIdx.y;
@@ -916,7 +924,14 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     const int i0 = blockIdx.x * pf_qp + qt * 16;  // the warp's first query (index in the chunk)
     const int cta_last = min(m, (int)(blockIdx.x + 1) * pf_qp);
     const int kend = start + cta_last;  // keys 0 .. kend
-    if (tid < 16) cb_s[tid] = codebook[tid];
+    // The pair table (as tq4_decode_mma's): word byte . 64 + lane = half2(codebook[byte & 15],
+    // codebook[byte >> 4]), one copy per lane, so that a lookup is conflict-free.
+    for (int i = tid; i < LUT_WORDS / 8; i += blockDim.x) {
+        const int idx = i >> 3;
+        const unsigned int v = pack_half2(codebook[idx & 15], codebook[idx >> 4]);
+        *(uint4*)(lut + 4 * (idx * 64 + (i & 7) * 4)) = make_uint4(v, v, v, v);
+    }
+    const unsigned int lane4 = (unsigned int)lane << 2;
 
     // Rotate the warp's 16 query rows into the codebook's space (shared memory aliasing the
     // tiles), then keep them as A fragments, scaled and rounded to f16.
@@ -955,56 +970,64 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     const int hrow = g * head_stride;
 
     // Stages tile t0 into raw set `set`: its raw key and value codes by cp.async (16 bytes a
-    // copy, one group), its norms into `pend` (one per thread of the first 2 . PF_KT; the host
-    // keeps >= 4 warps).
-    float pend = 0.0f;
+    // copy, one group), its norms' bits into `pend` (one per thread of the first 2 . PF_KT; the
+    // host keeps >= 4 warps), converted only when stored, so no thread waits on the load here.
+    unsigned short pend = 0;
+    const int n_threads = n_warps * WARP;
     auto stage = [&](int t0, int set) {
         unsigned char* raw_s = raws_s + set * 2 * PF_KT * CODE_BYTES;
-        for (int it = tid; it < 2 * PF_KT * (CODE_BYTES / 16); it += n_warps * WARP) {
-            const bool is_v = it >= PF_KT * (CODE_BYTES / 16);
-            const int e = is_v ? it - PF_KT * (CODE_BYTES / 16) : it;
-            const int j = e / (CODE_BYTES / 16), c16 = e % (CODE_BYTES / 16);
-            const int p = t0 + j;
+        for (unsigned int e = tid; e < PF_KT * (CODE_BYTES / 16); e += n_threads) {
+            const unsigned int j = e / (CODE_BYTES / 16), c16 = e % (CODE_BYTES / 16);
+            const int p = t0 + (int)j;
             if (p < kend) {
                 const size_t row = (size_t)table[p / PAGE] * page_rows + (p % PAGE) * pos_stride + hrow;
-                const unsigned char* src = (is_v ? v_codes : k_codes) + row * CODE_BYTES + 16 * c16;
-                const unsigned int dst = smem_u32(raw_s + (is_v ? PF_KT * CODE_BYTES : 0) +
-                                                  j * CODE_BYTES + 16 * c16);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+                const size_t src = row * CODE_BYTES + 16 * c16;
+                const unsigned int dst = smem_u32(raw_s + j * CODE_BYTES + 16 * c16);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(k_codes + src));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + PF_KT * CODE_BYTES),
+                             "l"(v_codes + src));
             }
         }
         asm volatile("cp.async.commit_group;");
         if (tid < 2 * PF_KT) {
             const int j = tid % PF_KT, p = t0 + j;
-            pend = 0.0f;
+            pend = 0;
             if (p < kend) {
                 const size_t row = (size_t)table[p / PAGE] * page_rows + (p % PAGE) * pos_stride + hrow;
-                pend = f16_to_f32(tid < PF_KT ? k_norms[row] : v_norms[row]);
+                pend = tid < PF_KT ? k_norms[row] : v_norms[row];
             }
         }
     };
-    // Dequantizes tile t (starting at position t1) from its raw set into its f16 tiles:
-    // PF_KT positions x PF_CHUNKS chunks, keys then values.
+    // Dequantizes tile t (starting at position t1) from its raw set into its f16 tiles, a key
+    // chunk and the value chunk at the same place per step: each code byte through the pair
+    // table (two f16 centroids), value pairs times f16(norm . VSCALE) (one rounding).
     auto dequant = [&](int t, int t1) {
         const unsigned char* raw_s = raws_s + (t & 1) * 2 * PF_KT * CODE_BYTES;
         const float* nrm = norms_s + (t % 3) * 2 * PF_KT;
         unsigned char* kt_s = sm + (t & 1) * 2 * PF_TILE_BYTES;
         unsigned char* vt_s = kt_s + PF_TILE_BYTES;
-        for (int it = tid; it < 2 * PF_KT * PF_CHUNKS; it += n_warps * WARP) {
-            const bool is_v = it >= PF_KT * PF_CHUNKS;
-            const int e = is_v ? it - PF_KT * PF_CHUNKS : it;
-            const int j = e / PF_CHUNKS, ch = e % PF_CHUNKS;
-            uint4 w = make_uint4(0u, 0u, 0u, 0u);
-            if (t1 + j < kend) {
-                const unsigned int bits = *(const unsigned int*)(raw_s + (is_v ? PF_KT * CODE_BYTES : 0) +
-                                                                 j * CODE_BYTES + 4 * ch);
-                const float f = is_v ? nrm[PF_KT + j] * VSCALE : 1.0f;
-                w.x = pack_half2(cb_s[bits & 15u] * f, cb_s[(bits >> 4) & 15u] * f);
-                w.y = pack_half2(cb_s[(bits >> 8) & 15u] * f, cb_s[(bits >> 12) & 15u] * f);
-                w.z = pack_half2(cb_s[(bits >> 16) & 15u] * f, cb_s[(bits >> 20) & 15u] * f);
-                w.w = pack_half2(cb_s[(bits >> 24) & 15u] * f, cb_s[bits >> 28] * f);
+#pragma unroll 4
+        for (unsigned int e = tid; e < PF_KT * PF_CHUNKS; e += n_threads) {
+            const unsigned int j = e / PF_CHUNKS, ch = e % PF_CHUNKS;
+            uint4 wk = make_uint4(0u, 0u, 0u, 0u), wv = wk;
+            if (t1 + (int)j < kend) {
+                const unsigned int kb = *(const unsigned int*)(raw_s + j * CODE_BYTES + 4 * ch);
+                const unsigned int vb =
+                    *(const unsigned int*)(raw_s + PF_KT * CODE_BYTES + j * CODE_BYTES + 4 * ch);
+                const float f = nrm[PF_KT + j] * VSCALE;
+                const unsigned int f2 = pack_half2(f, f);
+                wk.x = PAIR(lut, kb, 0, lane4);
+                wk.y = PAIR(lut, kb, 1, lane4);
+                wk.z = PAIR(lut, kb, 2, lane4);
+                wk.w = PAIR(lut, kb, 3, lane4);
+                wv.x = hmul2(PAIR(lut, vb, 0, lane4), f2);
+                wv.y = hmul2(PAIR(lut, vb, 1, lane4), f2);
+                wv.z = hmul2(PAIR(lut, vb, 2, lane4), f2);
+                wv.w = hmul2(PAIR(lut, vb, 3, lane4), f2);
             }
-            *(uint4*)((is_v ? vt_s : kt_s) + pf_off(j, ch)) = w;
+            const int off = pf_off((int)j, (int)ch);
+            *(uint4*)(kt_s + off) = wk;
+            *(uint4*)(vt_s + off) = wv;
         }
     };
     // One barrier a tile: in iteration t every warp computes tile t, then dequantizes tile
@@ -1012,14 +1035,14 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     // flight meanwhile); the barrier at the top of iteration t + 1 orders both.
     stage(0, 0);
     asm volatile("cp.async.wait_group 0;" ::: "memory");
-    if (tid < 2 * PF_KT) norms_s[tid] = pend;
+    if (tid < 2 * PF_KT) norms_s[tid] = f16_to_f32(pend);
     __syncthreads();
     if (PF_KT < kend) stage(PF_KT, 1);
     dequant(0, 0);
     for (int t = 0, t0 = 0; t0 < kend; t++, t0 += PF_KT) {
         // Tile t + 1's codes (this thread's copies) and norms.
         asm volatile("cp.async.wait_group 0;" ::: "memory");
-        if (tid < 2 * PF_KT) norms_s[((t + 1) % 3) * 2 * PF_KT + tid] = pend;
+        if (tid < 2 * PF_KT) norms_s[((t + 1) % 3) * 2 * PF_KT + tid] = f16_to_f32(pend);
         __syncthreads();
         // Tile t's raw set is free (dequantized before the barrier): stage tile t + 2 there.
         if (t0 + 2 * PF_KT < kend) stage(t0 + 2 * PF_KT, t & 1);
@@ -1041,17 +1064,33 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
                              b[2], b[3]);
                 }
             }
+            // A tile wholly before the warp's first row (every key precedes every query of the
+            // warp) needs no causal mask, and its rows' maxima are finite: no -inf guards.
+            const bool full = t0 + PF_KT - 1 <= start + i0;
             float x0 = NEG_INF, x1 = NEG_INF;
+            if (full) {
 #pragma unroll
-            for (int n = 0; n < PF_KT / 8; n++) {
-                const int pa = t0 + n * 8 + 2 * c, pb = pa + 1;
-                const float ka = kn_s[n * 8 + 2 * c], kb = kn_s[n * 8 + 2 * c + 1];
-                s[n][0] = pa <= qp0 ? s[n][0] * ka : NEG_INF;
-                s[n][1] = pb <= qp0 ? s[n][1] * kb : NEG_INF;
-                s[n][2] = pa <= qp1 ? s[n][2] * ka : NEG_INF;
-                s[n][3] = pb <= qp1 ? s[n][3] * kb : NEG_INF;
-                x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
-                x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
+                for (int n = 0; n < PF_KT / 8; n++) {
+                    const float2 kk2 = *(const float2*)(kn_s + n * 8 + 2 * c);
+                    s[n][0] *= kk2.x;
+                    s[n][1] *= kk2.y;
+                    s[n][2] *= kk2.x;
+                    s[n][3] *= kk2.y;
+                    x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
+                    x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
+                }
+            } else {
+#pragma unroll
+                for (int n = 0; n < PF_KT / 8; n++) {
+                    const int pa = t0 + n * 8 + 2 * c, pb = pa + 1;
+                    const float2 kk2 = *(const float2*)(kn_s + n * 8 + 2 * c);
+                    s[n][0] = pa <= qp0 ? s[n][0] * kk2.x : NEG_INF;
+                    s[n][1] = pb <= qp0 ? s[n][1] * kk2.y : NEG_INF;
+                    s[n][2] = pa <= qp1 ? s[n][2] * kk2.x : NEG_INF;
+                    s[n][3] = pb <= qp1 ? s[n][3] * kk2.y : NEG_INF;
+                    x0 = fmaxf(x0, fmaxf(s[n][0], s[n][1]));
+                    x1 = fmaxf(x1, fmaxf(s[n][2], s[n][3]));
+                }
             }
 #pragma unroll
             for (int off = 1; off < 4; off <<= 1) {
@@ -1059,31 +1098,47 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
                 x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, off));
             }
             const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-            // A row with nothing valid yet keeps m = -inf: its factors and weights are 0.
-            const float f0 = n0 == NEG_INF ? 1.0f : fast_exp2(m0 - n0);
-            const float f1 = n1 == NEG_INF ? 1.0f : fast_exp2(m1 - n1);
+            // The accumulators are rescaled only when some row's maximum moved (a factor of
+            // exactly 1 otherwise: skipping it changes no bit).
+            if (!__all_sync(0xffffffffu, n0 == m0 && n1 == m1)) {
+                // A row with nothing valid yet keeps m = -inf: its factors and weights are 0.
+                const float f0 = n0 == NEG_INF ? 1.0f : fast_exp2(m0 - n0);
+                const float f1 = n1 == NEG_INF ? 1.0f : fast_exp2(m1 - n1);
+                l0 *= f0;
+                l1 *= f1;
+#pragma unroll
+                for (int n = 0; n < HEAD_DIM / 8; n++) {
+                    o[n][0] *= f0;
+                    o[n][1] *= f0;
+                    o[n][2] *= f1;
+                    o[n][3] *= f1;
+                }
+            }
             m0 = n0;
             m1 = n1;
-            l0 *= f0;
-            l1 *= f1;
-#pragma unroll
-            for (int n = 0; n < HEAD_DIM / 8; n++) {
-                o[n][0] *= f0;
-                o[n][1] *= f0;
-                o[n][2] *= f1;
-                o[n][3] *= f1;
-            }
             unsigned int pa[PF_KT / 16][4];
+            if (full) {
 #pragma unroll
-            for (int n = 0; n < PF_KT / 8; n++) {
-                const float e0 = n0 == NEG_INF ? 0.0f : fast_exp2(s[n][0] - n0);
-                const float e1 = n0 == NEG_INF ? 0.0f : fast_exp2(s[n][1] - n0);
-                const float e2 = n1 == NEG_INF ? 0.0f : fast_exp2(s[n][2] - n1);
-                const float e3 = n1 == NEG_INF ? 0.0f : fast_exp2(s[n][3] - n1);
-                l0 += e0 + e1;
-                l1 += e2 + e3;
-                pa[n >> 1][(n & 1) * 2] = pack_half2(e0, e1);
-                pa[n >> 1][(n & 1) * 2 + 1] = pack_half2(e2, e3);
+                for (int n = 0; n < PF_KT / 8; n++) {
+                    const float e0 = fast_exp2(s[n][0] - n0), e1 = fast_exp2(s[n][1] - n0);
+                    const float e2 = fast_exp2(s[n][2] - n1), e3 = fast_exp2(s[n][3] - n1);
+                    l0 += e0 + e1;
+                    l1 += e2 + e3;
+                    pa[n >> 1][(n & 1) * 2] = pack_half2(e0, e1);
+                    pa[n >> 1][(n & 1) * 2 + 1] = pack_half2(e2, e3);
+                }
+            } else {
+#pragma unroll
+                for (int n = 0; n < PF_KT / 8; n++) {
+                    const float e0 = n0 == NEG_INF ? 0.0f : fast_exp2(s[n][0] - n0);
+                    const float e1 = n0 == NEG_INF ? 0.0f : fast_exp2(s[n][1] - n0);
+                    const float e2 = n1 == NEG_INF ? 0.0f : fast_exp2(s[n][2] - n1);
+                    const float e3 = n1 == NEG_INF ? 0.0f : fast_exp2(s[n][3] - n1);
+                    l0 += e0 + e1;
+                    l1 += e2 + e3;
+                    pa[n >> 1][(n & 1) * 2] = pack_half2(e0, e1);
+                    pa[n >> 1][(n & 1) * 2 + 1] = pack_half2(e2, e3);
+                }
             }
 #pragma unroll
             for (int kk = 0; kk < PF_KT / 16; kk++) {

@@ -20,6 +20,10 @@
 //! head_dim per (query, key) pair) per second. `gpu_sdpa_baseline.py prefill` times PyTorch's
 //! causal bf16 SDPA on the same shape.
 //!
+//! Few-row products (`--only gemv`, or by default after prefill): `gemv_bf16` over the 8B
+//! shape's decode products (q/k/v, output, gate/up, down, LM head) at 1, 2 and 4 rows, median
+//! of 5 rounds of `--reps` launches; weight bytes per second and their share of `read_stream`.
+//!
 //! Tiers (`--only tiers`, or by default after attention): warm and spill of 1,000 blocks of the
 //! same shape across all 32 layers (540,672 bytes a block, 540.7 MB in all) between VRAM and the
 //! page-locked cold tier, for consecutive slots (one `cuMemcpyAsync` per tensor, layer and run)
@@ -257,6 +261,50 @@ fn main() -> Result<()> {
                 s * 32.0,
                 flops / s
             ))?;
+        }
+    }
+    if only.is_empty() || only == "gemv" {
+        // The decode step's products of the 8B shape (q/k/v stacked, output, gate/up stacked,
+        // down, LM head) at 1, 2 and 4 rows: each weight matrix read once per launch.
+        for (name, m, kd) in [
+            ("qkv", 6144usize, 4096usize),
+            ("output", 4096, 4096),
+            ("gate_up", 28672, 4096),
+            ("down", 4096, 14336),
+            ("lm_head", 128256, 4096),
+        ] {
+            let w: Vec<half::bf16> = (0..m * kd)
+                .map(|i| half::bf16::from_bits(0x3c00 | (i as u16 & 0x7f)))
+                .collect();
+            let wd = stream.clone_htod(&w)?;
+            drop(w);
+            for n in [1usize, 2, 4] {
+                let x: Vec<half::bf16> = rng
+                    .gaussian_vec(n * kd)
+                    .into_iter()
+                    .map(half::bf16::from_f32)
+                    .collect();
+                let xd = stream.clone_htod(&x)?;
+                let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+                k.gemv_bf16(&xd.slice(..), n, kd, &wd.slice(..), m)?;
+                let mut rounds = Vec::new();
+                for _ in 0..5 {
+                    let t0 = stream.record_event(timing)?;
+                    for _ in 0..reps {
+                        k.gemv_bf16(&xd.slice(..), n, kd, &wd.slice(..), m)?;
+                    }
+                    let t1 = stream.record_event(timing)?;
+                    t1.synchronize()?;
+                    rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / reps as f64);
+                }
+                let s = median(rounds);
+                let bytes = (m * kd * 2) as f64;
+                emit(format!(
+                    "{{\"bench\":\"gemv_bf16\",\"product\":\"{name}\",\"rows\":{n},\"m\":{m},\"k\":{kd},\"seconds\":{s:.6e},\"weight_bytes\":{bytes:.0},\"bytes_per_s\":{:.4e},\"share_of_read_bw\":{:.3}}}",
+                    bytes / s,
+                    bytes / s / read_bw
+                ))?;
+            }
         }
     }
     if only.is_empty() || only == "tiers" {

@@ -24,6 +24,9 @@
 //! equal across page layouts, finite over NaN-poisoned outputs; head_dim 64 and 128, groups 1,
 //! 3, 4 and 8, chunks (start, queries) (0, 1), (0, 200), (700, 130), (2000, 64).
 //!
+//! Few-row bf16 product (`gemv_bf16`): within one bf16 step of the f64 sum, 1–4 rows, aligned
+//! and scalar paths.
+//!
 //! Layer glue (`glue_qkv_rope_encode`, `glue_add_rms_norm`, `glue_swiglu`), f32 and bf16
 //! operands, head_dim 64 (3 KV heads, group 3) and 128 (8 KV heads, group 4): rotated queries
 //! bitwise equal to `glue::rope_half` (RoPE is rounded step by step, as on the CPU), key and value
@@ -244,6 +247,7 @@ fn main() -> Result<ExitCode> {
     ok &= check_prefill(&stream, &mut rng)?;
     ok &= check_tiers(&stream, &mut rng)?;
     ok &= check_glue(&stream, &mut rng)?;
+    ok &= check_gemv(&stream, &mut rng)?;
     println!("{{\"all_pass\":{ok}}}");
     Ok(if ok {
         ExitCode::SUCCESS
@@ -787,6 +791,63 @@ fn check_glue(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 "{{\"check\":\"glue_swiglu\",\"ff\":{ff},\"rows\":{n},\"bf16\":{use_bf16},\"rel_l2\":{err:.3e},\"bound\":{bound:e},\"pass\":{pass}}}"
             );
         }
+    }
+    Ok(ok)
+}
+
+/// The few-row bf16 product (`gemv_bf16`) against `glue::gemv` summed in f64: every element
+/// within one bf16 step of the exact sum (plus f32 summation slack), for 1 to 4 rows, the 8B
+/// shapes' k (4096, 14336), a k that is not a multiple of 8 and an operand 2 bytes off 16-byte
+/// alignment (both take the scalar loop); more rows than the kernel takes are refused.
+fn check_gemv(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
+    use half::bf16;
+    let codec = Codec::new(
+        CodecKind::TurboQuant { bits: 4 },
+        128,
+        DEFAULT_ROTATION_SEED,
+    )?;
+    let k = Tq4Kernels::new(stream.clone(), &codec, 4, DEFAULT_CHUNK)?;
+    let mut ok = true;
+    for (n, kd, m, shift) in [
+        (1usize, 4096usize, 1000usize, 0usize),
+        (2, 4096, 777, 0),
+        (3, 14336, 300, 0),
+        (4, 4096, 513, 0),
+        (1, 1001, 129, 0),
+        (2, 4096, 64, 1),
+    ] {
+        let to_bf16 = |v: Vec<f32>| -> Vec<bf16> { v.into_iter().map(bf16::from_f32).collect() };
+        let xb = to_bf16(rng.gaussian_vec(n * kd + shift));
+        let wb = to_bf16(rng.gaussian_vec(m * kd).iter().map(|v| v * 0.02).collect());
+        let xf: Vec<f32> = xb[shift..].iter().map(|v| v.to_f32()).collect();
+        let wf: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+        let exact = glue::gemv(&xf, n, kd, &wf, m);
+        let (xd, wd) = (stream.clone_htod(&xb)?, stream.clone_htod(&wb)?);
+        let y = k.gemv_bf16(&xd.slice(shift..), n, kd, &wd.slice(..), m)?;
+        let y: Vec<f64> = stream
+            .clone_dtoh(&y)?
+            .iter()
+            .map(|v| f64::from(v.to_f32()))
+            .collect();
+        // |Σ| of the magnitudes bounds the f32 summation error (k · 2⁻²⁴ of it).
+        let mut worst = 0f64;
+        for r in 0..n {
+            for j in 0..m {
+                let mag: f64 = (0..kd)
+                    .map(|i| f64::from(xf[r * kd + i] * wf[j * kd + i]).abs())
+                    .sum();
+                let e = exact[r * m + j];
+                let slack = glue::bf16_step(e) + mag * kd as f64 * f64::from(f32::EPSILON) / 2.0;
+                worst = worst.max((y[r * m + j] - e).abs() / slack);
+            }
+        }
+        let refused = k.gemv_bf16(&xd.slice(..), 5, 1, &wd.slice(..), 1).is_err();
+        let pass = worst <= 1.0 && refused && y.len() == n * m;
+        ok &= pass;
+        println!(
+            "{{\"check\":\"gemv_bf16\",\"rows\":{n},\"k\":{kd},\"m\":{m},\"misaligned\":{},\"worst_over_bound\":{worst:.3},\"more_rows_refused\":{refused},\"pass\":{pass}}}",
+            shift != 0
+        );
     }
     Ok(ok)
 }

@@ -12,6 +12,7 @@ use half::bf16;
 
 use super::{Tq4Kernels, driver, int};
 use crate::KernelError;
+use crate::glue::GEMV_MAX_ROWS;
 
 /// An activation the glue reads: f32, or bf16 (the products' operands when the weights are
 /// bf16).
@@ -332,4 +333,58 @@ impl Tq4Kernels {
         unsafe { launch.launch(cfg) }.map_err(driver)?;
         Ok(act)
     }
+
+    /// `y = x · wᵀ` for the few rows of a decode step (`gemv_bf16`): `x` `[n, k]` with
+    /// `1 ≤ n ≤ GEMV_MAX_ROWS`, `w` `[m, k]`, both bf16 row-major; returns `[n, m]` bf16 (f32
+    /// sums, rounded to nearest even). The weights are read once, one warp per output column.
+    pub fn gemv_bf16(
+        &self,
+        x: &CudaView<'_, bf16>,
+        n: usize,
+        k: usize,
+        w: &CudaView<'_, bf16>,
+        m: usize,
+    ) -> Result<CudaSlice<bf16>, KernelError> {
+        if n == 0 || n > GEMV_MAX_ROWS {
+            return Err(KernelError::Invalid(format!(
+                "the few-row product takes 1 to {GEMV_MAX_ROWS} rows, not {n}"
+            )));
+        }
+        if x.len() < n * k || w.len() < m * k {
+            return Err(KernelError::Invalid(format!(
+                "a [{n}, {k}] by [{m}, {k}] product got a buffer too small"
+            )));
+        }
+        let mut y = alloc_out::<bf16>(&self.stream, n * m)?;
+        if m == 0 {
+            return Ok(y);
+        }
+        let (n_i, k_i, m_i) = (int(n, "rows")?, int(k, "k")?, int(m, "columns")?);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(m.div_ceil(GEMV_WARPS))
+                    .map_err(|_| KernelError::Invalid("columns over u32".into()))?,
+                1,
+                1,
+            ),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&self.gemv);
+        launch
+            .arg(x)
+            .arg(&n_i)
+            .arg(&k_i)
+            .arg(w)
+            .arg(&m_i)
+            .arg(&mut y);
+        // SAFETY: the arguments match `gemv_bf16`; `x` holds `n × k` elements, `w` `m × k` and
+        // `y` `n × m` (checked and allocated above); the kernel reads 16-byte words only when
+        // `k` is a multiple of 8 and both pointers are 16-byte aligned.
+        unsafe { launch.launch(cfg) }.map_err(driver)?;
+        Ok(y)
+    }
 }
+
+/// Warps a CTA of `gemv_bf16` (`GEMV_WARPS`), one per output column.
+const GEMV_WARPS: usize = 8;

@@ -1,7 +1,10 @@
 //! The forward pass on a CUDA device (feature `cuda`): the same API and the same arithmetic as
 //! the CPU path, with the KV hot tier in VRAM.
 //!
-//! - The four products of a layer (q/k/v and gate/up stacked) are candle matmuls (cuBLAS).
+//! - The four products of a layer (q/k/v and gate/up stacked) are candle matmuls (cuBLAS);
+//!   with bf16 weights, a decode step of at most four tokens takes `gemv_bf16` instead (one
+//!   warp per output column, the weights read once at the memory's pace; cuBLAS's small-N
+//!   kernels read them at 55–85 % of it). `ENGRAM_CUDA_GEMV=off` keeps cuBLAS (a diagnostic).
 //! - Around them, where every projection is dense on the device, the fused glue of
 //!   `engram-kernels` (`glue.cu`): residual + RMSNorm writing the next product's operand, RoPE +
 //!   key centering + the TQ4 encode of the new K and V rows into their blocks (one launch, from
@@ -26,6 +29,7 @@ use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
+use engram_kernels::glue::GEMV_MAX_ROWS;
 use engram_kernels::gpu::{
     Act, ActBuf, DecodeBatch, MmaWork, PrefillChunk, QkvGlue, Tq4Kernels, Workspace,
 };
@@ -96,6 +100,34 @@ fn act_tensor(buf: ActBuf, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
         ActBuf::F32(s) => tensor(s, dev, shape),
         ActBuf::Bf16(s) => tensor(s, dev, shape),
     }
+}
+
+/// `x · wᵀ` (`x` `[n, k]`, `w` `[m, k]`): a decode step of at most [`GEMV_MAX_ROWS`] rows with
+/// bf16 operands takes the few-row kernel, anything else candle's matmul (cuBLAS).
+fn product(
+    kernels: &Tq4Kernels,
+    cuda: &CudaDevice,
+    x: &Tensor,
+    w: &Tensor,
+) -> EngineResult<Tensor> {
+    // `ENGRAM_CUDA_GEMV=off`: cuBLAS for every product (a diagnostic switch, read once).
+    static GEMV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *GEMV_OFF.get_or_init(|| std::env::var("ENGRAM_CUDA_GEMV").is_ok_and(|v| v == "off"));
+    let (n, k) = x.dims2()?;
+    let (m, kw) = w.dims2()?;
+    if !off
+        && (1..=GEMV_MAX_ROWS).contains(&n)
+        && k == kw
+        && x.dtype() == DType::BF16
+        && w.dtype() == DType::BF16
+        && x.is_contiguous()
+        && w.is_contiguous()
+    {
+        let (xh, wh) = (hold(x)?, hold(w)?);
+        let y = kernels.gemv_bf16(&xh.view()?, n, k, &wh.view()?, m)?;
+        return Ok(tensor(y, cuda, (n, m)));
+    }
+    Ok(x.matmul(&w.t()?)?)
 }
 
 /// The dense weight of a projection, if it is one.
@@ -266,7 +298,8 @@ enum PrefillKeys {
     /// (16-position blocks).
     Pages(CudaSlice<i32>),
     /// Plane rows of positions `0..total` (`[total, kv_heads]` flattened), decoded to f32 for
-    /// dense products, and the causal mask (other block sizes).
+    /// dense products, and the causal mask (other block sizes, or a card whose shared memory
+    /// does not hold the tensor-core kernel's CTA).
     Rows(CudaSlice<i32>, Option<Tensor>),
 }
 
@@ -457,7 +490,7 @@ impl Llama {
                 dec_lens.push(total as i32);
                 dec_slots.push(slots);
             } else {
-                let keys = if bs == PAGE && !dense_prefill {
+                let keys = if bs == PAGE && !dense_prefill && kernels.prefill_fits() {
                     let pages: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
                     PrefillKeys::Pages(up_i32(&pages)?)
                 } else {
@@ -561,7 +594,7 @@ impl Llama {
                     let h =
                         g.h.take()
                             .ok_or_else(|| dev_err("the glue lost its layer input"))?;
-                    let qkv = h.matmul(&st.qkv.t()?)?;
+                    let qkv = product(&kernels, cuda, &h, &st.qkv)?;
                     let tier = store
                         .hot_mut()
                         .cuda_mut()
@@ -733,7 +766,7 @@ impl Llama {
                     let (Some(wo), Some(wd)) = (dense(&layer.wo), dense(&layer.w_down)) else {
                         return Err(dev_err("a projection left the device's dense form"));
                     };
-                    let o = attn.to_dtype(g.dtype)?.matmul(&wo.t()?)?;
+                    let o = product(&kernels, cuda, &attn.to_dtype(g.dtype)?, wo)?;
                     let h2 = glue_norm(
                         &kernels,
                         g,
@@ -745,13 +778,13 @@ impl Llama {
                         eps,
                     )?
                     .ok_or_else(|| dev_err("the glue's norm gave no output"))?;
-                    let gu = h2.matmul(&st.gate_up.t()?)?;
+                    let gu = product(&kernels, cuda, &h2, &st.gate_up)?;
                     let ff = gu.dim(1)? / 2;
                     let act = {
                         let gu_h = hold(&gu)?;
                         kernels.swiglu(&gu_h.act()?, n, ff, g.dtype == DType::BF16)?
                     };
-                    let down = act_tensor(act, cuda, (n, ff)).matmul(&wd.t()?)?;
+                    let down = product(&kernels, cuda, &act_tensor(act, cuda, (n, ff)), wd)?;
                     // The residual, and the next layer's normed input (none after the last).
                     let next = self.layers.get(l + 1).map(|nl| &nl.attn_norm);
                     g.h = glue_norm(&kernels, g, cuda, n, hidden, Some(&down), next, eps)?;
