@@ -2,9 +2,9 @@
 //! the CPU path, with the KV hot tier in VRAM.
 //!
 //! - The four products of a layer (q/k/v and gate/up stacked) are candle matmuls (cuBLAS);
-//!   with bf16 weights, a decode step of at most four tokens takes `gemv_bf16` instead (one
-//!   warp per output column, the weights read once at the memory's pace; cuBLAS's small-N
-//!   kernels read them at 55–85 % of it). `ENGRAM_CUDA_GEMV=off` keeps cuBLAS (a diagnostic).
+//!   with bf16 weights, a decode step of one or two tokens takes `gemv_bf16` instead (one warp
+//!   per output column, the weights read once at the memory's pace; cuBLAS's small-N kernels
+//!   read them at 55–85 % of it). `ENGRAM_CUDA_GEMV=off` keeps cuBLAS (a diagnostic).
 //! - Around them, where every projection is dense on the device, the fused glue of
 //!   `engram-kernels` (`glue.cu`): residual + RMSNorm writing the next product's operand, RoPE +
 //!   key centering + the TQ4 encode of the new K and V rows into their blocks (one launch, from
@@ -102,8 +102,14 @@ fn act_tensor(buf: ActBuf, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
     }
 }
 
-/// `x · wᵀ` (`x` `[n, k]`, `w` `[m, k]`): a decode step of at most [`GEMV_MAX_ROWS`] rows with
-/// bf16 operands takes the few-row kernel, anything else candle's matmul (cuBLAS).
+/// Rows up to which the forward's products take `gemv_bf16` (the kernel takes up to
+/// [`GEMV_MAX_ROWS`]): end to end on an H100 (8B shape, 4K context) it beat cuBLAS at one row
+/// (6.92 vs 7.64 ms a step) and two (7.74 vs 8.05), and lost at four (9.19 vs 8.53), where its
+/// per-row bf16 widening makes it ALU-bound.
+const GEMV_ROWS: usize = 2;
+
+/// `x · wᵀ` (`x` `[n, k]`, `w` `[m, k]`): a decode step of at most [`GEMV_ROWS`] rows with bf16
+/// operands takes the few-row kernel, anything else candle's matmul (cuBLAS).
 fn product(
     kernels: &Tq4Kernels,
     cuda: &CudaDevice,
@@ -116,7 +122,7 @@ fn product(
     let (n, k) = x.dims2()?;
     let (m, kw) = w.dims2()?;
     if !off
-        && (1..=GEMV_MAX_ROWS).contains(&n)
+        && (1..=GEMV_ROWS.min(GEMV_MAX_ROWS)).contains(&n)
         && k == kw
         && x.dtype() == DType::BF16
         && w.dtype() == DType::BF16
