@@ -401,6 +401,23 @@ pub struct ParityRow {
     pub rel_l2: f64,
     /// Whether both pick the same greedy token for every sequence.
     pub same_argmax: bool,
+    /// FNV-1a of the CPU logits' f32 bits (hex): two runs compare bitwise by it.
+    pub cpu_logits_fnv: String,
+    /// FNV-1a of the device logits' f32 bits (hex).
+    pub device_logits_fnv: String,
+}
+
+/// FNV-1a (64-bit) of the f32 bits of `rows`, as 16 hex digits.
+fn logits_fnv(rows: &[Vec<f32>]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+    {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 /// The forward pass on `device` against the CPU on the same random weights (`shape`; for a GPU
@@ -459,7 +476,11 @@ pub fn device_parity(
         let b = dev_store.allocate(Tier::Hot, &tags)?;
         seqs.push((tokens, a, b));
     }
-    let compare = |a: &candle_core::Tensor, b: &candle_core::Tensor| -> EngineResult<(f64, bool)> {
+    let compare = |phase: &str,
+                   step: usize,
+                   a: &candle_core::Tensor,
+                   b: &candle_core::Tensor|
+     -> EngineResult<ParityRow> {
         let (x, y): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (a.to_vec2()?, b.to_vec2()?);
         let (mut num, mut den, mut same) = (0.0f64, 0.0f64, true);
         for (r, s) in x.iter().zip(&y) {
@@ -469,7 +490,14 @@ pub fn device_parity(
             }
             same &= argmax(r) == argmax(s);
         }
-        Ok(((num / den.max(1e-30)).sqrt(), same))
+        Ok(ParityRow {
+            phase: phase.into(),
+            step,
+            rel_l2: (num / den.max(1e-30)).sqrt(),
+            same_argmax: same,
+            cpu_logits_fnv: logits_fnv(&x),
+            device_logits_fnv: logits_fnv(&y),
+        })
     };
     let mut rows = Vec::new();
     let mut next: Vec<u32> = Vec::new();
@@ -488,13 +516,7 @@ pub fn device_parity(
             lb = Some(dev_model.forward(&mut dev_store, &[input(b)])?);
         }
         if let (Some(la), Some(lb)) = (la, lb) {
-            let (rel_l2, same_argmax) = compare(&la, &lb)?;
-            rows.push(ParityRow {
-                phase: "prefill".into(),
-                step: i,
-                rel_l2,
-                same_argmax,
-            });
+            rows.push(compare("prefill", i, &la, &lb)?);
             next.push(argmax(&la.to_vec2::<f32>()?.concat()));
         }
     }
@@ -516,13 +538,7 @@ pub fn device_parity(
         };
         let la = cpu.forward(&mut cpu_store, &batch(0))?;
         let lb = dev_model.forward(&mut dev_store, &batch(1))?;
-        let (rel_l2, same_argmax) = compare(&la, &lb)?;
-        rows.push(ParityRow {
-            phase: "decode".into(),
-            step,
-            rel_l2,
-            same_argmax,
-        });
+        rows.push(compare("decode", step, &la, &lb)?);
         next = la.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect();
         pos.iter_mut().for_each(|p| *p += 1);
     }

@@ -304,8 +304,30 @@ pub(crate) struct Weights {
     pub fingerprint: [u8; 32],
 }
 
+/// `n` draws from a normal of standard deviation `sigma`, two per 64 random bits (Box–Muller
+/// in f32 on two 32-bit uniforms: both branches, so an 8B-shape model's 8·10⁹ values take
+/// seconds, not minutes).
+fn normal_f32(rng: &mut engram_kvcore::SplitMix64, n: usize, sigma: f32) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n + 1);
+    while v.len() < n {
+        let bits = rng.next_u64();
+        // Uniforms in (0, 1]: the logarithm stays finite.
+        let u1 = ((bits >> 40) as f32 + 1.0) / (1u64 << 24) as f32;
+        let u2 = ((bits >> 8) & 0xff_ffff) as f32 / (1u64 << 24) as f32;
+        let r = sigma * (-2.0 * u1.ln()).sqrt();
+        let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
+        v.push(r * c);
+        v.push(r * s);
+    }
+    v.truncate(n);
+    v
+}
+
 impl Weights {
-    /// Random weights of `config`'s shape on `device`: normal with σ 0.02, norms 1.
+    /// Random weights of `config`'s shape on `device`: normal with σ 0.02, norms 1, the same
+    /// values for the same `seed` in every run (on the CPU from one SplitMix64 stream, layer by
+    /// layer, then the embedding and the LM head; on a CUDA device from its seeded generator).
+    /// candle's CPU `randn` cannot be seeded, so it is not used there.
     pub fn random(config: ModelConfig, device: &Device, seed: u64) -> EngineResult<Self> {
         if !device.is_cpu() {
             device.set_seed(seed)?;
@@ -317,7 +339,18 @@ impl Weights {
             c.intermediate_size,
         );
         let q = c.num_heads * c.head_dim;
-        let randn = |rows: usize, cols: usize| Tensor::randn(0f32, 0.02, (rows, cols), device);
+        let mut rng = engram_kvcore::SplitMix64::new(seed);
+        let mut randn = |rows: usize, cols: usize| {
+            if device.is_cpu() {
+                Tensor::from_vec(
+                    normal_f32(&mut rng, rows * cols, 0.02),
+                    (rows, cols),
+                    device,
+                )
+            } else {
+                Tensor::randn(0f32, 0.02, (rows, cols), device)
+            }
+        };
         let ones = || Tensor::ones(h, DType::F32, device);
         let layers = (0..c.num_layers)
             .map(|_| {
@@ -644,6 +677,36 @@ fn hash_files(files: &[PathBuf]) -> EngineResult<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_weights_are_the_seeds_in_every_run() {
+        let c = ModelConfig {
+            vocab_size: 32,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_layers: 2,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 8,
+            ..ModelConfig::smollm2_135m()
+        };
+        let values = |seed: u64| -> Vec<f32> {
+            let w = Weights::random(c.clone(), &Device::Cpu, seed).unwrap();
+            let Linear::Dense(wq) = &w.layers[1].wq else {
+                panic!("random weights are dense")
+            };
+            [wq, &w.embed]
+                .iter()
+                .flat_map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+                .collect()
+        };
+        let (a, b, other) = (values(7), values(7), values(8));
+        assert_eq!(a, b, "the same seed gives the same weights, bit for bit");
+        assert_ne!(a, other);
+        // σ 0.02: the sample's spread is near it.
+        let var = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / a.len() as f64;
+        assert!((var.sqrt() - 0.02).abs() < 0.004, "σ {}", var.sqrt());
+    }
 
     fn randn(rows: usize, cols: usize) -> Tensor {
         Tensor::randn(0f32, 0.5, (rows, cols), &Device::Cpu).unwrap()
