@@ -370,6 +370,12 @@ impl Weights {
         let mut hash = Sha256::new();
         hash.update(serde_json::to_vec(&config).unwrap_or_default());
         hash.update(seed.to_le_bytes());
+        // The CPU's stream and a device's generator give different values for one seed.
+        hash.update(if device.is_cpu() {
+            b"splitmix64-box-muller-f32".as_slice()
+        } else {
+            b"device-randn".as_slice()
+        });
         Ok(Self {
             embed: randn(c.vocab_size, h)?,
             lm_head: Linear::Dense(randn(c.vocab_size, h)?),
