@@ -137,21 +137,8 @@ fn main() -> Result<()> {
     // The read ceiling: a read-only stream of 2 GiB, median of 5 rounds of 10.
     let big = stream.alloc_zeros::<u8>(copy_bytes)?;
     let mut sink = stream.alloc_zeros::<u32>(4096)?;
-    for _ in 0..3 {
-        k.read_stream(&big, &mut sink)?;
-    }
-    let mut rounds = Vec::new();
-    for _ in 0..5 {
-        let t0 = stream.record_event(timing)?;
-        for _ in 0..10 {
-            k.read_stream(&big, &mut sink)?;
-        }
-        let t1 = stream.record_event(timing)?;
-        t1.synchronize()?;
-        rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / 10.0);
-    }
+    let read_s = time_calls(&stream, 3, 10, &mut || Ok(k.read_stream(&big, &mut sink)?))?;
     drop((big, sink));
-    let read_s = median(rounds);
     let read_bw = copy_bytes as f64 / read_s;
     emit(format!(
         "{{\"bench\":\"read_stream\",\"bytes\":{copy_bytes},\"seconds\":{read_s:.6},\"bytes_per_s\":{read_bw:.4e}}}"
@@ -193,22 +180,7 @@ fn main() -> Result<()> {
             };
             let bytes = (batch * ctx_len * kv_heads * (head_dim + 4)) as f64
                 + (2 * batch * heads * head_dim * 4) as f64;
-            let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-                for _ in 0..warmup {
-                    f()?;
-                }
-                let mut rounds = Vec::new();
-                for _ in 0..5 {
-                    let t0 = stream.record_event(timing)?;
-                    for _ in 0..reps {
-                        f()?;
-                    }
-                    let t1 = stream.record_event(timing)?;
-                    t1.synchronize()?;
-                    rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / reps as f64);
-                }
-                Ok(median(rounds))
-            };
+            let time = |f: &mut dyn FnMut() -> Result<()>| time_calls(&stream, warmup, reps, f);
             if kernels.contains("fp32") {
                 let s = time(&mut || Ok(k.decode_attention(&a, &mut work, &mut out)?))?;
                 let bw = bytes / s;
@@ -285,19 +257,10 @@ fn main() -> Result<()> {
                     .map(half::bf16::from_f32)
                     .collect();
                 let xd = stream.clone_htod(&x)?;
-                let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
-                k.gemv_bf16(&xd.slice(..), n, kd, &wd.slice(..), m)?;
-                let mut rounds = Vec::new();
-                for _ in 0..5 {
-                    let t0 = stream.record_event(timing)?;
-                    for _ in 0..reps {
-                        k.gemv_bf16(&xd.slice(..), n, kd, &wd.slice(..), m)?;
-                    }
-                    let t1 = stream.record_event(timing)?;
-                    t1.synchronize()?;
-                    rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / reps as f64);
-                }
-                let s = median(rounds);
+                let s = time_calls(&stream, 1, reps, &mut || {
+                    k.gemv_bf16(&xd.slice(..), n, kd, &wd.slice(..), m)?;
+                    Ok(())
+                })?;
                 let bytes = (m * kd * 2) as f64;
                 emit(format!(
                     "{{\"bench\":\"gemv_bf16\",\"product\":\"{name}\",\"rows\":{n},\"m\":{m},\"k\":{kd},\"seconds\":{s:.6e},\"weight_bytes\":{bytes:.0},\"bytes_per_s\":{:.4e},\"share_of_read_bw\":{:.3}}}",
@@ -379,6 +342,31 @@ fn synthetic_plane(rows: usize, head_dim: usize) -> (Vec<u8>, Vec<u8>) {
         .flat_map(|i| (0x3C00 | (i as u16 & 0xFF)).to_le_bytes())
         .collect();
     (codes, norms)
+}
+
+/// Seconds a call of `f` (launches on `stream`), timed by CUDA events: `warmup` calls, then the
+/// median of 5 rounds of `reps` calls.
+fn time_calls(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    warmup: usize,
+    reps: usize,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<f64> {
+    let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..5 {
+        let t0 = stream.record_event(timing)?;
+        for _ in 0..reps {
+            f()?;
+        }
+        let t1 = stream.record_event(timing)?;
+        t1.synchronize()?;
+        rounds.push(f64::from(t0.elapsed_ms(&t1)?) / 1e3 / reps as f64);
+    }
+    Ok(median(rounds))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

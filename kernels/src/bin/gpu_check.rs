@@ -325,6 +325,19 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     scale,
                     &mut emulated,
                 )?;
+                let batch = |planes| DecodeBatch {
+                    q: q_d.as_view(),
+                    heads,
+                    kv_heads,
+                    planes,
+                    block_tables: &tables_d,
+                    max_blocks,
+                    seq_lens: &lens_d,
+                    batch: lens.len(),
+                    max_len,
+                    block_size: PAGE,
+                    scale,
+                };
                 let mut outs = Vec::new();
                 for (layout, p) in [
                     (PageLayout::TokenMajor, &token),
@@ -332,19 +345,7 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 ] {
                     let mut out_d = stream.clone_htod(&vec![f32::NAN; q.len()])?;
                     k.decode_attention_mma(
-                        &DecodeBatch {
-                            q: q_d.as_view(),
-                            heads,
-                            kv_heads,
-                            planes: plane_views(p.each_ref()),
-                            block_tables: &tables_d,
-                            max_blocks,
-                            seq_lens: &lens_d,
-                            batch: lens.len(),
-                            max_len,
-                            block_size: PAGE,
-                            scale,
-                        },
+                        &batch(plane_views(p.each_ref())),
                         layout,
                         &mut work,
                         &mut out_d,
@@ -356,19 +357,7 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 // The bf16 output (the engine's operand for the output projection): the f32
                 // output rounded to nearest even, bit for bit.
                 let bf16_out = k.decode_attention_mma_out(
-                    &DecodeBatch {
-                        q: q_d.as_view(),
-                        heads,
-                        kv_heads,
-                        planes: plane_views(token.each_ref()),
-                        block_tables: &tables_d,
-                        max_blocks,
-                        seq_lens: &lens_d,
-                        batch: lens.len(),
-                        max_len,
-                        block_size: PAGE,
-                        scale,
-                    },
+                    &batch(plane_views(token.each_ref())),
                     PageLayout::TokenMajor,
                     &mut work,
                     true,

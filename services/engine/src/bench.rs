@@ -401,23 +401,24 @@ pub struct ParityRow {
     pub rel_l2: f64,
     /// Whether both pick the same greedy token for every sequence.
     pub same_argmax: bool,
-    /// FNV-1a of the CPU logits' f32 bits (hex): two runs compare bitwise by it.
-    pub cpu_logits_fnv: String,
-    /// FNV-1a of the device logits' f32 bits (hex).
-    pub device_logits_fnv: String,
+    /// SHA-256 of the CPU logits' f32 bits (first 16 hex digits): two runs compare bitwise by
+    /// it.
+    pub cpu_logits_sha256: String,
+    /// SHA-256 of the device logits' f32 bits (first 16 hex digits).
+    pub device_logits_sha256: String,
 }
 
-/// FNV-1a (64-bit) of the f32 bits of `rows`, as 16 hex digits.
-fn logits_fnv(rows: &[Vec<f32>]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in rows
-        .iter()
-        .flatten()
-        .flat_map(|v| v.to_bits().to_le_bytes())
-    {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+/// SHA-256 of the f32 bits of `rows`, its first 8 bytes as 16 hex digits.
+fn logits_digest(rows: &[Vec<f32>]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for v in rows.iter().flatten() {
+        h.update(v.to_bits().to_le_bytes());
     }
-    format!("{h:016x}")
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The forward pass on `device` against the CPU on the same random weights (`shape`; for a GPU
@@ -495,8 +496,8 @@ pub fn device_parity(
             step,
             rel_l2: (num / den.max(1e-30)).sqrt(),
             same_argmax: same,
-            cpu_logits_fnv: logits_fnv(&x),
-            device_logits_fnv: logits_fnv(&y),
+            cpu_logits_sha256: logits_digest(&x),
+            device_logits_sha256: logits_digest(&y),
         })
     };
     let mut rows = Vec::new();
