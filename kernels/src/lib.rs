@@ -7,8 +7,8 @@
 //! - `tq4_decode_mma` + `tq4_combine_items`: paged decode attention on tensor cores
 //!   (`mma.m16n8k16`, the GQA group's query heads as the N dimension, codes turned into f16
 //!   operands through a shared-memory pair table, lazy log2-domain softmax), cut into work items
-//!   by a host plan ([`ItemPlan`]) and merged by a combine; the engine's decode path on
-//!   16-position blocks. [`mma`] emulates its fragment arithmetic on the CPU (tested in CI);
+//!   by a host plan ([`ItemPlan`]); a sequence of few items is merged by the kernel's last warp,
+//!   the others by a combine pass; the engine's decode path on 16-position blocks. [`mma`] emulates its fragment arithmetic on the CPU (tested in CI);
 //! - `tq4_prefill_mma`: causal prefill attention of a chunk's queries over the codes on tensor
 //!   cores, flash-attention style: each 64-position tile dequantized once into shared memory
 //!   (swizzled for `ldmatrix`) and shared by the CTA's 96–128 query rows; no f32 expansion of
@@ -92,26 +92,33 @@ pub const MIN_CHUNK: usize = 64;
 /// See [`MIN_CHUNK`].
 pub const MAX_CHUNK: usize = 2048;
 
+/// Sequences with at most this many items have their partials merged by the attention kernel
+/// itself (the last warp to finish a (sequence, KV head) merges them), not by the combine pass;
+/// the kernel's `FOLD_MAX` (its merge loop, unrolled) is the same number.
+pub const FOLD_MAX_ITEMS: usize = 8;
+
 /// How a ragged batch of decode attention is cut into work items for the tensor-core kernel
-/// (`tq4_decode_mma`): every item is `chunk` positions of one sequence (the last one shorter),
-/// so that variable lengths balance; the items of sequence `b` are
-/// `seq_first[b] .. seq_first[b + 1]`, and the combine merges exactly those.
+/// (`tq4_decode_mma`): every item is `(sequence, start, end)`, `chunk` positions of one sequence
+/// (the last one shorter), so that variable lengths balance; the items of sequence `b` are
+/// `seq_first[b] .. seq_first[b + 1]`, and their partials are merged in that order — by the
+/// kernel's last warp when there are at most [`FOLD_MAX_ITEMS`] (see [`ItemPlan::folded`]),
+/// otherwise by the combine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemPlan {
     /// Positions per item, a multiple of [`PAGE`].
     pub chunk: usize,
-    /// `(sequence, first position)` pairs, flattened for the kernel.
+    /// `(sequence, start, end)` triples, flattened for the kernel.
     pub items: Vec<i32>,
     /// Prefix sums of items per sequence (`batch + 1` entries).
     pub seq_first: Vec<i32>,
 }
 
 impl ItemPlan {
-    /// The plan for sequences of `lens` positions on a card that runs `slots` CTAs at once
-    /// (SMs × CTAs per SM): the chunk is the power of two nearest above `Σ len / slots`,
-    /// clamped to [`MIN_CHUNK`] (256 once the batch holds more than 8K positions) ..
-    /// [`MAX_CHUNK`]; `chunk` overrides it (a multiple of [`PAGE`]). Sequences of length 0 get
-    /// no items (their output is zeros).
+    /// The plan for sequences of `lens` positions on a card that runs `slots` CTAs' items at
+    /// once: the chunk is the power of two nearest above `Σ len / slots`, clamped to
+    /// [`MIN_CHUNK`] (256 once the batch holds more than 8K positions) .. [`MAX_CHUNK`]; `chunk`
+    /// overrides it (a multiple of [`PAGE`]). Sequences of length 0 get no items (their output
+    /// is zeros).
     pub fn new(lens: &[usize], slots: usize, chunk: Option<usize>) -> Result<Self, KernelError> {
         let total: usize = lens.iter().sum();
         let chunk = match chunk {
@@ -128,19 +135,22 @@ impl ItemPlan {
                     .clamp(lo, MAX_CHUNK)
             }
         };
+        let int = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| KernelError::Invalid(format!("{what} {v} over i32")))
+        };
         let mut items = Vec::new();
         let mut seq_first = Vec::with_capacity(lens.len() + 1);
         seq_first.push(0);
         for (b, &len) in lens.iter().enumerate() {
-            let b = i32::try_from(b).map_err(|_| KernelError::Invalid("batch over i32".into()))?;
             for start in (0..len).step_by(chunk) {
-                let start = i32::try_from(start)
-                    .map_err(|_| KernelError::Invalid(format!("length {len} over i32")))?;
-                items.extend_from_slice(&[b, start]);
+                let end = (start + chunk).min(len);
+                items.extend_from_slice(&[
+                    int(b, "sequence")?,
+                    int(start, "start")?,
+                    int(end, "end")?,
+                ]);
             }
-            let n = i32::try_from(items.len() / 2)
-                .map_err(|_| KernelError::Invalid("items over i32".into()))?;
-            seq_first.push(n);
+            seq_first.push(int(items.len() / 3, "items")?);
         }
         Ok(Self {
             chunk,
@@ -151,12 +161,30 @@ impl ItemPlan {
 
     /// Work items.
     pub fn len(&self) -> usize {
-        self.items.len() / 2
+        self.items.len() / 3
     }
 
     /// Whether the batch has no positions at all.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// `(sequence, start, end)` of item `i`.
+    pub fn item(&self, i: usize) -> (usize, usize, usize) {
+        let at = |k: usize| self.items[3 * i + k] as usize;
+        (at(0), at(1), at(2))
+    }
+
+    /// Whether sequence `b`'s partials are merged by the attention kernel (1 ..=
+    /// [`FOLD_MAX_ITEMS`] items) rather than by the combine pass.
+    pub fn folded(&self, b: usize) -> bool {
+        let n = self.seq_first[b + 1] - self.seq_first[b];
+        (1..=FOLD_MAX_ITEMS as i32).contains(&n)
+    }
+
+    /// Whether any sequence needs the combine pass.
+    pub fn needs_combine(&self) -> bool {
+        (0..self.seq_first.len() - 1).any(|b| !self.folded(b))
     }
 }
 
@@ -229,6 +257,7 @@ mod tests {
         for name in ["tq4_encode", "tq4_decode_attention", "tq4_combine"] {
             assert!(TQ4_SOURCE.contains(&format!(" {name}(")), "{name}");
         }
+        assert!(TQ4_SOURCE.contains(&format!("#define FOLD_MAX {FOLD_MAX_ITEMS}\n")));
         assert_eq!(SplitPlan::new(32_768, 512).unwrap().splits, 64);
         assert_eq!(SplitPlan::new(513, 512).unwrap().splits, 2);
         assert!(SplitPlan::new(0, 512).is_err());
@@ -252,12 +281,14 @@ mod tests {
         // 4K batch 1 on 132 SMs × 2: 4096 / 264 = 15.5 → the floor of 64.
         let p = ItemPlan::new(&[4096], 264, None).unwrap();
         assert_eq!((p.chunk, p.len()), (64, 64));
+        assert!(!p.folded(0) && p.needs_combine());
         // 32K batch 16: 524,288 / 264 → 2048 (the ceiling).
         let p = ItemPlan::new(&[32_768; 16], 264, None).unwrap();
         assert_eq!((p.chunk, p.len()), (2048, 256));
         // 32K batch 1: 124 → 256 (the floor above 8K positions).
         assert_eq!(ItemPlan::new(&[32_768], 264, None).unwrap().chunk, 256);
-        // Ragged: every position of every sequence in exactly one item, in order.
+        // Ragged: every position of every sequence in exactly one item, in order; sequences of
+        // at most FOLD_MAX_ITEMS items are merged in the kernel.
         let lens = [1usize, 0, 700, 2085, 16];
         let p = ItemPlan::new(&lens, 8, Some(128)).unwrap();
         assert_eq!(p.seq_first.len(), lens.len() + 1);
@@ -265,10 +296,19 @@ mod tests {
             let (lo, hi) = (p.seq_first[b] as usize, p.seq_first[b + 1] as usize);
             assert_eq!(hi - lo, len.div_ceil(128), "sequence {b}");
             for (k, it) in (lo..hi).enumerate() {
-                assert_eq!(p.items[2 * it], b as i32);
-                assert_eq!(p.items[2 * it + 1], (k * 128) as i32);
+                assert_eq!(p.item(it), (b, k * 128, ((k + 1) * 128).min(len)));
             }
+            assert_eq!(p.folded(b), (1..=FOLD_MAX_ITEMS).contains(&(hi - lo)));
         }
+        assert_eq!(
+            (0..lens.len()).map(|b| p.folded(b)).collect::<Vec<_>>(),
+            [true, false, true, false, true]
+        );
+        // A sequence of length 0 has no items: the combine writes its zeros.
+        assert!(p.needs_combine());
+        // Short sequences only: every one merged in the kernel, no combine pass.
+        let p = ItemPlan::new(&[40, 300, 7], 264, None).unwrap();
+        assert!(!p.needs_combine());
         assert!(ItemPlan::new(&[100], 8, Some(24)).is_err());
         assert!(ItemPlan::new(&[100], 8, Some(0)).is_err());
         assert!(ItemPlan::new(&[0, 0], 8, None).unwrap().is_empty());

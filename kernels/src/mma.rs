@@ -341,8 +341,12 @@ pub fn mma_decode(
     // Partials [item][kv_head].
     let mut parts: Vec<Partial> = Vec::with_capacity(plan.len() * kv_heads);
     for it in 0..plan.len() {
-        let (b, start) = (plan.items[2 * it] as usize, plan.items[2 * it + 1] as usize);
-        let end = (start + plan.chunk).min(lens[b]);
+        let (b, start, end) = plan.item(it);
+        if b >= batch || end > lens[b] || start >= end {
+            return Err(KernelError::Invalid(format!(
+                "item {it} ({b}, {start}..{end}) is outside the batch"
+            )));
+        }
         let table = &block_tables[b * max_blocks..][..max_blocks];
         for g in 0..kv_heads {
             let mut qrot = vec![0f32; group * d];
@@ -358,7 +362,9 @@ pub fn mma_decode(
             ));
         }
     }
-    // The combine: merge a sequence's items in the log2 domain, normalize, rotate back.
+    // The merge, as the kernel's folded combine does it (item after item; the combine pass
+    // sums the same terms in another order): a sequence's items in the log2 domain, normalize,
+    // rotate back.
     for b in 0..batch {
         let (first, last) = (plan.seq_first[b] as usize, plan.seq_first[b + 1] as usize);
         for h in 0..heads {
