@@ -160,9 +160,6 @@ pub struct MmaWork {
     kv_heads: usize,
     items: CudaSlice<i32>,
     seq_first: CudaSlice<i32>,
-    /// Arrivals per (sequence, KV head) for the folded combine; every launch leaves them zero.
-    counters: CudaSlice<i32>,
-    fold: bool,
     acc: CudaSlice<f32>,
     m: CudaSlice<f32>,
     l: CudaSlice<f32>,
@@ -172,24 +169,6 @@ impl MmaWork {
     /// The plan it was built from.
     pub fn plan(&self) -> &ItemPlan {
         &self.plan
-    }
-
-    /// Whether sequences of few items are merged by the attention kernel (the default) or all
-    /// by the combine pass (the checks compare both).
-    pub fn set_fold(&mut self, fold: bool) {
-        self.fold = fold;
-    }
-
-    fn fold_max(&self) -> i32 {
-        if self.fold {
-            crate::FOLD_MAX_ITEMS as i32
-        } else {
-            0
-        }
-    }
-
-    fn needs_combine(&self) -> bool {
-        !self.fold || self.plan.needs_combine()
     }
 }
 
@@ -492,11 +471,6 @@ impl Tq4Kernels {
         Ok(MmaWork {
             items: self.stream.clone_htod(&items).map_err(driver)?,
             seq_first: self.stream.clone_htod(&plan.seq_first).map_err(driver)?,
-            counters: self
-                .stream
-                .alloc_zeros(lens.len().max(1) * kv_heads)
-                .map_err(driver)?,
-            fold: true,
             acc: self
                 .stream
                 .alloc_zeros(parts * self.head_dim)
@@ -521,25 +495,18 @@ impl Tq4Kernels {
     ) -> Result<(), KernelError> {
         use cudarc::driver::DevicePtrMut;
         self.check_batch(a, out.len())?;
+        self.mma_items(a, layout, work)?;
         let (o, _o) = out.device_ptr_mut(&self.stream);
-        self.mma_items(a, layout, work, o, false)?;
-        if work.needs_combine() {
-            self.combine_items_pdl(work, a, o, false)?;
-        }
-        Ok(())
+        self.combine_items_pdl(work, a, o, false)
     }
 
     /// The attention launch of [`Self::decode_attention_mma`] (checked by the caller): the
-    /// plan's items into the partials, and the output rows of the sequences it merges itself
-    /// (`o`: the output's device address, f32 or bf16 as `bf16` says, its guard held by the
-    /// caller across the call).
+    /// plan's items into the partials.
     fn mma_items(
         &self,
         a: &DecodeBatch<'_>,
         layout: PageLayout,
         work: &mut MmaWork,
-        o: cudarc::driver::sys::CUdeviceptr,
-        bf16: bool,
     ) -> Result<(), KernelError> {
         if a.kv_heads != work.kv_heads || work.plan.seq_first.len() != a.batch + 1 {
             return Err(KernelError::Invalid(format!(
@@ -575,8 +542,6 @@ impl Tq4Kernels {
             };
             let n_items = int(work.plan.len(), "items")?;
             let (ipc, wpi) = (int(ipc, "ipc")?, int(wpi, "wpi")?);
-            let fold_max = work.fold_max();
-            let out_bf16 = i32::from(bf16);
             let mut launch = self.stream.launch_builder(&self.mma);
             push_batch(&mut launch, a, &heads, &kv_heads, &max_blocks);
             launch
@@ -591,19 +556,11 @@ impl Tq4Kernels {
                 .arg(&qscale)
                 .arg(&mut work.acc)
                 .arg(&mut work.m)
-                .arg(&mut work.l)
-                .arg(&work.seq_first)
-                .arg(&mut work.counters)
-                .arg(&fold_max)
-                .arg(&self.rot_scale)
-                .arg(&o)
-                .arg(&out_bf16);
+                .arg(&mut work.l);
             // SAFETY: the arguments match `tq4_decode_mma`; the sizes were checked above, the
-            // partials were sized for this plan's items and the counters for its (sequence,
-            // KV head) pairs, the output holds batch × heads × head_dim elements of the flagged
-            // type (checked by the callers), and every block-table entry of a sequence's first
-            // ⌈len/16⌉ pages must name a slot of the planes (the block store hands out only
-            // such slots).
+            // partials were sized for this plan's items, and every block-table entry of a
+            // sequence's first ⌈len/16⌉ pages must name a slot of the planes (the block store
+            // hands out only such slots).
             unsafe { launch.launch(cfg) }.map_err(driver)?;
         }
         Ok(())
@@ -611,9 +568,8 @@ impl Tq4Kernels {
 
     /// [`Self::decode_attention_mma`] into a fresh output `[batch, heads, head_dim]`, f32 or
     /// bf16 (rounded to nearest even: the output projection's operand). It is uninitialized
-    /// before the launch (the attention kernel writes the rows of the sequences it merges itself,
-    /// the combine every other row, zeros for a sequence without items), so no memset is
-    /// launched for it.
+    /// before the launch (the combine writes every row, zeros for a sequence without items), so
+    /// no memset is launched for it.
     pub fn decode_attention_mma_out(
         &self,
         a: &DecodeBatch<'_>,
@@ -625,21 +581,15 @@ impl Tq4Kernels {
         let len = a.batch * a.heads * self.head_dim;
         self.check_batch(a, len)?;
         let mut out = glue::alloc_act(&self.stream, len, bf16)?;
-        let combine = work.needs_combine();
+        self.mma_items(a, layout, work)?;
         match &mut out {
             ActBuf::F32(o) => {
                 let (p, _p) = o.device_ptr_mut(&self.stream);
-                self.mma_items(a, layout, work, p, false)?;
-                if combine {
-                    self.combine_items_pdl(work, a, p, false)?;
-                }
+                self.combine_items_pdl(work, a, p, false)?;
             }
             ActBuf::Bf16(o) => {
                 let (p, _p) = o.device_ptr_mut(&self.stream);
-                self.mma_items(a, layout, work, p, true)?;
-                if combine {
-                    self.combine_items_pdl(work, a, p, true)?;
-                }
+                self.combine_items_pdl(work, a, p, true)?;
             }
         }
         Ok(out)
@@ -669,8 +619,7 @@ impl Tq4Kernels {
         let (first, _first) = work.seq_first.device_ptr(s);
         let (signs, _signs) = self.signs.device_ptr(s);
         let rot = self.rot_scale;
-        let fold_max = work.fold_max();
-        let mut args: [*mut c_void; 11] = [
+        let mut args: [*mut c_void; 10] = [
             (&raw const acc).cast_mut().cast(),
             (&raw const m).cast_mut().cast(),
             (&raw const l).cast_mut().cast(),
@@ -681,7 +630,6 @@ impl Tq4Kernels {
             (&raw const rot).cast_mut().cast(),
             (&raw const o).cast_mut().cast(),
             (&raw const out_bf16).cast_mut().cast(),
-            (&raw const fold_max).cast_mut().cast(),
         ];
         // SAFETY: an all-zero launch attribute value is valid (a union of plain integers).
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };

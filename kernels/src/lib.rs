@@ -7,8 +7,8 @@
 //! - `tq4_decode_mma` + `tq4_combine_items`: paged decode attention on tensor cores
 //!   (`mma.m16n8k16`, the GQA group's query heads as the N dimension, codes turned into f16
 //!   operands through a shared-memory pair table, lazy log2-domain softmax), cut into work items
-//!   by a host plan ([`ItemPlan`]); a sequence of few items is merged by the kernel's last warp,
-//!   the others by a combine pass; the engine's decode path on 16-position blocks. [`mma`] emulates its fragment arithmetic on the CPU (tested in CI);
+//!   by a host plan ([`ItemPlan`]) and merged by a combine; the engine's decode path on
+//!   16-position blocks. [`mma`] emulates its fragment arithmetic on the CPU (tested in CI);
 //! - `tq4_prefill_mma`: causal prefill attention of a chunk's queries over the codes on tensor
 //!   cores, flash-attention style: each 64-position tile dequantized once into shared memory
 //!   (swizzled for `ldmatrix`) and shared by the CTA's 96–128 query rows; no f32 expansion of
@@ -92,17 +92,10 @@ pub const MIN_CHUNK: usize = 64;
 /// See [`MIN_CHUNK`].
 pub const MAX_CHUNK: usize = 2048;
 
-/// Sequences with at most this many items have their partials merged by the attention kernel
-/// itself (the last warp to finish a (sequence, KV head) merges them), not by the combine pass;
-/// the kernel's `FOLD_MAX` (its merge loop, unrolled) is the same number.
-pub const FOLD_MAX_ITEMS: usize = 8;
-
 /// How a ragged batch of decode attention is cut into work items for the tensor-core kernel
 /// (`tq4_decode_mma`): every item is `(sequence, start, end)`, `chunk` positions of one sequence
 /// (the last one shorter), so that variable lengths balance; the items of sequence `b` are
-/// `seq_first[b] .. seq_first[b + 1]`, and their partials are merged in that order — by the
-/// kernel's last warp when there are at most [`FOLD_MAX_ITEMS`] (see [`ItemPlan::folded`]),
-/// otherwise by the combine.
+/// `seq_first[b] .. seq_first[b + 1]`, and the combine merges exactly those.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ItemPlan {
     /// Positions per item, a multiple of [`PAGE`].
@@ -173,18 +166,6 @@ impl ItemPlan {
     pub fn item(&self, i: usize) -> (usize, usize, usize) {
         let at = |k: usize| self.items[3 * i + k] as usize;
         (at(0), at(1), at(2))
-    }
-
-    /// Whether sequence `b`'s partials are merged by the attention kernel (1 ..=
-    /// [`FOLD_MAX_ITEMS`] items) rather than by the combine pass.
-    pub fn folded(&self, b: usize) -> bool {
-        let n = self.seq_first[b + 1] - self.seq_first[b];
-        (1..=FOLD_MAX_ITEMS as i32).contains(&n)
-    }
-
-    /// Whether any sequence needs the combine pass.
-    pub fn needs_combine(&self) -> bool {
-        (0..self.seq_first.len() - 1).any(|b| !self.folded(b))
     }
 }
 
@@ -257,7 +238,6 @@ mod tests {
         for name in ["tq4_encode", "tq4_decode_attention", "tq4_combine"] {
             assert!(TQ4_SOURCE.contains(&format!(" {name}(")), "{name}");
         }
-        assert!(TQ4_SOURCE.contains(&format!("#define FOLD_MAX {FOLD_MAX_ITEMS}\n")));
         assert_eq!(SplitPlan::new(32_768, 512).unwrap().splits, 64);
         assert_eq!(SplitPlan::new(513, 512).unwrap().splits, 2);
         assert!(SplitPlan::new(0, 512).is_err());
@@ -281,14 +261,12 @@ mod tests {
         // 4K batch 1 on 132 SMs × 2: 4096 / 264 = 15.5 → the floor of 64.
         let p = ItemPlan::new(&[4096], 264, None).unwrap();
         assert_eq!((p.chunk, p.len()), (64, 64));
-        assert!(!p.folded(0) && p.needs_combine());
         // 32K batch 16: 524,288 / 264 → 2048 (the ceiling).
         let p = ItemPlan::new(&[32_768; 16], 264, None).unwrap();
         assert_eq!((p.chunk, p.len()), (2048, 256));
         // 32K batch 1: 124 → 256 (the floor above 8K positions).
         assert_eq!(ItemPlan::new(&[32_768], 264, None).unwrap().chunk, 256);
-        // Ragged: every position of every sequence in exactly one item, in order; sequences of
-        // at most FOLD_MAX_ITEMS items are merged in the kernel.
+        // Ragged: every position of every sequence in exactly one item, in order.
         let lens = [1usize, 0, 700, 2085, 16];
         let p = ItemPlan::new(&lens, 8, Some(128)).unwrap();
         assert_eq!(p.seq_first.len(), lens.len() + 1);
@@ -298,17 +276,7 @@ mod tests {
             for (k, it) in (lo..hi).enumerate() {
                 assert_eq!(p.item(it), (b, k * 128, ((k + 1) * 128).min(len)));
             }
-            assert_eq!(p.folded(b), (1..=FOLD_MAX_ITEMS).contains(&(hi - lo)));
         }
-        assert_eq!(
-            (0..lens.len()).map(|b| p.folded(b)).collect::<Vec<_>>(),
-            [true, false, true, false, true]
-        );
-        // A sequence of length 0 has no items: the combine writes its zeros.
-        assert!(p.needs_combine());
-        // Short sequences only: every one merged in the kernel, no combine pass.
-        let p = ItemPlan::new(&[40, 300, 7], 264, None).unwrap();
-        assert!(!p.needs_combine());
         assert!(ItemPlan::new(&[100], 8, Some(24)).is_err());
         assert!(ItemPlan::new(&[100], 8, Some(0)).is_err());
         assert!(ItemPlan::new(&[0, 0], 8, None).unwrap().is_empty());

@@ -362,9 +362,7 @@ pub fn mma_decode(
             ));
         }
     }
-    // The merge, as the kernel's folded combine does it (item after item; the combine pass
-    // sums the same terms in another order): a sequence's items in the log2 domain, normalize,
-    // rotate back.
+    // The combine: merge a sequence's items in the log2 domain, normalize, rotate back.
     for b in 0..batch {
         let (first, last) = (plan.seq_first[b] as usize, plan.seq_first[b + 1] as usize);
         for h in 0..heads {

@@ -453,40 +453,25 @@ __device__ __forceinline__ unsigned int movmatrix_t(unsigned int x) {
 #define PAIR(lut, word, k, lane4) \
     (*(const unsigned int*)((lut) + __byte_perm((word), (lane4), 0x5504 | ((k) << 4))))
 
-// Cache operators of the streaming loads. Experiments (gpu-bench --define): MMA_L1_PREFETCH
-// lets the codes allocate in L1 (they are prefetched there), MMA_L2_PREFETCH=128|256 adds the
-// L2 prefetch-size hint.
-#ifdef MMA_L1_PREFETCH
-#define LDG_L1 ""
-#else
-#define LDG_L1 ".L1::no_allocate"
-#endif
-#if defined(MMA_L2_PREFETCH) && MMA_L2_PREFETCH == 256
-#define LDG_L2 ".L2::256B"
-#elif defined(MMA_L2_PREFETCH) && MMA_L2_PREFETCH == 128
-#define LDG_L2 ".L2::128B"
-#else
-#define LDG_L2 ""
-#endif
 __device__ __forceinline__ unsigned int ldg_u32(const void* p) {
     unsigned int r;
-    asm volatile("ld.global.nc" LDG_L1 LDG_L2 ".u32 %0, [%1];" : "=r"(r) : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
     return r;
 }
 __device__ __forceinline__ uint2 ldg_u64(const void* p) {
     uint2 r;
-    asm volatile("ld.global.nc" LDG_L1 LDG_L2 ".v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
 __device__ __forceinline__ uint4 ldg_u128(const void* p) {
     uint4 r;
-    asm volatile("ld.global.nc" LDG_L1 LDG_L2 ".v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
 }
 __device__ __forceinline__ unsigned short ldg_u16(const void* p) {
     unsigned short r;
-    asm volatile("ld.global.nc" LDG_L1 LDG_L2 ".u16 %0, [%1];" : "=h"(r) : "l"(p));
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(r) : "l"(p));
     return r;
 }
 
@@ -615,98 +600,20 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
     }
 }
 
-// Merges the partials of items first .. last (at most FOLD_MAX, in order) of one (sequence, KV
-// head) for the GROUP query heads of head g, normalizes, rotates back and writes the output
-// rows: the attention kernel's folded combine, by one warp, `ys` the warp's GROUP . HEAD_DIM
-// floats of shared memory. Every load of a pass is issued at once (two dependent rounds: the
-// maxima, then sums and accumulators). The partials come from other CTAs, so they are read
-// through L2 (ld.global.cg).
-#define FOLD_MAX 8
-#define DPL_F (HEAD_DIM / WARP)
-__device__ __forceinline__ void fold_items(const float* __restrict__ part_acc,
-                                           const float* __restrict__ part_m,
-                                           const float* __restrict__ part_l, int first, int last,
-                                           int b, int g, int heads, int kv_heads,
-                                           const float* __restrict__ signs, float rot_scale,
-                                           void* __restrict__ out, int out_bf16, float* ys,
-                                           int lane) {
-    const size_t base = ((size_t)first * kv_heads + g) * GROUP;
-    const size_t stride = (size_t)kv_heads * GROUP;  // from one item's partial to the next
-    const int n = last - first;
-    float mx[GROUP];
-#pragma unroll
-    for (int gh = 0; gh < GROUP; gh++) mx[gh] = NEG_INF;
-#pragma unroll
-    for (int s = 0; s < FOLD_MAX; s++)
-        if (s < n) {
-#pragma unroll
-            for (int gh = 0; gh < GROUP; gh++)
-                mx[gh] = fmaxf(mx[gh], __ldcg(part_m + base + s * stride + gh));
-        }
-    float y[GROUP][DPL_F], total[GROUP];
-#pragma unroll
-    for (int gh = 0; gh < GROUP; gh++) {
-        total[gh] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL_F; i++) y[gh][i] = 0.0f;
-    }
-#pragma unroll
-    for (int s = 0; s < FOLD_MAX; s++)
-        if (s < n) {
-#pragma unroll
-            for (int gh = 0; gh < GROUP; gh++) {
-                const size_t k = base + s * stride + gh;
-                const float m = __ldcg(part_m + k);
-                const float f = m == NEG_INF ? 0.0f : fast_exp2(m - mx[gh]);
-                total[gh] += __ldcg(part_l + k) * f;
-                const float* a = part_acc + k * HEAD_DIM + lane * DPL_F;
-#pragma unroll
-                for (int i = 0; i < DPL_F; i++) y[gh][i] += __ldcg(a + i) * f;
-            }
-        }
-    __syncwarp();
-#pragma unroll
-    for (int gh = 0; gh < GROUP; gh++) {
-        const float inv = total[gh] > 0.0f ? 1.0f / total[gh] : 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL_F; i++) ys[gh * HEAD_DIM + lane * DPL_F + i] = y[gh][i] * inv;
-    }
-    __syncwarp();
-    // The GROUP transforms side by side: the butterflies of fwht_warp, one stage at a time.
-    for (int h = 1; h < HEAD_DIM; h <<= 1) {
-        for (int i = lane; i < GROUP * HEAD_DIM / 2; i += WARP) {
-            const int hd = i / (HEAD_DIM / 2), ii = i % (HEAD_DIM / 2);
-            const int j = hd * HEAD_DIM + (ii / h) * 2 * h + (ii % h);
-            const float a = ys[j], c = ys[j + h];
-            ys[j] = a + c;
-            ys[j + h] = a - c;
-        }
-        __syncwarp();
-    }
-    const size_t o = ((size_t)b * heads + g * GROUP) * HEAD_DIM;
-    for (int i = lane; i < GROUP * HEAD_DIM; i += WARP) {
-        const float v = ys[i] * signs[i % HEAD_DIM] * rot_scale;
-        if (out_bf16)
-            ((unsigned short*)out)[o + i] = f32_to_bf16(v);
-        else
-            ((float*)out)[o + i] = v;
-    }
-}
-
 // Tensor-core decode attention. A CTA holds `ipc` items of `wpi` warps (one KV head each):
 // warp w works on item blockIdx.x . ipc + w / wpi of the host plan (`ItemPlan`: (sequence,
 // start, end) triples), KV head blockIdx.y . wpi + w % wpi, and writes the partial of its
-// (item, KV head). For a sequence of at most fold_max items, the last warp to finish a
-// (sequence, KV head) (a counter per pair, reset by that warp) merges the partials and writes
-// the output rows, so the combine pass skips that sequence. Dynamic shared memory: the 64 KB pair
-// table, then each warp's rotated queries (also the merge's scratch). The item's block-table
-// entries and first tile are in flight while the CTA fills the pair table and rotates the
-// queries; a warp loads tile t + 1 into registers while it computes tile t (two buffers, the loop
-// unrolled by two); the block-table entries of 32 pages at a time sit one per lane (the next 32
-// in flight) and reach the loads through a shuffle, so no load waits on another.
-// (A persistent form, warps walking several items with the pipeline running across them, was
-// measured 2-8 % slower: with the item loop ptxas no longer folds the pair table's base into
-// the lookups, ~50 more integer instructions a tile.)
+// (item, KV head); tq4_combine_items merges them. Dynamic shared memory: the 64 KB pair table,
+// then each warp's rotated queries. The item's block-table entries and first tile are in flight
+// while the CTA fills the pair table and rotates the queries; a warp loads tile t + 1 into
+// registers while it computes tile t (two buffers, the loop unrolled by two); the block-table
+// entries of 32 pages at a time sit one per lane (the next 32 in flight) and reach the loads
+// through a shuffle, so no load waits on another.
+// Measured and not kept (benches/results/2026-11-26-h100-decode/): a persistent form, warps
+// walking several items with the pipeline running across them, 2-8 % slower (with the item loop
+// ptxas no longer folds the pair table's base into the lookups: ~50 more integer instructions a
+// tile); the combine folded into this kernel for sequences of few items (the last warp of a
+// (sequence, KV head) merging, through a counter), 4-5 us slower than the PDL-launched combine.
 extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     const float* __restrict__ q, int heads, int kv_heads,
     const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
@@ -714,9 +621,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
     int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int ipc,
     int wpi, const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
-    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
-    const int* __restrict__ seq_first, int* __restrict__ counters, int fold_max, float rot_scale,
-    void* __restrict__ out, int out_bf16) {
+    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l) {
     extern __shared__ __align__(16) unsigned int smem[];
     (void)seq_lens;  // the plan's item ends already respect the lengths
 #ifdef MMA_KV_HEADS
@@ -856,21 +761,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
             part_l[part + h1] = l1;
         }
     }
-    const int first = seq_first[b], last = seq_first[b + 1];
-    if (last - first <= fold_max) {
-        // Publish the partial, count it; the last of the (sequence, KV head) merges.
-        __threadfence();
-        __syncwarp();
-        int arrived = 0;
-        if (lane == 0) arrived = atomicAdd(counters + (size_t)b * kv_heads + g, 1);
-        arrived = __shfl_sync(0xffffffffu, arrived, 0);
-        if (arrived == last - first - 1) {
-            __threadfence();
-            if (lane == 0) counters[(size_t)b * kv_heads + g] = 0;  // for the next launch
-            fold_items(part_acc, part_m, part_l, first, last, b, g, heads, kv_heads, signs,
-                       rot_scale, out, out_bf16, qs, lane);
-        }
-    }
 }
 
 // Merges the items of each (sequence, head) (`seq_first[b] .. seq_first[b + 1]`, maxima in the
@@ -884,16 +774,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
 extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * WARP) tq4_combine_items(
     const float* __restrict__ part_acc, const float* __restrict__ part_m,
     const float* __restrict__ part_l, int heads, int kv_heads, const int* __restrict__ seq_first,
-    const float* __restrict__ signs, float rot_scale, void* __restrict__ out, int out_bf16,
-    int fold_max) {
+    const float* __restrict__ signs, float rot_scale, void* __restrict__ out, int out_bf16) {
     __shared__ float ys[COMBINE_WARPS][HEAD_DIM];
     __shared__ float ms[COMBINE_WARPS], ls[COMBINE_WARPS];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int h = blockIdx.x, b = blockIdx.y;
     const int g = h / GROUP, gh = h % GROUP;
     const int first = seq_first[b], last = seq_first[b + 1];
-    // A sequence of 1 .. fold_max items was merged by the attention kernel.
-    if (last > first && last - first <= fold_max) return;
     // Launched as a programmatic dependent of tq4_decode_mma: wait for its partials (a no-op
     // when launched plainly).
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -84,14 +84,6 @@ fn main() -> Result<()> {
         )
         .collect::<Result<_, _>>()?;
     let chunk: usize = flag("--chunk").map_or(Ok(DEFAULT_CHUNK), |v| v.parse())?;
-    // `--fold on|off|both`: sequences of few items merged in the attention kernel (the default)
-    // or all by the combine pass.
-    let folds: Vec<bool> = match flag("--fold").as_deref() {
-        None | Some("on") => vec![true],
-        Some("off") => vec![false],
-        Some("both") => vec![true, false],
-        Some(other) => anyhow::bail!("--fold {other} (on, off or both)"),
-    };
     let mut out_file = match flag("--out") {
         Some(p) => Some(std::fs::File::create(&p).with_context(|| p.clone())?),
         None => None,
@@ -203,22 +195,17 @@ fn main() -> Result<()> {
             if kernels.contains("mma") {
                 let lens_host = vec![ctx_len; batch];
                 for &layout in &layouts {
-                    for (&mc, &fold) in mma_chunks
-                        .iter()
-                        .flat_map(|mc| folds.iter().map(move |f| (mc, f)))
-                    {
+                    for &mc in &mma_chunks {
                         let mut mw = k.mma_work(&lens_host, kv_heads, mc)?;
-                        mw.set_fold(fold);
                         let s = time(&mut || {
                             Ok(k.decode_attention_mma(&a, layout, &mut mw, &mut out)?)
                         })?;
                         let bw = bytes / s;
                         emit(format!(
-                            "{{\"bench\":\"tq4_decode_mma\",\"defines\":\"{}\",\"layers\":1,\"layout\":\"{layout:?}\",\"chunk\":{},\"items\":{},\"fold\":{fold},\"combine_pass\":{},\"planned\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
+                            "{{\"bench\":\"tq4_decode_mma\",\"defines\":\"{}\",\"layers\":1,\"layout\":\"{layout:?}\",\"chunk\":{},\"items\":{},\"planned\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
                             extra.join(" "),
                             mw.plan().chunk,
                             mw.plan().len(),
-                            !fold || mw.plan().needs_combine(),
                             mc.is_none(),
                             bw / read_bw
                         ))?;

@@ -309,14 +309,8 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     data.attend_dense(table, len, &q[b * n..][..n], heads)
                 })
                 .collect::<Result<_, _>>()?;
-            // Both merges: sequences of few items folded into the attention kernel (the
-            // default) and every sequence through the combine pass.
-            for (chunk, fold) in [None, Some(64), Some(8192)]
-                .into_iter()
-                .flat_map(|c| [(c, true), (c, false)])
-            {
+            for chunk in [None, Some(64), Some(8192)] {
                 let mut work = k.mma_work(&lens, kv_heads, chunk)?;
-                work.set_fold(fold);
                 let mut emulated = vec![0f32; q.len()];
                 mma_decode(
                     &codec,
@@ -379,9 +373,8 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     let emu = rel_l2(got, &emulated[b * n..][..n]);
                     let pass = err <= 2e-3 && emu <= 5e-4 && same_layouts && no_nan && bf16_rounded;
                     ok &= pass;
-                    let folded = fold && work.plan().folded(b);
                     println!(
-                        "{{\"check\":\"tq4_decode_mma\",\"head_dim\":{head_dim},\"group\":{group},\"kv_heads\":{kv_heads},\"tokens\":{len},\"chunk\":{chunk_used},\"folded\":{folded},\"rel_l2\":{err:.3e},\"bound\":2e-3,\"rel_l2_vs_emulation\":{emu:.3e},\"emulation_bound\":5e-4,\"layouts_identical\":{same_layouts},\"finite\":{no_nan},\"bf16_output_is_f32_rounded\":{bf16_rounded},\"pass\":{pass}}}"
+                        "{{\"check\":\"tq4_decode_mma\",\"head_dim\":{head_dim},\"group\":{group},\"kv_heads\":{kv_heads},\"tokens\":{len},\"chunk\":{chunk_used},\"rel_l2\":{err:.3e},\"bound\":2e-3,\"rel_l2_vs_emulation\":{emu:.3e},\"emulation_bound\":5e-4,\"layouts_identical\":{same_layouts},\"finite\":{no_nan},\"bf16_output_is_f32_rounded\":{bf16_rounded},\"pass\":{pass}}}"
                     );
                 }
             }
