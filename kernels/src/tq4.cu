@@ -449,6 +449,18 @@ __device__ __forceinline__ unsigned int movmatrix_t(unsigned int x) {
     return r;
 }
 
+// Fills the pair table (LUT_WORDS words of shared memory at `lut`) by the CTA's threads: word
+// byte . 64 + lane = half2(codebook[byte & 15], codebook[byte >> 4]), one copy per lane (words
+// 0-31 of each 64-word row), so that a lookup is conflict-free.
+__device__ __forceinline__ void fill_pair_table(unsigned int* lut,
+                                                const float* __restrict__ codebook, int tid) {
+    for (int i = tid; i < LUT_WORDS / 8; i += blockDim.x) {
+        const int idx = i >> 3;
+        const unsigned int v = pack_half2(codebook[idx & 15], codebook[idx >> 4]);
+        *(uint4*)(lut + idx * 64 + (i & 7) * 4) = make_uint4(v, v, v, v);
+    }
+}
+
 // Byte k of `word` looked up in the lane's copy of the pair table.
 #define PAIR(lut, word, k, lane4) \
     (*(const unsigned int*)((lut) + __byte_perm((word), (lane4), 0x5504 | ((k) << 4))))
@@ -688,11 +700,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
         tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
         mma_load(ta, kb, vb, knb, vnb, page_of(t_first), pos_stride);
     }
-    for (int i = tid; i < LUT_WORDS / 8; i += blockDim.x) {
-        int idx = i >> 3;
-        unsigned int v = pack_half2(codebook[idx & 15], codebook[idx >> 4]);
-        *(uint4*)(smem + idx * 64 + (i & 7) * 4) = make_uint4(v, v, v, v);
-    }
+    fill_pair_table(smem, codebook, tid);
     if (live) {
         for (int h = 0; h < GROUP; h++) {
             const float* qh = q + ((size_t)b * heads + g * GROUP + h) * HEAD_DIM;
@@ -939,13 +947,8 @@ extern "C" __global__ void __launch_bounds__(256) tq4_prefill_mma(
     const int i0 = blockIdx.x * pf_qp + qt * 16;  // the warp's first query (index in the chunk)
     const int cta_last = min(m, (int)(blockIdx.x + 1) * pf_qp);
     const int kend = start + cta_last;  // keys 0 .. kend
-    // The pair table (as tq4_decode_mma's): word byte . 64 + lane = half2(codebook[byte & 15],
-    // codebook[byte >> 4]), one copy per lane, so that a lookup is conflict-free.
-    for (int i = tid; i < LUT_WORDS / 8; i += blockDim.x) {
-        const int idx = i >> 3;
-        const unsigned int v = pack_half2(codebook[idx & 15], codebook[idx >> 4]);
-        *(uint4*)(lut + 4 * (idx * 64 + (i & 7) * 4)) = make_uint4(v, v, v, v);
-    }
+    // The pair table, as tq4_decode_mma's.
+    fill_pair_table((unsigned int*)(raws_s + 2 * 2 * PF_KT * CODE_BYTES), codebook, tid);
     const unsigned int lane4 = (unsigned int)lane << 2;
 
     // Rotate the warp's 16 query rows into the codebook's space (shared memory aliasing the

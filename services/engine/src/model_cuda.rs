@@ -107,6 +107,10 @@ fn act_tensor(buf: ActBuf, dev: &CudaDevice, shape: (usize, usize)) -> Tensor {
 /// (6.92 vs 7.64 ms a step) and two (7.74 vs 8.05), and lost at four (9.19 vs 8.53), where its
 /// per-row bf16 widening makes it ALU-bound.
 const GEMV_ROWS: usize = 2;
+const _: () = assert!(
+    GEMV_ROWS <= GEMV_MAX_ROWS,
+    "gemv_bf16 takes at most GEMV_MAX_ROWS rows"
+);
 
 /// `x · wᵀ` (`x` `[n, k]`, `w` `[m, k]`): a decode step of at most [`GEMV_ROWS`] rows with bf16
 /// operands takes the few-row kernel, anything else candle's matmul (cuBLAS).
@@ -122,7 +126,7 @@ fn product(
     let (n, k) = x.dims2()?;
     let (m, kw) = w.dims2()?;
     if !off
-        && (1..=GEMV_ROWS.min(GEMV_MAX_ROWS)).contains(&n)
+        && (1..=GEMV_ROWS).contains(&n)
         && k == kw
         && x.dtype() == DType::BF16
         && w.dtype() == DType::BF16
