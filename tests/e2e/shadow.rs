@@ -617,3 +617,336 @@ fn a_session_cache_saves_loads_exports_and_imports() {
     turn(&srv, &key, "a", "And in one word?");
     srv.stop();
 }
+
+/// The value of a Prometheus sample line `name` (with its labels) in `/metrics`.
+fn metric(srv: &Server, name: &str) -> u64 {
+    let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
+    let m = m.as_str().unwrap_or_default().to_string();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+}
+
+fn session_tiers(srv: &Server, key: &str, session: &str) -> Value {
+    let (s, v) = srv.call(
+        "GET",
+        &format!("/v1/agents/bot/sessions/{session}/cache"),
+        Some(key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+#[test]
+fn an_evicted_session_is_read_back_from_disk_on_a_miss_and_answers_like_a_hot_one() {
+    let dir = fresh_dir("shadow-miss");
+    let srv = Server::start_with(config(&sqlite_url(), Some(&dir)));
+    // Tenants never share blocks: `hot` keeps its cache, `evicted` loses it.
+    let (hot, _) = srv.tenant_with_bot("hot", AXIOMS);
+    let (evicted, _) = srv.tenant_with_bot("evicted", AXIOMS);
+    for i in 0..3 {
+        assert_eq!(
+            turn(&srv, &hot, "s", &message(i)),
+            turn(&srv, &evicted, "s", &message(i))
+        );
+    }
+    let replayed = metric(&srv, "engram_replayed_turns_total");
+    let (s, ev) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/evict",
+        Some(&evicted),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{ev}");
+    let dropped = ev["dropped"].as_u64().unwrap();
+    assert!(ev["saved"].as_u64().unwrap() > 0 && dropped > 0, "{ev}");
+    // Only the pinned stable prefix stays in memory.
+    let tiers = session_tiers(&srv, &evicted, "s");
+    assert_eq!(tiers["blocks"], ev["pinned"], "{tiers} after {ev}");
+    // The next turn reads the session back from the shadow: nothing replayed, every block of
+    // the conversation reused, the same answer as the session that never lost its cache.
+    let want = turn(&srv, &hot, "s", &message(3));
+    assert_eq!(turn(&srv, &evicted, "s", &message(3)), want);
+    assert_eq!(
+        metric(&srv, "engram_shadow_miss_reads_total{result=\"loaded\"}"),
+        1
+    );
+    // The chain's blocks came back (the earlier prompts' volatile tails, dropped too, are in
+    // no chain and were never needed again).
+    let disk_hits = metric(&srv, "engram_cache_blocks_total{result=\"disk_hit\"}");
+    assert!(
+        disk_hits > 0 && disk_hits <= dropped,
+        "{disk_hits} of {dropped}"
+    );
+    assert_eq!(metric(&srv, "engram_replayed_turns_total"), replayed);
+    // A turn that misses nothing reads nothing.
+    assert_eq!(
+        turn(&srv, &evicted, "s", &message(4)),
+        turn(&srv, &hot, "s", &message(4))
+    );
+    assert_eq!(
+        metric(&srv, "engram_shadow_miss_reads_total{result=\"loaded\"}"),
+        1
+    );
+
+    // A damaged entry is never served: a flipped byte in every segment of the evicted
+    // tenant's entry fails the read (CRC), and the turn replays the session instead.
+    let (s, ev) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/evict",
+        Some(&evicted),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{ev}");
+    let mut flipped = 0;
+    for entry in std::fs::read_dir(dir.join("entries")).unwrap() {
+        let entry = entry.unwrap().path();
+        if !entry
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("s-")
+        {
+            continue;
+        }
+        for seg in std::fs::read_dir(&entry).unwrap() {
+            let seg = seg.unwrap().path();
+            if seg
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("seg-")
+            {
+                let mut bytes = std::fs::read(&seg).unwrap();
+                let at = bytes.len() - 7;
+                bytes[at] ^= 0x10;
+                std::fs::write(&seg, bytes).unwrap();
+                flipped += 1;
+            }
+        }
+    }
+    assert!(flipped > 0);
+    assert_eq!(
+        turn(&srv, &evicted, "s", &message(5)),
+        turn(&srv, &hot, "s", &message(5))
+    );
+    assert_eq!(
+        metric(&srv, "engram_shadow_miss_reads_total{result=\"failed\"}"),
+        1
+    );
+    assert!(metric(&srv, "engram_replayed_turns_total") > replayed);
+    // The damaged entry was removed: the next eviction writes the session whole again, and
+    // the turn after it reads it back.
+    let (s, ev) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/evict",
+        Some(&evicted),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{ev}");
+    assert!(ev["saved"].as_u64().unwrap() >= disk_hits, "{ev}");
+    assert_eq!(
+        turn(&srv, &evicted, "s", &message(6)),
+        turn(&srv, &hot, "s", &message(6))
+    );
+    assert_eq!(
+        metric(&srv, "engram_shadow_miss_reads_total{result=\"loaded\"}"),
+        2
+    );
+    srv.stop();
+
+    // Without a shadow an eviction saves nothing and the next turn replays.
+    let srv = Server::start_with(config(&sqlite_url(), None));
+    let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+    turn(&srv, &key, "s", &message(0));
+    let (s, ev) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/evict",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!((s, ev["saved"].as_u64()), (200, Some(0)), "{ev}");
+    assert!(ev["dropped"].as_u64().unwrap() > 0, "{ev}");
+    turn(&srv, &key, "s", &message(1));
+    assert_eq!(metric(&srv, "engram_replayed_turns_total"), 2);
+    srv.stop();
+}
+
+/// The JSON header of a safetensors file under `key`.
+fn file_header(file: &[u8], key: &str) -> Value {
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    serde_json::from_str(header["__metadata__"][key].as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn an_agents_sessions_export_as_one_file_and_import_on_another_node() {
+    let url = sqlite_url();
+    let dir = fresh_dir("agent-io");
+    let srv = Server::start_with(config(&url, Some(&dir)));
+    let (key, _) = srv.tenant_with_bot("t", AXIOMS);
+    let (s, e) = srv.call(
+        "GET",
+        "/v1/agents/bot/cache/export",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!((s, e["code"].as_str()), (404, Some("not_found")), "{e}");
+    let names = ["a", "b", "c"];
+    for (i, name) in names.iter().enumerate() {
+        turn(&srv, &key, name, &message(i));
+    }
+    let (s, file) = srv.raw("GET", "/v1/agents/bot/cache/export", Some(&key), b"");
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&file));
+    let header = file_header(&file, "engram.agent");
+    let sessions = header["sessions"].as_array().unwrap();
+    let blocks = header["blocks"].as_array().unwrap();
+    assert_eq!(
+        sessions
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        names
+    );
+    // The stable prefix the sessions share is stored once.
+    let rows: usize = sessions
+        .iter()
+        .map(|s| s["rows"].as_array().unwrap().len())
+        .sum();
+    assert!(blocks.len() < rows, "{} distinct of {rows}", blocks.len());
+    // Each session's chain is its per-session export, block for block.
+    for s in sessions {
+        let crcs: Vec<u32> = s["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                blocks[r.as_u64().unwrap() as usize]["crc32c"]
+                    .as_u64()
+                    .unwrap() as u32
+            })
+            .collect();
+        assert_eq!(crcs, export_crcs(&srv, &key, s["name"].as_str().unwrap()));
+    }
+    let (_, session_file) = srv.raw(
+        "GET",
+        "/v1/agents/bot/sessions/a/cache/export",
+        Some(&key),
+        b"",
+    );
+    srv.stop();
+
+    // Another node: same database, an empty shadow.
+    let other = fresh_dir("agent-io-other");
+    let srv = Server::start_with(config(&url, Some(&other)));
+    // A broken file, and a per-session file, are refused whole: nothing is loaded.
+    let post = |body: &[u8]| {
+        let (s, b) = srv.raw("POST", "/v1/agents/bot/cache/import", Some(&key), body);
+        (s, serde_json::from_slice::<Value>(&b).unwrap())
+    };
+    let mut flipped = file.clone();
+    let at = flipped.len() - 3;
+    flipped[at] ^= 0x01;
+    for bad in [&file[..file.len() / 2], &flipped[..], &session_file[..]] {
+        let (s, e) = post(bad);
+        assert_eq!(
+            (s, e["code"].as_str()),
+            (422, Some("invalid_cache_file")),
+            "{e}"
+        );
+    }
+    let (s, _) = srv.raw(
+        "GET",
+        "/v1/agents/bot/sessions/a/cache/export",
+        Some(&key),
+        b"",
+    );
+    assert_eq!(s, 404, "nothing was loaded");
+    let (s, imported) = post(&file);
+    assert_eq!(s, 200, "{imported}");
+    assert_eq!(imported["sessions"], 3);
+    assert_eq!(imported["blocks"].as_u64().unwrap() as usize, rows);
+    // Each session's next turn reuses what the file carried.
+    let mut cached = 0;
+    for (i, name) in names.iter().enumerate() {
+        cached += turn(&srv, &key, name, &message(i + 3)).1;
+    }
+    assert!(
+        cached + 3 * 32 >= imported["tokens"].as_u64().unwrap(),
+        "{cached} of {imported}"
+    );
+    srv.stop();
+    // The import was written to this node's shadow.
+    let srv = Server::start_with(config(&url, Some(&other)));
+    let status = shadow_status(&srv);
+    assert!(
+        status["recovery_counts"]["recovered"].as_u64().unwrap() >= 3,
+        "{status}"
+    );
+    srv.stop();
+}
+
+#[test]
+fn a_shadow_larger_than_the_cold_tier_recovers_what_fits_and_the_rest_on_a_miss() {
+    let url = sqlite_url();
+    let dir = fresh_dir("shadow-large");
+    let srv = Server::start_with(config(&url, Some(&dir)));
+    let (key, agent) = srv.tenant_with_bot("t", AXIOMS);
+    let agent_id = agent["agent"]["id"].as_str().unwrap().to_string();
+    let notes = "Summarise the following notes. ".repeat(24);
+    let names = ["s0", "s1", "s2", "s3"];
+    let mut prompts = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        turn(&srv, &key, name, &format!("{notes} ({i})"));
+        prompts.push(turn(&srv, &key, name, &message(i)));
+    }
+    let (s, f) = srv.call("POST", "/v1/admin/shadow/flush", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200, "{f}");
+    let on_disk_bytes = shadow_status(&srv)["bytes_on_disk"].as_u64().unwrap();
+    srv.stop();
+
+    // A node whose cold tier holds under half of the shadow.
+    let mut small = config(&url, Some(&dir));
+    small.model.cold_mib = (on_disk_bytes / 3 >> 20).max(1);
+    let srv = Server::start_with(small);
+    let status = shadow_status(&srv);
+    let counts = &status["recovery_counts"];
+    assert!(
+        counts["recovered"].as_u64().unwrap_or(0) >= 1
+            && counts["on_disk"].as_u64().unwrap_or(0) >= 1,
+        "{status}"
+    );
+    let (_, cache) = srv.call("GET", "/v1/admin/cache", Some(ADMIN), Value::Null);
+    let occ = &cache["occupancy"];
+    assert!(
+        occ["cold_used"].as_u64().unwrap() <= occ["cold_capacity"].as_u64().unwrap(),
+        "{cache}"
+    );
+    // The sessions written last were loaded first; a session left on disk is read back on its
+    // next turn's miss and reuses its conversation.
+    let left: Vec<u64> = status["recovery"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["outcome"] == "on_disk" && e["kind"] == "session")
+        .map(|e| e["session"].as_u64().unwrap())
+        .collect();
+    let name = names
+        .iter()
+        .find(|n| left.contains(&session_key(&agent_id, n)))
+        .unwrap_or_else(|| panic!("no session left on disk: {status}"));
+    assert_ne!(
+        *name, "s3",
+        "the last written session is recovered first: {status}"
+    );
+    let (_, cached) = turn(&srv, &key, name, "And in one word?");
+    assert_eq!(
+        metric(&srv, "engram_shadow_miss_reads_total{result=\"loaded\"}"),
+        1
+    );
+    let i = names.iter().position(|n| n == name).unwrap();
+    let (_, before) = prompts[i];
+    assert!(cached >= before, "{cached} cached after {before}");
+    srv.stop();
+}

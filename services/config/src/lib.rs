@@ -107,6 +107,24 @@ pub struct ShadowSection {
     /// that its answer equals that of a run that never lost them (CPU prefill is not
     /// batch-invariant). Off: one prefill of the whole gap (faster, may round differently).
     pub replay: bool,
+    /// Other nodes' shadows, comma-separated: `s3://` URLs (same endpoint and credentials as
+    /// `url`; typically other prefixes of the same bucket) or directories. Read only on a
+    /// miss: a session none of this node's tiers holds is looked up there, and an entry found
+    /// is loaded, written to this node's shadow and deleted from the other's (adopted, never
+    /// duplicated) — a session whose node is gone resumes its cache here.
+    pub peers: String,
+}
+
+impl ShadowSection {
+    /// The peers' locations (see `peers`).
+    pub fn peer_list(&self) -> Vec<String> {
+        self.peers
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 impl ShadowSection {
@@ -142,6 +160,7 @@ impl Default for ShadowSection {
             recover: true,
             max_write_mib_per_sec: 0,
             replay: true,
+            peers: String::new(),
         }
     }
 }
@@ -263,6 +282,10 @@ pub struct ModelSection {
     /// Also cache the blocks of generated replies as decode computed them (faster next turns;
     /// answers may then depend on what the cache held — see `EngineConfig::cache_generated`).
     pub cache_generated: bool,
+    /// Session chain records (what the shadow writes) the engine keeps per tenant; over it the
+    /// tenant's own least recently recorded session stops being shadowed, never another
+    /// tenant's. All tenants together keep at most 16,384.
+    pub chains_per_tenant: usize,
     /// Sequences the engine runs at once; waiting requests are admitted fairly across tenants
     /// (the tenant with the fewest running, then the one served least recently, goes first).
     pub max_running: usize,
@@ -341,6 +364,7 @@ impl ModelSection {
             }),
             max_running: self.max_running,
             step_tokens: self.step_tokens,
+            chains_per_tenant: self.chains_per_tenant,
             threads: self.threads,
             weights: engram_engine::WeightFormat::parse(&self.weights).unwrap_or_default(),
             device_weights: engram_engine::DeviceWeights::parse(&self.device_weights)
@@ -369,6 +393,7 @@ impl Default for ModelSection {
             cold_mib: 2048,
             device: "cpu".into(),
             cache_generated: false,
+            chains_per_tenant: engram_engine::CHAINS_PER_TENANT,
             max_running: 16,
             step_tokens: 32,
             threads: 0,
@@ -526,6 +551,9 @@ impl Config {
         if !(1..=256).contains(&self.model.max_running) {
             return bad("model.max_running", "must be 1 to 256");
         }
+        if !(1..=engram_engine::MAX_CHAINS).contains(&self.model.chains_per_tenant) {
+            return bad("model.chains_per_tenant", "must be 1 to 16384");
+        }
         if !(1..=65_536).contains(&self.model.step_tokens) {
             return bad("model.step_tokens", "must be 1 to 65536");
         }
@@ -558,6 +586,16 @@ impl Config {
         }
         if self.shadow.interval_ms < 10 {
             return bad("shadow.interval_ms", "must be at least 10");
+        }
+        for peer in self.shadow.peer_list() {
+            if peer.starts_with("s3://")
+                && let Err(e) = engram_shadow::S3Settings::parse(&peer)
+            {
+                return bad("shadow.peers", &e.to_string());
+            }
+            if peer.contains("://") && !peer.starts_with("s3://") {
+                return bad("shadow.peers", "each peer is an s3:// URL or a directory");
+            }
         }
         if !self.shadow.url.is_empty()
             && let Err(e) = engram_shadow::S3Settings::parse(&self.shadow.url)
@@ -743,6 +781,17 @@ mod tests {
             // Without a profile there is no sensitivity to pick the narrower codecs by.
             ("ENGRAM__MODEL__DOWN_TIER_KL", "0.05", "model.down_tier_kl"),
             ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
+            (
+                "ENGRAM__SHADOW__PEERS",
+                "s3://b/n2, gs://bucket",
+                "shadow.peers",
+            ),
+            ("ENGRAM__SHADOW__PEERS", "s3://Bad_Bucket", "shadow.peers"),
+            (
+                "ENGRAM__MODEL__CHAINS_PER_TENANT",
+                "0",
+                "model.chains_per_tenant",
+            ),
             ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
         ] {
             match load(k, v) {

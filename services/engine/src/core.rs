@@ -45,14 +45,14 @@ use crate::prefix::{BlockHash, PrefixCache, chain_hash};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{DeviceWeights, WeightFormat};
-pub use cache::{DownTier, ForgetReport};
+pub use cache::{DownTier, EvictReport, ForgetReport};
 pub use fault::{EngineFault, FaultKind};
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
 };
 pub use shadow::{
-    ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport, ShadowBlock,
-    ShadowChain,
+    CHAINS_PER_TENANT, ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport,
+    ShadowBlock, ShadowChain,
 };
 pub use tiers::{CycleReport, TierObservation, TierPolicy};
 
@@ -121,6 +121,14 @@ pub struct EngineConfig {
     /// serialized).
     #[serde(skip)]
     pub fault: Option<EngineFault>,
+    /// Session chain records (what the shadow writes) each tenant keeps at most; over it the
+    /// tenant's own oldest record goes, never another tenant's.
+    #[serde(default = "default_chains_per_tenant")]
+    pub chains_per_tenant: usize,
+}
+
+fn default_chains_per_tenant() -> usize {
+    shadow::CHAINS_PER_TENANT
 }
 
 impl EngineConfig {
@@ -212,6 +220,7 @@ impl Default for EngineConfig {
             cache_generated: false,
             down_tier: None,
             fault: None,
+            chains_per_tenant: shadow::CHAINS_PER_TENANT,
         }
     }
 }
@@ -634,6 +643,7 @@ impl EngineCore {
         h.update(serde_json::to_vec(&codecs).unwrap_or_default());
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());
+        let chains = shadow::Chains::new(config.chains_per_tenant, MAX_CHAINS);
         Ok(Self {
             fingerprint: h.finalize().into(),
             model,
@@ -650,7 +660,7 @@ impl EngineCore {
             public_users: HashMap::new(),
             cold_quotas: HashMap::new(),
             reservations: reserve::Reservations::default(),
-            chains: shadow::Chains::default(),
+            chains,
         })
     }
 

@@ -29,13 +29,14 @@ mod weights;
 
 pub use crate::core::{
     Admission, CacheCounters, ChunkOutput, DownTier, EngineConfig, EngineCore, EngineDevice,
-    EngineFault, FaultKind, ForgetReport, KeyCentering, NUMERICS, Occupancy, PUBLIC_TENANT,
-    PrefillStep, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters, ReservationId,
-    ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec, StepOutput,
+    EngineFault, EvictReport, FaultKind, ForgetReport, KeyCentering, NUMERICS, Occupancy,
+    PUBLIC_TENANT, PrefillStep, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters,
+    ReservationId, ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec,
+    StepOutput,
 };
 pub use crate::core::{
-    ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport, ShadowBlock,
-    ShadowChain,
+    CHAINS_PER_TENANT, ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport,
+    ShadowBlock, ShadowChain,
 };
 pub use crate::core::{CycleReport, TierObservation, TierPolicy};
 pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};

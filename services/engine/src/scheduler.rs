@@ -27,9 +27,9 @@ use engram_kvcore::{
 };
 
 use crate::core::{
-    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, FaultKind, ForgetReport,
-    Occupancy, PrefixLookup, ReservationCounters, ReservationId, ReservationInfo, ReserveRequest,
-    RestoreChain, RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
+    Admission, CacheCounters, ChainKey, CycleReport, EngineCore, EvictReport, FaultKind,
+    ForgetReport, Occupancy, PrefixLookup, ReservationCounters, ReservationId, ReservationInfo,
+    ReserveRequest, RestoreChain, RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
 };
 use crate::error::{EngineError, EngineResult};
 use crate::sampling::{Sampler, SamplingParams};
@@ -122,6 +122,7 @@ enum Command {
         (TenantId, u64, u64),
         flume::Sender<EngineResult<ForgetReport>>,
     ),
+    Evict(ChainKey, flume::Sender<EngineResult<EvictReport>>),
 }
 
 /// What the shadow asks the engine for (see [`EngineCore::shadow_collect`]).
@@ -241,6 +242,7 @@ impl std::fmt::Debug for Command {
             Self::ShadowRestore(..) => "Command::ShadowRestore",
             Self::TierCycle(..) => "Command::TierCycle",
             Self::Forget(..) => "Command::Forget",
+            Self::Evict(..) => "Command::Evict",
         })
     }
 }
@@ -419,6 +421,17 @@ impl Engine {
     ) -> EngineResult<flume::Receiver<EngineResult<ForgetReport>>> {
         let (tx, rx) = flume::bounded(1);
         self.ask(Command::Forget((tenant, mask, value), tx))?;
+        Ok(rx)
+    }
+
+    /// Drops a session's own unpinned, idle blocks from the hot and cold tiers, keeping its
+    /// chain record; see [`EngineCore::evict_session`].
+    pub fn evict_session(
+        &self,
+        key: ChainKey,
+    ) -> EngineResult<flume::Receiver<EngineResult<EvictReport>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Evict(key, tx))?;
         Ok(rx)
     }
 
@@ -629,6 +642,9 @@ impl Worker {
                 }
                 Command::Forget((tenant, mask, value), reply) => {
                     let _ = reply.send(self.core.forget(tenant, mask, value));
+                }
+                Command::Evict((tenant, session), reply) => {
+                    let _ = reply.send(self.core.evict_session(tenant, session));
                 }
                 Command::TierCycle(args, reply) => {
                     let (mut policy, active) = *args;

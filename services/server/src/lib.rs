@@ -101,6 +101,29 @@ pub fn shadow_storage(
     engram_shadow::open_storage(s3.as_ref(), &dir)
 }
 
+/// The other nodes' shadows `shadow.peers` names (s3:// URLs with this node's endpoint and
+/// credentials, or directories).
+pub fn peer_storages(
+    config: &Config,
+) -> Result<Vec<Arc<dyn engram_shadow::Storage>>, engram_shadow::ShadowError> {
+    config
+        .shadow
+        .peer_list()
+        .into_iter()
+        .map(|peer| {
+            if peer.starts_with("s3://") {
+                let s3 = engram_shadow::S3Settings {
+                    url: peer,
+                    ..config.shadow.s3_settings()
+                };
+                engram_shadow::open_storage(Some(&s3), Path::new(""))
+            } else {
+                engram_shadow::open_storage(None, Path::new(&peer))
+            }
+        })
+        .collect()
+}
+
 /// The shadow directory, recovered into the engine's cold tier when `shadow.recover` is on.
 async fn open_shadow(
     config: &Config,
@@ -110,7 +133,8 @@ async fn open_shadow(
     let s = &config.shadow;
     let store = shadow_storage(config)?;
     let dir = store.location();
-    let shadow = engram_shadow::Shadow::open(store, s.interval_ms, s.max_write_mib_per_sec)?;
+    let shadow = engram_shadow::Shadow::open(store, s.interval_ms, s.max_write_mib_per_sec)?
+        .with_peers(peer_storages(config)?);
     if !s.recover {
         let n = shadow.index().await?;
         eprintln!("engram: shadow: {n} entries in {dir} left on disk (shadow.recover is off)");

@@ -1,4 +1,5 @@
-//! Server-side metrics (lock-free): the TTFT histogram. Cache counters come from the engine.
+//! Server-side metrics (lock-free): the TTFT histogram, replays and the shadow reads on a miss.
+//! Cache counters come from the engine.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,6 +13,36 @@ pub struct Metrics {
     ttft_count: AtomicU64,
     ttft_sum_us: AtomicU64,
     replayed_turns: AtomicU64,
+    disk_hit_blocks: AtomicU64,
+    miss_reads: [AtomicU64; 4],
+}
+
+/// How a turn's read of the shadow on a miss ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissRead {
+    /// The shadow held the session: its blocks went back into the cold tier.
+    Loaded,
+    /// The shadow holds nothing of the session (its blocks are recomputed).
+    Absent,
+    /// Another node's shadow (`shadow.peers`) held the session: loaded, and adopted into this
+    /// node's shadow.
+    Adopted,
+    /// The shadow's entry could not be used (damaged, another model, a store error): the
+    /// blocks are recomputed.
+    Failed,
+}
+
+impl MissRead {
+    const ALL: [Self; 4] = [Self::Loaded, Self::Absent, Self::Adopted, Self::Failed];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Loaded => "loaded",
+            Self::Absent => "absent",
+            Self::Adopted => "adopted",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 impl Metrics {
@@ -31,6 +62,32 @@ impl Metrics {
     /// Counts turns replayed to recompute lost blocks.
     pub fn count_replayed(&self, n: u64) {
         self.replayed_turns.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one read of the shadow on a miss, and the blocks it loaded into the cold tier.
+    pub fn count_miss_read(&self, outcome: MissRead, blocks: u64) {
+        self.miss_reads[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        self.disk_hit_blocks.fetch_add(blocks, Ordering::Relaxed);
+    }
+
+    /// Blocks turns read back from the shadow on a miss so far.
+    pub fn disk_hits(&self) -> u64 {
+        self.disk_hit_blocks.load(Ordering::Relaxed)
+    }
+
+    /// The reads of the shadow on a miss in Prometheus text format.
+    pub fn render_miss_reads(&self, out: &mut String) {
+        out.push_str(
+            "# HELP engram_shadow_miss_reads_total Turns whose cache miss read the session from the shadow, by outcome.\n",
+        );
+        out.push_str("# TYPE engram_shadow_miss_reads_total counter\n");
+        for m in MissRead::ALL {
+            out.push_str(&format!(
+                "engram_shadow_miss_reads_total{{result=\"{}\"}} {}\n",
+                m.label(),
+                self.miss_reads[m as usize].load(Ordering::Relaxed)
+            ));
+        }
     }
 
     /// Turns replayed so far.

@@ -43,6 +43,23 @@ pub enum ShadowError {
     NotFound,
 }
 
+impl ShadowError {
+    /// Whether the stored entry itself is damaged — a block's checksum, a missing segment, a
+    /// malformed file, hashes the engine recomputes differently — as opposed to a store that
+    /// could not be reached or an entry written for another model or KV format (still good for
+    /// the engine that wrote it).
+    pub fn is_damage(&self) -> bool {
+        match self {
+            Self::Invalid { reason, .. } => matches!(
+                reason.split(':').next().unwrap_or_default().trim(),
+                "checksum" | "missing_segment" | "format"
+            ),
+            Self::Engine(EngineError::ShadowMismatch { .. }) => true,
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, ShadowError>;
 
 pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> ShadowError {

@@ -21,8 +21,10 @@
 //!
 //! **Recovery** at start reads the index (and any entry directory the index missed), removes
 //! temp files and unreferenced segments, validates each manifest (its own checksum, format,
-//! fingerprint, shape, codecs, layout), decodes its segments, checks every block's CRC and
-//! hands the chain to the engine, which recomputes each block hash before it loads anything.
+//! fingerprint, shape, codecs, layout), then entry by entry decodes its segments, checks every
+//! block's CRC and hands the chain to the engine, which recomputes each block hash before it
+//! loads anything. Once the cold tier is full the rest stay on disk (`on_disk`), read on a
+//! session's miss.
 //! A damaged or mismatched entry is skipped with a logged, counted reason; its session's next
 //! turn prefills from the turn log (the database), so wrong KV is never served.
 
@@ -52,7 +54,9 @@ pub use manifest::{
 };
 use manifest::{Index, entry_files, entry_key, now_ms, read_checked_json};
 pub use offline::{
-    EXPORT_KEY, ExportBlock, ExportHeader, VerifyReport, export_file, import_file, verify,
+    AGENT_EXPORT_KEY, AgentExportHeader, AgentExportSession, AgentSession, EXPORT_KEY, ExportBlock,
+    ExportHeader, MAX_AGENT_SESSIONS, VerifyReport, export_agent_file, export_file,
+    import_agent_file, import_file, verify,
 };
 #[cfg(feature = "s3")]
 pub use storage::ObjectStorage;
@@ -129,8 +133,23 @@ pub struct ShadowStatus {
 #[derive(Debug)]
 pub struct Shadow {
     store: Arc<dyn Storage>,
+    /// Other nodes' shadows, read on a miss (see [`Shadow::read_peer_session`]).
+    peers: Vec<Arc<dyn Storage>>,
     state: tokio::sync::Mutex<State>,
     status: Mutex<ShadowStatus>,
+}
+
+/// A session found in another node's shadow.
+#[derive(Debug, Clone)]
+pub struct PeerSession {
+    /// Which peer (index into the configured peers).
+    pub peer: usize,
+    /// Where that peer's shadow lives.
+    pub location: String,
+    /// The session's manifest there.
+    pub manifest: Manifest,
+    /// Its chain with bytes (the prefix entry's share first), every block CRC checked.
+    pub blocks: ChainBlocks,
 }
 
 impl Shadow {
@@ -139,6 +158,7 @@ impl Shadow {
         let location = store.location();
         Ok(Self {
             store,
+            peers: Vec::new(),
             state: tokio::sync::Mutex::new(State {
                 throttle: max_mib_per_sec << 20,
                 ..State::default()
@@ -149,6 +169,77 @@ impl Shadow {
                 ..ShadowStatus::default()
             }),
         })
+    }
+
+    /// The same shadow reading `peers` (other nodes' shadows) on a miss.
+    pub fn with_peers(mut self, peers: Vec<Arc<dyn Storage>>) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    /// Whether other nodes' shadows are configured.
+    pub fn has_peers(&self) -> bool {
+        !self.peers.is_empty()
+    }
+
+    /// Looks a session up in the peers' shadows, in order: the first that holds its entry
+    /// answers, its manifest checked as at recovery (checksum, format, KV format), its prefix
+    /// entry's share and its own blocks read and CRC checked (the engine then recomputes every
+    /// hash). `None` when no peer holds the session.
+    pub async fn read_peer_session(
+        &self,
+        kv: &KvFormat,
+        key: ChainKey,
+    ) -> Result<Option<PeerSession>> {
+        let id = session_entry_id(key.0, key.1);
+        for (i, peer) in self.peers.iter().enumerate() {
+            let store = peer.clone();
+            let (id, kv) = (id.clone(), kv.clone());
+            let found = tokio::task::spawn_blocking(move || -> Result<Option<_>> {
+                let Some(m) = read_manifest(store.as_ref(), &id, &kv)? else {
+                    return Ok(None);
+                };
+                let mut blocks = Vec::new();
+                if let Some(p) = &m.prefix {
+                    let pm = read_manifest(store.as_ref(), &p.id, &kv)?
+                        .ok_or_else(|| invalid(&p.id, "prefix_unusable"))?;
+                    let pb = read_blocks(store.as_ref(), &pm, &kv)?;
+                    if pb.len() < p.blocks {
+                        return Err(invalid(&id, "prefix_unusable"));
+                    }
+                    blocks.extend(pb.into_iter().take(p.blocks));
+                }
+                blocks.extend(read_blocks(store.as_ref(), &m, &kv)?);
+                Ok(Some((m, blocks, store.location())))
+            })
+            .await
+            .map_err(|e| invalid("peer", e.to_string()))??;
+            if let Some((manifest, blocks, location)) = found {
+                return Ok(Some(PeerSession {
+                    peer: i,
+                    location,
+                    manifest,
+                    blocks,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes an adopted session's entry from the peer that held it, manifest first (a crash
+    /// half-way leaves segments without a manifest, which that peer's recovery removes). The
+    /// peer's prefix entry stays: other sessions there may name it.
+    pub async fn release_peer_session(&self, peer: usize, key: ChainKey) -> Result<()> {
+        let Some(store) = self.peers.get(peer).cloned() else {
+            return Ok(());
+        };
+        let id = session_entry_id(key.0, key.1);
+        tokio::task::spawn_blocking(move || {
+            store.delete(&entry_key(&id, "manifest.json"))?;
+            store.delete_prefix(&entry_key(&id, ""))
+        })
+        .await
+        .map_err(|e| invalid("peer", e.to_string()))?
     }
 
     /// A copy of the status.
@@ -225,8 +316,13 @@ impl Shadow {
         Ok(report)
     }
 
-    /// Recovers every entry into the engine (see the module docs); returns the per-entry
-    /// outcomes (also kept in the status).
+    /// Recovers the entries into the engine (see the module docs), one at a time: prefix
+    /// entries first, then sessions, the most recently written first; each entry's segments are
+    /// read, checked, handed to the engine and dropped before the next one is read, so memory
+    /// stays flat whatever the shadow's size. Once the cold tier is full, the remaining entries
+    /// are not read (`on_disk`): their manifests are kept, so a session's next turn reads its
+    /// blocks on the miss and later flushes build on them. Returns the per-entry outcomes (also
+    /// kept in the status).
     ///
     /// `quotas` maps each tenant's cache salt to its cold-tier quota: an entry of a salt not in
     /// it (a tenant that no longer exists) is skipped (`unknown_tenant`); public prefixes
@@ -239,18 +335,22 @@ impl Shadow {
         let started = Instant::now();
         let store = self.store.clone();
         let kv = engine.kv_format().clone();
-        let (loaded, cleaned, sizes) =
-            tokio::task::spawn_blocking(move || load_all(store.as_ref(), &kv))
+        let (found, cleaned, sizes) = {
+            let kv = kv.clone();
+            tokio::task::spawn_blocking(move || scan(store.as_ref(), &kv))
                 .await
-                .map_err(|e| invalid("recover", e.to_string()))??;
+                .map_err(|e| invalid("recover", e.to_string()))??
+        };
         let mut state = self.state.lock().await;
         state.sizes = sizes;
         let mut outcomes = Vec::new();
         let mut good_prefix: HashMap<String, ChainBlocks> = HashMap::new();
-        // Prefixes first: sessions chain onto them.
-        let (prefixes, sessions): (Vec<_>, Vec<_>) = loaded
-            .into_iter()
-            .partition(|e| e.kind == EntryKind::Prefix);
+        // Prefixes first (sessions chain onto them), then the sessions written last first.
+        let (prefixes, mut sessions): (Vec<_>, Vec<_>) =
+            found.into_iter().partition(|e| e.kind == EntryKind::Prefix);
+        sessions.sort_by_key(|e| {
+            std::cmp::Reverse(e.manifest.as_ref().map_or(0, |m| m.updated_unix_ms))
+        });
         for entry in prefixes.into_iter().chain(sessions) {
             let mut out = RecoveryEntry {
                 id: entry.id.clone(),
@@ -262,7 +362,7 @@ impl Shadow {
                 tokens: 0,
                 crc32c: Vec::new(),
             };
-            let manifest = match entry.result {
+            let manifest = match entry.manifest {
                 Ok(m) => m,
                 Err(reason) => {
                     tracing_skip(&entry.id, &reason);
@@ -271,12 +371,18 @@ impl Shadow {
                     continue;
                 }
             };
-            let (manifest, blocks) = manifest;
             let cold_quota = quotas.get(&manifest.tenant).copied();
             if cold_quota.is_none() && manifest.tenant != 0 {
                 tracing_skip(&entry.id, "unknown_tenant");
                 out.outcome = "unknown_tenant".into();
                 outcomes.push(out);
+                continue;
+            }
+            if cold_room(engine).await? == 0 {
+                // Left on disk, readable on a miss.
+                out.outcome = "on_disk".into();
+                outcomes.push(out);
+                state.manifests.insert(manifest.id.clone(), manifest);
                 continue;
             }
             let mut chain_blocks = Vec::new();
@@ -293,23 +399,38 @@ impl Shadow {
                     }
                 }
             }
-            chain_blocks.extend(
-                manifest
-                    .blocks
-                    .iter()
-                    .map(|b| b.block.clone())
-                    .zip(blocks.iter().cloned()),
-            );
+            let store = self.store.clone();
+            let read = {
+                let (m, kv) = (manifest.clone(), kv.clone());
+                tokio::task::spawn_blocking(move || read_blocks(store.as_ref(), &m, &kv))
+                    .await
+                    .map_err(|e| invalid("recover", e.to_string()))?
+            };
+            match read {
+                Ok(blocks) => chain_blocks.extend(blocks),
+                Err(e) => {
+                    let reason = reason_of(&e);
+                    tracing_skip(&entry.id, &reason);
+                    out.outcome = reason;
+                    outcomes.push(out);
+                    continue;
+                }
+            }
             let chain = RestoreChain {
+                // A recovery fills the free room; it never drops what it loaded for a session
+                // written later (the rest of this chain is read on the session's miss).
+                make_room: false,
                 tenant: TenantId(manifest.tenant),
                 session: manifest.session.map(SessionId),
                 stable_blocks: manifest.stable_blocks,
                 pin_key: manifest.pin_key,
                 public_pin_key: manifest.public_pin_key,
                 cold_quota,
-                blocks: chain_blocks.clone(),
+                blocks: chain_blocks,
             };
             // A prefix on its own is loaded too (its sessions then find it present).
+            let is_prefix = manifest.kind == EntryKind::Prefix;
+            let kept = is_prefix.then(|| chain.blocks.clone());
             let restored = engine_restore(engine, chain).await;
             match restored {
                 Ok(report) => {
@@ -317,8 +438,8 @@ impl Shadow {
                     out.loaded = report.loaded;
                     out.tokens = report.tokens;
                     out.crc32c = manifest.blocks.iter().map(|b| b.crc32c).collect();
-                    if manifest.kind == EntryKind::Prefix {
-                        good_prefix.insert(manifest.id.clone(), chain_blocks);
+                    if let Some(blocks) = kept {
+                        good_prefix.insert(manifest.id.clone(), blocks);
                     } else if report.generation > 0 {
                         state.written.insert(
                             (
@@ -395,6 +516,14 @@ impl Shadow {
         Ok(n)
     }
 
+    /// Blocks of one session's chain the shadow holds (its prefix entry's share first), from
+    /// the manifests in memory; `None` when it holds no entry of the session.
+    pub async fn session_blocks(&self, key: ChainKey) -> Option<usize> {
+        let state = self.state.lock().await;
+        let m = state.manifests.get(&session_entry_id(key.0, key.1))?;
+        Some(m.blocks.len() + m.prefix.as_ref().map_or(0, |p| p.blocks))
+    }
+
     /// The chain of one session as the shadow holds it (prefix blocks first), with bytes.
     pub async fn read_session(
         &self,
@@ -462,6 +591,23 @@ fn totals(state: &State) -> (usize, usize, u64) {
     (sessions, prefixes, bytes)
 }
 
+/// An entry's manifest, checked (its own checksum, format, id, KV format); `None` when the
+/// store holds no such entry.
+fn read_manifest(store: &dyn Storage, id: &str, kv: &KvFormat) -> Result<Option<Manifest>> {
+    let m = match read_checked_json::<Manifest>(store, &entry_key(id, "manifest.json")) {
+        Ok(m) => m,
+        Err(e) if reason_of(&e) == "missing" => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if m.format != FORMAT || m.id != id {
+        return Err(invalid(id, "format"));
+    }
+    if let Some(reason) = m.kv.mismatch(kv) {
+        return Err(invalid(id, reason));
+    }
+    Ok(Some(m))
+}
+
 /// Decodes every segment a manifest names (`missing_segment`, `format` on failure).
 fn read_segments(
     store: &dyn Storage,
@@ -509,22 +655,23 @@ fn read_blocks(store: &dyn Storage, m: &Manifest, kv: &KvFormat) -> Result<Chain
         .collect()
 }
 
-/// An entry as read from disk: its manifest and blocks, or the reason it is unusable.
-struct LoadedEntry {
+/// An entry as found on disk: its manifest (format, id and KV format checked), or the reason
+/// it is unusable.
+struct FoundEntry {
     id: String,
     kind: EntryKind,
     tenant: u64,
     session: Option<u64>,
-    result: std::result::Result<(Manifest, Vec<Vec<u8>>), String>,
+    manifest: std::result::Result<Manifest, String>,
 }
 
-/// What [`load_all`] found: the entries, the files it cleaned, and the size of every object
-/// left.
-type Loaded = (Vec<LoadedEntry>, usize, HashMap<String, u64>);
+/// What [`scan`] found: the entries, the files it cleaned, and the size of every object left.
+type Scanned = (Vec<FoundEntry>, usize, HashMap<String, u64>);
 
-/// Reads every entry (index ∪ entry prefixes), cleaning temp files, unreferenced segments and
-/// entries with segments but no manifest (a crash before the entry's first manifest).
-fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
+/// Lists every entry (index ∪ entry prefixes) and reads its manifest — not its segments —
+/// cleaning temp files, unreferenced segments and entries with segments but no manifest (a
+/// crash before the entry's first manifest).
+fn scan(store: &dyn Storage, kv: &KvFormat) -> Result<Scanned> {
     let mut cleaned = 0;
     let mut objects = Vec::new();
     for o in store.list("")? {
@@ -550,7 +697,7 @@ fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
     for id in ids {
         let Some(own) = files.get(&id) else {
             // In the index, but nothing is stored.
-            out.push(LoadedEntry {
+            out.push(FoundEntry {
                 kind: if id.starts_with("p-") {
                     EntryKind::Prefix
                 } else {
@@ -559,7 +706,7 @@ fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
                 id,
                 tenant: 0,
                 session: None,
-                result: Err("missing_segment".into()),
+                manifest: Err("missing_segment".into()),
             });
             continue;
         };
@@ -590,19 +737,25 @@ fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
             Err(_) if id.starts_with("p-") => (EntryKind::Prefix, 0, None),
             Err(_) => (EntryKind::Session, 0, None),
         };
-        let result = manifest.map_err(|e| reason_of(&e)).and_then(|m| {
+        let manifest = manifest.map_err(|e| reason_of(&e)).and_then(|m| {
             if m.format != FORMAT || m.id != id {
                 return Err("format".to_string());
             }
-            let blocks = read_blocks(store, &m, kv).map_err(|e| reason_of(&e))?;
-            Ok((m, blocks.into_iter().map(|(_, b)| b).collect()))
+            if let Some(reason) = m.kv.mismatch(kv) {
+                return Err(reason.to_string());
+            }
+            let named = m.segments();
+            if named.iter().any(|seg| !own.contains_key(*seg)) {
+                return Err("missing_segment".to_string());
+            }
+            Ok(m)
         });
-        out.push(LoadedEntry {
+        out.push(FoundEntry {
             id,
             kind,
             tenant,
             session,
-            result,
+            manifest,
         });
     }
     let sizes = objects
@@ -611,6 +764,17 @@ fn load_all(store: &dyn Storage, kv: &KvFormat) -> Result<Loaded> {
         .map(|o| (o.key, o.size))
         .collect();
     Ok((out, cleaned, sizes))
+}
+
+/// Blocks the cold tier can still take.
+async fn cold_room(engine: &Engine) -> Result<usize> {
+    let snapshot = engine
+        .snapshot()?
+        .recv_async()
+        .await
+        .map_err(|_| EngineError::Stopped)?;
+    let o = snapshot.occupancy;
+    Ok(o.cold_capacity.saturating_sub(o.cold_used))
 }
 
 fn reason_of(e: &ShadowError) -> String {

@@ -1,5 +1,5 @@
-//! The shadow offline and as files: `engram shadow verify`, and a session exported as one
-//! safetensors file and imported again.
+//! The shadow offline and as files: `engram shadow verify`, and a session — or every session
+//! of an agent — exported as one safetensors file and imported again.
 
 use std::collections::HashMap;
 
@@ -176,4 +176,148 @@ pub fn import_file(kv: &KvFormat, tenant: TenantId, bytes: &[u8]) -> Result<(usi
         out.push((block, bytes));
     }
     Ok((header.stable_blocks, out))
+}
+
+/// The metadata key of an exported agent's header.
+pub const AGENT_EXPORT_KEY: &str = "engram.agent";
+
+/// Sessions one agent file may hold at most.
+pub const MAX_AGENT_SESSIONS: usize = 4096;
+
+/// An exported agent: every cached session of the agent in one safetensors file. Each distinct
+/// block is stored once (sessions of one agent share their stable prefix); each session lists
+/// its blocks in chain order as rows of the file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentExportHeader {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The KV format.
+    pub kv: FormatInfo,
+    /// The distinct blocks in file order, with the CRC of each block's bytes.
+    pub blocks: Vec<ExportBlock>,
+    /// The sessions.
+    pub sessions: Vec<AgentExportSession>,
+}
+
+/// One session of an exported agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentExportSession {
+    /// The session's name.
+    pub name: String,
+    /// Leading stable blocks.
+    pub stable_blocks: usize,
+    /// Its blocks in chain order, as rows of the file.
+    pub rows: Vec<usize>,
+}
+
+/// One session of an agent file: its name, leading stable blocks and blocks with bytes.
+pub type AgentSession = (String, usize, ChainBlocks);
+
+/// Encodes an agent's sessions as one safetensors file (each distinct block once).
+pub fn export_agent_file(kv: &KvFormat, sessions: &[AgentSession]) -> Result<Vec<u8>> {
+    if sessions.len() > MAX_AGENT_SESSIONS {
+        return Err(invalid(
+            "export",
+            format!("format: more than {MAX_AGENT_SESSIONS} sessions"),
+        ));
+    }
+    let mut row_of: HashMap<[u8; 32], usize> = HashMap::new();
+    let mut blocks: Vec<ExportBlock> = Vec::new();
+    let mut bytes: Vec<&[u8]> = Vec::new();
+    let mut out = Vec::with_capacity(sessions.len());
+    for (name, stable_blocks, chain) in sessions {
+        let mut rows = Vec::with_capacity(chain.len());
+        for (b, data) in chain {
+            let row = *row_of.entry(b.hash.0).or_insert_with(|| {
+                blocks.push(ExportBlock {
+                    block: b.clone(),
+                    crc32c: checksum(data),
+                });
+                bytes.push(data);
+                blocks.len() - 1
+            });
+            rows.push(row);
+        }
+        out.push(AgentExportSession {
+            name: name.clone(),
+            stable_blocks: *stable_blocks,
+            rows,
+        });
+    }
+    let header = AgentExportHeader {
+        format: FORMAT,
+        kv: FormatInfo::of(kv),
+        blocks,
+        sessions: out,
+    };
+    let json = serde_json::to_string(&header).map_err(|e| invalid("export", e.to_string()))?;
+    Ok(encode_segment(
+        &kv.parts,
+        &bytes,
+        Some(HashMap::from([(AGENT_EXPORT_KEY.to_string(), json)])),
+    )?)
+}
+
+/// Decodes an exported agent for `kv`, with the checks of [`import_file`] — format, KV
+/// format, every block's CRC — and every session's chain re-hashed for `tenant` (never public).
+/// `valid_name` checks each session's name. Sessions come back in file order.
+pub fn import_agent_file(
+    kv: &KvFormat,
+    tenant: TenantId,
+    bytes: &[u8],
+    valid_name: impl Fn(&str) -> bool,
+) -> Result<Vec<AgentSession>> {
+    let seg = decode_segment(&kv.parts, bytes).map_err(|e| invalid("import", e.to_string()))?;
+    let json = seg
+        .metadata
+        .get(AGENT_EXPORT_KEY)
+        .ok_or_else(|| invalid("import", "format: no engram.agent header"))?;
+    let header: AgentExportHeader =
+        serde_json::from_str(json).map_err(|e| invalid("import", format!("format: {e}")))?;
+    if header.format != FORMAT || header.blocks.len() != seg.blocks.len() {
+        return Err(invalid("import", "format: block count or version differs"));
+    }
+    if header.sessions.len() > MAX_AGENT_SESSIONS {
+        return Err(invalid("import", "format: too many sessions"));
+    }
+    if let Some(reason) = header.kv.mismatch(kv) {
+        return Err(invalid("import", reason));
+    }
+    for (b, data) in header.blocks.iter().zip(&seg.blocks) {
+        if checksum(data) != b.crc32c {
+            return Err(invalid("import", "checksum"));
+        }
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(header.sessions.len());
+    for s in header.sessions {
+        if !valid_name(&s.name) || !names.insert(s.name.clone()) {
+            return Err(invalid(
+                "import",
+                "format: a session name is invalid or repeated",
+            ));
+        }
+        let mut parent: Option<[u8; 32]> = None;
+        let mut chain = Vec::with_capacity(s.rows.len());
+        for row in s.rows {
+            let (b, data) = header
+                .blocks
+                .get(row)
+                .zip(seg.blocks.get(row))
+                .ok_or_else(|| invalid("import", "format: a session names a missing block"))?;
+            let mut block = b.block.clone();
+            block.public = false;
+            let h = engram_engine::chain_hash(
+                &kv.fingerprint,
+                tenant.0,
+                parent.as_ref(),
+                &block.tokens,
+            );
+            block.hash = Hex32(h);
+            parent = Some(h);
+            chain.push((block, data.clone()));
+        }
+        out.push((s.name, s.stable_blocks, chain));
+    }
+    Ok(out)
 }

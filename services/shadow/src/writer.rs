@@ -1,6 +1,8 @@
 //! The shadow's writer: per collected chain, the prefix and session entries (new blocks as one
 //! segment, then the manifest, then unreferenced segments dropped), then the index; and the
-//! deletion of entries when their sessions are deleted.
+//! deletion of entries when their sessions are deleted. An entry whose segments hold more dead
+//! bytes (blocks that left its chain) than live ones is compacted: all its blocks go into the
+//! new segment, and the old segments are dropped after the manifest.
 
 use std::collections::{HashMap, HashSet};
 
@@ -29,6 +31,11 @@ pub struct FlushReport {
     pub blocks: usize,
     /// Bytes of new segment files.
     pub bytes: u64,
+    /// Entries compacted: their segments held more bytes of blocks that left the chain than
+    /// of blocks in it, so every block was rewritten into one new segment and the old ones
+    /// deleted.
+    #[serde(default)]
+    pub compacted: usize,
     /// Wall time, ms.
     pub ms: f64,
 }
@@ -246,6 +253,77 @@ struct Flush<'a> {
 }
 
 impl Flush<'_> {
+    /// Whether the segments the entry's `blocks` name (other than the new one) hold more bytes
+    /// the entry no longer names (blocks that left its chain) than bytes it names.
+    fn dead_exceeds_live(
+        &self,
+        st: &State,
+        id: &str,
+        blocks: &[ManifestBlock],
+        seg_name: &str,
+    ) -> bool {
+        let named: HashSet<&str> = blocks
+            .iter()
+            .map(|b| b.segment.as_str())
+            .filter(|s| *s != seg_name)
+            .collect();
+        let stored: u64 = named
+            .iter()
+            .map(|s| st.sizes.get(&entry_key(id, s)).copied().unwrap_or(0))
+            .sum();
+        let live =
+            (blocks.iter().filter(|b| b.segment != seg_name).count() * self.kv.block_bytes) as u64;
+        // A segment's header is small beside one block; only whole blocks count as dead.
+        let dead = stored.saturating_sub(live);
+        dead >= self.kv.block_bytes as u64 && dead > live
+    }
+
+    /// Compaction: every block of the entry into the new segment (the old bytes read and
+    /// checked against their CRC), so that the old segments — no longer named — are deleted
+    /// once the manifest is written. Returns the entry's blocks and the new segment's bytes.
+    fn compact(
+        &mut self,
+        id: &str,
+        blocks: &[ManifestBlock],
+        fresh: &[Vec<u8>],
+        seg_name: &str,
+    ) -> Result<(Vec<ManifestBlock>, Vec<Vec<u8>>)> {
+        let mut blocks = blocks.to_vec();
+        let mut all = Vec::with_capacity(blocks.len());
+        for b in blocks.iter_mut() {
+            let bytes = if b.segment == seg_name {
+                fresh
+                    .get(b.row)
+                    .cloned()
+                    .ok_or_else(|| invalid(id, "a new block is missing"))?
+            } else {
+                let k = (id.to_string(), b.segment.clone());
+                if !self.decoded.contains_key(&k) {
+                    let raw = self
+                        .store
+                        .get(&entry_key(id, &b.segment))?
+                        .ok_or_else(|| invalid(id, "missing_segment: compaction"))?;
+                    self.decoded
+                        .insert(k.clone(), decode_segment(&self.parts, &raw)?.blocks);
+                }
+                let bytes = self
+                    .decoded
+                    .get(&k)
+                    .and_then(|s| s.get(b.row))
+                    .cloned()
+                    .ok_or_else(|| invalid(id, "missing_segment: compaction"))?;
+                if checksum(&bytes) != b.crc32c {
+                    return Err(invalid(id, "checksum: a block to compact is damaged"));
+                }
+                bytes
+            };
+            b.segment = seg_name.to_string();
+            b.row = all.len();
+            all.push(bytes);
+        }
+        Ok((blocks, all))
+    }
+
     /// Writes an entry and records it (in the state, and where its blocks are).
     fn entry(&mut self, st: &mut State, spec: EntrySpec<'_>) -> Result<()> {
         let m = self.write(st, spec)?;
@@ -314,6 +392,18 @@ impl Flush<'_> {
                 crc32c: checksum(&bytes),
             });
             fresh.push(bytes);
+        }
+        if self.dead_exceeds_live(st, &spec.id, &blocks, &seg_name) {
+            // Best effort: a block that cannot be read back stays where it is (a read on a
+            // miss or a recovery detects it), and the flush goes on.
+            match self.compact(&spec.id, &blocks, &fresh, &seg_name) {
+                Ok((b, f)) => {
+                    blocks = b;
+                    fresh = f;
+                    self.report.compacted += 1;
+                }
+                Err(e) => eprintln!("engram: shadow: compaction of {} skipped: {e}", spec.id),
+            }
         }
         if !fresh.is_empty() {
             let refs: Vec<&[u8]> = fresh.iter().map(Vec::as_slice).collect();
@@ -405,5 +495,129 @@ impl Shadow {
             });
         });
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use engram_engine::{Hex32, ShadowBlock};
+    use engram_kvcore::{BlockStream, CodecKind, KvShape, LayerCodecs, SessionId, SourceLayer};
+
+    use super::*;
+    use crate::manifest::PartInfo;
+    use crate::storage::LocalStorage;
+
+    /// A one-layer format of 64-byte blocks (the writer never looks inside the bytes).
+    fn format() -> FormatInfo {
+        let shape = KvShape::new(1, 1, 8).unwrap();
+        FormatInfo {
+            fingerprint: Hex32([7; 32]),
+            shape: [1, 1, 8, 16],
+            codecs: LayerCodecs::uniform(&shape, CodecKind::F16),
+            block_bytes: 64,
+            parts: vec![PartInfo {
+                stream: BlockStream::KCodes,
+                layer: 0,
+                offset: 0,
+                shape: [16, 1, 4],
+            }],
+        }
+    }
+
+    /// A chain of blocks `ids` (each block's hash and bytes follow from its id), none stable.
+    fn chain(ids: &[u8], generation: u64) -> ShadowChain {
+        ShadowChain {
+            tenant: TenantId(5),
+            session: SessionId(9),
+            generation,
+            stable_blocks: 0,
+            pin_key: None,
+            public_pin_key: None,
+            blocks: ids
+                .iter()
+                .map(|&i| ShadowBlock {
+                    hash: Hex32([i; 32]),
+                    public: false,
+                    tokens: vec![u32::from(i); 16],
+                    source: SourceLayer::UserTurn,
+                    importance: 0.5,
+                    pinned: false,
+                })
+                .collect(),
+            bytes: ids
+                .iter()
+                .map(|&i| CollectedBytes::New(vec![i; 64]))
+                .collect(),
+        }
+    }
+
+    fn segments(store: &LocalStorage) -> Vec<String> {
+        let mut v: Vec<String> = store
+            .list("entries/")
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .filter(|k| k.starts_with("entries/s-") && k.contains("/seg-"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn an_entry_holding_more_dead_than_live_bytes_is_compacted_into_one_segment() {
+        let dir =
+            std::env::temp_dir().join(format!("engram-shadow-compact-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = LocalStorage::open(&dir).unwrap();
+        let kv = format();
+        let mut st = State::default();
+        // Eight blocks in one segment; then a chain that keeps the first three and adds two:
+        // five dead blocks against three live ones in the old segment.
+        let r = write_chains(
+            &store,
+            &kv,
+            &mut st,
+            vec![chain(&[1, 2, 3, 4, 5, 6, 7, 8], 1)],
+        )
+        .unwrap();
+        assert_eq!((r.blocks, r.compacted), (8, 0));
+        assert_eq!(segments(&store).len(), 1);
+        // Keeping six of eight is not compaction's business (2 dead, 6 live).
+        let r = write_chains(
+            &store,
+            &kv,
+            &mut st,
+            vec![chain(&[1, 2, 3, 4, 5, 6, 20], 2)],
+        )
+        .unwrap();
+        assert_eq!((r.blocks, r.compacted), (1, 0));
+        assert_eq!(segments(&store).len(), 2);
+        let r = write_chains(&store, &kv, &mut st, vec![chain(&[1, 2, 3, 30, 31], 3)]).unwrap();
+        assert_eq!(r.compacted, 1, "{r:?}");
+        assert_eq!(r.blocks, 5, "every block rewritten: {r:?}");
+        let segs = segments(&store);
+        assert_eq!(segs.len(), 1, "old segments deleted: {segs:?}");
+        // The entry reads back whole, in order, CRC checked.
+        let m = &st.manifests[&session_entry_id(TenantId(5), SessionId(9))];
+        let raw = store.get(&segs[0]).unwrap().unwrap();
+        let decoded = decode_segment(&kv.parts(), &raw).unwrap().blocks;
+        assert_eq!(decoded.len(), 5);
+        for (b, want) in m.blocks.iter().zip([1u8, 2, 3, 30, 31]) {
+            assert_eq!(decoded[b.row], vec![want; 64]);
+            assert_eq!(checksum(&decoded[b.row]), b.crc32c);
+        }
+        // A damaged block is never carried into a compacted segment: the compaction is
+        // skipped, the flush still writes the new blocks, and the damage stays detectable.
+        let mut bad = raw.clone();
+        // Block 1's first byte: the first byte after the header.
+        let at = 8 + u64::from_le_bytes(raw[..8].try_into().unwrap()) as usize;
+        bad[at] ^= 1;
+        store.put(&segs[0], &bad, 0).unwrap();
+        let r = write_chains(&store, &kv, &mut st, vec![chain(&[1, 40, 41], 4)]).unwrap();
+        assert_eq!((r.blocks, r.compacted), (2, 0), "{r:?}");
+        assert!(segments(&store).contains(&segs[0]));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use engram_kvcore::{BlockId, KvError, KvShape, LayerCodecs, Precision, TenantId, Tier};
+use engram_kvcore::{
+    BlockId, KvError, KvShape, LayerCodecs, PinState, Precision, SessionId, TenantId, Tier,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +69,17 @@ pub(super) fn reduced_pool(
             Some((reduced, blocks))
         }
     })
+}
+
+/// What [`EngineCore::evict_session`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictReport {
+    /// The session's blocks dropped from the hot and cold tiers.
+    pub dropped: usize,
+    /// Its pinned blocks (the stable prefix), kept.
+    pub pinned: usize,
+    /// Its blocks a running sequence attends, kept.
+    pub busy: usize,
 }
 
 /// What [`EngineCore::forget`] dropped.
@@ -533,6 +546,45 @@ impl EngineCore {
         report.chains = before - self.chains.by_key.len();
         if mask == 0 {
             self.cold_quotas.remove(&tenant);
+        }
+        Ok(report)
+    }
+
+    /// Drops a session's own cached blocks from the hot and cold tiers, keeping its chain record
+    /// (the shadow still knows the chain, and a later turn reads it back from disk on a miss),
+    /// its pinned blocks and any block a running sequence attends. A block is the session's when
+    /// the session computed it (its metadata names the session).
+    pub fn evict_session(
+        &mut self,
+        tenant: TenantId,
+        session: SessionId,
+    ) -> EngineResult<EvictReport> {
+        let busy: HashSet<BlockId> = self
+            .seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .collect();
+        let mut report = EvictReport::default();
+        let mut drop = Vec::new();
+        for m in self.store.metadata().iter() {
+            if m.tenant() != tenant || m.session() != Some(session) {
+                continue;
+            }
+            let id = m.id();
+            if !self.cache.contains_block(id) {
+                continue;
+            }
+            if m.pin() == PinState::Pinned {
+                report.pinned += 1;
+            } else if busy.contains(&id) {
+                report.busy += 1;
+            } else {
+                drop.push(id);
+            }
+        }
+        for id in drop {
+            self.drop_cached(id)?;
+            report.dropped += 1;
         }
         Ok(report)
     }

@@ -5,15 +5,18 @@
 //! its tokens and the hashes of its full blocks, which blocks are public, and how many leading
 //! blocks belong to the stable prefix (they form the shared-prefix entry of the shadow). Each
 //! record carries a generation, so the shadow asks only for chains that changed since it last
-//! wrote them. At most [`MAX_CHAINS`] sessions are remembered; the oldest records go first (the
-//! shadow keeps what it already wrote).
+//! wrote them. Each tenant keeps at most `EngineConfig::chains_per_tenant` records and all
+//! tenants together at most [`MAX_CHAINS`]: a tenant over its cap loses its own oldest record,
+//! and over the total the tenant with the most records loses its oldest (the shadow keeps what
+//! it already wrote).
 //!
 //! **Restore** validates a whole chain before it changes anything: every block's parent is the
 //! previous block, its salt is the tenant's (or public), its hash recomputed from the model
 //! fingerprint, salt, parent and tokens equals the recorded one, and its bytes have this store's
 //! length. A block's bytes are checked against their checksum by the caller (the shadow format
 //! records them). Blocks already cached are kept; the others are loaded into the cold tier (as far
-//! as it has room, leading blocks first) and registered in the prefix cache, so the next turn of
+//! as it has room, leading blocks first; with `make_room`, room is first made out of the
+//! tenant's own cold blocks) and registered in the prefix cache, so the next turn of
 //! the session warms them like any cold block. Stable blocks recorded as pinned are pinned again
 //! under their prefix's key.
 
@@ -28,8 +31,12 @@ use super::{EngineCore, PUBLIC_TENANT, Sequence};
 use crate::error::{EngineError, EngineResult};
 use crate::prefix::{BlockHash, chain_hash};
 
-/// Sessions whose chain the engine remembers at most.
-pub const MAX_CHAINS: usize = 4096;
+/// Sessions whose chain the engine remembers at most, all tenants together (a memory bound;
+/// each tenant also has its own cap, `EngineConfig::chains_per_tenant`).
+pub const MAX_CHAINS: usize = 16_384;
+
+/// The default of `EngineConfig::chains_per_tenant`.
+pub const CHAINS_PER_TENANT: usize = 2048;
 
 /// A session: tenant salt and session key.
 pub type ChainKey = (TenantId, SessionId);
@@ -136,6 +143,10 @@ pub struct RestoreChain {
     pub public_pin_key: Option<Hex32>,
     /// The tenant's cold-tier quota in blocks: a restore adds at most what is left of it.
     pub cold_quota: Option<usize>,
+    /// Make room in the cold tier out of the tenant's own (or over-quota tenants') blocks when
+    /// it is full (a session's miss, a load, an import); off, the restore fills only the free
+    /// room (a recovery at start, which must not drop what it loaded for another session).
+    pub make_room: bool,
     /// The blocks in order, each with its bytes.
     pub blocks: Vec<(ShadowBlock, Vec<u8>)>,
 }
@@ -168,27 +179,60 @@ pub(super) struct Chain {
 }
 
 /// The engine's chain records.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Chains {
     pub(super) by_key: HashMap<ChainKey, Chain>,
     next_generation: u64,
+    /// Records per tenant at most.
+    per_tenant: usize,
+    /// Records at most, all tenants together.
+    total: usize,
 }
 
 impl Chains {
-    fn insert(&mut self, key: ChainKey, mut chain: Chain) -> u64 {
+    pub(super) fn new(per_tenant: usize, total: usize) -> Self {
+        Self {
+            by_key: HashMap::new(),
+            next_generation: 0,
+            per_tenant: per_tenant.max(1),
+            total: total.max(1),
+        }
+    }
+
+    /// Records `chain`; a tenant over its cap loses its own oldest record, and over the total
+    /// the tenant holding the most records loses its oldest — so one tenant's stateless chats
+    /// never push another tenant's sessions out of the shadow.
+    pub(super) fn insert(&mut self, key: ChainKey, mut chain: Chain) -> u64 {
         self.next_generation += 1;
         chain.generation = self.next_generation;
         self.by_key.insert(key, chain);
-        if self.by_key.len() > MAX_CHAINS
-            && let Some(oldest) = self
-                .by_key
+        let mut counts: HashMap<TenantId, usize> = HashMap::new();
+        for k in self.by_key.keys() {
+            *counts.entry(k.0).or_default() += 1;
+        }
+        if counts.get(&key.0).copied().unwrap_or(0) > self.per_tenant {
+            self.remove_oldest_of(key.0);
+        }
+        if self.by_key.len() > self.total
+            && let Some((&tenant, _)) = counts
                 .iter()
-                .min_by_key(|(_, c)| c.generation)
-                .map(|(k, _)| *k)
+                .max_by_key(|&(t, &n)| (n, std::cmp::Reverse(t.0)))
+        {
+            self.remove_oldest_of(tenant);
+        }
+        self.next_generation
+    }
+
+    fn remove_oldest_of(&mut self, tenant: TenantId) {
+        if let Some(oldest) = self
+            .by_key
+            .iter()
+            .filter(|(k, _)| k.0 == tenant)
+            .min_by_key(|(_, c)| c.generation)
+            .map(|(k, _)| *k)
         {
             self.by_key.remove(&oldest);
         }
-        self.next_generation
     }
 }
 
@@ -332,7 +376,9 @@ impl EngineCore {
         // The tenant's cold quota bounds what a restore or an import may add, and room is made
         // only out of the tenant's own blocks (or over-quota tenants'), never another's.
         let allowed = new.len().min(self.cold_room_of(chain.tenant));
-        self.trim_cold_for(allowed, Some(&[chain.tenant]))?;
+        if chain.make_room {
+            self.trim_cold_for(allowed, Some(&[chain.tenant]))?;
+        }
         let room = self.store.free_blocks(Tier::Cold).min(allowed);
         // Leading blocks first: a block is useful only when every block before it is cached.
         let usable = new.get(room).copied().unwrap_or(chain.blocks.len());

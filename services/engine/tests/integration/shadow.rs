@@ -46,6 +46,7 @@ fn collect_all(core: &EngineCore) -> Vec<ShadowChain> {
 
 fn restore_of(chain: &ShadowChain) -> RestoreChain {
     RestoreChain {
+        make_room: true,
         tenant: chain.tenant,
         session: Some(chain.session),
         stable_blocks: chain.stable_blocks,
@@ -113,6 +114,86 @@ fn a_chain_restores_byte_identical_into_a_fresh_engine_and_is_reused() {
 }
 
 #[test]
+fn an_evicted_session_keeps_its_chain_and_pins_and_is_restored_on_a_miss() {
+    let text = license_tokens(400);
+    let mut a = core(CodecKind::TQ4);
+    run(&mut a, spec(&text, 100, 120, 1));
+    let chain = collect_all(&a).remove(0);
+    let restore = restore_of(&chain);
+    // The same prompt again, every block hot: what the restored session must reproduce.
+    let (logits_hot, adm) = run(&mut a, spec(&text, 100, 120, 1));
+    assert_eq!(adm.cached_tokens, 160);
+    // Another session of the same tenant, and one of another tenant, stay as they are.
+    run(&mut a, spec(&text, 250, 60, 2));
+    run(
+        &mut a,
+        SequenceSpec {
+            tenant: TenantId(77),
+            ..spec(&text, 200, 100, 1)
+        },
+    );
+    let cached = |core: &EngineCore, t: u64, s: u64| {
+        core.store()
+            .metadata()
+            .iter()
+            .filter(|m| {
+                m.tenant() == TenantId(t)
+                    && m.session() == Some(SessionId(s))
+                    && core.cache().contains_block(m.id())
+            })
+            .count()
+    };
+    let (other_session, other_tenant) = (cached(&a, 9, 2), cached(&a, 77, 1));
+    assert!(other_session > 0 && other_tenant > 0);
+    let report = a.evict_session(TenantId(9), SessionId(1)).unwrap();
+    // Ten blocks: three pinned stable ones stay, seven go.
+    assert_eq!(
+        (report.dropped, report.pinned, report.busy),
+        (7, 3, 0),
+        "{report:?}"
+    );
+    assert_eq!(cached(&a, 9, 1), 3);
+    assert_eq!(
+        (cached(&a, 9, 2), cached(&a, 77, 1)),
+        (other_session, other_tenant)
+    );
+    // The chain record stays (the shadow still knows the session); its bytes are gone.
+    let after = collect_all(&a);
+    let kept = after
+        .iter()
+        .find(|c| c.tenant == TenantId(9) && c.session == SessionId(1))
+        .expect("the chain record survives an eviction");
+    // (Hashes and tokens; an evicted block's meaning is the engine's default.)
+    let hashes = |c: &ShadowChain| {
+        c.blocks
+            .iter()
+            .map(|b| (b.hash, b.tokens.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(hashes(kept), hashes(&chain));
+    assert!(
+        kept.bytes[3..]
+            .iter()
+            .all(|b| matches!(b, CollectedBytes::Missing))
+    );
+    // What a turn's miss does: the shadow's copy goes back into the cold tier (the pinned
+    // blocks are present), and the next turn warms it and decides as before.
+    let back = a.shadow_restore(restore).unwrap();
+    assert_eq!(
+        (back.loaded, back.present, back.no_room),
+        (7, 3, 0),
+        "{back:?}"
+    );
+    let (logits_b, adm) = run(&mut a, spec(&text, 100, 120, 1));
+    assert_eq!(adm.cached_tokens, 160);
+    assert_eq!(adm.warmed_blocks, 7);
+    assert_eq!(
+        logits_hot, logits_b,
+        "the restored bytes are the computed ones"
+    );
+}
+
+#[test]
 fn a_restore_adds_at_most_the_tenants_cold_quota_and_forget_drops_only_that_tenant() {
     let text = license_tokens(400);
     let mut a = core(CodecKind::TQ4);
@@ -136,6 +217,7 @@ fn a_restore_adds_at_most_the_tenants_cold_quota_and_forget_drops_only_that_tena
     assert!(others > 0);
     let report = b
         .shadow_restore(RestoreChain {
+            make_room: true,
             cold_quota: Some(4),
             ..restore_of(chain)
         })
@@ -495,4 +577,39 @@ fn threshold_suggestions_follow_cold_fill_within_bounds() {
             ..TierPolicy::default()
         }
     );
+}
+
+#[test]
+fn chain_records_are_capped_per_tenant_so_one_tenant_never_pushes_anothers_out() {
+    let text = license_tokens(400);
+    let mut core = core_with(EngineConfig {
+        codec: CodecKind::TQ4,
+        value_codec: None,
+        chains_per_tenant: 2,
+        ..EngineConfig::default()
+    });
+    let session_of = |t: u64, s: u64, at: usize| SequenceSpec {
+        tenant: TenantId(t),
+        ..spec(&text, at, 20, s)
+    };
+    run(&mut core, session_of(77, 1, 60));
+    // Tenant 9 records four sessions: only its two latest stay, tenant 77's is untouched.
+    for s in 1..=4 {
+        run(&mut core, session_of(9, s, 60 + 20 * s as usize));
+    }
+    let mut kept: Vec<(u64, u64)> = collect_all(&core)
+        .iter()
+        .map(|c| (c.tenant.0, c.session.0))
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(kept, [(9, 3), (9, 4), (77, 1)]);
+    // A session recorded again becomes the tenant's newest.
+    run(&mut core, session_of(9, 3, 200));
+    run(&mut core, session_of(9, 5, 220));
+    let mut kept: Vec<(u64, u64)> = collect_all(&core)
+        .iter()
+        .map(|c| (c.tenant.0, c.session.0))
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(kept, [(9, 3), (9, 5), (77, 1)]);
 }

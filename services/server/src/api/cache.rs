@@ -8,7 +8,10 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, get, post, web};
 use engram_engine::{ChainKey, CollectRequest, CollectedBytes, RestoreChain};
 use engram_kvcore::TenantId;
-use engram_shadow::{ChainBlocks, ShadowError, engine_restore, export_file, import_file};
+use engram_shadow::{
+    ChainBlocks, ShadowError, engine_restore, export_agent_file, export_file, import_agent_file,
+    import_file,
+};
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
@@ -17,7 +20,7 @@ use utoipa::ToSchema;
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Answer, build_context, pin_key, session_key};
+use crate::turn::{Answer, build_context, check_name, pin_key, session_key};
 
 /// What a save, load or import did.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -118,6 +121,7 @@ pub async fn load(
     let report = engine_restore(
         engine,
         RestoreChain {
+            make_room: true,
             tenant: key.0,
             session: Some(key.1),
             stable_blocks: manifest.stable_blocks,
@@ -133,6 +137,61 @@ pub async fn load(
         moved: report.loaded,
         bytes: 0,
         tokens: report.tokens,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    }))
+}
+
+/// What an eviction did.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EvictResponse {
+    /// Blocks the flush before the eviction wrote to the shadow (0 with the shadow off).
+    pub saved: usize,
+    /// The session's blocks dropped from the hot and cold tiers.
+    pub dropped: usize,
+    /// Its pinned blocks (the stable prefix, shared with the agent's other sessions), kept.
+    pub pinned: usize,
+    /// Its blocks a running turn attends, kept.
+    pub busy: usize,
+    /// Wall time, ms.
+    pub ms: f64,
+}
+
+/// Moves the session's cache out of memory: written to the shadow first (when it is on), then
+/// the session's own blocks are dropped from the hot and cold tiers (pinned stable-prefix
+/// blocks stay). Its next turn reads the blocks back from the shadow on the miss (counted as
+/// `disk_hit` in `/metrics`) instead of recomputing them; with the shadow off it recomputes.
+#[utoipa::path(
+    tag = "sessions",
+    responses(
+        (status = 200, description = "What was saved and dropped", body = EvictResponse),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model, or the shadow's object store cannot be reached", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/sessions/{session}/cache/evict")]
+pub async fn evict(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    let key = key_of(&state, &caller, &agent, &session).await?;
+    let engine = state.engine()?;
+    let started = Instant::now();
+    // Saved first: a block the shadow does not hold is never dropped by an eviction that
+    // could have kept it on disk (a failed flush fails the eviction, nothing dropped).
+    let saved = match &state.shadow {
+        Some(shadow) => shadow.flush(engine, Some(key)).await?.blocks,
+        None => 0,
+    };
+    let r = engine.evict_session(key)?.answer().await??;
+    Ok(HttpResponse::Ok().json(EvictResponse {
+        saved,
+        dropped: r.dropped,
+        pinned: r.pinned,
+        busy: r.busy,
         ms: started.elapsed().as_secs_f64() * 1e3,
     }))
 }
@@ -281,6 +340,7 @@ pub async fn import(
     let report = engine_restore(
         engine,
         RestoreChain {
+            make_room: true,
             tenant: key.0,
             session: Some(key.1),
             stable_blocks,
@@ -301,6 +361,166 @@ pub async fn import(
         tokens: report.tokens,
         ms: started.elapsed().as_secs_f64() * 1e3,
     }))
+}
+
+/// What an agent import did.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AgentImportResponse {
+    /// Sessions in the file, each loaded under its name.
+    pub sessions: usize,
+    /// Blocks of all the sessions' chains.
+    pub blocks: usize,
+    /// Blocks loaded into the cold tier.
+    pub moved: usize,
+    /// Tokens the loaded chains cover.
+    pub tokens: usize,
+    /// Wall time, ms.
+    pub ms: f64,
+}
+
+/// Every cached session of the agent as one safetensors file: each distinct block once (the
+/// sessions share their stable prefix), each session's chain as rows of the file, with the
+/// sessions' names and the KV format in its header. A session is taken as its per-session
+/// export is (resident blocks, the rest from the shadow); sessions with no cache are left out.
+#[utoipa::path(
+    tag = "agents",
+    responses(
+        (status = 200, description = "A safetensors file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent, or no session of it has a cache", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/cache/export")]
+pub async fn export_agent(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let agent = state.store.agent(&caller.0.id, &path.into_inner()).await?;
+    let engine = state.engine()?;
+    let mut sessions = Vec::new();
+    for name in state.store.session_names(&agent.id).await? {
+        let key = (TenantId(caller.0.cache_salt), session_key(&agent, &name));
+        match session_blocks(&state, key).await {
+            Ok((stable, blocks)) => sessions.push((name, stable, blocks)),
+            Err(e) if e.status == StatusCode::NOT_FOUND => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if sessions.is_empty() {
+        return Err(ApiError::not_found("no session of this agent has a cache"));
+    }
+    let kv = engine.kv_format().clone();
+    let bytes = web::block(move || export_agent_file(&kv, &sessions))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok(HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .insert_header((
+            "Content-Disposition",
+            format!("attachment; filename=\"{}.safetensors\"", agent.name),
+        ))
+        .body(bytes))
+}
+
+/// Loads an exported agent file into this agent's sessions (cold tier and shadow), each under
+/// its name, with the per-session import's checks: model and KV format, every block's CRC,
+/// every chain re-hashed for the caller's tenant (never public), stable blocks pinned under
+/// the caller's own prefix key, the tenant's cold quota. Nothing is loaded unless the whole
+/// file checks. The body streams to a temporary file (at most `server.import_limit_mib`); one
+/// import per tenant runs at a time.
+#[utoipa::path(
+    tag = "agents",
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "What was loaded", body = AgentImportResponse),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 413, description = "Over `server.import_limit_mib` (256 MiB by default)", body = crate::error::ErrorSchema),
+        (status = 422, description = "Not an exported agent of this model and KV format", body = crate::error::ErrorSchema),
+        (status = 429, description = "Another import of this tenant is running", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/cache/import")]
+pub async fn import_agent(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    req: actix_web::HttpRequest,
+    body: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let agent = state.store.agent(&caller.0.id, &path.into_inner()).await?;
+    let engine = state.engine()?;
+    let limit = state.config.server.import_limit_mib << 20;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "an imported cache may be at most {} MiB",
+                state.config.server.import_limit_mib
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let _slot = state.imports.begin(&caller.0.id).ok_or_else(|| {
+        ApiError::rate_limited("another cache import of this tenant is running", 1)
+    })?;
+    let started = Instant::now();
+    let file = spool(body, limit).await?.ok_or_else(too_large)?;
+    let built = build_context(&state, &agent, None, ".").await?;
+    let pin_key = pin_key(&caller.0, &built);
+    let kv = engine.kv_format().clone();
+    let tenant = TenantId(caller.0.cache_salt);
+    let sessions = web::block(move || {
+        let bytes = read_spooled(file)?;
+        import_agent_file(&kv, tenant, &bytes, |n| check_name("session", n).is_ok())
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let mut out = AgentImportResponse {
+        sessions: sessions.len(),
+        blocks: 0,
+        moved: 0,
+        tokens: 0,
+        ms: 0.0,
+    };
+    for (name, stable_blocks, blocks) in sessions {
+        let key = (tenant, session_key(&agent, &name));
+        out.blocks += blocks.len();
+        let report = engine_restore(
+            engine,
+            RestoreChain {
+                make_room: true,
+                tenant,
+                session: Some(key.1),
+                stable_blocks,
+                pin_key: Some(engram_engine::Hex32(pin_key)),
+                public_pin_key: None,
+                cold_quota: usize::try_from(caller.0.quotas.cold_blocks).ok(),
+                blocks,
+            },
+        )
+        .await?;
+        out.moved += report.loaded;
+        out.tokens += report.tokens;
+        if let Some(shadow) = &state.shadow {
+            shadow.flush(engine, Some(key)).await?;
+        }
+    }
+    out.ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(HttpResponse::Ok().json(out))
 }
 
 /// Streams a request body into an anonymous temporary file (deleted when dropped); `None` when

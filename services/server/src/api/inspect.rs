@@ -158,12 +158,16 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
         let s = rx.answer().await?;
         let c = &s.counters;
         out.push_str(
-            "# HELP engram_cache_blocks_total Prompt blocks by how the prefix cache served them.\n",
+            "# HELP engram_cache_blocks_total Prompt blocks by the tier that served them (disk_hit: read back from the shadow on a miss into the cold tier, then warmed, so also counted as cold_hit).\n",
         );
         out.push_str("# TYPE engram_cache_blocks_total counter\n");
+        // By tier: hot blocks reused, cold blocks warmed, blocks read back from the shadow on a
+        // miss (into the cold tier, so the turn then warms them: they count as cold_hit too),
+        // and blocks prefilled.
         for (kind, n) in [
             ("hot_hit", c.hot_hits),
             ("cold_hit", c.cold_hits),
+            ("disk_hit", state.metrics.disk_hits()),
             ("miss", c.misses),
         ] {
             out.push_str(&format!(
@@ -253,6 +257,7 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
     }
     render_shadow_and_tiers(&state, &mut out);
     state.metrics.render_ttft(&mut out);
+    state.metrics.render_miss_reads(&mut out);
     state.tokens.render(&mut out);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

@@ -8,8 +8,9 @@
 //!    cache key.
 //! 2. [`Turn::admit`] (`record.rs`): the session name, the message and the session quota.
 //! 3. [`Turn::history`] (`prompt.rs`): the session's turn log, read once.
-//! 4. [`Turn::replay_lost`] (`replay.rs`): the earlier turns whose blocks the cache lost,
-//!    prefilled again in order.
+//! 4. [`Turn::replay_lost`] (`replay.rs`): the blocks the cache lost read back from the shadow
+//!    (disk on a miss), and the earlier turns whose blocks neither holds prefilled again in
+//!    order.
 //! 5. [`Turn::context`] (`prompt.rs`): recall the memory graph's neighbourhood, build the
 //!    layered prompt; [`Turn::spec`] (`spec.rs`) tokenizes it segment by segment — each
 //!    distinct segment text once, whichever turn or step asks first (`crate::tokens`).

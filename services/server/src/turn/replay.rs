@@ -2,10 +2,12 @@
 //! recomputed in order.
 
 use engram_context::Speaker;
-use engram_engine::SequenceSpec;
+use engram_engine::{RestoreChain, SequenceSpec};
+use engram_shadow::{ShadowError, engine_restore};
 
 use super::generate::prefill;
 use super::{Answer, Log, Turn, TurnError};
+use crate::metrics::MissRead;
 
 impl Turn {
     /// Recomputes, turn by turn, the blocks of the session's earlier turns that the cache lost
@@ -16,44 +18,39 @@ impl Turn {
     /// after it (see [`Turn::record`]) — and what each injection prefilled (the canonical
     /// prefix after its last entry, see [`Turn::inject`]), all rebuilt from the turn log, in
     /// order gives the blocks a run that never lost them holds, so the next answer equals that
-    /// run's. Cheap
-    /// when nothing was lost: one prompt build and one cache lookup. Skipped for a stateless
-    /// turn, with the memory graph on (past memories layers cannot be rebuilt as they were) and
-    /// with `shadow.replay` off. Returns how many prefills were replayed.
+    /// run's. First, when the session's last prefill is not fully cached, the shadow's copy of
+    /// the session is read back into the cold tier (disk on a miss, [`Self::read_disk_on_miss`]):
+    /// byte-identical blocks, so nothing of them needs replaying. Cheap when nothing was lost:
+    /// one prompt build and one cache lookup. Skipped for a stateless turn; the replay (not the
+    /// disk read) is skipped with the memory graph on (past memories layers cannot be rebuilt
+    /// as they were) and with `shadow.replay` off. Returns how many prefills were replayed.
     pub async fn replay_lost(&self, log: &Log) -> Result<usize, TurnError> {
         let state = &self.state;
-        if self.session.is_none() || !state.config.shadow.replay || state.memory.is_some() {
+        if self.session.is_none() {
             return Ok(0);
         }
-        let engine = state.engine()?;
-        let bs = engine.kv_format().shape.block_size;
-        let history = &log.said;
-        // Whether a prefill is cached as far as it left it.
-        let cached = |spec: SequenceSpec| async move {
-            let want = spec
-                .segments
-                .iter()
-                .map(|s| s.tokens.len())
-                .sum::<usize>()
-                .saturating_sub(1)
-                / bs;
-            let found = engine.lookup(spec)?.answer().await?;
-            Ok::<bool, TurnError>(found.hot + found.cold >= want)
-        };
+        state.engine()?;
+        // Disk on a miss: when the cache lost part of what the session's last prefill left
+        // (evicted from hot and cold) and the shadow holds more of the session, its blocks go
+        // back into the cold tier — checked as at recovery: fingerprint, CRCs, recomputed
+        // hashes — and this turn warms them instead of recomputing them.
+        if let Some(&last) = prefills(log).last() {
+            let (found, want) = self.cached_blocks(self.spec_of(log, last)?).await?;
+            if found < want {
+                self.read_disk_on_miss(found).await;
+            }
+        }
+        if !state.config.shadow.replay || state.memory.is_some() {
+            return Ok(0);
+        }
         // What the session prefilled, in order: each turn's prompt, then the conversation
         // warmed after its reply; each injection's conversation after its last entry. Back
         // from the last to the last one fully cached; the rest is lost.
         let mut lost = Vec::new();
         for point in prefills(log).into_iter().rev() {
-            let spec = match point {
-                Prefill::Prompt(i) => {
-                    let (message, speaker) = (&history[i].text, history[i].speaker);
-                    let built = self.build_as(&history[..i], message, speaker, None, self.reply)?;
-                    self.spec(&built, |_| true)?
-                }
-                Prefill::Conversation(end) => self.canonical_spec(&history[..end], None)?,
-            };
-            if cached(spec.clone()).await? {
+            let spec = self.spec_of(log, point)?;
+            let (found, want) = self.cached_blocks(spec.clone()).await?;
+            if found >= want {
                 break;
             }
             lost.push(spec);
@@ -67,6 +64,178 @@ impl Turn {
             state.metrics.count_replayed(replayed as u64);
         }
         Ok(replayed)
+    }
+
+    /// The spec a prefill of the session's log ran.
+    fn spec_of(&self, log: &Log, point: Prefill) -> Result<SequenceSpec, TurnError> {
+        let history = &log.said;
+        Ok(match point {
+            Prefill::Prompt(i) => {
+                let (message, speaker) = (&history[i].text, history[i].speaker);
+                let built = self.build_as(&history[..i], message, speaker, None, self.reply)?;
+                self.spec(&built, |_| true)?
+            }
+            Prefill::Conversation(end) => self.canonical_spec(&history[..end], None)?,
+        })
+    }
+
+    /// Leading blocks of a prefill cached (hot or cold), and the full blocks it left.
+    async fn cached_blocks(&self, spec: SequenceSpec) -> Result<(usize, usize), TurnError> {
+        let engine = self.state.engine()?;
+        let bs = engine.kv_format().shape.block_size;
+        let want = spec
+            .segments
+            .iter()
+            .map(|s| s.tokens.len())
+            .sum::<usize>()
+            .saturating_sub(1)
+            / bs;
+        let found = engine.lookup(spec)?.answer().await?;
+        Ok((found.hot + found.cold, want))
+    }
+
+    /// Reads the session's shadow entry back into the cold tier (see [`Turn::replay_lost`]);
+    /// counted in `/metrics`. Never fails the turn: an entry that cannot be used (damaged,
+    /// another model, an unreachable store, no cold room) leaves the blocks to be recomputed.
+    /// Nothing is read when the shadow holds no more of the chain than the `cached` leading
+    /// blocks the cache still has.
+    async fn read_disk_on_miss(&self, cached: usize) -> usize {
+        let state = &self.state;
+        let (Some(shadow), Some(session), Ok(engine)) =
+            (&state.shadow, self.kv_session, state.engine())
+        else {
+            return 0;
+        };
+        let key = (self.kv_tenant, session);
+        match shadow.session_blocks(key).await {
+            None if shadow.has_peers() => return self.adopt_from_peer(cached).await,
+            None => {
+                state.metrics.count_miss_read(MissRead::Absent, 0);
+                return 0;
+            }
+            Some(n) if n <= cached => return 0,
+            Some(_) => {}
+        }
+        let (manifest, blocks) = match shadow.read_session(engine.kv_format(), key).await {
+            Ok(read) => read,
+            Err(ShadowError::NotFound) => {
+                state.metrics.count_miss_read(MissRead::Absent, 0);
+                return 0;
+            }
+            Err(e) => {
+                self.failed_read(&e).await;
+                return 0;
+            }
+        };
+        let chain = RestoreChain {
+            make_room: true,
+            tenant: key.0,
+            session: Some(key.1),
+            stable_blocks: manifest.stable_blocks,
+            pin_key: manifest.pin_key,
+            public_pin_key: manifest.public_pin_key,
+            cold_quota: usize::try_from(self.tenant.quotas.cold_blocks).ok(),
+            blocks,
+        };
+        match engine_restore(engine, chain).await {
+            Ok(r) => {
+                state
+                    .metrics
+                    .count_miss_read(MissRead::Loaded, r.loaded as u64);
+                r.loaded
+            }
+            Err(e) => {
+                self.failed_read(&e).await;
+                0
+            }
+        }
+    }
+
+    /// A session this node's shadow does not hold, looked up in the other nodes' shadows
+    /// (`shadow.peers`): found there, it is loaded into the cold tier, written to this node's
+    /// shadow and deleted from the peer's — adopted, never duplicated — so a session whose node
+    /// is gone resumes its cache here. Returns the blocks loaded.
+    async fn adopt_from_peer(&self, cached: usize) -> usize {
+        let state = &self.state;
+        let (Some(shadow), Some(session), Ok(engine)) =
+            (&state.shadow, self.kv_session, state.engine())
+        else {
+            return 0;
+        };
+        let key = (self.kv_tenant, session);
+        let found = match shadow.read_peer_session(engine.kv_format(), key).await {
+            Ok(Some(found)) if found.blocks.len() > cached => found,
+            Ok(_) => {
+                state.metrics.count_miss_read(MissRead::Absent, 0);
+                return 0;
+            }
+            Err(e) => {
+                // Another node's entry: left for that node (or its recovery) to judge.
+                eprintln!(
+                    "engram: shadow: a peer's entry could not be read ({e}); the session recomputes"
+                );
+                state.metrics.count_miss_read(MissRead::Failed, 0);
+                return 0;
+            }
+        };
+        let chain = RestoreChain {
+            make_room: true,
+            tenant: key.0,
+            session: Some(key.1),
+            stable_blocks: found.manifest.stable_blocks,
+            pin_key: found.manifest.pin_key,
+            public_pin_key: found.manifest.public_pin_key,
+            cold_quota: usize::try_from(self.tenant.quotas.cold_blocks).ok(),
+            blocks: found.blocks,
+        };
+        let loaded = match engine_restore(engine, chain).await {
+            Ok(r) => r.loaded,
+            Err(e) => {
+                eprintln!(
+                    "engram: shadow: a peer's entry was refused ({e}); the session recomputes"
+                );
+                state.metrics.count_miss_read(MissRead::Failed, 0);
+                return 0;
+            }
+        };
+        // Written here first, then released there: a crash between the two leaves two copies
+        // (the next miss elsewhere adopts either), never none.
+        match shadow.flush(engine, Some(key)).await {
+            Ok(_) => {
+                if let Err(e) = shadow.release_peer_session(found.peer, key).await {
+                    eprintln!(
+                        "engram: shadow: adopted a session from {} but could not delete it there: {e}",
+                        found.location
+                    );
+                }
+            }
+            Err(e) => eprintln!("engram: shadow: writing an adopted session failed: {e}"),
+        }
+        state
+            .metrics
+            .count_miss_read(MissRead::Adopted, loaded as u64);
+        loaded
+    }
+
+    /// Counts a read on a miss that could not be used; a damaged entry is removed, so that the
+    /// next flush writes the session whole again instead of building on bytes it cannot read.
+    async fn failed_read(&self, e: &ShadowError) {
+        let state = &self.state;
+        state.metrics.count_miss_read(MissRead::Failed, 0);
+        let (Some(shadow), Some(session)) = (&state.shadow, self.kv_session) else {
+            return;
+        };
+        if e.is_damage() {
+            eprintln!(
+                "engram: shadow: the session's entry is damaged ({e}); removed, the session \
+                 recomputes"
+            );
+            if let Err(e) = shadow.forget(self.kv_tenant, u64::MAX, session.0).await {
+                eprintln!("engram: shadow: removing the damaged entry failed: {e}");
+            }
+        } else {
+            eprintln!("engram: shadow: read on a miss failed ({e}); the session recomputes");
+        }
     }
 }
 
