@@ -33,9 +33,23 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn wait_for(port: u16, what: &str) {
+/// Reads a started child's log to the end in the background: a full pipe must never block it.
+fn drain(child: &mut Child) {
+    if let Some(mut e) = child.stderr.take() {
+        std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::sink()));
+    }
+}
+
+fn wait_for(child: &mut Child, port: u16, what: &str) {
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("{what} exited ({status}): {err}");
+        }
         assert!(
             started.elapsed() < Duration::from_secs(300),
             "{what} did not listen"
@@ -46,12 +60,12 @@ fn wait_for(port: u16, what: &str) {
 
 /// `engram serve` on `port`, its shadow at `s3://engram-shadow/<own>`, reading `peer`'s.
 fn node(db: &str, s3: &S3Server, port: u16, own: &str, peer: &str) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_engram-under-test"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_engram-under-test"))
         .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
         .args(["--database-url", db])
         .env("ENGRAM__AUTH__ADMIN_KEY", ADMIN)
         .env("ENGRAM__MODEL__PATH", model_path())
-        .env("ENGRAM__MODEL__HOT_MIB", "64")
+        .env("ENGRAM__MODEL__HOT_MIB", "128")
         .env("ENGRAM__MODEL__COLD_MIB", "64")
         .env("ENGRAM__MEMORY__ENABLED", "false")
         .env("ENGRAM__TIERS__ENABLED", "false")
@@ -66,10 +80,11 @@ fn node(db: &str, s3: &S3Server, port: u16, own: &str, peer: &str) -> Child {
         .env("ENGRAM__SHADOW__S3_SECRET_ACCESS_KEY", S3_KEY.1)
         .env("ENGRAM__SHADOW__INTERVAL_MS", "3600000")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(port, "engram");
+    wait_for(&mut child, port, "engram");
+    drain(&mut child);
     child
 }
 
@@ -86,19 +101,20 @@ fn haproxy(port: u16, nodes: [u16; 2]) -> Child {
     });
     let config =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/haproxy/engram.cfg");
-    let child = Command::new(&binary)
+    let mut child = Command::new(&binary)
         .args(["-db", "-f"])
         .arg(config)
         .env("ENGRAM_LISTEN", format!("127.0.0.1:{port}"))
         .env("ENGRAM_NODE1", format!("127.0.0.1:{}", nodes[0]))
         .env("ENGRAM_NODE2", format!("127.0.0.1:{}", nodes[1]))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| {
             panic!("HAProxy ({binary}): {e}; run `make haproxy` (Debian's package) or set ENGRAM_HAPROXY")
         });
-    wait_for(port, "haproxy");
+    wait_for(&mut child, port, "haproxy");
+    drain(&mut child);
     child
 }
 
@@ -200,12 +216,16 @@ fn a_session_whose_node_is_killed_resumes_its_cache_on_the_other_node_behind_hap
         s3.root
             .join(format!("engram-shadow/node-{}/entries", i + 1))
     };
+    // Session entries holding objects (the S3 server keeps emptied "directories" as such).
     let entries = |i: usize| -> Vec<String> {
         std::fs::read_dir(prefix(i))
             .map(|d| {
                 d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("s-"))
+                    .filter(|e| {
+                        std::fs::read_dir(e.path()).is_ok_and(|mut files| files.next().is_some())
+                    })
                     .map(|e| e.file_name().to_string_lossy().to_string())
-                    .filter(|n| n.starts_with("s-"))
                     .collect()
             })
             .unwrap_or_default()
