@@ -908,7 +908,7 @@ fn a_shadow_larger_than_the_cold_tier_recovers_what_fits_and_the_rest_on_a_miss(
 
     // A node whose cold tier holds under half of the shadow.
     let mut small = config(&url, Some(&dir));
-    small.model.cold_mib = (on_disk_bytes / 3 >> 20).max(1);
+    small.model.cold_mib = ((on_disk_bytes / 3) >> 20).max(1);
     let srv = Server::start_with(small);
     let status = shadow_status(&srv);
     let counts = &status["recovery_counts"];
