@@ -300,30 +300,8 @@ pub async fn import(
     let agent = state.store.agent(&caller.0.id, &agent_name).await?;
     let key = (TenantId(caller.0.cache_salt), session_key(&agent, &session));
     let engine = state.engine()?;
-    let limit = state.config.server.import_limit_mib << 20;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!(
-                "an imported cache may be at most {} MiB",
-                state.config.server.import_limit_mib
-            ),
-        )
-    };
-    let declared = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    let _slot = state.imports.begin(&caller.0.id).ok_or_else(|| {
-        ApiError::rate_limited("another cache import of this tenant is running", 1)
-    })?;
     let started = Instant::now();
-    let file = spool(body, limit).await?.ok_or_else(too_large)?;
+    let (_slot, file) = receive(&state, &caller, &req, body).await?;
     // Pins go under the caller's own key for the agent's stable prefix as it is now, so the
     // agent's next layer edit releases them like any pin its turns made.
     let built = build_context(&state, &agent, None, ".").await?;
@@ -455,30 +433,8 @@ pub async fn import_agent(
 ) -> Result<HttpResponse, ApiError> {
     let agent = state.store.agent(&caller.0.id, &path.into_inner()).await?;
     let engine = state.engine()?;
-    let limit = state.config.server.import_limit_mib << 20;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!(
-                "an imported cache may be at most {} MiB",
-                state.config.server.import_limit_mib
-            ),
-        )
-    };
-    let declared = req
-        .headers()
-        .get(actix_web::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    let _slot = state.imports.begin(&caller.0.id).ok_or_else(|| {
-        ApiError::rate_limited("another cache import of this tenant is running", 1)
-    })?;
     let started = Instant::now();
-    let file = spool(body, limit).await?.ok_or_else(too_large)?;
+    let (_slot, file) = receive(&state, &caller, &req, body).await?;
     let built = build_context(&state, &agent, None, ".").await?;
     let pin_key = pin_key(&caller.0, &built);
     let kv = engine.kv_format().clone();
@@ -521,6 +477,41 @@ pub async fn import_agent(
     }
     out.ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(HttpResponse::Ok().json(out))
+}
+
+/// An import's body: refused over `server.import_limit_mib` (declared or streamed) and while
+/// another import of the tenant runs (the slot is held until it drops), else spooled to a
+/// temporary file.
+async fn receive<'a>(
+    state: &'a AppState,
+    caller: &TenantCaller,
+    req: &actix_web::HttpRequest,
+    body: web::Payload,
+) -> Result<(crate::state::ImportSlot<'a>, std::fs::File), ApiError> {
+    let limit = state.config.server.import_limit_mib << 20;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "an imported cache may be at most {} MiB",
+                state.config.server.import_limit_mib
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let slot = state.imports.begin(&caller.0.id).ok_or_else(|| {
+        ApiError::rate_limited("another cache import of this tenant is running", 1)
+    })?;
+    let file = spool(body, limit).await?.ok_or_else(too_large)?;
+    Ok((slot, file))
 }
 
 /// Streams a request body into an anonymous temporary file (deleted when dropped); `None` when

@@ -2,8 +2,8 @@
 //! recomputed in order.
 
 use engram_context::Speaker;
-use engram_engine::{RestoreChain, SequenceSpec};
-use engram_shadow::{ShadowError, engine_restore};
+use engram_engine::{ChainKey, Engine, RestoreChain, SequenceSpec};
+use engram_shadow::{ChainBlocks, Manifest, Shadow, ShadowError, engine_restore};
 
 use super::generate::prefill;
 use super::{Answer, Log, Turn, TurnError};
@@ -108,7 +108,9 @@ impl Turn {
         };
         let key = (self.kv_tenant, session);
         match shadow.session_blocks(key).await {
-            None if shadow.has_peers() => return self.adopt_from_peer(cached).await,
+            None if shadow.has_peers() => {
+                return self.adopt_from_peer(shadow, engine, key, cached).await;
+            }
             None => {
                 state.metrics.count_miss_read(MissRead::Absent, 0);
                 return 0;
@@ -127,17 +129,7 @@ impl Turn {
                 return 0;
             }
         };
-        let chain = RestoreChain {
-            make_room: true,
-            tenant: key.0,
-            session: Some(key.1),
-            stable_blocks: manifest.stable_blocks,
-            pin_key: manifest.pin_key,
-            public_pin_key: manifest.public_pin_key,
-            cold_quota: usize::try_from(self.tenant.quotas.cold_blocks).ok(),
-            blocks,
-        };
-        match engine_restore(engine, chain).await {
+        match engine_restore(engine, self.restore_chain(key, &manifest, blocks)).await {
             Ok(r) => {
                 state
                     .metrics
@@ -155,14 +147,14 @@ impl Turn {
     /// (`shadow.peers`): found there, it is loaded into the cold tier, written to this node's
     /// shadow and deleted from the peer's — adopted, never duplicated — so a session whose node
     /// is gone resumes its cache here. Returns the blocks loaded.
-    async fn adopt_from_peer(&self, cached: usize) -> usize {
+    async fn adopt_from_peer(
+        &self,
+        shadow: &Shadow,
+        engine: &Engine,
+        key: ChainKey,
+        cached: usize,
+    ) -> usize {
         let state = &self.state;
-        let (Some(shadow), Some(session), Ok(engine)) =
-            (&state.shadow, self.kv_session, state.engine())
-        else {
-            return 0;
-        };
-        let key = (self.kv_tenant, session);
         let found = match shadow.read_peer_session(engine.kv_format(), key).await {
             Ok(Some(found)) if found.blocks.len() > cached => found,
             Ok(_) => {
@@ -178,16 +170,7 @@ impl Turn {
                 return 0;
             }
         };
-        let chain = RestoreChain {
-            make_room: true,
-            tenant: key.0,
-            session: Some(key.1),
-            stable_blocks: found.manifest.stable_blocks,
-            pin_key: found.manifest.pin_key,
-            public_pin_key: found.manifest.public_pin_key,
-            cold_quota: usize::try_from(self.tenant.quotas.cold_blocks).ok(),
-            blocks: found.blocks,
-        };
+        let chain = self.restore_chain(key, &found.manifest, found.blocks);
         let loaded = match engine_restore(engine, chain).await {
             Ok(r) => r.loaded,
             Err(e) => {
@@ -215,6 +198,21 @@ impl Turn {
             .metrics
             .count_miss_read(MissRead::Adopted, loaded as u64);
         loaded
+    }
+
+    /// A shadowed chain of this turn's session, to load into the cold tier (room made out of the
+    /// tenant's own cold blocks, within its quota).
+    fn restore_chain(&self, key: ChainKey, m: &Manifest, blocks: ChainBlocks) -> RestoreChain {
+        RestoreChain {
+            make_room: true,
+            tenant: key.0,
+            session: Some(key.1),
+            stable_blocks: m.stable_blocks,
+            pin_key: m.pin_key,
+            public_pin_key: m.public_pin_key,
+            cold_quota: usize::try_from(self.tenant.quotas.cold_blocks).ok(),
+            blocks,
+        }
     }
 
     /// Counts a read on a miss that could not be used; a damaged entry is removed, so that the
