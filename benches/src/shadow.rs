@@ -5,8 +5,8 @@
 //! - **hot**: tenant 1's next turn in the process that computed the history;
 //! - **recovered**: the process restarts with recovery on; tenant 2's next turn warms the
 //!   recovered blocks;
-//! - **cold**: the process restarts with recovery off; tenant 3's next turn prefills everything
-//!   from the turn log. In that process `cache/load` then loads tenant 1's session from disk.
+//! - **cold**: the process restarts with recovery, replay and the read on a miss off; tenant 3's
+//!   next turn prefills everything from the turn log. In that process `cache/load` then loads tenant 1's session from disk.
 //!
 //! - **evicted**: after its hot turn, tenant 1's session is evicted (`cache/evict`: written, then
 //!   dropped from hot and cold); its next turn reads the blocks back from disk on the miss.
@@ -202,6 +202,7 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     //    plain recompute): tenant 3's next turn; then load tenant 1 from disk.
     let mut cold_config = config(model, dir, false, true);
     cold_config.shadow.replay = false;
+    cold_config.shadow.read_on_miss = false;
     let state = web::Data::new(build_state(cold_config).await?);
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
     let cold = turn!(&app, &keys[2], "s", next, 1);

@@ -113,6 +113,9 @@ pub struct ShadowSection {
     /// is loaded, written to this node's shadow and deleted from the other's (adopted, never
     /// duplicated) — a session whose node is gone resumes its cache here.
     pub peers: String,
+    /// Read a session's blocks back from the shadow (and the peers') when a turn misses them in
+    /// memory, instead of recomputing them (on by default; off, a miss replays or prefills).
+    pub read_on_miss: bool,
 }
 
 impl ShadowSection {
@@ -161,6 +164,7 @@ impl Default for ShadowSection {
             max_write_mib_per_sec: 0,
             replay: true,
             peers: String::new(),
+            read_on_miss: true,
         }
     }
 }

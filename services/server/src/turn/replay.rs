@@ -34,7 +34,9 @@ impl Turn {
         // (evicted from hot and cold) and the shadow holds more of the session, its blocks go
         // back into the cold tier — checked as at recovery: fingerprint, CRCs, recomputed
         // hashes — and this turn warms them instead of recomputing them.
-        if let Some(&last) = prefills(log).last() {
+        if state.config.shadow.read_on_miss
+            && let Some(&last) = prefills(log).last()
+        {
             let (found, want) = self.cached_blocks(self.spec_of(log, last)?).await?;
             if found < want {
                 self.read_disk_on_miss(found).await;
