@@ -504,17 +504,6 @@ impl Store {
         )
     }
 
-    /// The names of an agent's sessions, in name order.
-    pub async fn session_names(&self, agent_id: &str) -> StoreResult<Vec<String>> {
-        let rows = sqlx::query("SELECT id FROM sessions WHERE agent_id = $1 ORDER BY id")
-            .bind(agent_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| r.try_get::<String, _>("id").map_err(Into::into))
-            .collect()
-    }
-
     /// Sessions a tenant holds.
     pub async fn session_count(&self, tenant_id: &str) -> StoreResult<u64> {
         let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM sessions WHERE tenant_id = $1")

@@ -379,7 +379,7 @@ pub async fn export_agent(
     let agent = state.store.agent(&caller.0.id, &path.into_inner()).await?;
     let engine = state.engine()?;
     let mut sessions = Vec::new();
-    for name in state.store.session_names(&agent.id).await? {
+    for name in state.store.sessions(&agent.id).await? {
         let key = (TenantId(caller.0.cache_salt), session_key(&agent, &name));
         match session_blocks(&state, key).await {
             Ok((stable, blocks)) => sessions.push((name, stable, blocks)),

@@ -34,15 +34,19 @@ impl Turn {
         // (evicted from hot and cold) and the shadow holds more of the session, its blocks go
         // back into the cold tier — checked as at recovery: fingerprint, CRCs, recomputed
         // hashes — and this turn warms them instead of recomputing them.
+        // Whether the last prefill is known to be fully cached (then nothing is lost).
+        let mut whole = false;
         if state.config.shadow.read_on_miss
             && let Some(&last) = prefills(log).last()
         {
             let (found, want) = self.cached_blocks(self.spec_of(log, last)?).await?;
             if found < want {
                 self.read_disk_on_miss(found).await;
+            } else {
+                whole = true;
             }
         }
-        if !state.config.shadow.replay || state.memory.is_some() {
+        if whole || !state.config.shadow.replay || state.memory.is_some() {
             return Ok(0);
         }
         // What the session prefilled, in order: each turn's prompt, then the conversation
