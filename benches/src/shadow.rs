@@ -10,6 +10,9 @@
 //!
 //! - **evicted**: after its hot turn, tenant 1's session is evicted (`cache/evict`: written, then
 //!   dropped from hot and cold); its next turn reads the blocks back from disk on the miss.
+//! - **archived**: then tenant 1's session is archived (`cache/archive`: its KV deleted from
+//!   memory and disk, a marker keeping its chain); its next turn thaws it by replaying its
+//!   prefills from the turn log.
 //!
 //! Write throughput: the flush that wrote the three histories against a plain sequential write
 //! (one file, `write_all` + `fsync`) of the same number of bytes. Steady load: the same scripted
@@ -46,6 +49,15 @@ pub struct SizeFigures {
     pub evicted_cached_tokens: u64,
     /// cold / evicted.
     pub evicted_speedup: f64,
+    /// TTFT of the hot tenant's next turn after `cache/archive` (its KV deleted from memory
+    /// and disk): thawed by replaying its prefills from the turn log.
+    pub archived_ttft_ms: f64,
+    /// Prompt tokens reused in that turn (what the replay computed).
+    pub archived_cached_tokens: u64,
+    /// The archive marker's bytes over the entry bytes it replaced.
+    pub archive_footprint: f64,
+    /// archived / evicted: what the disk read saves over the archive's replay.
+    pub evicted_vs_archived: f64,
     /// The recovering restart's recovery (all three tenants' entries), ms.
     pub recovery_ms: f64,
     /// `cache/load` of one session from disk into the cold tier, ms (engine side).
@@ -182,6 +194,25 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     );
     anyhow::ensure!(s == 200, "evict: {ev}");
     let evicted = turn!(&app, &keys[0], "s", "And which note mentions the ember?", 1);
+    // Tenant 1 archived (its KV deleted from memory and disk, its chain kept as a marker): its
+    // next turn thaws it by replaying its prefills from the turn log.
+    let (s, ar) = app_call!(
+        &app,
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/archive",
+        &keys[0],
+        Value::Null
+    );
+    anyhow::ensure!(s == 200 && ar["archived"] == true, "archive: {ar}");
+    let archived = turn!(
+        &app,
+        &keys[0],
+        "s",
+        "And which note mentions the glacier?",
+        1
+    );
+    let footprint = ar["marker_bytes"].as_f64().unwrap_or(0.0)
+        / ar["entry_bytes"].as_f64().unwrap_or(1.0).max(1.0);
     drop(app);
     state.store.close().await;
     drop(state);
@@ -225,6 +256,10 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
         evicted_ttft_ms: evicted.0,
         evicted_cached_tokens: evicted.1,
         evicted_speedup: cold.0 / evicted.0.max(1e-9),
+        archived_ttft_ms: archived.0,
+        archived_cached_tokens: archived.1,
+        archive_footprint: footprint,
+        evicted_vs_archived: archived.0 / evicted.0.max(1e-9),
         recovery_ms,
         load_ms: load["ms"].as_f64().unwrap_or(0.0),
         flush_bytes: flush.bytes,

@@ -131,6 +131,13 @@ pub struct BlockMeta {
     pub(crate) precision: Precision,
     pub(crate) slot: u32,
     pub(crate) ref_count: u32,
+    /// The table's epoch at the block's last tier move (its allocation counts as one); an
+    /// engine sets the epoch to its tier-bridge cycle, so this is the cycle of the last move.
+    #[serde(default)]
+    pub(crate) moved_epoch: u64,
+    /// Tier moves of the block (spill, warm, removal, readmission, down-tiering).
+    #[serde(default)]
+    pub(crate) moves: u32,
 }
 
 impl BlockMeta {
@@ -194,6 +201,14 @@ impl BlockMeta {
     pub fn ref_count(&self) -> u32 {
         self.ref_count
     }
+    /// The epoch of its last tier move, or of its allocation ([`crate::BlockStore::set_epoch`]).
+    pub fn moved_epoch(&self) -> u64 {
+        self.moved_epoch
+    }
+    /// Tier moves of the block so far.
+    pub fn moves(&self) -> u32 {
+        self.moves
+    }
 }
 
 /// A conjunction of optional conditions; `BlockFilter::default()` matches every block.
@@ -230,6 +245,10 @@ pub struct BlockMetadataTable {
     blocks: BTreeMap<BlockId, BlockMeta>,
     priorities: PriorityTable,
     clock: u64,
+    /// Set by the owner (an engine's tier-bridge cycle); stamped on every tier move.
+    epoch: u64,
+    /// Tier moves of every block since the table was made (freed blocks' included).
+    moves: u64,
 }
 
 impl BlockMetadataTable {
@@ -238,6 +257,8 @@ impl BlockMetadataTable {
             blocks: BTreeMap::new(),
             priorities,
             clock: 0,
+            epoch: 0,
+            moves: 0,
         }
     }
 
@@ -289,6 +310,29 @@ impl BlockMetadataTable {
         }
     }
 
+    /// The epoch stamped on tier moves now.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Tier moves of every block since the table was made.
+    pub fn tier_moves(&self) -> u64 {
+        self.moves
+    }
+
+    pub(crate) fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// Records a tier move of `id` (stamped with the epoch, counted).
+    pub(crate) fn note_move(&mut self, id: BlockId) {
+        if let Some(meta) = self.blocks.get_mut(&id) {
+            meta.moved_epoch = self.epoch;
+            meta.moves = meta.moves.saturating_add(1);
+            self.moves += 1;
+        }
+    }
+
     pub(crate) fn tick(&mut self) -> u64 {
         self.clock += 1;
         self.clock
@@ -316,6 +360,8 @@ impl BlockMetadataTable {
             precision: Precision::Full,
             slot,
             ref_count: 1,
+            moved_epoch: self.epoch,
+            moves: 0,
         };
         self.blocks.insert(id, meta);
     }

@@ -162,6 +162,10 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
             "POST",
             format!("/v1/agents/{id}/sessions/secret/cache/evict"),
         ),
+        (
+            "POST",
+            format!("/v1/agents/{id}/sessions/secret/cache/archive"),
+        ),
         ("GET", format!("/v1/agents/{id}/cache/export")),
         ("POST", format!("/v1/agents/{id}/cache/import")),
         ("GET", format!("/v1/agents/{id}/memory/nodes")),
@@ -293,6 +297,7 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         ("GET", "/v1/agents/bot/sessions/secret/cache/export"),
         ("POST", "/v1/agents/bot/sessions/secret/cache/load"),
         ("POST", "/v1/agents/bot/sessions/secret/cache/evict"),
+        ("POST", "/v1/agents/bot/sessions/secret/cache/archive"),
         ("GET", "/v1/agents/bot/cache/export"),
         ("DELETE", "/v1/agents/bot/sessions/secret"),
     ] {

@@ -44,6 +44,10 @@ enum BenchCommand {
     /// The shadow: next-turn TTFT of a recovered session vs cold recompute vs hot, load time,
     /// write throughput vs a plain write, and wall-time overhead under steady load.
     Shadow(ShadowBenchArgs),
+    /// The tier bridge and the shadow's byte budget under a steady multi-session load (Zipf
+    /// over sessions), every budget at half the measured working set: tier moves per block per
+    /// cycle, the shadow's size against its budget, sessions archived and thawed.
+    Tiers(TiersBenchArgs),
     /// Agent workloads against any OpenAI-compatible endpoint (Engram, llama.cpp's server, …):
     /// run a scenario, print one, or report on result files.
     #[command(subcommand)]
@@ -129,6 +133,25 @@ struct ShadowBenchArgs {
     interval_ms: u64,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-shadow")]
+    dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct TiersBenchArgs {
+    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
+    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
+    model: PathBuf,
+    /// Sessions.
+    #[arg(long, default_value_t = 12)]
+    sessions: usize,
+    /// Warm-up turns per session (round robin) before the steady phase.
+    #[arg(long, default_value_t = 3)]
+    warm_turns: usize,
+    /// Turns of the steady phase.
+    #[arg(long, default_value_t = 300)]
+    turns: usize,
+    /// Scratch directory.
+    #[arg(long, default_value = "data/bench-tiers")]
     dir: PathBuf,
 }
 
@@ -268,6 +291,7 @@ fn main() -> Result<()> {
         BenchCommand::Memory(args) => bench_memory(args),
         BenchCommand::Conversation(args) => bench_conversation(args),
         BenchCommand::Shadow(args) => bench_shadow(args),
+        BenchCommand::Tiers(args) => bench_tiers(args),
         BenchCommand::Workload(cmd) => bench_workload(cmd),
     }
 }
@@ -464,6 +488,23 @@ fn bench_workload(cmd: WorkloadCommand) -> Result<()> {
             println!("{}", a.out.join("report.md").display());
         }
     }
+    Ok(())
+}
+
+fn bench_tiers(args: TiersBenchArgs) -> Result<()> {
+    let _ = std::fs::remove_dir_all(&args.dir);
+    let f = actix_web::rt::System::new().block_on(engram_benches::tiers::steady(
+        &args.model,
+        &args.dir,
+        args.sessions,
+        args.warm_turns,
+        args.turns,
+    ))?;
+    println!(
+        "{}",
+        serde_json::json!({"bench": "tiers_steady_load", "figures": f})
+    );
+    let _ = std::fs::remove_dir_all(&args.dir);
     Ok(())
 }
 

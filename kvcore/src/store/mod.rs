@@ -351,6 +351,12 @@ impl BlockStore {
         &self.meta
     }
 
+    /// Sets the epoch stamped on the tier moves from now on (an engine passes its tier-bridge
+    /// cycle, so a block's [`crate::BlockMeta::moved_epoch`] is the cycle of its last move).
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.meta.set_epoch(epoch);
+    }
+
     /// The metadata table, for changes the store does not own (priority table).
     pub fn metadata_mut(&mut self) -> &mut BlockMetadataTable {
         &mut self.meta
@@ -571,6 +577,7 @@ impl BlockStore {
             meta.slot = new;
             meta.precision = Precision::Restored;
             self.free_slot_of(Tier::Cold, Precision::Reduced, old);
+            self.meta.note_move(id);
         }
         Ok(())
     }
@@ -596,6 +603,7 @@ impl BlockStore {
                 // Prefill computes the bytes again, in the layer's codec.
                 meta.precision = Precision::Full;
                 self.free_slot_of(tier, precision, slot);
+                self.meta.note_move(id);
             }
         }
         Ok(())
@@ -611,6 +619,7 @@ impl BlockStore {
                 meta.slot = slot;
                 meta.precision = Precision::Full;
             }
+            self.meta.note_move(id);
         }
         Ok(())
     }
@@ -893,6 +902,7 @@ impl BlockStore {
                 meta.tier = dest;
                 meta.slot = new;
             }
+            self.meta.note_move(id);
         }
         Ok(())
     }

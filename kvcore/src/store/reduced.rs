@@ -142,6 +142,7 @@ impl BlockStore {
                 meta.precision = Precision::Reduced;
                 meta.slot = new;
             }
+            self.meta.note_move(id);
         }
         Ok(())
     }

@@ -177,3 +177,39 @@ fn tier_bytes_follow_the_5d_layout() {
         &host.k_codes()[layer1..layer1 + per_block_layer]
     );
 }
+
+#[test]
+fn tier_moves_are_stamped_with_the_epoch_and_counted() {
+    let mut store = small_store(CodecKind::TQ4, 8, 8);
+    store.set_epoch(3);
+    let ids = filled(&mut store, 4, SourceLayer::Memories, 9);
+    let meta = |s: &BlockStore, id| s.metadata().get(id).unwrap().clone();
+    // Allocation is stamped, not counted.
+    assert_eq!(meta(&store, ids[0]).moved_epoch(), 3);
+    assert_eq!(meta(&store, ids[0]).moves(), 0);
+    assert_eq!(store.metadata().tier_moves(), 0);
+
+    store.set_epoch(7);
+    store.spill(&ids[..2]).unwrap();
+    assert_eq!(meta(&store, ids[0]).moved_epoch(), 7);
+    assert_eq!(meta(&store, ids[0]).moves(), 1);
+    assert_eq!(
+        meta(&store, ids[2]).moved_epoch(),
+        3,
+        "an unmoved block keeps its stamp"
+    );
+    assert_eq!(store.metadata().tier_moves(), 2);
+
+    store.set_epoch(9);
+    store.warm(&ids[..1]).unwrap();
+    store.remove(&ids[2..3]).unwrap();
+    store.readmit(&ids[2..3]).unwrap();
+    assert_eq!(meta(&store, ids[0]).moves(), 2);
+    assert_eq!(meta(&store, ids[0]).moved_epoch(), 9);
+    assert_eq!(meta(&store, ids[2]).moves(), 2);
+    assert_eq!(meta(&store, ids[1]).moved_epoch(), 7);
+    assert_eq!(store.metadata().tier_moves(), 5);
+    // Freed blocks' moves stay in the total.
+    store.release(&ids).unwrap();
+    assert_eq!(store.metadata().tier_moves(), 5);
+}

@@ -116,6 +116,11 @@ pub struct ShadowSection {
     /// Read a session's blocks back from the shadow (and the peers') when a turn misses them in
     /// memory, instead of recomputing them (on by default; off, a miss replays or prefills).
     pub read_on_miss: bool,
+    /// Bytes of segments the shadow may hold, MiB (0: no limit). Over it, after a flush, the
+    /// least recently written sessions with no turn within `tiers.active_window_secs` are
+    /// archived: their KV deleted from memory and disk, their chain kept as a marker; their
+    /// next turn replays them from the turn log.
+    pub budget_mib: u64,
 }
 
 impl ShadowSection {
@@ -165,6 +170,7 @@ impl Default for ShadowSection {
             replay: true,
             peers: String::new(),
             read_on_miss: true,
+            budget_mib: 0,
         }
     }
 }
@@ -191,6 +197,13 @@ pub struct TiersSection {
     pub cold_target: f64,
     /// Apply the threshold suggestions within the policy's bounds.
     pub adapt: bool,
+    /// MiB of the hot tier the bridge keeps it to (0: the whole tier); admission may fill the
+    /// tier to its capacity, the bridge brings it back under the budget.
+    pub hot_budget_mib: u64,
+    /// MiB of the cold tier the bridge keeps it to (0: the whole tier).
+    pub cold_budget_mib: u64,
+    /// Cycles a block stays where a tier move put it before the bridge moves it again.
+    pub cooldown_cycles: u64,
 }
 
 impl Default for TiersSection {
@@ -206,6 +219,9 @@ impl Default for TiersSection {
             cold_high: p.cold_high,
             cold_target: p.cold_target,
             adapt: p.adapt,
+            hot_budget_mib: 0,
+            cold_budget_mib: 0,
+            cooldown_cycles: p.cooldown_cycles,
         }
     }
 }
@@ -220,6 +236,9 @@ impl TiersSection {
             cold_high: self.cold_high,
             cold_target: self.cold_target,
             adapt: self.adapt,
+            hot_budget_bytes: self.hot_budget_mib << 20,
+            cold_budget_bytes: self.cold_budget_mib << 20,
+            cooldown_cycles: self.cooldown_cycles,
             ..engram_engine::TierPolicy::default()
         }
     }

@@ -54,7 +54,7 @@ pub use shadow::{
     CHAINS_PER_TENANT, ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport,
     ShadowBlock, ShadowChain,
 };
-pub use tiers::{CycleReport, TierObservation, TierPolicy};
+pub use tiers::{CycleReport, TierCosts, TierObservation, TierPolicy};
 
 /// Engine options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -380,6 +380,10 @@ pub struct CacheCounters {
     /// Down-tiered blocks a turn warmed back (re-encoded to the layer's codecs).
     #[serde(default)]
     pub down_tier_hits: u64,
+    /// Hot blocks spilled or dropped at admission because the hot tier was full (the tier
+    /// bridge left too little room): the bridge's signal to demote sooner.
+    #[serde(default)]
+    pub admission_evictions: u64,
 }
 
 /// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
@@ -552,6 +556,7 @@ pub struct EngineCore {
     cold_quotas: HashMap<TenantId, usize>,
     reservations: reserve::Reservations,
     chains: shadow::Chains,
+    bridge: tiers::BridgeState,
 }
 
 impl EngineCore {
@@ -661,6 +666,7 @@ impl EngineCore {
             cold_quotas: HashMap::new(),
             reservations: reserve::Reservations::default(),
             chains,
+            bridge: tiers::BridgeState::default(),
         })
     }
 

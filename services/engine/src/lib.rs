@@ -38,7 +38,7 @@ pub use crate::core::{
     CHAINS_PER_TENANT, ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport,
     ShadowBlock, ShadowChain,
 };
-pub use crate::core::{CycleReport, TierObservation, TierPolicy};
+pub use crate::core::{CycleReport, TierCosts, TierObservation, TierPolicy};
 pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};

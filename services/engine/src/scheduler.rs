@@ -122,7 +122,8 @@ enum Command {
         (TenantId, u64, u64),
         flume::Sender<EngineResult<ForgetReport>>,
     ),
-    Evict(ChainKey, flume::Sender<EngineResult<EvictReport>>),
+    /// Evicts a session; with `true`, archives it (its chain record goes too).
+    Evict(ChainKey, bool, flume::Sender<EngineResult<EvictReport>>),
 }
 
 /// What the shadow asks the engine for (see [`EngineCore::shadow_collect`]).
@@ -148,6 +149,9 @@ pub struct EngineSnapshot {
     /// Reservation totals.
     #[serde(default)]
     pub reservations: ReservationCounters,
+    /// Tier moves of every block so far ([`EngineCore::tier_moves`]).
+    #[serde(default)]
+    pub tier_moves: u64,
 }
 
 /// A page of the block listing.
@@ -431,7 +435,18 @@ impl Engine {
         key: ChainKey,
     ) -> EngineResult<flume::Receiver<EngineResult<EvictReport>>> {
         let (tx, rx) = flume::bounded(1);
-        self.ask(Command::Evict(key, tx))?;
+        self.ask(Command::Evict(key, false, tx))?;
+        Ok(rx)
+    }
+
+    /// Evicts a session and drops its chain record (the tokens-only archive); see
+    /// [`EngineCore::archive_session`].
+    pub fn archive_session(
+        &self,
+        key: ChainKey,
+    ) -> EngineResult<flume::Receiver<EngineResult<EvictReport>>> {
+        let (tx, rx) = flume::bounded(1);
+        self.ask(Command::Evict(key, true, tx))?;
         Ok(rx)
     }
 
@@ -602,6 +617,7 @@ impl Worker {
                         counters: self.core.counters().clone(),
                         queued: self.rx.len() + self.waiting.len(),
                         reservations: self.core.reservation_counters(),
+                        tier_moves: self.core.tier_moves(),
                     });
                 }
                 Command::Blocks(q, reply) => {
@@ -643,8 +659,12 @@ impl Worker {
                 Command::Forget((tenant, mask, value), reply) => {
                     let _ = reply.send(self.core.forget(tenant, mask, value));
                 }
-                Command::Evict((tenant, session), reply) => {
-                    let _ = reply.send(self.core.evict_session(tenant, session));
+                Command::Evict((tenant, session), archive, reply) => {
+                    let _ = reply.send(if archive {
+                        self.core.archive_session(tenant, session)
+                    } else {
+                        self.core.evict_session(tenant, session)
+                    });
                 }
                 Command::TierCycle(args, reply) => {
                     let (mut policy, active) = *args;

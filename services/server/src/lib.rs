@@ -178,10 +178,11 @@ pub fn spawn_background(state: web::Data<AppState>) {
             let every = std::time::Duration::from_millis(st.config.shadow.interval_ms);
             loop {
                 actix_web::rt::time::sleep(every).await;
-                if let (Some(shadow), Some(engine)) = (&st.shadow, &st.engine)
-                    && let Err(e) = shadow.flush(engine, None).await
-                {
-                    eprintln!("engram: shadow flush failed: {e}");
+                if let (Some(shadow), Some(engine)) = (&st.shadow, &st.engine) {
+                    if let Err(e) = shadow.flush(engine, None).await {
+                        eprintln!("engram: shadow flush failed: {e}");
+                    }
+                    enforce_shadow_budget(&st, shadow).await;
                 }
             }
         });
@@ -198,6 +199,23 @@ pub fn spawn_background(state: web::Data<AppState>) {
                 }
             }
         });
+    }
+}
+
+/// Archives the least recently written sessions while the shadow is over `shadow.budget_mib`
+/// (sessions with a turn within `tiers.active_window_secs` are kept); errors are logged.
+pub async fn enforce_shadow_budget(state: &AppState, shadow: &engram_shadow::Shadow) {
+    let budget = state.config.shadow.budget_mib << 20;
+    if budget == 0 {
+        return;
+    }
+    let window = std::time::Duration::from_secs(state.config.tiers.active_window_secs);
+    let active: std::collections::HashSet<_> = state.tiers.active(window).into_iter().collect();
+    for key in shadow.over_budget(budget, |k| active.contains(&k)).await {
+        if let Err(e) = api::cache::archive_session(state, key, false).await {
+            eprintln!("engram: shadow: archiving a session over the budget failed: {e}");
+            return;
+        }
     }
 }
 

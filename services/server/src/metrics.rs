@@ -15,6 +15,8 @@ pub struct Metrics {
     replayed_turns: AtomicU64,
     disk_hit_blocks: AtomicU64,
     miss_reads: [AtomicU64; 4],
+    /// Sessions archived (tokens only) and thawed.
+    archive: [AtomicU64; 2],
 }
 
 /// How a turn's read of the shadow on a miss ended.
@@ -86,6 +88,25 @@ impl Metrics {
                 "engram_shadow_miss_reads_total{{result=\"{}\"}} {}\n",
                 m.label(),
                 self.miss_reads[m as usize].load(Ordering::Relaxed)
+            ));
+        }
+    }
+
+    /// Counts a session archived (`thawed` false) or thawed by its next turn.
+    pub fn count_archive(&self, thawed: bool) {
+        self.archive[usize::from(thawed)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The archive's counters in Prometheus text format.
+    pub fn render_archive(&self, out: &mut String) {
+        out.push_str(
+            "# HELP engram_archive_sessions_total Sessions moved to the tokens-only archive (KV deleted, chain kept), and thawed by their next turn's replay.\n",
+        );
+        out.push_str("# TYPE engram_archive_sessions_total counter\n");
+        for (i, event) in ["archived", "thawed"].into_iter().enumerate() {
+            out.push_str(&format!(
+                "engram_archive_sessions_total{{event=\"{event}\"}} {}\n",
+                self.archive[i].load(Ordering::Relaxed)
             ));
         }
     }

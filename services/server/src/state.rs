@@ -189,7 +189,12 @@ impl AppState {
         config: Config,
     ) -> Self {
         let key = &config.auth.admin_key.0;
-        let tiers = TierBridge::new(config.tiers.policy());
+        let mut policy = config.tiers.policy();
+        if !(config.shadow.enabled && config.shadow.read_on_miss) {
+            // No read on a miss: a block dropped from cold is recomputed.
+            policy.costs.disk_ns_per_byte = 0.0;
+        }
+        let tiers = TierBridge::new(policy);
         let limits = crate::limits::Limits::new(&config.limits);
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {

@@ -40,12 +40,14 @@ use engram_kvcore::shadow::{checksum, decode_segment};
 use engram_kvcore::{SessionId, TenantId};
 use serde::{Deserialize, Serialize};
 
+mod archive;
 mod error;
 mod manifest;
 mod offline;
 mod storage;
 mod writer;
 
+pub use archive::{ARCHIVE_FORMAT, ArchiveMarker};
 use error::invalid;
 pub use error::{Result, ShadowError};
 pub use manifest::{
@@ -62,7 +64,7 @@ pub use offline::{
 pub use storage::ObjectStorage;
 pub use storage::{LocalStorage, Object, S3Settings, Storage, is_temp, open_storage};
 pub use writer::FlushReport;
-use writer::{State, write_chains};
+use writer::{State, forget_entries, write_chains};
 
 /// Blocks of a chain in order, each with its bytes.
 pub type ChainBlocks = Vec<(ShadowBlock, Vec<u8>)>;
@@ -119,6 +121,9 @@ pub struct ShadowStatus {
     pub prefixes: usize,
     /// Bytes of all segment files on disk.
     pub bytes_on_disk: u64,
+    /// Sessions in the tokens-only archive (their KV deleted, their chain kept).
+    #[serde(default)]
+    pub archived_sessions: usize,
     /// What the recovery at start did, entry by entry.
     pub recovery: Vec<RecoveryEntry>,
     /// Recovery outcomes counted by result.
@@ -137,6 +142,8 @@ pub struct Shadow {
     peers: Vec<Arc<dyn Storage>>,
     state: tokio::sync::Mutex<State>,
     status: Mutex<ShadowStatus>,
+    /// Sessions with an archive marker (see [`archive`]).
+    archived: Mutex<HashSet<ChainKey>>,
 }
 
 /// A session found in another node's shadow.
@@ -156,7 +163,9 @@ impl Shadow {
     /// A shadow over `store` writing at most `max_mib_per_sec` MiB/s (0: unlimited).
     pub fn open(store: Arc<dyn Storage>, interval_ms: u64, max_mib_per_sec: u64) -> Result<Self> {
         let location = store.location();
+        let archived = archive::list_markers(store.as_ref())?;
         Ok(Self {
+            archived: Mutex::new(archived),
             store,
             peers: Vec::new(),
             state: tokio::sync::Mutex::new(State {
@@ -244,7 +253,114 @@ impl Shadow {
 
     /// A copy of the status.
     pub fn status(&self) -> ShadowStatus {
-        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+        let mut s = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        s.archived_sessions = self.archived_count();
+        s
+    }
+
+    /// Whether a session is in the tokens-only archive.
+    pub fn is_archived(&self, key: ChainKey) -> bool {
+        self.archived.lock().is_ok_and(|a| a.contains(&key))
+    }
+
+    /// Sessions in the archive.
+    pub fn archived_count(&self) -> usize {
+        self.archived.lock().map_or(0, |a| a.len())
+    }
+
+    /// A session's archive marker, when it has one.
+    pub async fn archive_marker(&self, key: ChainKey) -> Result<Option<ArchiveMarker>> {
+        if !self.is_archived(key) {
+            return Ok(None);
+        }
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || archive::read_marker(store.as_ref(), key))
+            .await
+            .map_err(|e| invalid("archive", e.to_string()))?
+    }
+
+    /// Archives a session (see [`archive`]): writes its marker, then deletes its entry (the
+    /// KV bytes; its prefix entry stays while another session uses it). Answers the marker
+    /// and its size in bytes; `None` when the shadow holds no entry of the session. The engine
+    /// must have dropped the session's blocks and chain record first
+    /// (`Engine::archive_session`), or the next flush writes it again.
+    pub async fn archive(&self, key: ChainKey) -> Result<Option<(ArchiveMarker, u64)>> {
+        let mut state = self.state.lock().await;
+        let id = session_entry_id(key.0, key.1);
+        let Some(m) = state.manifests.get(&id) else {
+            return Ok(None);
+        };
+        let Some(marker) = ArchiveMarker::of(m, entry_bytes(&state, m)) else {
+            return Ok(None);
+        };
+        let store = self.store.clone();
+        let mut taken = std::mem::take(&mut *state);
+        let written = marker.clone();
+        let (taken, result) = tokio::task::spawn_blocking(move || {
+            let r = archive::write_marker(store.as_ref(), &written).and_then(|size| {
+                let gone = move |m: &Manifest| m.session == Some(key.1.0);
+                forget_entries(store.as_ref(), &mut taken, key.0.0, &gone).map(|_| size)
+            });
+            (taken, r)
+        })
+        .await
+        .map_err(|e| invalid("archive", e.to_string()))?;
+        *state = taken;
+        let size = result?;
+        if let Ok(mut a) = self.archived.lock() {
+            a.insert(key);
+        }
+        let (sessions, prefixes, bytes) = totals(&state);
+        self.update_status(|s| {
+            s.sessions = sessions;
+            s.prefixes = prefixes;
+            s.bytes_on_disk = bytes;
+        });
+        Ok(Some((marker, size)))
+    }
+
+    /// The sessions to archive for the shadow to fit in `budget` bytes: the least recently
+    /// written first, skipping those `keep` names (active ones), until what is left fits.
+    /// Empty when it fits already.
+    pub async fn over_budget(&self, budget: u64, keep: impl Fn(ChainKey) -> bool) -> Vec<ChainKey> {
+        let state = self.state.lock().await;
+        let (_, _, mut bytes) = totals(&state);
+        if bytes <= budget {
+            return Vec::new();
+        }
+        let mut sessions: Vec<(u64, ChainKey, u64)> = state
+            .manifests
+            .values()
+            .filter(|m| m.kind == EntryKind::Session)
+            .filter_map(|m| {
+                let key = (TenantId(m.tenant), SessionId(m.session?));
+                Some((m.updated_unix_ms, key, entry_bytes(&state, m)))
+            })
+            .filter(|(_, key, _)| !keep(*key))
+            .collect();
+        sessions.sort_unstable();
+        let mut out = Vec::new();
+        for (_, key, size) in sessions {
+            if bytes <= budget {
+                break;
+            }
+            bytes = bytes.saturating_sub(size);
+            out.push(key);
+        }
+        out
+    }
+
+    /// A session's thaw: its next turn replayed it, so its marker goes (the next flush writes
+    /// it again). Answers whether it was archived.
+    pub async fn thawed(&self, key: ChainKey) -> Result<bool> {
+        if !self.is_archived(key) {
+            return Ok(false);
+        }
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.delete(&archive::marker_key(key)))
+            .await
+            .map_err(|e| invalid("archive", e.to_string()))??;
+        Ok(self.archived.lock().is_ok_and(|mut a| a.remove(&key)))
     }
 
     fn update_status(&self, f: impl FnOnce(&mut ShadowStatus)) {
@@ -571,6 +687,20 @@ pub async fn engine_restore(engine: &Engine, chain: RestoreChain) -> Result<Rest
 }
 
 /// Counts of entries and bytes on disk.
+/// Bytes of an entry's segments.
+fn entry_bytes(state: &State, m: &Manifest) -> u64 {
+    m.segments()
+        .into_iter()
+        .map(|seg| {
+            state
+                .sizes
+                .get(&entry_key(&m.id, seg))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
 fn totals(state: &State) -> (usize, usize, u64) {
     let mut sessions = 0;
     let mut prefixes = 0;

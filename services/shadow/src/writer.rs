@@ -484,6 +484,23 @@ impl Shadow {
         .await
         .map_err(|e| invalid("forget", e.to_string()))?;
         *state = taken;
+        // Archived sessions of the tenant that match go too.
+        let gone: Vec<ChainKey> = self
+            .archived
+            .lock()
+            .map(|a| {
+                a.iter()
+                    .filter(|k| k.0 == tenant && k.1.0 & mask == value)
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for key in gone {
+            self.store.delete(&crate::archive::marker_key(key))?;
+            if let Ok(mut a) = self.archived.lock() {
+                a.remove(&key);
+            }
+        }
         let (sessions, prefixes, bytes) = totals(&state);
         self.update_status(|s| {
             s.sessions = sessions;
@@ -618,6 +635,90 @@ mod tests {
         let r = write_chains(&store, &kv, &mut st, vec![chain(&[1, 40, 41], 4)]).unwrap();
         assert_eq!((r.blocks, r.compacted), (2, 0), "{r:?}");
         assert!(segments(&store).contains(&segs[0]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_archived_session_keeps_only_a_marker_and_the_oldest_go_first_over_a_budget() {
+        let dir =
+            std::env::temp_dir().join(format!("engram-shadow-archive-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = std::sync::Arc::new(LocalStorage::open(&dir).unwrap());
+        let shadow = Shadow::open(store.clone(), 1000, 0).unwrap();
+        let kv = format();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let with = |session: u64, ids: &[u8], generation: u64| ShadowChain {
+            session: SessionId(session),
+            ..chain(ids, generation)
+        };
+        {
+            let mut st = shadow.state.blocking_lock();
+            write_chains(store.as_ref(), &kv, &mut st, vec![with(1, &[1, 2, 3], 1)]).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            write_chains(store.as_ref(), &kv, &mut st, vec![with(2, &[4, 5], 2)]).unwrap();
+        }
+        let (a, b) = ((TenantId(5), SessionId(1)), (TenantId(5), SessionId(2)));
+        let (a_id, b_id) = (session_entry_id(a.0, a.1), session_entry_id(b.0, b.1));
+        let size_of = |id: &str| -> u64 {
+            store
+                .list("entries/")
+                .unwrap()
+                .iter()
+                .filter(|o| o.key.contains(id) && o.key.contains("/seg-"))
+                .map(|o| o.size)
+                .sum()
+        };
+        let (a_bytes, b_bytes) = (size_of(&a_id), size_of(&b_id));
+        assert!(a_bytes > b_bytes && b_bytes > 0);
+        rt.block_on(async {
+            // Over a budget of session 2's bytes, session 1 (written first) goes, and that is
+            // enough; within budget nothing goes; a kept session is never chosen.
+            assert_eq!(shadow.over_budget(b_bytes, |_| false).await, [a]);
+            assert_eq!(shadow.over_budget(a_bytes + b_bytes, |_| false).await, []);
+            assert_eq!(shadow.over_budget(0, |k| k == a).await, [b]);
+            let (marker, size) = shadow.archive(a).await.unwrap().unwrap();
+            assert_eq!(
+                marker.hashes,
+                [Hex32([1; 32]), Hex32([2; 32]), Hex32([3; 32])]
+            );
+            assert_eq!((marker.tokens, marker.entry_bytes), (48, a_bytes));
+            assert!(size > 0);
+            assert!(shadow.is_archived(a) && !shadow.is_archived(b));
+            assert_eq!(
+                shadow.archive_marker(a).await.unwrap(),
+                Some(marker.clone())
+            );
+            // The entry's files are gone; the other session's stay.
+            let left: Vec<String> = store
+                .list("entries/")
+                .unwrap()
+                .into_iter()
+                .map(|o| o.key)
+                .collect();
+            assert!(left.iter().all(|k| !k.contains(&a_id)), "{left:?}");
+            assert!(left.iter().any(|k| k.contains(&b_id)));
+            assert_eq!(shadow.status().archived_sessions, 1);
+            // A new process finds the marker.
+            let reopened = Shadow::open(store.clone(), 1000, 0).unwrap();
+            assert!(reopened.is_archived(a));
+            // The thaw removes it; a second thaw finds nothing.
+            assert!(reopened.thawed(a).await.unwrap());
+            assert!(!reopened.thawed(a).await.unwrap());
+            assert_eq!(store.list("archive/").unwrap().len(), 0);
+            // Deleting an archived session deletes its marker.
+            assert!(shadow.archive(b).await.unwrap().is_some());
+            assert_eq!(shadow.forget(TenantId(5), u64::MAX, 2).await.unwrap(), 0);
+            assert!(!shadow.is_archived(b));
+            assert!(
+                store
+                    .list("archive/")
+                    .unwrap()
+                    .iter()
+                    .all(|o| !o.key.contains("0000000000000002"))
+            );
+        });
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -36,6 +36,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "context_entries",
         include_str!("../../../migrations/sqlite/0005_context_entries.sql"),
     ),
+    (
+        6,
+        "turn_memories",
+        include_str!("../../../migrations/sqlite/0006_turn_memories.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -63,6 +68,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         5,
         "context_entries",
         include_str!("../../../migrations/postgres/0005_context_entries.sql"),
+    ),
+    (
+        6,
+        "turn_memories",
+        include_str!("../../../migrations/postgres/0006_turn_memories.sql"),
     ),
 ];
 

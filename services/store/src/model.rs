@@ -145,6 +145,9 @@ pub struct NewEntry<'a> {
     pub tokens: &'a [u32],
     /// The session's KV was prefilled up to and including this entry (see [`TurnRow`]).
     pub ends_prefill: bool,
+    /// The memories layer the prompt of the turn this entry is the message of showed (see
+    /// [`TurnRow::memories`]).
+    pub memories: Option<&'a str>,
 }
 
 /// One turn of the log.
@@ -168,6 +171,11 @@ pub struct TurnRow {
     /// for the entries an injection appended before its last. Replay prefills in these steps.
     #[serde(default = "yes")]
     pub ends_prefill: bool,
+    /// On a turn's message: the memories layer its prompt showed (the recalled neighbourhood as
+    /// rendered; empty when nothing was recalled), so replay rebuilds the prompt as it was.
+    /// `None`: not logged (the memory graph was off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memories: Option<String>,
 }
 
 fn yes() -> bool {

@@ -546,6 +546,7 @@ impl Store {
                 text,
                 tokens,
                 ends_prefill: true,
+                memories: None,
             })
             .collect();
         self.append_entries(agent_id, session_id, &entries, reply)
@@ -578,8 +579,8 @@ impl Store {
             seq += 1;
             sqlx::query(
                 "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, \
-                 idem_key, reply, name, ends_prefill) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                 idem_key, reply, name, ends_prefill, memories) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             )
             .bind(agent_id)
             .bind(session_id)
@@ -592,6 +593,7 @@ impl Store {
             .bind(json)
             .bind(e.name)
             .bind(i64::from(e.ends_prefill))
+            .bind(e.memories)
             .execute(&mut *tx)
             .await
             .map_err(|err| match &err {
@@ -641,8 +643,8 @@ impl Store {
         .map_err(conflict("session", to))?;
         let copied = sqlx::query(
             "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, name, \
-             ends_prefill) SELECT agent_id, $3, seq, role, text, tokens, created_at, name, \
-             ends_prefill FROM turns WHERE agent_id = $1 AND session_id = $2",
+             ends_prefill, memories) SELECT agent_id, $3, seq, role, text, tokens, created_at, \
+             name, ends_prefill, memories FROM turns WHERE agent_id = $1 AND session_id = $2",
         )
         .bind(agent_id)
         .bind(from)
@@ -713,6 +715,7 @@ impl Store {
                     created_at: r.try_get("created_at")?,
                     name: r.try_get("name")?,
                     ends_prefill: ends != 0,
+                    memories: r.try_get("memories")?,
                 })
             })
             .collect()

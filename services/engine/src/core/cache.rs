@@ -196,6 +196,7 @@ impl EngineCore {
                 },
                 other => other.into(),
             })?;
+        self.counters.admission_evictions += ev.freed() as u64;
         for &id in &ev.spilled {
             if let Some(m) = self.store.metadata().get(id) {
                 *self.counters.spilled.entry(m.source()).or_default() += 1;
@@ -386,6 +387,20 @@ impl EngineCore {
                 .get(&t)
                 .is_some_and(|&q| per_tenant.get(&t).copied().unwrap_or(0) > q)
         };
+        // A block counts as high a priority and as late an attention as any later block of its
+        // session chains, so that a chain loses its cold blocks from the end: dropping never
+        // leaves a hole.
+        let mut later_kept: HashMap<BlockId, (u16, u64)> = HashMap::new();
+        for chain in self.cached_chains() {
+            let mut later = (0u16, 0u64);
+            for id in chain.iter().rev() {
+                if let Some(m) = self.store.metadata().get(*id) {
+                    later = later.max((m.priority(), m.last_attended()));
+                }
+                let e = later_kept.entry(*id).or_insert((0, 0));
+                *e = (*e).max(later);
+            }
+        }
         let mut cold: Vec<_> = self
             .store
             .metadata()
@@ -400,17 +415,23 @@ impl EngineCore {
                     Some(ts) if ts.contains(&m.tenant()) => 1,
                     Some(_) => return None,
                 };
+                let (priority, attended) = later_kept
+                    .get(&m.id())
+                    .copied()
+                    .unwrap_or((0, 0))
+                    .max((m.priority(), m.last_attended()));
                 Some((
                     class,
-                    m.priority(),
-                    m.last_attended(),
+                    priority,
+                    attended,
+                    std::cmp::Reverse(m.tokens().start),
                     m.created_at(),
                     m.id(),
                 ))
             })
             .collect();
         cold.sort_unstable();
-        cold.into_iter().map(|(_, _, _, _, id)| id).collect()
+        cold.into_iter().map(|(_, _, _, _, _, id)| id).collect()
     }
 
     /// Cold blocks `tenant` may still add under its cold quota (`usize::MAX` without one).
@@ -586,6 +607,19 @@ impl EngineCore {
             self.drop_cached(id)?;
             report.dropped += 1;
         }
+        Ok(report)
+    }
+
+    /// Archives a session in memory: [`Self::evict_session`], and its chain record goes too,
+    /// so no flush writes it again — what is left of it is its turn log (the tokens-only
+    /// archive tier; its next turn replays it).
+    pub fn archive_session(
+        &mut self,
+        tenant: TenantId,
+        session: SessionId,
+    ) -> EngineResult<EvictReport> {
+        let report = self.evict_session(tenant, session)?;
+        self.chains.by_key.remove(&(tenant, session));
         Ok(report)
     }
 

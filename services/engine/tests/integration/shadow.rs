@@ -532,11 +532,13 @@ fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
 
     // Session 2 becomes active again: with room in the hot tier its blocks are warmed, the
     // others stay cold.
+    // (No cooldown: the blocks were spilled one cycle ago.)
     let mut calm = TierPolicy {
         hot_high: 0.2,
         hot_target: 0.1,
         warm_below: 0.08,
         adapt: false,
+        cooldown_cycles: 0,
         ..TierPolicy::default()
     };
     let r = e
@@ -552,6 +554,148 @@ fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
     assert!(adm.cached_tokens >= 176);
 }
 
+/// Token starts of a session's live turn blocks, and whether its hot blocks all come before its
+/// cold ones (a chain the bridge demoted prefix-closed).
+fn prefix_closed(core: &EngineCore, session: u64) -> bool {
+    let mut blocks: Vec<_> = core
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| m.session() == Some(SessionId(session)))
+        .filter(|m| m.source() == SourceLayer::UserTurn)
+        .map(|m| (m.tokens().start, m.tier()))
+        .collect();
+    blocks.sort_by_key(|b| b.0);
+    blocks
+        .windows(2)
+        .all(|w| !(w[0].1 == Tier::Cold && w[1].1 == Tier::Hot))
+}
+
+#[test]
+fn the_bridge_demotes_prefix_closed_within_a_budget_with_a_cooldown_and_reviews_its_moves() {
+    let text = license_tokens(700);
+    let block_bytes = core_with(EngineConfig::default()).store().block_bytes() as u64;
+    let mut e = core_with(EngineConfig {
+        hot_bytes: 512 * block_bytes,
+        ..EngineConfig::default()
+    });
+    let turns = [(1u64, 100usize), (2, 250), (3, 400)];
+    for (s, at) in turns {
+        run(&mut e, spec(&text, at, 140, s));
+    }
+    assert_eq!(e.occupancy().hot_used, 3 + 3 * 8);
+    let moves_before = e.tier_moves();
+
+    // A 20-block budget: over 90 % of it, spill down to 75 % (15 blocks), so 12 of the 24
+    // unpinned blocks go, each session's from its end.
+    let mut budget = TierPolicy {
+        hot_budget_bytes: 20 * block_bytes,
+        warm_below: 0.0,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let r = e.tier_cycle(&mut budget, &[]).unwrap();
+    assert_eq!(r.observed.hot_budget, 20);
+    assert_eq!(r.spilled, 12, "{r:?}");
+    assert_eq!(e.occupancy().hot_used, 15);
+    assert_eq!(e.tier_moves(), moves_before + 12);
+    for s in 1..=3 {
+        assert!(prefix_closed(&e, s), "session {s}: {:?}", tiers_of(&e, s));
+    }
+    // Empty the hot tier: the other 12 go, the 12 in cooldown do not move again.
+    let mut empty = TierPolicy {
+        hot_high: 0.01,
+        hot_target: 0.0,
+        warm_below: 0.0,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    assert_eq!(e.tier_cycle(&mut empty, &[]).unwrap().spilled, 12);
+    let r = e.tier_cycle(&mut empty, &[]).unwrap();
+    assert_eq!((r.spilled, r.observed.cooling), (0, 24), "{r:?}");
+    assert!(
+        e.store()
+            .metadata()
+            .iter()
+            .filter(|m| m.source() == SourceLayer::UserTurn)
+            .all(|m| m.moves() == 1 && m.tier() == Tier::Cold)
+    );
+    // An active session's blocks in cooldown are not warmed back by the bridge...
+    let mut calm = TierPolicy {
+        hot_high: 0.2,
+        hot_target: 0.1,
+        warm_below: 0.08,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let active = [(TenantId(9), SessionId(2))];
+    let r = e.tier_cycle(&mut calm, &active).unwrap();
+    assert_eq!((r.warmed, r.observed.active_cold_blocks), (0, 0), "{r:?}");
+    // ... until the cooldown is over.
+    calm.cooldown_cycles = 0;
+    assert_eq!(e.tier_cycle(&mut calm, &active).unwrap().warmed, 8);
+
+    // Session 1's next turn needs the blocks the bridge spilled (a regret: demote later);
+    // session 2's reads the blocks it warmed (promote sooner).
+    run(&mut e, spec(&text, 100, 140, 1));
+    run(&mut e, spec(&text, 250, 140, 2));
+    let mut p = TierPolicy::default();
+    let high = p.hot_high;
+    let r = e.tier_cycle(&mut p, &[]).unwrap();
+    assert_eq!(r.review.spill_regrets, 8, "{r:?}");
+    assert_eq!(
+        (r.review.warms_used, r.review.warms_wasted),
+        (8, 0),
+        "{r:?}"
+    );
+    assert_eq!(r.review.admission_evictions, 0);
+    assert_eq!(r.suggestions, ["demote_later", "promote_sooner"]);
+    assert!(p.hot_high > high);
+}
+
+#[test]
+fn cold_blocks_over_the_cold_budget_leave_each_chain_from_its_end() {
+    let text = license_tokens(700);
+    let block_bytes = core_with(EngineConfig::default()).store().block_bytes() as u64;
+    let mut e = core_with(EngineConfig {
+        hot_bytes: 512 * block_bytes,
+        ..EngineConfig::default()
+    });
+    for (s, at) in [(1u64, 100usize), (2, 250), (3, 400)] {
+        run(&mut e, spec(&text, at, 140, s));
+    }
+    // Spill every unpinned block, then keep the cold tier at 85 % of a 10-block budget.
+    let mut p = TierPolicy {
+        hot_high: 0.01,
+        hot_target: 0.0,
+        warm_below: 0.0,
+        cold_budget_bytes: 10 * block_bytes,
+        cooldown_cycles: 0,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let r = e.tier_cycle(&mut p, &[]).unwrap();
+    assert_eq!((r.spilled, r.removed), (24, 16), "{r:?}");
+    assert_eq!(e.occupancy().cold_used, 8);
+    let mut kept = 0;
+    for (s, at) in [(1u64, 100u32), (2, 250), (3, 400)] {
+        let mut starts: Vec<u32> = e
+            .store()
+            .metadata()
+            .iter()
+            .filter(|m| m.session() == Some(SessionId(s)))
+            .filter(|m| m.source() == SourceLayer::UserTurn)
+            .map(|m| m.tokens().start)
+            .collect();
+        starts.sort_unstable();
+        // The leading blocks of the turn (48 axiom tokens first, 16 per block).
+        let leading: Vec<u32> = (0..starts.len() as u32).map(|b| 48 + 16 * b).collect();
+        assert_eq!(starts, leading, "session {s} (turn at {at}) kept a hole");
+        kept += starts.len();
+    }
+    assert_eq!(kept, 8);
+}
+
 #[test]
 fn threshold_suggestions_follow_cold_fill_within_bounds() {
     let mut e = core(CodecKind::TQ4);
@@ -560,7 +704,7 @@ fn threshold_suggestions_follow_cold_fill_within_bounds() {
     // An empty cold tier: promote sooner, up to the bound.
     for _ in 0..20 {
         let r = e.tier_cycle(&mut p, &[]).unwrap();
-        assert_eq!(r.suggestion.as_deref(), Some("promote_sooner"));
+        assert_eq!(r.suggestions, ["promote_sooner"]);
     }
     assert!(p.warm_below > start);
     assert!(p.warm_below <= p.warm_below_bounds[1] + 1e-9);

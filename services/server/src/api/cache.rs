@@ -196,6 +196,85 @@ pub async fn evict(
     }))
 }
 
+/// What archiving a session did.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ArchiveResponse {
+    /// Whether the shadow held the session (an entry archived, a marker written).
+    pub archived: bool,
+    /// Blocks of the session's entry whose KV bytes were deleted (their hashes kept).
+    pub blocks: usize,
+    /// Tokens those blocks covered.
+    pub tokens: usize,
+    /// Bytes of the entry's segments deleted.
+    pub entry_bytes: u64,
+    /// Bytes of the marker kept in their place.
+    pub marker_bytes: u64,
+    /// The session's blocks dropped from the hot and cold tiers.
+    pub dropped: usize,
+    /// Wall time, ms.
+    pub ms: f64,
+}
+
+/// Moves a session to the tokens-only archive (see [`archive`]); the shadow must be on.
+pub async fn archive_session(
+    state: &AppState,
+    key: ChainKey,
+    flush_first: bool,
+) -> Result<ArchiveResponse, ApiError> {
+    let started = Instant::now();
+    let shadow = state.shadow()?;
+    let engine = state.engine()?;
+    if flush_first {
+        shadow.flush(engine, Some(key)).await?;
+    }
+    // Memory first: once the engine holds neither its blocks nor its chain, no flush writes
+    // the session again.
+    let dropped = engine.archive_session(key)?.answer().await??.dropped;
+    let archived = shadow.archive(key).await?;
+    if archived.is_some() {
+        state.metrics.count_archive(false);
+    }
+    let (blocks, tokens, entry_bytes, marker_bytes) =
+        archived.as_ref().map_or((0, 0, 0, 0), |(m, size)| {
+            (m.hashes.len(), m.tokens, m.entry_bytes, *size)
+        });
+    Ok(ArchiveResponse {
+        archived: archived.is_some(),
+        blocks,
+        tokens,
+        entry_bytes,
+        marker_bytes,
+        dropped,
+        ms: started.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// Moves the session to the tokens-only archive: written to the shadow first, then its KV
+/// leaves memory (hot and cold tiers, and its chain record) and disk (its shadow entry); a
+/// marker keeps its chain (block hashes and token count). Its next turn replays it from the
+/// turn log (the thaw) and answers as a session that was never archived. What the shadow's
+/// byte budget (`shadow.budget_mib`) does to the least recently written sessions, on demand.
+#[utoipa::path(
+    tag = "sessions",
+    responses(
+        (status = 200, description = "What was archived", body = ArchiveResponse),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model, the shadow is off, or its object store cannot be reached", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/sessions/{session}/cache/archive")]
+pub async fn archive(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    let key = key_of(&state, &caller, &agent, &session).await?;
+    Ok(HttpResponse::Ok().json(archive_session(&state, key, true).await?))
+}
+
 /// The session's blocks: resident ones from memory, the rest from the shadow, up to the first
 /// block found nowhere.
 async fn session_blocks(state: &AppState, key: ChainKey) -> Result<(usize, ChainBlocks), ApiError> {
@@ -572,7 +651,9 @@ pub async fn admin_shadow(
     Ok(HttpResponse::Ok().json(state.shadow()?.status()))
 }
 
-/// Writes every changed session to the shadow now.
+/// Writes every changed session to the shadow now; then, over `shadow.budget_mib`, archives
+/// the least recently written sessions no turn used within `tiers.active_window_secs` (as the
+/// background flush does).
 #[utoipa::path(
     tag = "admin",
     responses(
@@ -587,7 +668,9 @@ pub async fn admin_flush(
     _: AdminCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let r = state.shadow()?.flush(state.engine()?, None).await?;
+    let shadow = state.shadow()?;
+    let r = shadow.flush(state.engine()?, None).await?;
+    crate::enforce_shadow_budget(&state, shadow).await;
     Ok(HttpResponse::Ok().json(r))
 }
 

@@ -157,6 +157,18 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
         let rx = engine.snapshot()?;
         let s = rx.answer().await?;
         let c = &s.counters;
+        let _ = std::fmt::Write::write_fmt(
+            &mut out,
+            format_args!(
+                "# HELP engram_tier_moves_total Tier moves of cached blocks (spill, warm, removal, readmission, down-tiering, leaving the cache), by the bridge, the turns and admission alike.\n\
+             # TYPE engram_tier_moves_total counter\n\
+             engram_tier_moves_total {}\n\
+             # HELP engram_admission_evictions_total Hot blocks spilled or dropped at admission because the hot tier was full.\n\
+             # TYPE engram_admission_evictions_total counter\n\
+             engram_admission_evictions_total {}\n",
+                s.tier_moves, c.admission_evictions
+            ),
+        );
         out.push_str(
             "# HELP engram_cache_blocks_total Prompt blocks by the tier that served them (disk_hit: read back from the shadow on a miss into the cold tier, then warmed, so also counted as cold_hit).\n",
         );
@@ -258,6 +270,7 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
     render_shadow_and_tiers(&state, &mut out);
     state.metrics.render_ttft(&mut out);
     state.metrics.render_miss_reads(&mut out);
+    state.metrics.render_archive(&mut out);
     state.tokens.render(&mut out);
     Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
@@ -288,6 +301,9 @@ fn render_shadow_and_tiers(state: &AppState, out: &mut String) {
              # HELP engram_shadow_bytes Bytes of segment files on disk.\n\
              # TYPE engram_shadow_bytes gauge\n\
              engram_shadow_bytes {}\n\
+             # HELP engram_shadow_archived_sessions Sessions in the tokens-only archive now.\n\
+             # TYPE engram_shadow_archived_sessions gauge\n\
+             engram_shadow_archived_sessions {}\n\
              # HELP engram_shadow_recovery_total Entries the last start recovered or skipped, by result.\n\
              # TYPE engram_shadow_recovery_total counter\n",
             s.writes,
@@ -296,7 +312,8 @@ fn render_shadow_and_tiers(state: &AppState, out: &mut String) {
             s.blocks_written,
             s.sessions,
             s.prefixes,
-            s.bytes_on_disk
+            s.bytes_on_disk,
+            s.archived_sessions
         );
         for (result, n) in &s.recovery_counts {
             let _ = writeln!(

@@ -135,6 +135,7 @@ impl Turn {
                 text: &e.content,
                 tokens: t,
                 ends_prefill: i + 1 == entries.len(),
+                memories: None,
             })
             .collect();
         // Turns and injections of a session run one at a time and the log only grows, so

@@ -67,6 +67,9 @@ pub struct Log {
     pub injected: Vec<usize>,
     /// When each entry was logged (ms); empty for a conversation that is not stored.
     pub created: Vec<i64>,
+    /// The memories layer each entry's turn showed, when logged (see
+    /// `engram_store::TurnRow::memories`); empty for a conversation that is not stored.
+    pub memories: Vec<Option<String>>,
 }
 
 impl Log {
@@ -103,6 +106,7 @@ pub async fn history_of(state: &AppState, agent: &Agent, session: &str) -> Resul
     for (i, t) in rows.iter().enumerate() {
         log.said.push(said_of(t.role, t.name.as_deref(), &t.text));
         log.created.push(t.created_at);
+        log.memories.push(t.memories.clone());
         // An entry a reply follows is a turn's message (a tool's result, on the OpenAI route),
         // not an injection.
         let answered = rows.get(i + 1).is_some_and(|n| n.role == Role::Assistant);

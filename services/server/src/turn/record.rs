@@ -96,6 +96,7 @@ impl Turn {
             text,
             tokens,
             ends_prefill,
+            memories: None,
         };
         // Tool results before the message are part of this turn's prompt, not a prefill of
         // their own.
@@ -109,7 +110,16 @@ impl Turn {
             Speaker::Tool => Role::Tool,
             Speaker::User | Speaker::Assistant | Speaker::System => Role::User,
         };
-        rows.push(entry(role, message, &user_tokens, true));
+        // With the memory graph on, the memories layer the prompt showed goes with the message,
+        // so that replay rebuilds this prompt as it was.
+        let memories = state
+            .memory
+            .is_some()
+            .then(|| turned.memories.as_ref().map_or("", |m| m.text.as_str()));
+        rows.push(NewEntry {
+            memories,
+            ..entry(role, message, &user_tokens, true)
+        });
         rows.push(entry(
             Role::Assistant,
             &generated.text,

@@ -3,6 +3,7 @@
 
 use engram_context::Speaker;
 use engram_engine::{ChainKey, Engine, RestoreChain, SequenceSpec};
+use engram_memory::Neighbourhood;
 use engram_shadow::{ChainBlocks, Manifest, Shadow, ShadowError, engine_restore};
 
 use super::generate::prefill;
@@ -22,14 +23,27 @@ impl Turn {
     /// the session is read back into the cold tier (disk on a miss, [`Self::read_disk_on_miss`]):
     /// byte-identical blocks, so nothing of them needs replaying. Cheap when nothing was lost:
     /// one prompt build and one cache lookup. Skipped for a stateless turn; the replay (not the
-    /// disk read) is skipped with the memory graph on (past memories layers cannot be rebuilt
-    /// as they were) and with `shadow.replay` off. Returns how many prefills were replayed.
+    /// disk read) is skipped with `shadow.replay` off, and with the memory graph on when a lost
+    /// turn did not log its memories layer (each turn logs it: a prompt is rebuilt with the
+    /// memories it showed, never with a recall made now). Returns how many prefills were
+    /// replayed.
     pub async fn replay_lost(&self, log: &Log) -> Result<usize, TurnError> {
         let state = &self.state;
         if self.session.is_none() {
             return Ok(0);
         }
         state.engine()?;
+        // A session in the tokens-only archive thaws: its marker goes (the replay below
+        // recomputes its blocks from the turn log, and the next flush writes it again).
+        if let (Some(shadow), Some(session)) = (&state.shadow, self.kv_session)
+            && shadow.is_archived((self.kv_tenant, session))
+        {
+            match shadow.thawed((self.kv_tenant, session)).await {
+                Ok(true) => state.metrics.count_archive(true),
+                Ok(false) => {}
+                Err(e) => eprintln!("engram: shadow: a thawed session's marker stays: {e}"),
+            }
+        }
         // Disk on a miss: when the cache lost part of what the session's last prefill left
         // (evicted from hot and cold) and the shadow holds more of the session, its blocks go
         // back into the cold tier — checked as at recovery: fingerprint, CRCs, recomputed
@@ -46,7 +60,7 @@ impl Turn {
                 whole = true;
             }
         }
-        if whole || !state.config.shadow.replay || state.memory.is_some() {
+        if whole || !state.config.shadow.replay {
             return Ok(0);
         }
         // What the session prefilled, in order: each turn's prompt, then the conversation
@@ -54,6 +68,15 @@ impl Turn {
         // from the last to the last one fully cached; the rest is lost.
         let mut lost = Vec::new();
         for point in prefills(log).into_iter().rev() {
+            // With the memory graph on, a prompt is rebuilt only from the memories layer its
+            // turn logged (a recall now would find another neighbourhood): a turn logged
+            // without it (before the log kept it) stops the replay.
+            if state.memory.is_some()
+                && let Prefill::Prompt(i) = point
+                && log.memories.get(i).is_none_or(Option::is_none)
+            {
+                return Ok(0);
+            }
             let spec = self.spec_of(log, point)?;
             let (found, want) = self.cached_blocks(spec.clone()).await?;
             if found >= want {
@@ -78,7 +101,24 @@ impl Turn {
         Ok(match point {
             Prefill::Prompt(i) => {
                 let (message, speaker) = (&history[i].text, history[i].speaker);
-                let built = self.build_as(&history[..i], message, speaker, None, self.reply)?;
+                // The memories layer as the turn showed it (logged with the memory graph on).
+                let memories = log
+                    .memories
+                    .get(i)
+                    .and_then(Option::as_deref)
+                    .filter(|text| self.state.memory.is_some() && !text.is_empty())
+                    .map(|text| Neighbourhood {
+                        nodes: Vec::new(),
+                        text: text.to_owned(),
+                        tokens: 0,
+                    });
+                let built = self.build_as(
+                    &history[..i],
+                    message,
+                    speaker,
+                    memories.as_ref(),
+                    self.reply,
+                )?;
                 self.spec(&built, |_| true)?
             }
             Prefill::Conversation(end) => self.canonical_spec(&history[..end], None)?,
@@ -309,21 +349,21 @@ mod tests {
                 a.clone(),
             ],
             injected: vec![1, 4, 6],
-            created: Vec::new(),
+            ..Log::default()
         };
         assert_eq!(prefills(&log), [C(1), P(1), C(3), C(4), C(6), P(6), C(8)]);
         // Ending with an injection.
         let log = Log {
             said: vec![u.clone(), a.clone(), said(Speaker::Tool)],
             injected: vec![3],
-            created: Vec::new(),
+            ..Log::default()
         };
         assert_eq!(prefills(&log), [P(0), C(2), C(3)]);
         // A turn whose message is a tool's result (two results, the first logged before it).
         let log = Log {
             said: vec![u, a.clone(), said(Speaker::Tool), said(Speaker::Tool), a],
             injected: vec![],
-            created: Vec::new(),
+            ..Log::default()
         };
         assert_eq!(prefills(&log), [P(0), C(2), P(3), C(5)]);
     }

@@ -262,6 +262,7 @@ async fn injected_entries_keep_their_role_name_and_prefill_steps_and_a_fork_copi
             text,
             tokens: &[7, 8],
             ends_prefill,
+            memories: None,
         };
         let last = s
             .append_entries(
@@ -269,7 +270,10 @@ async fn injected_entries_keep_their_role_name_and_prefill_steps_and_a_fork_copi
                 "p",
                 &[
                     entry(Role::Tool, Some("search"), "3 hits", false),
-                    entry(Role::Event, Some("planner"), "plan ready", false),
+                    NewEntry {
+                        memories: Some("- the user likes tea"),
+                        ..entry(Role::Event, Some("planner"), "plan ready", false)
+                    },
                     entry(Role::System, None, "Be brief now.", true),
                 ],
                 Some(("inject-1", "{\"entries\":3}")),
@@ -293,6 +297,12 @@ async fn injected_entries_keep_their_role_name_and_prefill_steps_and_a_fork_copi
             ]
         );
         assert_eq!(log[2].tokens, [7, 8]);
+        // The memories layer logged with an entry comes back with it, and only with it.
+        let memories: Vec<_> = log.iter().map(|t| t.memories.as_deref()).collect();
+        assert_eq!(
+            memories,
+            [None, None, None, Some("- the user likes tea"), None]
+        );
         assert_eq!(
             s.turn_reply(&a.id, "p", "inject-1")
                 .await
@@ -308,7 +318,10 @@ async fn injected_entries_keep_their_role_name_and_prefill_steps_and_a_fork_copi
         let forked = s.turns(&a.id, "f").await.unwrap();
         let strip = |v: Vec<engram_store::TurnRow>| {
             v.into_iter()
-                .map(|t| (t.seq, t.role, t.name, t.text, t.tokens, t.ends_prefill))
+                .map(|t| {
+                    let logged = (t.ends_prefill, t.memories);
+                    (t.seq, t.role, t.name, t.text, t.tokens, logged)
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(strip(forked), strip(log.clone()));
