@@ -16,6 +16,7 @@ macro_rules! app_call {
         let body: serde_json::Value = $body;
         let mut req = match $method {
             "GET" => actix_web::test::TestRequest::get(),
+            "DELETE" => actix_web::test::TestRequest::delete(),
             _ => actix_web::test::TestRequest::post(),
         }
         .uri($path)

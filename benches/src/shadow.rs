@@ -320,3 +320,93 @@ pub async fn steady(
         overhead: wall[0] / wall[1] - 1.0,
     })
 }
+
+/// Recovery of a shadow larger than the cold tier, at one multiple of its capacity.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryMemory {
+    /// Shadow bytes over cold-tier bytes.
+    pub multiple: f64,
+    /// Bytes of the shadow's segments.
+    pub shadow_bytes: u64,
+    /// Cold-tier capacity, bytes.
+    pub cold_bytes: u64,
+    /// Entries recovered into the cold tier, and left on disk (read on a miss).
+    pub recovered: u64,
+    /// Entries left on disk.
+    pub on_disk: u64,
+    /// Peak resident memory the restart (model load, tiers, recovery) added, MiB.
+    pub peak_growth_mib: f64,
+    /// The recovery's duration, ms.
+    pub recovery_ms: f64,
+}
+
+/// Resident and peak resident memory of this process, KiB (Linux `/proc/self/status`).
+fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Restarts over shadows of `sessions` sessions of ~`tokens` tokens with a cold tier of
+/// `cold_mib`, one run per entry of `sessions`: the peak memory the restart adds, against the
+/// shadow's size (flat when recovery streams entry by entry and stops at the cold capacity).
+/// The peak is reset before each restart (`/proc/self/clear_refs`, 5).
+pub async fn recovery_memory(
+    model: &Path,
+    dir: &Path,
+    cold_mib: u64,
+    tokens: usize,
+    sessions: &[usize],
+) -> anyhow::Result<Vec<RecoveryMemory>> {
+    let mut out = Vec::new();
+    let text = filler(tokens);
+    for &n in sessions {
+        let d = dir.join(format!("recovery-{n}"));
+        std::fs::create_dir_all(&d)?;
+        let mut c = config(model, &d, true, true);
+        c.model.cold_mib = cold_mib;
+        let state = web::Data::new(build_state(c.clone()).await?);
+        let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
+        let key = tenant!(&app, "recovery");
+        for s in 0..n {
+            turn!(&app, &key, format!("s{s}"), &format!("{s}: {text}"), 1);
+        }
+        let shadow = state.shadow().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let engine = state.engine().map_err(|e| anyhow::anyhow!("{e}"))?;
+        shadow.flush(engine, None).await?;
+        let shadow_bytes = shadow.status().bytes_on_disk;
+        drop(app);
+        state.store.close().await;
+        drop(state);
+        actix_web::rt::time::sleep(Duration::from_millis(200)).await;
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let (before, _) = rss_kib();
+        let state = web::Data::new(build_state(c).await?);
+        let (_, peak) = rss_kib();
+        let status = state
+            .shadow
+            .as_ref()
+            .map(|s| s.status())
+            .unwrap_or_default();
+        let count = |k: &str| status.recovery_counts.get(k).copied().unwrap_or(0);
+        out.push(RecoveryMemory {
+            multiple: shadow_bytes as f64 / (cold_mib << 20) as f64,
+            shadow_bytes,
+            cold_bytes: cold_mib << 20,
+            recovered: count("recovered"),
+            on_disk: count("on_disk"),
+            peak_growth_mib: peak.saturating_sub(before) as f64 / 1024.0,
+            recovery_ms: status.recovery_ms,
+        });
+        state.store.close().await;
+        drop(state);
+        actix_web::rt::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(out)
+}

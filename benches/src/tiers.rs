@@ -7,7 +7,9 @@
 //!    are the working set.
 //! 2. **Steady load** in a fresh process: the hot, cold and shadow budgets at half the working
 //!    set; the same warm-up, then `turns` turns over the sessions drawn by a Zipf(1) law
-//!    (seeded): some sessions busy, most occasional. Counted over the steady phase: every tier
+//!    (seeded): some sessions busy, most occasional. A conversation ends after `2 ×
+//!    warm_turns` turns (deleted) and a new one takes its place, so the working set stays
+//!    steady (the warm-up leaves every session at the average length). Counted over the steady phase: every tier
 //!    move of every block (the bridge's, the turns' warms, admission's evictions, cold drops),
 //!    the bridge's own moves, the tier cycles that ran, and the shadow's bytes after every turn.
 //!
@@ -70,6 +72,10 @@ pub struct TierFigures {
     pub moves: u64,
     /// The bridge's own moves (spilled, warmed, removed).
     pub bridge_moves: u64,
+    /// Moves of a block within 100 cycles of its previous move (flips), every mover's.
+    pub quick_moves: u64,
+    /// quick_moves / moves.
+    pub quick_share: f64,
     /// moves / (working-set blocks × cycles).
     pub moves_per_block_per_cycle: f64,
     /// bridge_moves / (working-set blocks × cycles).
@@ -128,6 +134,11 @@ fn message(session: usize, i: usize) -> String {
         WORDS[(session * 5 + 2) % 12],
         WORDS[(i + 4) % 12],
     )
+}
+
+/// Session `s`'s conversation number `generation`.
+fn name(s: usize, generation: usize) -> String {
+    format!("s{s}g{generation}")
 }
 
 /// A Zipf(1) draw over `n` ranks.
@@ -196,7 +207,7 @@ async fn run(
             let (st, v) = app_call!(
                 &app,
                 "POST",
-                &format!("/v1/agents/bot/sessions/s{s}/turns"),
+                &format!("/v1/agents/bot/sessions/{}/turns", name(s, 0)),
                 &key,
                 json!({"message": message(s, i), "max_tokens": 4}),
             );
@@ -232,12 +243,26 @@ async fn run(
     let mut rng = SplitMix64::new(0x7113_5eed);
     let (mut shadow_max, mut over) = (0u64, 0usize);
     let started = Instant::now();
+    let mut generation = vec![0usize; sessions];
     for _ in 0..turns {
         let s = zipf(&mut rng, sessions);
+        if said[s] >= 2 * warm_turns {
+            // The conversation ends; a new one takes its place.
+            let (st, v) = app_call!(
+                &app,
+                "DELETE",
+                &format!("/v1/agents/bot/sessions/{}", name(s, generation[s])),
+                &key,
+                serde_json::Value::Null,
+            );
+            anyhow::ensure!(st == 200 || st == 204, "delete: {v}");
+            generation[s] += 1;
+            said[s] = 0;
+        }
         let (st, v) = app_call!(
             &app,
             "POST",
-            &format!("/v1/agents/bot/sessions/s{s}/turns"),
+            &format!("/v1/agents/bot/sessions/{}/turns", name(s, generation[s])),
             &key,
             json!({"message": message(s, said[s]), "max_tokens": 4}),
         );
@@ -274,6 +299,8 @@ async fn run(
         cycles,
         moves,
         bridge_moves,
+        quick_moves: after.quick_moves - before.quick_moves,
+        quick_share: (after.quick_moves - before.quick_moves) as f64 / moves.max(1) as f64,
         moves_per_block_per_cycle: 0.0,
         bridge_moves_per_block_per_cycle: 0.0,
         admission_evictions: after.counters.admission_evictions

@@ -249,6 +249,10 @@ pub struct BlockMetadataTable {
     epoch: u64,
     /// Tier moves of every block since the table was made (freed blocks' included).
     moves: u64,
+    /// A move of a block within this many epochs of its previous move is a quick one.
+    move_window: u64,
+    /// Quick moves so far (a block flipping between tiers).
+    quick_moves: u64,
 }
 
 impl BlockMetadataTable {
@@ -259,6 +263,8 @@ impl BlockMetadataTable {
             clock: 0,
             epoch: 0,
             moves: 0,
+            move_window: 0,
+            quick_moves: 0,
         }
     }
 
@@ -320,13 +326,25 @@ impl BlockMetadataTable {
         self.moves
     }
 
+    /// Moves of a block within `move_window` epochs of its previous move so far.
+    pub fn quick_moves(&self) -> u64 {
+        self.quick_moves
+    }
+
     pub(crate) fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
+    }
+
+    pub(crate) fn set_move_window(&mut self, window: u64) {
+        self.move_window = window;
     }
 
     /// Records a tier move of `id` (stamped with the epoch, counted).
     pub(crate) fn note_move(&mut self, id: BlockId) {
         if let Some(meta) = self.blocks.get_mut(&id) {
+            if meta.moves > 0 && self.epoch.saturating_sub(meta.moved_epoch) < self.move_window {
+                self.quick_moves += 1;
+            }
             meta.moved_epoch = self.epoch;
             meta.moves = meta.moves.saturating_add(1);
             self.moves += 1;

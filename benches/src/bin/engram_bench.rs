@@ -131,6 +131,13 @@ struct ShadowBenchArgs {
     /// Flush interval during the steady load, ms.
     #[arg(long, default_value_t = 60_000)]
     interval_ms: u64,
+    /// Restarts over shadows of this many sessions (comma-separated), with a cold tier of
+    /// `recovery_cold_mib`: the peak memory each restart adds (empty: skip).
+    #[arg(long, value_delimiter = ',')]
+    recovery_sessions: Vec<usize>,
+    /// Cold tier of the recovery-memory restarts, MiB.
+    #[arg(long, default_value_t = 16)]
+    recovery_cold_mib: u64,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-shadow")]
     dir: PathBuf,
@@ -144,11 +151,12 @@ struct TiersBenchArgs {
     /// Sessions.
     #[arg(long, default_value_t = 12)]
     sessions: usize,
-    /// Warm-up turns per session (round robin) before the steady phase.
+    /// Warm-up turns per session (round robin) before the steady phase; a conversation ends
+    /// after twice as many and a new one takes its place.
     #[arg(long, default_value_t = 3)]
     warm_turns: usize,
     /// Turns of the steady phase.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 200)]
     turns: usize,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-tiers")]
@@ -519,6 +527,22 @@ fn bench_shadow(args: ShadowBenchArgs) -> Result<()> {
                 "{}",
                 serde_json::json!({"bench": "shadow_restart", "tokens": n, "figures": f})
             );
+        }
+        if !args.recovery_sessions.is_empty() {
+            let runs = engram_benches::shadow::recovery_memory(
+                &args.model,
+                &args.dir,
+                args.recovery_cold_mib,
+                1024,
+                &args.recovery_sessions,
+            )
+            .await?;
+            for f in runs {
+                println!(
+                    "{}",
+                    serde_json::json!({"bench": "shadow_recovery_memory", "figures": f})
+                );
+            }
         }
         if args.load_turns > 0 {
             let f = engram_benches::shadow::steady(

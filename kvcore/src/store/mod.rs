@@ -357,6 +357,12 @@ impl BlockStore {
         self.meta.set_epoch(epoch);
     }
 
+    /// Counts a block's move within `window` epochs of its previous move as a quick one
+    /// ([`BlockMetadataTable::quick_moves`]): a block flipping between tiers.
+    pub fn set_move_window(&mut self, window: u64) {
+        self.meta.set_move_window(window);
+    }
+
     /// The metadata table, for changes the store does not own (priority table).
     pub fn metadata_mut(&mut self) -> &mut BlockMetadataTable {
         &mut self.meta

@@ -182,6 +182,7 @@ fn tier_bytes_follow_the_5d_layout() {
 fn tier_moves_are_stamped_with_the_epoch_and_counted() {
     let mut store = small_store(CodecKind::TQ4, 8, 8);
     store.set_epoch(3);
+    store.set_move_window(5);
     let ids = filled(&mut store, 4, SourceLayer::Memories, 9);
     let meta = |s: &BlockStore, id| s.metadata().get(id).unwrap().clone();
     // Allocation is stamped, not counted.
@@ -209,7 +210,17 @@ fn tier_moves_are_stamped_with_the_epoch_and_counted() {
     assert_eq!(meta(&store, ids[2]).moves(), 2);
     assert_eq!(meta(&store, ids[1]).moved_epoch(), 7);
     assert_eq!(store.metadata().tier_moves(), 5);
+    // A block's second move within 5 epochs of its first is a quick one (the warm 2 epochs
+    // after the spill, the readmission right after the removal); first moves never are.
+    assert_eq!(store.metadata().quick_moves(), 2);
+    store.set_epoch(20);
+    store.spill(&ids[..1]).unwrap();
+    assert_eq!(
+        store.metadata().quick_moves(),
+        2,
+        "11 epochs after its last move"
+    );
     // Freed blocks' moves stay in the total.
     store.release(&ids).unwrap();
-    assert_eq!(store.metadata().tier_moves(), 5);
+    assert_eq!(store.metadata().tier_moves(), 6);
 }

@@ -152,6 +152,10 @@ pub struct EngineSnapshot {
     /// Tier moves of every block so far ([`EngineCore::tier_moves`]).
     #[serde(default)]
     pub tier_moves: u64,
+    /// Of those, a block's move within 100 cycles of its previous one
+    /// ([`EngineCore::quick_moves`]).
+    #[serde(default)]
+    pub quick_moves: u64,
 }
 
 /// A page of the block listing.
@@ -618,6 +622,7 @@ impl Worker {
                         queued: self.rx.len() + self.waiting.len(),
                         reservations: self.core.reservation_counters(),
                         tier_moves: self.core.tier_moves(),
+                        quick_moves: self.core.quick_moves(),
                     });
                 }
                 Command::Blocks(q, reply) => {

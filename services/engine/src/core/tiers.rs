@@ -44,6 +44,10 @@ use crate::error::{EngineError, EngineResult};
 /// Cycles after a bridge move within which its outcome is judged (a regret or a waste).
 pub const REVIEW_CYCLES: u64 = 10;
 
+/// A block's tier move within this many cycles of its previous one is a quick move (a flip),
+/// counted in [`EngineCore::quick_moves`].
+pub const FLIP_WINDOW_CYCLES: u64 = 100;
+
 /// What leaving a tier costs when the block is needed again: the latencies the allocator weighs
 /// per byte (defaults measured on the 2-vCPU reference machine with SmolLM2-135M; see the
 /// README's tier section).
@@ -223,6 +227,9 @@ pub struct TierObservation {
     /// blocks that left the cache.
     #[serde(default)]
     pub tier_moves: u64,
+    /// Of those, moves of a block within [`FLIP_WINDOW_CYCLES`] of its previous move.
+    #[serde(default)]
+    pub quick_moves: u64,
 }
 
 /// What the bridge's earlier moves turned out to be worth (see the module docs).
@@ -337,6 +344,12 @@ impl EngineCore {
         self.store.metadata().tier_moves() + self.counters.dropped.values().sum::<u64>()
     }
 
+    /// Tier moves of a block within [`FLIP_WINDOW_CYCLES`] of its previous move, so far (every
+    /// mover's: the bridge's, the turns', admission's).
+    pub fn quick_moves(&self) -> u64 {
+        self.store.metadata().quick_moves()
+    }
+
     /// Judges the bridge's moves of earlier cycles (see the module docs).
     fn review_moves(&mut self, cycle: u64) -> MoveReview {
         let mut review = MoveReview::default();
@@ -411,6 +424,7 @@ impl EngineCore {
         self.bridge.cycle += 1;
         let cycle = self.bridge.cycle;
         self.store.set_epoch(cycle);
+        self.store.set_move_window(FLIP_WINDOW_CYCLES);
         let review = self.review_moves(cycle);
         // Observe.
         let busy: HashSet<BlockId> = self
@@ -478,6 +492,7 @@ impl EngineCore {
             active_cold_blocks: active_cold.len(),
             reservations: self.reservations.live_count(),
             tier_moves: self.tier_moves(),
+            quick_moves: self.quick_moves(),
         };
         // Orient: the weight of every idle block, then its value in its tier.
         let max_attended = metas.iter().map(|m| m.attended()).max().unwrap_or(1).max(1);

@@ -637,7 +637,10 @@ fn the_bridge_demotes_prefix_closed_within_a_budget_with_a_cooldown_and_reviews_
 
     // Session 1's next turn needs the blocks the bridge spilled (a regret: demote later);
     // session 2's reads the blocks it warmed (promote sooner).
+    // Those blocks moved back within 100 cycles of their spill: quick moves (flips).
+    let quick = e.quick_moves();
     run(&mut e, spec(&text, 100, 140, 1));
+    assert_eq!(e.quick_moves(), quick + 8);
     run(&mut e, spec(&text, 250, 140, 2));
     let mut p = TierPolicy::default();
     let high = p.hot_high;

@@ -163,10 +163,13 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
                 "# HELP engram_tier_moves_total Tier moves of cached blocks (spill, warm, removal, readmission, down-tiering, leaving the cache), by the bridge, the turns and admission alike.\n\
              # TYPE engram_tier_moves_total counter\n\
              engram_tier_moves_total {}\n\
+             # HELP engram_tier_quick_moves_total Tier moves of a block within 100 tier-bridge cycles of its previous move (flips).\n\
+             # TYPE engram_tier_quick_moves_total counter\n\
+             engram_tier_quick_moves_total {}\n\
              # HELP engram_admission_evictions_total Hot blocks spilled or dropped at admission because the hot tier was full.\n\
              # TYPE engram_admission_evictions_total counter\n\
              engram_admission_evictions_total {}\n",
-                s.tier_moves, c.admission_evictions
+                s.tier_moves, s.quick_moves, c.admission_evictions
             ),
         );
         out.push_str(
