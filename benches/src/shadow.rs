@@ -213,6 +213,15 @@ pub async fn size(model: &Path, dir: &Path, tokens: usize) -> anyhow::Result<Siz
     );
     let footprint = ar["marker_bytes"].as_f64().unwrap_or(0.0)
         / ar["entry_bytes"].as_f64().unwrap_or(1.0).max(1.0);
+    // Thawed, it is written again (the restart below loads it from disk).
+    let (s, sv) = app_call!(
+        &app,
+        "POST",
+        "/v1/agents/bot/sessions/s/cache/save",
+        &keys[0],
+        Value::Null
+    );
+    anyhow::ensure!(s == 200, "save: {sv}");
     drop(app);
     state.store.close().await;
     drop(state);
