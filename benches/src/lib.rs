@@ -10,6 +10,9 @@
 
 #![forbid(unsafe_code)]
 
+/// The admin key of the in-process apps the benches drive.
+pub const BENCH_ADMIN: &str = "bench-admin-key-0123456789";
+
 /// One JSON request to an in-process app (benches): `(status, body)`.
 macro_rules! app_call {
     ($app:expr, $method:expr, $path:expr, $key:expr, $body:expr $(,)?) => {{
@@ -31,6 +34,24 @@ macro_rules! app_call {
             status,
             serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or(serde_json::Value::Null),
         )
+    }};
+}
+
+/// Creates a tenant with an agent `bot`; evaluates to its API key.
+macro_rules! tenant {
+    ($app:expr, $name:expr) => {{
+        let (s, t) = app_call!($app, "POST", "/v1/admin/tenants", crate::BENCH_ADMIN, serde_json::json!({"name": $name}));
+        anyhow::ensure!(s == 201, "tenant: {t}");
+        let key = t["api_key"].as_str().unwrap_or_default().to_string();
+        let (s, a) = app_call!(
+            $app,
+            "POST",
+            "/v1/agents",
+            &key,
+            serde_json::json!({"name": "bot", "layers": [{"kind": "axioms", "content": "Be brief and exact."}]}),
+        );
+        anyhow::ensure!(s == 201, "agent: {a}");
+        key
     }};
 }
 

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use engram_server::Config;
 use engram_server::{build_state, configure_app};
 
-const ADMIN: &str = "bench-admin-key-0123456789";
+const ADMIN: &str = crate::BENCH_ADMIN;
 
 /// One session size.
 #[derive(Debug, Clone, Serialize)]
@@ -119,24 +119,6 @@ fn filler(tokens: usize) -> String {
         i += 1;
     }
     s
-}
-
-/// Creates a tenant with an agent `bot`; evaluates to its API key.
-macro_rules! tenant {
-    ($app:expr, $name:expr) => {{
-        let (s, t) = app_call!($app, "POST", "/v1/admin/tenants", ADMIN, json!({"name": $name}));
-        anyhow::ensure!(s == 201, "tenant: {t}");
-        let key = t["api_key"].as_str().unwrap_or_default().to_string();
-        let (s, a) = app_call!(
-            $app,
-            "POST",
-            "/v1/agents",
-            &key,
-            json!({"name": "bot", "layers": [{"kind": "axioms", "content": "Be brief and exact."}]}),
-        );
-        anyhow::ensure!(s == 201, "agent: {a}");
-        key
-    }};
 }
 
 /// Runs one turn; evaluates to `(ttft_ms, cached_tokens, prompt_tokens)`.

@@ -25,7 +25,7 @@ use engram_server::{Config, build_state, configure_app, spawn_background};
 use serde::Serialize;
 use serde_json::json;
 
-const ADMIN: &str = "bench-admin-key-0123456789";
+const ADMIN: &str = crate::BENCH_ADMIN;
 
 /// `engram_archive_sessions_total` by event, `[archived, thawed]`, from the app's `/metrics`.
 macro_rules! archive_counts {
@@ -175,23 +175,7 @@ async fn run(
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
     spawn_background(state.clone());
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
-    let (s, t) = app_call!(
-        &app,
-        "POST",
-        "/v1/admin/tenants",
-        ADMIN,
-        json!({"name": "load"})
-    );
-    anyhow::ensure!(s == 201, "tenant: {t}");
-    let key = t["api_key"].as_str().unwrap_or_default().to_string();
-    let (s, a) = app_call!(
-        &app,
-        "POST",
-        "/v1/agents",
-        &key,
-        json!({"name": "bot", "layers": [{"kind": "axioms", "content": "Be brief and exact."}]}),
-    );
-    anyhow::ensure!(s == 201, "agent: {a}");
+    let key = tenant!(&app, "load");
     let mut said = vec![0usize; sessions];
     let mut ttft = Vec::new();
     let (mut cached, mut prompt) = (0u64, 0u64);
