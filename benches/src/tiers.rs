@@ -96,7 +96,7 @@ pub struct TierFigures {
     pub ttft_ms: [f64; 2],
 }
 
-fn config(model: &Path, dir: &Path, budgets: Option<[u64; 3]>) -> Config {
+fn config(model: &Path, dir: &Path, budgets: Option<[u64; 3]>, cycle_ms: u64) -> Config {
     let mut c = Config::default();
     c.model.path = model.to_path_buf();
     c.database.url = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
@@ -105,7 +105,7 @@ fn config(model: &Path, dir: &Path, budgets: Option<[u64; 3]>) -> Config {
     c.shadow.dir = dir.join("shadow");
     c.shadow.interval_ms = 2_000;
     c.tiers.enabled = true;
-    c.tiers.interval_ms = 1_000;
+    c.tiers.interval_ms = cycle_ms;
     // A session is active (protected from the archive, its blocks warmed) for 5 s after a turn.
     c.tiers.active_window_secs = 5;
     if let Some([hot, cold, shadow]) = budgets {
@@ -169,9 +169,10 @@ async fn run(
     warm_turns: usize,
     turns: usize,
     budgets: Option<[u64; 3]>,
+    cycle_ms: u64,
 ) -> anyhow::Result<(usize, u64, u64, Option<TierFigures>)> {
     std::fs::create_dir_all(dir)?;
-    let state = web::Data::new(build_state(config(model, dir, budgets)).await?);
+    let state = web::Data::new(build_state(config(model, dir, budgets, cycle_ms)).await?);
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
     spawn_background(state.clone());
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
@@ -275,7 +276,7 @@ async fn run(
         sessions,
         warm_turns,
         turns,
-        intervals_ms: [1_000, 2_000],
+        intervals_ms: [cycle_ms, 2_000],
         working_set_blocks: 0,
         working_set_bytes: 0,
         working_set_shadow_bytes: 0,
@@ -310,9 +311,18 @@ pub async fn steady(
     sessions: usize,
     warm_turns: usize,
     turns: usize,
+    cycle_ms: u64,
 ) -> anyhow::Result<TierFigures> {
-    let (blocks, bytes, shadow_bytes, _) =
-        run(model, &dir.join("ws"), sessions, warm_turns, 0, None).await?;
+    let (blocks, bytes, shadow_bytes, _) = run(
+        model,
+        &dir.join("ws"),
+        sessions,
+        warm_turns,
+        0,
+        None,
+        cycle_ms,
+    )
+    .await?;
     let budgets = [bytes / 2, bytes / 2, shadow_bytes / 2];
     let (_, _, _, figures) = run(
         model,
@@ -321,6 +331,7 @@ pub async fn steady(
         warm_turns,
         turns,
         Some(budgets),
+        cycle_ms,
     )
     .await?;
     let mut f = figures.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;

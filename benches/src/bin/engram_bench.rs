@@ -158,6 +158,9 @@ struct TiersBenchArgs {
     /// Turns of the steady phase.
     #[arg(long, default_value_t = 200)]
     turns: usize,
+    /// Milliseconds between tier cycles (the service's `tiers.interval_ms`).
+    #[arg(long, default_value_t = 1000)]
+    cycle_ms: u64,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-tiers")]
     dir: PathBuf,
@@ -507,6 +510,7 @@ fn bench_tiers(args: TiersBenchArgs) -> Result<()> {
         args.sessions,
         args.warm_turns,
         args.turns,
+        args.cycle_ms,
     ))?;
     println!(
         "{}",
