@@ -15,12 +15,12 @@ use engram_server::Config;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::harness::{ADMIN, Server, embedder_path, model_path, sqlite_url};
+use crate::harness::{ADMIN, Server, model_path, sqlite_url};
 
 const SESSIONS: [&str; 3] = ["s0", "s1", "s2"];
-const AXIOMS: &str = "You are a terse assistant. Answer in one short sentence.";
+pub(crate) const AXIOMS: &str = "You are a terse assistant. Answer in one short sentence.";
 
-fn message(i: usize) -> String {
+pub(crate) fn message(i: usize) -> String {
     const TOPICS: [&str; 10] = [
         "the colour of the sky",
         "why bread rises",
@@ -36,7 +36,7 @@ fn message(i: usize) -> String {
     format!("Turn {i}: tell me about {}.", TOPICS[i % TOPICS.len()])
 }
 
-fn session_of(i: usize) -> &'static str {
+pub(crate) fn session_of(i: usize) -> &'static str {
     SESSIONS[i % SESSIONS.len()]
 }
 
@@ -60,7 +60,7 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 }
 
 /// Runs one turn (greedy, 8 tokens); returns the text and the cached prompt tokens.
-fn turn(srv: &Server, key: &str, session: &str, msg: &str) -> (String, u64) {
+pub(crate) fn turn(srv: &Server, key: &str, session: &str, msg: &str) -> (String, u64) {
     let (s, v) = srv.call(
         "POST",
         &format!("/v1/agents/bot/sessions/{session}/turns"),
@@ -118,7 +118,7 @@ impl Backend {
     }
 }
 
-fn config(url: &str, shadow: Option<&Path>) -> Config {
+pub(crate) fn config(url: &str, shadow: Option<&Path>) -> Config {
     config_with(
         url,
         shadow.map(|d| Backend::Local(d.to_path_buf())).as_ref(),
@@ -189,7 +189,7 @@ fn spawn(url: &str, dir: &Path, interval_ms: u64) -> (Child, Server) {
     (child, Server::at(addr))
 }
 
-fn shadow_status(srv: &Server) -> Value {
+pub(crate) fn shadow_status(srv: &Server) -> Value {
     let (s, v) = srv.call("GET", "/v1/admin/shadow", Some(ADMIN), Value::Null);
     assert_eq!(s, 200, "{v}");
     v
@@ -627,7 +627,7 @@ fn a_session_cache_saves_loads_exports_and_imports() {
 }
 
 /// The value of a Prometheus sample line `name` (with its labels) in `/metrics`.
-fn metric(srv: &Server, name: &str) -> u64 {
+pub(crate) fn metric(srv: &Server, name: &str) -> u64 {
     let (_, m) = srv.call("GET", "/metrics", Some(ADMIN), Value::Null);
     let m = m.as_str().unwrap_or_default().to_string();
     m.lines()
@@ -956,147 +956,5 @@ fn a_shadow_larger_than_the_cold_tier_recovers_what_fits_and_the_rest_on_a_miss(
     let i = names.iter().position(|n| n == name).unwrap();
     let (_, before) = prompts[i];
     assert!(cached >= before, "{cached} cached after {before}");
-    srv.stop();
-}
-
-/// Archive → restart → thaw: an archived session (its KV deleted from memory and disk, a
-/// marker keeping its chain) replays from the turn log on its next turn after a restart and
-/// answers exactly as a session that was never archived — with the memory graph off and on (its
-/// turns log the memories layer their prompts showed).
-#[test]
-fn an_archived_session_thaws_by_replay_after_a_restart_and_answers_like_one_never_archived() {
-    for memory in [false, true] {
-        archive_restart_thaw(memory);
-    }
-}
-
-fn archive_restart_thaw(memory: bool) {
-    let dir = fresh_dir("archive");
-    let mut c = config(&sqlite_url(), Some(&dir));
-    if memory {
-        c.memory.enabled = true;
-        c.memory.embedder_path = embedder_path();
-        c.memory.vector_dir = fresh_dir("archive-vectors");
-    }
-    let srv = Server::start_with(c.clone());
-    let (kept, _) = srv.tenant_with_bot("kept", AXIOMS);
-    let (archived, _) = srv.tenant_with_bot("archived", AXIOMS);
-    if memory {
-        for key in [&kept, &archived] {
-            for fact in [
-                "The sky looks blue because air scatters blue light most.",
-                "Yeast makes bread rise by releasing carbon dioxide.",
-                "Paris is the capital of France.",
-            ] {
-                let (s, v) = srv.call(
-                    "POST",
-                    "/v1/agents/bot/memory/nodes",
-                    Some(key),
-                    json!({"kind": "fact", "text": fact}),
-                );
-                assert_eq!(s, 201, "{v}");
-            }
-        }
-    }
-    for i in 0..3 {
-        assert_eq!(
-            turn(&srv, &kept, "s", &message(i)),
-            turn(&srv, &archived, "s", &message(i)),
-            "memory {memory}"
-        );
-    }
-    let (s, a) = srv.call(
-        "POST",
-        "/v1/agents/bot/sessions/s/cache/archive",
-        Some(&archived),
-        Value::Null,
-    );
-    assert_eq!(s, 200, "{a}");
-    assert_eq!(a["archived"], true, "{a}");
-    let entry = a["entry_bytes"].as_u64().unwrap();
-    let marker = a["marker_bytes"].as_u64().unwrap();
-    assert!(
-        a["blocks"].as_u64().unwrap() > 0 && a["dropped"].as_u64().unwrap() > 0,
-        "{a}"
-    );
-    // What an archived session keeps: at most 0.1 % of the entry it replaces.
-    assert!(
-        marker > 0 && marker * 1000 <= entry,
-        "{marker} bytes for {entry}: {a}"
-    );
-    // The next flush writes the other session, never the archived one again.
-    let (s, f) = srv.call("POST", "/v1/admin/shadow/flush", Some(ADMIN), Value::Null);
-    assert_eq!(s, 200, "{f}");
-    let st = shadow_status(&srv);
-    assert_eq!(
-        (st["archived_sessions"].as_u64(), st["sessions"].as_u64()),
-        (Some(1), Some(1)),
-        "{st}"
-    );
-    assert_eq!(
-        metric(&srv, "engram_archive_sessions_total{event=\"archived\"}"),
-        1
-    );
-    srv.stop();
-
-    let srv = Server::start_with(c);
-    assert_eq!(shadow_status(&srv)["archived_sessions"], 1);
-    let replayed = metric(&srv, "engram_replayed_turns_total");
-    let want = turn(&srv, &kept, "s", &message(3));
-    let got = turn(&srv, &archived, "s", &message(3));
-    assert_eq!(got, want, "memory {memory}");
-    assert!(
-        metric(&srv, "engram_replayed_turns_total") > replayed,
-        "memory {memory}"
-    );
-    assert_eq!(
-        metric(&srv, "engram_archive_sessions_total{event=\"thawed\"}"),
-        1
-    );
-    assert_eq!(metric(&srv, "engram_shadow_archived_sessions"), 0);
-    // Thawed, it is an ordinary session again: the next turn reuses what the replay computed.
-    assert_eq!(
-        turn(&srv, &archived, "s", &message(4)),
-        turn(&srv, &kept, "s", &message(4))
-    );
-    srv.stop();
-}
-
-/// Over `shadow.budget_mib`, a flush archives the least recently written sessions until the
-/// shadow fits; they answer like never-archived ones afterwards.
-#[test]
-fn a_shadow_over_its_byte_budget_archives_sessions_until_it_fits() {
-    let dir = fresh_dir("budget");
-    let mut c = config(&sqlite_url(), Some(&dir));
-    c.shadow.budget_mib = 1;
-    // No session counts as active: every one may be archived.
-    c.tiers.active_window_secs = 0;
-    let srv = Server::start_with(c);
-    let (key, _) = srv.tenant_with_bot("t", AXIOMS);
-    let (reference, _) = srv.tenant_with_bot("r", AXIOMS);
-    for i in 0..6 {
-        assert_eq!(
-            turn(&srv, &key, session_of(i), &message(i)),
-            turn(&srv, &reference, session_of(i), &message(i))
-        );
-    }
-    let (s, f) = srv.call("POST", "/v1/admin/shadow/flush", Some(ADMIN), Value::Null);
-    assert_eq!(s, 200, "{f}");
-    let st = shadow_status(&srv);
-    assert!(st["bytes_on_disk"].as_u64().unwrap() <= 1 << 20, "{st}");
-    let archived = st["archived_sessions"].as_u64().unwrap();
-    assert!(archived >= 1, "{st}");
-    assert_eq!(
-        metric(&srv, "engram_archive_sessions_total{event=\"archived\"}"),
-        archived
-    );
-    // Every session answers as before; the archived ones thaw.
-    for i in 6..9 {
-        assert_eq!(
-            turn(&srv, &key, session_of(i), &message(i)),
-            turn(&srv, &reference, session_of(i), &message(i))
-        );
-    }
-    assert!(metric(&srv, "engram_archive_sessions_total{event=\"thawed\"}") >= 1);
     srv.stop();
 }
