@@ -9,7 +9,10 @@
 //!    set; the same warm-up, then `turns` turns over the sessions drawn by a Zipf(1) law
 //!    (seeded): some sessions busy, most occasional. A conversation ends after `2 ×
 //!    warm_turns` turns (deleted) and a new one takes its place, so the working set stays
-//!    steady (the warm-up leaves every session at the average length). Counted over the steady phase: every tier
+//!    steady (the warm-up leaves every session at the average length). Turns come back to back
+//!    (`gap_ms` 0: the service saturated) or paced, arrivals a Poisson process with a mean gap
+//!    of `gap_ms` (a turn that finds the previous one still running waits for it: one client).
+//!    Counted over the steady phase: every tier
 //!    move of every block (the bridge's, the turns' warms, admission's evictions, cold drops),
 //!    the bridge's own moves, the tier cycles that ran, and the shadow's bytes after every turn.
 //!
@@ -47,6 +50,21 @@ macro_rules! archive_counts {
     }};
 }
 
+/// The load: sessions, turns, and their pace.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Load {
+    /// Sessions.
+    pub sessions: usize,
+    /// Warm-up turns per session.
+    pub warm_turns: usize,
+    /// Steady turns.
+    pub turns: usize,
+    /// Tier-bridge interval, ms.
+    pub cycle_ms: u64,
+    /// Mean gap between the steady turns' arrivals, ms (0: back to back).
+    pub gap_ms: u64,
+}
+
 /// What the steady load measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct TierFigures {
@@ -58,6 +76,12 @@ pub struct TierFigures {
     pub turns: usize,
     /// Tier-bridge interval, ms; flush interval, ms.
     pub intervals_ms: [u64; 2],
+    /// Mean gap between the steady turns' arrivals, ms (0: back to back).
+    pub gap_ms: u64,
+    /// Steady phase: wall seconds, and the share of them a turn was running.
+    pub wall_s: f64,
+    /// Busy share of the wall time.
+    pub busy_share: f64,
     /// Working set: cached blocks, their bytes, the shadow's bytes.
     pub working_set_blocks: usize,
     /// Bytes of those blocks.
@@ -165,12 +189,16 @@ fn p(sorted: &[f64], q: f64) -> f64 {
 async fn run(
     model: &Path,
     dir: &Path,
-    sessions: usize,
-    warm_turns: usize,
-    turns: usize,
+    load: Load,
     budgets: Option<[u64; 3]>,
-    cycle_ms: u64,
 ) -> anyhow::Result<(usize, u64, u64, Option<TierFigures>)> {
+    let Load {
+        sessions,
+        warm_turns,
+        turns,
+        cycle_ms,
+        gap_ms,
+    } = load;
     std::fs::create_dir_all(dir)?;
     let state = web::Data::new(build_state(config(model, dir, budgets, cycle_ms)).await?);
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
@@ -226,10 +254,23 @@ async fn run(
     let bridge_before = totals();
     let archive_before = archive_counts!(&app);
     let mut rng = SplitMix64::new(0x7113_5eed);
+    // Arrivals have their own stream, so that the sessions drawn do not depend on the pace.
+    let mut arrivals = SplitMix64::new(0xa441_7a15);
     let (mut shadow_max, mut over) = (0u64, 0usize);
     let started = Instant::now();
+    let mut busy = Duration::ZERO;
+    let mut next_at = started;
     let mut generation = vec![0usize; sessions];
     for _ in 0..turns {
+        if gap_ms > 0 {
+            let gap = -(gap_ms as f64) * arrivals.next_open01().ln();
+            next_at += Duration::from_secs_f64(gap / 1e3);
+            let now = Instant::now();
+            if next_at > now {
+                actix_web::rt::time::sleep(next_at - now).await;
+            }
+        }
+        let turn_started = Instant::now();
         let s = zipf(&mut rng, sessions);
         if said[s] >= 2 * warm_turns {
             // The conversation ends; a new one takes its place.
@@ -252,6 +293,7 @@ async fn run(
             json!({"message": message(s, said[s]), "max_tokens": 4}),
         );
         anyhow::ensure!(st == 200, "turn: {v}");
+        busy += turn_started.elapsed();
         said[s] += 1;
         one(&v, true);
         let bytes = shadow.status().bytes_on_disk;
@@ -277,6 +319,9 @@ async fn run(
         warm_turns,
         turns,
         intervals_ms: [cycle_ms, 2_000],
+        gap_ms,
+        wall_s: wall.as_secs_f64(),
+        busy_share: busy.as_secs_f64() / wall.as_secs_f64().max(1e-9),
         working_set_blocks: 0,
         working_set_bytes: 0,
         working_set_shadow_bytes: 0,
@@ -305,35 +350,11 @@ async fn run(
 }
 
 /// Measures the working set, then the steady load at half of it (see the module docs).
-pub async fn steady(
-    model: &Path,
-    dir: &Path,
-    sessions: usize,
-    warm_turns: usize,
-    turns: usize,
-    cycle_ms: u64,
-) -> anyhow::Result<TierFigures> {
-    let (blocks, bytes, shadow_bytes, _) = run(
-        model,
-        &dir.join("ws"),
-        sessions,
-        warm_turns,
-        0,
-        None,
-        cycle_ms,
-    )
-    .await?;
+pub async fn steady(model: &Path, dir: &Path, load: Load) -> anyhow::Result<TierFigures> {
+    let warm_up = Load { turns: 0, ..load };
+    let (blocks, bytes, shadow_bytes, _) = run(model, &dir.join("ws"), warm_up, None).await?;
     let budgets = [bytes / 2, bytes / 2, shadow_bytes / 2];
-    let (_, _, _, figures) = run(
-        model,
-        &dir.join("steady"),
-        sessions,
-        warm_turns,
-        turns,
-        Some(budgets),
-        cycle_ms,
-    )
-    .await?;
+    let (_, _, _, figures) = run(model, &dir.join("steady"), load, Some(budgets)).await?;
     let mut f = figures.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;
     f.working_set_blocks = blocks;
     f.working_set_bytes = bytes;

@@ -161,6 +161,10 @@ struct TiersBenchArgs {
     /// Milliseconds between tier cycles (the service's `tiers.interval_ms`).
     #[arg(long, default_value_t = 1000)]
     cycle_ms: u64,
+    /// Mean milliseconds between the steady turns' arrivals (a Poisson process, seeded);
+    /// 0: back to back, the service saturated.
+    #[arg(long, default_value_t = 0)]
+    gap_ms: u64,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-tiers")]
     dir: PathBuf,
@@ -504,13 +508,17 @@ fn bench_workload(cmd: WorkloadCommand) -> Result<()> {
 
 fn bench_tiers(args: TiersBenchArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&args.dir);
+    let load = engram_benches::tiers::Load {
+        sessions: args.sessions,
+        warm_turns: args.warm_turns,
+        turns: args.turns,
+        cycle_ms: args.cycle_ms,
+        gap_ms: args.gap_ms,
+    };
     let f = actix_web::rt::System::new().block_on(engram_benches::tiers::steady(
         &args.model,
         &args.dir,
-        args.sessions,
-        args.warm_turns,
-        args.turns,
-        args.cycle_ms,
+        load,
     ))?;
     println!(
         "{}",
