@@ -89,6 +89,19 @@ fn archive_restart_thaw(memory: bool) {
         metric(&srv, "engram_archive_sessions_total{event=\"archived\"}"),
         1
     );
+    if memory {
+        // A memory the archived turns never showed: a replay that recalled again instead of
+        // using the logged memories layers would compute other KV.
+        for key in [&kept, &archived] {
+            let (s, v) = srv.call(
+                "POST",
+                "/v1/agents/bot/memory/nodes",
+                Some(key),
+                json!({"kind": "fact", "text": "At sunset the sky turns red and orange."}),
+            );
+            assert_eq!(s, 201, "{v}");
+        }
+    }
     srv.stop();
 
     let srv = Server::start_with(c);
@@ -152,3 +165,4 @@ fn a_shadow_over_its_byte_budget_archives_sessions_until_it_fits() {
     assert!(metric(&srv, "engram_archive_sessions_total{event=\"thawed\"}") >= 1);
     srv.stop();
 }
+

@@ -26,8 +26,10 @@
 //!
 //! where `sim(n)` is 0 for nodes that were not seeds and `age` is `now − last_accessed` (never
 //! negative). Results are ordered by score, then by id (ascending): the same graph and query
-//! always give the same list. [`canonical_order`] re-sorts a result by id for rendering, so that
-//! overlapping neighbourhoods render with a shared prefix.
+//! always give the same list. [`canonical_order`] re-sorts a result by creation time (then id)
+//! for rendering, so that overlapping neighbourhoods render with a shared prefix — a newer node
+//! joins at the end, after the older ones a previous turn showed — and the same memories
+//! inserted in the same order render alike for any agent (ids are random).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -367,11 +369,14 @@ pub struct Recall {
     pub hops: u32,
     /// Tokens of the node's text.
     pub tokens: u32,
+    /// When the node was created (ms since the Unix epoch).
+    pub created_ms: i64,
 }
 
-/// Sorts a recall result by node id: the order the memories layer renders it in.
+/// Sorts a recall result by creation time, then node id: the order the memories layer renders
+/// it in (see the crate docs).
 pub fn canonical_order(recalls: &mut [Recall]) {
-    recalls.sort_by_key(|r| r.id);
+    recalls.sort_by_key(|r| (r.created_ms, r.id));
 }
 
 /// A rough token count for text without a tokenizer at hand (about four bytes a token).
@@ -638,6 +643,7 @@ impl MemoryGraph {
                     recency,
                     hops,
                     tokens: n.tokens,
+                    created_ms: n.created_ms,
                 })
             })
             .collect();
