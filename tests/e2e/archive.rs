@@ -165,4 +165,3 @@ fn a_shadow_over_its_byte_budget_archives_sessions_until_it_fits() {
     assert!(metric(&srv, "engram_archive_sessions_total{event=\"thawed\"}") >= 1);
     srv.stop();
 }
-

@@ -184,7 +184,12 @@ fn filters_scoring_terms_and_order_are_as_documented() {
     let mut late = node(1, NodeKind::Fact, 1, "same");
     late.created_ms = NOW - DAY;
     flat.add_node(late).unwrap();
-    let seeds = [(NodeId(1), 0.5), (NodeId(9), 0.5), (NodeId(3), 0.5), (NodeId(7), 0.5)];
+    let seeds = [
+        (NodeId(1), 0.5),
+        (NodeId(9), 0.5),
+        (NodeId(3), 0.5),
+        (NodeId(7), 0.5),
+    ];
     let mut all = flat.hybrid_query(&seeds, 9, 1, &tenant(1), &s, NOW);
     canonical_order(&mut all);
     assert_eq!(ids(&all), vec![3, 7, 9, 1]);

@@ -176,13 +176,17 @@ pub fn spawn_background(state: web::Data<AppState>) {
         let st = state.clone();
         actix_web::rt::spawn(async move {
             let every = std::time::Duration::from_millis(st.config.shadow.interval_ms);
+            // What the last flush wrote: the room the next one is given before it writes.
+            let mut last = 0u64;
             loop {
                 actix_web::rt::time::sleep(every).await;
                 if let (Some(shadow), Some(engine)) = (&st.shadow, &st.engine) {
-                    if let Err(e) = shadow.flush(engine, None).await {
-                        eprintln!("engram: shadow flush failed: {e}");
+                    enforce_shadow_budget(&st, shadow, last).await;
+                    match shadow.flush(engine, None).await {
+                        Ok(r) => last = r.bytes,
+                        Err(e) => eprintln!("engram: shadow flush failed: {e}"),
                     }
-                    enforce_shadow_budget(&st, shadow).await;
+                    enforce_shadow_budget(&st, shadow, 0).await;
                 }
             }
         });
@@ -203,9 +207,14 @@ pub fn spawn_background(state: web::Data<AppState>) {
 }
 
 /// Archives the least recently written sessions while the shadow is over `shadow.budget_mib`
-/// (sessions with a turn within `tiers.active_window_secs` are kept); errors are logged.
-pub async fn enforce_shadow_budget(state: &AppState, shadow: &engram_shadow::Shadow) {
-    let budget = state.config.shadow.budget_mib << 20;
+/// less `headroom` bytes (see [`budget_target`]; sessions with a turn within
+/// `tiers.active_window_secs` are kept); errors are logged.
+pub async fn enforce_shadow_budget(
+    state: &AppState,
+    shadow: &engram_shadow::Shadow,
+    headroom: u64,
+) {
+    let budget = budget_target(state.config.shadow.budget_mib << 20, headroom);
     if budget == 0 {
         return;
     }
@@ -217,6 +226,14 @@ pub async fn enforce_shadow_budget(state: &AppState, shadow: &engram_shadow::Sha
             return;
         }
     }
+}
+
+/// The shadow's size to archive down to: `budget` less the room the next write wants
+/// (`headroom`, the size of the last background flush), at most half the budget — so a flush
+/// about as large as the last one stays within the budget while it writes, and a single huge
+/// flush does not archive everything. `0` when there is no budget.
+pub fn budget_target(budget: u64, headroom: u64) -> u64 {
+    budget - headroom.min(budget / 2)
 }
 
 fn json_error(err: JsonPayloadError, _: &actix_web::HttpRequest) -> actix_web::Error {
@@ -338,5 +355,18 @@ async fn shutdown_signal() -> &'static str {
     {
         let _ = actix_web::rt::signal::ctrl_c().await;
         "Ctrl-C"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::budget_target;
+
+    #[test]
+    fn before_a_flush_the_shadow_makes_room_for_one_like_the_last_at_most_half_its_budget() {
+        assert_eq!(budget_target(0, 123), 0, "no budget stays none");
+        assert_eq!(budget_target(100 << 20, 0), 100 << 20);
+        assert_eq!(budget_target(100 << 20, 30 << 20), 70 << 20);
+        assert_eq!(budget_target(100 << 20, 80 << 20), 50 << 20);
     }
 }

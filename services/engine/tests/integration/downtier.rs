@@ -128,7 +128,10 @@ fn under_cold_pressure_blocks_are_down_tiered_reused_and_stay_within_the_looser_
             .iter()
             .all(|b| matches!(b, CollectedBytes::New(_))),
         "{:?}",
-        one.bytes.iter().map(std::mem::discriminant).collect::<Vec<_>>()
+        one.bytes
+            .iter()
+            .map(std::mem::discriminant)
+            .collect::<Vec<_>>()
     );
     assert_eq!(one.bytes[5], CollectedBytes::Missing);
 

@@ -670,7 +670,7 @@ pub async fn admin_flush(
 ) -> Result<HttpResponse, ApiError> {
     let shadow = state.shadow()?;
     let r = shadow.flush(state.engine()?, None).await?;
-    crate::enforce_shadow_budget(&state, shadow).await;
+    crate::enforce_shadow_budget(&state, shadow, 0).await;
     Ok(HttpResponse::Ok().json(r))
 }
 
