@@ -47,6 +47,17 @@ pub enum EngineError {
         /// `general.architecture` or `model_type`.
         arch: String,
     },
+    /// The model asks for a RoPE scaling the engine does not implement: running it with plain
+    /// RoPE would load without error and answer wrongly past its original context.
+    #[error(
+        "unsupported RoPE scaling `{kind}` (the engine runs plain RoPE; Llama 3.1/3.2-style \
+         scaled checkpoints are refused rather than run with the wrong positions)"
+    )]
+    UnsupportedRopeScaling {
+        /// `rope_scaling.rope_type`/`type`, `llama.rope.scaling.type`, or `rope_freqs` (the
+        /// per-frequency factors a GGUF conversion of a scaled model carries).
+        kind: String,
+    },
     /// The tokenizer could not be built or failed on input.
     #[error("tokenizer: {reason}")]
     Tokenizer {

@@ -394,6 +394,7 @@ impl Weights {
         if arch != "llama" {
             return Err(EngineError::UnsupportedArchitecture { arch });
         }
+        gguf_rope_scaling(&ct)?;
         let heads = md_usize(&ct, "llama.attention.head_count")?;
         let hidden = md_usize(&ct, "llama.embedding_length")?;
         let head_dim = match md_usize(&ct, "llama.rope.dimension_count") {
@@ -484,6 +485,7 @@ impl Weights {
                 arch: hf.model_type.unwrap_or_default(),
             });
         }
+        hf_rope_scaling(hf.rope_scaling.as_ref())?;
         let files = safetensors_files(dir)?;
         let mut all = HashMap::new();
         for f in &files {
@@ -558,6 +560,43 @@ struct HfConfig {
     max_position_embeddings: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
+    /// Absent or `null` for plain RoPE.
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+}
+
+/// Refuses a `config.json` `rope_scaling` other than none (`null`, absent, or a type of
+/// `default`).
+fn hf_rope_scaling(scaling: Option<&serde_json::Value>) -> EngineResult<()> {
+    let Some(v) = scaling.filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let kind = ["rope_type", "type"]
+        .iter()
+        .find_map(|k| v.get(k).and_then(|t| t.as_str()))
+        .unwrap_or("unknown");
+    if kind == "default" {
+        return Ok(());
+    }
+    Err(EngineError::UnsupportedRopeScaling {
+        kind: kind.to_string(),
+    })
+}
+
+/// Refuses a GGUF whose `llama.rope.scaling.type` is set to anything but `none`, or that
+/// carries `rope_freqs.weight` (how llama.cpp stores Llama 3.1-style frequency factors).
+fn gguf_rope_scaling(ct: &Content) -> EngineResult<()> {
+    if let Ok(kind) = md_string(ct, "llama.rope.scaling.type")
+        && kind != "none"
+    {
+        return Err(EngineError::UnsupportedRopeScaling { kind });
+    }
+    if ct.tensor_infos.contains_key("rope_freqs.weight") {
+        return Err(EngineError::UnsupportedRopeScaling {
+            kind: "rope_freqs".into(),
+        });
+    }
+    Ok(())
 }
 
 fn default_theta() -> f64 {
@@ -683,6 +722,78 @@ fn hash_files(files: &[PathBuf]) -> EngineResult<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scaled_rope_is_refused_not_run_as_plain_rope() {
+        let dir = std::env::temp_dir().join(format!("engram-rope-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = |scaling: &str| {
+            format!(
+                r#"{{"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
+                "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": 1e-5,
+                "max_position_embeddings": 64, "rope_scaling": {scaling}}}"#
+            )
+        };
+        // Llama 3.1's own config: refused before any weight is read.
+        std::fs::write(
+            dir.join("config.json"),
+            config(
+                r#"{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
+            ),
+        )
+        .unwrap();
+        match Weights::from_safetensors_dir(&dir) {
+            Err(EngineError::UnsupportedRopeScaling { kind }) => assert_eq!(kind, "llama3"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // Plain RoPE passes the check (and stops at the missing weights).
+        for plain in ["null", r#"{"rope_type": "default"}"#] {
+            std::fs::write(dir.join("config.json"), config(plain)).unwrap();
+            assert!(matches!(
+                Weights::from_safetensors_dir(&dir),
+                Err(EngineError::Io { .. })
+            ));
+        }
+        // GGUF: a scaling type, or the frequency factors' tensor.
+        use candle_core::quantized::gguf_file::{self, Value};
+        let gguf = |scaling: Option<&str>, freqs: bool| {
+            let path = dir.join("m.gguf");
+            let mut md = vec![("general.architecture", Value::String("llama".into()))];
+            if let Some(s) = scaling {
+                md.push(("llama.rope.scaling.type", Value::String(s.into())));
+            }
+            let t = QTensor::quantize(
+                &Tensor::ones(32, DType::F32, &Device::Cpu).unwrap(),
+                candle_core::quantized::GgmlDType::F32,
+            )
+            .unwrap();
+            let tensors: Vec<(&str, &QTensor)> = if freqs {
+                vec![("rope_freqs.weight", &t)]
+            } else {
+                vec![("output_norm.weight", &t)]
+            };
+            let mdr: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (*k, v)).collect();
+            let mut f = File::create(&path).unwrap();
+            gguf_file::write(&mut f, &mdr, &tensors).unwrap();
+            Weights::from_gguf(&path, WeightFormat::default())
+        };
+        for (scaling, freqs, want) in [
+            (Some("linear"), false, Some("linear")),
+            (Some("yarn"), false, Some("yarn")),
+            (None, true, Some("rope_freqs")),
+            (Some("none"), false, None),
+            (None, false, None),
+        ] {
+            match (gguf(scaling, freqs), want) {
+                (Err(EngineError::UnsupportedRopeScaling { kind }), Some(w)) => assert_eq!(kind, w),
+                // Plain: refused later, for the head count it lacks.
+                (Err(EngineError::Metadata { .. }), None) => {}
+                (other, _) => panic!("{scaling:?} {freqs}: {:?}", other.map(|_| ())),
+            }
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn random_weights_are_the_seeds_in_every_run() {

@@ -210,6 +210,7 @@ impl From<EngineError> for ApiError {
             | EngineError::Blocks { .. }
             | EngineError::Device(_)
             | EngineError::UnsupportedArchitecture { .. }
+            | EngineError::UnsupportedRopeScaling { .. }
             | EngineError::Tokenizer { .. }
             | EngineError::InvalidConfig { .. } => Self::internal(e),
         }
