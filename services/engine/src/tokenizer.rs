@@ -239,9 +239,22 @@ pub fn chatml(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
 
 /// Turns a growing list of generated ids into text pieces, holding back bytes of a character
 /// that is not complete yet.
+///
+/// Incremental: each push decodes a short window — the ids since the last emitted piece and
+/// the piece before them — not every id so far, so a reply of n tokens costs O(n) decoding,
+/// not O(n²). The window starts where a previous piece ended (a character boundary), and the
+/// new text is what decoding the whole window adds to decoding its emitted part, so decoders
+/// that treat a sequence's first token specially (a leading space) apply it to both alike.
+/// Should a decoder ever not extend its own prefix, the piece comes from decoding every id.
 #[derive(Debug, Clone, Default)]
 pub struct StreamDecoder {
     ids: Vec<u32>,
+    /// The window: `ids[start..]`; `ids[start..read]` is emitted already.
+    start: usize,
+    read: usize,
+    /// `decode(ids[start..read])`.
+    prefix: String,
+    /// Bytes emitted in all.
     emitted: usize,
 }
 
@@ -249,22 +262,46 @@ impl StreamDecoder {
     /// Adds one id; returns the new complete text, if any.
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> EngineResult<String> {
         self.ids.push(id);
-        let text = tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') || text.len() < self.emitted {
+        let window = tok.decode(&self.ids[self.start..])?;
+        if window.ends_with('\u{FFFD}') || window.len() <= self.prefix.len() {
             return Ok(String::new());
         }
-        let piece = text.get(self.emitted..).unwrap_or_default().to_string();
-        self.emitted = text.len();
+        let piece = match window.strip_prefix(self.prefix.as_str()) {
+            Some(new) => new.to_string(),
+            None => {
+                let all = tok.decode(&self.ids)?;
+                all.get(self.emitted..).unwrap_or_default().to_string()
+            }
+        };
+        self.emitted += piece.len();
+        self.start = self.read;
+        self.read = self.ids.len();
+        self.prefix = tok.decode(&self.ids[self.start..self.read])?;
         Ok(piece)
     }
 
     /// At the end of a generation: the text held back so far (an incomplete UTF-8 sequence,
     /// decoded lossily), so that everything streamed equals the decode of every id.
     pub fn flush(&mut self, tok: &TextTokenizer) -> EngineResult<String> {
-        let text = tok.decode(&self.ids)?;
-        let piece = text.get(self.emitted..).unwrap_or_default().to_string();
-        self.emitted = self.emitted.max(text.len());
+        let window = tok.decode(&self.ids[self.start..])?;
+        let piece = match window.strip_prefix(self.prefix.as_str()) {
+            Some(rest) => rest.to_string(),
+            None => {
+                let all = tok.decode(&self.ids)?;
+                all.get(self.emitted..).unwrap_or_default().to_string()
+            }
+        };
+        self.emitted += piece.len();
+        self.start = self.ids.len();
+        self.read = self.ids.len();
+        self.prefix.clear();
         Ok(piece)
+    }
+
+    /// Ids the next push decodes, less the new one: what a step costs, bounded by how many
+    /// ids one character or one emitted piece spans, not by the reply's length.
+    pub fn window(&self) -> usize {
+        self.ids.len() - self.start
     }
 
     /// All text so far.

@@ -118,3 +118,26 @@ fn a_stream_cut_inside_a_character_flushes_what_it_held_back() {
     assert!(streamed.ends_with('\u{FFFD}'));
     assert_eq!(d.flush(tok).unwrap(), "");
 }
+
+/// A long reply streams in pieces that add up to the decode of every id, each push decoding a
+/// short window rather than everything so far.
+#[test]
+fn a_long_stream_decodes_a_short_window_per_token_and_adds_up_to_the_whole() {
+    let tok = &model().1;
+    let text = "Grüße aus Köln — 東京の天気は晴れ 🌍😊, then plain English prose with spaces,  \
+                double  spaces, tabs\tand newlines\n. "
+        .repeat(12);
+    let ids = tok.encode(&text).unwrap();
+    assert!(ids.len() > 400, "{}", ids.len());
+    let mut d = engram_engine::StreamDecoder::default();
+    let mut streamed = String::new();
+    let mut widest = 0;
+    for &id in &ids {
+        widest = widest.max(d.window());
+        streamed.push_str(&d.push(tok, id).unwrap());
+    }
+    streamed.push_str(&d.flush(tok).unwrap());
+    assert_eq!(streamed, tok.decode(&ids).unwrap());
+    assert_eq!(d.text(tok).unwrap(), streamed);
+    assert!(widest <= 8, "a push decoded {widest} ids of {}", ids.len());
+}
