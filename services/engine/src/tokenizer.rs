@@ -266,14 +266,7 @@ impl StreamDecoder {
         if window.ends_with('\u{FFFD}') || window.len() <= self.prefix.len() {
             return Ok(String::new());
         }
-        let piece = match window.strip_prefix(self.prefix.as_str()) {
-            Some(new) => new.to_string(),
-            None => {
-                let all = tok.decode(&self.ids)?;
-                all.get(self.emitted..).unwrap_or_default().to_string()
-            }
-        };
-        self.emitted += piece.len();
+        let piece = self.after_prefix(tok, &window)?;
         self.start = self.read;
         self.read = self.ids.len();
         self.prefix = tok.decode(&self.ids[self.start..self.read])?;
@@ -284,17 +277,24 @@ impl StreamDecoder {
     /// decoded lossily), so that everything streamed equals the decode of every id.
     pub fn flush(&mut self, tok: &TextTokenizer) -> EngineResult<String> {
         let window = tok.decode(&self.ids[self.start..])?;
+        let piece = self.after_prefix(tok, &window)?;
+        self.start = self.ids.len();
+        self.read = self.ids.len();
+        self.prefix.clear();
+        Ok(piece)
+    }
+
+    /// What `window` (the decode of `ids[start..]`) adds to the emitted prefix — or, should it
+    /// not extend it, what the decode of every id adds to everything emitted; counted emitted.
+    fn after_prefix(&mut self, tok: &TextTokenizer, window: &str) -> EngineResult<String> {
         let piece = match window.strip_prefix(self.prefix.as_str()) {
-            Some(rest) => rest.to_string(),
+            Some(new) => new.to_string(),
             None => {
                 let all = tok.decode(&self.ids)?;
                 all.get(self.emitted..).unwrap_or_default().to_string()
             }
         };
         self.emitted += piece.len();
-        self.start = self.ids.len();
-        self.read = self.ids.len();
-        self.prefix.clear();
         Ok(piece)
     }
 
