@@ -631,10 +631,11 @@ impl EngineCore {
         };
         let model = model.with_threads(threads);
         let (model, store) = open_on(config.device, config.device_weights, model, store_config)?;
-        let store = match reduced {
+        let mut store = match reduced {
             Some((codecs, blocks)) => store.with_reduced_pool(codecs, clamp(blocks))?,
             None => store,
         };
+        store.set_move_window(tiers::FLIP_WINDOW_CYCLES);
         let mut h = Sha256::new();
         if let Some(m) = &key_means {
             m.iter().for_each(|x| h.update(x.to_le_bytes()));

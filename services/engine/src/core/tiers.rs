@@ -424,7 +424,6 @@ impl EngineCore {
         self.bridge.cycle += 1;
         let cycle = self.bridge.cycle;
         self.store.set_epoch(cycle);
-        self.store.set_move_window(FLIP_WINDOW_CYCLES);
         let review = self.review_moves(cycle);
         // Observe.
         let busy: HashSet<BlockId> = self
