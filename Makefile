@@ -42,13 +42,13 @@ chat: models
 
 test: lint sdk-venv s3-server haproxy attack-venv unit attack
 
-# The official openai Python SDK, for the end-to-end compatibility test.
-OPENAI_SDK ?= openai==3.52.0
+# Python packages the end-to-end tests use (tests/requirements.txt: the official openai SDK,
+# Prometheus' OpenMetrics parser, openapi-python-client); reinstalled when the list changes.
 sdk-venv: .venv-test/.installed
 
-.venv-test/.installed:
+.venv-test/.installed: tests/requirements.txt
 	python3 -m venv .venv-test
-	.venv-test/bin/pip install --quiet "$(OPENAI_SDK)"
+	.venv-test/bin/pip install --quiet -r tests/requirements.txt
 	touch $@
 
 # schemathesis (PyPI) for the attack suite: generated requests against the real binary.

@@ -34,6 +34,16 @@ fn tag() -> String {
 }
 
 /// A fresh SQLite database URL.
+/// The address in the service's "serving on http://ADDR" log line (text or JSON), if `line` is
+/// that line.
+pub fn served_at(line: &str) -> Option<SocketAddr> {
+    let rest = line.split("serving on http://").nth(1)?;
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == '"')
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
 pub fn sqlite_url() -> String {
     let dir = std::env::temp_dir().join(format!("engram-e2e-{}", tag()));
     std::fs::create_dir_all(&dir).unwrap();

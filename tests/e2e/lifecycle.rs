@@ -1,6 +1,7 @@
 //! Lifecycle: graceful shutdown of the real binary (SIGTERM stops new connections, lets a
-//! running stream finish and reach the turn log, then the process exits 0), and a service
-//! started without a model.
+//! running stream finish and reach the turn log, then the process exits 0), its structured
+//! JSON log (one line per request with the request id, tenant, route, status and latency, and
+//! the turn's figures), and a service started without a model.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{ADMIN, Server, model_path, sqlite_url};
+use crate::harness::{ADMIN, Server, model_path, served_at, sqlite_url};
 
 #[test]
 fn sigterm_drains_a_running_stream_and_exits_cleanly() {
@@ -22,6 +23,8 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
         .env("ENGRAM__MODEL__HOT_MIB", "128")
         .env("ENGRAM__MODEL__COLD_MIB", "64")
         .env("ENGRAM__SERVER__SHUTDOWN_GRACE_SECS", "120")
+        .env("ENGRAM__LOG__FORMAT", "json")
+        .env_remove("RUST_LOG")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -35,14 +38,26 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
         }
     });
     let next_line = || lines.recv_timeout(Duration::from_secs(300)).unwrap();
+    let mut log: Vec<Value> = Vec::new();
     let addr: SocketAddr = loop {
-        if let Some(a) = next_line().strip_prefix("engram: serving on http://") {
-            break a.parse().unwrap();
+        let line = next_line();
+        log.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")));
+        if let Some(a) = served_at(&line) {
+            break a;
         }
     };
     let srv = Server::at(addr);
     let (key, a) = srv.tenant_with_bot("t", "Be thorough.");
     let agent_id = a["agent"]["id"].as_str().unwrap().to_string();
+    let tenant_id = a["agent"]["tenant_id"].as_str().unwrap().to_string();
+    // A JSON turn first: its request line carries the turn's figures.
+    let (s, first) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s/turns",
+        Some(&key),
+        json!({"message": "Say hello.", "max_tokens": 4}),
+    );
+    assert_eq!(s, 200, "{first}");
 
     // A streamed turn is under way when SIGTERM arrives.
     let body = json!({
@@ -72,7 +87,13 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
         .status()
         .unwrap();
     assert!(killed.success());
-    assert!(next_line().contains("SIGTERM: draining"));
+    loop {
+        let line = next_line();
+        log.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")));
+        if line.contains("SIGTERM: draining") {
+            break;
+        }
+    }
     // New connections are refused while the stream drains.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -93,6 +114,61 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
 
     let status = child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(5)) {
+        log.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")));
+    }
+    // Every line is a JSON object with a level and a message.
+    for l in &log {
+        assert!(l["level"].is_string() && l["message"].is_string(), "{l}");
+    }
+    let turns_route = "/v1/agents/{agent}/sessions/{session}/turns";
+    let requests: Vec<&Value> = log
+        .iter()
+        .filter(|l| l["message"] == "request answered")
+        .collect();
+    // The JSON turn: one line with the tenant, route, status, latency, request id and figures.
+    let turn_line = requests
+        .iter()
+        .find(|l| l["span"]["route"] == turns_route && l["span"].get("ttft_ms").is_some())
+        .unwrap_or_else(|| panic!("no turn request line in {log:?}"));
+    let span = &turn_line["span"];
+    assert_eq!(span["method"], "POST", "{span}");
+    assert_eq!(span["status"], 200, "{span}");
+    assert_eq!(span["tenant"].as_str(), Some(tenant_id.as_str()), "{span}");
+    assert_eq!(
+        span["request_id"].as_str().map(str::len),
+        Some(32),
+        "{span}"
+    );
+    assert!(span["latency_ms"].as_f64().unwrap() > 0.0, "{span}");
+    assert_eq!(
+        span["cached_tokens"].as_u64().unwrap() + span["prefilled_tokens"].as_u64().unwrap(),
+        first["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{span} {first}"
+    );
+    assert_eq!(
+        span["completion_tokens"], first["usage"]["completion_tokens"],
+        "{span}"
+    );
+    assert!(span["ttft_ms"].as_f64().unwrap() > 0.0, "{span}");
+    // The streamed turn: its request line when the stream starts, and a line in the same
+    // request's span with its figures when the stream ends.
+    let streamed_end = log
+        .iter()
+        .find(|l| l["message"] == "stream finished")
+        .unwrap_or_else(|| panic!("no stream line in {log:?}"));
+    let id = streamed_end["span"]["request_id"].as_str().unwrap();
+    assert!(
+        requests
+            .iter()
+            .any(|l| l["span"]["request_id"] == id && l["span"]["status"] == 200),
+        "{log:?}"
+    );
+    assert!(streamed_end["span"]["ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(
+        requests.iter().all(|l| l["span"]["request_id"].is_string()),
+        "{log:?}"
+    );
     // The drained turn reached the durable log whole.
     let turns = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let store = engram_store::Store::connect(&url).await.unwrap();
@@ -100,9 +176,9 @@ fn sigterm_drains_a_running_stream_and_exits_cleanly() {
         store.close().await;
         t
     });
-    assert_eq!(turns.len(), 2);
-    assert_eq!(turns[1].text, streamed);
-    assert!(!turns[1].tokens.is_empty());
+    assert_eq!(turns.len(), 4);
+    assert_eq!(turns[3].text, streamed);
+    assert!(!turns[3].tokens.is_empty());
 }
 
 #[test]

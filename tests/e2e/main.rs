@@ -6,6 +6,8 @@
 mod archive;
 mod bad_input;
 mod deletion;
+mod deploy;
+mod ecosystem;
 mod failover;
 mod fairness;
 mod harness;

@@ -182,8 +182,8 @@ fn spawn(url: &str, dir: &Path, interval_ms: u64) -> (Child, Server) {
     });
     let addr: SocketAddr = loop {
         let line = lines.recv_timeout(Duration::from_secs(300)).unwrap();
-        if let Some(a) = line.strip_prefix("engram: serving on http://") {
-            break a.parse().unwrap();
+        if let Some(a) = crate::harness::served_at(&line) {
+            break a;
         }
     };
     (child, Server::at(addr))

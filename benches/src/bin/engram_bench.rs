@@ -348,8 +348,10 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
             ..EngineConfig::default()
         },
     };
-    let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| eprintln!("ttft: {m}"))?;
-    let decode = bench::decode(&model, &tok, &corpus, &opts, |m| eprintln!("decode: {m}"))?;
+    let progress = cli::Progress::new("bench ttft", args.model.json);
+    let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| progress.say(m))?;
+    let decode = bench::decode(&model, &tok, &corpus, &opts, |m| progress.say(m))?;
+    drop(progress);
     if args.model.json {
         print_json(ttft.iter().map(|r| {
             serde_json::json!({
@@ -426,7 +428,9 @@ fn bench_e2e(args: E2eArgs) -> Result<()> {
         steps: args.steps,
         seed: args.seed,
     };
-    let rows = bench::e2e(&mut core, &opts, |m| eprintln!("e2e: {m}"))?;
+    let progress = cli::Progress::new("bench e2e", args.model.json);
+    let rows = bench::e2e(&mut core, &opts, |m| progress.say(m))?;
+    drop(progress);
     if args.model.json {
         print_json(rows.iter().map(|r| serde_json::json!(r)));
     } else {

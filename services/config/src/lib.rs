@@ -43,6 +43,44 @@ pub struct Config {
     pub tiers: TiersSection,
     /// Per-tenant fairness limits.
     pub limits: LimitsSection,
+    /// Logs: level and format.
+    pub log: LogSection,
+    /// Prometheus metrics.
+    pub metrics: MetricsSection,
+}
+
+/// `[log]`: structured logs on stderr.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// A `tracing` filter (`info`, `engram_server=debug,warn`…); `RUST_LOG`, when set, wins.
+    pub level: String,
+    /// `text` (human-readable) or `json` (one JSON object per line, for log pipelines).
+    pub format: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: "text".into(),
+        }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Tenants that get their own `tenant` label on the per-tenant families; the rest are
+    /// counted under `tenant="other"`, so the series stay bounded however many tenants come.
+    pub tenant_labels: usize,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self { tenant_labels: 64 }
+    }
 }
 
 /// `[limits]`: what one tenant may ask of the service, so that none starves the others.
@@ -260,11 +298,24 @@ pub struct ServerSection {
 }
 
 /// `[auth]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSection {
     /// The operator's key (at least 16 characters); admin endpoints need it.
     pub admin_key: Secret,
+    /// How long an API key's lookup is remembered, ms (0: every request asks the database).
+    /// A key revoked or a tenant deleted through this node is forgotten at once; through
+    /// another node sharing the database, within this time.
+    pub key_cache_ms: u64,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        Self {
+            admin_key: Secret::default(),
+            key_cache_ms: 5_000,
+        }
+    }
 }
 
 /// `[database]`.
@@ -519,6 +570,15 @@ impl Config {
         };
         if self.server.bind.parse::<std::net::SocketAddr>().is_err() {
             return bad("server.bind", "must be an address like 127.0.0.1:8080");
+        }
+        if self.auth.key_cache_ms > 600_000 {
+            return bad("auth.key_cache_ms", "must be at most 600000 (10 minutes)");
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return bad("log.format", "must be text or json");
+        }
+        if self.metrics.tenant_labels > 10_000 {
+            return bad("metrics.tenant_labels", "must be at most 10000");
         }
         if self.server.body_limit_bytes < 1024 {
             return bad("server.body_limit_bytes", "must be at least 1024");

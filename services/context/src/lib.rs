@@ -10,10 +10,12 @@
 
 #![forbid(unsafe_code)]
 
+mod chat;
 mod layers;
 mod pipeline;
 mod synth;
 
+pub use chat::{CHATML, ChatFormat, FormatSource, FrameRole, Wrap};
 pub use layers::{Budgets, Layer, LayerKind, Volatility};
 pub use pipeline::{
     BuiltContext, ContextError, ContextRequest, Fit, FitReport, LayerReport, Segment, Speaker,

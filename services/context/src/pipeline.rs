@@ -1,7 +1,9 @@
 //! Building the prompt: layers fitted to their budgets, then ordered by volatility so that a
 //! turn reuses everything the previous turns computed.
 //!
-//! The exact order (ChatML), each piece a [`Segment`] tagged with its source layer:
+//! The exact order, each piece a [`Segment`] tagged with its source layer, framed by the
+//! model's [`ChatFormat`] (its own chat template, split per role; ChatML shown here, the
+//! fallback):
 //! 1. `<|im_start|>system\n`, then every **stable** layer present, in the fixed order axioms,
 //!    identity, rules, capabilities, soul (then any other layer an operator marked stable, in
 //!    [`LayerKind::ALL`] order), each as `## Title\n{text}\n\n`;
@@ -45,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::TokenCounter;
+use crate::chat::{ChatFormat, FrameRole};
 use crate::layers::{Layer, LayerKind, Volatility};
 use crate::synth::{content_tokens, synthesize};
 
@@ -97,15 +100,15 @@ pub enum Speaker {
 }
 
 impl Speaker {
-    /// The ChatML role and the source layer its blocks carry.
-    fn role(self) -> (SourceLayer, &'static str) {
+    /// The role it is framed with and the source layer its blocks carry.
+    fn role(self) -> (SourceLayer, FrameRole) {
         match self {
-            Self::User => (SourceLayer::UserTurn, "user"),
-            Self::Assistant => (SourceLayer::AssistantTurn, "assistant"),
+            Self::User => (SourceLayer::UserTurn, FrameRole::User),
+            Self::Assistant => (SourceLayer::AssistantTurn, FrameRole::Assistant),
             // A tool's result is input to the model, like the user's words.
-            Self::Tool => (SourceLayer::UserTurn, "tool"),
+            Self::Tool => (SourceLayer::UserTurn, FrameRole::Tool),
             // Injected text is input too; its KV ages with the conversation.
-            Self::System => (SourceLayer::UserTurn, "system"),
+            Self::System => (SourceLayer::UserTurn, FrameRole::System),
         }
     }
 }
@@ -135,6 +138,8 @@ pub struct ContextRequest<'a> {
     /// conversation windowed so that both fit (see the module docs); without it, everything is
     /// built as given.
     pub fit: Option<Fit>,
+    /// How the model frames messages (its chat template, or [`crate::CHATML`]).
+    pub format: &'a ChatFormat,
 }
 
 /// What a prompt and its reply must fit in.
@@ -295,12 +300,13 @@ pub fn build(
         text: text.to_string(),
         public: false,
     };
+    let format = req.format;
     segments.push(Segment {
         public: true,
         ..header(
             SourceLayer::Axioms,
             Volatility::Stable,
-            "<|im_start|>system\n",
+            &format.first_system_pre,
         )
     });
     for l in of_class(Volatility::Stable) {
@@ -317,7 +323,7 @@ pub fn build(
     }
     // The system message's end belongs to the layer before it.
     let last = segments.last().map_or(SourceLayer::Axioms, |s| s.source);
-    segments.push(header(last, Volatility::Slow, "<|im_end|>\n"));
+    segments.push(header(last, Volatility::Slow, &format.system.post));
     let conversation = segments.len();
     let turns: Vec<Segment> = req
         .history
@@ -328,7 +334,7 @@ pub fn build(
                 source,
                 importance: 0.5,
                 volatility: Volatility::Slow,
-                text: format!("<|im_start|>{role}\n{}<|im_end|>\n", t.text),
+                text: format.message(role, &t.text),
                 public: false,
             }
         })
@@ -338,7 +344,7 @@ pub fn build(
         segments.push(header(
             SourceLayer::SystemState,
             Volatility::Volatile,
-            "<|im_start|>system\n",
+            &format.system.pre,
         ));
         for l in volatile {
             push_layer(&mut segments, l);
@@ -346,7 +352,7 @@ pub fn build(
         segments.push(header(
             SourceLayer::SystemState,
             Volatility::Volatile,
-            "<|im_end|>\n",
+            &format.system.post,
         ));
     }
     segments.push(Segment {
@@ -354,12 +360,15 @@ pub fn build(
         importance: 0.5,
         volatility: Volatility::Volatile,
         text: format!(
-            "<|im_start|>{}\n{}<|im_end|>\n<|im_start|>assistant\n",
-            match req.message_speaker {
-                Speaker::Tool => "tool",
-                Speaker::User | Speaker::Assistant | Speaker::System => "user",
-            },
-            req.user_message
+            "{}{}",
+            format.message(
+                match req.message_speaker {
+                    Speaker::Tool => FrameRole::Tool,
+                    Speaker::User | Speaker::Assistant | Speaker::System => FrameRole::User,
+                },
+                req.user_message
+            ),
+            format.generation
         ),
         public: false,
     });
@@ -518,6 +527,7 @@ mod tests {
             },
         ];
         let req = ContextRequest {
+            format: &crate::CHATML,
             layers: &layers,
             history: &history,
             user_message: "what do I like?",
@@ -549,6 +559,7 @@ mod tests {
     fn only_the_volatile_block_changes_between_turns() {
         let a = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &agent("09:00"),
                 history: &[],
                 user_message: "q1",
@@ -560,6 +571,7 @@ mod tests {
         .unwrap();
         let b = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &agent("09:05"),
                 history: &[],
                 user_message: "q1",
@@ -585,6 +597,7 @@ mod tests {
         edited[3].content = "! be kind".into();
         let c = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &edited,
                 history: &[],
                 user_message: "q1",
@@ -604,6 +617,7 @@ mod tests {
         layers[1].budget = 20;
         let built = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &layers,
                 history: &[],
                 user_message: "tell me memory line 42",
@@ -629,6 +643,7 @@ mod tests {
             Layer::new(LayerKind::Soul, "b"),
         ];
         let req = ContextRequest {
+            format: &crate::CHATML,
             layers: &dup,
             history: &[],
             user_message: "x",
@@ -642,6 +657,7 @@ mod tests {
             })
         ));
         let req = ContextRequest {
+            format: &crate::CHATML,
             layers: &[],
             history: &[],
             user_message: "  ",
@@ -660,6 +676,7 @@ mod tests {
                 l.public = marks.contains(&l.kind);
             }
             let req = ContextRequest {
+                format: &crate::CHATML,
                 layers: &layers,
                 history: &[],
                 user_message: "hi",
@@ -692,6 +709,7 @@ mod tests {
         layers[3].budget = 20;
         let hash = |msg: &str| {
             let req = ContextRequest {
+                format: &crate::CHATML,
                 layers: &layers,
                 history: &[],
                 user_message: msg,
@@ -732,6 +750,7 @@ mod tests {
         let before_conversation = |msg: &str| {
             let built = build(
                 &ContextRequest {
+                    format: &crate::CHATML,
                     layers: &layers,
                     history: &history,
                     user_message: msg,
@@ -765,6 +784,7 @@ mod tests {
         for n in (0..=400).step_by(2) {
             let built = build(
                 &ContextRequest {
+                    format: &crate::CHATML,
                     layers: &layers,
                     history: &history[..n],
                     user_message: "and then?",
@@ -819,6 +839,7 @@ mod tests {
         };
         let built = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &layers,
                 history: &said(6),
                 user_message: "hi",
@@ -836,6 +857,7 @@ mod tests {
         let long = "word ".repeat(2_000);
         let err = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &layers,
                 history: &said(6),
                 user_message: &long,
@@ -886,6 +908,7 @@ mod tests {
         let with = |recall| {
             build(
                 &ContextRequest {
+                    format: &crate::CHATML,
                     layers: &layers,
                     history: &[],
                     user_message: "hi",
@@ -934,6 +957,7 @@ mod tests {
         ];
         let built = build(
             &ContextRequest {
+                format: &crate::CHATML,
                 layers: &agent("noon"),
                 history: &history,
                 user_message: "21 degrees",

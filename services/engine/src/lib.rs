@@ -14,6 +14,7 @@
 pub mod bench;
 mod bridge;
 pub mod calibrate;
+pub mod chat_template;
 mod core;
 pub mod embed;
 mod error;

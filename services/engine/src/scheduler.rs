@@ -571,7 +571,7 @@ impl Worker {
             let _ = self.core.expire_reservations(Instant::now());
         }
         if self.fault(FaultKind::Stop, None) {
-            eprintln!("engram: engine: injected fault: the engine thread stops");
+            tracing::error!("engine: injected fault: the engine thread stops");
             return false;
         }
         self.compute();

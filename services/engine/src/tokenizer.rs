@@ -10,24 +10,123 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
+use std::sync::Arc;
+
 use candle_core::quantized::gguf_file::{Content, Value};
+use engram_context::ChatFormat;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, Merges, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer};
 
 use crate::error::{EngineError, EngineResult, io_error, metadata};
+
+/// Llama 3's pre-tokenizer split (contractions, letters, 1–3 digits, punctuation, newlines,
+/// spaces), as its `tokenizer.json` writes it.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen2's: Llama 3's with single digits.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The pre-tokenizer a GGUF's `tokenizer.ggml.pre` names (byte-level BPE models); another
+/// name is refused rather than tokenized with the wrong split.
+pub(crate) fn pre_tokenizer(name: &str) -> EngineResult<PreTokenizerWrapper> {
+    // Untrimmed offsets: a token's byte range covers its leading space.
+    let byte_level = |regex: bool| ByteLevel::new(false, false, regex);
+    let split = |pattern: &str| -> EngineResult<PreTokenizerWrapper> {
+        Ok(Split::new(
+            SplitPattern::Regex(pattern.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(tok_err)?
+        .into())
+    };
+    Ok(match name {
+        // SmolLM's: each digit alone, then GPT-2's split.
+        "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into(),
+        "gpt2" | "default" => byte_level(true).into(),
+        "llama3" | "llama-bpe" | "llama-v3" => {
+            Sequence::new(vec![split(LLAMA3_SPLIT)?, byte_level(false).into()]).into()
+        }
+        "qwen2" => Sequence::new(vec![split(QWEN2_SPLIT)?, byte_level(false).into()]).into(),
+        other => {
+            return Err(EngineError::Tokenizer {
+                reason: format!(
+                    "GGUF pre-tokenizer `{other}` (tokenizer.ggml.pre) is not supported \
+                     (smollm, gpt2, default, llama-bpe, qwen2); add a tokenizer.json beside \
+                     the model"
+                ),
+            });
+        }
+    })
+}
+
+/// A GGUF's chat template and its BOS and EOS token texts.
+fn gguf_template(ct: &Content) -> (Option<String>, String, String) {
+    let template = match ct.metadata.get("tokenizer.chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let token = |key: &str| -> String {
+        let id = crate::gguf::md_usize(ct, key).ok();
+        match (id, ct.metadata.get("tokenizer.ggml.tokens")) {
+            (Some(id), Some(Value::Array(items))) => match items.get(id) {
+                Some(Value::String(s)) => s.clone(),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        }
+    };
+    (
+        template,
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    )
+}
+
+/// `tokenizer_config.json`'s chat template (a string, or the entry named `default` of a list)
+/// and its BOS and EOS texts (strings or `{"content": …}`); nothing when there is no file.
+fn config_template(path: &Path) -> EngineResult<(Option<String>, String, String)> {
+    if !path.is_file() {
+        return Ok((None, String::new(), String::new()));
+    }
+    let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::Tokenizer {
+        reason: format!("{}: {e}", path.display()),
+    })?;
+    let template = match &v["chat_template"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t["name"] == "default")
+            .or_else(|| list.first())
+            .and_then(|t| t["template"].as_str())
+            .map(str::to_string),
+        _ => None,
+    };
+    let token = |key: &str| -> String {
+        match &v[key] {
+            serde_json::Value::String(s) => s.clone(),
+            other => other["content"].as_str().unwrap_or_default().to_string(),
+        }
+    };
+    Ok((template, token("bos_token"), token("eos_token")))
+}
 
 /// A token's `start..end` byte range in the text it came from.
 pub type ByteSpan = (usize, usize);
 
-/// A tokenizer plus the ids generation stops at.
+/// A tokenizer plus the ids generation stops at and the model's message framing.
 #[derive(Debug, Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
     stop_ids: Vec<u32>,
+    format: Arc<ChatFormat>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> EngineError {
@@ -42,17 +141,41 @@ const SPECIAL_TOKEN_TYPES: [i32; 2] = [3, 4];
 impl TextTokenizer {
     /// The tokenizer for a model path: `tokenizer.json` inside a directory, a `tokenizer.json`
     /// beside a GGUF file, else the GGUF metadata.
+    ///
+    /// The chat template comes from the GGUF metadata (`tokenizer.chat_template`) or the
+    /// directory's `tokenizer_config.json`; a model without one, or whose template cannot be
+    /// split into per-message pieces (logged as a warning), is framed with ChatML.
     pub fn for_model(path: &Path) -> EngineResult<Self> {
         let beside = if path.is_dir() {
             path.join("tokenizer.json")
         } else {
             path.with_file_name("tokenizer.json")
         };
-        if beside.is_file() || path.is_dir() {
-            Self::from_json_file(&beside)
+        let gguf = if path.is_dir() {
+            None
         } else {
-            Self::from_gguf(path)
+            let mut f = BufReader::new(File::open(path).map_err(io_error(path))?);
+            Some(Content::read(&mut f)?)
+        };
+        let mut me = match &gguf {
+            Some(ct) if !beside.is_file() => Self::from_gguf_content(ct)?,
+            _ => Self::from_json_file(&beside)?,
+        };
+        let (template, bos, eos) = match &gguf {
+            Some(ct) => gguf_template(ct),
+            None => config_template(&path.join("tokenizer_config.json"))?,
+        };
+        let (format, why) = crate::chat_template::format_for(template.as_deref(), &bos, &eos);
+        if let Some(why) = why {
+            tracing::warn!("{}: {why}; messages are framed with ChatML", path.display());
         }
+        me.format = Arc::new(format);
+        Ok(me)
+    }
+
+    /// How the model frames messages.
+    pub fn chat_format(&self) -> &ChatFormat {
+        &self.format
     }
 
     /// Reads a Hugging Face `tokenizer.json`.
@@ -116,11 +239,11 @@ impl TextTokenizer {
             .build()
             .map_err(tok_err)?;
         let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(Sequence::new(vec![
-            Digits::new(true).into(),
-            // Untrimmed offsets: a token's byte range covers its leading space.
-            ByteLevel::new(false, false, true).into(),
-        ])));
+        let pre = match ct.metadata.get("tokenizer.ggml.pre") {
+            Some(Value::String(s)) => s.as_str(),
+            _ => "default",
+        };
+        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
         let special: Vec<AddedToken> = tokens
             .iter()
@@ -144,7 +267,11 @@ impl TextTokenizer {
             .iter()
             .filter_map(|t| inner.token_to_id(t))
             .collect();
-        Self { inner, stop_ids }
+        Self {
+            inner,
+            stop_ids,
+            format: Arc::new(ChatFormat::chatml()),
+        }
     }
 
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are recognized.
@@ -307,5 +434,37 @@ impl StreamDecoder {
     /// All text so far.
     pub fn text(&self, tok: &TextTokenizer) -> EngineResult<String> {
         tok.decode(&self.ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    /// The digit pieces `name`'s pre-tokenizer cuts `text` into.
+    fn digit_pieces(name: &str, text: &str) -> Vec<String> {
+        let pre = pre_tokenizer(name).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        pre.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(p, _, _)| p.trim_start_matches('Ġ').to_string())
+            .filter(|p| p.bytes().any(|b| b.is_ascii_digit()))
+            .collect()
+    }
+
+    #[test]
+    fn tokenizer_ggml_pre_picks_the_model_s_split_and_an_unknown_one_is_refused() {
+        let text = "year 12345";
+        assert_eq!(digit_pieces("smollm", text), ["1", "2", "3", "4", "5"]);
+        assert_eq!(digit_pieces("llama-bpe", text), ["123", "45"]);
+        assert_eq!(digit_pieces("qwen2", text), ["1", "2", "3", "4", "5"]);
+        assert_eq!(digit_pieces("gpt2", text), ["12345"]);
+        let err = pre_tokenizer("deepseek-llm").unwrap_err().to_string();
+        assert!(
+            err.contains("`deepseek-llm`") && err.contains("not supported"),
+            "{err}"
+        );
     }
 }

@@ -190,12 +190,18 @@ pub struct RecallQuery<'a> {
     pub at_ms: i64,
 }
 
+/// Bytes of query embeddings (and their texts) kept.
+const QUERY_CACHE_BYTES: u64 = 8 << 20;
+
 /// The memory service (see the module docs).
 #[derive(Debug)]
 pub struct MemoryService {
     graph: RwLock<MemoryGraph>,
     vectors: Box<dyn VectorStore>,
     embedder: Arc<Embedder>,
+    /// Query embeddings by text (moka, least recently used leave first): a session's recalls
+    /// and a tenant's repeated questions embed once.
+    queries: moka::sync::Cache<String, Arc<Vec<f32>>>,
     config: MemorySection,
     /// Newest episode per (agent, session): the predecessor the next turn follows.
     last_episode: Mutex<HashMap<(String, String), NodeId>>,
@@ -293,8 +299,8 @@ impl MemoryService {
             return Ok(None);
         }
         if !config.embedder_path.join("model.safetensors").is_file() {
-            eprintln!(
-                "engram: no embedding model at {}; the memory graph is off (run `make models`)",
+            tracing::warn!(
+                "no embedding model at {}; the memory graph is off (run `make models`)",
                 config.embedder_path.display()
             );
             return Ok(None);
@@ -310,8 +316,8 @@ impl MemoryService {
         })?;
         let service = Self::open(config, store, &dir).await?;
         let s = service.startup();
-        eprintln!(
-            "engram: memory graph: {} nodes, {} edges, {} re-embedded; vectors in {}",
+        tracing::info!(
+            "memory graph: {} nodes, {} edges, {} re-embedded; vectors in {}",
             s.nodes,
             s.edges,
             s.reembedded,
@@ -385,6 +391,12 @@ impl MemoryService {
             graph: RwLock::new(graph),
             vectors,
             embedder,
+            queries: moka::sync::Cache::builder()
+                .max_capacity(QUERY_CACHE_BYTES)
+                .weigher(|k: &String, v: &Arc<Vec<f32>>| {
+                    u32::try_from(k.len() + v.len() * 4).unwrap_or(u32::MAX)
+                })
+                .build(),
             config: config.clone(),
             last_episode: Mutex::new(last_episode),
             startup,
@@ -534,10 +546,19 @@ impl MemoryService {
         if q.k == 0 {
             return Ok(Vec::new());
         }
-        let v = self.embed(vec![q.text.to_string()]).await?;
-        let Some(query) = v.first() else {
-            return Ok(Vec::new());
+        let query = match self.queries.get(q.text) {
+            Some(v) => v,
+            None => {
+                let v = self.embed(vec![q.text.to_string()]).await?;
+                let Some(v) = v.into_iter().next() else {
+                    return Ok(Vec::new());
+                };
+                let v = Arc::new(v);
+                self.queries.insert(q.text.to_string(), v.clone());
+                v
+            }
         };
+        let query = query.as_slice();
         let kinds = q
             .kinds
             .as_ref()

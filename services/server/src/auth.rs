@@ -48,14 +48,78 @@ impl FromRequest for TenantCaller {
         let state = state(req);
         Box::pin(async move {
             let (key, state) = (key?, state?);
-            match state.store.authenticate(&key).await? {
+            match state.keys.authenticate(&state.store, &key).await? {
                 Some(t) => {
+                    crate::telemetry::record_tenant(&t.id);
                     state.limits.check_rate(&t.id)?;
                     Ok(Self(t))
                 }
                 None => Err(unauthorized("unknown or revoked API key")),
             }
         })
+    }
+}
+
+/// API-key lookups remembered for `auth.key_cache_ms` (moka, keyed by the key's SHA-256, so
+/// no secret is held): a busy tenant's requests do not each ask the database. Unknown keys
+/// are not remembered (a key created on another node works at once); revocations and tenant
+/// deletions through this node clear it.
+#[derive(Debug)]
+pub struct KeyCache {
+    cache: Option<moka::sync::Cache<[u8; 32], Tenant>>,
+}
+
+impl KeyCache {
+    /// A cache whose entries live `ttl_ms` (none when 0).
+    pub fn new(ttl_ms: u64) -> Self {
+        Self {
+            cache: (ttl_ms > 0).then(|| {
+                moka::sync::Cache::builder()
+                    .max_capacity(100_000)
+                    .time_to_live(std::time::Duration::from_millis(ttl_ms))
+                    .build()
+            }),
+        }
+    }
+
+    /// The key's tenant: remembered, or asked of the store (and remembered when found).
+    pub async fn authenticate(
+        &self,
+        store: &engram_store::Store,
+        key: &str,
+    ) -> Result<Option<Tenant>, engram_store::StoreError> {
+        let Some(cache) = &self.cache else {
+            return store.authenticate(key).await;
+        };
+        let h: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        if let Some(t) = cache.get(&h) {
+            return Ok(Some(t));
+        }
+        let found = store.authenticate(key).await?;
+        if let Some(t) = &found {
+            cache.insert(h, t.clone());
+        }
+        Ok(found)
+    }
+
+    /// Forgets every lookup (a key was revoked or a tenant deleted).
+    pub fn clear(&self) {
+        if let Some(c) = &self.cache {
+            c.invalidate_all();
+        }
+    }
+
+    /// Lookups remembered now.
+    pub fn len(&self) -> u64 {
+        self.cache.as_ref().map_or(0, |c| {
+            c.run_pending_tasks();
+            c.entry_count()
+        })
+    }
+
+    /// Whether none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

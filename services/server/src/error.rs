@@ -93,12 +93,9 @@ impl ApiError {
     }
 }
 
-/// Logs a failure's detail with the current request's id.
+/// Logs a failure's detail in the current request's span (its line names the request id).
 fn log_detail(what: &str, detail: &dyn std::fmt::Display) {
-    match crate::request_id::current() {
-        Some(id) => eprintln!("engram: request {id}: {what}: {detail}"),
-        None => eprintln!("engram: {what}: {detail}"),
-    }
+    tracing::error!(error = what, detail = %detail, "request failed");
 }
 
 impl std::fmt::Display for ApiError {

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod request_id;
 pub mod state;
+pub mod telemetry;
 pub mod tokens;
 pub mod turn;
 
@@ -70,8 +71,8 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
         let core = EngineCore::load(&config.model.path, engine_config)?;
         Some(Engine::spawn(core)?)
     } else {
-        eprintln!(
-            "engram: no model at {}; generation answers 503 (run `make models`)",
+        tracing::warn!(
+            "no model at {}; generation answers 503 (run `make models`)",
             config.model.path.display()
         );
         None
@@ -137,7 +138,7 @@ async fn open_shadow(
         .with_peers(peer_storages(config)?);
     if !s.recover {
         let n = shadow.index().await?;
-        eprintln!("engram: shadow: {n} entries in {dir} left on disk (shadow.recover is off)");
+        tracing::info!("shadow: {n} entries in {dir} left on disk (shadow.recover is off)");
     } else {
         // Each tenant's cold quota bounds what the recovery gives it back.
         let quotas: std::collections::HashMap<u64, usize> = db
@@ -152,8 +153,8 @@ async fn open_shadow(
         let outcomes = shadow.recover(engine, &quotas).await?;
         let status = shadow.status();
         let tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
-        eprintln!(
-            "engram: shadow: {} entries in {dir}: {:?}, {tokens} tokens recovered in {:.1} ms",
+        tracing::info!(
+            "shadow: {} entries in {dir}: {:?}, {tokens} tokens recovered in {:.1} ms",
             outcomes.len(),
             status.recovery_counts,
             status.recovery_ms
@@ -184,7 +185,7 @@ pub fn spawn_background(state: web::Data<AppState>) {
                     enforce_shadow_budget(&st, shadow, last).await;
                     match shadow.flush(engine, None).await {
                         Ok(r) => last = r.bytes,
-                        Err(e) => eprintln!("engram: shadow flush failed: {e}"),
+                        Err(e) => tracing::warn!("shadow flush failed: {e}"),
                     }
                     enforce_shadow_budget(&st, shadow, 0).await;
                 }
@@ -222,7 +223,7 @@ pub async fn enforce_shadow_budget(
     let active: std::collections::HashSet<_> = state.tiers.active(window).into_iter().collect();
     for key in shadow.over_budget(budget, |k| active.contains(&k)).await {
         if let Err(e) = api::cache::archive_session(state, key, false).await {
-            eprintln!("engram: shadow: archiving a session over the budget failed: {e}");
+            tracing::warn!("shadow: archiving a session over the budget failed: {e}");
             return;
         }
     }
@@ -281,6 +282,7 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
             .service(
                 web::scope("")
                     .wrap(actix_web::middleware::from_fn(request_id::middleware))
+                    .wrap(telemetry::logger())
                     .configure(api::configure)
                     .service(
                         utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}")
@@ -309,27 +311,29 @@ pub async fn serve(config: Config) -> Result<(), StartError> {
         .shutdown_timeout(grace)
         .disable_signals();
     for addr in server.addrs() {
-        eprintln!("engram: serving on http://{addr}");
+        tracing::info!("serving on http://{addr}");
     }
     let server = server.run();
     let handle = server.handle();
     actix_web::rt::spawn(async move {
         let reason = shutdown_signal().await;
-        eprintln!("engram: {reason}: draining running requests for up to {grace} s");
+        tracing::info!("{reason}: draining running requests for up to {grace} s");
         handle.stop(true).await;
     });
     server.await?;
     if let (Some(shadow), Some(engine)) = (&state.shadow, &state.engine) {
         match shadow.flush(engine, None).await {
-            Ok(r) => eprintln!(
-                "engram: shadow: final flush wrote {} blocks ({} bytes) in {:.1} ms",
-                r.blocks, r.bytes, r.ms
+            Ok(r) => tracing::info!(
+                "shadow: final flush wrote {} blocks ({} bytes) in {:.1} ms",
+                r.blocks,
+                r.bytes,
+                r.ms
             ),
-            Err(e) => eprintln!("engram: shadow: final flush failed: {e}"),
+            Err(e) => tracing::warn!("shadow: final flush failed: {e}"),
         }
     }
     state.store.close().await;
-    eprintln!("engram: stopped");
+    tracing::info!("stopped");
     Ok(())
 }
 

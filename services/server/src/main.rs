@@ -47,6 +47,60 @@ enum Command {
     /// Writes the model's tokenizer as a `tokenizer.json` (for machines the checkpoint cannot
     /// reach: `engram-bench ttft --random-weights … --tokenizer FILE`).
     ExportTokenizer(ExportTokenizerArgs),
+    /// Asks a running service whether it is ready (`GET /readyz`); exits 0 when it answers
+    /// 200, 1 otherwise (a container healthcheck).
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+struct HealthArgs {
+    /// The service's address, `http://host:port` (default: `server.bind` of the
+    /// configuration, 0.0.0.0 asked as 127.0.0.1).
+    #[arg(long)]
+    url: Option<String>,
+    /// A TOML config file [env: ENGRAM_CONFIG].
+    #[arg(long, env = "ENGRAM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 5)]
+    timeout: u64,
+}
+
+/// `engram health`: `GET /readyz` over plain HTTP/1.1.
+fn health(args: HealthArgs) -> Result<()> {
+    use std::io::{Read, Write};
+    let url = match args.url {
+        Some(u) => u,
+        None => {
+            let config = engram_server::Config::load(args.config.as_deref(), std::env::vars())?;
+            let bind = config.server.bind.replace("0.0.0.0", "127.0.0.1");
+            format!("http://{bind}")
+        }
+    };
+    let hostport = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow::anyhow!("--url must be http://host:port"))?
+        .trim_end_matches('/');
+    let timeout = std::time::Duration::from_secs(args.timeout.max(1));
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{hostport}: no address"))?;
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    write!(
+        conn,
+        "GET /readyz HTTP/1.1\r\nhost: {hostport}\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    let status = answer.split_whitespace().nth(1).unwrap_or("");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+    println!("{status} {body}");
+    if status == "200" {
+        Ok(())
+    } else {
+        std::process::exit(1)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -264,7 +318,9 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     let others: Vec<(&str, &Llama)> = other.iter().map(|(l, m)| (*l, m)).collect();
-    let rows = eval::evaluate_with(&model, &others, &tok, &opts, |m| eprintln!("eval: {m}"))?;
+    let progress = cli::Progress::new("eval kv", args.model.json);
+    let rows = eval::evaluate_with(&model, &others, &tok, &opts, |m| progress.say(m))?;
+    drop(progress);
     if args.model.json {
         print_json(rows.iter().map(|r| serde_json::json!(r)));
     } else {
@@ -311,7 +367,9 @@ fn calibrate_kv(args: CalibrateKvArgs) -> Result<()> {
         },
         ..calibrate::CalibrateOptions::default()
     };
-    let profile = calibrate::calibrate(&model, &tok, &opts, |m| eprintln!("calibrate: {m}"))?;
+    let progress = cli::Progress::new("calibrate kv", false);
+    let profile = calibrate::calibrate(&model, &tok, &opts, |m| progress.say(m))?;
+    drop(progress);
     profile.save(&args.out)?;
     let summary = serde_json::json!({
         "out": args.out,
@@ -336,6 +394,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         env.push(("ENGRAM__SERVER__BIND".into(), bind));
     }
     let config = engram_server::Config::load(args.config.as_deref(), env)?;
+    engram_server::telemetry::init(&config.log.level, &config.log.format)?;
     actix_web::rt::System::new().block_on(engram_server::serve(config))?;
     Ok(())
 }
@@ -343,6 +402,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
+        Command::Health(args) => health(args),
         Command::Eval(EvalCommand::Kv(args)) => eval_kv(args),
         Command::Calibrate(CalibrateCommand::Kv(args)) => calibrate_kv(args),
         Command::Check(CheckCommand::Device(args)) => check_device(args),

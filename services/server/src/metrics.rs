@@ -1,22 +1,51 @@
-//! Server-side metrics (lock-free): the TTFT histogram, replays and the shadow reads on a miss.
-//! Cache counters come from the engine.
+//! Server-side metrics through `prometheus-client`: the TTFT histogram, HTTP requests by route
+//! and status, per-tenant turns, tokens and cache hits (a bounded set of tenant labels), replays
+//! and the shadow's reads on a miss. `/metrics` registers these and the engine's, the shadow's
+//! and the tier bridge's figures (read at the scrape) in one registry and answers the
+//! OpenMetrics text format.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the TTFT buckets, in seconds.
 pub const TTFT_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
-/// Counters updated by handlers.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    ttft_buckets: [AtomicU64; 10],
-    ttft_count: AtomicU64,
-    ttft_sum_us: AtomicU64,
-    replayed_turns: AtomicU64,
-    disk_hit_blocks: AtomicU64,
-    miss_reads: [AtomicU64; 4],
-    /// Sessions archived (tokens only) and thawed.
-    archive: [AtomicU64; 2],
+/// Upper bounds of the HTTP latency buckets, in seconds.
+pub const HTTP_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
+];
+
+/// The content type `/metrics` answers.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Label pairs.
+pub type Labels = Vec<(String, String)>;
+
+/// A family of histograms with a constructor of fixed buckets.
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn ttft_histogram() -> Histogram {
+    Histogram::new(TTFT_BUCKETS)
+}
+
+fn http_histogram() -> Histogram {
+    Histogram::new(HTTP_BUCKETS)
+}
+
+/// `[(k, v)]` as owned labels.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
 }
 
 /// How a turn's read of the shadow on a miss ended.
@@ -47,101 +76,261 @@ impl MissRead {
     }
 }
 
+/// Metrics updated by handlers (cheap to update: atomics behind the families' locks).
+#[derive(Debug)]
+pub struct Metrics {
+    ttft: Histogram,
+    replayed_turns: Counter,
+    disk_hit_blocks: Counter,
+    miss_reads: Family<Labels, Counter>,
+    archive: Family<Labels, Counter>,
+    http_requests: Family<Labels, Counter>,
+    http_latency: Histograms,
+    tenant_turns: Family<Labels, Counter>,
+    tenant_tokens: Family<Labels, Counter>,
+    /// Tenants with their own label; at most `tenant_cap`.
+    labelled: Mutex<HashSet<String>>,
+    tenant_cap: usize,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new(64)
+    }
+}
+
 impl Metrics {
-    /// Records one time to first token.
-    pub fn observe_ttft(&self, ms: f64) {
-        let s = ms / 1e3;
-        for (b, &le) in self.ttft_buckets.iter().zip(&TTFT_BUCKETS) {
-            if s <= le {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
+    /// Metrics that give at most `tenant_labels` tenants their own `tenant` label (the rest
+    /// share `tenant="other"`).
+    pub fn new(tenant_labels: usize) -> Self {
+        let miss_reads = Family::default();
+        for m in MissRead::ALL {
+            drop(miss_reads.get_or_create(&labels(&[("result", m.label())])));
         }
-        self.ttft_count.fetch_add(1, Ordering::Relaxed);
-        self.ttft_sum_us
-            .fetch_add((ms * 1e3) as u64, Ordering::Relaxed);
+        let archive = Family::default();
+        for event in ["archived", "thawed"] {
+            drop(archive.get_or_create(&labels(&[("event", event)])));
+        }
+        Self {
+            ttft: ttft_histogram(),
+            replayed_turns: Counter::default(),
+            disk_hit_blocks: Counter::default(),
+            miss_reads,
+            archive,
+            http_requests: Family::default(),
+            http_latency: Family::new_with_constructor(http_histogram),
+            tenant_turns: Family::default(),
+            tenant_tokens: Family::default(),
+            labelled: Mutex::new(HashSet::new()),
+            tenant_cap: tenant_labels,
+        }
+    }
+
+    /// The label a tenant's series carry: its id while fewer than the cap have one, else
+    /// `other`.
+    pub fn tenant_label(&self, tenant: &str) -> String {
+        let Ok(mut seen) = self.labelled.lock() else {
+            return "other".into();
+        };
+        if seen.contains(tenant) {
+            return tenant.to_string();
+        }
+        if seen.len() < self.tenant_cap {
+            seen.insert(tenant.to_string());
+            return tenant.to_string();
+        }
+        "other".into()
+    }
+
+    /// One generation of `tenant`: its TTFT, its prompt tokens (cached: reused from the KV
+    /// cache; prefilled: computed) and its completion tokens.
+    pub fn observe_turn(
+        &self,
+        tenant: &str,
+        cached: u64,
+        prefilled: u64,
+        completion: u64,
+        ttft_ms: f64,
+    ) {
+        self.ttft.observe(ttft_ms / 1e3);
+        let t = self.tenant_label(tenant);
+        self.tenant_turns
+            .get_or_create(&labels(&[("tenant", &t)]))
+            .inc();
+        for (kind, n) in [
+            ("cached", cached),
+            ("prefilled", prefilled),
+            ("completion", completion),
+        ] {
+            self.tenant_tokens
+                .get_or_create(&labels(&[("tenant", &t), ("kind", kind)]))
+                .inc_by(n);
+        }
+    }
+
+    /// One HTTP request answered (`route`: the matched pattern, so the series stay bounded).
+    pub fn observe_http(&self, method: &str, route: &str, status: u16, secs: f64) {
+        let status = status.to_string();
+        let l = labels(&[("method", method), ("route", route), ("status", &status)]);
+        self.http_requests.get_or_create(&l).inc();
+        self.http_latency.get_or_create(&l).observe(secs);
     }
 
     /// Counts turns replayed to recompute lost blocks.
     pub fn count_replayed(&self, n: u64) {
-        self.replayed_turns.fetch_add(n, Ordering::Relaxed);
+        self.replayed_turns.inc_by(n);
     }
 
     /// Counts one read of the shadow on a miss, and the blocks it loaded into the cold tier.
     pub fn count_miss_read(&self, outcome: MissRead, blocks: u64) {
-        self.miss_reads[outcome as usize].fetch_add(1, Ordering::Relaxed);
-        self.disk_hit_blocks.fetch_add(blocks, Ordering::Relaxed);
+        self.miss_reads
+            .get_or_create(&labels(&[("result", outcome.label())]))
+            .inc();
+        self.disk_hit_blocks.inc_by(blocks);
     }
 
     /// Blocks turns read back from the shadow on a miss so far.
     pub fn disk_hits(&self) -> u64 {
-        self.disk_hit_blocks.load(Ordering::Relaxed)
-    }
-
-    /// The reads of the shadow on a miss in Prometheus text format.
-    pub fn render_miss_reads(&self, out: &mut String) {
-        out.push_str(
-            "# HELP engram_shadow_miss_reads_total Turns whose cache miss read the session from the shadow, by outcome.\n",
-        );
-        out.push_str("# TYPE engram_shadow_miss_reads_total counter\n");
-        for m in MissRead::ALL {
-            out.push_str(&format!(
-                "engram_shadow_miss_reads_total{{result=\"{}\"}} {}\n",
-                m.label(),
-                self.miss_reads[m as usize].load(Ordering::Relaxed)
-            ));
-        }
+        self.disk_hit_blocks.get()
     }
 
     /// Counts a session archived (`thawed` false) or thawed by its next turn.
     pub fn count_archive(&self, thawed: bool) {
-        self.archive[usize::from(thawed)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The archive's counters in Prometheus text format.
-    pub fn render_archive(&self, out: &mut String) {
-        out.push_str(
-            "# HELP engram_archive_sessions_total Sessions moved to the tokens-only archive (KV deleted, chain kept), and thawed by their next turn's replay.\n",
-        );
-        out.push_str("# TYPE engram_archive_sessions_total counter\n");
-        for (i, event) in ["archived", "thawed"].into_iter().enumerate() {
-            out.push_str(&format!(
-                "engram_archive_sessions_total{{event=\"{event}\"}} {}\n",
-                self.archive[i].load(Ordering::Relaxed)
-            ));
-        }
+        let event = if thawed { "thawed" } else { "archived" };
+        self.archive
+            .get_or_create(&labels(&[("event", event)]))
+            .inc();
     }
 
     /// Turns replayed so far.
     pub fn replayed(&self) -> u64 {
-        self.replayed_turns.load(Ordering::Relaxed)
+        self.replayed_turns.get()
     }
 
-    /// The histogram in Prometheus text format.
-    pub fn render_ttft(&self, out: &mut String) {
-        out.push_str("# HELP engram_ttft_seconds Time from submission to the first token.\n");
-        out.push_str("# TYPE engram_ttft_seconds histogram\n");
-        for (b, le) in self.ttft_buckets.iter().zip(TTFT_BUCKETS) {
-            out.push_str(&format!(
-                "engram_ttft_seconds_bucket{{le=\"{le}\"}} {}\n",
-                b.load(Ordering::Relaxed)
-            ));
-        }
-        let count = self.ttft_count.load(Ordering::Relaxed);
-        out.push_str(&format!(
-            "engram_ttft_seconds_bucket{{le=\"+Inf\"}} {count}\n"
-        ));
-        out.push_str(&format!(
-            "engram_ttft_seconds_sum {}\n",
-            self.ttft_sum_us.load(Ordering::Relaxed) as f64 / 1e6
-        ));
-        out.push_str(&format!("engram_ttft_seconds_count {count}\n"));
-        out.push_str(
-            "# HELP engram_replayed_turns_total Earlier turns replayed to recompute lost blocks.\n",
+    /// Registers the server's own families (clones share the values).
+    pub fn register(&self, reg: &mut Registry) {
+        reg.register(
+            "engram_ttft_seconds",
+            "Time from submission to the first token",
+            self.ttft.clone(),
         );
-        out.push_str("# TYPE engram_replayed_turns_total counter\n");
-        out.push_str(&format!(
-            "engram_replayed_turns_total {}\n",
-            self.replayed()
-        ));
+        reg.register(
+            "engram_replayed_turns",
+            "Earlier turns replayed to recompute lost blocks",
+            self.replayed_turns.clone(),
+        );
+        reg.register(
+            "engram_shadow_miss_reads",
+            "Turns whose cache miss read the session from the shadow, by outcome",
+            self.miss_reads.clone(),
+        );
+        reg.register(
+            "engram_archive_sessions",
+            "Sessions moved to the tokens-only archive (KV deleted, chain kept), and thawed by their next turn's replay",
+            self.archive.clone(),
+        );
+        reg.register(
+            "engram_http_requests",
+            "HTTP requests answered, by method, route pattern and status",
+            self.http_requests.clone(),
+        );
+        reg.register(
+            "engram_http_request_duration_seconds",
+            "Time to answer an HTTP request (a stream: to its headers), by method, route pattern and status",
+            self.http_latency.clone(),
+        );
+        reg.register(
+            "engram_tenant_turns",
+            "Generations by tenant (the first metrics.tenant_labels tenants by id, the rest as other)",
+            self.tenant_turns.clone(),
+        );
+        reg.register(
+            "engram_tenant_tokens",
+            "Tokens by tenant and kind: prompt tokens cached (reused from the KV cache, the cache hits) or prefilled, and completion tokens",
+            self.tenant_tokens.clone(),
+        );
+    }
+}
+
+/// A counter holding `n` (for figures read at the scrape).
+pub fn counter(n: u64) -> Counter {
+    let c = Counter::default();
+    c.inc_by(n);
+    c
+}
+
+/// A counter family holding `values` under one label.
+pub fn counters<'a>(
+    label: &str,
+    values: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Family<Labels, Counter> {
+    let f = Family::<Labels, Counter>::default();
+    for (v, n) in values {
+        f.get_or_create(&labels(&[(label, v)])).inc_by(n);
+    }
+    f
+}
+
+/// An integer gauge holding `n`.
+pub fn gauge(n: u64) -> Gauge {
+    let g = Gauge::<i64>::default();
+    g.set(i64::try_from(n).unwrap_or(i64::MAX));
+    g
+}
+
+/// A float gauge holding `x`.
+pub fn gauge_f64(x: f64) -> Gauge<f64, AtomicU64> {
+    let g = Gauge::<f64, AtomicU64>::default();
+    g.set(x);
+    g
+}
+
+/// A gauge family holding `values` under labels.
+pub fn gauges(values: impl IntoIterator<Item = (Labels, u64)>) -> Family<Labels, Gauge> {
+    let f = Family::<Labels, Gauge>::default();
+    for (l, n) in values {
+        f.get_or_create(&l)
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    f
+}
+
+/// The registry in the OpenMetrics text format.
+pub fn render(reg: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, reg);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_labels_are_bounded_and_a_labelled_tenant_keeps_its_label() {
+        let m = Metrics::new(2);
+        assert_eq!(m.tenant_label("a"), "a");
+        assert_eq!(m.tenant_label("b"), "b");
+        assert_eq!(m.tenant_label("c"), "other");
+        assert_eq!(m.tenant_label("a"), "a");
+        m.observe_turn("c", 3, 4, 5, 120.0);
+        m.observe_turn("d", 1, 1, 1, 20.0);
+        let mut reg = Registry::default();
+        m.register(&mut reg);
+        let text = render(&reg);
+        assert!(
+            text.contains("engram_tenant_turns_total{tenant=\"other\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("engram_tenant_tokens_total{tenant=\"other\",kind=\"cached\"} 4"),
+            "{text}"
+        );
+        assert!(text.contains("engram_ttft_seconds_count 2"), "{text}");
+        assert!(text.contains("# HELP engram_ttft_seconds "), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let none = Metrics::new(0);
+        assert_eq!(none.tenant_label("a"), "other");
     }
 }

@@ -1,10 +1,11 @@
 //! Request ids: every response carries `x-request-id` (the client's own, when it sent a sane
-//! one, or a fresh unguessable id), and every line the server logs about a request's failure
-//! names it, so an operator finds the detail a client's generic error body leaves out.
+//! one, or a fresh unguessable id), and every line the server logs about a request names it
+//! (the request's span), so an operator finds the detail a client's generic error body leaves out.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use actix_web::HttpMessage;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
@@ -13,15 +14,6 @@ use sha2::{Digest, Sha256};
 
 /// The header.
 pub const HEADER: &str = "x-request-id";
-
-tokio::task_local! {
-    static CURRENT: String;
-}
-
-/// The id of the request being served on this task, if any.
-pub fn current() -> Option<String> {
-    CURRENT.try_with(Clone::clone).ok()
-}
 
 /// A client's id is kept when it is 1–64 characters of `[A-Za-z0-9._-]`.
 fn sane(id: &str) -> bool {
@@ -58,24 +50,33 @@ pub fn fresh() -> String {
         .collect()
 }
 
-/// The middleware (`actix_web::middleware::from_fn`).
-pub async fn middleware(
-    req: ServiceRequest,
-    next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<impl MessageBody + 'static>, actix_web::Error> {
+/// The request's id, chosen once (the client's sane one or a fresh one) and kept in the
+/// request's extensions, so the request log and the response header agree.
+#[derive(Debug, Clone)]
+struct RequestId(String);
+
+/// The id of `req` (chosen on the first call).
+pub fn of(req: &ServiceRequest) -> String {
+    if let Some(RequestId(id)) = req.extensions().get::<RequestId>() {
+        return id.clone();
+    }
     let id = req
         .headers()
         .get(HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|v| sane(v))
         .map_or_else(fresh, str::to_string);
-    let method = req.method().clone();
-    let path = req.path().to_string();
-    let mut res = CURRENT.scope(id.clone(), next.call(req)).await?;
-    let status = res.status();
-    if status.is_server_error() {
-        eprintln!("engram: request {id}: {method} {path} answered {status}");
-    }
+    req.extensions_mut().insert(RequestId(id.clone()));
+    id
+}
+
+/// The middleware (`actix_web::middleware::from_fn`).
+pub async fn middleware(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody + 'static>, actix_web::Error> {
+    let id = of(&req);
+    let mut res = next.call(req).await?;
     if let Ok(v) = HeaderValue::from_str(&id) {
         res.headers_mut().insert(HeaderName::from_static(HEADER), v);
     }

@@ -161,6 +161,8 @@ pub struct AppState {
     pub admin_key_hash: Option<[u8; 32]>,
     /// Server-side metrics.
     pub metrics: Metrics,
+    /// API-key lookups remembered for a short time.
+    pub keys: crate::auth::KeyCache,
     /// The memory graph; `None` when disabled or its embedding model is missing (the memory API
     /// answers 503).
     pub memory: Option<MemoryService>,
@@ -196,13 +198,16 @@ impl AppState {
         }
         let tiers = TierBridge::new(policy);
         let limits = crate::limits::Limits::new(&config.limits);
+        let metrics = Metrics::new(config.metrics.tenant_labels);
+        let keys = crate::auth::KeyCache::new(config.auth.key_cache_ms);
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {
             store,
             engine,
             config,
             admin_key_hash,
-            metrics: Metrics::default(),
+            metrics,
+            keys,
             memory,
             shadow: None,
             tiers,
@@ -260,6 +265,13 @@ impl AppState {
     /// Whether generation can be served: a model is loaded and its thread runs.
     pub fn engine_ready(&self) -> bool {
         self.engine.as_ref().is_some_and(Engine::is_alive)
+    }
+
+    /// How the model frames messages (its chat template; ChatML without a model).
+    pub fn chat_format(&self) -> &engram_context::ChatFormat {
+        self.engine
+            .as_ref()
+            .map_or(&*engram_context::CHATML, |e| e.tokenizer().chat_format())
     }
 
     /// Counts tokens with the model's tokenizer, or estimates 4 bytes per token without one.

@@ -85,20 +85,14 @@ impl TokenCache {
         )
     }
 
-    /// The counters in Prometheus text format.
-    pub fn render(&self, out: &mut String) {
+    /// Registers the counters.
+    pub fn register(&self, reg: &mut prometheus_client::registry::Registry) {
         let (encoded, reused) = self.counts();
-        out.push_str(
-            "# HELP engram_prompt_segments_total Prompt segments by how their token ids were \
-             found: tokenized, or reused from an earlier turn.\n",
+        reg.register(
+            "engram_prompt_segments",
+            "Prompt segments by how their token ids were found: tokenized, or reused from an earlier turn",
+            crate::metrics::counters("ids", [("tokenized", encoded), ("reused", reused)]),
         );
-        out.push_str("# TYPE engram_prompt_segments_total counter\n");
-        out.push_str(&format!(
-            "engram_prompt_segments_total{{ids=\"tokenized\"}} {encoded}\n"
-        ));
-        out.push_str(&format!(
-            "engram_prompt_segments_total{{ids=\"reused\"}} {reused}\n"
-        ));
     }
 }
 

@@ -675,7 +675,7 @@ impl Shadow {
 }
 
 fn tracing_skip(id: &str, reason: &str) {
-    eprintln!("engram: shadow: skipped entry {id}: {reason} (its session recomputes)");
+    tracing::warn!("shadow: skipped entry {id}: {reason} (its session recomputes)");
 }
 
 pub async fn engine_restore(engine: &Engine, chain: RestoreChain) -> Result<RestoreReport> {

@@ -402,7 +402,7 @@ impl Flush<'_> {
                     fresh = f;
                     self.report.compacted += 1;
                 }
-                Err(e) => eprintln!("engram: shadow: compaction of {} skipped: {e}", spec.id),
+                Err(e) => tracing::warn!("shadow: compaction of {} skipped: {e}", spec.id),
             }
         }
         if !fresh.is_empty() {

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Which database backs the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// SQLite (embedded).
@@ -14,6 +15,7 @@ pub enum Backend {
 
 /// Per-tenant limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Quotas {
     /// Hot-tier blocks the tenant may hold.
     pub hot_blocks: u64,
@@ -25,6 +27,7 @@ pub struct Quotas {
 
 /// A tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Tenant {
     /// Id.
     pub id: String,
@@ -40,6 +43,7 @@ pub struct Tenant {
 
 /// An API key's public part (the secret is shown once, at creation).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApiKey {
     /// Id.
     pub id: String,
@@ -53,6 +57,7 @@ pub struct ApiKey {
 
 /// An agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Agent {
     /// Id.
     pub id: String,
@@ -66,6 +71,7 @@ pub struct Agent {
 
 /// One version of a layer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LayerRow {
     /// Layer kind (`axioms`, `identity`, …).
     pub kind: String,
@@ -88,6 +94,7 @@ pub struct LayerRow {
 /// Who spoke an entry of the turn log: the user and the agent take turns; system text, tool
 /// results and events are injected between turns (`POST …/sessions/{s}/context`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// The user.
@@ -152,6 +159,7 @@ pub struct NewEntry<'a> {
 
 /// One turn of the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnRow {
     /// Position in the session, from 1.
     pub seq: i64,
@@ -184,6 +192,7 @@ fn yes() -> bool {
 
 /// A spilled line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkingLine {
     /// Layer it came from.
     pub kind: String,
@@ -195,6 +204,7 @@ pub struct WorkingLine {
 
 /// A memory-graph node as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MemoryNodeRow {
     /// Id (assigned by the database).
     pub id: i64,
@@ -241,6 +251,7 @@ pub struct NewMemoryNode {
 
 /// A memory-graph edge as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MemoryEdgeRow {
     /// Id (assigned by the database).
     pub id: i64,

@@ -28,7 +28,7 @@ impl Worker {
     /// After a panic: the requests that were being served fail and are released (a release
     /// that panics again leaves the sequence's blocks behind rather than the engine).
     pub(super) fn recover(&mut self, what: String) {
-        eprintln!("engram: engine: a request panicked and was failed: {what}");
+        tracing::error!("engine: a request panicked and was failed: {what}");
         let serving = std::mem::take(&mut self.serving);
         let mut i = 0;
         while i < self.running.len() {
@@ -42,7 +42,7 @@ impl Worker {
                 let released =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| core.finish(a.id)));
                 if released.is_err() {
-                    eprintln!("engram: engine: releasing a failed request panicked too");
+                    tracing::error!("engine: releasing a failed request panicked too");
                 }
             } else {
                 i += 1;

@@ -141,3 +141,45 @@ fn a_long_stream_decodes_a_short_window_per_token_and_adds_up_to_the_whole() {
     assert_eq!(d.text(tok).unwrap(), streamed);
     assert!(widest <= 8, "a push decoded {widest} ids of {}", ids.len());
 }
+
+#[test]
+fn the_model_s_own_chat_template_is_read_from_the_gguf_and_frames_like_chatml() {
+    let tok = TextTokenizer::for_model(&crate::common::model_path()).unwrap();
+    let f = tok.chat_format();
+    // SmolLM2's template is a ChatML variant: its pieces are ChatML's, but they come from it.
+    assert_eq!(f.source, engram_context::FormatSource::Model);
+    let chatml = engram_context::ChatFormat::chatml();
+    assert_eq!(
+        (&f.first_system_pre, &f.user, &f.assistant, &f.generation),
+        (
+            &chatml.first_system_pre,
+            &chatml.user,
+            &chatml.assistant,
+            &chatml.generation
+        )
+    );
+    // The template's own rendering of a conversation tokenizes like the framed one.
+    let template = engram_engine::chat_template::Template::new(
+        &read_template(&crate::common::model_path()),
+        "<|im_start|>",
+        "<|im_end|>",
+    )
+    .unwrap();
+    let conv = [
+        (engram_context::FrameRole::System, "Be brief."),
+        (engram_context::FrameRole::User, "Name a colour."),
+    ];
+    let rendered = template.render(&conv, true).unwrap();
+    assert_eq!(f.render(&conv, true), rendered);
+    assert!(tok.encode(&rendered).unwrap().len() > 5);
+}
+
+/// `tokenizer.chat_template` of a GGUF file.
+fn read_template(path: &std::path::Path) -> String {
+    let mut f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let ct = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
+    match ct.metadata.get("tokenizer.chat_template") {
+        Some(candle_core::quantized::gguf_file::Value::String(s)) => s.clone(),
+        other => panic!("no template: {other:?}"),
+    }
+}

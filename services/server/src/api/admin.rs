@@ -4,7 +4,6 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, delete, get, post, put, web};
 use engram_store::Quotas;
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
@@ -22,12 +21,49 @@ pub struct NewTenant {
     pub quotas: Option<Quotas>,
 }
 
+/// A new tenant and its first key.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CreatedTenant {
+    /// The tenant.
+    pub tenant: engram_store::Tenant,
+    /// The key's public part.
+    pub key: engram_store::ApiKey,
+    /// The key's secret, shown once: `Authorization: Bearer <api_key>`.
+    pub api_key: String,
+}
+
+/// A new key.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CreatedKey {
+    /// The key's public part.
+    pub key: engram_store::ApiKey,
+    /// The key's secret, shown once.
+    pub api_key: String,
+}
+
+/// Every tenant.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TenantList {
+    /// Tenants.
+    pub tenants: Vec<engram_store::Tenant>,
+}
+
+/// A layer version and the KV blocks a change released.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct LayerVersion {
+    /// The version.
+    #[serde(flatten)]
+    pub layer: engram_store::LayerRow,
+    /// Pinned blocks the change released (the old prefix's).
+    pub unpinned_blocks: usize,
+}
+
 /// Creates a tenant and its first API key (the secret is shown once).
 #[utoipa::path(
     tag = "admin",
     request_body = NewTenant,
     responses(
-        (status = 201, description = "Tenant created; `api_key` is shown once", body = serde_json::Value),
+        (status = 201, description = "Tenant created; `api_key` is shown once", body = CreatedTenant),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 409, description = "A tenant of that name exists", body = crate::error::ErrorSchema),
@@ -49,14 +85,18 @@ pub async fn create_tenant(
     });
     let tenant = state.store.create_tenant(&body.name, quotas).await?;
     let (key, secret) = state.store.create_key(&tenant.id).await?;
-    Ok(HttpResponse::Created().json(json!({"tenant": tenant, "key": key, "api_key": secret})))
+    Ok(HttpResponse::Created().json(CreatedTenant {
+        tenant,
+        key,
+        api_key: secret,
+    }))
 }
 
 /// Lists tenants.
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "Every tenant", body = serde_json::Value),
+        (status = 200, description = "Every tenant", body = TenantList),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -66,14 +106,16 @@ pub async fn list_tenants(
     _: AdminCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(json!({"tenants": state.store.tenants().await?})))
+    Ok(HttpResponse::Ok().json(TenantList {
+        tenants: state.store.tenants().await?,
+    }))
 }
 
 /// Issues another API key for a tenant.
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 201, description = "The new key; `api_key` is shown once", body = serde_json::Value),
+        (status = 201, description = "The new key; `api_key` is shown once", body = CreatedKey),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -85,14 +127,17 @@ pub async fn create_key(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let (key, secret) = state.store.create_key(&path).await?;
-    Ok(HttpResponse::Created().json(json!({"key": key, "api_key": secret})))
+    Ok(HttpResponse::Created().json(CreatedKey {
+        key,
+        api_key: secret,
+    }))
 }
 
 /// Revokes an API key.
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 204, description = "Revoked", body = serde_json::Value),
+        (status = 204, description = "Revoked"),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -105,6 +150,7 @@ pub async fn revoke_key(
 ) -> Result<HttpResponse, ApiError> {
     let (tenant, key) = path.into_inner();
     state.store.revoke_key(&tenant, &key).await?;
+    state.keys.clear();
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -127,7 +173,7 @@ pub struct PublicMark {
     tag = "admin",
     request_body = PublicMark,
     responses(
-        (status = 200, description = "The layer version, with `unpinned_blocks`", body = serde_json::Value),
+        (status = 200, description = "The layer version, with `unpinned_blocks`", body = LayerVersion),
         (status = 400, description = "Invalid input, or `layer_not_stable`", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown tenant, agent or layer", body = crate::error::ErrorSchema),
@@ -170,7 +216,8 @@ pub async fn mark_layer_public(
     } else {
         0
     };
-    let mut v = json!(row);
-    v["unpinned_blocks"] = json!(unpinned);
-    Ok(HttpResponse::Ok().json(v))
+    Ok(HttpResponse::Ok().json(LayerVersion {
+        layer: row,
+        unpinned_blocks: unpinned,
+    }))
 }

@@ -90,11 +90,34 @@ fn check_layer(kind: LayerKind, input: &LayerInput) -> Result<(u64, bool, f64), 
 }
 
 /// Creates an agent with optional initial layers.
+/// An agent and its current layers.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AgentView {
+    /// The agent.
+    pub agent: engram_store::Agent,
+    /// Its current layers (the latest version of each kind).
+    pub layers: Vec<engram_store::LayerRow>,
+}
+
+/// The caller's agents.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AgentList {
+    /// Agents.
+    pub agents: Vec<engram_store::Agent>,
+}
+
+/// An agent's current layers.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct LayerList {
+    /// Layers.
+    pub layers: Vec<engram_store::LayerRow>,
+}
+
 #[utoipa::path(
     tag = "agents",
     request_body = NewAgent,
     responses(
-        (status = 201, description = "The agent and its layers", body = serde_json::Value),
+        (status = 201, description = "The agent and its layers", body = AgentView),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 409, description = "An agent of that name exists", body = crate::error::ErrorSchema),
@@ -128,14 +151,14 @@ pub async fn create_agent(
     for (l, kind) in body.layers.iter().zip(kinds) {
         layers.push(store_layer(&state, &agent, kind, l).await?);
     }
-    Ok(HttpResponse::Created().json(json!({"agent": agent, "layers": layers})))
+    Ok(HttpResponse::Created().json(AgentView { agent, layers }))
 }
 
 /// Lists the caller's agents.
 #[utoipa::path(
     tag = "agents",
     responses(
-        (status = 200, description = "The caller's agents", body = serde_json::Value),
+        (status = 200, description = "The caller's agents", body = AgentList),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -145,14 +168,16 @@ pub async fn list_agents(
     caller: TenantCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(json!({"agents": state.store.agents(&caller.0.id).await?})))
+    Ok(HttpResponse::Ok().json(AgentList {
+        agents: state.store.agents(&caller.0.id).await?,
+    }))
 }
 
 /// One agent (by id or name) and its current layers.
 #[utoipa::path(
     tag = "agents",
     responses(
-        (status = 200, description = "The agent and its current layers", body = serde_json::Value),
+        (status = 200, description = "The agent and its current layers", body = AgentView),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
     ),
@@ -166,7 +191,7 @@ pub async fn get_agent(
 ) -> Result<HttpResponse, ApiError> {
     let agent = state.store.agent(&caller.0.id, &path).await?;
     let layers = state.store.layers(&agent.id).await?;
-    Ok(HttpResponse::Ok().json(json!({"agent": agent, "layers": layers})))
+    Ok(HttpResponse::Ok().json(AgentView { agent, layers }))
 }
 
 /// Writes a new version of a layer.
@@ -174,7 +199,7 @@ pub async fn get_agent(
     tag = "agents",
     request_body = LayerInput,
     responses(
-        (status = 200, description = "The new version, with `unpinned_blocks`", body = serde_json::Value),
+        (status = 200, description = "The new version, with `unpinned_blocks`", body = crate::api::admin::LayerVersion),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
@@ -203,16 +228,17 @@ pub async fn put_layer(
     {
         unpinned += unpin(&state, Some(pin_key(&caller.0, &before))).await?;
     }
-    let mut v = json!(row);
-    v["unpinned_blocks"] = json!(unpinned);
-    Ok(HttpResponse::Ok().json(v))
+    Ok(HttpResponse::Ok().json(crate::api::admin::LayerVersion {
+        layer: row,
+        unpinned_blocks: unpinned,
+    }))
 }
 
 /// The current version of every layer.
 #[utoipa::path(
     tag = "agents",
     responses(
-        (status = 200, description = "Current layers", body = serde_json::Value),
+        (status = 200, description = "Current layers", body = LayerList),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
     ),
@@ -225,7 +251,9 @@ pub async fn list_layers(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let agent = state.store.agent(&caller.0.id, &path).await?;
-    Ok(HttpResponse::Ok().json(json!({"layers": state.store.layers(&agent.id).await?})))
+    Ok(HttpResponse::Ok().json(LayerList {
+        layers: state.store.layers(&agent.id).await?,
+    }))
 }
 
 /// Body of the context preview.

@@ -145,197 +145,203 @@ pub async fn blocks(
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "Prometheus text format", content_type = "text/plain; version=0.0.4", body = String),
+        (status = 200, description = "The OpenMetrics text format", content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]
 #[get("/metrics")]
 pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let mut out = String::new();
+    use crate::metrics::{counter, counters, gauge, gauge_f64, gauges, labels};
+    let mut reg = prometheus_client::registry::Registry::default();
     if let Some(engine) = &state.engine {
         let rx = engine.snapshot()?;
         let s = rx.answer().await?;
         let c = &s.counters;
-        let _ = std::fmt::Write::write_fmt(
-            &mut out,
-            format_args!(
-                "# HELP engram_tier_moves_total Tier moves of cached blocks (spill, warm, removal, readmission, down-tiering, leaving the cache), by the bridge, the turns and admission alike.\n\
-             # TYPE engram_tier_moves_total counter\n\
-             engram_tier_moves_total {}\n\
-             # HELP engram_tier_quick_moves_total Tier moves of a block within 100 tier-bridge cycles of its previous move (flips).\n\
-             # TYPE engram_tier_quick_moves_total counter\n\
-             engram_tier_quick_moves_total {}\n\
-             # HELP engram_admission_evictions_total Hot blocks spilled or dropped at admission because the hot tier was full.\n\
-             # TYPE engram_admission_evictions_total counter\n\
-             engram_admission_evictions_total {}\n",
-                s.tier_moves, s.quick_moves, c.admission_evictions
-            ),
+        reg.register(
+            "engram_tier_moves",
+            "Tier moves of cached blocks (spill, warm, removal, readmission, down-tiering, leaving the cache), by the bridge, the turns and admission alike",
+            counter(s.tier_moves),
         );
-        out.push_str(
-            "# HELP engram_cache_blocks_total Prompt blocks by the tier that served them (disk_hit: read back from the shadow on a miss into the cold tier, then warmed, so also counted as cold_hit).\n",
+        reg.register(
+            "engram_tier_quick_moves",
+            "Tier moves of a block within 100 tier-bridge cycles of its previous move (flips)",
+            counter(s.quick_moves),
         );
-        out.push_str("# TYPE engram_cache_blocks_total counter\n");
+        reg.register(
+            "engram_admission_evictions",
+            "Hot blocks spilled or dropped at admission because the hot tier was full",
+            counter(c.admission_evictions),
+        );
         // By tier: hot blocks reused, cold blocks warmed, blocks read back from the shadow on a
         // miss (into the cold tier, so the turn then warms them: they count as cold_hit too),
         // and blocks prefilled.
-        for (kind, n) in [
-            ("hot_hit", c.hot_hits),
-            ("cold_hit", c.cold_hits),
-            ("disk_hit", state.metrics.disk_hits()),
-            ("miss", c.misses),
-        ] {
-            out.push_str(&format!(
-                "engram_cache_blocks_total{{result=\"{kind}\"}} {n}\n"
-            ));
-        }
-        out.push_str("# HELP engram_evictions_total Blocks evicted, by source layer and kind.\n");
-        out.push_str("# TYPE engram_evictions_total counter\n");
+        reg.register(
+            "engram_cache_blocks",
+            "Prompt blocks by the tier that served them (disk_hit: read back from the shadow on a miss into the cold tier, then warmed, so also counted as cold_hit)",
+            counters(
+                "result",
+                [
+                    ("hot_hit", c.hot_hits),
+                    ("cold_hit", c.cold_hits),
+                    ("disk_hit", state.metrics.disk_hits()),
+                    ("miss", c.misses),
+                ],
+            ),
+        );
+        let evictions = prometheus_client::metrics::family::Family::<
+            crate::metrics::Labels,
+            prometheus_client::metrics::counter::Counter,
+        >::default();
         for (kind, map) in [("spilled", &c.spilled), ("dropped", &c.dropped)] {
             for (layer, n) in map {
                 let layer = serde_json::to_value(layer)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default();
-                out.push_str(&format!(
-                    "engram_evictions_total{{layer=\"{layer}\",kind=\"{kind}\"}} {n}\n"
-                ));
+                evictions
+                    .get_or_create(&labels(&[("layer", &layer), ("kind", kind)]))
+                    .inc_by(*n);
             }
         }
-        out.push_str(
-            "# HELP engram_cold_quota_dropped_total Cold blocks dropped because their tenant was over its cold quota.\n",
+        reg.register(
+            "engram_evictions",
+            "Blocks evicted, by source layer and kind",
+            evictions,
         );
-        out.push_str("# TYPE engram_cold_quota_dropped_total counter\n");
-        out.push_str(&format!(
-            "engram_cold_quota_dropped_total {}\n",
-            c.cold_quota_dropped
-        ));
-        out.push_str(
-            "# HELP engram_down_tier_blocks_total Cold blocks re-encoded to narrower codecs instead of dropped (down-tiering), and those a turn warmed back.\n",
+        reg.register(
+            "engram_cold_quota_dropped",
+            "Cold blocks dropped because their tenant was over its cold quota",
+            counter(c.cold_quota_dropped),
         );
-        out.push_str("# TYPE engram_down_tier_blocks_total counter\n");
-        for (kind, n) in [("reduced", c.down_tiered), ("warmed", c.down_tier_hits)] {
-            out.push_str(&format!(
-                "engram_down_tier_blocks_total{{result=\"{kind}\"}} {n}\n"
-            ));
-        }
+        reg.register(
+            "engram_down_tier_blocks",
+            "Cold blocks re-encoded to narrower codecs instead of dropped (down-tiering), and those a turn warmed back",
+            counters(
+                "result",
+                [("reduced", c.down_tiered), ("warmed", c.down_tier_hits)],
+            ),
+        );
         let r = &s.reservations;
-        out.push_str(
-            "# HELP engram_reservations_total Cold-tier reservations of memory neighbourhoods, by outcome.\n",
+        reg.register(
+            "engram_reservations",
+            "Cold-tier reservations of memory neighbourhoods, by outcome",
+            counters(
+                "result",
+                [
+                    ("made", r.made),
+                    ("warmed", r.warmed),
+                    ("expired", r.expired),
+                    ("refused", r.refused),
+                    ("failed", r.failed),
+                ],
+            ),
         );
-        out.push_str("# TYPE engram_reservations_total counter\n");
-        for (kind, n) in [
-            ("made", r.made),
-            ("warmed", r.warmed),
-            ("expired", r.expired),
-            ("refused", r.refused),
-            ("failed", r.failed),
-        ] {
-            out.push_str(&format!(
-                "engram_reservations_total{{result=\"{kind}\"}} {n}\n"
-            ));
-        }
-        out.push_str(
-            "# HELP engram_reservation_blocks_served_total Prompt blocks turns reused from reservations.\n",
+        reg.register(
+            "engram_reservation_blocks_served",
+            "Prompt blocks turns reused from reservations",
+            counter(r.blocks_served),
         );
-        out.push_str("# TYPE engram_reservation_blocks_served_total counter\n");
-        out.push_str(&format!(
-            "engram_reservation_blocks_served_total {}\n",
-            r.blocks_served
-        ));
-        out.push_str(
-            "# HELP engram_reservation_hit_rate Reservations used over those used or expired.\n",
+        reg.register(
+            "engram_reservation_hit_rate",
+            "Reservations used over those used or expired",
+            gauge_f64(r.hit_rate().unwrap_or(0.0)),
         );
-        out.push_str("# TYPE engram_reservation_hit_rate gauge\n");
-        out.push_str(&format!(
-            "engram_reservation_hit_rate {}\n",
-            r.hit_rate().unwrap_or(0.0)
-        ));
         let o = &s.occupancy;
-        out.push_str("# TYPE engram_queue_depth gauge\n");
-        out.push_str(&format!("engram_queue_depth {}\n", s.queued));
-        out.push_str("# TYPE engram_running_sequences gauge\n");
-        out.push_str(&format!("engram_running_sequences {}\n", o.running));
-        out.push_str("# TYPE engram_tier_blocks gauge\n");
+        reg.register(
+            "engram_queue_depth",
+            "Requests waiting for admission to the engine",
+            gauge(s.queued as u64),
+        );
+        reg.register(
+            "engram_running_sequences",
+            "Sequences the engine is running",
+            gauge(o.running as u64),
+        );
+        let mut tiers = Vec::new();
         for (tier, used, cap) in [
             ("hot", o.hot_used, o.hot_capacity),
             ("cold", o.cold_used, o.cold_capacity),
             ("reduced", o.reduced_used, o.reduced_capacity),
         ] {
-            out.push_str(&format!(
-                "engram_tier_blocks{{tier=\"{tier}\",state=\"used\"}} {used}\n"
-            ));
-            out.push_str(&format!(
-                "engram_tier_blocks{{tier=\"{tier}\",state=\"capacity\"}} {cap}\n"
-            ));
+            tiers.push((labels(&[("tier", tier), ("state", "used")]), used as u64));
+            tiers.push((labels(&[("tier", tier), ("state", "capacity")]), cap as u64));
         }
+        reg.register(
+            "engram_tier_blocks",
+            "KV blocks per tier, used and capacity",
+            gauges(tiers),
+        );
     }
-    render_shadow_and_tiers(&state, &mut out);
-    state.metrics.render_ttft(&mut out);
-    state.metrics.render_miss_reads(&mut out);
-    state.metrics.render_archive(&mut out);
-    state.tokens.render(&mut out);
+    register_shadow_and_tiers(&state, &mut reg);
+    state.metrics.register(&mut reg);
+    state.tokens.register(&mut reg);
     Ok(HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(out))
+        .content_type(crate::metrics::CONTENT_TYPE)
+        .body(crate::metrics::render(&reg)))
 }
 
-/// The shadow's and the tier bridge's counters in the Prometheus text format.
-fn render_shadow_and_tiers(state: &AppState, out: &mut String) {
-    use std::fmt::Write;
+/// The shadow's and the tier bridge's figures.
+fn register_shadow_and_tiers(state: &AppState, reg: &mut prometheus_client::registry::Registry) {
+    use crate::metrics::{counter, counters, gauge, gauges, labels};
     if let Some(shadow) = &state.shadow {
         let s = shadow.status();
-        let _ = write!(
-            out,
-            "# HELP engram_shadow_writes_total Shadow flushes, by result.\n\
-             # TYPE engram_shadow_writes_total counter\n\
-             engram_shadow_writes_total{{result=\"ok\"}} {}\n\
-             engram_shadow_writes_total{{result=\"failed\"}} {}\n\
-             # HELP engram_shadow_bytes_written_total Bytes of segment files the shadow wrote.\n\
-             # TYPE engram_shadow_bytes_written_total counter\n\
-             engram_shadow_bytes_written_total {}\n\
-             # HELP engram_shadow_blocks_written_total Blocks the shadow wrote.\n\
-             # TYPE engram_shadow_blocks_written_total counter\n\
-             engram_shadow_blocks_written_total {}\n\
-             # HELP engram_shadow_entries Entries on disk, by kind.\n\
-             # TYPE engram_shadow_entries gauge\n\
-             engram_shadow_entries{{kind=\"session\"}} {}\n\
-             engram_shadow_entries{{kind=\"prefix\"}} {}\n\
-             # HELP engram_shadow_bytes Bytes of segment files on disk.\n\
-             # TYPE engram_shadow_bytes gauge\n\
-             engram_shadow_bytes {}\n\
-             # HELP engram_shadow_archived_sessions Sessions in the tokens-only archive now.\n\
-             # TYPE engram_shadow_archived_sessions gauge\n\
-             engram_shadow_archived_sessions {}\n\
-             # HELP engram_shadow_recovery_total Entries the last start recovered or skipped, by result.\n\
-             # TYPE engram_shadow_recovery_total counter\n",
-            s.writes,
-            s.failures,
-            s.bytes_written,
-            s.blocks_written,
-            s.sessions,
-            s.prefixes,
-            s.bytes_on_disk,
-            s.archived_sessions
+        reg.register(
+            "engram_shadow_writes",
+            "Shadow flushes, by result",
+            counters("result", [("ok", s.writes), ("failed", s.failures)]),
         );
-        for (result, n) in &s.recovery_counts {
-            let _ = writeln!(
-                out,
-                "engram_shadow_recovery_total{{result=\"{result}\"}} {n}"
-            );
-        }
+        reg.register(
+            "engram_shadow_bytes_written",
+            "Bytes of segment files the shadow wrote",
+            counter(s.bytes_written),
+        );
+        reg.register(
+            "engram_shadow_blocks_written",
+            "Blocks the shadow wrote",
+            counter(s.blocks_written),
+        );
+        reg.register(
+            "engram_shadow_entries",
+            "Entries on disk, by kind",
+            gauges([
+                (labels(&[("kind", "session")]), s.sessions as u64),
+                (labels(&[("kind", "prefix")]), s.prefixes as u64),
+            ]),
+        );
+        reg.register(
+            "engram_shadow_bytes",
+            "Bytes of segment files on disk",
+            gauge(s.bytes_on_disk),
+        );
+        reg.register(
+            "engram_shadow_archived_sessions",
+            "Sessions in the tokens-only archive now",
+            gauge(s.archived_sessions as u64),
+        );
+        reg.register(
+            "engram_shadow_recovery",
+            "Entries the last start recovered or skipped, by result",
+            counters(
+                "result",
+                s.recovery_counts
+                    .iter()
+                    .map(|(result, n)| (result.as_str(), *n)),
+            ),
+        );
     }
     let t = state.tiers.totals.lock().map(|t| *t).unwrap_or_default();
-    let _ = write!(
-        out,
-        "# HELP engram_tier_cycles_total Tier-bridge (OODA) cycles run.\n\
-         # TYPE engram_tier_cycles_total counter\n\
-         engram_tier_cycles_total {}\n\
-         # HELP engram_tier_actions_total Blocks the tier bridge moved, by action.\n\
-         # TYPE engram_tier_actions_total counter\n\
-         engram_tier_actions_total{{action=\"spill\"}} {}\n\
-         engram_tier_actions_total{{action=\"warm\"}} {}\n\
-         engram_tier_actions_total{{action=\"remove\"}} {}\n",
-        t[0], t[1], t[2], t[3]
+    reg.register(
+        "engram_tier_cycles",
+        "Tier-bridge (OODA) cycles run",
+        counter(t[0]),
+    );
+    reg.register(
+        "engram_tier_actions",
+        "Blocks the tier bridge moved, by action",
+        counters(
+            "action",
+            [("spill", t[1]), ("warm", t[2]), ("remove", t[3])],
+        ),
     );
 }

@@ -167,6 +167,7 @@ pub async fn delete_tenant(
     }
     let mut out = forget_cache(&state, &tenant, 0, 0).await?;
     let nodes = state.store.delete_tenant(&tenant.id).await?;
+    state.keys.clear();
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, None, None)?;

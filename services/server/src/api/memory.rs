@@ -136,7 +136,7 @@ fn own_node(
     tag = "memory",
     request_body = NewNode,
     responses(
-        (status = 201, description = "The node", body = serde_json::Value),
+        (status = 201, description = "The node", body = engram_store::MemoryNodeRow),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
@@ -273,7 +273,7 @@ pub async fn get_node(
     tag = "memory",
     request_body = NodePatch,
     responses(
-        (status = 200, description = "The node", body = serde_json::Value),
+        (status = 200, description = "The node", body = engram_store::MemoryNodeRow),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),
@@ -337,7 +337,7 @@ pub async fn delete_node(
     tag = "memory",
     request_body = NewEdge,
     responses(
-        (status = 201, description = "The edge", body = serde_json::Value),
+        (status = 201, description = "The edge", body = engram_store::MemoryEdgeRow),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),

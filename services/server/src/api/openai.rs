@@ -251,6 +251,7 @@ pub async fn chat_completions(
         return stream::pump(turn, message, turned, spec, sampling, held, chunks);
     }
     let g = generate(&turn.state, spec, sampling).await?;
+    turn.observe(&g);
     // No `Idempotency-Key` here (the native route has it): nothing is stored with the turn.
     turn.record(&message, &turned, &g, "").await?;
     Ok(HttpResponse::Ok().json(json!({

@@ -83,6 +83,10 @@ pub(crate) fn pump(
                     }
                 }
                 Step::Done => {
+                    turn.observe(&g);
+                    turn.span.in_scope(|| {
+                        tracing::info!(target: "engram::http", "stream finished");
+                    });
                     let reply = framing.reply(&g);
                     let recorded = turn.record(&message, &turned, &g, &reply).await;
                     for frame in framing.done(&g, recorded.map_err(ApiError::from)) {

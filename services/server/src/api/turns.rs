@@ -39,13 +39,15 @@ pub struct TurnRequest {
 }
 
 /// The JSON answer of a turn.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct TurnResponse {
     /// Generated text.
     pub text: String,
-    /// `stop` or `length`.
+    /// `stop` (a stop token or sequence) or `length` (`max_tokens` or the context reached).
+    #[schema(value_type = FinishReasonSchema)]
     pub finish_reason: FinishReason,
     /// Token counts (`cached_tokens`: prompt tokens reused from the KV cache).
+    #[schema(value_type = UsageSchema)]
     pub usage: Usage,
     /// Milliseconds from submission to the first token.
     pub ttft_ms: f64,
@@ -58,6 +60,27 @@ pub struct TurnResponse {
     /// model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budgets: Option<BudgetsUsed>,
+}
+
+/// Why generation ended (the schema of the engine's `FinishReason`).
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReasonSchema {
+    /// A stop token or stop sequence.
+    Stop,
+    /// `max_tokens`, or the model's context, was reached.
+    Length,
+}
+
+/// Token accounting of a generation (the schema of the engine's `Usage`).
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+pub struct UsageSchema {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Of those, reused from the KV cache.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
 }
 
 /// The memories layer of a turn.
@@ -122,7 +145,7 @@ fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<M
     ),
     responses(
         (status = 200, description = "The reply (JSON), or with `\"stream\": true` server-sent events: `data: {\"delta\": …}` per piece, then `data: {\"done\": true, …}` or `data: {\"error\": …}`", content(
-            (serde_json::Value = "application/json"),
+            (TurnResponse = "application/json"),
             (crate::openapi::SseEvent = "text/event-stream"),
         )),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
@@ -174,6 +197,7 @@ pub async fn create_turn(
         return stream::pump(turn, body.message, turned, spec, sampling, held, framing);
     }
     let generated = generate(&turn.state, spec, sampling).await?;
+    turn.observe(&generated);
     let reply = framing.reply(&generated);
     turn.record(&body.message, &turned, &generated, &reply)
         .await?;

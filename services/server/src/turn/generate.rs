@@ -94,10 +94,7 @@ pub async fn generate(
     while let Ok(ev) = rx.recv_async().await {
         match out.absorb(ev, t) {
             Step::Wait | Step::Delta(_) => {}
-            Step::Done => {
-                state.metrics.observe_ttft(out.ttft_ms);
-                return Ok(out);
-            }
+            Step::Done => return Ok(out),
             Step::Failed(e) => return Err(e),
         }
     }

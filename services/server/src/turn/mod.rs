@@ -146,6 +146,8 @@ pub struct Turn {
     pub state: Arc<AppState>,
     /// The caller.
     pub tenant: Tenant,
+    /// The request's log span (a turn's figures are recorded on it; a stream's end logs in it).
+    pub span: tracing::Span,
     /// The agent.
     pub agent: Agent,
     /// The session whose turn log this turn reads and appends to (`None`: a stateless turn,
@@ -201,6 +203,7 @@ impl Turn {
             idempotency_key: None,
             message_speaker: engram_context::Speaker::User,
             preface: Vec::new(),
+            span: tracing::Span::current(),
             session: session.map(str::to_string),
             kv_session,
             state,

@@ -136,6 +136,7 @@ pub async fn build_context(
         user_message: message,
         message_speaker: Speaker::User,
         fit: None,
+        format: state.chat_format(),
     };
     Ok(build(&req, &state.counter())?)
 }
@@ -150,7 +151,7 @@ fn expanded_budget(l: &Layer) -> usize {
 }
 
 /// Which budgets a turn's layers were fitted to.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct BudgetsUsed {
     /// `standard`, or `expanded` (DESIGN §2's larger budgets, when they fit the context).
     pub set: &'static str,
@@ -243,6 +244,7 @@ impl Turn {
                 reply,
                 recall: self.state.memory.is_some(),
             }),
+            format: self.state.chat_format(),
         };
         Ok(build(&req, self)?)
     }

@@ -24,6 +24,27 @@ pub async fn session_room(state: &AppState, tenant: &Tenant) -> Result<(), TurnE
 }
 
 impl Turn {
+    /// A generation's figures: the TTFT histogram, the tenant's turn, token and cache-hit
+    /// counters, and the request's log line.
+    pub fn observe(&self, g: &Generated) {
+        let u = &g.usage;
+        let prefilled = u.prompt_tokens.saturating_sub(u.cached_tokens);
+        self.state.metrics.observe_turn(
+            &self.tenant.id,
+            u.cached_tokens as u64,
+            prefilled as u64,
+            u.completion_tokens as u64,
+            g.ttft_ms,
+        );
+        crate::telemetry::record_turn(
+            &self.span,
+            u.cached_tokens,
+            prefilled,
+            u.completion_tokens,
+            g.ttft_ms,
+        );
+    }
+
     /// Checks the session name, the message and the session quota before anything runs. The
     /// session row itself is written with the turn (see [`Turn::record`]), so a refused or
     /// failed turn stores nothing. Two concurrent first turns of new sessions may both pass the
@@ -189,7 +210,7 @@ impl Turn {
                     return;
                 };
                 if let Err(e) = turn.reserve_next(&history, &episode, current, since).await {
-                    eprintln!("engram: reservation after a turn: {e}");
+                    tracing::warn!("reservation after a turn: {e}");
                 }
             });
         }

@@ -41,7 +41,7 @@ impl Turn {
             match shadow.thawed((self.kv_tenant, session)).await {
                 Ok(true) => state.metrics.count_archive(true),
                 Ok(false) => {}
-                Err(e) => eprintln!("engram: shadow: a thawed session's marker stays: {e}"),
+                Err(e) => tracing::warn!("shadow: a thawed session's marker stays: {e}"),
             }
         }
         // Disk on a miss: when the cache lost part of what the session's last prefill left
@@ -209,8 +209,8 @@ impl Turn {
             }
             Err(e) => {
                 // Another node's entry: left for that node (or its recovery) to judge.
-                eprintln!(
-                    "engram: shadow: a peer's entry could not be read ({e}); the session recomputes"
+                tracing::warn!(
+                    "shadow: a peer's entry could not be read ({e}); the session recomputes"
                 );
                 state.metrics.count_miss_read(MissRead::Failed, 0);
                 return 0;
@@ -220,9 +220,7 @@ impl Turn {
         let loaded = match engine_restore(engine, chain).await {
             Ok(r) => r.loaded,
             Err(e) => {
-                eprintln!(
-                    "engram: shadow: a peer's entry was refused ({e}); the session recomputes"
-                );
+                tracing::warn!("shadow: a peer's entry was refused ({e}); the session recomputes");
                 state.metrics.count_miss_read(MissRead::Failed, 0);
                 return 0;
             }
@@ -232,13 +230,13 @@ impl Turn {
         match shadow.flush(engine, Some(key)).await {
             Ok(_) => {
                 if let Err(e) = shadow.release_peer_session(found.peer, key).await {
-                    eprintln!(
-                        "engram: shadow: adopted a session from {} but could not delete it there: {e}",
+                    tracing::warn!(
+                        "shadow: adopted a session from {} but could not delete it there: {e}",
                         found.location
                     );
                 }
             }
-            Err(e) => eprintln!("engram: shadow: writing an adopted session failed: {e}"),
+            Err(e) => tracing::warn!("shadow: writing an adopted session failed: {e}"),
         }
         state
             .metrics
@@ -270,15 +268,15 @@ impl Turn {
             return;
         };
         if e.is_damage() {
-            eprintln!(
-                "engram: shadow: the session's entry is damaged ({e}); removed, the session \
+            tracing::warn!(
+                "shadow: the session's entry is damaged ({e}); removed, the session \
                  recomputes"
             );
             if let Err(e) = shadow.forget(self.kv_tenant, u64::MAX, session.0).await {
-                eprintln!("engram: shadow: removing the damaged entry failed: {e}");
+                tracing::warn!("shadow: removing the damaged entry failed: {e}");
             }
         } else {
-            eprintln!("engram: shadow: read on a miss failed ({e}); the session recomputes");
+            tracing::warn!("shadow: read on a miss failed ({e}); the session recomputes");
         }
     }
 }
