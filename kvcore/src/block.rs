@@ -36,6 +36,7 @@ pub struct SessionId(pub u64);
 
 /// The prompt layer a block's tokens came from (shared/DESIGN.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SourceLayer {
     /// Non-negotiable principles.
@@ -144,6 +145,7 @@ pub struct BlockTags {
 
 /// Where a block's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
     /// Read by attention: VRAM, or process memory for the CPU engine.

@@ -80,6 +80,7 @@ impl PriorityTable {
 
 /// Whether a block is pinned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PinState {
     /// Evicted by priority.
@@ -96,6 +97,7 @@ pub enum PinState {
 /// instead of dropping it; warming it re-encodes it back to the layer's codec. Its bytes then
 /// carry the narrower codec's error until the block is recomputed, so the mark stays.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
     /// Encoded once, from what prefill computed, in the layer's codec.

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod admin_page;
 mod archive;
 mod bad_input;
 mod deletion;

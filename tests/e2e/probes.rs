@@ -311,6 +311,7 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         ("GET", "/v1/admin/memory".into()),
         ("GET", "/v1/admin/reservations".into()),
         ("GET", "/v1/admin/cache".into()),
+        ("GET", format!("/v1/admin/tenants/{ta}/memory/nodes/1")),
         ("GET", "/metrics".into()),
         ("POST", format!("/v1/admin/tenants/{ta}/keys")),
         ("DELETE", format!("/v1/admin/tenants/{ta}")),

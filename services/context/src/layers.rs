@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// The kinds of layer an agent has (a subset of the KV source layers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum LayerKind {
     /// Non-negotiable principles.

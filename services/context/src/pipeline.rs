@@ -185,6 +185,7 @@ pub struct Segment {
 
 /// What the synthesizer did to one layer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LayerReport {
     /// The layer.
     pub kind: LayerKind,

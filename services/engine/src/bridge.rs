@@ -14,6 +14,7 @@ pub const TIER_HISTORY: usize = 32;
 
 /// One tier-bridge cycle as the admin endpoint shows it.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CycleRecord {
     /// When it ran, ms since the Unix epoch.
     pub at_unix_ms: u64,

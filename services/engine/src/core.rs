@@ -360,6 +360,7 @@ pub struct Admission {
 
 /// Running totals of cache activity, for metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CacheCounters {
     /// Prompt blocks found hot in the prefix cache.
     pub hot_hits: u64,
@@ -399,6 +400,7 @@ pub struct PrefixLookup {
 
 /// Occupancy of the tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Occupancy {
     /// Hot-tier capacity in blocks.
     pub hot_capacity: usize,

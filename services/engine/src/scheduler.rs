@@ -139,6 +139,7 @@ pub struct CollectRequest {
 
 /// Occupancy and counters, for admin endpoints and metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EngineSnapshot {
     /// Tier occupancy.
     pub occupancy: Occupancy,
@@ -171,6 +172,7 @@ pub struct BlockQuery {
 
 /// One block and its meaning.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BlockInfo {
     /// Id.
     pub id: u64,

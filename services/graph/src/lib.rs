@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 /// A node's id (the database row id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeId(pub u64);
 
 /// An edge's id (the database row id).
@@ -60,6 +61,7 @@ impl std::fmt::Display for EdgeId {
 
 /// What a node holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NodeKind {
     /// A turn or an event of a session (episodic memory).
@@ -354,6 +356,7 @@ impl QueryFilter {
 
 /// One recalled node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Recall {
     /// The node.
     pub id: NodeId,

@@ -124,6 +124,7 @@ pub enum MemoryError {
 
 /// How the start went (logged, and checked by tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Startup {
     /// Nodes loaded from the database.
     pub nodes: usize,
@@ -135,6 +136,7 @@ pub struct Startup {
 
 /// One recalled node with what the memories layer needs.
 #[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Recalled {
     /// Scores (see `engram_graph`).
     #[serde(flatten)]

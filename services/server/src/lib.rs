@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin_page;
 pub mod api;
 pub mod auth;
 pub mod error;
@@ -284,6 +285,7 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
                     .wrap(actix_web::middleware::from_fn(request_id::middleware))
                     .wrap(telemetry::logger())
                     .configure(api::configure)
+                    .configure(admin_page::configure)
                     .service(
                         utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}")
                             .url("/openapi.json", openapi::spec()),

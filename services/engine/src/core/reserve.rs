@@ -34,10 +34,12 @@ use crate::error::{EngineError, EngineResult};
 
 /// A reservation's id (unique for the engine's life).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReservationId(pub u64);
 
 /// Where a reservation is in its life (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ReservationState {
     /// Admitted; its blocks are being computed.
@@ -67,6 +69,7 @@ pub struct ReserveRequest {
 
 /// A reservation as the admin API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReservationInfo {
     /// Its id.
     pub id: ReservationId,
@@ -94,6 +97,7 @@ pub struct ReservationInfo {
 
 /// Reservation totals (for `/metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ReservationCounters {
     /// Reservations made.
     pub made: u64,

@@ -52,6 +52,7 @@ pub const FLIP_WINDOW_CYCLES: u64 = 100;
 /// per byte (defaults measured on the 2-vCPU reference machine with SmolLM2-135M; see the
 /// README's tier section).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct TierCosts {
     /// Warming a block back from the cold tier, ns per byte.
@@ -75,6 +76,7 @@ impl Default for TierCosts {
 
 /// Thresholds, budgets and weights of the tier bridge (shares are of a tier's budget).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct TierPolicy {
     /// Spill when the hot tier is fuller than this.
@@ -197,6 +199,7 @@ impl TierPolicy {
 
 /// What a cycle saw.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TierObservation {
     /// Hot blocks in use.
     pub hot_used: usize,
@@ -234,6 +237,7 @@ pub struct TierObservation {
 
 /// What the bridge's earlier moves turned out to be worth (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MoveReview {
     /// Spilled blocks a turn warmed back within the review window.
     pub spill_regrets: usize,
@@ -247,6 +251,7 @@ pub struct MoveReview {
 
 /// What a cycle did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CycleReport {
     /// The cycle's number (the epoch its moves carry).
     #[serde(default)]

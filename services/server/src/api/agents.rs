@@ -4,7 +4,6 @@ use actix_web::{HttpResponse, get, post, put, web};
 use engram_context::{Budgets, Layer, LayerKind, TokenCounter, Volatility};
 use engram_store::{Agent, LayerRow};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
@@ -90,6 +89,34 @@ fn check_layer(kind: LayerKind, input: &LayerInput) -> Result<(u64, bool, f64), 
 }
 
 /// Creates an agent with optional initial layers.
+/// A prompt as a turn would build it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Preview {
+    /// SHA-256 of the stable prefix.
+    pub stable_prefix_hash: String,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Each layer: budget, tokens, spilled lines.
+    pub layers: Vec<engram_context::LayerReport>,
+    /// Cache segments.
+    pub segments: usize,
+    /// Which blocks the cache would reuse (null without a model).
+    pub blocks: Option<PreviewBlocks>,
+    /// Recalled memory node ids in the memories layer (null without the memory graph).
+    pub memories: Option<Vec<u64>>,
+}
+
+/// The cache's view of a preview's prompt.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct PreviewBlocks {
+    /// Blocks the hot tier holds.
+    pub reused_hot: usize,
+    /// Blocks the cold tier holds (warmed on a turn).
+    pub reused_cold: usize,
+    /// Blocks to compute.
+    pub new: usize,
+}
+
 /// An agent and its current layers.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct AgentView {
@@ -271,7 +298,7 @@ pub struct PreviewRequest {
     tag = "agents",
     request_body = PreviewRequest,
     responses(
-        (status = 200, description = "The build: layers, tokens, spilled lines, prefix hash", body = serde_json::Value),
+        (status = 200, description = "The build: layers, tokens, spilled lines, prefix hash", body = Preview),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
@@ -297,16 +324,20 @@ pub async fn preview_context(
         Some(engine) => {
             let spec = turn.spec(built, |_| true)?;
             let l = engine.lookup(spec)?.answer().await?;
-            json!({"reused_hot": l.hot, "reused_cold": l.cold, "new": l.blocks - l.hot - l.cold})
+            Some(PreviewBlocks {
+                reused_hot: l.hot,
+                reused_cold: l.cold,
+                new: l.blocks - l.hot - l.cold,
+            })
         }
-        None => serde_json::Value::Null,
+        None => None,
     };
-    Ok(HttpResponse::Ok().json(json!({
-        "stable_prefix_hash": built.stable_prefix_hex(),
-        "prompt_tokens": prompt_tokens,
-        "layers": built.layers,
-        "segments": built.segments.len(),
-        "blocks": blocks,
-        "memories": turned.memories.as_ref().map(|m| m.ids()),
-    })))
+    Ok(HttpResponse::Ok().json(Preview {
+        stable_prefix_hash: built.stable_prefix_hex(),
+        prompt_tokens,
+        layers: built.layers.clone(),
+        segments: built.segments.len(),
+        blocks,
+        memories: turned.memories.as_ref().map(|m| m.ids()),
+    }))
 }

@@ -14,7 +14,6 @@ use engram_shadow::{
 };
 use futures_util::StreamExt;
 use serde::Serialize;
-use serde_json::json;
 use utoipa::ToSchema;
 
 use crate::auth::{AdminCaller, TenantCaller};
@@ -674,12 +673,39 @@ pub async fn admin_flush(
     Ok(HttpResponse::Ok().json(r))
 }
 
+/// The tier bridge as the operator sees it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TiersView {
+    /// Background cycles run (`tiers.enabled`).
+    pub enabled: bool,
+    /// Their interval, ms.
+    pub interval_ms: u64,
+    /// The policy the next cycle uses.
+    pub policy: engram_engine::TierPolicy,
+    /// Since the start.
+    pub totals: TierTotals,
+    /// The last cycles, oldest first.
+    pub cycles: Vec<engram_engine::CycleRecord>,
+}
+
+/// The tier bridge's totals since the start.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TierTotals {
+    /// Cycles run.
+    pub cycles: u64,
+    /// Blocks spilled.
+    pub spilled: u64,
+    /// Blocks warmed.
+    pub warmed: u64,
+    /// Blocks removed.
+    pub removed: u64,
+}
 /// The tier bridge: its policy now, totals, and the last cycles (observation, suggestion,
 /// actions).
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "`{policy, totals, cycles}`", body = serde_json::Value),
+        (status = 200, description = "The policy, the totals and the last cycles", body = TiersView),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -697,20 +723,25 @@ pub async fn admin_tiers(
         .lock()
         .map(|h| h.iter().cloned().collect())
         .unwrap_or_default();
-    Ok(HttpResponse::Ok().json(json!({
-        "enabled": state.config.tiers.enabled,
-        "interval_ms": state.config.tiers.interval_ms,
-        "policy": policy,
-        "totals": {"cycles": totals[0], "spilled": totals[1], "warmed": totals[2], "removed": totals[3]},
-        "cycles": cycles,
-    })))
+    Ok(HttpResponse::Ok().json(TiersView {
+        enabled: state.config.tiers.enabled,
+        interval_ms: state.config.tiers.interval_ms,
+        policy,
+        totals: TierTotals {
+            cycles: totals[0],
+            spilled: totals[1],
+            warmed: totals[2],
+            removed: totals[3],
+        },
+        cycles,
+    }))
 }
 
 /// Runs one tier-bridge cycle now and answers its report.
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "The cycle's report", body = serde_json::Value),
+        (status = 200, description = "The cycle's report", body = engram_engine::CycleReport),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 503, description = "No model", body = crate::error::ErrorSchema),
     ),

@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, get, web};
 use engram_engine::{BlockQuery, EngineSnapshot, PUBLIC_TENANT};
 use engram_kvcore::{BlockFilter, SessionId, SourceLayer, TenantId, Tier};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::auth::AdminCaller;
 use crate::error::ApiError;
@@ -20,7 +20,7 @@ async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "Occupancy, counters, queue depth", body = serde_json::Value),
+        (status = 200, description = "Occupancy, counters, queue depth", body = engram_engine::EngineSnapshot),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -28,6 +28,30 @@ async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
 #[get("/v1/admin/cache")]
 pub async fn cache(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(snapshot(&state).await?))
+}
+
+/// A block with its owner.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BlockView {
+    /// The block's meaning and place.
+    #[serde(flatten)]
+    pub block: engram_engine::BlockInfo,
+    /// The owning tenant's id, `public` for a public layer's block (null: a tenant deleted
+    /// meanwhile).
+    pub tenant_id: Option<String>,
+}
+
+/// A page of blocks.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BlockPageView {
+    /// Blocks that pass the filter.
+    pub total: usize,
+    /// Skipped.
+    pub offset: usize,
+    /// Page size.
+    pub limit: usize,
+    /// This page, in id order.
+    pub blocks: Vec<BlockView>,
 }
 
 /// Filters of the block listing.
@@ -60,7 +84,7 @@ pub struct BlockParams {
     tag = "admin",
     params(BlockParams),
     responses(
-        (status = 200, description = "A page of blocks", body = serde_json::Value),
+        (status = 200, description = "A page of blocks", body = BlockPageView),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid filter", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown tenant or agent", body = crate::error::ErrorSchema),
@@ -119,26 +143,30 @@ pub async fn blocks(
         limit,
     })?;
     let page = rx.answer().await?;
-    let blocks: Vec<Value> = page
+    let blocks: Vec<BlockView> = page
         .blocks
-        .iter()
+        .into_iter()
         .map(|b| {
-            let mut v = json!(b);
-            v["tenant_id"] = if b.tenant == PUBLIC_TENANT.0 {
-                json!("public")
+            let tenant_id = if b.tenant == PUBLIC_TENANT.0 {
+                Some("public".to_string())
             } else {
-                let owner = tenants.iter().find(|t| t.cache_salt == b.tenant);
-                json!(owner.map(|t| t.id.clone()))
+                tenants
+                    .iter()
+                    .find(|t| t.cache_salt == b.tenant)
+                    .map(|t| t.id.clone())
             };
-            v
+            BlockView {
+                block: b,
+                tenant_id,
+            }
         })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({
-        "total": page.total,
-        "offset": params.offset,
-        "limit": limit,
-        "blocks": blocks,
-    })))
+    Ok(HttpResponse::Ok().json(BlockPageView {
+        total: page.total,
+        offset: params.offset,
+        limit,
+        blocks,
+    }))
 }
 
 /// Prometheus metrics: cache hits by tier, evictions by layer, queue depth, occupancy, TTFT.

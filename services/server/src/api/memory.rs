@@ -8,7 +8,6 @@ use engram_graph::{EdgeKind, NodeId, NodeKind};
 use engram_kvcore::TenantId;
 use engram_store::{Agent, NewMemoryEdge, NewMemoryNode};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::auth::{AdminCaller, TenantCaller};
 use crate::error::ApiError;
@@ -180,7 +179,7 @@ pub async fn create_node(
     tag = "memory",
     params(Page),
     responses(
-        (status = 200, description = "`{nodes: [...], next}`: a page by id; `next` is the `after` of the next page (null on the last)", body = serde_json::Value),
+        (status = 200, description = "A page by id; `next` is the `after` of the next page (null on the last)", body = NodePage),
         (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
@@ -201,7 +200,34 @@ pub async fn list_nodes(
         .memory_nodes_page(&caller.0.id, &agent.id, after, limit + 1)
         .await?;
     let (nodes, next) = page_of(nodes, limit, |n| n.id);
-    Ok(HttpResponse::Ok().json(json!({ "nodes": nodes, "next": next })))
+    Ok(HttpResponse::Ok().json(NodePage { nodes, next }))
+}
+
+/// A page of memory nodes.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct NodePage {
+    /// Nodes, by id.
+    pub nodes: Vec<engram_store::MemoryNodeRow>,
+    /// The `after` of the next page (null on the last).
+    pub next: Option<i64>,
+}
+
+/// A page of memory edges.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct EdgePage {
+    /// Edges, by id.
+    pub edges: Vec<engram_store::MemoryEdgeRow>,
+    /// The `after` of the next page (null on the last).
+    pub next: Option<i64>,
+}
+
+/// A memory node and its edges.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct NodeView {
+    /// The node.
+    pub node: engram_store::MemoryNodeRow,
+    /// Its edges, either way.
+    pub edges: Vec<engram_store::MemoryEdgeRow>,
 }
 
 /// A page of a listing: `?after=<id>&limit=<n>`.
@@ -242,7 +268,7 @@ fn page_of<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<T>, 
 #[utoipa::path(
     tag = "memory",
     responses(
-        (status = 200, description = "`{node, edges}`", body = serde_json::Value),
+        (status = 200, description = "The node and its edges", body = NodeView),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent or node", body = crate::error::ErrorSchema),
     ),
@@ -265,7 +291,7 @@ pub async fn get_node(
         .into_iter()
         .filter(|e| e.from_id == id || e.to_id == id)
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "node": row, "edges": edges })))
+    Ok(HttpResponse::Ok().json(NodeView { node: row, edges }))
 }
 
 /// Changes a node's text (re-embedded) or importance.
@@ -393,7 +419,7 @@ pub async fn create_edge(
     tag = "memory",
     params(Page),
     responses(
-        (status = 200, description = "`{edges: [...], next}`: a page by id; `next` is the `after` of the next page (null on the last)", body = serde_json::Value),
+        (status = 200, description = "A page by id; `next` is the `after` of the next page (null on the last)", body = EdgePage),
         (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
@@ -414,7 +440,7 @@ pub async fn list_edges(
         .memory_edges_page(&caller.0.id, &agent.id, after, limit + 1)
         .await?;
     let (edges, next) = page_of(edges, limit, |e| e.id);
-    Ok(HttpResponse::Ok().json(json!({ "edges": edges, "next": next })))
+    Ok(HttpResponse::Ok().json(EdgePage { edges, next }))
 }
 
 /// Deletes an edge.
@@ -458,7 +484,7 @@ pub async fn delete_edge(
     tag = "memory",
     request_body = QueryRequest,
     responses(
-        (status = 200, description = "`{results: [...], memories: {nodes, tokens}, reservation}`", body = serde_json::Value),
+        (status = 200, description = "The recalled nodes, best first; their order in a memories layer and its tokens; the reservation made", body = QueryResponse),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
@@ -520,12 +546,12 @@ pub async fn query(
         None
     };
     let shown = render(results.clone(), u32::MAX);
-    Ok(HttpResponse::Ok().json(json!({
-        "results": results,
-        "canonical_order": shown.ids(),
-        "tokens": shown.tokens,
-        "reservation": reservation,
-    })))
+    Ok(HttpResponse::Ok().json(QueryResponse {
+        results,
+        canonical_order: shown.ids(),
+        tokens: shown.tokens,
+        reservation,
+    }))
 }
 
 /// Filters of the reservation listing.
@@ -542,7 +568,7 @@ pub struct ReservationParams {
     tag = "memory",
     params(ReservationParams),
     responses(
-        (status = 200, description = "`{reservations: [...]}`", body = serde_json::Value),
+        (status = 200, description = "The agent's reservations", body = ReservationList),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
         (status = 503, description = "No model or memory graph", body = crate::error::ErrorSchema),
@@ -572,14 +598,14 @@ pub async fn list_reservations(
         })
         .filter(|r| params.node.is_none_or(|n| r.labels.contains(&n)))
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "reservations": list })))
+    Ok(HttpResponse::Ok().json(ReservationList { reservations: list }))
 }
 
 /// Promotes a ready reservation's blocks to the hot tier (a turn that uses them is coming).
 #[utoipa::path(
     tag = "memory",
     responses(
-        (status = 200, description = "`{warmed_blocks}`", body = serde_json::Value),
+        (status = 200, description = "Blocks warmed into the hot tier", body = Warmed),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent or reservation", body = crate::error::ErrorSchema),
     ),
@@ -612,14 +638,14 @@ pub async fn warm_reservation(
         .warm_reservation(ReservationId(id))?
         .answer()
         .await??;
-    Ok(HttpResponse::Ok().json(json!({ "warmed_blocks": n })))
+    Ok(HttpResponse::Ok().json(Warmed { warmed_blocks: n }))
 }
 
 /// Every tenant's reservations and the totals (operator view).
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "`{reservations: [...], counters}`", body = serde_json::Value),
+        (status = 200, description = "Every reservation, the counters and the hit rate", body = AdminReservations),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -633,18 +659,18 @@ pub async fn admin_reservations(
     let list = engine.reservations(None)?.answer().await?;
     let snap = engine.snapshot()?.answer().await?;
     let c = snap.reservations;
-    Ok(HttpResponse::Ok().json(json!({
-        "reservations": list,
-        "counters": c,
-        "hit_rate": c.hit_rate(),
-    })))
+    Ok(HttpResponse::Ok().json(AdminReservations {
+        reservations: list,
+        counters: c,
+        hit_rate: c.hit_rate(),
+    }))
 }
 
 /// The memory graph's size and how the last start rebuilt it (operator view).
 #[utoipa::path(
     tag = "admin",
     responses(
-        (status = 200, description = "`{nodes, edges, vectors, startup}`", body = serde_json::Value),
+        (status = 200, description = "The graph's size and its last start", body = MemoryStats),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 503, description = "The memory graph is off", body = crate::error::ErrorSchema),
     ),
@@ -657,10 +683,116 @@ pub async fn admin_memory(
 ) -> Result<HttpResponse, ApiError> {
     let memory = state.memory()?;
     let (nodes, edges, vectors) = memory.counts()?;
-    Ok(HttpResponse::Ok().json(json!({
-        "nodes": nodes,
-        "edges": edges,
-        "vectors": vectors,
-        "startup": memory.startup(),
-    })))
+    Ok(HttpResponse::Ok().json(MemoryStats {
+        nodes,
+        edges,
+        vectors,
+        startup: memory.startup(),
+    }))
+}
+
+/// What a hybrid query found.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct QueryResponse {
+    /// Recalled nodes, best first.
+    pub results: Vec<engram_memory::Recalled>,
+    /// Their ids in the order a memories layer shows them (creation order).
+    pub canonical_order: Vec<u64>,
+    /// Tokens of that layer.
+    pub tokens: u32,
+    /// The reservation made (`reserve`), if any.
+    pub reservation: Option<u64>,
+}
+
+/// The memory graph's size and how the last start rebuilt it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct MemoryStats {
+    /// Nodes.
+    pub nodes: usize,
+    /// Edges.
+    pub edges: usize,
+    /// Vectors in the index.
+    pub vectors: usize,
+    /// The last start.
+    pub startup: engram_memory::Startup,
+}
+
+/// Reservations.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ReservationList {
+    /// Reservations.
+    pub reservations: Vec<engram_engine::ReservationInfo>,
+}
+
+/// What a warm did.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Warmed {
+    /// Blocks warmed into the hot tier.
+    pub warmed_blocks: usize,
+}
+
+/// Every reservation with the engine's counters.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AdminReservations {
+    /// Reservations.
+    pub reservations: Vec<engram_engine::ReservationInfo>,
+    /// Made, warmed, expired, refused, failed, blocks served.
+    pub counters: engram_engine::ReservationCounters,
+    /// Used over used or expired (null before any).
+    pub hit_rate: Option<f64>,
+}
+
+/// A memory node with its edges and the nodes they reach.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Neighbourhood {
+    /// The node.
+    pub node: engram_store::MemoryNodeRow,
+    /// Its edges, either way.
+    pub edges: Vec<engram_store::MemoryEdgeRow>,
+    /// The nodes at their other ends.
+    pub neighbours: Vec<engram_store::MemoryNodeRow>,
+}
+
+/// A tenant's memory node, its edges and its neighbours (operator view: the admin page).
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 200, description = "The node, its edges and its neighbours", body = Neighbourhood),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown tenant or node", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/admin/tenants/{tenant}/memory/nodes/{id}")]
+pub async fn admin_node(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, i64)>,
+) -> Result<HttpResponse, ApiError> {
+    let (tenant, id) = path.into_inner();
+    let tenant = state.store.tenant(&tenant).await?;
+    let node = state.store.memory_node(&tenant.id, id).await?;
+    let edges: Vec<_> = state
+        .store
+        .memory_edges(Some(&tenant.id))
+        .await?
+        .into_iter()
+        .filter(|e| e.from_id == id || e.to_id == id)
+        .collect();
+    let mut others: Vec<i64> = edges
+        .iter()
+        .map(|e| if e.from_id == id { e.to_id } else { e.from_id })
+        .filter(|&o| o != id)
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    let mut neighbours = Vec::with_capacity(others.len());
+    for other in others {
+        neighbours.push(state.store.memory_node(&tenant.id, other).await?);
+    }
+    Ok(HttpResponse::Ok().json(Neighbourhood {
+        node,
+        edges,
+        neighbours,
+    }))
 }

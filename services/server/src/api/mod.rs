@@ -43,7 +43,7 @@ routes!(
     inspect::metrics, memory::create_node, memory::list_nodes, memory::get_node,
     memory::update_node, memory::delete_node, memory::create_edge, memory::list_edges,
     memory::delete_edge, memory::query, memory::list_reservations, memory::warm_reservation,
-    memory::admin_reservations, memory::admin_memory, cache::save, cache::load, cache::evict, cache::archive, cache::export,
+    memory::admin_reservations, memory::admin_memory, memory::admin_node, cache::save, cache::load, cache::evict, cache::archive, cache::export,
     cache::export_agent, cache::import_agent,
     cache::import, cache::admin_shadow, cache::admin_flush, cache::admin_tiers,
     cache::admin_tier_cycle, lifecycle::delete_session, lifecycle::delete_agent,

@@ -106,20 +106,105 @@ fn finish(reason: FinishReason) -> &'static str {
     }
 }
 
+fn usage_of(u: &Usage) -> ChatUsage {
+    ChatUsage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.prompt_tokens + u.completion_tokens,
+        prompt_tokens_details: CachedTokens {
+            cached_tokens: u.cached_tokens,
+        },
+    }
+}
+
 fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
+    json!(usage_of(u))
+}
+
+/// A `chat.completion` (the schema of the JSON answer).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ChatCompletion {
+    /// `chatcmpl-…`, unique.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: String,
+    /// Creation time, s since the epoch.
+    pub created: u64,
+    /// The agent's name.
+    pub model: String,
+    /// One choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: ChatUsage,
+}
+
+/// A choice of a `chat.completion`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ChatChoice {
+    /// 0.
+    pub index: u32,
+    /// The reply.
+    pub message: ChatReply,
+    /// `stop` or `length`.
+    pub finish_reason: String,
+}
+
+/// The assistant's reply.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ChatReply {
+    /// `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// OpenAI's usage block.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ChatUsage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+    /// `cached_tokens`: prompt tokens reused from the KV cache.
+    pub prompt_tokens_details: CachedTokens,
+}
+
+/// Prompt tokens reused from the KV cache.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CachedTokens {
+    /// Tokens.
+    pub cached_tokens: usize,
 }
 
 /// The caller's agents, as models.
+/// OpenAI's model list: the caller's agents.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// One per agent.
+    pub data: Vec<ModelEntry>,
+}
+
+/// One agent as an OpenAI model.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelEntry {
+    /// The agent's name (the `model` of a chat request).
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// Creation time, s since the epoch.
+    pub created: i64,
+    /// `engram`.
+    pub owned_by: &'static str,
+}
+
 #[utoipa::path(
     tag = "openai",
     responses(
-        (status = 200, description = "The caller's agents as models", body = serde_json::Value),
+        (status = 200, description = "The caller's agents as models", body = ModelList),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -129,14 +214,22 @@ pub async fn list_models(
     caller: TenantCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let data: Vec<Value> = state
+    let data: Vec<ModelEntry> = state
         .store
         .agents(&caller.0.id)
         .await?
         .into_iter()
-        .map(|a| json!({"id": a.name, "object": "model", "created": a.created_at / 1000, "owned_by": "engram"}))
+        .map(|a| ModelEntry {
+            id: a.name,
+            object: "model",
+            created: a.created_at / 1000,
+            owned_by: "engram",
+        })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"object": "list", "data": data})))
+    Ok(HttpResponse::Ok().json(ModelList {
+        object: "list",
+        data,
+    }))
 }
 
 /// A chat completion through an agent (see the module docs).
@@ -145,7 +238,7 @@ pub async fn list_models(
     request_body = ChatRequest,
     responses(
         (status = 200, description = "A chat.completion, or with `\"stream\": true` chat.completion.chunk server-sent events ending in `data: [DONE]`", content(
-            (serde_json::Value = "application/json"),
+            (ChatCompletion = "application/json"),
             (crate::openapi::SseEvent = "text/event-stream"),
         )),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
@@ -254,18 +347,21 @@ pub async fn chat_completions(
     turn.observe(&g);
     // No `Idempotency-Key` here (the native route has it): nothing is stored with the turn.
     turn.record(&message, &turned, &g, "").await?;
-    Ok(HttpResponse::Ok().json(json!({
-        "id": chunks.id,
-        "object": "chat.completion",
-        "created": chunks.created,
-        "model": chunks.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": g.text},
-            "finish_reason": finish(g.reason),
+    Ok(HttpResponse::Ok().json(ChatCompletion {
+        id: chunks.id,
+        object: "chat.completion".into(),
+        created: chunks.created,
+        model: chunks.model,
+        choices: vec![ChatChoice {
+            index: 0,
+            message: ChatReply {
+                role: "assistant".into(),
+                content: g.text,
+            },
+            finish_reason: finish(g.reason).into(),
         }],
-        "usage": usage_json(&g.usage),
-    })))
+        usage: usage_of(&g.usage),
+    }))
 }
 
 /// Parameters the route cannot honour: 400 `unsupported_parameter` rather than ignored.

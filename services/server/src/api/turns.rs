@@ -83,6 +83,26 @@ pub struct UsageSchema {
     pub completion_tokens: usize,
 }
 
+/// A session's KV blocks, counted.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionCache {
+    /// Blocks of the session's chain the cache holds.
+    pub blocks: usize,
+    /// By tier (`hot`, `cold`, `recompute`).
+    pub by_tier: std::collections::BTreeMap<String, usize>,
+    /// By source layer.
+    pub by_source: std::collections::BTreeMap<String, usize>,
+    /// Pinned blocks.
+    pub pinned: usize,
+}
+
+/// A session's working memory: lines spilled from layers over their budgets.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WorkingMemory {
+    /// Lines, oldest first.
+    pub lines: Vec<engram_store::WorkingLine>,
+}
+
 /// The memories layer of a turn.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct MemoryUsage {
@@ -254,7 +274,7 @@ impl Framing for Native {
 #[utoipa::path(
     tag = "sessions",
     responses(
-        (status = 200, description = "Spilled lines", body = serde_json::Value),
+        (status = 200, description = "Spilled lines", body = WorkingMemory),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
     ),
@@ -269,14 +289,14 @@ pub async fn working_memory(
     let (agent, session) = path.into_inner();
     let agent = state.store.agent(&caller.0.id, &agent).await?;
     let lines = state.store.working_memory(&agent.id, &session).await?;
-    Ok(HttpResponse::Ok().json(json!({"lines": lines})))
+    Ok(HttpResponse::Ok().json(WorkingMemory { lines }))
 }
 
 /// The session's KV blocks: how many, by tier and by source layer, and tokens covered.
 #[utoipa::path(
     tag = "sessions",
     responses(
-        (status = 200, description = "The session's blocks by tier and source", body = serde_json::Value),
+        (status = 200, description = "The session's blocks by tier and source", body = SessionCache),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
     ),
@@ -313,10 +333,10 @@ pub async fn session_cache(
         *by_source.entry(source).or_default() += 1;
         pinned += usize::from(b.pin == engram_kvcore::PinState::Pinned);
     }
-    Ok(HttpResponse::Ok().json(json!({
-        "blocks": page.total,
-        "by_tier": by_tier,
-        "by_source": by_source,
-        "pinned": pinned,
-    })))
+    Ok(HttpResponse::Ok().json(SessionCache {
+        blocks: page.total,
+        by_tier,
+        by_source,
+        pinned,
+    }))
 }
