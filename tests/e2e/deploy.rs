@@ -43,10 +43,10 @@ fn docker_compose_validates_offline_with_healthchecks_and_settings_the_service_a
     );
     let c: Value = serde_json::from_slice(&out.stdout).unwrap();
     let services = c["services"].as_object().unwrap();
-    for name in ["postgres", "s3", "s3-bucket", "engram"] {
+    for name in ["postgres", "s3", "s3-bucket", "qdrant", "engram"] {
         assert!(services.contains_key(name), "no {name} service");
     }
-    for name in ["postgres", "s3", "engram"] {
+    for name in ["postgres", "s3", "qdrant", "engram"] {
         assert!(
             services[name]["healthcheck"]["test"].is_array(),
             "{name} has no healthcheck"
@@ -93,6 +93,11 @@ fn docker_compose_validates_offline_with_healthchecks_and_settings_the_service_a
         .unwrap_or_else(|e| panic!("the compose settings do not load: {e}\n{env:?}"));
     assert!(config.database.url.starts_with("postgres://"));
     assert!(config.shadow.url.starts_with("s3://"));
+    assert_eq!(config.memory.vector_url, "http://qdrant:6334");
+    assert_eq!(
+        engram["depends_on"]["qdrant"]["condition"],
+        "service_healthy"
+    );
     assert_eq!(config.server.bind, "0.0.0.0:8080");
     // The admin key is required (this Compose reports it on stderr and prints no config).
     let out = compose_config(None);

@@ -17,6 +17,7 @@ mod memory;
 mod openai;
 mod phases;
 mod probes;
+mod remote_vectors;
 mod reuse;
 mod service;
 mod sessions;

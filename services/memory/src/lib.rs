@@ -39,8 +39,16 @@ pub struct MemorySection {
     /// Directory of the embedding model (`config.json`, `model.safetensors`, `tokenizer.json`).
     pub embedder_path: PathBuf,
     /// Where the embedded vector index lives (empty: beside the SQLite file, or
-    /// `data/vectors/<hash of the URL>` for PostgreSQL).
+    /// `data/vectors/<hash of the URL>` for PostgreSQL). Unused when `vector_url` is set.
     pub vector_dir: PathBuf,
+    /// A remote Qdrant's gRPC address (`http://host:6334`) instead of the embedded index, so
+    /// nodes sharing a database share the vectors (the binary needs the `qdrant` feature).
+    pub vector_url: String,
+    /// The collection on that server.
+    pub vector_collection: String,
+    /// Its API key, if it asks for one (set it through `ENGRAM__MEMORY__VECTOR_API_KEY`).
+    #[serde(skip_serializing)]
+    pub vector_api_key: String,
     /// Nodes recalled into the memories layer at most.
     pub recall_k: usize,
     /// Hops of graph expansion.
@@ -62,6 +70,9 @@ impl Default for MemorySection {
             enabled: true,
             embedder_path: PathBuf::from("models/all-MiniLM-L6-v2"),
             vector_dir: PathBuf::new(),
+            vector_url: String::new(),
+            vector_collection: "engram_memory".into(),
+            vector_api_key: String::new(),
             recall_k: 8,
             hops: 2,
             seeds: 16,
@@ -69,6 +80,32 @@ impl Default for MemorySection {
             reserve: true,
             reservation_ttl_secs: 600,
         }
+    }
+}
+
+/// The configured vector store: a remote Qdrant (`vector_url`) or qdrant-edge in `dir`.
+fn open_vectors(
+    config: &MemorySection,
+    dir: &Path,
+    dim: usize,
+) -> Result<Box<dyn VectorStore>, MemoryError> {
+    if config.vector_url.is_empty() {
+        return Ok(Box::new(EdgeStore::open(dir, dim)?));
+    }
+    #[cfg(feature = "qdrant")]
+    {
+        Ok(Box::new(engram_vector::RemoteStore::open(
+            &config.vector_url,
+            Some(&config.vector_api_key),
+            &config.vector_collection,
+            dim,
+        )?))
+    }
+    #[cfg(not(feature = "qdrant"))]
+    {
+        Err(MemoryError::Vector(engram_vector::VectorError::Remote(
+            "memory.vector_url needs a binary built with the `qdrant` feature".into(),
+        )))
     }
 }
 
@@ -342,7 +379,7 @@ impl MemoryService {
                     source,
                 }
             })?;
-        let vectors: Box<dyn VectorStore> = Box::new(EdgeStore::open(vector_dir, embedder.dim())?);
+        let vectors = open_vectors(config, vector_dir, embedder.dim())?;
         let rows = store.memory_nodes(None).await?;
         let edges = store.memory_edges(None).await?;
         let mut graph = MemoryGraph::new();

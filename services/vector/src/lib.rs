@@ -2,6 +2,11 @@
 //!
 //! - [`EdgeStore`]: qdrant-edge, embedded in the process and persisted in a directory under the
 //!   data dir (the default). Cosine distance, payload indexes on `tenant`, `agent` and `kind`.
+//! - `RemoteStore` (feature `qdrant`): a collection of a remote Qdrant through `qdrant-client`,
+//!   so Engram nodes sharing a database share the index.
+//! - `grpc_server` (feature `qdrant-server`, for tests): a server speaking Qdrant's gRPC
+//!   protocol — the subset Engram's client uses — backed by qdrant-edge. It is not a Qdrant
+//!   server; no package registry ships one.
 //!
 //! Every point carries its owner in its payload and every search names a tenant: the tenant
 //! condition is part of the store's filter, never a post-filter, so a search cannot return
@@ -19,7 +24,7 @@ use qdrant_edge::{
 };
 
 /// The payload fields every point carries.
-const FIELDS: [(&str, PayloadSchemaType); 3] = [
+pub(crate) const FIELDS: [(&str, PayloadSchemaType); 3] = [
     ("tenant", PayloadSchemaType::Keyword),
     ("agent", PayloadSchemaType::Keyword),
     ("kind", PayloadSchemaType::Keyword),
@@ -60,6 +65,9 @@ pub enum VectorError {
     /// The engine underneath.
     #[error("vector engine: {0}")]
     Engine(String),
+    /// The remote vector server (unreachable, or it refused the call).
+    #[error("vector server: {0}")]
+    Remote(String),
 }
 
 /// Result of vector-store operations.
@@ -127,7 +135,7 @@ pub trait VectorStore: Send + Sync + std::fmt::Debug {
     }
 }
 
-fn check(dim: usize, id: u64, v: &[f32]) -> VectorResult<()> {
+pub(crate) fn check(dim: usize, id: u64, v: &[f32]) -> VectorResult<()> {
     if v.len() != dim {
         return Err(VectorError::Dimension {
             expected: dim,
@@ -358,6 +366,13 @@ impl VectorStore for EdgeStore {
         Ok(())
     }
 }
+
+#[cfg(feature = "qdrant-server")]
+pub mod grpc_server;
+#[cfg(feature = "qdrant")]
+mod remote;
+#[cfg(feature = "qdrant")]
+pub use remote::RemoteStore;
 
 #[cfg(test)]
 mod tests;

@@ -165,3 +165,157 @@ fn optimizing_keeps_every_point_and_the_tenant_filter() {
     drop(store);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The remote store through Qdrant's gRPC protocol, against the qdrant-edge-backed test server
+/// (`grpc_server`; not a Qdrant server).
+#[cfg(feature = "qdrant-server")]
+mod remote {
+    use super::*;
+    use crate::RemoteStore;
+    use crate::grpc_server::TestServer;
+
+    fn local() -> std::net::SocketAddr {
+        "127.0.0.1:0".parse().unwrap()
+    }
+
+    #[test]
+    fn the_remote_store_upserts_searches_tenant_scoped_deletes_and_clears() {
+        let d = dir("remote-ops");
+        let server = TestServer::start(&d, local()).unwrap();
+        let dim = 8;
+        let store = RemoteStore::open(&server.url(), None, "memory", dim).unwrap();
+        // The same direction stored by two tenants; tenant 2's copy is the exact match.
+        store
+            .upsert(&[
+                point(1, 1, 1, "fact", unit(dim, 0, 0.2)),
+                point(2, 2, 1, "fact", unit(dim, 0, 0.0)),
+                point(3, 1, 2, "episode", unit(dim, 0, 0.1)),
+                point(4, 1, 1, "fact", unit(dim, 3, 0.0)),
+            ])
+            .unwrap();
+        assert_eq!(store.count().unwrap(), 4);
+        let q = unit(dim, 0, 0.0);
+        let hits = store.search(&q, 10, &filter(1)).unwrap();
+        let ids: Vec<u64> = hits.iter().map(|h| h.id).collect();
+        assert_eq!(ids, [3, 1, 4], "tenant 1 only, best first: {hits:?}");
+        assert!(hits[0].score > hits[1].score && hits[1].score > hits[2].score);
+        // Agent and kind filters go to the server with the tenant.
+        let f = VectorFilter {
+            agent: Some("a1".into()),
+            kinds: Some(vec!["fact".into()]),
+            ..filter(1)
+        };
+        let ids: Vec<u64> = store
+            .search(&q, 10, &f)
+            .unwrap()
+            .iter()
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(ids, [1, 4]);
+        assert_eq!(store.search(&q, 10, &filter(2)).unwrap()[0].id, 2);
+        assert!(store.search(&q, 10, &filter(9)).unwrap().is_empty());
+        // A re-upsert replaces, a delete removes, a clear empties.
+        store
+            .upsert(&[point(1, 1, 1, "fact", unit(dim, 5, 0.0))])
+            .unwrap();
+        let ids: Vec<u64> = store
+            .search(&q, 1, &filter(1))
+            .unwrap()
+            .iter()
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(ids, [3]);
+        store.delete(&[3, 99]).unwrap();
+        assert_eq!(store.count().unwrap(), 3);
+        assert!(
+            !store
+                .search(&q, 10, &filter(1))
+                .unwrap()
+                .iter()
+                .any(|h| h.id == 3)
+        );
+        // Bad vectors are refused before they leave.
+        assert!(matches!(
+            store.upsert(&[point(7, 1, 1, "fact", vec![1.0; 3])]),
+            Err(VectorError::Dimension { .. })
+        ));
+        store.clear().unwrap();
+        assert_eq!(store.count().unwrap(), 0);
+        // Another width for the same collection is refused.
+        assert!(matches!(
+            RemoteStore::open(&server.url(), None, "memory", 16),
+            Err(VectorError::Mismatch { .. })
+        ));
+        server.stop();
+    }
+
+    #[test]
+    fn the_remote_store_fails_while_the_server_is_down_and_reconnects_when_it_is_back() {
+        let d = dir("remote-reconnect");
+        let server = TestServer::start(&d, local()).unwrap();
+        let addr = server.addr;
+        let dim = 4;
+        let store = RemoteStore::open(&server.url(), None, "memory", dim).unwrap();
+        store
+            .upsert(&[point(1, 1, 1, "fact", unit(dim, 0, 0.0))])
+            .unwrap();
+        server.stop();
+        let down = store.count();
+        assert!(matches!(down, Err(VectorError::Remote(_))), "{down:?}");
+        // Back on the same port over the same data: the same client works again.
+        let server = TestServer::start(&d, addr).unwrap();
+        let mut back = store.count();
+        for _ in 0..50 {
+            if back.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            back = store.count();
+        }
+        assert_eq!(back.unwrap(), 1);
+        let hits = store.search(&unit(dim, 0, 0.0), 5, &filter(1)).unwrap();
+        assert_eq!(hits.len(), 1);
+        server.stop();
+    }
+
+    #[test]
+    fn the_test_server_refuses_what_it_does_not_speak() {
+        let d = dir("remote-refuse");
+        let server = TestServer::start(&d, local()).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let client = qdrant_client::Qdrant::from_url(&server.url())
+            .skip_compatibility_check()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // A search without a tenant condition.
+            client
+                .create_collection(
+                    qdrant_client::qdrant::CreateCollectionBuilder::new("c").vectors_config(
+                        qdrant_client::qdrant::VectorParamsBuilder::new(
+                            4,
+                            qdrant_client::qdrant::Distance::Cosine,
+                        ),
+                    ),
+                )
+                .await
+                .unwrap();
+            let err = client
+                .search_points(qdrant_client::qdrant::SearchPointsBuilder::new(
+                    "c",
+                    vec![1.0, 0.0, 0.0, 0.0],
+                    3,
+                ))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("tenant"), "{err}");
+            // A call outside the subset.
+            let err = client
+                .scroll(qdrant_client::qdrant::ScrollPointsBuilder::new("c"))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("not implemented"), "{err}");
+        });
+        server.stop();
+    }
+}
