@@ -272,3 +272,27 @@ fn bad_input_on_every_write_route_is_a_4xx_with_a_stable_code_and_changes_nothin
         srv.stop();
     }
 }
+
+#[test]
+fn an_out_of_range_node_filter_is_refused() {
+    let srv = Server::start(&crate::harness::sqlite_url(), 1 << 20);
+    let (key, _) = srv.tenant_with_bot("t", "Be brief.");
+    for (q, want) in [
+        ("node=9223372036854775808", 400),
+        ("node=-1", 400),
+        ("node=9007199254740993", 400),
+        ("node=42", 200),
+    ] {
+        let (s, v) = srv.call(
+            "GET",
+            &format!("/v1/agents/bot/memory/reservations?{q}"),
+            Some(&key),
+            Value::Null,
+        );
+        assert_eq!(s, want, "{q}: {v}");
+        if want == 400 {
+            assert_eq!(v["code"], "invalid_request", "{q}: {v}");
+        }
+    }
+    srv.stop();
+}

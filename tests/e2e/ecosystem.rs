@@ -270,3 +270,48 @@ fn a_python_client_generated_from_the_committed_spec_drives_the_service() {
     assert!(stdout.contains("openapi client ok"), "{stdout}");
     srv.stop();
 }
+
+#[test]
+fn a_turn_s_agent_and_layers_are_remembered_briefly_and_a_write_here_is_seen_at_once() {
+    let url = sqlite_url();
+    let mut config = test_config(&url, 1 << 20);
+    config.server.agent_cache_ms = 1_500;
+    let srv = Server::start_with(config);
+    let (key, agent) = srv.tenant_with_bot("t", "Be brief.");
+    let agent_id = agent["agent"]["id"].as_str().unwrap().to_string();
+    let hash = || {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/context",
+            Some(&key),
+            json!({"message": "Name a colour."}),
+        );
+        assert_eq!(s, 200, "{v}");
+        v["stable_prefix_hash"].as_str().unwrap().to_string()
+    };
+    let first = hash();
+    // Written through this node: the next build sees it at once.
+    let (s, v) = srv.call(
+        "PUT",
+        "/v1/agents/bot/layers/axioms",
+        Some(&key),
+        json!({"content": "Be thorough."}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let second = hash();
+    assert_ne!(second, first);
+    // Written by another node sharing the database: remembered until the time runs out.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = engram_store::Store::connect(&url).await.unwrap();
+        store
+            .put_layer(&agent_id, "axioms", "Be kind.", 512, true, 1.0)
+            .await
+            .unwrap();
+        store.close().await;
+    });
+    assert_eq!(hash(), second, "remembered for server.agent_cache_ms");
+    std::thread::sleep(std::time::Duration::from_millis(1_700));
+    let third = hash();
+    assert_ne!(third, second, "read again once the time ran out");
+    srv.stop();
+}

@@ -295,6 +295,10 @@ pub struct ServerSection {
     /// Largest session file a cache import accepts, MiB (streamed to a temporary file, never
     /// held in the request's memory; over it: 413 `payload_too_large`).
     pub import_limit_mib: u64,
+    /// How long a turn's read of its agent and layers is remembered, ms (0: every turn reads
+    /// the database). A layer written or an agent deleted through this node is seen at once;
+    /// through another node sharing the database, within this time.
+    pub agent_cache_ms: u64,
 }
 
 /// `[auth]`.
@@ -407,6 +411,7 @@ impl Default for ServerSection {
             body_limit_bytes: 1 << 20,
             shutdown_grace_secs: 10,
             import_limit_mib: 256,
+            agent_cache_ms: 2_000,
         }
     }
 }
@@ -570,6 +575,12 @@ impl Config {
         };
         if self.server.bind.parse::<std::net::SocketAddr>().is_err() {
             return bad("server.bind", "must be an address like 127.0.0.1:8080");
+        }
+        if self.server.agent_cache_ms > 600_000 {
+            return bad(
+                "server.agent_cache_ms",
+                "must be at most 600000 (10 minutes)",
+            );
         }
         if self.auth.key_cache_ms > 600_000 {
             return bad("auth.key_cache_ms", "must be at most 600000 (10 minutes)");

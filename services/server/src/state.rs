@@ -163,6 +163,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// API-key lookups remembered for a short time.
     pub keys: crate::auth::KeyCache,
+    /// Turns' agent and layer reads remembered for a short time.
+    pub agents: AgentCache,
     /// The memory graph; `None` when disabled or its embedding model is missing (the memory API
     /// answers 503).
     pub memory: Option<MemoryService>,
@@ -200,6 +202,7 @@ impl AppState {
         let limits = crate::limits::Limits::new(&config.limits);
         let metrics = Metrics::new(config.metrics.tenant_labels);
         let keys = crate::auth::KeyCache::new(config.auth.key_cache_ms);
+        let agents = AgentCache::new(config.server.agent_cache_ms);
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {
             store,
@@ -208,6 +211,7 @@ impl AppState {
             admin_key_hash,
             metrics,
             keys,
+            agents,
             memory,
             shadow: None,
             tiers,
@@ -289,6 +293,97 @@ impl TokenCounter for Counter<'_> {
         match self.0.map(|t| t.encode(text)) {
             Some(Ok(ids)) => ids.len(),
             _ => text.len().div_ceil(4),
+        }
+    }
+}
+
+/// A turn's agent and layer reads, remembered for `server.agent_cache_ms` (moka). Writes through
+/// this node ([`AgentCache::invalidate`]: a layer stored or marked public, an agent or tenant
+/// deleted) bump a generation, so an entry read before the write is never served after it, even
+/// when its read raced the write.
+#[derive(Debug)]
+pub struct AgentCache {
+    agents: Option<moka::sync::Cache<(String, String), (u64, engram_store::Agent)>>,
+    layers: Option<moka::sync::Cache<String, (u64, Arc<[engram_store::LayerRow]>)>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl AgentCache {
+    /// Entries live `ttl_ms` (no cache when 0).
+    pub fn new(ttl_ms: u64) -> Self {
+        let ttl = std::time::Duration::from_millis(ttl_ms);
+        Self {
+            agents: (ttl_ms > 0).then(|| {
+                moka::sync::Cache::builder()
+                    .max_capacity(10_000)
+                    .time_to_live(ttl)
+                    .build()
+            }),
+            layers: (ttl_ms > 0).then(|| {
+                moka::sync::Cache::builder()
+                    .max_capacity(10_000)
+                    .time_to_live(ttl)
+                    .build()
+            }),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// `tenant`'s agent named (or with the id) `key`.
+    pub async fn agent(
+        &self,
+        store: &Store,
+        tenant: &str,
+        key: &str,
+    ) -> Result<engram_store::Agent, engram_store::StoreError> {
+        let Some(cache) = &self.agents else {
+            return store.agent(tenant, key).await;
+        };
+        let g = self.generation();
+        let k = (tenant.to_string(), key.to_string());
+        if let Some((at, a)) = cache.get(&k)
+            && at == g
+        {
+            return Ok(a);
+        }
+        let a = store.agent(tenant, key).await?;
+        cache.insert(k, (g, a.clone()));
+        Ok(a)
+    }
+
+    /// The agent's current layers.
+    pub async fn layers(
+        &self,
+        store: &Store,
+        agent: &str,
+    ) -> Result<Arc<[engram_store::LayerRow]>, engram_store::StoreError> {
+        let Some(cache) = &self.layers else {
+            return Ok(store.layers(agent).await?.into());
+        };
+        let g = self.generation();
+        if let Some((at, l)) = cache.get(agent)
+            && at == g
+        {
+            return Ok(l);
+        }
+        let l: Arc<[engram_store::LayerRow]> = store.layers(agent).await?.into();
+        cache.insert(agent.to_string(), (g, l.clone()));
+        Ok(l)
+    }
+
+    /// Forgets everything (an agent's layers changed, or an agent or tenant went).
+    pub fn invalidate(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if let Some(c) = &self.agents {
+            c.invalidate_all();
+        }
+        if let Some(c) = &self.layers {
+            c.invalidate_all();
         }
     }
 }

@@ -207,7 +207,9 @@ pub async fn mark_layer_public(
     let row = state
         .store
         .set_layer_public(&agent.id, kind, body.public)
-        .await?;
+        .await;
+    state.agents.invalidate();
+    let row = row?;
     let after = build_context(&state, &agent, None, ".").await?;
     // The agent stops using the old public prefix: its pins are released only when no other
     // tenant uses it. The tenant's own stable blocks hash differently now, so their pins go too.

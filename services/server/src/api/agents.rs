@@ -51,7 +51,7 @@ async fn store_layer(
     input: &LayerInput,
 ) -> Result<LayerRow, ApiError> {
     let (budget, stable, importance) = check_layer(kind, input)?;
-    Ok(state
+    let row = state
         .store
         .put_layer(
             &agent.id,
@@ -61,7 +61,9 @@ async fn store_layer(
             stable,
             importance,
         )
-        .await?)
+        .await;
+    state.agents.invalidate();
+    Ok(row?)
 }
 
 /// A layer's budget, stability and importance, or why the input is refused (nothing stored).

@@ -132,7 +132,9 @@ async fn delete_agent_data(
         .await;
     release_prefix(state, tenant, agent).await?;
     let mut out = forget_cache(state, tenant, AGENT_MASK, agent_bits(agent)).await?;
-    let nodes = state.store.delete_agent(&tenant.id, &agent.id).await?;
+    let nodes = state.store.delete_agent(&tenant.id, &agent.id).await;
+    state.agents.invalidate();
+    let nodes = nodes?;
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, Some(&agent.id), None)?;
@@ -166,8 +168,10 @@ pub async fn delete_tenant(
         release_prefix(&state, &tenant, &agent).await?;
     }
     let mut out = forget_cache(&state, &tenant, 0, 0).await?;
-    let nodes = state.store.delete_tenant(&tenant.id).await?;
+    let nodes = state.store.delete_tenant(&tenant.id).await;
     state.keys.clear();
+    state.agents.invalidate();
+    let nodes = nodes?;
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, None, None)?;

@@ -559,8 +559,9 @@ pub async fn query(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ReservationParams {
-    /// Only reservations holding this node.
-    pub node: Option<u64>,
+    /// Only reservations holding this node (a node id: 0 to 2^53).
+    #[param(minimum = 0, maximum = 9007199254740992_i64)]
+    pub node: Option<i64>,
 }
 
 /// The tenant's cold-tier reservations (live first, then the most recent finished ones).
@@ -582,6 +583,9 @@ pub async fn list_reservations(
     path: web::Path<String>,
     params: web::Query<ReservationParams>,
 ) -> Result<HttpResponse, ApiError> {
+    if params.node.is_some_and(|n| !(0..=1 << 53).contains(&n)) {
+        return Err(ApiError::invalid("node must be 0 to 2^53"));
+    }
     let (agent, memory) = scope(&state, &caller, &path).await?;
     let list = state
         .engine()?
@@ -596,7 +600,11 @@ pub async fn list_reservations(
                 .iter()
                 .all(|&n| own_node(memory, &caller.0.id, &agent, n as i64).is_ok())
         })
-        .filter(|r| params.node.is_none_or(|n| r.labels.contains(&n)))
+        .filter(|r| {
+            params
+                .node
+                .is_none_or(|n| u64::try_from(n).is_ok_and(|n| r.labels.contains(&n)))
+        })
         .collect();
     Ok(HttpResponse::Ok().json(ReservationList { reservations: list }))
 }

@@ -184,7 +184,7 @@ impl Turn {
         agent: &str,
         session: Option<&str>,
     ) -> Result<Self, TurnError> {
-        let agent = state.store.agent(&tenant.id, agent).await?;
+        let agent = state.agents.agent(&state.store, &tenant.id, agent).await?;
         Self::of(state, tenant, agent, session).await
     }
 
@@ -195,7 +195,7 @@ impl Turn {
         agent: Agent,
         session: Option<&str>,
     ) -> Result<Self, TurnError> {
-        let layers: Arc<[LayerRow]> = state.store.layers(&agent.id).await?.into();
+        let layers: Arc<[LayerRow]> = state.agents.layers(&state.store, &agent.id).await?;
         let kv_session = session.map(|s| session_key(&agent, s));
         let mut turn = Self {
             kv_tenant: TenantId(tenant.cache_salt),
