@@ -297,6 +297,9 @@ impl TokenCounter for Counter<'_> {
     }
 }
 
+/// An agent's current layers, shared.
+type Layers = Arc<[engram_store::LayerRow]>;
+
 /// A turn's agent and layer reads, remembered for `server.agent_cache_ms` (moka). Writes through
 /// this node ([`AgentCache::invalidate`]: a layer stored or marked public, an agent or tenant
 /// deleted) bump a generation, so an entry read before the write is never served after it, even
@@ -304,7 +307,7 @@ impl TokenCounter for Counter<'_> {
 #[derive(Debug)]
 pub struct AgentCache {
     agents: Option<moka::sync::Cache<(String, String), (u64, engram_store::Agent)>>,
-    layers: Option<moka::sync::Cache<String, (u64, Arc<[engram_store::LayerRow]>)>>,
+    layers: Option<moka::sync::Cache<String, (u64, Layers)>>,
     generation: std::sync::atomic::AtomicU64,
 }
 
