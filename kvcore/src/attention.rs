@@ -126,6 +126,37 @@ impl BlockStore {
         Ok(())
     }
 
+    /// The softmax mass one query token (`q`, as in [`Self::attend`]) gives each of the hot
+    /// `blocks` of `layer` over its first `num_tokens` positions: per block, the share of the
+    /// attention probability its positions receive, averaged over the query heads — the masses
+    /// sum to 1. Computed block by block with the decode kernels of [`Self::attend`].
+    pub fn attention_mass(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+    ) -> KvResult<Vec<f32>> {
+        self.attention_mass_on(Isa::active(), layer, blocks, num_tokens, q, params)
+    }
+
+    /// [`Self::attention_mass`] on the kernels of `isa` (see [`Self::attend_on`]).
+    pub fn attention_mass_on(
+        &self,
+        isa: Isa,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+    ) -> KvResult<Vec<f32>> {
+        let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
+        let codecs = self.layer_codecs(layer);
+        let prepared = Prepared::new(codecs, &bytes, geo, q, params, isa.min(Isa::detected()));
+        Ok(block_mass(&prepared, &slots, geo))
+    }
+
     /// Causal attention of `new` query tokens at positions `start..start + new` (`q`:
     /// `[new, num_heads, head_dim]`) over the hot `blocks` of `layer`, read from the codes: row
     /// `r` attends positions `0..=start + r`. Writes `out` (`[new, num_heads, head_dim]`).
@@ -508,6 +539,88 @@ fn check_len(got: usize, expected: usize) -> KvResult<()> {
 /// Per KV head, the key range is split into at most `params.threads` consecutive parts (none
 /// shorter than [`MIN_KEYS_PER_THREAD`]); each (KV head, part) is one unit of work computed
 /// wholly on one thread, and the parts' softmax states are merged in key order.
+/// Queries prepared for one call of the codes path: rotated (`qp`), and scaled for the SIMD
+/// kernels when they take this layer's codecs and geometry.
+struct Prepared<'a> {
+    kc: &'a Codec,
+    vc: &'a Codec,
+    bytes: &'a LayerBytes<'a>,
+    q: &'a [f32],
+    qp: Vec<f32>,
+    scaled: Vec<f32>,
+    fast: Option<&'a [f32; 16]>,
+    scale: f32,
+    isa: Isa,
+    group: usize,
+    d: usize,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(
+        (kc, vc): (&'a Codec, &'a Codec),
+        bytes: &'a LayerBytes<'a>,
+        geo: Geometry,
+        q: &'a [f32],
+        params: &AttentionParams,
+        isa: Isa,
+    ) -> Self {
+        let (d, group) = (geo.head_dim, geo.group());
+        let mut qp = vec![0.0f32; geo.heads * d];
+        for (src, dst) in q.chunks_exact(d).zip(qp.chunks_exact_mut(d)) {
+            kc.prepare_query(src, dst);
+        }
+        let fast = tq4_codebook((kc, vc)).filter(|_| tq4_supports(isa, d, group));
+        // The SIMD kernels take the scale folded into the queries.
+        let scaled: Vec<f32> = match fast {
+            Some(_) => qp.iter().map(|&x| x * params.scale).collect(),
+            None => Vec::new(),
+        };
+        Self {
+            kc,
+            vc,
+            bytes,
+            q,
+            qp,
+            scaled,
+            fast,
+            scale: params.scale,
+            isa,
+            group,
+            d,
+        }
+    }
+
+    /// The softmax state of one KV head's key range.
+    fn partial(&self, keys: &KeyRange<'_>) -> Partial {
+        let (group, d) = (self.group, self.d);
+        let heads = keys.g * group * d..(keys.g + 1) * group * d;
+        if let Some(cb) = self.fast {
+            let rows = tq4_rows(cb, self.bytes);
+            if let Some(p) =
+                tq4_attend(self.isa, &rows, keys, &self.scaled[heads.clone()], group, d)
+            {
+                return p;
+            }
+        }
+        let job = CodesJob {
+            codecs: (self.kc, self.vc),
+            bytes: self.bytes,
+            keys,
+            q: &self.q[heads.clone()],
+            qp: &self.qp[heads],
+            scale: self.scale,
+            group,
+            d,
+        };
+        crate::simd::codes_partial(self.isa, &job)
+    }
+}
+
+/// The codes path; inputs are validated.
+///
+/// Per KV head, the key range is split into at most `params.threads` consecutive parts (none
+/// shorter than [`MIN_KEYS_PER_THREAD`]); each (KV head, part) is one unit of work computed
+/// wholly on one thread, and the parts' softmax states are merged in key order.
 #[allow(clippy::too_many_arguments)]
 fn attend_codes(
     kc: &Codec,
@@ -521,16 +634,7 @@ fn attend_codes(
     out: &mut [f32],
 ) {
     let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
-    let mut qp = vec![0.0f32; geo.heads * d];
-    for (src, dst) in q.chunks_exact(d).zip(qp.chunks_exact_mut(d)) {
-        kc.prepare_query(src, dst);
-    }
-    let fast = tq4_codebook((kc, vc)).filter(|_| tq4_supports(isa, d, group));
-    // The SIMD kernels take the scale folded into the queries.
-    let scaled: Vec<f32> = match fast {
-        Some(_) => qp.iter().map(|&x| x * params.scale).collect(),
-        None => Vec::new(),
-    };
+    let prepared = Prepared::new((kc, vc), bytes, geo, q, params, isa);
     // Parts end on block boundaries (the scalar path's softmax tiles are blocks).
     let parts = (geo.tokens / MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1));
     let blocks = geo.tokens.div_ceil(bs);
@@ -549,27 +653,7 @@ fn attend_codes(
             })
         })
         .collect();
-    let run = |keys: &KeyRange<'_>| -> Partial {
-        let heads = keys.g * group * d..(keys.g + 1) * group * d;
-        if let Some(cb) = fast {
-            let rows = tq4_rows(cb, bytes);
-            if let Some(p) = tq4_attend(isa, &rows, keys, &scaled[heads.clone()], group, d) {
-                return p;
-            }
-        }
-        let job = CodesJob {
-            codecs: (kc, vc),
-            bytes,
-            keys,
-            q: &q[heads.clone()],
-            qp: &qp[heads],
-            scale: params.scale,
-            group,
-            d,
-        };
-        crate::simd::codes_partial(isa, &job)
-    };
-    let partials = run_units(&units, parts, run);
+    let partials = run_units(&units, parts, |keys| prepared.partial(keys));
     for (g, mut per_part) in partials.chunks(parts).map(|c| c.iter()).enumerate() {
         let Some(first) = per_part.next() else {
             continue;
@@ -586,6 +670,46 @@ fn attend_codes(
             vc.finish(acc, &mut out[h * d..][..d]);
         }
     }
+}
+
+/// The softmax mass of each block, averaged over the query heads (see
+/// [`BlockStore::attention_mass`]): per KV head, one softmax state per block from the decode
+/// kernels, merged in key order; a block's mass for head `j` is its normalizer carried to the
+/// final maximum over the final normalizer.
+fn block_mass(prepared: &Prepared<'_>, slots: &[u32], geo: Geometry) -> Vec<f32> {
+    let (group, bs) = (geo.group(), geo.block_size);
+    let blocks = geo.tokens.div_ceil(bs);
+    let mut mass = vec![0.0f64; blocks];
+    for g in 0..geo.kv_heads {
+        let per_block: Vec<Partial> = (0..blocks)
+            .map(|b| {
+                prepared.partial(&KeyRange {
+                    slots,
+                    block_size: bs,
+                    kv_heads: geo.kv_heads,
+                    g,
+                    start: b * bs,
+                    end: ((b + 1) * bs).min(geo.tokens),
+                })
+            })
+            .collect();
+        let Some(first) = per_block.first() else {
+            continue;
+        };
+        let mut total = first.clone();
+        for p in &per_block[1..] {
+            total.merge(p);
+        }
+        for (b, p) in per_block.iter().enumerate() {
+            for j in 0..group {
+                let carried = f64::from(p.sum[j]) * f64::from(p.max[j] - total.max[j]).exp();
+                mass[b] += carried / f64::from(total.sum[j]);
+            }
+        }
+    }
+    mass.iter()
+        .map(|&m| (m / geo.heads as f64) as f32)
+        .collect()
 }
 
 /// `run` on every unit, the units shared out in contiguous runs over at most `threads` threads

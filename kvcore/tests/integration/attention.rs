@@ -151,3 +151,53 @@ fn attention_rejects_bad_geometry() {
         Err(KvError::WrongTier { .. })
     ));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// The softmax mass per block the decode kernels export equals the mass computed from the
+    /// dense attention weights (keys decoded to f32, softmax in f64), within 1e-3 relative.
+    #[test]
+    fn attention_mass_per_block_matches_the_dense_weights(
+        codec_index in 0usize..ALL_CODECS.len(),
+        head_dim in prop::sample::select(vec![64usize, 128]),
+        group in 1usize..4,
+        tokens in 1usize..150,
+        seed in any::<u64>(),
+    ) {
+        let kind = ALL_CODECS[codec_index];
+        let kv_heads = 2;
+        // Values in the keys' codec (the SIMD kernels take TQ4 keys with TQ4 values).
+        let mut store = store_streams(kind, value_for(kind, usize::MAX), kv_heads, head_dim);
+        let n_blocks = tokens.div_ceil(16);
+        let ids = filled(&mut store, n_blocks, SourceLayer::Memories, seed);
+        let params = AttentionParams::new(kv_heads * group, head_dim);
+        // Peaky queries: some blocks get most of the mass, others almost none.
+        let q: Vec<f32> = gauss(seed ^ 7).gaussian_vec(params.num_heads * head_dim).iter().map(|x| 3.0 * x).collect();
+        let got = store.attention_mass(1, &ids, tokens, &q, &params).unwrap();
+        let scalar = store.attention_mass_on(engram_kvcore::Isa::Scalar, 1, &ids, tokens, &q, &params).unwrap();
+        let n = tokens * kv_heads * head_dim;
+        let (mut k, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+        store.read(1, &ids, 0, &mut k, &mut v).unwrap();
+        let mut want = vec![0.0f64; n_blocks];
+        for h in 0..params.num_heads {
+            let g = h / group;
+            let s: Vec<f64> = (0..tokens).map(|t| {
+                let key = &k[(t * kv_heads + g) * head_dim..][..head_dim];
+                q[h * head_dim..][..head_dim].iter().zip(key).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * f64::from(params.scale)
+            }).collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (t, x) in s.iter().enumerate() {
+                want[t / 16] += (x - m).exp() / z / params.num_heads as f64;
+            }
+        }
+        let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+        prop_assert_eq!(got.len(), n_blocks);
+        let total: f32 = got.iter().sum();
+        prop_assert!((total - 1.0).abs() < 1e-4, "{kind}: masses sum to {total}");
+        let e = rel_l2(&got, &want);
+        prop_assert!(e <= 1e-3, "{kind}: mass vs dense weights {e}: {got:?} vs {want:?}");
+        prop_assert!(rel_l2(&scalar, &got) <= 1e-4, "{kind}: scalar vs active ISA");
+    }
+}
