@@ -124,6 +124,14 @@ pub struct BlockMeta {
     /// Times attention read the block (allocation counts as one).
     #[serde(default)]
     pub(crate) attended: u32,
+    /// Decayed average of the softmax mass decode steps gave the block
+    /// ([`crate::BlockStore::record_mass`]); 0 until a step is sampled.
+    #[serde(default)]
+    pub(crate) mass: f32,
+    /// The tick of the last sampled step whose mass on the block reached the threshold (0:
+    /// none yet).
+    #[serde(default)]
+    pub(crate) mass_at: u64,
     pub(crate) priority: u16,
     pub(crate) pin: PinState,
     pub(crate) tier: Tier,
@@ -182,6 +190,16 @@ impl BlockMeta {
     /// Times attention read the block (allocation counts as one): the tier bridge's frequency.
     pub fn attended(&self) -> u32 {
         self.attended
+    }
+
+    /// Decayed average of the attention mass sampled decode steps gave the block.
+    pub fn mass(&self) -> f32 {
+        self.mass
+    }
+
+    /// Tick of the last sampled step whose mass on the block reached the threshold (0: none).
+    pub fn mass_at(&self) -> u64 {
+        self.mass_at
     }
     /// Effective eviction priority (see the module invariants).
     pub fn priority(&self) -> u16 {
@@ -374,6 +392,8 @@ impl BlockMetadataTable {
             created_unix_ms,
             last_attended: now,
             attended: 1,
+            mass: 0.0,
+            mass_at: 0,
             priority: self.priorities.get(tags.source),
             pin: PinState::Unpinned,
             tier,

@@ -496,6 +496,38 @@ impl BlockStore {
         Ok(())
     }
 
+    /// Folds one decode step's attention mass into the blocks' metadata: `mass[i]` (what
+    /// [`Self::attention_mass`] gives `ids[i]`) into a decayed average with weight `weight`
+    /// (`avg ← (1 − weight)·avg + weight·mass`), and the current tick as the block's `mass_at`
+    /// when `mass[i] ≥ threshold`.
+    pub fn record_mass(
+        &mut self,
+        ids: &[BlockId],
+        mass: &[f32],
+        weight: f32,
+        threshold: f32,
+    ) -> KvResult<()> {
+        if ids.len() != mass.len() {
+            return Err(KvError::RowWidth {
+                expected: ids.len(),
+                got: mass.len(),
+            });
+        }
+        let now = self.meta.ticks(1);
+        let weight = weight.clamp(0.0, 1.0);
+        for (id, &m) in ids.iter().zip(mass) {
+            let meta = self
+                .meta
+                .get_mut(*id)
+                .ok_or(KvError::UnknownBlock { id: *id })?;
+            meta.mass = (1.0 - weight) * meta.mass + weight * m;
+            if m >= threshold {
+                meta.mass_at = now;
+            }
+        }
+        Ok(())
+    }
+
     /// The positions of `ids` sorted by id (ties in input order), once every id is checked
     /// live (and, unless `repeats`, distinct) by one ordered walk of the table. Errors as
     /// [`Self::lookup`] and `DuplicateBlock`.

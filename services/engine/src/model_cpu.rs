@@ -11,6 +11,13 @@ use crate::weights::block_product as matmul;
 use candle_core::{Device, Tensor};
 use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
 
+/// Weight of a decode step's attention mass in a block's decayed average.
+pub const MASS_WEIGHT: f32 = 0.1;
+
+/// A block counts as attended in a step (its `mass_at`) when it gets at least this share of
+/// a uniform split of the step's mass over the sequence's blocks.
+pub const MASS_SHARE: f32 = 0.5;
+
 /// Elements below which an elementwise pass stays on the calling thread.
 const PAR_MIN: usize = 1 << 16;
 
@@ -152,6 +159,13 @@ impl Llama {
                 let o = &mut attn[off * heads * d..(off + m) * heads * d];
                 if m == 1 && !s.prompt {
                     store.attend(l, blocks, total, qs, &params, o)?;
+                    if l == self.layers.len() / 2 {
+                        // The middle layer's attention mass per block, into the blocks'
+                        // metadata (one more pass over one layer's keys per decode step).
+                        let mass = store.attention_mass(l, blocks, total, qs, &params)?;
+                        let threshold = MASS_SHARE / blocks.len() as f32;
+                        store.record_mass(blocks, &mass, MASS_WEIGHT, threshold)?;
+                    }
                 } else if store.causal_is_fast(Isa::active(), l, heads) {
                     // Tiles of query rows share each key tile (read from the codes, or from
                     // the prefix decoded once): no score-sized tensors, no mask, and a row's

@@ -199,6 +199,11 @@ pub struct BlockInfo {
     pub ref_count: u32,
     /// Logical time of the last attention.
     pub last_attended: u64,
+    /// Decayed average of the softmax mass sampled decode steps gave the block (the middle
+    /// layer's, weight `MASS_WEIGHT` per step).
+    pub attention_mass: f32,
+    /// Tick of the last sampled step that gave the block at least half a uniform share.
+    pub mass_at: u64,
 }
 
 /// A page of blocks and the total that matched.
@@ -760,6 +765,8 @@ impl Worker {
                 priority: m.priority(),
                 ref_count: m.ref_count(),
                 last_attended: m.last_attended(),
+                attention_mass: m.mass(),
+                mass_at: m.mass_at(),
             })
             .collect();
         BlockPage { total, blocks }

@@ -458,3 +458,38 @@ fn a_tenant_over_its_cold_quota_loses_its_own_cold_blocks_only() {
     assert_eq!(adm.warmed_blocks, 6);
     core.finish(id).unwrap();
 }
+
+#[test]
+fn decode_steps_fold_the_middle_layer_s_attention_mass_into_the_blocks() {
+    let prompt = crate::common::license_tokens(70);
+    let mut core = core(CodecKind::TQ4);
+    let (id, _) = core
+        .start(SequenceSpec::plain(prompt, TenantId(1)))
+        .unwrap();
+    let mut logits = core.prefill(id).unwrap();
+    let mass_of = |core: &EngineCore, b| core.store().metadata().get(b).unwrap().mass();
+    // A prefill records nothing.
+    let blocks = core.blocks(id).unwrap().to_vec();
+    assert!(blocks.iter().all(|&b| mass_of(&core, b) == 0.0));
+    let steps = 12;
+    for _ in 0..steps {
+        let t = engram_engine::argmax(&logits);
+        logits = core.decode(&[(id, t)]).unwrap().remove(0);
+    }
+    let blocks = core.blocks(id).unwrap().to_vec();
+    assert_eq!(blocks.len(), 6); // 82 tokens: the sixth block joined at token 80
+    let masses: Vec<f32> = blocks.iter().map(|&b| mass_of(&core, b)).collect();
+    // Each step spreads a mass of 1 over the blocks; the decayed averages add up to
+    // 1 − (1 − w)^steps.
+    let total: f32 = masses.iter().sum();
+    let want = 1.0 - 0.9f32.powi(steps);
+    assert!((total - want).abs() < 1e-3, "{total} vs {want}: {masses:?}");
+    // The model does not read every block alike, and the most read block was attended lately.
+    let (lo, hi) = masses
+        .iter()
+        .fold((f32::MAX, 0.0f32), |(lo, hi), &m| (lo.min(m), hi.max(m)));
+    assert!(hi > 1.5 * lo, "{masses:?}");
+    let top = blocks[masses.iter().position(|&m| m == hi).unwrap()];
+    assert!(core.store().metadata().get(top).unwrap().mass_at() > 0);
+    core.finish(id).unwrap();
+}
