@@ -16,6 +16,7 @@
 //! Costs: allocate/release/retain O(n) in the ids given; spill/warm O(n·layers) copies, merged
 //! into one per run of consecutive slots; metadata lookups O(log blocks).
 
+mod attended;
 mod buf;
 pub(crate) mod host;
 pub(crate) mod hot;
@@ -469,63 +470,6 @@ impl BlockStore {
             }
         }
         Ok(freed)
-    }
-
-    /// Marks blocks as just attended (eviction prefers older `last_attended`).
-    pub fn touch(&mut self, ids: &[BlockId]) -> KvResult<()> {
-        // One ordered walk of the table instead of a tree search per id (a decode step touches
-        // every block of every running sequence): the ids sorted once, each occurrence keeping
-        // the tick of its position in `ids`, as if they were touched one after another.
-        let order = self.sorted_live(ids, true)?;
-        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
-            return Ok(());
-        };
-        let (lo, hi) = (ids[lo], ids[hi]);
-        let first = self.meta.ticks(ids.len() as u64);
-        let mut walk = self.meta.range_mut(lo, hi);
-        let mut cur = walk.next();
-        for i in order {
-            while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
-                cur = walk.next();
-            }
-            if let Some((_, meta)) = cur.as_mut() {
-                meta.last_attended = first + i as u64;
-                meta.attended = meta.attended.saturating_add(1);
-            }
-        }
-        Ok(())
-    }
-
-    /// Folds one decode step's attention mass into the blocks' metadata: `mass[i]` (what
-    /// [`Self::attention_mass`] gives `ids[i]`) into a decayed average with weight `weight`
-    /// (`avg ← (1 − weight)·avg + weight·mass`), and the current tick as the block's `mass_at`
-    /// when `mass[i] ≥ threshold`.
-    pub fn record_mass(
-        &mut self,
-        ids: &[BlockId],
-        mass: &[f32],
-        weight: f32,
-        threshold: f32,
-    ) -> KvResult<()> {
-        if ids.len() != mass.len() {
-            return Err(KvError::RowWidth {
-                expected: ids.len(),
-                got: mass.len(),
-            });
-        }
-        let now = self.meta.ticks(1);
-        let weight = weight.clamp(0.0, 1.0);
-        for (id, &m) in ids.iter().zip(mass) {
-            let meta = self
-                .meta
-                .get_mut(*id)
-                .ok_or(KvError::UnknownBlock { id: *id })?;
-            meta.mass = (1.0 - weight) * meta.mass + weight * m;
-            if m >= threshold {
-                meta.mass_at = now;
-            }
-        }
-        Ok(())
     }
 
     /// The positions of `ids` sorted by id (ties in input order), once every id is checked

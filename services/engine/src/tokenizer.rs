@@ -319,11 +319,11 @@ pub enum Role {
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    fn frame(self) -> engram_context::FrameRole {
         match self {
-            Self::System => "system",
-            Self::User => "user",
-            Self::Assistant => "assistant",
+            Self::System => engram_context::FrameRole::System,
+            Self::User => engram_context::FrameRole::User,
+            Self::Assistant => engram_context::FrameRole::Assistant,
         }
     }
 }
@@ -350,18 +350,11 @@ impl ChatMessage {
 /// ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then
 /// `<|im_start|>assistant\n` when a reply is to be generated.
 pub fn chatml(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
-    let mut s = String::new();
-    for m in messages {
-        s.push_str("<|im_start|>");
-        s.push_str(m.role.as_str());
-        s.push('\n');
-        s.push_str(&m.content);
-        s.push_str("<|im_end|>\n");
-    }
-    if add_generation_prompt {
-        s.push_str("<|im_start|>assistant\n");
-    }
-    s
+    let framed: Vec<(engram_context::FrameRole, &str)> = messages
+        .iter()
+        .map(|m| (m.role.frame(), m.content.as_str()))
+        .collect();
+    engram_context::CHATML.render(&framed, add_generation_prompt)
 }
 
 /// Turns a growing list of generated ids into text pieces, holding back bytes of a character

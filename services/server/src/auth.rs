@@ -108,19 +108,6 @@ impl KeyCache {
             c.invalidate_all();
         }
     }
-
-    /// Lookups remembered now.
-    pub fn len(&self) -> u64 {
-        self.cache.as_ref().map_or(0, |c| {
-            c.run_pending_tasks();
-            c.entry_count()
-        })
-    }
-
-    /// Whether none is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// The operator.

@@ -137,7 +137,7 @@ impl Service {
             return Ok(c.clone());
         }
         let path = self.dir.join(name);
-        let dim_file = path.join("engram-dim");
+        let dim_file = path.join(crate::DIM_FILE);
         let dim: usize = std::fs::read_to_string(&dim_file)
             .map_err(|_| Status::not_found(format!("collection {name} not found")))?
             .trim()

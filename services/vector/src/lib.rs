@@ -194,7 +194,7 @@ pub struct EdgeStore {
 }
 
 /// The store's own record of its width, beside the shard.
-const DIM_FILE: &str = "engram-dim";
+pub(crate) const DIM_FILE: &str = "engram-dim";
 
 impl EdgeStore {
     /// Opens the store in `dir` (created if missing) for `dim`-wide vectors.

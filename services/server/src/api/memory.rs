@@ -603,7 +603,7 @@ pub async fn list_reservations(
         .filter(|r| {
             params
                 .node
-                .is_none_or(|n| u64::try_from(n).is_ok_and(|n| r.labels.contains(&n)))
+                .is_none_or(|n| r.labels.contains(&n.unsigned_abs()))
         })
         .collect();
     Ok(HttpResponse::Ok().json(ReservationList { reservations: list }))
