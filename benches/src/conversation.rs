@@ -1,6 +1,7 @@
 //! `engram-bench conversation`: a scripted 20-turn conversation whose questions revisit
 //! overlapping memories, run through the real app (routes, handlers, store, memory graph,
-//! engine) twice in one process: with and without cold-tier reservation. Reported per turn:
+//! engine) in one process: without cold-tier reservation, with it, and with it plus a query-time
+//! prefetch of each question's first words before its turn. Reported per turn:
 //! TTFT, the memories layer's tokens, how many of them were served from reserved blocks, and
 //! how many were reused from the cache by any route.
 //!
@@ -132,6 +133,9 @@ pub struct TurnFigures {
 pub struct RunSummary {
     /// Reservation on.
     pub reserve: bool,
+    /// Share of each question's words sent to `POST …/prefetch` before the turn (None: no
+    /// prefetch).
+    pub prefetch: Option<f64>,
     /// Turns.
     pub turns: usize,
     /// Memories-layer tokens over all turns.
@@ -154,10 +158,13 @@ pub struct RunSummary {
     pub reservations: Value,
 }
 
-/// Runs the conversation once (see the module docs).
+/// Runs the conversation once (see the module docs); with `prefetch`, the first
+/// `prefetch` share of each question's words (at least one) goes to `POST …/prefetch` before
+/// the turn, as a client does while its user types.
 pub async fn run(
     mut config: Config,
     reserve: bool,
+    prefetch: Option<f64>,
     turns: usize,
     max_tokens: usize,
 ) -> anyhow::Result<(Vec<TurnFigures>, RunSummary)> {
@@ -221,6 +228,18 @@ pub async fn run(
     let engine = state.engine().map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut out = Vec::new();
     for (i, q) in QUESTIONS.iter().cycle().take(turns).enumerate() {
+        if let Some(share) = prefetch {
+            let words: Vec<&str> = q.split_whitespace().collect();
+            let n = ((words.len() as f64 * share).ceil() as usize).clamp(1, words.len());
+            let (s, v) = app_call!(
+                &app,
+                "POST",
+                "/v1/agents/mneme/sessions/conversation/prefetch",
+                &key,
+                json!({"text": words[..n].join(" ")}),
+            );
+            anyhow::ensure!(s == 200, "prefetch {}: {v}", i + 1);
+        }
         let w = Instant::now();
         loop {
             let pending = engine
@@ -268,6 +287,7 @@ pub async fn run(
     ttft.sort_by(f64::total_cmp);
     let summary = RunSummary {
         reserve,
+        prefetch,
         turns: out.len(),
         memories_tokens: mt,
         memories_reserved: mr,

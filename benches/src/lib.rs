@@ -56,6 +56,7 @@ macro_rules! tenant {
 }
 
 pub mod conversation;
+pub mod eviction;
 pub mod memory;
 pub mod shadow;
 pub mod tiers;

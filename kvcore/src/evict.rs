@@ -90,12 +90,33 @@ impl BlockStore {
         busy: impl Fn(BlockId) -> bool,
         removable: impl Fn(BlockId) -> bool,
     ) -> KvResult<Eviction> {
-        let free = self.free_blocks(Tier::Hot);
-        if free >= n {
+        if self.free_blocks(Tier::Hot) >= n {
             return Ok(Eviction::default());
         }
         let mut victims = self.eviction_order();
         victims.retain(|&id| !busy(id));
+        self.make_room_ordered(n, victims, removable)
+    }
+
+    /// [`Self::make_room_for`] with the caller's victims in the caller's order (first = evicted
+    /// first) instead of [`Self::eviction_order`]: an engine that ranks blocks by what they
+    /// hold for its sequences (attention-aware eviction) passes its own ranking. Ids that are
+    /// not hot are skipped. Errors with [`KvError::TierExhausted`], changing nothing, when the
+    /// victims cannot free `n` slots.
+    pub fn make_room_ordered(
+        &mut self,
+        n: usize,
+        mut victims: Vec<BlockId>,
+        removable: impl Fn(BlockId) -> bool,
+    ) -> KvResult<Eviction> {
+        let free = self.free_blocks(Tier::Hot);
+        if free >= n {
+            return Ok(Eviction::default());
+        }
+        let mut seen = HashSet::new();
+        victims.retain(|&id| {
+            seen.insert(id) && self.metadata().get(id).is_some_and(|m| m.tier() == Tier::Hot)
+        });
         let need = n - free;
         let to_cold = self.free_blocks(Tier::Cold).min(need).min(victims.len());
         let to_remove = need - to_cold;

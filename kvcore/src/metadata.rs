@@ -132,6 +132,11 @@ pub struct BlockMeta {
     /// none yet).
     #[serde(default)]
     pub(crate) mass_at: u64,
+    /// The table's sampled-step count ([`BlockMetadataTable::steps`]) when a step last gave the
+    /// block at least the threshold mass, or when it was allocated: how long the model has not
+    /// read it, in decode steps, is `steps − read_step`.
+    #[serde(default)]
+    pub(crate) read_step: u64,
     pub(crate) priority: u16,
     pub(crate) pin: PinState,
     pub(crate) tier: Tier,
@@ -200,6 +205,12 @@ impl BlockMeta {
     /// Tick of the last sampled step whose mass on the block reached the threshold (0: none).
     pub fn mass_at(&self) -> u64 {
         self.mass_at
+    }
+
+    /// The sampled step ([`BlockMetadataTable::steps`]) of the block's last read above the
+    /// threshold, or of its allocation.
+    pub fn read_step(&self) -> u64 {
+        self.read_step
     }
     /// Effective eviction priority (see the module invariants).
     pub fn priority(&self) -> u16 {
@@ -273,6 +284,8 @@ pub struct BlockMetadataTable {
     move_window: u64,
     /// Quick moves so far (a block flipping between tiers).
     quick_moves: u64,
+    /// Decode steps sampled for attention mass so far (one per sequence and step).
+    steps: u64,
 }
 
 impl BlockMetadataTable {
@@ -285,7 +298,20 @@ impl BlockMetadataTable {
             moves: 0,
             move_window: 0,
             quick_moves: 0,
+            steps: 0,
         }
+    }
+
+    /// Decode steps sampled for attention mass so far (one per sequence and step,
+    /// [`crate::BlockStore::record_mass`]): the clock of [`BlockMeta::read_step`].
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Counts one more sampled step; returns its number.
+    pub(crate) fn next_step(&mut self) -> u64 {
+        self.steps += 1;
+        self.steps
     }
 
     /// Live blocks.
@@ -394,6 +420,7 @@ impl BlockMetadataTable {
             attended: 1,
             mass: 0.0,
             mass_at: 0,
+            read_step: self.steps,
             priority: self.priorities.get(tags.source),
             pin: PinState::Unpinned,
             tier,

@@ -586,3 +586,121 @@ fn spilled_lines_become_recallable_facts_once() {
     assert!(texts.contains(target), "{target} not in {texts:?}");
     srv.stop();
 }
+
+/// Query-time prefetch: the neighbourhood of what the user is typing is reserved as the
+/// session's next turn will show it; the turn then finds its memories cached from the
+/// reservation; asking again for the same neighbourhood reserves nothing; the hit is counted in
+/// the operator view and `/metrics`; bad input is refused.
+#[test]
+fn a_prefetch_stages_the_memories_the_next_turn_shows() {
+    let vectors = vector_dir();
+    let mut c = config(&crate::harness::sqlite_url(), &vectors);
+    // Only the prefetch reserves: no reservation after turns, no episodes from them.
+    c.memory.reserve = false;
+    c.memory.ingest_turns = false;
+    let srv = Server::start_with(c);
+    let (key, _) = srv.tenant_with_bot("t", "Answer in one short sentence.");
+    fixture(&srv, &key);
+    let prefetch = |session: &str, text: &str| {
+        srv.call(
+            "POST",
+            &format!("/v1/agents/bot/sessions/{session}/prefetch"),
+            Some(&key),
+            json!({"text": text}),
+        )
+    };
+    let turn = |session: &str, msg: &str| {
+        let (s, v) = srv.call(
+            "POST",
+            &format!("/v1/agents/bot/sessions/{session}/turns"),
+            Some(&key),
+            json!({"message": msg, "max_tokens": 4}),
+        );
+        assert_eq!(s, 200, "{v}");
+        v
+    };
+    // A first turn in each session, so the prefetch has a conversation to build on.
+    turn("typed", "Hello, I have a question about my family.");
+    turn("plain", "Hello, I have a question about my family.");
+    let q = "Which city does my sister Alice live in now?";
+    let (s, p) = prefetch("typed", q);
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(p["outcome"], "reserved", "{p}");
+    let id = p["reservation"].as_u64().unwrap();
+    assert!(!p["memories"].as_array().unwrap().is_empty(), "{p}");
+    // The same neighbourhood again (the user typed on): nothing new to reserve.
+    let (s, again) = prefetch("typed", q);
+    assert_eq!(s, 200);
+    assert_eq!(again["outcome"], "unchanged", "{again}");
+    assert_eq!(again["memories"], p["memories"]);
+    wait_for(
+        || {
+            reservations(&srv, &key)
+                .iter()
+                .any(|r| r["id"] == id && r["state"] == "ready")
+        },
+        "the prefetch's reservation",
+    );
+    let with = turn("typed", q);
+    assert_eq!(with["memories"]["nodes"], p["memories"], "{with}");
+    let m = &with["memories"];
+    assert!(m["reserved_tokens"].as_u64().unwrap() > 0, "{with}");
+    assert!(m["reserved_tokens"].as_u64() <= m["tokens"].as_u64(), "{with}");
+    // Counted once: the prefetched session's turn was a hit.
+    let (s, all) = srv.call("GET", "/v1/admin/reservations", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200);
+    let f = &all["prefetch"];
+    assert_eq!(
+        (&f["reserved"], &f["unchanged"], &f["hits"], &f["misses"]),
+        (&json!(1), &json!(1), &json!(1), &json!(0)),
+        "{all}"
+    );
+    assert_eq!(f["hit_rate"], 1.0);
+    let (_, metrics) = srv.raw("GET", "/metrics", Some(ADMIN), b"");
+    let metrics = String::from_utf8_lossy(&metrics).to_string();
+    assert!(
+        metrics.contains("engram_prefetch_turns_total{result=\"hit\"} 1"),
+        "{metrics}"
+    );
+    // A prefetch whose memories the turn does not show is a miss: a fact added between the
+    // prefetch and the turn joins the turn's neighbourhood.
+    let w = "Where does my sister Alice work?";
+    let (_, p2) = prefetch("typed", w);
+    assert_eq!(p2["outcome"], "reserved", "{p2}");
+    node(&srv, &key, "fact", "Alice works as a nurse at a hospital in Berlin.");
+    let t = turn("typed", w);
+    assert_ne!(t["memories"]["nodes"], p2["memories"], "{t}");
+    let (_, all) = srv.call("GET", "/v1/admin/reservations", Some(ADMIN), Value::Null);
+    assert_eq!(all["prefetch"]["misses"], 1, "{all}");
+    // Bad input: 400 with the stable code, an unknown agent 404.
+    for body in [
+        json!({"text": "   "}),
+        json!({"text": "x".repeat(64 * 1024 + 1)}),
+        json!({"text": "hi", "extra": 1}),
+        json!({}),
+    ] {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents/bot/sessions/typed/prefetch",
+            Some(&key),
+            body,
+        );
+        assert_eq!(s, 400, "{v}");
+        assert_eq!(v["code"], "invalid_request", "{v}");
+    }
+    let (s, _) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/bad.name/prefetch",
+        Some(&key),
+        json!({"text": "hi"}),
+    );
+    assert_eq!(s, 400);
+    let (s, _) = srv.call(
+        "POST",
+        "/v1/agents/nobody/sessions/typed/prefetch",
+        Some(&key),
+        json!({"text": "hi"}),
+    );
+    assert_eq!(s, 404);
+    srv.stop();
+}

@@ -204,6 +204,11 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         ),
         (
             "POST",
+            format!("/v1/agents/{id}/sessions/secret/prefetch"),
+            json!({"text": "When does the vault open"}),
+        ),
+        (
+            "POST",
             format!("/v1/agents/{id}/memory/nodes"),
             json!({"kind": "fact", "text": "x"}),
         ),
@@ -284,6 +289,16 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         &[200],
     );
     assert!(v["results"].as_array().is_none_or(Vec::is_empty) || !v.to_string().contains("vault"));
+    // A prefetch under B's own agent with A's session name and A's words: B's own (empty)
+    // memory graph, nothing of A's recalled or reserved.
+    let v = probe(
+        "POST",
+        "/v1/agents/bot/sessions/secret/prefetch".into(),
+        json!({"text": "When does the vault open? ZEBRA launch code"}),
+        &[200],
+    );
+    assert!(!v.to_string().contains("vault"), "{v}");
+    assert_ne!(v["outcome"], "reserved", "{v}");
     // A fork of A's session name under B's agent: B has no such session.
     probe(
         "POST",

@@ -48,6 +48,10 @@ enum BenchCommand {
     /// over sessions), every budget at half the measured working set: tier moves per block per
     /// cycle, the shadow's size against its budget, sessions archived and thawed.
     Tiers(TiersBenchArgs),
+    /// Attention-aware eviction against priority-only: agents with long stable prefixes and
+    /// conversations (Zipf over agents), the hot tier at a share of the working set; hot hit
+    /// rate, TTFT, and whether the replies are identical across policies.
+    Eviction(EvictionBenchArgs),
     /// Agent workloads against any OpenAI-compatible endpoint (Engram, llama.cpp's server, …):
     /// run a scenario, print one, or report on result files.
     #[command(subcommand)]
@@ -171,6 +175,38 @@ struct TiersBenchArgs {
 }
 
 #[derive(Debug, Args)]
+struct EvictionBenchArgs {
+    /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
+    #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
+    model: PathBuf,
+    /// Agents (one conversation each).
+    #[arg(long, default_value_t = 12)]
+    agents: usize,
+    /// Lines of prose per stable layer (five layers per agent; the default makes 40 % of the
+    /// working set hold one full context, the smallest hot tier the engine takes).
+    #[arg(long, default_value_t = 24)]
+    layer_lines: usize,
+    /// Warm-up turns per agent; a conversation ends after twice as many.
+    #[arg(long, default_value_t = 3)]
+    warm_turns: usize,
+    /// Steady turns per policy.
+    #[arg(long, default_value_t = 120)]
+    turns: usize,
+    /// Tokens generated per turn.
+    #[arg(long, default_value_t = 8)]
+    max_tokens: usize,
+    /// Hot tier as a share of the working set.
+    #[arg(long, default_value_t = 0.4)]
+    hot_share: f64,
+    /// Exponent of the Zipf law over agents (0: uniform).
+    #[arg(long, default_value_t = 1.0)]
+    zipf_s: f64,
+    /// Scratch directory.
+    #[arg(long, default_value = "data/bench-eviction")]
+    dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
 struct ConversationBenchArgs {
     /// GGUF file or safetensors directory [env: ENGRAM_MODEL].
     #[arg(long, env = "ENGRAM_MODEL", default_value = DEFAULT_MODEL)]
@@ -184,9 +220,12 @@ struct ConversationBenchArgs {
     /// Tokens generated per turn.
     #[arg(long, default_value_t = 16)]
     max_tokens: usize,
-    /// Runs per mode (alternating off, on).
+    /// Runs per mode (alternating off, on, prefetch).
     #[arg(long, default_value_t = 1)]
     repeats: usize,
+    /// Share of each question's words the prefetch mode sends ahead of its turn.
+    #[arg(long, default_value_t = 0.75)]
+    prefetch_share: f64,
     /// Scratch directory (a fresh database and index per run).
     #[arg(long, default_value = "data/bench-conversation")]
     dir: PathBuf,
@@ -307,6 +346,7 @@ fn main() -> Result<()> {
         BenchCommand::Conversation(args) => bench_conversation(args),
         BenchCommand::Shadow(args) => bench_shadow(args),
         BenchCommand::Tiers(args) => bench_tiers(args),
+        BenchCommand::Eviction(args) => bench_eviction(args),
         BenchCommand::Workload(cmd) => bench_workload(cmd),
     }
 }
@@ -532,6 +572,27 @@ fn bench_tiers(args: TiersBenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
+    let _ = std::fs::remove_dir_all(&args.dir);
+    let load = engram_benches::eviction::Load {
+        agents: args.agents,
+        layer_lines: args.layer_lines,
+        warm_turns: args.warm_turns,
+        turns: args.turns,
+        max_tokens: args.max_tokens,
+        hot_share: args.hot_share,
+        zipf_s: args.zipf_s,
+    };
+    let f = actix_web::rt::System::new().block_on(engram_benches::eviction::compare(
+        &args.model,
+        &args.dir,
+        load,
+    ))?;
+    println!("{}", serde_json::json!({"bench": "eviction", "figures": f}));
+    let _ = std::fs::remove_dir_all(&args.dir);
+    Ok(())
+}
+
 fn bench_shadow(args: ShadowBenchArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&args.dir);
     actix_web::rt::System::new().block_on(async {
@@ -584,8 +645,12 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
     actix_web::rt::System::new().block_on(async move {
         let mut summaries = Vec::new();
         for r in 0..args.repeats {
-            for reserve in [false, true] {
-                let dir = args.dir.join(format!("run{r}-{reserve}"));
+            for (mode, reserve, prefetch) in [
+                ("off", false, None),
+                ("on", true, None),
+                ("prefetch", true, Some(args.prefetch_share)),
+            ] {
+                let dir = args.dir.join(format!("run{r}-{mode}"));
                 let _ = std::fs::remove_dir_all(&dir);
                 std::fs::create_dir_all(&dir)?;
                 let mut config = engram_server::Config::default();
@@ -596,6 +661,7 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
                 let (turns, summary) = engram_benches::conversation::run(
                     config,
                     reserve,
+                    prefetch,
                     args.turns,
                     args.max_tokens,
                 )
@@ -607,9 +673,17 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
                 summaries.push(summary);
             }
         }
-        let mean = |on: bool, f: fn(&engram_benches::conversation::RunSummary) -> f64| {
-            let v: Vec<f64> = summaries.iter().filter(|s| s.reserve == on).map(f).collect();
+        // Mode 0: off; 1: reservation; 2: reservation and prefetch.
+        let mean_of = |mode: u8, f: fn(&engram_benches::conversation::RunSummary) -> f64| {
+            let v: Vec<f64> = summaries
+                .iter()
+                .filter(|s| u8::from(s.reserve) + u8::from(s.prefetch.is_some()) == mode)
+                .map(f)
+                .collect();
             v.iter().sum::<f64>() / v.len().max(1) as f64
+        };
+        let mean = |on: bool, f: fn(&engram_benches::conversation::RunSummary) -> f64| {
+            mean_of(u8::from(on), f)
         };
         println!(
             "{}",
@@ -623,6 +697,12 @@ fn bench_conversation(args: ConversationBenchArgs) -> Result<()> {
                 "cached_share_on": mean(true, |s| s.cached_share),
                 "prompt_cached_share_off": mean(false, |s| s.prompt_cached_share),
                 "prompt_cached_share_on": mean(true, |s| s.prompt_cached_share),
+                "mean_ttft_ms_prefetch": mean_of(2, |s| s.mean_ttft_ms),
+                "median_ttft_ms_on": mean(true, |s| s.median_ttft_ms),
+                "median_ttft_ms_prefetch": mean_of(2, |s| s.median_ttft_ms),
+                "ttft_prefetch_over_on": mean_of(2, |s| s.mean_ttft_ms) / mean(true, |s| s.mean_ttft_ms).max(1e-9),
+                "cached_share_prefetch": mean_of(2, |s| s.cached_share),
+                "cached_share_prefetch_minus_on": mean_of(2, |s| s.cached_share) - mean(true, |s| s.cached_share),
             })
         );
         anyhow::Ok(())

@@ -34,7 +34,8 @@ impl BlockStore {
     /// Folds one decode step's attention mass into the blocks' metadata: `mass[i]` (what
     /// [`Self::attention_mass`] gives `ids[i]`) into a decayed average with weight `weight`
     /// (`avg ← (1 − weight)·avg + weight·mass`), and the current tick as the block's `mass_at`
-    /// when `mass[i] ≥ threshold`.
+    /// when `mass[i] ≥ threshold` (with the step's number, [`crate::BlockMetadataTable::steps`],
+    /// as its `read_step`).
     pub fn record_mass(
         &mut self,
         ids: &[BlockId],
@@ -49,6 +50,7 @@ impl BlockStore {
             });
         }
         let now = self.meta.ticks(1);
+        let step = self.meta.next_step();
         let weight = weight.clamp(0.0, 1.0);
         for (id, &m) in ids.iter().zip(mass) {
             let meta = self
@@ -58,6 +60,7 @@ impl BlockStore {
             meta.mass = (1.0 - weight) * meta.mass + weight * m;
             if m >= threshold {
                 meta.mass_at = now;
+                meta.read_step = step;
             }
         }
         Ok(())

@@ -241,3 +241,48 @@ fn touch_and_slots_follow_the_callers_order() {
     assert!(store.touch(&[]).is_ok());
     assert_eq!(store.hot_slots(&[]).unwrap(), Vec::<u32>::new());
 }
+
+#[test]
+fn make_room_ordered_takes_the_callers_order_and_skips_what_is_not_hot() {
+    let mut store = small_store(CodecKind::TQ4, 4, 1);
+    let ids = filled(&mut store, 4, SourceLayer::UserTurn, 1);
+    // Spill one first: a cold id in the order is skipped, not counted.
+    store.spill(&[ids[0]]).unwrap();
+    assert_eq!(store.free_blocks(Tier::Cold), 0);
+    // Newest first: not the order kvcore would choose (oldest first).
+    let ev = store
+        .make_room_ordered(2, vec![ids[0], ids[3], ids[3], ids[1], ids[2]], |_| true)
+        .unwrap();
+    // One slot was free already (the spilled block's): one more, the caller's first hot id.
+    assert_eq!(ev.removed, vec![ids[3]]);
+    assert!(ev.spilled.is_empty());
+    assert_eq!(store.metadata().get(ids[1]).unwrap().tier(), Tier::Hot);
+    // Not removable and no cold room: refused, nothing changed.
+    let err = store
+        .make_room_ordered(4, vec![ids[1], ids[2]], |_| false)
+        .unwrap_err();
+    assert!(matches!(err, KvError::TierExhausted { .. }), "{err:?}");
+    assert_eq!(store.free_blocks(Tier::Hot), 2);
+}
+
+#[test]
+fn read_steps_count_sampled_steps_and_move_only_above_the_threshold() {
+    let mut store = small_store(CodecKind::TQ4, 4, 0);
+    let ids = filled(&mut store, 3, SourceLayer::UserTurn, 1);
+    assert_eq!(store.metadata().steps(), 0);
+    for &id in &ids {
+        assert_eq!(store.metadata().get(id).unwrap().read_step(), 0);
+    }
+    store
+        .record_mass(&ids, &[0.7, 0.2, 0.1], 0.5, 0.25)
+        .unwrap();
+    store
+        .record_mass(&ids, &[0.1, 0.6, 0.3], 0.5, 0.25)
+        .unwrap();
+    assert_eq!(store.metadata().steps(), 2);
+    let read = |id| store.metadata().get(id).unwrap().read_step();
+    assert_eq!([read(ids[0]), read(ids[1]), read(ids[2])], [1, 2, 2]);
+    // A block allocated now starts at the current step.
+    let late = filled(&mut store, 1, SourceLayer::UserTurn, 2)[0];
+    assert_eq!(store.metadata().get(late).unwrap().read_step(), 2);
+}

@@ -41,6 +41,8 @@ pub struct Config {
     pub shadow: ShadowSection,
     /// The tier bridge (OODA loop).
     pub tiers: TiersSection,
+    /// How idle hot blocks are ranked for eviction (admission and the tier bridge).
+    pub eviction: EvictionSection,
     /// Per-tenant fairness limits.
     pub limits: LimitsSection,
     /// Logs: level and format.
@@ -279,6 +281,49 @@ impl TiersSection {
             cooldown_cycles: self.cooldown_cycles,
             ..engram_engine::TierPolicy::default()
         }
+    }
+}
+
+/// `[eviction]`: which idle hot blocks leave first when a turn needs room, and how the tier
+/// bridge weighs attention.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvictionSection {
+    /// `attention` (the default: priority bands, blocks unread for `idle_steps` demoted, then
+    /// attention mass and read recency) or `priority` (priority, then least recently touched).
+    pub mode: String,
+    /// Weight of a block's decayed attention mass within its band.
+    pub mass_weight: f64,
+    /// Weight of how recently the model read it (a step gave it at least half a uniform share).
+    pub recency_weight: f64,
+    /// Sampled decode steps without a read after which an unpinned block loses its priority
+    /// band (spilled first, never dropped for room while anything else can go); 0: never.
+    pub idle_steps: u64,
+}
+
+impl Default for EvictionSection {
+    fn default() -> Self {
+        let p = engram_engine::EvictionPolicy::default();
+        Self {
+            mode: "attention".into(),
+            mass_weight: p.mass_weight,
+            recency_weight: p.recency_weight,
+            idle_steps: p.idle_steps,
+        }
+    }
+}
+
+impl EvictionSection {
+    /// The engine policy these settings describe.
+    pub fn policy(&self) -> Result<engram_engine::EvictionPolicy, engram_engine::EngineError> {
+        let p = engram_engine::EvictionPolicy {
+            mode: engram_engine::EvictionMode::parse(&self.mode)?,
+            mass_weight: self.mass_weight,
+            recency_weight: self.recency_weight,
+            idle_steps: self.idle_steps,
+        };
+        p.validate()?;
+        Ok(p)
     }
 }
 
@@ -701,6 +746,9 @@ impl Config {
         }
         if self.tiers.interval_ms < 10 {
             return bad("tiers.interval_ms", "must be at least 10");
+        }
+        if let Err(e) = self.eviction.policy() {
+            return bad("eviction", &e.to_string());
         }
         if let Err(e) = self.tiers.policy().validate() {
             return Err(ConfigError::Invalid {

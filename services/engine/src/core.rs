@@ -35,6 +35,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{EngineError, EngineResult};
 
 mod cache;
+mod evict;
 mod fault;
 mod forward;
 mod reserve;
@@ -46,6 +47,7 @@ use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{DeviceWeights, WeightFormat};
 pub use cache::{DownTier, EvictReport, ForgetReport};
+pub use evict::{EvictionMode, EvictionPolicy};
 pub use fault::{EngineFault, FaultKind};
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
@@ -125,6 +127,10 @@ pub struct EngineConfig {
     /// tenant's own oldest record goes, never another tenant's.
     #[serde(default = "default_chains_per_tenant")]
     pub chains_per_tenant: usize,
+    /// How idle hot blocks are ranked when a turn needs room, and how the tier bridge weighs
+    /// attention ([`EvictionPolicy`]; attention-aware by default).
+    #[serde(default)]
+    pub eviction: EvictionPolicy,
 }
 
 fn default_chains_per_tenant() -> usize {
@@ -221,6 +227,7 @@ impl Default for EngineConfig {
             down_tier: None,
             fault: None,
             chains_per_tenant: shadow::CHAINS_PER_TENANT,
+            eviction: EvictionPolicy::default(),
         }
     }
 }
@@ -613,6 +620,7 @@ impl EngineCore {
             });
         }
         let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        config.eviction.validate()?;
         let pins = PrefixPinManager::new(config.pin_policy.clone())?;
         let key_means = match config.key_centering {
             KeyCentering::Off => None,

@@ -40,6 +40,7 @@ pub use crate::core::{
     ShadowBlock, ShadowChain,
 };
 pub use crate::core::{CycleReport, TierCosts, TierObservation, TierPolicy};
+pub use crate::core::{EvictionMode, EvictionPolicy};
 pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};
 pub use error::{EngineError, EngineResult};
 pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};

@@ -76,6 +76,27 @@ fn add(x: &mut [f32], y: &[f32]) {
 }
 
 impl Llama {
+    /// In the middle layer, the attention mass one query row gives each block (a decode step's
+    /// row, or a prompt chunk's last row: prefill contributes from its last rows only), folded
+    /// into the blocks' metadata — one more pass over one layer's keys.
+    fn sample_mass(
+        &self,
+        store: &mut BlockStore,
+        l: usize,
+        blocks: &[engram_kvcore::BlockId],
+        total: usize,
+        q: &[f32],
+        params: &AttentionParams,
+    ) -> EngineResult<()> {
+        if l != self.layers.len() / 2 || blocks.is_empty() {
+            return Ok(());
+        }
+        let mass = store.attention_mass(l, blocks, total, q, params)?;
+        let threshold = MASS_SHARE / blocks.len() as f32;
+        store.record_mass(blocks, &mass, MASS_WEIGHT, threshold)?;
+        Ok(())
+    }
+
     /// The CPU layers for a validated batch: `ids` and `positions` of its concatenated new
     /// tokens. Returns the logits of the rows the batch asks for.
     pub(super) fn forward_cpu_layers(
@@ -159,23 +180,25 @@ impl Llama {
                 let o = &mut attn[off * heads * d..(off + m) * heads * d];
                 if m == 1 && !s.prompt {
                     store.attend(l, blocks, total, qs, &params, o)?;
-                    if l == self.layers.len() / 2 {
-                        // The middle layer's attention mass per block, into the blocks'
-                        // metadata (one more pass over one layer's keys per decode step).
-                        let mass = store.attention_mass(l, blocks, total, qs, &params)?;
-                        let threshold = MASS_SHARE / blocks.len() as f32;
-                        store.record_mass(blocks, &mass, MASS_WEIGHT, threshold)?;
-                    }
+                    self.sample_mass(store, l, blocks, total, qs, &params)?;
                 } else if store.causal_is_fast(Isa::active(), l, heads) {
                     // Tiles of query rows share each key tile (read from the codes, or from
                     // the prefix decoded once): no score-sized tensors, no mask, and a row's
                     // bits do not depend on the chunk it comes in.
                     store.attend_causal(l, blocks, s.start, m, qs, &params, o)?;
+                    if s.prompt {
+                        let last = &qs[(m - 1) * heads * d..];
+                        self.sample_mass(store, l, blocks, total, last, &params)?;
+                    }
                 } else {
                     let mask = super::causal_mask(s.start, m)?;
                     let q_seq = Tensor::from_slice(qs, (m, heads, d), &dev)?;
                     let out = dense_attention(store, l, blocks, total, &q_seq, &mask, cfg)?;
                     o.copy_from_slice(&out.flatten_all()?.to_vec1::<f32>()?);
+                    if s.prompt {
+                        let last = &qs[(m - 1) * heads * d..];
+                        self.sample_mass(store, l, blocks, total, last, &params)?;
+                    }
                 }
                 off += m;
             }

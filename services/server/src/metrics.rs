@@ -14,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use serde::Serialize;
 
 /// Upper bounds of the TTFT buckets, in seconds.
 pub const TTFT_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -88,6 +89,8 @@ pub struct Metrics {
     http_latency: Histograms,
     tenant_turns: Family<Labels, Counter>,
     tenant_tokens: Family<Labels, Counter>,
+    prefetch: Family<Labels, Counter>,
+    prefetch_turns: Family<Labels, Counter>,
     /// Tenants with their own label; at most `tenant_cap`.
     labelled: Mutex<HashSet<String>>,
     tenant_cap: usize,
@@ -111,6 +114,14 @@ impl Metrics {
         for event in ["archived", "thawed"] {
             drop(archive.get_or_create(&labels(&[("event", event)])));
         }
+        let prefetch = Family::default();
+        for outcome in PrefetchOutcome::ALL {
+            drop(prefetch.get_or_create(&labels(&[("outcome", outcome.label())])));
+        }
+        let prefetch_turns = Family::default();
+        for result in ["hit", "miss"] {
+            drop(prefetch_turns.get_or_create(&labels(&[("result", result)])));
+        }
         Self {
             ttft: ttft_histogram(),
             replayed_turns: Counter::default(),
@@ -121,6 +132,8 @@ impl Metrics {
             http_latency: Family::new_with_constructor(http_histogram),
             tenant_turns: Family::default(),
             tenant_tokens: Family::default(),
+            prefetch,
+            prefetch_turns,
             labelled: Mutex::new(HashSet::new()),
             tenant_cap: tenant_labels,
         }
@@ -202,6 +215,41 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one prefetch request by what it did.
+    pub fn count_prefetch(&self, outcome: PrefetchOutcome) {
+        self.prefetch
+            .get_or_create(&labels(&[("outcome", outcome.label())]))
+            .inc();
+    }
+
+    /// Counts a turn that followed a reserving prefetch of its session: a hit when it showed
+    /// exactly the memories the prefetch reserved.
+    pub fn count_prefetch_turn(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.prefetch_turns
+            .get_or_create(&labels(&[("result", result)]))
+            .inc();
+    }
+
+    /// Prefetch figures so far: requests by outcome, and the turns after a reserving prefetch
+    /// that hit and missed.
+    pub fn prefetch_figures(&self) -> PrefetchFigures {
+        let get = |f: &Family<Labels, Counter>, k: &str, v: &str| {
+            f.get_or_create(&labels(&[(k, v)])).get()
+        };
+        let turns = |r| get(&self.prefetch_turns, "result", r);
+        let (hits, misses) = (turns("hit"), turns("miss"));
+        PrefetchFigures {
+            reserved: get(&self.prefetch, "outcome", PrefetchOutcome::Reserved.label()),
+            unchanged: get(&self.prefetch, "outcome", PrefetchOutcome::Unchanged.label()),
+            nothing: get(&self.prefetch, "outcome", PrefetchOutcome::Nothing.label()),
+            capacity: get(&self.prefetch, "outcome", PrefetchOutcome::Capacity.label()),
+            hits,
+            misses,
+            hit_rate: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
+        }
+    }
+
     /// Turns replayed so far.
     pub fn replayed(&self) -> u64 {
         self.replayed_turns.get()
@@ -240,6 +288,16 @@ impl Metrics {
             self.http_latency.clone(),
         );
         reg.register(
+            "engram_prefetch_requests",
+            "Prefetch requests (POST …/sessions/{s}/prefetch) by outcome: reserved (the neighbourhood's memories computed ahead in the cold tier), unchanged (the session's last prefetch reserved the same), nothing (no memory recalled, or no memories layer), capacity (cold tier or queue full)",
+            self.prefetch.clone(),
+        );
+        reg.register(
+            "engram_prefetch_turns",
+            "Turns after a reserving prefetch of their session: hit when the turn showed exactly the memories the prefetch reserved",
+            self.prefetch_turns.clone(),
+        );
+        reg.register(
             "engram_tenant_turns",
             "Generations by tenant (the first metrics.tenant_labels tenants by id, the rest as other)",
             self.tenant_turns.clone(),
@@ -250,6 +308,54 @@ impl Metrics {
             self.tenant_tokens.clone(),
         );
     }
+}
+
+/// What a prefetch request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefetchOutcome {
+    /// The neighbourhood's memories were queued for computing in the cold tier.
+    Reserved,
+    /// The session's last prefetch reserved the same neighbourhood.
+    Unchanged,
+    /// Nothing was recalled, or the agent's prompt has no memories layer.
+    Nothing,
+    /// The cold tier or the engine's queue was full.
+    Capacity,
+}
+
+impl PrefetchOutcome {
+    /// Every outcome.
+    pub const ALL: [Self; 4] = [Self::Reserved, Self::Unchanged, Self::Nothing, Self::Capacity];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::Unchanged => "unchanged",
+            Self::Nothing => "nothing",
+            Self::Capacity => "capacity",
+        }
+    }
+}
+
+/// Prefetch figures (admin views).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct PrefetchFigures {
+    /// Requests that reserved a neighbourhood.
+    pub reserved: u64,
+    /// Requests whose neighbourhood the session's last prefetch had reserved.
+    pub unchanged: u64,
+    /// Requests that recalled nothing to reserve.
+    pub nothing: u64,
+    /// Requests skipped for capacity.
+    pub capacity: u64,
+    /// Turns after a reserving prefetch that showed exactly its memories.
+    pub hits: u64,
+    /// Turns after a reserving prefetch that showed other memories.
+    pub misses: u64,
+    /// hits / (hits + misses); null before any.
+    pub hit_rate: Option<f64>,
 }
 
 /// A counter holding `n` (for figures read at the scrape).

@@ -182,6 +182,8 @@ pub struct AppState {
     pub sessions: SessionSlots,
     /// Prompt segments' token ids, kept across turns.
     pub tokens: crate::tokens::TokenCache,
+    /// The neighbourhood each session's last prefetch reserved, for the prefetch hit rate.
+    pub prefetched: Prefetched,
 }
 
 impl AppState {
@@ -220,6 +222,7 @@ impl AppState {
             deletions: Deletions::default(),
             sessions: SessionSlots::default(),
             tokens: crate::tokens::TokenCache::default(),
+            prefetched: Prefetched::new(),
         }
     }
 
@@ -299,6 +302,39 @@ impl TokenCounter for Counter<'_> {
 
 /// An agent's current layers, shared.
 type Layers = Arc<[engram_store::LayerRow]>;
+
+/// The memory nodes (ids, in the order the memories layer shows them) the last prefetch of
+/// each session reserved, for at most an hour (a reservation lives for
+/// `memory.reservation_ttl_secs`): the session's next turn counts a prefetch hit when it shows
+/// exactly them, a miss otherwise, and forgets them.
+#[derive(Debug)]
+pub struct Prefetched(moka::sync::Cache<(u64, u64), std::sync::Arc<[u64]>>);
+
+impl Prefetched {
+    fn new() -> Self {
+        Self(
+            moka::sync::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(std::time::Duration::from_secs(3600))
+                .build(),
+        )
+    }
+
+    /// Records what a prefetch of `session` of `tenant` reserved.
+    pub fn put(&self, tenant: TenantId, session: u64, ids: Vec<u64>) {
+        self.0.insert((tenant.0, session), ids.into());
+    }
+
+    /// What the last prefetch of the session reserved, forgotten as it is read.
+    pub fn take(&self, tenant: TenantId, session: u64) -> Option<std::sync::Arc<[u64]>> {
+        self.0.remove(&(tenant.0, session))
+    }
+
+    /// The session's last prefetch, left in place.
+    pub fn get(&self, tenant: TenantId, session: u64) -> Option<std::sync::Arc<[u64]>> {
+        self.0.get(&(tenant.0, session))
+    }
+}
 
 /// A turn's agent and layer reads, remembered for `server.agent_cache_ms` (moka). Writes through
 /// this node ([`AgentCache::invalidate`]: a layer stored or marked public, an agent or tenant

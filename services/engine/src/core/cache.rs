@@ -9,6 +9,7 @@ use engram_kvcore::{
 
 use serde::{Deserialize, Serialize};
 
+use super::evict::{EvictionMode, HotRanking};
 use super::{EngineConfig, EngineCore, PUBLIC_TENANT, PrefixReuse, SeqId, block_salt};
 use crate::calibrate::KvProfile;
 use crate::error::{EngineError, EngineResult};
@@ -182,10 +183,26 @@ impl EngineCore {
             .flat_map(|s| s.blocks.iter().copied())
             .collect();
         let removable = self.hot_removable(tenants, &busy);
-        let ev = self
-            .store
-            .make_room_for(n, |id| busy.contains(&id), |id| removable.contains(&id))
-            .map_err(|e| match e {
+        let ev = match self.config.eviction.mode {
+            EvictionMode::Priority => self.store.make_room_for(
+                n,
+                |id| busy.contains(&id),
+                |id| removable.contains(&id),
+            ),
+            EvictionMode::Attention => {
+                let HotRanking { order, demoted } = self.rank_hot(&busy);
+                // Demoted blocks are spilled, not dropped — unless nothing else can make room.
+                self.store
+                    .make_room_ordered(n, order.clone(), |id| {
+                        removable.contains(&id) && !demoted.contains(&id)
+                    })
+                    .or_else(|_| {
+                        self.store
+                            .make_room_ordered(n, order, |id| removable.contains(&id))
+                    })
+            }
+        }
+        .map_err(|e| match e {
                 KvError::TierExhausted {
                     tier: Tier::Hot,
                     requested,

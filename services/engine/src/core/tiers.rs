@@ -5,7 +5,10 @@
 //!   read it, and the cycle of its last tier move.
 //! - **Orient**: a block's weight is `w_frequency · f + w_recency · r + w_importance ·
 //!   importance` (plus a floor), scaled by its eviction priority, where `f` is `ln(1 + attended) /
-//!   ln(1 + max attended)` and `r` is its last attention as a share of the observed span. Its
+//!   ln(1 + max attended)` and `r` is its last attention as a share of the observed span (with
+//!   attention-aware eviction, [`super::EvictionMode::Attention`]: its last read with at least
+//!   the threshold mass, plus `mass_weight` times its decayed mass over the largest, and no
+//!   priority scaling for a block unread for the eviction window; see `core/evict.rs`). Its
 //!   value in a tier is that weight times what leaving the tier would cost per byte: warming it
 //!   back from cold, reading it back from the shadow (blocks of a recorded session chain, when the
 //!   shadow is on), or recomputing its tokens. Pinned blocks, blocks a sequence attends and
@@ -38,6 +41,7 @@ use std::collections::{HashMap, HashSet};
 use engram_kvcore::{BlockId, PinState, Tier};
 use serde::{Deserialize, Serialize};
 
+use super::evict::EvictionMode;
 use super::{ChainKey, EngineCore};
 use crate::error::{EngineError, EngineResult};
 
@@ -505,18 +509,44 @@ impl EngineCore {
         });
         let span = hi.saturating_sub(lo).max(1) as f64;
         let denom = (1.0 + max_attended as f64).ln();
+        // Attention-aware: recency is that of the last read above the mass threshold, the
+        // decayed mass weighs in, and a block unread for the eviction window loses its
+        // priority's scaling (see core/evict.rs).
+        let eviction = self.config.eviction;
+        let attention = eviction.mode == EvictionMode::Attention;
+        let (read_lo, read_hi) = metas.iter().fold((u64::MAX, 0u64), |(lo, hi), m| {
+            (lo.min(m.read_step()), hi.max(m.read_step()))
+        });
+        let read_span = read_hi.saturating_sub(read_lo).max(1) as f64;
+        let max_mass = metas
+            .iter()
+            .map(|m| f64::from(m.mass()))
+            .fold(0.0f64, f64::max);
         let costs = policy.costs;
         let mut value: HashMap<BlockId, (Tier, f64, u32)> = HashMap::new();
         for m in &metas {
             let protected = m.pin() == PinState::Pinned || cooling(m.moves(), m.moved_epoch());
             let f = (1.0 + m.attended() as f64).ln() / denom;
-            let r = m.last_attended().saturating_sub(lo) as f64 / span;
+            let (r, mass, priority) = if attention {
+                let r = m.read_step().saturating_sub(read_lo) as f64 / read_span;
+                let mass = if max_mass > 0.0 {
+                    eviction.mass_weight * f64::from(m.mass()) / max_mass
+                } else {
+                    0.0
+                };
+                let priority = if self.unread(m) { 0 } else { m.priority() };
+                (r, mass, priority)
+            } else {
+                let r = m.last_attended().saturating_sub(lo) as f64 / span;
+                (r, 0.0, m.priority())
+            };
             let score = policy.w_frequency * f
                 + policy.w_recency * r
-                + policy.w_importance * m.importance() as f64;
+                + policy.w_importance * m.importance() as f64
+                + mass;
             // A floor so that a block never read still weighs its restore cost, and the
             // eviction priority scaling it (a higher layer priority survives longer).
-            let weight = (score + 0.01) * (1.0 + f64::from(m.priority()) / 100.0);
+            let weight = (score + 0.01) * (1.0 + f64::from(priority) / 100.0);
             let per_byte = match m.tier() {
                 Tier::Hot => costs.cold_ns_per_byte,
                 _ if costs.disk_ns_per_byte > 0.0 && chained.contains(&m.id()) => {

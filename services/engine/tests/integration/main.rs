@@ -7,6 +7,7 @@ mod common;
 mod downtier;
 mod embed;
 mod eval;
+mod eviction;
 mod prefix;
 mod reserve;
 mod safetensors;

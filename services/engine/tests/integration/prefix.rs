@@ -468,9 +468,11 @@ fn decode_steps_fold_the_middle_layer_s_attention_mass_into_the_blocks() {
         .unwrap();
     let mut logits = core.prefill(id).unwrap();
     let mass_of = |core: &EngineCore, b| core.store().metadata().get(b).unwrap().mass();
-    // A prefill records nothing.
+    // A prefill contributes its last row's mass: one sample of weight 0.1.
     let blocks = core.blocks(id).unwrap().to_vec();
-    assert!(blocks.iter().all(|&b| mass_of(&core, b) == 0.0));
+    let total: f32 = blocks.iter().map(|&b| mass_of(&core, b)).sum();
+    assert!((total - 0.1).abs() < 1e-4, "{total}");
+    assert_eq!(core.store().metadata().steps(), 1);
     let steps = 12;
     for _ in 0..steps {
         let t = engram_engine::argmax(&logits);
@@ -479,10 +481,10 @@ fn decode_steps_fold_the_middle_layer_s_attention_mass_into_the_blocks() {
     let blocks = core.blocks(id).unwrap().to_vec();
     assert_eq!(blocks.len(), 6); // 82 tokens: the sixth block joined at token 80
     let masses: Vec<f32> = blocks.iter().map(|&b| mass_of(&core, b)).collect();
-    // Each step spreads a mass of 1 over the blocks; the decayed averages add up to
-    // 1 − (1 − w)^steps.
+    // Each sample (the prefill's last row, then every step) spreads a mass of 1 over the
+    // blocks; the decayed averages add up to 1 − (1 − w)^samples.
     let total: f32 = masses.iter().sum();
-    let want = 1.0 - 0.9f32.powi(steps);
+    let want = 1.0 - 0.9f32.powi(steps + 1);
     assert!((total - want).abs() < 1e-3, "{total} vs {want}: {masses:?}");
     // The model does not read every block alike, and the most read block was attended lately.
     let (lo, hi) = masses

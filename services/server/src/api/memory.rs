@@ -671,6 +671,7 @@ pub async fn admin_reservations(
         reservations: list,
         counters: c,
         hit_rate: c.hit_rate(),
+        prefetch: state.metrics.prefetch_figures(),
     }))
 }
 
@@ -748,6 +749,9 @@ pub struct AdminReservations {
     pub counters: engram_engine::ReservationCounters,
     /// Used over used or expired (null before any).
     pub hit_rate: Option<f64>,
+    /// Query-time prefetches (`POST …/sessions/{s}/prefetch`): requests by outcome, and the
+    /// turns after a reserving prefetch that showed exactly its memories (hits) or not.
+    pub prefetch: crate::metrics::PrefetchFigures,
 }
 
 /// A memory node with its edges and the nodes they reach.

@@ -37,7 +37,7 @@ routes!(
     health::healthz, health::readyz, admin::create_tenant, admin::list_tenants,
     admin::create_key, admin::revoke_key, admin::mark_layer_public, agents::create_agent,
     agents::list_agents, agents::get_agent, agents::put_layer, agents::list_layers,
-    agents::preview_context, turns::create_turn, sessions::inject_context, sessions::fork_session,
+    agents::preview_context, turns::create_turn, sessions::inject_context, sessions::fork_session, sessions::prefetch,
     turns::working_memory, turns::session_cache,
     openai::list_models, openai::chat_completions, inspect::cache, inspect::blocks,
     inspect::metrics, memory::create_node, memory::list_nodes, memory::get_node,

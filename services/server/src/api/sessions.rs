@@ -171,3 +171,57 @@ pub async fn fork_session(
         entries,
     }))
 }
+
+/// Body of `POST …/sessions/{session}/prefetch`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrefetchRequest {
+    /// What the user has typed so far (1 byte to 64 KiB, not only whitespace).
+    pub text: String,
+}
+
+/// Stages the memories the session's next turn will likely show while the user is still
+/// typing: the memory graph's neighbourhood of `text` is recalled as that turn would recall it
+/// (the session's own recent episodes left out), and its memories layer is computed ahead in the
+/// cold tier, covering exactly the tokens the turn's prompt will hold there — so the turn finds
+/// that KV cached. Nothing is logged and no session is created. Calling it again as the text
+/// grows is cheap: a neighbourhood the session's last prefetch reserved is not reserved again
+/// (`unchanged`). A full cold tier or engine queue answers `capacity`, not an error. The next
+/// turn counts a prefetch hit when it shows exactly the reserved memories
+/// (`engram_prefetch_turns_total`, `GET /v1/admin/reservations`).
+#[utoipa::path(
+    tag = "sessions",
+    request_body = PrefetchRequest,
+    responses(
+        (status = 200, description = "What the prefetch did", body = crate::turn::Prefetch),
+        (status = 400, description = "Empty or oversized text, or an invalid session name (`invalid_request`)", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+        (status = 429, description = "Over the tenant's request rate", body = crate::error::ErrorSchema),
+        (status = 503, description = "No model is loaded, or the memory graph is off", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/agents/{agent}/sessions/{session}/prefetch")]
+pub async fn prefetch(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    body: web::Json<PrefetchRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    check_name("session", &session)?;
+    let text = body.into_inner().text;
+    if text.trim().is_empty() || text.len() > 64 * 1024 {
+        return Err(TurnError::InvalidEntries {
+            why: "text: 1 byte to 64 KiB, not only whitespace".into(),
+        }
+        .into());
+    }
+    state.engine()?;
+    state.memory()?;
+    let turn = Turn::open(state.into_inner(), caller.0, &agent, Some(&session)).await?;
+    let done = turn.prefetch(&text).await?;
+    turn.state.metrics.count_prefetch(done.outcome);
+    Ok(HttpResponse::Ok().json(done))
+}

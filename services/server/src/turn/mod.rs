@@ -48,6 +48,7 @@ pub use prompt::{
     BudgetsUsed, Log, Turned, build_context, history_of, parse_kind, pipeline_layers, said_of,
 };
 pub use record::session_room;
+pub use reserve::Prefetch;
 
 use crate::state::{AppState, SessionSlot, Unavailable};
 use engram_memory::MemoryError;

@@ -371,6 +371,7 @@ impl Turn {
         let memories = self
             .neighbourhood(self.session.as_deref(), since, message)
             .await?;
+        self.settle_prefetch(memories.as_ref());
         let built = self.build(&log.said, message, memories.as_ref())?;
         Ok(Turned {
             built,
@@ -385,7 +386,7 @@ impl Turn {
     /// the window keeps, when it left older ones out; `None` when it shows them all (or nothing
     /// is recalled). The window depends on the conversation alone (see `engram_context`), so a
     /// build without memories finds it.
-    fn window_since(&self, log: &Log, message: &str) -> Result<Option<i64>, TurnError> {
+    pub(super) fn window_since(&self, log: &Log, message: &str) -> Result<Option<i64>, TurnError> {
         if self.state.memory.is_none() || log.created.len() != log.said.len() {
             return Ok(None);
         }

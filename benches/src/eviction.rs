@@ -1,0 +1,354 @@
+//! `engram-bench eviction`: attention-aware eviction against priority-only eviction, same
+//! load, same process, fresh state for each policy.
+//!
+//! The load: `agents` agents of one tenant, each with a long stable prefix (five layers of
+//! varied prose, `layer_lines` lines each) and one conversation. Warm-up: `warm_turns` turns per
+//! agent, round robin, with no hot-tier limit; the cached blocks then (hot + cold) are the
+//! working set. Each policy then runs in a fresh process state with the hot tier sized to
+//! `hot_share` of the working set (whole MiB, rounded up): the same warm-up, then `turns` turns
+//! over the agents drawn by a Zipf(`zipf_s`) law (seeded: the same agents in the same order for
+//! every policy) — a few agents busy, most occasional. A conversation ends after `2 ×
+//! warm_turns` turns (deleted) and a new one takes its place, so the working set stays steady.
+//!
+//! Figures per policy, over the steady turns: the hot hit rate (prompt blocks found hot at
+//! admission over the prompt blocks a turn could reuse: hot + cold hits + misses), the cold
+//! hits, the misses (recomputed), TTFT p50/p95, admission evictions; and whether every reply
+//! equals the first policy's (eviction moves blocks, it never changes them).
+
+use std::path::Path;
+
+use actix_web::{App, test, web};
+use engram_kvcore::SplitMix64;
+use engram_server::{Config, build_state, configure_app, spawn_background};
+use serde::Serialize;
+use serde_json::json;
+
+const ADMIN: &str = crate::BENCH_ADMIN;
+
+/// The load.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Load {
+    /// Agents (one conversation each).
+    pub agents: usize,
+    /// Lines of prose per stable layer (five layers per agent).
+    pub layer_lines: usize,
+    /// Warm-up turns per agent.
+    pub warm_turns: usize,
+    /// Steady turns.
+    pub turns: usize,
+    /// Tokens generated per turn.
+    pub max_tokens: usize,
+    /// Hot tier as a share of the working set.
+    pub hot_share: f64,
+    /// Exponent of the Zipf law over agents (0: uniform).
+    pub zipf_s: f64,
+}
+
+/// One policy's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyFigures {
+    /// `[eviction]` settings of the run.
+    pub eviction: serde_json::Value,
+    /// Steady turns.
+    pub turns: usize,
+    /// Prompt blocks found hot / (hot + cold + missed).
+    pub hot_hit_rate: f64,
+    /// Prompt blocks found hot, cold, and missed (recomputed).
+    pub hot_hits: u64,
+    /// Found in the cold tier (warmed by the turn).
+    pub cold_hits: u64,
+    /// Not cached (recomputed).
+    pub misses: u64,
+    /// Hot blocks admission evicted.
+    pub admission_evictions: u64,
+    /// Prompt tokens reused over prompt tokens.
+    pub cached_share: f64,
+    /// TTFT p50, p95 (ms).
+    pub ttft_ms: [f64; 2],
+    /// Mean TTFT (ms).
+    pub mean_ttft_ms: f64,
+    /// Every reply equals the first policy's.
+    pub replies_identical: bool,
+    /// Wall seconds of the steady phase.
+    pub wall_s: f64,
+}
+
+/// Everything the bench measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvictionFigures {
+    /// The load.
+    pub load: Load,
+    /// Working set: cached blocks after the warm-up, their bytes.
+    pub working_set_blocks: usize,
+    /// Bytes of the working set.
+    pub working_set_bytes: u64,
+    /// The hot tier of the steady runs, MiB.
+    pub hot_mib: u64,
+    /// Per policy, in run order.
+    pub policies: Vec<PolicyFigures>,
+}
+
+/// The eviction settings compared (`[eviction]` as JSON): priority-only, attention-aware with
+/// two demotion windows, and without the mass term (read recency alone).
+pub fn policies() -> Vec<serde_json::Value> {
+    vec![
+        json!({"mode": "priority"}),
+        json!({"mode": "attention", "idle_steps": 128}),
+        json!({"mode": "attention", "idle_steps": 512}),
+        json!({"mode": "attention", "idle_steps": 128, "mass_weight": 0.0}),
+    ]
+}
+
+fn config(model: &Path, dir: &Path, hot_mib: Option<u64>, eviction: &serde_json::Value) -> Config {
+    let mut c = Config::default();
+    c.model.path = model.to_path_buf();
+    c.database.url = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
+    c.auth.admin_key.0 = ADMIN.into();
+    c.memory.enabled = false;
+    c.shadow.dir = dir.join("shadow");
+    if let Some(mib) = hot_mib {
+        c.model.hot_mib = mib;
+    }
+    if let Some(m) = eviction["mode"].as_str() {
+        c.eviction.mode = m.into();
+    }
+    if let Some(w) = eviction["mass_weight"].as_f64() {
+        c.eviction.mass_weight = w;
+    }
+    if let Some(w) = eviction["recency_weight"].as_f64() {
+        c.eviction.recency_weight = w;
+    }
+    if let Some(n) = eviction["idle_steps"].as_u64() {
+        c.eviction.idle_steps = n;
+    }
+    c
+}
+
+const WORDS: [&str; 24] = [
+    "river", "lantern", "orchard", "granite", "harbour", "meadow", "violin", "compass", "glacier",
+    "library", "falcon", "ember", "invoice", "ledger", "freight", "pallet", "customs", "tariff",
+    "courier", "depot", "manifest", "berth", "quay", "dock",
+];
+
+/// `lines` lines of varied prose, seeded.
+fn prose(seed: u64, lines: usize) -> String {
+    let mut rng = SplitMix64::new(seed);
+    let mut w = || WORDS[(rng.next_u64() % WORDS.len() as u64) as usize];
+    (0..lines)
+        .map(|i| {
+            format!(
+                "{i}. When the {} meets the {}, check the {} before the {}.",
+                w(),
+                w(),
+                w(),
+                w()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Agent `a`'s five stable layers.
+fn layers(a: usize, lines: usize) -> serde_json::Value {
+    let kinds = ["axioms", "identity", "rules", "capabilities", "soul"];
+    let layers: Vec<_> = kinds
+        .iter()
+        .enumerate()
+        .map(|(k, kind)| {
+            json!({
+                "kind": kind,
+                "content": format!("Agent {a}, {kind}:\n{}", prose((a * 10 + k) as u64 + 1, lines)),
+            })
+        })
+        .collect();
+    json!(layers)
+}
+
+/// Agent `a`'s message of turn `i`.
+fn message(a: usize, i: usize) -> String {
+    format!(
+        "Agent {a}, question {i}: the {} left the {} at {} past the hour; where should the {} go?",
+        WORDS[(a + i) % 24],
+        WORDS[(i * 5 + 3) % 24],
+        (i * 37 + a * 11) % 60,
+        WORDS[(i * 7 + a) % 24],
+    )
+}
+
+fn zipf(rng: &mut SplitMix64, n: usize, s: f64) -> usize {
+    let w: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect();
+    let mut u = rng.next_open01() * w.iter().sum::<f64>();
+    for (k, wk) in w.iter().enumerate() {
+        u -= wk;
+        if u <= 0.0 {
+            return k;
+        }
+    }
+    n - 1
+}
+
+fn p(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// What one run returns: working set (blocks, bytes), and with a hot limit the steady figures
+/// and replies.
+type RunOut = (usize, u64, Option<(PolicyFigures, Vec<String>)>);
+
+async fn run(
+    model: &Path,
+    dir: &Path,
+    load: Load,
+    hot_mib: Option<u64>,
+    eviction: &serde_json::Value,
+) -> anyhow::Result<RunOut> {
+    std::fs::create_dir_all(dir)?;
+    let state = web::Data::new(build_state(config(model, dir, hot_mib, eviction)).await?);
+    anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
+    spawn_background(state.clone());
+    let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
+    let (s, t) = app_call!(
+        &app,
+        "POST",
+        "/v1/admin/tenants",
+        ADMIN,
+        json!({"name": "platform"})
+    );
+    anyhow::ensure!(s == 201, "tenant: {t}");
+    let key = t["api_key"].as_str().unwrap_or_default().to_string();
+    for a in 0..load.agents {
+        let (s, v) = app_call!(
+            &app,
+            "POST",
+            "/v1/agents",
+            &key,
+            json!({"name": format!("agent{a}"), "layers": layers(a, load.layer_lines)}),
+        );
+        anyhow::ensure!(s == 201, "agent: {v}");
+    }
+    let turn = |a: usize, generation: usize, i: usize| {
+        (
+            format!("/v1/agents/agent{a}/sessions/c{generation}/turns"),
+            json!({"message": message(a, i), "max_tokens": load.max_tokens}),
+        )
+    };
+    let mut said = vec![0usize; load.agents];
+    for i in 0..load.warm_turns {
+        for (a, n) in said.iter_mut().enumerate() {
+            let (path, body) = turn(a, 0, i);
+            let (st, v) = app_call!(&app, "POST", &path, &key, body);
+            anyhow::ensure!(st == 200, "turn: {v}");
+            *n += 1;
+        }
+    }
+    let engine = state.engine().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let snapshot = || async {
+        engine
+            .snapshot()
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .recv_async()
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let before = snapshot().await?;
+    if hot_mib.is_none() {
+        let blocks = before.occupancy.hot_used + before.occupancy.cold_used;
+        let bytes = blocks as u64 * before.occupancy.block_bytes as u64;
+        drop(app);
+        state.store.close().await;
+        return Ok((blocks, bytes, None));
+    }
+    let mut rng = SplitMix64::new(0xe71c_7ed5);
+    let mut generation = vec![0usize; load.agents];
+    let (mut ttft, mut replies) = (Vec::new(), Vec::new());
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    let started = std::time::Instant::now();
+    for _ in 0..load.turns {
+        let a = zipf(&mut rng, load.agents, load.zipf_s);
+        if said[a] >= 2 * load.warm_turns {
+            let (st, v) = app_call!(
+                &app,
+                "DELETE",
+                &format!("/v1/agents/agent{a}/sessions/c{}", generation[a]),
+                &key,
+                serde_json::Value::Null,
+            );
+            anyhow::ensure!(st == 200 || st == 204, "delete: {v}");
+            generation[a] += 1;
+            said[a] = 0;
+        }
+        let (path, body) = turn(a, generation[a], said[a]);
+        let (st, v) = app_call!(&app, "POST", &path, &key, body);
+        anyhow::ensure!(st == 200, "turn: {v}");
+        said[a] += 1;
+        ttft.push(v["ttft_ms"].as_f64().unwrap_or(0.0));
+        cached += v["usage"]["cached_tokens"].as_u64().unwrap_or(0);
+        prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        replies.push(v["text"].as_str().unwrap_or_default().to_string());
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let after = snapshot().await?;
+    drop(app);
+    state.store.close().await;
+    actix_web::rt::time::sleep(std::time::Duration::from_millis(50)).await;
+    let (b, e) = (&before.counters, &after.counters);
+    let hot_hits = e.hot_hits - b.hot_hits;
+    let cold_hits = e.cold_hits - b.cold_hits;
+    let misses = e.misses - b.misses;
+    let mean = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
+    ttft.sort_by(f64::total_cmp);
+    let figures = PolicyFigures {
+        eviction: eviction.clone(),
+        turns: load.turns,
+        hot_hit_rate: hot_hits as f64 / (hot_hits + cold_hits + misses).max(1) as f64,
+        hot_hits,
+        cold_hits,
+        misses,
+        admission_evictions: e.admission_evictions - b.admission_evictions,
+        cached_share: cached as f64 / prompt.max(1) as f64,
+        ttft_ms: [p(&ttft, 0.5), p(&ttft, 0.95)],
+        mean_ttft_ms: mean,
+        replies_identical: true,
+        wall_s,
+    };
+    Ok((0, 0, Some((figures, replies))))
+}
+
+/// Measures the working set, then every policy of [`policies`] at `hot_share` of it.
+pub async fn compare(model: &Path, dir: &Path, load: Load) -> anyhow::Result<EvictionFigures> {
+    let none = json!({});
+    let (blocks, bytes, _) = run(model, &dir.join("ws"), load, None, &none).await?;
+    let hot_mib = ((bytes as f64 * load.hot_share) / (1u64 << 20) as f64).ceil() as u64;
+    let mut out = Vec::new();
+    let mut first: Option<Vec<String>> = None;
+    for (i, policy) in policies().into_iter().enumerate() {
+        let (_, _, steady) = run(
+            model,
+            &dir.join(format!("p{i}")),
+            load,
+            Some(hot_mib.max(1)),
+            &policy,
+        )
+        .await?;
+        let (mut f, replies) = steady.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;
+        match &first {
+            None => first = Some(replies),
+            Some(r) => f.replies_identical = *r == replies,
+        }
+        eprintln!(
+            "engram-bench eviction: {} hot hit rate {:.3}, TTFT p50 {:.1} ms",
+            f.eviction, f.hot_hit_rate, f.ttft_ms[0]
+        );
+        out.push(f);
+    }
+    Ok(EvictionFigures {
+        load,
+        working_set_blocks: blocks,
+        working_set_bytes: bytes,
+        hot_mib,
+        policies: out,
+    })
+}

@@ -1,0 +1,213 @@
+//! Which idle hot blocks leave first when a turn needs room: by priority alone (kvcore's
+//! [`engram_kvcore::BlockStore::eviction_order`]), or by what the model reads.
+//!
+//! **Attention-aware** ranking ([`EvictionMode::Attention`], the default): every idle hot block
+//! gets a key `(band, heat)`:
+//! - `band` is its eviction priority (999 pinned), except that an unpinned block the model has
+//!   not read for `idle_steps` sampled decode steps (no step gave it at least the threshold
+//!   mass: [`engram_kvcore::BlockMeta::read_step`]) falls to band 0 — a high semantic priority
+//!   does not keep a block hot that nothing reads. Such a block is *demoted*: it may be spilled
+//!   to the cold tier but is not dropped to make room.
+//! - `heat = mass_weight · m + recency_weight · r`, where `m` is its decayed attention mass
+//!   over the largest among the candidates and `r` its last read as a share of the candidates'
+//!   span of reads (1 = the latest).
+//!
+//! Keys are then made monotone along every cached session chain (a block is worth at least
+//! what any later hot block of its chain is worth: a running sequence's blocks are worth the
+//! most), so the chain loses its hot blocks from the end and a prefix never has a hole because
+//! of eviction. Victims go in ascending key order, later positions first among equals.
+//!
+//! Cost: O(hot blocks + cached chain blocks), plus the sort.
+
+use std::collections::{HashMap, HashSet};
+
+use engram_kvcore::{BlockId, PINNED_PRIORITY, PinState, Tier};
+use serde::{Deserialize, Serialize};
+
+use super::EngineCore;
+use crate::error::{EngineError, EngineResult};
+
+/// How idle hot blocks are ranked for eviction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvictionMode {
+    /// (pinned, priority, last touched, age): kvcore's rule, blind to what attention read.
+    Priority,
+    /// Priority bands with demotion of unread blocks, attention mass and read recency within a
+    /// band, monotone along session chains (see the module docs).
+    #[default]
+    Attention,
+}
+
+impl EvictionMode {
+    /// `priority` or `attention`.
+    pub fn parse(s: &str) -> EngineResult<Self> {
+        match s.trim() {
+            "priority" => Ok(Self::Priority),
+            "attention" => Ok(Self::Attention),
+            other => Err(EngineError::InvalidConfig {
+                field: "eviction.mode",
+                reason: format!("unknown mode `{other}` (priority, attention)"),
+            }),
+        }
+    }
+}
+
+/// Weights of attention-aware eviction (used by admission's evictions and the tier bridge).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvictionPolicy {
+    /// The ranking.
+    pub mode: EvictionMode,
+    /// Weight of the block's attention mass in its heat.
+    pub mass_weight: f64,
+    /// Weight of how recently the model read it.
+    pub recency_weight: f64,
+    /// Sampled decode steps without a read after which an unpinned block is demoted to the
+    /// lowest band (0: never).
+    pub idle_steps: u64,
+}
+
+impl Default for EvictionPolicy {
+    fn default() -> Self {
+        Self {
+            mode: EvictionMode::Attention,
+            mass_weight: 0.3,
+            recency_weight: 0.7,
+            idle_steps: 2048,
+        }
+    }
+}
+
+impl EvictionPolicy {
+    /// Checks the weights (finite, ≥ 0).
+    pub fn validate(&self) -> EngineResult<()> {
+        for (field, w) in [
+            ("eviction.mass_weight", self.mass_weight),
+            ("eviction.recency_weight", self.recency_weight),
+        ] {
+            if !(w >= 0.0 && w.is_finite()) {
+                return Err(EngineError::InvalidConfig {
+                    field,
+                    reason: "must be a finite weight ≥ 0".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A block's rank key: (band, heat); higher survives longer.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+struct Key(u16, f64);
+
+impl Key {
+    const LOWEST: Self = Self(0, f64::NEG_INFINITY);
+    const BUSY: Self = Self(u16::MAX, f64::INFINITY);
+
+    fn max(self, other: Self) -> Self {
+        if other.0 > self.0 || (other.0 == self.0 && other.1 > self.1) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// The idle hot blocks in attention-aware eviction order, and those demoted (unread for the
+/// policy's window: spill only).
+pub(super) struct HotRanking {
+    pub order: Vec<BlockId>,
+    pub demoted: HashSet<BlockId>,
+}
+
+impl EngineCore {
+    /// Whether `m` has gone unread for the policy's window (never a pinned block).
+    pub(super) fn unread(&self, m: &engram_kvcore::BlockMeta) -> bool {
+        let p = &self.config.eviction;
+        p.idle_steps > 0
+            && m.pin() != PinState::Pinned
+            && self
+                .store
+                .metadata()
+                .steps()
+                .saturating_sub(m.read_step())
+                > p.idle_steps
+    }
+
+    /// Ranks the idle hot blocks (not in `busy`) by the attention-aware rule (module docs).
+    pub(super) fn rank_hot(&self, busy: &HashSet<BlockId>) -> HotRanking {
+        let p = self.config.eviction;
+        let meta = self.store.metadata();
+        let idle: Vec<_> = meta
+            .iter()
+            .filter(|m| m.tier() == Tier::Hot && !busy.contains(&m.id()))
+            .collect();
+        let max_mass = idle
+            .iter()
+            .map(|m| f64::from(m.mass()))
+            .fold(0.0f64, f64::max);
+        let (lo, hi) = idle.iter().fold((u64::MAX, 0u64), |(lo, hi), m| {
+            (lo.min(m.read_step()), hi.max(m.read_step()))
+        });
+        let span = hi.saturating_sub(lo).max(1) as f64;
+        let mut own: HashMap<BlockId, Key> = HashMap::with_capacity(idle.len());
+        let mut demoted = HashSet::new();
+        for m in &idle {
+            let unread = self.unread(m);
+            if unread {
+                demoted.insert(m.id());
+            }
+            let band = if m.pin() == PinState::Pinned {
+                PINNED_PRIORITY
+            } else if unread {
+                0
+            } else {
+                m.priority()
+            };
+            let mass = if max_mass > 0.0 {
+                f64::from(m.mass()) / max_mass
+            } else {
+                0.0
+            };
+            let r = m.read_step().saturating_sub(lo) as f64 / span;
+            own.insert(m.id(), Key(band, p.mass_weight * mass + p.recency_weight * r));
+        }
+        let key_of = |id: &BlockId| -> Key {
+            if busy.contains(id) {
+                return Key::BUSY;
+            }
+            own.get(id).copied().unwrap_or(Key::LOWEST)
+        };
+        let mut effective = own.clone();
+        for chain in self.cached_chains() {
+            let mut later = Key::LOWEST;
+            for id in chain.iter().rev() {
+                later = later.max(key_of(id));
+                if let Some(e) = effective.get_mut(id) {
+                    *e = e.max(later);
+                }
+            }
+        }
+        let mut ranked: Vec<(Key, u32, BlockId)> = idle
+            .iter()
+            .map(|m| {
+                let k = effective.get(&m.id()).copied().unwrap_or(Key::LOWEST);
+                (k, m.tokens().start, m.id())
+            })
+            .collect();
+        ranked.sort_by(|a, b| {
+            a.0.0
+                .cmp(&b.0.0)
+                .then(a.0.1.total_cmp(&b.0.1))
+                .then(b.1.cmp(&a.1))
+                .then(a.2.cmp(&b.2))
+        });
+        // A block a later, readable block of its chain lifted out of band 0 is not demoted.
+        demoted.retain(|id| effective.get(id).is_some_and(|k| k.0 == 0));
+        HotRanking {
+            order: ranked.into_iter().map(|(_, _, id)| id).collect(),
+            demoted,
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Attention-aware eviction: a block the model has not read for the window loses its priority
+//! band (spilled, not dropped); priority-only eviction keeps it; pinned blocks never move; the
+//! bytes a turn reads back are the same either way.
+
+use engram_engine::{
+    EngineConfig, EngineCore, EvictionMode, EvictionPolicy, PromptSegment, SequenceSpec,
+};
+use engram_kvcore::{BlockId, SessionId, SourceLayer, TenantId, Tier};
+
+use crate::common::license_tokens;
+
+/// A core of 256 tokens of context with 16 hot and 16 cold blocks, ranking by `mode`, a
+/// block unread for 8 sampled steps demoted.
+fn engine(mode: EvictionMode) -> EngineCore {
+    let (m, t) = crate::common::model();
+    let model = m.clone().with_context_length(256).unwrap();
+    let probe = EngineCore::new(model.clone(), t.clone(), EngineConfig::default()).unwrap();
+    let block = probe.store().block_bytes() as u64;
+    let core = EngineCore::new(
+        model,
+        t.clone(),
+        EngineConfig {
+            hot_bytes: 16 * block,
+            cold_bytes: 16 * block,
+            eviction: EvictionPolicy {
+                mode,
+                idle_steps: 8,
+                ..EvictionPolicy::default()
+            },
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(core.store().capacity(Tier::Hot), 16);
+    core
+}
+
+fn spec(tokens: &[u32], source: SourceLayer, session: u64) -> SequenceSpec {
+    SequenceSpec {
+        segments: vec![PromptSegment {
+            tokens: tokens.to_vec(),
+            source,
+            importance: 0.5,
+        }],
+        session: Some(SessionId(session)),
+        ..SequenceSpec::plain(Vec::new(), TenantId(3))
+    }
+}
+
+/// Prefills `spec`, decodes `steps` greedy tokens, finishes; the cached blocks and the first
+/// token's logits.
+fn turn(core: &mut EngineCore, spec: SequenceSpec, steps: usize) -> (Vec<BlockId>, Vec<f32>) {
+    let (id, _) = core.start(spec).unwrap();
+    let first = core.prefill(id).unwrap();
+    let mut logits = first.clone();
+    let blocks = core.blocks(id).unwrap().to_vec();
+    for _ in 0..steps {
+        let t = engram_engine::argmax(&logits);
+        logits = core.decode(&[(id, t)]).unwrap().remove(0);
+    }
+    core.finish(id).unwrap();
+    let cached: Vec<BlockId> = blocks
+        .into_iter()
+        .filter(|&b| core.store().metadata().get(b).is_some())
+        .collect();
+    (cached, first)
+}
+
+fn tiers(core: &EngineCore, ids: &[BlockId]) -> Vec<Tier> {
+    ids.iter()
+        .map(|&b| core.store().metadata().get(b).map_or(Tier::Recompute, |m| m.tier()))
+        .collect()
+}
+
+/// Memories (priority 35) never read again, then a user turn (15) the model reads for 12
+/// steps, then a third prompt that needs room: what each mode evicts.
+fn scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>, Vec<f32>) {
+    let text = license_tokens(400);
+    let mut core = engine(mode);
+    let (memories, _) = turn(&mut core, spec(&text[..65], SourceLayer::Memories, 1), 0);
+    assert_eq!(memories.len(), 4);
+    let (user, _) = turn(&mut core, spec(&text[100..165], SourceLayer::UserTurn, 2), 12);
+    assert_eq!(user.len(), 4);
+    // Samples: each prefill's last row, and the 12 steps.
+    assert_eq!(core.store().metadata().steps(), 14);
+    // The memories were read by their own prefill's last row at most, never since.
+    for &b in &memories {
+        assert!(core.store().metadata().get(b).unwrap().read_step() <= 1);
+    }
+    // 10 blocks for the third prompt: 8 are free, two must go.
+    let (_, _) = turn(&mut core, spec(&text[200..360], SourceLayer::UserTurn, 3), 0);
+    assert!(core.counters().admission_evictions >= 2);
+    let (memories, user) = (tiers(&core, &memories), tiers(&core, &user));
+    // The user turn's prompt again: its first token's logits, whatever tier it was read from.
+    let (_, again) = turn(&mut core, spec(&text[100..165], SourceLayer::UserTurn, 2), 0);
+    (memories, user, again)
+}
+
+#[test]
+fn an_unread_block_loses_its_band_and_is_spilled_not_dropped() {
+    let (memories_p, user_p, logits_p) = scenario(EvictionMode::Priority);
+    let (t, user_a, logits_a) = scenario(EvictionMode::Attention);
+    // Priority only: the user turn (15) goes before the memories (35), read or not.
+    assert!(memories_p.iter().all(|&t| t == Tier::Hot), "{memories_p:?}");
+    assert_eq!(
+        user_p.iter().filter(|&&t| t == Tier::Cold).count(),
+        2,
+        "{user_p:?}"
+    );
+    // Attention-aware: the unread memories go first, from their chain's end, spilled.
+    assert_eq!(t.iter().filter(|&&t| t == Tier::Cold).count(), 2, "{t:?}");
+    assert_eq!(&t[..2], &[Tier::Hot, Tier::Hot], "{t:?}");
+    assert!(user_a.iter().all(|&t| t == Tier::Hot), "{user_a:?}");
+    // Eviction moved bytes, never changed them: the same prompt gives the same logits.
+    assert_eq!(logits_p, logits_a);
+}
+
+#[test]
+fn a_pinned_block_is_never_demoted_however_long_unread() {
+    let text = license_tokens(400);
+    let mut core = engine(EvictionMode::Attention);
+    let pinned_spec = SequenceSpec {
+        pin_key: Some([7; 32]),
+        ..spec(&text[..65], SourceLayer::Rules, 1)
+    };
+    let (rules, _) = turn(&mut core, pinned_spec, 0);
+    let pinned: Vec<BlockId> = rules
+        .iter()
+        .copied()
+        .filter(|&b| {
+            core.store().metadata().get(b).unwrap().pin() == engram_kvcore::PinState::Pinned
+        })
+        .collect();
+    assert!(!pinned.is_empty());
+    let (user, _) = turn(&mut core, spec(&text[100..165], SourceLayer::UserTurn, 2), 12);
+    let _ = turn(&mut core, spec(&text[200..360], SourceLayer::UserTurn, 3), 0);
+    assert!(tiers(&core, &pinned).iter().all(|&t| t == Tier::Hot));
+    // Room came out of the unpinned blocks (the user turn, or the rules' unpinned tail).
+    let unpinned_hot = user
+        .iter()
+        .chain(&rules)
+        .filter(|b| !pinned.contains(b))
+        .filter(|&&b| tiers(&core, &[b])[0] == Tier::Hot)
+        .count();
+    assert!(unpinned_hot < user.len() + rules.len() - pinned.len());
+}
