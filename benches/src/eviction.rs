@@ -88,14 +88,13 @@ pub struct EvictionFigures {
     pub policies: Vec<PolicyFigures>,
 }
 
-/// The eviction settings compared (`[eviction]` as JSON): priority-only, attention-aware with
-/// two demotion windows, and without the mass term (read recency alone).
+/// The eviction settings compared (`[eviction]` as JSON): priority-only, attention-aware
+/// (defaults), and attention-aware without the read frequency.
 pub fn policies() -> Vec<serde_json::Value> {
     vec![
         json!({"mode": "priority"}),
-        json!({"mode": "attention", "idle_steps": 128}),
-        json!({"mode": "attention", "idle_steps": 512}),
-        json!({"mode": "attention", "idle_steps": 128, "mass_weight": 0.0}),
+        json!({"mode": "attention"}),
+        json!({"mode": "attention", "frequency_weight": 0.0}),
     ]
 }
 
@@ -117,6 +116,9 @@ fn config(model: &Path, dir: &Path, hot_mib: Option<u64>, eviction: &serde_json:
     }
     if let Some(w) = eviction["recency_weight"].as_f64() {
         c.eviction.recency_weight = w;
+    }
+    if let Some(w) = eviction["frequency_weight"].as_f64() {
+        c.eviction.frequency_weight = w;
     }
     if let Some(n) = eviction["idle_steps"].as_u64() {
         c.eviction.idle_steps = n;

@@ -115,7 +115,11 @@ impl BlockStore {
         }
         let mut seen = HashSet::new();
         victims.retain(|&id| {
-            seen.insert(id) && self.metadata().get(id).is_some_and(|m| m.tier() == Tier::Hot)
+            seen.insert(id)
+                && self
+                    .metadata()
+                    .get(id)
+                    .is_some_and(|m| m.tier() == Tier::Hot)
         });
         let need = n - free;
         let to_cold = self.free_blocks(Tier::Cold).min(need).min(victims.len());

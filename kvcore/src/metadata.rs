@@ -137,6 +137,9 @@ pub struct BlockMeta {
     /// read it, in decode steps, is `steps − read_step`.
     #[serde(default)]
     pub(crate) read_step: u64,
+    /// Sampled steps that gave the block at least the threshold mass.
+    #[serde(default)]
+    pub(crate) reads: u32,
     pub(crate) priority: u16,
     pub(crate) pin: PinState,
     pub(crate) tier: Tier,
@@ -211,6 +214,12 @@ impl BlockMeta {
     /// threshold, or of its allocation.
     pub fn read_step(&self) -> u64 {
         self.read_step
+    }
+
+    /// Sampled steps that gave the block at least the threshold mass (how often the model
+    /// read it).
+    pub fn reads(&self) -> u32 {
+        self.reads
     }
     /// Effective eviction priority (see the module invariants).
     pub fn priority(&self) -> u16 {
@@ -421,6 +430,7 @@ impl BlockMetadataTable {
             mass: 0.0,
             mass_at: 0,
             read_step: self.steps,
+            reads: 0,
             priority: self.priorities.get(tags.source),
             pin: PinState::Unpinned,
             tier,

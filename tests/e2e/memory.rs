@@ -645,7 +645,10 @@ fn a_prefetch_stages_the_memories_the_next_turn_shows() {
     assert_eq!(with["memories"]["nodes"], p["memories"], "{with}");
     let m = &with["memories"];
     assert!(m["reserved_tokens"].as_u64().unwrap() > 0, "{with}");
-    assert!(m["reserved_tokens"].as_u64() <= m["tokens"].as_u64(), "{with}");
+    assert!(
+        m["reserved_tokens"].as_u64() <= m["tokens"].as_u64(),
+        "{with}"
+    );
     // Counted once: the prefetched session's turn was a hit.
     let (s, all) = srv.call("GET", "/v1/admin/reservations", Some(ADMIN), Value::Null);
     assert_eq!(s, 200);
@@ -667,7 +670,12 @@ fn a_prefetch_stages_the_memories_the_next_turn_shows() {
     let w = "Where does my sister Alice work?";
     let (_, p2) = prefetch("typed", w);
     assert_eq!(p2["outcome"], "reserved", "{p2}");
-    node(&srv, &key, "fact", "Alice works as a nurse at a hospital in Berlin.");
+    node(
+        &srv,
+        &key,
+        "fact",
+        "Alice works as a nurse at a hospital in Berlin.",
+    );
     let t = turn("typed", w);
     assert_ne!(t["memories"]["nodes"], p2["memories"], "{t}");
     let (_, all) = srv.call("GET", "/v1/admin/reservations", Some(ADMIN), Value::Null);

@@ -61,6 +61,7 @@ impl BlockStore {
             if m >= threshold {
                 meta.mass_at = now;
                 meta.read_step = step;
+                meta.reads = meta.reads.saturating_add(1);
             }
         }
         Ok(())

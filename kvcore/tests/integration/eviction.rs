@@ -282,6 +282,8 @@ fn read_steps_count_sampled_steps_and_move_only_above_the_threshold() {
     assert_eq!(store.metadata().steps(), 2);
     let read = |id| store.metadata().get(id).unwrap().read_step();
     assert_eq!([read(ids[0]), read(ids[1]), read(ids[2])], [1, 2, 2]);
+    let reads = |id| store.metadata().get(id).unwrap().reads();
+    assert_eq!([reads(ids[0]), reads(ids[1]), reads(ids[2])], [1, 1, 1]);
     // A block allocated now starts at the current step.
     let late = filled(&mut store, 1, SourceLayer::UserTurn, 2)[0];
     assert_eq!(store.metadata().get(late).unwrap().read_step(), 2);

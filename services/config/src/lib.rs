@@ -296,6 +296,8 @@ pub struct EvictionSection {
     pub mass_weight: f64,
     /// Weight of how recently the model read it (a step gave it at least half a uniform share).
     pub recency_weight: f64,
+    /// Weight of how often the model read it (log scale).
+    pub frequency_weight: f64,
     /// Sampled decode steps without a read after which an unpinned block loses its priority
     /// band (spilled first, never dropped for room while anything else can go); 0: never.
     pub idle_steps: u64,
@@ -308,6 +310,7 @@ impl Default for EvictionSection {
             mode: "attention".into(),
             mass_weight: p.mass_weight,
             recency_weight: p.recency_weight,
+            frequency_weight: p.frequency_weight,
             idle_steps: p.idle_steps,
         }
     }
@@ -320,6 +323,7 @@ impl EvictionSection {
             mode: engram_engine::EvictionMode::parse(&self.mode)?,
             mass_weight: self.mass_weight,
             recency_weight: self.recency_weight,
+            frequency_weight: self.frequency_weight,
             idle_steps: self.idle_steps,
         };
         p.validate()?;
@@ -747,8 +751,17 @@ impl Config {
         if self.tiers.interval_ms < 10 {
             return bad("tiers.interval_ms", "must be at least 10");
         }
-        if let Err(e) = self.eviction.policy() {
-            return bad("eviction", &e.to_string());
+        if engram_engine::EvictionMode::parse(&self.eviction.mode).is_err() {
+            return bad("eviction.mode", "attention or priority");
+        }
+        for (key, w) in [
+            ("eviction.mass_weight", self.eviction.mass_weight),
+            ("eviction.recency_weight", self.eviction.recency_weight),
+            ("eviction.frequency_weight", self.eviction.frequency_weight),
+        ] {
+            if !(w >= 0.0 && w.is_finite()) {
+                return bad(key, "must be a finite weight ≥ 0");
+            }
         }
         if let Err(e) = self.tiers.policy().validate() {
             return Err(ConfigError::Invalid {
@@ -935,6 +948,17 @@ mod tests {
                 "model.chains_per_tenant",
             ),
             ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
+            ("ENGRAM__EVICTION__MODE", "lru", "eviction.mode"),
+            (
+                "ENGRAM__EVICTION__MASS_WEIGHT",
+                "-0.5",
+                "eviction.mass_weight",
+            ),
+            (
+                "ENGRAM__EVICTION__RECENCY_WEIGHT",
+                "-1",
+                "eviction.recency_weight",
+            ),
         ] {
             match load(k, v) {
                 Err(ConfigError::Invalid { key: got, .. }) => assert_eq!(got, key),
@@ -955,6 +979,23 @@ mod tests {
                 other => panic!("{k}={v}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn eviction_settings_reach_the_engine_policy() {
+        let c = Config::load(
+            None,
+            vec![
+                ("ENGRAM__EVICTION__MODE".to_string(), "priority".to_string()),
+                ("ENGRAM__EVICTION__IDLE_STEPS".to_string(), "64".to_string()),
+            ],
+        )
+        .unwrap();
+        let p = c.eviction.policy().unwrap();
+        assert_eq!(p.mode, engram_engine::EvictionMode::Priority);
+        assert_eq!(p.idle_steps, 64);
+        let d = Config::default().eviction.policy().unwrap();
+        assert_eq!(d, engram_engine::EvictionPolicy::default());
     }
 
     #[test]

@@ -241,7 +241,11 @@ impl Metrics {
         let (hits, misses) = (turns("hit"), turns("miss"));
         PrefetchFigures {
             reserved: get(&self.prefetch, "outcome", PrefetchOutcome::Reserved.label()),
-            unchanged: get(&self.prefetch, "outcome", PrefetchOutcome::Unchanged.label()),
+            unchanged: get(
+                &self.prefetch,
+                "outcome",
+                PrefetchOutcome::Unchanged.label(),
+            ),
             nothing: get(&self.prefetch, "outcome", PrefetchOutcome::Nothing.label()),
             capacity: get(&self.prefetch, "outcome", PrefetchOutcome::Capacity.label()),
             hits,
@@ -326,7 +330,12 @@ pub enum PrefetchOutcome {
 
 impl PrefetchOutcome {
     /// Every outcome.
-    pub const ALL: [Self; 4] = [Self::Reserved, Self::Unchanged, Self::Nothing, Self::Capacity];
+    pub const ALL: [Self; 4] = [
+        Self::Reserved,
+        Self::Unchanged,
+        Self::Nothing,
+        Self::Capacity,
+    ];
 
     /// The metric label.
     pub fn label(self) -> &'static str {

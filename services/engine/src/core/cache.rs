@@ -184,11 +184,10 @@ impl EngineCore {
             .collect();
         let removable = self.hot_removable(tenants, &busy);
         let ev = match self.config.eviction.mode {
-            EvictionMode::Priority => self.store.make_room_for(
-                n,
-                |id| busy.contains(&id),
-                |id| removable.contains(&id),
-            ),
+            EvictionMode::Priority => {
+                self.store
+                    .make_room_for(n, |id| busy.contains(&id), |id| removable.contains(&id))
+            }
             EvictionMode::Attention => {
                 let HotRanking { order, demoted } = self.rank_hot(&busy);
                 // Demoted blocks are spilled, not dropped — unless nothing else can make room.
@@ -203,16 +202,16 @@ impl EngineCore {
             }
         }
         .map_err(|e| match e {
-                KvError::TierExhausted {
-                    tier: Tier::Hot,
-                    requested,
-                    available,
-                } => EngineError::NoHotRoom {
-                    needed: requested,
-                    available,
-                },
-                other => other.into(),
-            })?;
+            KvError::TierExhausted {
+                tier: Tier::Hot,
+                requested,
+                available,
+            } => EngineError::NoHotRoom {
+                needed: requested,
+                available,
+            },
+            other => other.into(),
+        })?;
         self.counters.admission_evictions += ev.freed() as u64;
         for &id in &ev.spilled {
             if let Some(m) = self.store.metadata().get(id) {

@@ -8,9 +8,11 @@
 //!   mass: [`engram_kvcore::BlockMeta::read_step`]) falls to band 0 — a high semantic priority
 //!   does not keep a block hot that nothing reads. Such a block is *demoted*: it may be spilled
 //!   to the cold tier but is not dropped to make room.
-//! - `heat = mass_weight · m + recency_weight · r`, where `m` is its decayed attention mass
-//!   over the largest among the candidates and `r` its last read as a share of the candidates'
-//!   span of reads (1 = the latest).
+//! - `heat = mass_weight · m + recency_weight · r + frequency_weight · f`, where `m` is its
+//!   decayed attention mass over the largest among the candidates, `r` its last read as a share
+//!   of the candidates' span of reads (1 = the latest) and `f = ln(1 + reads) / ln(1 + most
+//!   reads)`, `reads` counting the steps that gave it at least the threshold mass
+//!   ([`engram_kvcore::BlockMeta::reads`]): blocks the model reads often and lately stay.
 //!
 //! Keys are then made monotone along every cached session chain (a block is worth at least
 //! what any later hot block of its chain is worth: a running sequence's blocks are worth the
@@ -63,6 +65,9 @@ pub struct EvictionPolicy {
     pub mass_weight: f64,
     /// Weight of how recently the model read it.
     pub recency_weight: f64,
+    /// Weight of how often the model read it (steps that gave it at least the threshold
+    /// mass, on a log scale).
+    pub frequency_weight: f64,
     /// Sampled decode steps without a read after which an unpinned block is demoted to the
     /// lowest band (0: never).
     pub idle_steps: u64,
@@ -72,9 +77,10 @@ impl Default for EvictionPolicy {
     fn default() -> Self {
         Self {
             mode: EvictionMode::Attention,
-            mass_weight: 0.3,
-            recency_weight: 0.7,
-            idle_steps: 2048,
+            mass_weight: 0.2,
+            recency_weight: 0.4,
+            frequency_weight: 0.4,
+            idle_steps: 512,
         }
     }
 }
@@ -85,6 +91,7 @@ impl EvictionPolicy {
         for (field, w) in [
             ("eviction.mass_weight", self.mass_weight),
             ("eviction.recency_weight", self.recency_weight),
+            ("eviction.frequency_weight", self.frequency_weight),
         ] {
             if !(w >= 0.0 && w.is_finite()) {
                 return Err(EngineError::InvalidConfig {
@@ -127,12 +134,7 @@ impl EngineCore {
         let p = &self.config.eviction;
         p.idle_steps > 0
             && m.pin() != PinState::Pinned
-            && self
-                .store
-                .metadata()
-                .steps()
-                .saturating_sub(m.read_step())
-                > p.idle_steps
+            && self.store.metadata().steps().saturating_sub(m.read_step()) > p.idle_steps
     }
 
     /// Ranks the idle hot blocks (not in `busy`) by the attention-aware rule (module docs).
@@ -151,6 +153,8 @@ impl EngineCore {
             (lo.min(m.read_step()), hi.max(m.read_step()))
         });
         let span = hi.saturating_sub(lo).max(1) as f64;
+        let max_reads = idle.iter().map(|m| m.reads()).max().unwrap_or(0);
+        let reads_denom = (1.0 + f64::from(max_reads)).ln().max(f64::MIN_POSITIVE);
         let mut own: HashMap<BlockId, Key> = HashMap::with_capacity(idle.len());
         let mut demoted = HashSet::new();
         for m in &idle {
@@ -171,7 +175,9 @@ impl EngineCore {
                 0.0
             };
             let r = m.read_step().saturating_sub(lo) as f64 / span;
-            own.insert(m.id(), Key(band, p.mass_weight * mass + p.recency_weight * r));
+            let f = (1.0 + f64::from(m.reads())).ln() / reads_denom;
+            let heat = p.mass_weight * mass + p.recency_weight * r + p.frequency_weight * f;
+            own.insert(m.id(), Key(band, heat));
         }
         let key_of = |id: &BlockId| -> Key {
             if busy.contains(id) {

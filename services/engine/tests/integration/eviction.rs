@@ -68,7 +68,12 @@ fn turn(core: &mut EngineCore, spec: SequenceSpec, steps: usize) -> (Vec<BlockId
 
 fn tiers(core: &EngineCore, ids: &[BlockId]) -> Vec<Tier> {
     ids.iter()
-        .map(|&b| core.store().metadata().get(b).map_or(Tier::Recompute, |m| m.tier()))
+        .map(|&b| {
+            core.store()
+                .metadata()
+                .get(b)
+                .map_or(Tier::Recompute, |m| m.tier())
+        })
         .collect()
 }
 
@@ -79,7 +84,11 @@ fn scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>, Vec<f32>) {
     let mut core = engine(mode);
     let (memories, _) = turn(&mut core, spec(&text[..65], SourceLayer::Memories, 1), 0);
     assert_eq!(memories.len(), 4);
-    let (user, _) = turn(&mut core, spec(&text[100..165], SourceLayer::UserTurn, 2), 12);
+    let (user, _) = turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        12,
+    );
     assert_eq!(user.len(), 4);
     // Samples: each prefill's last row, and the 12 steps.
     assert_eq!(core.store().metadata().steps(), 14);
@@ -88,11 +97,19 @@ fn scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>, Vec<f32>) {
         assert!(core.store().metadata().get(b).unwrap().read_step() <= 1);
     }
     // 10 blocks for the third prompt: 8 are free, two must go.
-    let (_, _) = turn(&mut core, spec(&text[200..360], SourceLayer::UserTurn, 3), 0);
+    let (_, _) = turn(
+        &mut core,
+        spec(&text[200..360], SourceLayer::UserTurn, 3),
+        0,
+    );
     assert!(core.counters().admission_evictions >= 2);
     let (memories, user) = (tiers(&core, &memories), tiers(&core, &user));
     // The user turn's prompt again: its first token's logits, whatever tier it was read from.
-    let (_, again) = turn(&mut core, spec(&text[100..165], SourceLayer::UserTurn, 2), 0);
+    let (_, again) = turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        0,
+    );
     (memories, user, again)
 }
 
@@ -132,8 +149,16 @@ fn a_pinned_block_is_never_demoted_however_long_unread() {
         })
         .collect();
     assert!(!pinned.is_empty());
-    let (user, _) = turn(&mut core, spec(&text[100..165], SourceLayer::UserTurn, 2), 12);
-    let _ = turn(&mut core, spec(&text[200..360], SourceLayer::UserTurn, 3), 0);
+    let (user, _) = turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        12,
+    );
+    let _ = turn(
+        &mut core,
+        spec(&text[200..360], SourceLayer::UserTurn, 3),
+        0,
+    );
     assert!(tiers(&core, &pinned).iter().all(|&t| t == Tier::Hot));
     // Room came out of the unpinned blocks (the user turn, or the rules' unpinned tail).
     let unpinned_hot = user
