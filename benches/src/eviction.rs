@@ -212,15 +212,8 @@ async fn run(
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
     spawn_background(state.clone());
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
-    let (s, t) = app_call!(
-        &app,
-        "POST",
-        "/v1/admin/tenants",
-        ADMIN,
-        json!({"name": "platform"})
-    );
-    anyhow::ensure!(s == 201, "tenant: {t}");
-    let key = t["api_key"].as_str().unwrap_or_default().to_string();
+    // The tenant (and an unused agent `bot`, which the bench's agents sit beside).
+    let key = tenant!(&app, "platform");
     for a in 0..load.agents {
         let (s, v) = app_call!(
             &app,
