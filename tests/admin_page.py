@@ -1,8 +1,9 @@
 """Drives the admin page in headless Chromium (Debian's, through Playwright's
 `executable_path`): signs in with the admin key, waits for the occupancy chart, shows a
-session's block strip and a memory node's neighbourhood, runs a tier cycle and a shadow flush
-from the page, checks that the key is in sessionStorage only and that no Content-Security-Policy
-violation or script error happened, and writes a screenshot.
+session's block strip (with each block's attention mass), the prefetch figures and a memory
+node's neighbourhood, runs a tier cycle and a shadow flush from the page, checks that the key
+is in sessionStorage only and that no Content-Security-Policy violation or script error
+happened, and writes a screenshot.
 
 usage: admin_page.py BASE ADMIN_KEY TENANT_ID AGENT SESSION NODE_ID SCREENSHOT"""
 
@@ -49,12 +50,25 @@ def main() -> None:
         page.click("#strip-show")
         page.wait_for_selector("#strip .block")
         blocks = page.eval_on_selector_all(
-            "#strip .block", "els => els.map(e => [e.dataset.source, e.dataset.tier, e.dataset.pin])"
+            "#strip .block",
+            "els => els.map(e => [e.dataset.source, e.dataset.tier, e.dataset.pin, Number(e.dataset.mass), Number(e.dataset.reads)])",
         )
         sources = sorted({b[0] for b in blocks})
         pinned = sum(1 for b in blocks if b[2] == "pinned")
         assert "axioms" in sources and "user_turn" in sources, sources
         assert pinned > 0, blocks
+        # Decode steps sampled attention mass: some blocks carry it and were read, and the
+        # bars are drawn in proportion (the largest fills its block).
+        masses = [b[3] for b in blocks]
+        assert all(0.0 <= m <= 1.0 for m in masses) and max(masses) > 0.0, masses
+        assert sum(b[4] for b in blocks) > 0, blocks
+        tallest = page.eval_on_selector_all("#strip .block .mass", "els => Math.max(...els.map(e => parseFloat(e.style.height)))")
+        assert abs(tallest - 100.0) < 1e-6, tallest
+
+        # The query-time prefetch the test made before.
+        page.wait_for_selector("#prefetch")
+        reserved = page.text_content("#prefetch-reserved")
+        assert reserved == "1", reserved
 
         # A memory node's neighbourhood.
         page.select_option("#node-tenant", tenant)
@@ -74,7 +88,7 @@ def main() -> None:
         page.screenshot(path=shot, full_page=True)
         browser.close()
     assert not problems, problems
-    print("admin page ok " + json.dumps({"blocks": len(blocks), "pinned": pinned, "sources": sources, "circles": circles}))
+    print("admin page ok " + json.dumps({"blocks": len(blocks), "pinned": pinned, "sources": sources, "circles": circles, "max_mass": max(masses)}))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
 //! the scalar path on one thread, measured interleaved in this run; then the causal (prefill)
 //! form for a 256-token chunk after 3,840 tokens, per tier. `make bench-attention`.
 //!
+//! Then, on the active tier, the decode pass with the attention mass per block (issue 25): the
+//! plain kernels, the kernels plus the second pass over the keys that measures the mass, and the
+//! fused pass (`attend_with_mass`), interleaved; `MASS=0` skips it.
+//!
 //! `CAUSAL=0` skips the causal form. `KV=tq4,q8/tq4,q8/tq5 make bench-attention` measures other
 //! codecs (`KEYS/VALUES` for one per stream): layers whose keys and values are not both TQ4 take
 //! the AVX-512 or AVX2 kernel that expands each stream by its own codec (the scalar tier: the
@@ -144,6 +148,9 @@ fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKi
                 }
             }
         }
+        if std::env::var("MASS").map_or(true, |m| m != "0") {
+            mass_rows(&store, &ids, tokens, &q, params, rounds, name);
+        }
         for ((isa, threads), s) in configs.iter().zip(&medians) {
             println!(
                 "{{\"bench\":\"attention/{name}\",\"isa\":\"{isa}\",\"threads\":{threads},\"tokens\":{tokens},\"us\":{:.1},\"ns_per_key_group\":{:.1},\"speedup_vs_scalar\":{:.2}}}",
@@ -152,5 +159,62 @@ fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKi
                 medians[0] / s
             );
         }
+    }
+}
+
+/// The cost of the per-block attention mass on a decode step, on the active tier: plain
+/// `attend`, `attend` + `attention_mass` (a second pass), and `attend_with_mass` (fused),
+/// measured interleaved; medians.
+fn mass_rows(
+    store: &BlockStore,
+    ids: &[engram_kvcore::BlockId],
+    tokens: usize,
+    q: &[f32],
+    params: AttentionParams,
+    rounds: usize,
+    name: &str,
+) {
+    let mut out = vec![0.0f32; q.len()];
+    for threads in [1, 2] {
+        let p = params.with_threads(threads);
+        let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            for (form, s) in samples.iter_mut().enumerate() {
+                let t = Instant::now();
+                match form {
+                    0 => store
+                        .attend(0, ids, tokens, q, &p, &mut out)
+                        .expect("attend"),
+                    1 => {
+                        store
+                            .attend(0, ids, tokens, q, &p, &mut out)
+                            .expect("attend");
+                        black_box(store.attention_mass(0, ids, tokens, q, &p).expect("mass"));
+                    }
+                    _ => {
+                        black_box(
+                            store
+                                .attend_with_mass(0, ids, tokens, q, &p, &mut out)
+                                .expect("fused"),
+                        );
+                    }
+                }
+                black_box(&out);
+                s.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let [plain, two, fused] = samples.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        });
+        println!(
+            "{{\"bench\":\"attention/{name}/mass\",\"isa\":\"{}\",\"threads\":{threads},\"tokens\":{tokens},\"attend_us\":{:.1},\"attend_then_mass_us\":{:.1},\"fused_us\":{:.1},\"second_pass_overhead\":{:.3},\"fused_overhead\":{:.3}}}",
+            Isa::active(),
+            plain * 1e6,
+            two * 1e6,
+            fused * 1e6,
+            two / plain - 1.0,
+            fused / plain - 1.0
+        );
     }
 }

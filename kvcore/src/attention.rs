@@ -65,16 +65,16 @@ pub const MIN_KEYS_PER_THREAD: usize = 1024;
 
 /// Geometry of one attention call, validated.
 #[derive(Debug, Clone, Copy)]
-struct Geometry {
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    block_size: usize,
-    tokens: usize,
+pub(crate) struct Geometry {
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) block_size: usize,
+    pub(crate) tokens: usize,
 }
 
 impl Geometry {
-    fn group(&self) -> usize {
+    pub(crate) fn group(&self) -> usize {
         self.heads / self.kv_heads
     }
 }
@@ -155,6 +155,69 @@ impl BlockStore {
         let codecs = self.layer_codecs(layer);
         let prepared = Prepared::new(codecs, &bytes, geo, q, params, isa.min(Isa::detected()));
         Ok(block_mass(&prepared, &slots, geo))
+    }
+
+    /// [`Self::attend`] and [`Self::attention_mass`] in one pass over the keys: the decode
+    /// kernels compute one softmax state per (KV head, block) — spread over the threads as
+    /// [`Self::attend`]'s parts are — which merge in key order into `out` and give each block's
+    /// mass from the same states. The masses are those of [`Self::attention_mass`] bit for bit;
+    /// `out` is [`Self::attend`]'s up to the rounding of the merge order (the states are merged
+    /// per block instead of per part).
+    pub fn attend_with_mass(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<Vec<f32>> {
+        self.attend_with_mass_on(Isa::active(), layer, blocks, num_tokens, q, params, out)
+    }
+
+    /// [`Self::attend_with_mass`] on the kernels of `isa` (see [`Self::attend_on`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_with_mass_on(
+        &self,
+        isa: Isa,
+        layer: usize,
+        blocks: &[BlockId],
+        num_tokens: usize,
+        q: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> KvResult<Vec<f32>> {
+        let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
+        check_len(out.len(), geo.heads * geo.head_dim)?;
+        let (kc, vc) = self.layer_codecs(layer);
+        let prepared = Prepared::new((kc, vc), &bytes, geo, q, params, isa.min(Isa::detected()));
+        let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
+        let n = geo.tokens.div_ceil(bs);
+        let slots = &slots[..];
+        let units: Vec<KeyRange<'_>> = (0..geo.kv_heads)
+            .flat_map(|g| (0..n).map(move |b| block_keys(slots, geo, g, b)))
+            .collect();
+        let threads = (geo.tokens / MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1));
+        let states = run_units(&units, threads, |keys| prepared.partial(keys));
+        let mut mass = vec![0.0f64; n];
+        for (g, per_block) in states.chunks(n.max(1)).enumerate() {
+            let Some(total) = merged(per_block) else {
+                continue;
+            };
+            add_mass(per_block, &total, group, &mut mass);
+            let mut total = total;
+            for j in 0..group {
+                let h = g * group + j;
+                let inv = 1.0 / total.sum[j];
+                let acc = &mut total.acc[j * d..][..d];
+                acc.iter_mut().for_each(|a| *a *= inv);
+                vc.finish(acc, &mut out[h * d..][..d]);
+            }
+        }
+        Ok(mass
+            .iter()
+            .map(|&m| (m / geo.heads as f64) as f32)
+            .collect())
     }
 
     /// Causal attention of `new` query tokens at positions `start..start + new` (`q`:
@@ -441,7 +504,7 @@ impl BlockStore {
 
     /// Validates a read of `num_tokens` positions of hot `blocks` by query `q`, and resolves the
     /// blocks' slots and the layer's bytes.
-    fn hot_read(
+    pub(crate) fn hot_read(
         &self,
         layer: usize,
         blocks: &[BlockId],
@@ -527,7 +590,7 @@ fn check_heads(heads: usize, kv_heads: usize) -> KvResult<()> {
     Ok(())
 }
 
-fn check_len(got: usize, expected: usize) -> KvResult<()> {
+pub(crate) fn check_len(got: usize, expected: usize) -> KvResult<()> {
     if got != expected {
         return Err(KvError::RowWidth { expected, got });
     }
@@ -541,7 +604,7 @@ fn check_len(got: usize, expected: usize) -> KvResult<()> {
 /// wholly on one thread, and the parts' softmax states are merged in key order.
 /// Queries prepared for one call of the codes path: rotated (`qp`), and scaled for the SIMD
 /// kernels when they take this layer's codecs and geometry.
-struct Prepared<'a> {
+pub(crate) struct Prepared<'a> {
     kc: &'a Codec,
     vc: &'a Codec,
     bytes: &'a LayerBytes<'a>,
@@ -556,7 +619,7 @@ struct Prepared<'a> {
 }
 
 impl<'a> Prepared<'a> {
-    fn new(
+    pub(crate) fn new(
         (kc, vc): (&'a Codec, &'a Codec),
         bytes: &'a LayerBytes<'a>,
         geo: Geometry,
@@ -591,7 +654,7 @@ impl<'a> Prepared<'a> {
     }
 
     /// The softmax state of one KV head's key range.
-    fn partial(&self, keys: &KeyRange<'_>) -> Partial {
+    pub(crate) fn partial(&self, keys: &KeyRange<'_>) -> Partial {
         let (group, d) = (self.group, self.d);
         let heads = keys.g * group * d..(keys.g + 1) * group * d;
         if let Some(cb) = self.fast {
@@ -677,34 +740,14 @@ fn attend_codes(
 /// kernels, merged in key order; a block's mass for head `j` is its normalizer carried to the
 /// final maximum over the final normalizer.
 fn block_mass(prepared: &Prepared<'_>, slots: &[u32], geo: Geometry) -> Vec<f32> {
-    let (group, bs) = (geo.group(), geo.block_size);
-    let blocks = geo.tokens.div_ceil(bs);
+    let blocks = geo.tokens.div_ceil(geo.block_size);
     let mut mass = vec![0.0f64; blocks];
     for g in 0..geo.kv_heads {
         let per_block: Vec<Partial> = (0..blocks)
-            .map(|b| {
-                prepared.partial(&KeyRange {
-                    slots,
-                    block_size: bs,
-                    kv_heads: geo.kv_heads,
-                    g,
-                    start: b * bs,
-                    end: ((b + 1) * bs).min(geo.tokens),
-                })
-            })
+            .map(|b| prepared.partial(&block_keys(slots, geo, g, b)))
             .collect();
-        let Some(first) = per_block.first() else {
-            continue;
-        };
-        let mut total = first.clone();
-        for p in &per_block[1..] {
-            total.merge(p);
-        }
-        for (b, p) in per_block.iter().enumerate() {
-            for j in 0..group {
-                let carried = f64::from(p.sum[j]) * f64::from(p.max[j] - total.max[j]).exp();
-                mass[b] += carried / f64::from(total.sum[j]);
-            }
+        if let Some(total) = merged(&per_block) {
+            add_mass(&per_block, &total, geo.group(), &mut mass);
         }
     }
     mass.iter()
@@ -712,11 +755,45 @@ fn block_mass(prepared: &Prepared<'_>, slots: &[u32], geo: Geometry) -> Vec<f32>
         .collect()
 }
 
+/// KV head `g`'s keys of block `b` (the last block may be partial).
+fn block_keys<'a>(slots: &'a [u32], geo: Geometry, g: usize, b: usize) -> KeyRange<'a> {
+    let bs = geo.block_size;
+    KeyRange {
+        slots,
+        block_size: bs,
+        kv_heads: geo.kv_heads,
+        g,
+        start: b * bs,
+        end: ((b + 1) * bs).min(geo.tokens),
+    }
+}
+
+/// The softmax states of consecutive key ranges merged in key order (`None` for none).
+fn merged(states: &[Partial]) -> Option<Partial> {
+    let (first, rest) = states.split_first()?;
+    let mut total = first.clone();
+    for p in rest {
+        total.merge(p);
+    }
+    Some(total)
+}
+
+/// Adds to `mass[b]`, for each of the `group` heads, the share of `total`'s normalizer that
+/// block `b`'s state carries (its normalizer rescaled to the final max).
+fn add_mass(per_block: &[Partial], total: &Partial, group: usize, mass: &mut [f64]) {
+    for (b, p) in per_block.iter().enumerate() {
+        for j in 0..group {
+            let carried = f64::from(p.sum[j]) * f64::from(p.max[j] - total.max[j]).exp();
+            mass[b] += carried / f64::from(total.sum[j]);
+        }
+    }
+}
+
 /// `run` on every unit, the units shared out in contiguous runs over at most `threads` threads
 /// (the calling thread takes the first run, the team's threads the others, see
 /// [`crate::team`]); results in unit order. Each unit is computed wholly by one thread, so
 /// results do not depend on scheduling.
-fn run_units<U: Sync, R: Send>(
+pub(crate) fn run_units<U: Sync, R: Send>(
     units: &[U],
     threads: usize,
     run: impl Fn(&U) -> R + Sync,

@@ -159,4 +159,17 @@ pub enum KvError {
     /// A CUDA driver call failed (device memory, copies, the copy kernel).
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// A relocated run ([`crate::Relocated`]) is empty, out of order, past the sequence or off
+    /// block boundaries.
+    #[error("relocated run {run} ({start}..{end}) {reason}")]
+    BadRelocation {
+        /// Its index.
+        run: usize,
+        /// Its first position.
+        start: usize,
+        /// One past its last.
+        end: usize,
+        /// What it breaks.
+        reason: &'static str,
+    },
 }

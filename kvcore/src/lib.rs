@@ -26,6 +26,7 @@ mod error;
 mod evict;
 mod metadata;
 mod pin;
+mod relocate;
 pub mod shadow;
 mod shape;
 mod simd;
@@ -48,6 +49,7 @@ pub use metadata::{
     Precision, PriorityTable,
 };
 pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
+pub use relocate::{Relocated, Relocation, Rope};
 pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
 pub use simd::Isa;
 pub use store::host::HostTier;

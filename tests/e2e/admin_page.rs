@@ -62,6 +62,15 @@ fn the_admin_page_shows_a_session_its_blocks_and_a_memory_neighbourhood_in_chrom
         );
         assert_eq!(s, 201, "{v}");
     }
+    // A query-time prefetch for the session, counted in the reservations view the page shows.
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/s1/prefetch",
+        Some(&key),
+        json!({"text": "Which city is the capital of Portugal?"}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["outcome"], "reserved", "{v}");
     // The admin view of the neighbourhood the page draws.
     let (s, hood) = srv.call(
         "GET",

@@ -201,3 +201,50 @@ proptest! {
         prop_assert!(rel_l2(&scalar, &got) <= 1e-4, "{kind}: scalar vs active ISA");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// The fused decode pass: the masses are the second pass's bit for bit and the output is
+    /// the plain kernels' up to the merge order's rounding — on every SIMD tier this CPU runs,
+    /// on one thread and split over two (past 2,048 keys).
+    #[test]
+    fn attend_with_mass_gives_attend_s_output_and_the_blocks_masses(
+        codec_index in 0usize..ALL_CODECS.len(),
+        group in 1usize..4,
+        tokens in prop::sample::select(vec![1usize, 17, 300, 2100, 2600]),
+        seed in any::<u64>(),
+    ) {
+        let kind = ALL_CODECS[codec_index];
+        let (kv_heads, head_dim) = (2, 64);
+        let shape = KvShape::new(2, kv_heads, head_dim).unwrap();
+        let value = value_for(kind, usize::MAX);
+        let n_blocks = tokens.div_ceil(16);
+        let mut store = BlockStore::new(StoreConfig {
+            codecs: LayerCodecs::streams(&shape, kind, value),
+            ..StoreConfig::new(shape, kind, n_blocks as u32, 0)
+        })
+        .unwrap();
+        let ids = filled(&mut store, n_blocks, SourceLayer::Memories, seed);
+        let q: Vec<f32> = gauss(seed ^ 3).gaussian_vec(kv_heads * group * head_dim).iter().map(|x| 2.0 * x).collect();
+        for isa in engram_kvcore::Isa::available() {
+            for threads in [1, 2] {
+                let params = AttentionParams::new(kv_heads * group, head_dim).with_threads(threads);
+                let mut plain = vec![0.0f32; q.len()];
+                store.attend_on(isa, 1, &ids, tokens, &q, &params, &mut plain).unwrap();
+                let mut fused = vec![0.0f32; q.len()];
+                let mass = store.attend_with_mass_on(isa, 1, &ids, tokens, &q, &params, &mut fused).unwrap();
+                let second = store.attention_mass_on(isa, 1, &ids, tokens, &q, &params).unwrap();
+                prop_assert_eq!(&mass, &second, "{} {}: masses", kind, isa);
+                let e = rel_l2(&fused, &plain);
+                prop_assert!(e <= 1e-5, "{kind} {isa} threads {threads}: output {e}");
+                let total: f32 = mass.iter().sum();
+                prop_assert!((total - 1.0).abs() < 1e-4, "{kind}: masses sum to {total}");
+            }
+        }
+        // A wrong output length is refused, not written past.
+        let params = AttentionParams::new(kv_heads * group, head_dim);
+        let mut short = vec![0.0f32; q.len() - 1];
+        prop_assert!(store.attend_with_mass(1, &ids, tokens, &q, &params, &mut short).is_err());
+    }
+}

@@ -11,6 +11,7 @@ mod errors;
 mod eviction;
 mod pins;
 mod refcount;
+mod relocate;
 mod shadow;
 mod simd;
 mod tiers;

@@ -512,6 +512,7 @@ pub fn device_parity(
                 blocks,
                 logits: LogitRows::Last,
                 prompt: true,
+                relocated: &[],
             };
             la = Some(cpu.forward(&mut cpu_store, &[input(a)])?);
             lb = Some(dev_model.forward(&mut dev_store, &[input(b)])?);
@@ -534,6 +535,7 @@ pub fn device_parity(
                     blocks: if side == 0 { a } else { b },
                     logits: LogitRows::Last,
                     prompt: false,
+                    relocated: &[],
                 })
                 .collect()
         };

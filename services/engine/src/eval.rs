@@ -373,7 +373,12 @@ pub(crate) fn score_configs(
 
 /// Adds the first `rows` rows of each codec's log-probabilities to the sums (index 0 is the
 /// reference).
-fn score(logs: &[Tensor], rows: usize, targets: &Tensor, sums: &mut [Sums]) -> EngineResult<()> {
+pub(crate) fn score(
+    logs: &[Tensor],
+    rows: usize,
+    targets: &Tensor,
+    sums: &mut [Sums],
+) -> EngineResult<()> {
     let reference = logs[0].narrow(0, 0, rows)?;
     let p_ref = reference.exp()?;
     let ref_top: Vec<u32> = reference.argmax(D::Minus1)?.to_vec1()?;

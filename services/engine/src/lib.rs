@@ -23,6 +23,7 @@ mod gguf;
 mod model;
 mod prefix;
 mod probe;
+pub mod relocation;
 mod sampling;
 mod scheduler;
 mod tokenizer;

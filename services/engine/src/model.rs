@@ -151,6 +151,10 @@ pub struct SeqInput<'a> {
     /// token computes the bits a whole prefill computes; a decode token (`false`) takes the
     /// single-query kernel.
     pub prompt: bool,
+    /// Runs of the block table whose keys were computed at other positions (relocated
+    /// segments, issue 26), in order; empty for a sequence computed where it stands. Such a
+    /// sequence attends row by row with the query-side shift (CPU only).
+    pub relocated: &'a [engram_kvcore::Relocated],
 }
 
 /// Which logits a sequence wants back.
@@ -443,6 +447,7 @@ impl Llama {
                 blocks: &blocks,
                 logits: LogitRows::Last,
                 prompt: true,
+                relocated: &[],
             }],
         )?;
         let width = cfg.num_kv_heads * cfg.head_dim;
@@ -552,6 +557,12 @@ impl Llama {
     ) -> EngineResult<Tensor> {
         #[cfg(feature = "cuda")]
         if store.hot().cuda().is_some() {
+            if batch.iter().any(|s| !s.relocated.is_empty()) {
+                return Err(EngineError::InvalidConfig {
+                    field: "relocated",
+                    reason: "the CUDA forward does not read relocated runs".into(),
+                });
+            }
             return self.forward_cuda(store, batch, transform);
         }
         if !self.device.is_cpu() {

@@ -71,14 +71,27 @@ fn swiglu(gate: &mut [f32], up: &[f32], threads: usize) {
     });
 }
 
+/// Folds one step's per-block attention `mass` into the blocks' metadata (decayed average,
+/// reads above half a uniform share).
+fn fold_mass(
+    store: &mut BlockStore,
+    blocks: &[engram_kvcore::BlockId],
+    mass: &[f32],
+) -> EngineResult<()> {
+    let threshold = MASS_SHARE / blocks.len() as f32;
+    store.record_mass(blocks, mass, MASS_WEIGHT, threshold)?;
+    Ok(())
+}
+
 fn add(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
 }
 
 impl Llama {
-    /// In the middle layer, the attention mass one query row gives each block (a decode step's
-    /// row, or a prompt chunk's last row: prefill contributes from its last rows only), folded
-    /// into the blocks' metadata — one more pass over one layer's keys.
+    /// In the middle layer, the attention mass a prompt chunk's last row gives each block
+    /// (prefill contributes from its last rows only), folded into the blocks' metadata — one
+    /// more pass over one layer's keys for that row. Decode steps take theirs from the
+    /// attention kernels' own states instead ([`BlockStore::attend_with_mass`]).
     fn sample_mass(
         &self,
         store: &mut BlockStore,
@@ -88,13 +101,60 @@ impl Llama {
         q: &[f32],
         params: &AttentionParams,
     ) -> EngineResult<()> {
-        if l != self.layers.len() / 2 || blocks.is_empty() {
+        if !self.samples_mass(l, blocks) {
             return Ok(());
         }
         let mass = store.attention_mass(l, blocks, total, q, params)?;
-        let threshold = MASS_SHARE / blocks.len() as f32;
-        store.record_mass(blocks, &mass, MASS_WEIGHT, threshold)?;
+        fold_mass(store, blocks, &mass)
+    }
+
+    /// Causal attention of a sequence with relocated runs, one query row at a time: row `r`
+    /// (position `s.start + r`) reads the positions up to its own, the runs cut there.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_relocated(
+        &self,
+        store: &BlockStore,
+        l: usize,
+        s: &SeqInput<'_>,
+        key_mean: Option<&[f32]>,
+        qs: &[f32],
+        params: &AttentionParams,
+        out: &mut [f32],
+    ) -> EngineResult<()> {
+        let width = self.config.num_heads * self.config.head_dim;
+        let bs = store.shape().block_size;
+        let rope = engram_kvcore::Rope {
+            theta: self.config.rope_theta,
+        };
+        for (r, (q, o)) in qs
+            .chunks_exact(width)
+            .zip(out.chunks_exact_mut(width))
+            .enumerate()
+        {
+            let total = s.start + r + 1;
+            let runs: Vec<engram_kvcore::Relocated> = s
+                .relocated
+                .iter()
+                .filter(|run| run.start < total)
+                .map(|run| engram_kvcore::Relocated {
+                    end: run.end.min(total),
+                    ..*run
+                })
+                .collect();
+            let relocation = engram_kvcore::Relocation {
+                runs: &runs,
+                rope,
+                key_mean,
+            };
+            let blocks = &s.blocks[..total.div_ceil(bs)];
+            store.attend_relocated(l, blocks, total, q, &relocation, params, o)?;
+        }
         Ok(())
+    }
+
+    /// Whether layer `l` samples the attention mass over `blocks` (the middle layer).
+    fn samples_mass(&self, l: usize, blocks: &[engram_kvcore::BlockId]) -> bool {
+        l == self.layers.len() / 2 && !blocks.is_empty()
     }
 
     /// The CPU layers for a validated batch: `ids` and `positions` of its concatenated new
@@ -178,9 +238,20 @@ impl Llama {
                 let blocks = &s.blocks[..total.div_ceil(bs)];
                 let qs = &q[off * heads * d..(off + m) * heads * d];
                 let o = &mut attn[off * heads * d..(off + m) * heads * d];
-                if m == 1 && !s.prompt {
+                if !s.relocated.is_empty() {
+                    // Relocated runs (issue 26): row by row, each run read with the query
+                    // turned back by its shift and the key-mean correction.
+                    let mean = transform
+                        .key_means
+                        .map(|m| &m[l * kv_heads * d..(l + 1) * kv_heads * d]);
+                    self.attend_relocated(store, l, s, mean, qs, &params, o)?;
+                } else if m == 1 && !s.prompt && self.samples_mass(l, blocks) {
+                    // A decode step's mass comes from the attention kernels' own per-block
+                    // softmax states: no second pass over the keys.
+                    let mass = store.attend_with_mass(l, blocks, total, qs, &params, o)?;
+                    fold_mass(store, blocks, &mass)?;
+                } else if m == 1 && !s.prompt {
                     store.attend(l, blocks, total, qs, &params, o)?;
-                    self.sample_mass(store, l, blocks, total, qs, &params)?;
                 } else if store.causal_is_fast(Isa::active(), l, heads) {
                     // Tiles of query rows share each key tile (read from the codes, or from
                     // the prefix decoded once): no score-sized tensors, no mask, and a row's

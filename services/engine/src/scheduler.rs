@@ -204,6 +204,11 @@ pub struct BlockInfo {
     pub attention_mass: f32,
     /// Tick of the last sampled step that gave the block at least half a uniform share.
     pub mass_at: u64,
+    /// Sampled steps that gave the block at least half a uniform share (its reads).
+    pub reads: u32,
+    /// Sampled steps since the block was last read (or allocated): past the eviction
+    /// policy's `idle_steps`, an unpinned block is demoted.
+    pub unread_steps: u64,
 }
 
 /// A page of blocks and the total that matched.
@@ -749,6 +754,7 @@ impl Worker {
         let meta = self.core.store().metadata();
         let matching = meta.iter().filter(|m| q.filter.matches(m));
         let total = meta.count(&q.filter);
+        let steps = meta.steps();
         let blocks = matching
             .skip(q.offset)
             .take(q.limit)
@@ -767,6 +773,8 @@ impl Worker {
                 last_attended: m.last_attended(),
                 attention_mass: m.mass(),
                 mass_at: m.mass_at(),
+                reads: m.reads(),
+                unread_steps: steps.saturating_sub(m.read_step()),
             })
             .collect();
         BlockPage { total, blocks }

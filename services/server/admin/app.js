@@ -131,6 +131,8 @@ function SessionStrip({ tenants }) {
   const set = (k) => (e) => setQ({ ...q, [k]: e.target.value });
   const blocks = page ? page.blocks : [];
   const sources = [...new Set(blocks.map((b) => b.source))];
+  // Attention mass as a bar inside each block, scaled to the page's largest.
+  const top = Math.max(1e-9, ...blocks.map((b) => b.attention_mass));
   return html`<section id="session" class="wide">
     <h2>A session's blocks</h2>
     <form class="inline" onSubmit=${show}>
@@ -147,12 +149,13 @@ function SessionStrip({ tenants }) {
         ${blocks.map((b) => html`<div
           class=${`block ${b.tier}${b.pin === "pinned" ? " pinned" : ""}`}
           data-source=${b.source} data-tier=${b.tier} data-pin=${b.pin}
-          title=${`#${b.id} ${b.source} tokens ${b.tokens[0]}–${b.tokens[1]} ${b.tier} ${b.precision} ${b.pin} priority ${b.priority}`}
-          style=${{ background: colour(b.source) }}></div>`)}
+          data-mass=${b.attention_mass} data-reads=${b.reads}
+          title=${`#${b.id} ${b.source} tokens ${b.tokens[0]}–${b.tokens[1]} ${b.tier} ${b.precision} ${b.pin} priority ${b.priority} · attention mass ${b.attention_mass.toFixed(4)}, ${b.reads} reads, unread for ${b.unread_steps} steps`}
+          style=${{ background: colour(b.source) }}><div class="mass" style=${{ height: `${(100 * b.attention_mass) / top}%` }}></div></div>`)}
       </div>
       <div class="legend">
         ${sources.map((s) => html`<span><span class="swatch" style=${{ background: colour(s) }}></span>${s}</span>`)}
-        <span>faded: cold · dashed: recompute · dot: pinned</span>
+        <span>faded: cold · dashed: recompute · dot: pinned · dark bar: attention mass</span>
       </div>`}
   </section>`;
 }
@@ -163,6 +166,7 @@ function Reservations() {
     <h2>Reservations</h2>
     ${error && html`<p class="error">${error}</p>`}
     ${data && html`<p class="muted">hit rate ${data.hit_rate == null ? "–" : (100 * data.hit_rate).toFixed(1) + " %"}</p>
+      <p class="muted" id="prefetch">prefetch: <span id="prefetch-reserved">${data.prefetch.reserved}</span> reserved, ${data.prefetch.unchanged} unchanged, ${data.prefetch.nothing} nothing, ${data.prefetch.capacity} capacity · turns ${data.prefetch.hits} hits, ${data.prefetch.misses} misses · hit rate ${data.prefetch.hit_rate == null ? "–" : (100 * data.prefetch.hit_rate).toFixed(1) + " %"}</p>
       <table><tr><th>id</th><th>source</th><th>state</th><th>blocks</th><th>held</th></tr>
         ${data.reservations.map((r) => html`<tr><td>${r.id}</td><td>${r.source}</td><td>${typeof r.state === "string" ? r.state : JSON.stringify(r.state)}</td><td>${r.blocks}</td><td>${r.held}</td></tr>`)}
       </table>`}

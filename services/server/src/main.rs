@@ -12,6 +12,7 @@ use cli::{DEFAULT_MODEL, ModelArgs, load, print_json};
 use engram_engine::bench;
 use engram_engine::calibrate;
 use engram_engine::eval::{self, EvalOptions};
+use engram_engine::relocation;
 use engram_engine::{
     DeviceWeights, EngineDevice, KeyCentering, KvProbe, Llama, ModelConfig, StreamCodecs,
     TextTokenizer, parse_codec,
@@ -271,9 +272,73 @@ struct EvalKvArgs {
     /// `CODEC+WEIGHTS`.
     #[arg(long, value_delimiter = ',')]
     also_weights: Vec<String>,
+    /// Instead of the codec table: relocated segment reuse (issue 26) — a segment's KV
+    /// computed after one prefix, read after another with the query-side RoPE shift, against
+    /// recomputing it there (KL, top-1, greedy agreement, bytes reused).
+    #[arg(long)]
+    relocate: bool,
+    /// With `--relocate`: cases cut from the corpus.
+    #[arg(long, default_value_t = 16)]
+    relocate_cases: usize,
+    /// With `--relocate`: tokens of the segment, the prefix it was computed after, the prefix
+    /// it is reused after (multiples of 16) and the continuation scored after it.
+    #[arg(long, value_delimiter = ',', default_value = "512,128,320,128")]
+    relocate_shape: Vec<usize>,
+    /// With `--relocate`: codecs of the rows (both sides of a row use it).
+    #[arg(long, value_delimiter = ',', default_value = "f32,tq6o1/tq5")]
+    relocate_codecs: Vec<String>,
+}
+
+fn eval_relocate(args: EvalKvArgs) -> Result<()> {
+    let (model, tok) = load(&args.model)?;
+    let [segment, prefix_a, prefix_b, tail] = args.relocate_shape[..] else {
+        anyhow::bail!("--relocate-shape takes four numbers: segment, prefix A, prefix B, tail");
+    };
+    let opts = relocation::RelocateOptions {
+        corpus: args.corpus,
+        cases: args.relocate_cases,
+        prefix_a,
+        prefix_b,
+        segment,
+        tail,
+        greedy_tokens: args.greedy_tokens.min(64),
+        codecs: args
+            .relocate_codecs
+            .iter()
+            .map(|c| StreamCodecs::parse(c))
+            .collect::<Result<_, _>>()?,
+        key_centering: KeyCentering::parse(&args.key_centering)? == KeyCentering::Calibrated,
+    };
+    let progress = cli::Progress::new("eval kv --relocate", args.model.json);
+    let rows = relocation::evaluate_relocation(&model, &tok, &opts, |m| progress.say(m))?;
+    drop(progress);
+    if args.model.json {
+        print_json(rows.iter().map(|r| serde_json::json!(r)));
+    } else {
+        println!(
+            "{:<14} {:<24} {:>10} {:>8} {:>8} {:>8} {:>10}",
+            "codec", "variant", "KL (nats)", "top-1", "greedy", "reused", "tokens"
+        );
+        for r in rows {
+            println!(
+                "{:<14} {:<24} {:>10.5} {:>7.2}% {:>7.2}% {:>7.1}% {:>10}",
+                r.codec,
+                format!("{:?}", r.variant),
+                r.kl_nats,
+                100.0 * r.top1_agreement,
+                100.0 * r.greedy_agreement,
+                100.0 * r.reused_share,
+                r.tokens
+            );
+        }
+    }
+    Ok(())
 }
 
 fn eval_kv(args: EvalKvArgs) -> Result<()> {
+    if args.relocate {
+        return eval_relocate(args);
+    }
     let (model, tok) = load(&args.model)?;
     let opts = EvalOptions {
         corpus: args.corpus,

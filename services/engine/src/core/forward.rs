@@ -179,6 +179,7 @@ impl EngineCore {
                     blocks: &seq.blocks,
                     logits: rows,
                     prompt: seq.computed < seq.prompt_len,
+                    relocated: &[],
                 })
             })
             .collect::<EngineResult<Vec<_>>>()?;

@@ -9,6 +9,7 @@ mod embed;
 mod eval;
 mod eviction;
 mod prefix;
+mod relocate;
 mod reserve;
 mod safetensors;
 mod scheduler;

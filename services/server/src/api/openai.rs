@@ -312,27 +312,29 @@ pub async fn chat_completions(
     // A `user` session runs one turn at a time, as on the native route.
     let session_slot = turn.hold_session().await?;
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
-    let history = match &turn.session {
+    let turned = match &turn.session {
         Some(_) => {
             turn.admit(&message).await?;
-            let mut log = turn.history().await?;
-            turn.replay_lost(&log).await?;
+            let stored = turn.history().await?;
             // Tool results before the message: in the prompt now, logged with the turn.
             let now = engram_memory::now_ms();
+            let mut log = stored.clone();
             for t in &turn.preface {
                 log.said.push(said_of(Role::Tool, None, t));
                 log.created.push(now);
             }
-            log
+            // What the cache lost (of the stored log) is replayed while the memories are
+            // recalled.
+            turn.prepare(Some(&stored), log, &message).await?.0
         }
         None => {
             turn.state.engine()?;
             // A stateless conversation's KV is filed under a key of its first user message.
             turn.kv_session = Some(conversation_key(&turn, &req.messages));
-            Log::unstored(earlier.iter().filter_map(said).collect())
+            let log = Log::unstored(earlier.iter().filter_map(said).collect());
+            turn.context(log, &message).await?
         }
     };
-    let turned = turn.context(history, &message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
     let chunks = Chunks {
         id: completion_id(),

@@ -198,16 +198,14 @@ pub async fn create_turn(
     }
     turn.admit(&body.message).await?;
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
-    // Replayed prefills delay the first token: they count in the turn's TTFT.
     let log = turn.history().await?;
-    let replay_started = std::time::Instant::now();
-    turn.replay_lost(&log).await?;
-    let replay_ms = replay_started.elapsed().as_secs_f64() * 1e3;
-    let turned = turn.context(log, &body.message).await?;
+    // What the cache lost is replayed while the message's memories are recalled; both count
+    // in the turn's TTFT.
+    let (turned, prepare_ms) = turn.prepare(None, log, &body.message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
     let framing = Native {
         budgets: turn.budgets_used(&turned.built),
-        replay_ms,
+        prepare_ms,
         hash: turned.built.stable_prefix_hex(),
         turned: turned.clone(),
         layout: spec.clone(),
@@ -230,7 +228,7 @@ pub async fn create_turn(
 /// `data: {"error": …}`.
 struct Native {
     budgets: Option<BudgetsUsed>,
-    replay_ms: f64,
+    prepare_ms: f64,
     hash: String,
     turned: Turned,
     layout: SequenceSpec,
@@ -243,7 +241,7 @@ impl Native {
             text: g.text.clone(),
             finish_reason: g.reason,
             usage: g.usage,
-            ttft_ms: g.ttft_ms + self.replay_ms,
+            ttft_ms: g.ttft_ms + self.prepare_ms,
             stable_prefix_hash: self.hash.clone(),
             budgets: self.budgets,
         }

@@ -11,7 +11,8 @@
 //! 4. [`Turn::replay_lost`] (`replay.rs`): the blocks the cache lost read back from the shadow
 //!    (disk on a miss), and the earlier turns whose blocks neither holds prefilled again in
 //!    order.
-//! 5. [`Turn::context`] (`prompt.rs`): recall the memory graph's neighbourhood, build the
+//! 5. [`Turn::context`] (`prompt.rs`): recall the memory graph's neighbourhood — for a stored
+//!    session at once with step 4 ([`Turn::prepare`]: recall overlaps the replay) — build the
 //!    layered prompt; [`Turn::spec`] (`spec.rs`) tokenizes it segment by segment — each
 //!    distinct segment text once, whichever turn or step asks first (`crate::tokens`).
 //! 6. [`generate`] (`generate.rs`): the engine's events folded into a [`Generated`].

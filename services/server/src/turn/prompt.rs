@@ -371,6 +371,41 @@ impl Turn {
         let memories = self
             .neighbourhood(self.session.as_deref(), since, message)
             .await?;
+        self.turned(log, message, since, memories, started)
+    }
+
+    /// Steps 4 and 5 at once, for a turn of a stored session: the replay of what the cache
+    /// lost ([`Turn::replay_lost`] over `replay`, the log as stored; `None`: `log` itself) runs
+    /// on the engine thread while the message's neighbourhood is recalled (embedded on a
+    /// blocking thread, searched in the graph), so recall starts when the turn arrives and
+    /// overlaps the conversation's prefill; then the prompt is built over `log` (the stored
+    /// log and what this turn adds before its message). Returns the prompt and the wall time of
+    /// the whole step in milliseconds (part of the turn's time to first token).
+    pub async fn prepare(
+        &self,
+        replay: Option<&Log>,
+        log: Log,
+        message: &str,
+    ) -> Result<(Turned, f64), TurnError> {
+        let started = Instant::now();
+        let since = self.window_since(&log, message)?;
+        let (replayed, memories) = tokio::join!(
+            self.replay_lost(replay.unwrap_or(&log)),
+            self.neighbourhood(self.session.as_deref(), since, message),
+        );
+        replayed?;
+        let turned = self.turned(log, message, since, memories?, started)?;
+        Ok((turned, started.elapsed().as_secs_f64() * 1e3))
+    }
+
+    fn turned(
+        &self,
+        log: Log,
+        message: &str,
+        since: Option<i64>,
+        memories: Option<Neighbourhood>,
+        started: Instant,
+    ) -> Result<Turned, TurnError> {
         self.settle_prefetch(memories.as_ref());
         let built = self.build(&log.said, message, memories.as_ref())?;
         Ok(Turned {
