@@ -171,6 +171,9 @@ pub fn evaluate_relocation(
         key_means: means.as_deref(),
         probe: None,
     };
+    // Every core of the machine, as an engine would run.
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let model = &model.clone().with_threads(threads);
     let stride = ((tokens.len() - span) / opts.cases).max(1);
     let mut rows = Vec::new();
     for k in &opts.codecs {
