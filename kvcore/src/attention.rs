@@ -122,6 +122,7 @@ impl BlockStore {
             params,
             isa.min(Isa::detected()),
             out,
+            false,
         );
         Ok(())
     }
@@ -158,11 +159,11 @@ impl BlockStore {
     }
 
     /// [`Self::attend`] and [`Self::attention_mass`] in one pass over the keys: the decode
-    /// kernels compute one softmax state per (KV head, block) — spread over the threads as
-    /// [`Self::attend`]'s parts are — which merge in key order into `out` and give each block's
-    /// mass from the same states. The masses are those of [`Self::attention_mass`] bit for bit;
-    /// `out` is [`Self::attend`]'s up to the rounding of the merge order (the states are merged
-    /// per block instead of per part).
+    /// kernels run exactly as for [`Self::attend`] (`out` is its bits) and record, per softmax
+    /// tile of 16 keys, the running max and what the tile added to the normalizer; a block's
+    /// mass is its tiles' shares carried to the final max. The masses equal
+    /// [`Self::attention_mass`]'s up to rounding. With a block size the 16-key tiles straddle
+    /// (not a multiple of 16), the mass takes a second pass.
     pub fn attend_with_mass(
         &self,
         layer: usize,
@@ -190,34 +191,16 @@ impl BlockStore {
         let (geo, slots, bytes) = self.hot_read(layer, blocks, num_tokens, q, params)?;
         check_len(out.len(), geo.heads * geo.head_dim)?;
         let (kc, vc) = self.layer_codecs(layer);
-        let prepared = Prepared::new((kc, vc), &bytes, geo, q, params, isa.min(Isa::detected()));
-        let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
-        let n = geo.tokens.div_ceil(bs);
-        let slots = &slots[..];
-        let units: Vec<KeyRange<'_>> = (0..geo.kv_heads)
-            .flat_map(|g| (0..n).map(move |b| block_keys(slots, geo, g, b)))
-            .collect();
-        let threads = (geo.tokens / MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1));
-        let states = run_units(&units, threads, |keys| prepared.partial(keys));
-        let mut mass = vec![0.0f64; n];
-        for (g, per_block) in states.chunks(n.max(1)).enumerate() {
-            let Some(total) = merged(per_block) else {
-                continue;
-            };
-            add_mass(per_block, &total, group, &mut mass);
-            let mut total = total;
-            for j in 0..group {
-                let h = g * group + j;
-                let inv = 1.0 / total.sum[j];
-                let acc = &mut total.acc[j * d..][..d];
-                acc.iter_mut().for_each(|a| *a *= inv);
-                vc.finish(acc, &mut out[h * d..][..d]);
-            }
+        let isa = isa.min(Isa::detected());
+        if geo.block_size % crate::simd::SIMD_TILE == 0 {
+            return Ok(attend_codes(
+                kc, vc, &bytes, &slots, geo, q, params, isa, out, true,
+            ));
         }
-        Ok(mass
-            .iter()
-            .map(|&m| (m / geo.heads as f64) as f32)
-            .collect())
+        // Blocks the SIMD kernels' 16-key tiles straddle: the mass in a second pass.
+        attend_codes(kc, vc, &bytes, &slots, geo, q, params, isa, out, false);
+        let prepared = Prepared::new((kc, vc), &bytes, geo, q, params, isa);
+        Ok(block_mass(&prepared, &slots, geo))
     }
 
     /// Causal attention of `new` query tokens at positions `start..start + new` (`q`:
@@ -309,6 +292,7 @@ impl BlockStore {
                     params,
                     isa,
                     &mut out[r * width..][..width],
+                    false,
                 );
             }
             return Ok(());
@@ -355,6 +339,7 @@ impl BlockStore {
                 g,
                 start: 0,
                 end: start + r1,
+                trace: false,
             };
             let mut part = match &rows {
                 Some(rows) => crate::simd::tq4_causal(isa, rows, &keys, &qs, &limits, group, d)?,
@@ -695,7 +680,8 @@ fn attend_codes(
     params: &AttentionParams,
     isa: Isa,
     out: &mut [f32],
-) {
+    trace: bool,
+) -> Vec<f32> {
     let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
     let prepared = Prepared::new((kc, vc), bytes, geo, q, params, isa);
     // Parts end on block boundaries (the scalar path's softmax tiles are blocks).
@@ -713,17 +699,26 @@ fn attend_codes(
                 g,
                 start: w[0],
                 end: w[1],
+                trace,
             })
         })
         .collect();
     let partials = run_units(&units, parts, |keys| prepared.partial(keys));
-    for (g, mut per_part) in partials.chunks(parts).map(|c| c.iter()).enumerate() {
-        let Some(first) = per_part.next() else {
+    let mut mass = vec![0.0f64; if trace { blocks } else { 0 }];
+    for (g, per_part) in partials.chunks(parts).enumerate() {
+        let Some(mut total) = merged(per_part) else {
             continue;
         };
-        let mut total = first.clone();
-        for p in per_part {
-            total.merge(p);
+        if trace {
+            // Each tile's share of the head's normalizer, carried to the final max.
+            for tile in per_part.iter().flat_map(|p| p.tiles.chunks_exact(group)) {
+                for (j, t) in tile.iter().enumerate() {
+                    let carried = f64::from(t.added) * f64::from(t.max - total.max[j]).exp();
+                    if let Some(m) = mass.get_mut(t.start as usize / bs) {
+                        *m += carried / f64::from(total.sum[j]);
+                    }
+                }
+            }
         }
         for j in 0..group {
             let h = g * group + j;
@@ -733,6 +728,9 @@ fn attend_codes(
             vc.finish(acc, &mut out[h * d..][..d]);
         }
     }
+    mass.iter()
+        .map(|&m| (m / geo.heads as f64) as f32)
+        .collect()
 }
 
 /// The softmax mass of each block, averaged over the query heads (see
@@ -765,6 +763,7 @@ fn block_keys<'a>(slots: &'a [u32], geo: Geometry, g: usize, b: usize) -> KeyRan
         g,
         start: b * bs,
         end: ((b + 1) * bs).min(geo.tokens),
+        trace: false,
     }
 }
 
@@ -880,11 +879,20 @@ pub(crate) fn codes_partial(job: &CodesJob<'_>) -> Partial {
                     .iter_mut()
                     .for_each(|a| *a *= correction);
             }
+            let mut added = 0.0f32;
             for x in ws.iter_mut() {
                 *x = (*x - new_max).exp();
                 part.sum[j] += *x;
+                added += *x;
             }
             part.max[j] = new_max;
+            if keys.trace {
+                part.tiles.push(crate::simd::TileMass {
+                    start: t0 as u32,
+                    max: new_max,
+                    added,
+                });
+            }
         }
         for p in 0..n {
             let r = keys.row(t0 + p);

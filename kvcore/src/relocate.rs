@@ -159,6 +159,7 @@ impl BlockStore {
                         g,
                         start,
                         end,
+                        trace: false,
                     };
                     (keys, run)
                 })

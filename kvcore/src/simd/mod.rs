@@ -119,6 +119,9 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
+/// Keys per softmax tile of the SIMD decode kernels (the scalar path's tiles are blocks).
+pub(crate) const SIMD_TILE: usize = 16;
+
 /// The online-softmax state of a group of query heads over a range of keys.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Partial {
@@ -128,6 +131,22 @@ pub(crate) struct Partial {
     pub sum: Vec<f32>,
     /// `[group, head_dim]` unnormalized value sums, rotated space, natural coordinate order.
     pub acc: Vec<f32>,
+    /// With [`KeyRange::trace`], each softmax tile's share, tile by tile and head by head within
+    /// a tile (the decode kernels' own states: the attention mass per block comes from them);
+    /// empty otherwise.
+    pub tiles: Vec<TileMass>,
+}
+
+/// One softmax tile's state for one head: the running max after the tile and what the tile
+/// added to the normalizer at that max.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TileMass {
+    /// The tile's first position.
+    pub start: u32,
+    /// The head's running max after the tile.
+    pub max: f32,
+    /// `Σ exp(score − max)` over the tile's keys.
+    pub added: f32,
 }
 
 impl Partial {
@@ -137,6 +156,7 @@ impl Partial {
             max: vec![f32::NEG_INFINITY; group],
             sum: vec![0.0; group],
             acc: vec![0.0; group * head_dim],
+            tiles: Vec::new(),
         }
     }
 
@@ -197,6 +217,8 @@ pub(crate) struct KeyRange<'a> {
     pub start: usize,
     /// One past the last position.
     pub end: usize,
+    /// Whether the kernel records each softmax tile's state ([`Partial::tiles`]).
+    pub trace: bool,
 }
 
 impl KeyRange<'_> {

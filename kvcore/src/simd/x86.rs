@@ -14,7 +14,7 @@ use super::{CausalCodes, Isa, KeyRange, Partial, Tq4Rows, to_kernel_order};
 use crate::attention::CodesJob;
 
 /// Keys per softmax tile.
-const TILE: usize = 16;
+const TILE: usize = super::SIMD_TILE;
 /// Most query heads per KV head the kernels take.
 const MAX_GROUP: usize = 8;
 /// Largest head_dim the kernels take.
@@ -206,7 +206,8 @@ impl TileApart {
 /// (one register of partials per key) times the keys' norms `norm_v`, plus `bias` (an outlier
 /// split's stored-apart terms, 0 otherwise); lanes outside `lanes`
 /// (past the tile's last key, holding stale partials) are masked out. Rescales `acc` and `sum`
-/// when the tile raises `max`, and leaves the tile's weights in `s`.
+/// when the tile raises `max`, and leaves the tile's weights in `s`. Returns what the tile added
+/// to `sum` (at the new max).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -220,7 +221,7 @@ fn tile_softmax(
     sum: &mut f32,
     acc: &mut [__m512],
     s: &mut [f32; TILE],
-) {
+) -> f32 {
     // `bias` (an outlier split's terms, else 0) adds after one rounding of the product, so a
     // zero bias gives the product's bits.
     let sv = _mm512_fmadd_ps(hsum16(lane_sums, stages), norm_v, bias);
@@ -240,9 +241,11 @@ fn tile_softmax(
     }
     let x = _mm512_sub_ps(sv, _mm512_set1_ps(new_max));
     let p = _mm512_maskz_mov_ps(lanes, exp512(x));
-    *sum += _mm512_reduce_add_ps(p);
+    let added = _mm512_reduce_add_ps(p);
+    *sum += added;
     store512(s, p);
     *max = new_max;
+    added
 }
 
 /// [`tq4_avx512_n`] for the geometry's register counts (`d / 16` registers per row, `group`
@@ -341,6 +344,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
         transpose_stage(2),
         transpose_stage(1),
     ];
+    let mut tiles = Vec::new();
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
@@ -359,7 +363,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
         let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
         let norm_v = load512(&norms);
         for j in 0..G {
-            tile_softmax(
+            let added = tile_softmax(
                 &lane_sums[j],
                 norm_v,
                 _mm512_setzero_ps(),
@@ -370,6 +374,13 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
                 &mut acc[j],
                 &mut s[j],
             );
+            if keys.trace {
+                tiles.push(super::TileMass {
+                    start: t as u32,
+                    max: max[j],
+                    added,
+                });
+            }
         }
         for i in 0..n {
             let r = keys.row(t + i);
@@ -391,6 +402,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
         }
         part.set_head(j, (max[j], sum[j]), &perm[..d], Some(W));
     }
+    part.tiles = tiles;
     part
 }
 
@@ -491,6 +503,7 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
     let mut sum = [0.0f32; MAX_GROUP];
     let mut s = [[0.0f32; TILE]; MAX_GROUP];
     let mut e = [zero; MAX_D / W];
+    let mut tiles = Vec::new();
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
@@ -522,6 +535,7 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
                     *a = _mm256_mul_ps(*a, c);
                 }
             }
+            let mut added = 0.0f32;
             for half in 0..TILE / W {
                 let base = half * W;
                 let x = _mm256_sub_ps(load256(&s[j][base..]), _mm256_set1_ps(new_max));
@@ -529,10 +543,19 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
                 let live =
                     _mm256_cmpgt_epi32(_mm256_set1_epi32((n - base.min(n)) as i32), lane_index);
                 let p = _mm256_and_ps(exp256(x), _mm256_castsi256_ps(live));
-                sum[j] += hsum256(p);
+                let h = hsum256(p);
+                sum[j] += h;
+                added += h;
                 store256(&mut s[j][base..], p);
             }
             max[j] = new_max;
+            if keys.trace {
+                tiles.push(super::TileMass {
+                    start: t as u32,
+                    max: new_max,
+                    added,
+                });
+            }
         }
         for i in 0..n {
             let r = keys.row(t + i);
@@ -554,6 +577,7 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
         }
         part.set_head(j, (max[j], sum[j]), &perm[..d], Some(W));
     }
+    part.tiles = tiles;
     part
 }
 

@@ -624,6 +624,7 @@ macro_rules! codes_kernels {
             let mut vnorms = [0.0f32; TILE];
             let split = kc.outliers() > 0;
             let scale = _mm512_set1_ps(job.scale);
+            let mut tiles = Vec::new();
             let mut t = keys.start;
             while t < keys.end {
                 let n = TILE.min(keys.end - t);
@@ -649,7 +650,7 @@ macro_rules! codes_kernels {
                 let lanes: __mmask16 = if n == TILE { 0xFFFF } else { (1u16 << n) - 1 };
                 let norm_v = tile_scales(bytes.k_norms, &rows[..n], knr);
                 for j in 0..G {
-                    super::tile_softmax(
+                    let added = super::tile_softmax(
                         &lane_sums[j],
                         norm_v,
                         match &apart {
@@ -663,6 +664,13 @@ macro_rules! codes_kernels {
                         &mut acc[j],
                         &mut s[j],
                     );
+                    if keys.trace {
+                        tiles.push(crate::simd::TileMass {
+                            start: t as u32,
+                            max: max[j],
+                            added,
+                        });
+                    }
                 }
                 store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
                 per_codec!($mode, vx, NZ, expand => {
@@ -686,6 +694,7 @@ macro_rules! codes_kernels {
                 }
                 part.set_head(j, (max[j], sum[j]), &perm[..d], order);
             }
+            part.tiles = tiles;
             part
         }
 

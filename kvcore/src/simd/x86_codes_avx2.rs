@@ -238,6 +238,7 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
     let mut sum = [0.0f32; MAX_GROUP];
     let mut s = [[0.0f32; TILE]; MAX_GROUP];
     let mut e = [zero; MAX_D / W];
+    let mut tiles = Vec::new();
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
@@ -293,6 +294,7 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
                     *a = _mm256_mul_ps(*a, c);
                 }
             }
+            let mut added = 0.0f32;
             for half in 0..TILE / W {
                 let base = half * W;
                 let x = _mm256_sub_ps(load256(&s[j][base..]), _mm256_set1_ps(new_max));
@@ -300,10 +302,19 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
                 let live =
                     _mm256_cmpgt_epi32(_mm256_set1_epi32((n - base.min(n)) as i32), lane_index);
                 let p = _mm256_and_ps(exp256(x), _mm256_castsi256_ps(live));
-                sum[j] += hsum256(p);
+                let h = hsum256(p);
+                sum[j] += h;
+                added += h;
                 store256(&mut s[j][base..], p);
             }
             max[j] = new_max;
+            if keys.trace {
+                tiles.push(crate::simd::TileMass {
+                    start: t as u32,
+                    max: new_max,
+                    added,
+                });
+            }
         }
         for i in 0..n {
             let r = keys.row(t + i);
@@ -331,5 +342,6 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
         }
         part.set_head(j, (max[j], sum[j]), &perm[..d], order);
     }
+    part.tiles = tiles;
     part
 }

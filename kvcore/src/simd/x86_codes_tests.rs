@@ -170,6 +170,7 @@ fn the_vbmi_kernels_give_the_plain_kernels_bits() {
                 g: 0,
                 start: 5,
                 end: rows - 3,
+                trace: false,
             };
             let q: Vec<f32> = bytes(15, 8 * group * d)
                 .iter()

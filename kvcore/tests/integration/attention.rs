@@ -205,27 +205,34 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
 
-    /// The fused decode pass: the masses are the second pass's bit for bit and the output is
-    /// the plain kernels' up to the merge order's rounding — on every SIMD tier this CPU runs,
-    /// on one thread and split over two (past 2,048 keys).
+    /// The fused decode pass: the output is the plain kernels' bit for bit and the masses,
+    /// from the kernels' own tile states, are the second pass's up to rounding — on every SIMD
+    /// tier this CPU runs, on one thread and split over two (past 2,048 keys), with blocks of
+    /// 16 and 32 keys (tiles of 16) and of 8 (tiles straddle them: a second pass).
     #[test]
     fn attend_with_mass_gives_attend_s_output_and_the_blocks_masses(
         codec_index in 0usize..ALL_CODECS.len(),
         group in 1usize..4,
         tokens in prop::sample::select(vec![1usize, 17, 300, 2100, 2600]),
+        block_size in prop::sample::select(vec![8usize, 16, 32]),
         seed in any::<u64>(),
     ) {
         let kind = ALL_CODECS[codec_index];
         let (kv_heads, head_dim) = (2, 64);
-        let shape = KvShape::new(2, kv_heads, head_dim).unwrap();
+        let shape = KvShape::with_block_size(2, kv_heads, head_dim, block_size).unwrap();
         let value = value_for(kind, usize::MAX);
-        let n_blocks = tokens.div_ceil(16);
+        let n_blocks = tokens.div_ceil(block_size);
         let mut store = BlockStore::new(StoreConfig {
             codecs: LayerCodecs::streams(&shape, kind, value),
             ..StoreConfig::new(shape, kind, n_blocks as u32, 0)
         })
         .unwrap();
-        let ids = filled(&mut store, n_blocks, SourceLayer::Memories, seed);
+        let tags = engram_kvcore::BlockTags {
+            tokens: engram_kvcore::TokenRange::new(0, block_size as u32),
+            ..crate::common::tags(SourceLayer::Memories)
+        };
+        let ids = store.allocate(Tier::Hot, &vec![tags; n_blocks]).unwrap();
+        crate::common::fill(&mut store, &ids, seed);
         let q: Vec<f32> = gauss(seed ^ 3).gaussian_vec(kv_heads * group * head_dim).iter().map(|x| 2.0 * x).collect();
         for isa in engram_kvcore::Isa::available() {
             for threads in [1, 2] {
@@ -235,9 +242,9 @@ proptest! {
                 let mut fused = vec![0.0f32; q.len()];
                 let mass = store.attend_with_mass_on(isa, 1, &ids, tokens, &q, &params, &mut fused).unwrap();
                 let second = store.attention_mass_on(isa, 1, &ids, tokens, &q, &params).unwrap();
-                prop_assert_eq!(&mass, &second, "{} {}: masses", kind, isa);
-                let e = rel_l2(&fused, &plain);
-                prop_assert!(e <= 1e-5, "{kind} {isa} threads {threads}: output {e}");
+                prop_assert_eq!(&fused, &plain, "{} {} threads {}: output", kind, isa, threads);
+                let e = rel_l2(&mass, &second);
+                prop_assert!(e <= 1e-5, "{kind} {isa} threads {threads}: masses {e}: {mass:?} vs {second:?}");
                 let total: f32 = mass.iter().sum();
                 prop_assert!((total - 1.0).abs() < 1e-4, "{kind}: masses sum to {total}");
             }

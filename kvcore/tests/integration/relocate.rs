@@ -297,9 +297,12 @@ fn bad_runs_are_refused() {
         key_mean: Some(&c.mean[1..]),
     };
     let mut out = vec![0.0f32; q.len()];
-    assert!(
+    assert_eq!(
         c.store
-            .attend_relocated(1, &c.ids, 100, &q, &relocation, &params, &mut out)
-            .is_err()
+            .attend_relocated(1, &c.ids, 100, &q, &relocation, &params, &mut out),
+        Err(KvError::RowWidth {
+            expected: 128,
+            got: 127
+        })
     );
 }

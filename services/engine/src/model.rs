@@ -612,6 +612,26 @@ impl Llama {
                     ),
                 });
             }
+            // Relocated runs cover whole blocks already computed, in order: a run over the
+            // positions this batch writes would read their fresh keys shifted.
+            let mut at = 0;
+            for r in s.relocated {
+                if r.start < at
+                    || r.start >= r.end
+                    || r.end > s.start
+                    || r.start % bs != 0
+                    || r.end % bs != 0
+                {
+                    return Err(EngineError::InvalidConfig {
+                        field: "relocated",
+                        reason: format!(
+                            "run {}..{} must be whole blocks of {bs}, in order, before position {}",
+                            r.start, r.end, s.start
+                        ),
+                    });
+                }
+                at = r.end;
+            }
             ids.extend_from_slice(s.tokens);
             positions.extend((s.start..end).map(|p| p as u32));
         }

@@ -136,11 +136,14 @@ pub fn evaluate_relocation(
         reason,
     };
     let (la, lb, ls, lc) = (opts.prefix_a, opts.prefix_b, opts.segment, opts.tail);
-    if [la, lb, ls].iter().any(|n| n % bs != 0) || ls < 2 * bs || lc < 2 {
+    if [la, lb, ls].iter().any(|n| n % bs != 0) || lb < bs || ls < 2 * bs {
         return Err(bad(format!(
-            "prefixes and the segment must be multiples of {bs} tokens (the segment at least \
-             two blocks) and the tail at least 2 tokens"
+            "prefixes and the segment must be multiples of {bs} tokens (prefix B at least one \
+             block, the segment at least two)"
         )));
+    }
+    if !(2..=CHUNK).contains(&lc) {
+        return Err(bad(format!("the tail must be 2 to {CHUNK} tokens")));
     }
     if la == lb {
         return Err(bad("the two prefixes must differ in length".into()));
@@ -188,6 +191,12 @@ pub fn evaluate_relocation(
             let c = &tokens[at + la + ls..at + span];
             // B: from the other half of the corpus, so it is not the text before S.
             let b_at = (at + tokens.len() / 2) % (tokens.len() - lb);
+            if b_at < at + span && at < b_at + lb {
+                return Err(bad(format!(
+                    "the corpus ({} tokens) is too short for prefix B to miss case {case}'s text",
+                    tokens.len()
+                )));
+            }
             let b = &tokens[b_at..b_at + lb];
             let run = Run {
                 model,

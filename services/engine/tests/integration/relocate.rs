@@ -162,6 +162,71 @@ fn a_relocated_segment_reads_as_keys_rotated_to_where_it_stands() {
     assert!(rel_l2(&g, &w) <= BOUND, "decode: {}", rel_l2(&g, &w));
 }
 
+/// `Rope::shift` turns keys as the model's own RoPE places them: layer 0's keys depend only on
+/// the token and its position, so a segment's layer-0 keys computed at 48.. equal those computed
+/// at 32.. turned by 16 (the key mean added back and taken off again).
+#[test]
+fn rope_shift_moves_layer_zero_keys_as_the_model_places_them() {
+    let (m, tok) = model();
+    let means = m.key_means(tok).unwrap().to_vec();
+    let transform = KvTransform {
+        key_means: Some(&means),
+        probe: None,
+    };
+    let shape = m.kv_shape(16).unwrap();
+    let mut store = BlockStore::new(StoreConfig::new(shape, CodecKind::F32, 16, 0)).unwrap();
+    let text = license_tokens(300);
+    let (a, s, b) = (&text[..32], &text[32..96], &text[200..248]);
+    let mut run = |prefix: &[u32]| {
+        let tokens: Vec<u32> = prefix.iter().chain(s).copied().collect();
+        let ids = blocks(&mut store, tokens.len() / 16);
+        m.forward_with(
+            &mut store,
+            &[SeqInput {
+                tokens: &tokens,
+                start: 0,
+                blocks: &ids,
+                logits: LogitRows::Last,
+                prompt: true,
+                relocated: &[],
+            }],
+            transform,
+        )
+        .unwrap();
+        ids
+    };
+    let (at32, at48) = (run(a), run(b));
+    let (kv, d) = (shape.kv_heads, shape.head_dim);
+    let read = |ids: &[BlockId]| {
+        let (mut k, mut v) = (vec![0.0f32; 64 * kv * d], vec![0.0f32; 64 * kv * d]);
+        store.read(0, ids, 0, &mut k, &mut v).unwrap();
+        k
+    };
+    let (mut moved, want) = (read(&at32[2..]), read(&at48[3..]));
+    let rope = Rope {
+        theta: m.config().rope_theta,
+    };
+    let mean = &means[..kv * d];
+    for row in moved.chunks_exact_mut(kv * d) {
+        row.iter_mut().zip(mean).for_each(|(x, mu)| *x += mu);
+        rope.shift(row, d, 16);
+        row.iter_mut().zip(mean).for_each(|(x, mu)| *x -= mu);
+    }
+    let e = rel_l2(&moved, &want);
+    assert!(
+        e <= 1e-4,
+        "layer-0 keys turned by 16 vs computed there: {e}"
+    );
+    // Turned the other way, they miss.
+    let mut wrong = read(&at32[2..]);
+    for row in wrong.chunks_exact_mut(kv * d) {
+        row.iter_mut().zip(mean).for_each(|(x, mu)| *x += mu);
+        rope.shift(row, d, -16);
+        row.iter_mut().zip(mean).for_each(|(x, mu)| *x -= mu);
+    }
+    assert!(rel_l2(&wrong, &want) > 0.05);
+}
+
 #[test]
 fn the_harness_scores_shifted_reuse_above_unshifted() {
     let dir = tempdir("relocate");
@@ -209,7 +274,9 @@ fn the_harness_scores_shifted_reuse_above_unshifted() {
     assert!(evaluate_relocation(m, tok, &bad, |_| {}).is_err());
     let bad = RelocateOptions {
         segment: 90,
-        ..opts
+        ..opts.clone()
     };
+    assert!(evaluate_relocation(m, tok, &bad, |_| {}).is_err());
+    let bad = RelocateOptions { tail: 300, ..opts };
     assert!(evaluate_relocation(m, tok, &bad, |_| {}).is_err());
 }

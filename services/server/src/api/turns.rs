@@ -201,11 +201,11 @@ pub async fn create_turn(
     let log = turn.history().await?;
     // What the cache lost is replayed while the message's memories are recalled; both count
     // in the turn's TTFT.
-    let (turned, prepare_ms) = turn.prepare(None, log, &body.message).await?;
+    let turned = turn.prepare(None, log, &body.message).await?;
     let spec = turn.spec(&turned.built, |_| true)?;
     let framing = Native {
         budgets: turn.budgets_used(&turned.built),
-        prepare_ms,
+        prepare_ms: turn.prepare_ms,
         hash: turned.built.stable_prefix_hex(),
         turned: turned.clone(),
         layout: spec.clone(),

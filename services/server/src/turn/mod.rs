@@ -171,6 +171,10 @@ pub struct Turn {
     /// turn (an OpenAI request in a session ending with several tool results: all but the
     /// last). The caller adds them to the history it builds the prompt on.
     pub preface: Vec<String>,
+    /// Milliseconds the turn spent before the engine ran it: the replay of what the cache lost
+    /// and the recall of its memories ([`Turn::prepare`]) with the prompt's build; part of its
+    /// time to first token.
+    pub prepare_ms: f64,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
     /// The layers use DESIGN §2's expanded budgets (decided when the turn opened).
@@ -205,6 +209,7 @@ impl Turn {
             idempotency_key: None,
             message_speaker: engram_context::Speaker::User,
             preface: Vec::new(),
+            prepare_ms: 0.0,
             span: tracing::Span::current(),
             session: session.map(str::to_string),
             kv_session,

@@ -375,18 +375,18 @@ impl Turn {
     }
 
     /// Steps 4 and 5 at once, for a turn of a stored session: the replay of what the cache
-    /// lost ([`Turn::replay_lost`] over `replay`, the log as stored; `None`: `log` itself) runs
-    /// on the engine thread while the message's neighbourhood is recalled (embedded on a
-    /// blocking thread, searched in the graph), so recall starts when the turn arrives and
-    /// overlaps the conversation's prefill; then the prompt is built over `log` (the stored
-    /// log and what this turn adds before its message). Returns the prompt and the wall time of
-    /// the whole step in milliseconds (part of the turn's time to first token).
+    /// lost ([`Turn::replay_lost`] over `replay`, the log as stored; `None`: `log` itself) and
+    /// the recall of the message's neighbourhood run as one task's two futures, so the
+    /// embedding (on a blocking thread) overlaps the engine thread's prefill of the lost turns;
+    /// their synchronous parts (prompt builds, tokenizing, the graph search) still take turns.
+    /// Then the prompt is built over `log` (the stored log and what this turn adds before its
+    /// message). The wall time of the whole step goes into [`Turn::prepare_ms`].
     pub async fn prepare(
-        &self,
+        &mut self,
         replay: Option<&Log>,
         log: Log,
         message: &str,
-    ) -> Result<(Turned, f64), TurnError> {
+    ) -> Result<Turned, TurnError> {
         let started = Instant::now();
         let since = self.window_since(&log, message)?;
         let (replayed, memories) = tokio::join!(
@@ -395,7 +395,8 @@ impl Turn {
         );
         replayed?;
         let turned = self.turned(log, message, since, memories?, started)?;
-        Ok((turned, started.elapsed().as_secs_f64() * 1e3))
+        self.prepare_ms = started.elapsed().as_secs_f64() * 1e3;
+        Ok(turned)
     }
 
     fn turned(

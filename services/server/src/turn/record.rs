@@ -34,14 +34,14 @@ impl Turn {
             u.cached_tokens as u64,
             prefilled as u64,
             u.completion_tokens as u64,
-            g.ttft_ms,
+            g.ttft_ms + self.prepare_ms,
         );
         crate::telemetry::record_turn(
             &self.span,
             u.cached_tokens,
             prefilled,
             u.completion_tokens,
-            g.ttft_ms,
+            g.ttft_ms + self.prepare_ms,
         );
     }
 
