@@ -720,13 +720,7 @@ fn attend_codes(
                 }
             }
         }
-        for j in 0..group {
-            let h = g * group + j;
-            let inv = 1.0 / total.sum[j];
-            let acc = &mut total.acc[j * d..][..d];
-            acc.iter_mut().for_each(|a| *a *= inv);
-            vc.finish(acc, &mut out[h * d..][..d]);
-        }
+        finish_heads(&mut total, vc, g, d, out);
     }
     mass.iter()
         .map(|&m| (m / geo.heads as f64) as f32)
@@ -767,8 +761,21 @@ fn block_keys<'a>(slots: &'a [u32], geo: Geometry, g: usize, b: usize) -> KeyRan
     }
 }
 
+/// KV head `g`'s merged state normalized into its query heads' rows of `out`, back in model
+/// space (the values' codec undoes its rotation).
+pub(crate) fn finish_heads(total: &mut Partial, vc: &Codec, g: usize, d: usize, out: &mut [f32]) {
+    let group = total.sum.len();
+    for j in 0..group {
+        let h = g * group + j;
+        let inv = 1.0 / total.sum[j];
+        let acc = &mut total.acc[j * d..][..d];
+        acc.iter_mut().for_each(|a| *a *= inv);
+        vc.finish(acc, &mut out[h * d..][..d]);
+    }
+}
+
 /// The softmax states of consecutive key ranges merged in key order (`None` for none).
-fn merged(states: &[Partial]) -> Option<Partial> {
+pub(crate) fn merged(states: &[Partial]) -> Option<Partial> {
     let (first, rest) = states.split_first()?;
     let mut total = first.clone();
     for p in rest {

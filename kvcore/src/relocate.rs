@@ -10,7 +10,7 @@
 //! the run's scores move by `(q′ − q) · μ` against the other keys', whose `q · μ` every score
 //! shares and the softmax drops. Leaving that correction out skews the run's scores.
 
-use crate::attention::{AttentionParams, Prepared, check_len, run_units};
+use crate::attention::{AttentionParams, Prepared, check_len, finish_heads, merged, run_units};
 use crate::simd::{KeyRange, Partial};
 use crate::{BlockId, BlockStore, Isa, KvError, KvResult};
 
@@ -177,19 +177,8 @@ impl BlockStore {
             }
         });
         for (g, per_piece) in states.chunks(pieces.len().max(1)).enumerate() {
-            let Some((first, rest)) = per_piece.split_first() else {
-                continue;
-            };
-            let mut total = first.clone();
-            for p in rest {
-                total.merge(p);
-            }
-            for j in 0..group {
-                let h = g * group + j;
-                let inv = 1.0 / total.sum[j];
-                let acc = &mut total.acc[j * d..][..d];
-                acc.iter_mut().for_each(|a| *a *= inv);
-                vc.finish(acc, &mut out[h * d..][..d]);
+            if let Some(mut total) = merged(per_piece) {
+                finish_heads(&mut total, vc, g, d, out);
             }
         }
         Ok(())

@@ -274,8 +274,9 @@ struct EvalKvArgs {
     also_weights: Vec<String>,
     /// Instead of the codec table: relocated segment reuse (issue 26) — a segment's KV
     /// computed after one prefix, read after another with the query-side RoPE shift, against
-    /// recomputing it there (KL, top-1, greedy agreement, bytes reused).
-    #[arg(long)]
+    /// recomputing it there (KL, top-1, greedy agreement, bytes reused). Takes `--corpus`,
+    /// `--key-centering`, `--greedy-tokens` (at most 64) and the `--relocate-*` options.
+    #[arg(long, conflicts_with_all = ["codecs", "profile", "probe", "also_weights", "tokens", "window", "greedy_prompts"])]
     relocate: bool,
     /// With `--relocate`: cases cut from the corpus.
     #[arg(long, default_value_t = 16)]
