@@ -60,6 +60,7 @@ fn metrics_parse_as_openmetrics_with_help_http_histograms_and_bounded_tenant_lab
     config.metrics.tenant_labels = 2;
     let srv = Server::start_with(config);
     let mut tenants = Vec::new();
+    let mut ttft_ms = 0.0;
     for name in ["a", "b", "c"] {
         let (key, agent) = srv.tenant_with_bot(name, "Answer briefly.");
         let id = agent["agent"]["tenant_id"].as_str().unwrap().to_string();
@@ -70,6 +71,7 @@ fn metrics_parse_as_openmetrics_with_help_http_histograms_and_bounded_tenant_lab
             json!({"message": "Name a colour.", "max_tokens": 4}),
         );
         assert_eq!(s, 200, "{turn}");
+        ttft_ms += turn["ttft_ms"].as_f64().unwrap();
         tenants.push((id, turn["usage"].clone()));
     }
     // A request that fails authentication is counted under its route and status.
@@ -117,6 +119,20 @@ fn metrics_parse_as_openmetrics_with_help_http_histograms_and_bounded_tenant_lab
             &[]
         ),
         3.0
+    );
+    // The histogram times what the responses report: the turn's preparation (replay and
+    // recall with the prompt's build) and the engine's time to the first token.
+    let sum = sample(
+        &families,
+        "engram_ttft_seconds",
+        "engram_ttft_seconds_sum",
+        &[],
+    )
+    .as_f64()
+    .unwrap();
+    assert!(
+        (sum - ttft_ms / 1e3).abs() < 1e-5,
+        "{sum} s vs {ttft_ms} ms"
     );
     // HTTP: the turns by route pattern and status, with a latency histogram.
     let turns = "/v1/agents/{agent}/sessions/{session}/turns";
