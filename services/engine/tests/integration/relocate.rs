@@ -4,10 +4,10 @@
 
 use candle_core::Tensor;
 use engram_engine::relocation::{RelocateOptions, Variant, evaluate_relocation};
-use engram_engine::{KvTransform, LogitRows, SeqInput, StreamCodecs};
+use engram_engine::{KvTransform, Llama, LogitRows, SeqInput, StreamCodecs};
 use engram_kvcore::{
-    BlockId, BlockStore, BlockTags, CodecKind, Relocated, Rope, Rows, SourceLayer, StoreConfig,
-    TenantId, Tier, TokenRange,
+    BlockId, BlockStore, BlockTags, CodecKind, KvShape, Relocated, Rope, Rows, SourceLayer,
+    StoreConfig, TenantId, Tier, TokenRange,
 };
 
 use crate::common::{license_tokens, model, rel_l2};
@@ -30,20 +30,36 @@ fn blocks(store: &mut BlockStore, n: usize) -> Vec<BlockId> {
 /// (F32) and 1e-4 (TQ4) in kvcore's tests.
 const BOUND: f64 = 5e-4;
 
+/// SmolLM2, its calibrated key means, its KV shape and an F32 store of `n` blocks.
+fn setup(n: u32) -> (&'static Llama, &'static [f32], KvShape, BlockStore) {
+    let (m, tok) = model();
+    let means = m.key_means(tok).unwrap();
+    let shape = m.kv_shape(16).unwrap();
+    let store = BlockStore::new(StoreConfig::new(shape, CodecKind::F32, n, 0)).unwrap();
+    (m, means, shape, store)
+}
+
+/// Stored keys (`[rows, kv_heads·d]`, centered by `mean`) turned by `shift` positions: the mean
+/// added back, turned, taken off again.
+fn turn_keys(k: &mut [f32], mean: &[f32], d: usize, rope: Rope, shift: i64) {
+    for row in k.chunks_exact_mut(mean.len()) {
+        row.iter_mut().zip(mean).for_each(|(x, mu)| *x += mu);
+        rope.shift(row, d, shift);
+        row.iter_mut().zip(mean).for_each(|(x, mu)| *x -= mu);
+    }
+}
+
 fn logits(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
 #[test]
 fn a_relocated_segment_reads_as_keys_rotated_to_where_it_stands() {
-    let (m, tok) = model();
-    let means = m.key_means(tok).unwrap().to_vec();
+    let (m, means, shape, mut store) = setup(64);
     let transform = KvTransform {
-        key_means: Some(&means),
+        key_means: Some(means),
         probe: None,
     };
-    let shape = m.kv_shape(16).unwrap();
-    let mut store = BlockStore::new(StoreConfig::new(shape, CodecKind::F32, 64, 0)).unwrap();
     let text = license_tokens(400);
     let (a, s, b, c) = (&text[..32], &text[32..96], &text[200..248], &text[96..116]);
     let forward = |store: &mut BlockStore,
@@ -97,12 +113,7 @@ fn a_relocated_segment_reads_as_keys_rotated_to_where_it_stands() {
     for l in 0..shape.layers {
         let (mut k, mut v) = (vec![0.0f32; 64 * kv * d], vec![0.0f32; 64 * kv * d]);
         store.read(l, &source[2..], 0, &mut k, &mut v).unwrap();
-        let mean = &means[l * kv * d..(l + 1) * kv * d];
-        for row in k.chunks_exact_mut(kv * d) {
-            row.iter_mut().zip(mean).for_each(|(x, mu)| *x += mu);
-            rope.shift(row, d, shift);
-            row.iter_mut().zip(mean).for_each(|(x, mu)| *x -= mu);
-        }
+        turn_keys(&mut k, &means[l * kv * d..(l + 1) * kv * d], d, rope, shift);
         store
             .write(l, &copies, 0, Rows::F32(&k), Rows::F32(&v))
             .unwrap();
@@ -167,14 +178,11 @@ fn a_relocated_segment_reads_as_keys_rotated_to_where_it_stands() {
 /// at 32.. turned by 16 (the key mean added back and taken off again).
 #[test]
 fn rope_shift_moves_layer_zero_keys_as_the_model_places_them() {
-    let (m, tok) = model();
-    let means = m.key_means(tok).unwrap().to_vec();
+    let (m, means, shape, mut store) = setup(16);
     let transform = KvTransform {
-        key_means: Some(&means),
+        key_means: Some(means),
         probe: None,
     };
-    let shape = m.kv_shape(16).unwrap();
-    let mut store = BlockStore::new(StoreConfig::new(shape, CodecKind::F32, 16, 0)).unwrap();
     let text = license_tokens(300);
     let (a, s, b) = (&text[..32], &text[32..96], &text[200..248]);
     let mut run = |prefix: &[u32]| {
@@ -207,11 +215,7 @@ fn rope_shift_moves_layer_zero_keys_as_the_model_places_them() {
         theta: m.config().rope_theta,
     };
     let mean = &means[..kv * d];
-    for row in moved.chunks_exact_mut(kv * d) {
-        row.iter_mut().zip(mean).for_each(|(x, mu)| *x += mu);
-        rope.shift(row, d, 16);
-        row.iter_mut().zip(mean).for_each(|(x, mu)| *x -= mu);
-    }
+    turn_keys(&mut moved, mean, d, rope, 16);
     let e = rel_l2(&moved, &want);
     assert!(
         e <= 1e-4,
@@ -219,11 +223,7 @@ fn rope_shift_moves_layer_zero_keys_as_the_model_places_them() {
     );
     // Turned the other way, they miss.
     let mut wrong = read(&at32[2..]);
-    for row in wrong.chunks_exact_mut(kv * d) {
-        row.iter_mut().zip(mean).for_each(|(x, mu)| *x += mu);
-        rope.shift(row, d, -16);
-        row.iter_mut().zip(mean).for_each(|(x, mu)| *x -= mu);
-    }
+    turn_keys(&mut wrong, mean, d, rope, -16);
     assert!(rel_l2(&wrong, &want) > 0.05);
 }
 
