@@ -77,6 +77,12 @@ impl Geometry {
     pub(crate) fn group(&self) -> usize {
         self.heads / self.kv_heads
     }
+
+    /// Threads a decode pass over these keys takes (none shorter than
+    /// [`MIN_KEYS_PER_THREAD`] keys, at most `params.threads`).
+    pub(crate) fn threads(&self, params: &AttentionParams) -> usize {
+        (self.tokens / MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1))
+    }
 }
 
 impl BlockStore {
@@ -685,7 +691,7 @@ fn attend_codes(
     let (d, group, bs) = (geo.head_dim, geo.group(), geo.block_size);
     let prepared = Prepared::new((kc, vc), bytes, geo, q, params, isa);
     // Parts end on block boundaries (the scalar path's softmax tiles are blocks).
-    let parts = (geo.tokens / MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1));
+    let parts = geo.threads(params);
     let blocks = geo.tokens.div_ceil(bs);
     let bounds: Vec<usize> = (0..=parts)
         .map(|p| ((blocks * p / parts) * bs).min(geo.tokens))

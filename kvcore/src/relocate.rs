@@ -117,11 +117,15 @@ impl BlockStore {
         if let Some(m) = relocation.key_mean {
             check_len(m.len(), geo.kv_heads * d)?;
         }
-        // Per run: the query turned back by its shift, and per head the score correction.
-        let turned: Vec<(Vec<f32>, Vec<f32>)> = relocation
+        // Per moved run: the query turned back by its shift, and per head the score correction
+        // (a run with shift 0 reads with the call's query: its piece carries no run).
+        let turned: Vec<Option<(Vec<f32>, Vec<f32>)>> = relocation
             .runs
             .iter()
             .map(|r| {
+                if r.shift == 0 {
+                    return None;
+                }
                 let mut qr = q.to_vec();
                 relocation.rope.shift(&mut qr, d, -r.shift);
                 let bias = (0..geo.heads)
@@ -138,15 +142,20 @@ impl BlockStore {
                         })
                     })
                     .collect();
-                (qr, bias)
+                Some((qr, bias))
             })
             .collect();
         let (kc, vc) = self.layer_codecs(layer);
         let isa = isa.min(Isa::detected());
         let base = Prepared::new((kc, vc), &bytes, geo, q, params, isa);
-        let moved: Vec<Prepared<'_>> = turned
+        let moved: Vec<Option<(Prepared<'_>, &[f32])>> = turned
             .iter()
-            .map(|(qr, _)| Prepared::new((kc, vc), &bytes, geo, qr, params, isa))
+            .map(|t| {
+                t.as_ref().map(|(qr, bias)| {
+                    let p = Prepared::new((kc, vc), &bytes, geo, qr, params, isa);
+                    (p, &bias[..])
+                })
+            })
             .collect();
         let slots = &slots[..];
         let units: Vec<(KeyRange<'_>, Option<usize>)> = (0..geo.kv_heads)
@@ -165,13 +174,14 @@ impl BlockStore {
                 })
             })
             .collect();
-        let threads = (geo.tokens / crate::MIN_KEYS_PER_THREAD).clamp(1, params.threads.max(1));
-        let states: Vec<Partial> = run_units(&units, threads, |(keys, run)| match run {
+        let states: Vec<Partial> = run_units(&units, geo.threads(params), |(keys, run)| match run
+            .and_then(|r| moved[r].as_ref())
+        {
             None => base.partial(keys),
-            Some(r) => {
-                let mut p = moved[*r].partial(keys);
+            Some((prepared, bias)) => {
+                let mut p = prepared.partial(keys);
                 for j in 0..group {
-                    p.max[j] += turned[*r].1[keys.g * group + j];
+                    p.max[j] += bias[keys.g * group + j];
                 }
                 p
             }

@@ -109,7 +109,8 @@ impl Llama {
     }
 
     /// Causal attention of a sequence with relocated runs, one query row at a time: row `r`
-    /// (position `s.start + r`) reads the positions up to its own, the runs cut there.
+    /// (position `s.start + r`) reads the positions up to its own (`check_batch` holds the
+    /// runs to positions before `s.start`, so every row reads them whole).
     #[allow(clippy::too_many_arguments)]
     fn attend_relocated(
         &self,
@@ -126,26 +127,17 @@ impl Llama {
         let rope = engram_kvcore::Rope {
             theta: self.config.rope_theta,
         };
+        let relocation = engram_kvcore::Relocation {
+            runs: s.relocated,
+            rope,
+            key_mean,
+        };
         for (r, (q, o)) in qs
             .chunks_exact(width)
             .zip(out.chunks_exact_mut(width))
             .enumerate()
         {
             let total = s.start + r + 1;
-            let runs: Vec<engram_kvcore::Relocated> = s
-                .relocated
-                .iter()
-                .filter(|run| run.start < total)
-                .map(|run| engram_kvcore::Relocated {
-                    end: run.end.min(total),
-                    ..*run
-                })
-                .collect();
-            let relocation = engram_kvcore::Relocation {
-                runs: &runs,
-                rope,
-                key_mean,
-            };
             let blocks = &s.blocks[..total.div_ceil(bs)];
             store.attend_relocated(l, blocks, total, q, &relocation, params, o)?;
         }

@@ -312,31 +312,28 @@ pub async fn chat_completions(
     // A `user` session runs one turn at a time, as on the native route.
     let session_slot = turn.hold_session().await?;
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
-    let turned = match turn.session.is_some() {
-        true => {
-            turn.admit(&message).await?;
-            let stored = turn.history().await?;
-            // Tool results before the message: in the prompt now, logged with the turn.
-            let now = engram_memory::now_ms();
-            let mut log = stored.clone();
-            for t in &turn.preface {
-                log.said.push(said_of(Role::Tool, None, t));
-                log.created.push(now);
-            }
-            // What the cache lost (of the stored log) is replayed while the memories are
-            // recalled.
-            turn.prepare(Some(&stored), log, &message).await?
+    let turned = if turn.session.is_some() {
+        turn.admit(&message).await?;
+        let stored = turn.history().await?;
+        // Tool results before the message: in the prompt now, logged with the turn.
+        let now = engram_memory::now_ms();
+        let mut log = stored.clone();
+        for t in &turn.preface {
+            log.said.push(said_of(Role::Tool, None, t));
+            log.created.push(now);
         }
-        false => {
-            turn.state.engine()?;
-            // A stateless conversation's KV is filed under a key of its first user message.
-            turn.kv_session = Some(conversation_key(&turn, &req.messages));
-            let log = Log::unstored(earlier.iter().filter_map(said).collect());
-            let started = std::time::Instant::now();
-            let turned = turn.context(log, &message).await?;
-            turn.prepare_ms = started.elapsed().as_secs_f64() * 1e3;
-            turned
-        }
+        // What the cache lost (of the stored log) is replayed while the memories are
+        // recalled.
+        turn.prepare(Some(&stored), log, &message).await?
+    } else {
+        turn.state.engine()?;
+        // A stateless conversation's KV is filed under a key of its first user message.
+        turn.kv_session = Some(conversation_key(&turn, &req.messages));
+        let log = Log::unstored(earlier.iter().filter_map(said).collect());
+        let started = std::time::Instant::now();
+        let turned = turn.context(log, &message).await?;
+        turn.prepare_ms = started.elapsed().as_secs_f64() * 1e3;
+        turned
     };
     let spec = turn.spec(&turned.built, |_| true)?;
     let chunks = Chunks {
