@@ -31,6 +31,8 @@ pub struct Tq4Kernels {
     attend: CudaFunction,
     combine: CudaFunction,
     mma: CudaFunction,
+    mma_mass: CudaFunction,
+    block_mass: CudaFunction,
     prefill: CudaFunction,
     combine_items: CudaFunction,
     read_stream: CudaFunction,
@@ -163,6 +165,9 @@ pub struct MmaWork {
     acc: CudaSlice<f32>,
     m: CudaSlice<f32>,
     l: CudaSlice<f32>,
+    /// The tiles' records of the mass variant (running max, added normalizer), allocated by
+    /// the first [`Tq4Kernels::decode_attention_mma_mass`] on this work.
+    tiles: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 impl MmaWork {
@@ -235,12 +240,13 @@ impl Tq4Kernels {
         let module = ctx.load_module(ptx).map_err(driver)?;
         let f = |name: &str| module.load_function(name).map_err(driver);
         let mma = f("tq4_decode_mma")?;
+        let mma_mass = f("tq4_decode_mma_mass")?;
         let prefill = f("tq4_prefill_mma")?;
         use cudarc::driver::sys::CUdevice_attribute as Dev;
         let optin = ctx
             .attribute(Dev::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(driver)?;
-        for k in [&mma, &prefill] {
+        for k in [&mma, &mma_mass, &prefill] {
             k.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 optin,
@@ -262,6 +268,8 @@ impl Tq4Kernels {
             glue_swiglu: f("glue_swiglu")?,
             gemv: f("gemv_bf16")?,
             mma,
+            mma_mass,
+            block_mass: f("tq4_block_mass")?,
             prefill,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
             max_shared: usize::try_from(optin).unwrap_or(0),
@@ -477,6 +485,7 @@ impl Tq4Kernels {
                 .map_err(driver)?,
             m: self.stream.alloc_zeros(parts).map_err(driver)?,
             l: self.stream.alloc_zeros(parts).map_err(driver)?,
+            tiles: None,
             kv_heads,
             plan,
         })
@@ -495,9 +504,88 @@ impl Tq4Kernels {
     ) -> Result<(), KernelError> {
         use cudarc::driver::DevicePtrMut;
         self.check_batch(a, out.len())?;
-        self.mma_items(a, layout, work)?;
+        self.mma_items(a, layout, work, false)?;
         let (o, _o) = out.device_ptr_mut(&self.stream);
         self.combine_items_pdl(work, a, o, false)
+    }
+
+    /// [`Self::decode_attention_mma_out`] that also measures the attention mass each page of
+    /// every sequence receives from its query, averaged over the query heads
+    /// (`tq4_decode_mma_mass`, then `tq4_block_mass`): `[batch, max_blocks]`, a sequence's
+    /// first `⌈len/16⌉` entries written (they sum to 1), the rest zero. The output is
+    /// `tq4_decode_mma`'s bit for bit; the records cost one f32 pair per (item, head, page).
+    pub fn decode_attention_mma_mass(
+        &self,
+        a: &DecodeBatch<'_>,
+        layout: PageLayout,
+        work: &mut MmaWork,
+        bf16: bool,
+    ) -> Result<(ActBuf, CudaSlice<f32>), KernelError> {
+        use cudarc::driver::DevicePtrMut;
+        let len = a.batch * a.heads * self.head_dim;
+        self.check_batch(a, len)?;
+        let tstride = work.plan.chunk / PAGE;
+        let records = work.plan.len().max(1) * a.kv_heads * self.group * tstride;
+        if work.tiles.as_ref().is_none_or(|(m, _)| m.len() < records) {
+            work.tiles = Some((
+                self.stream.alloc_zeros(records).map_err(driver)?,
+                self.stream.alloc_zeros(records).map_err(driver)?,
+            ));
+        }
+        let mut out = glue::alloc_act(&self.stream, len, bf16)?;
+        self.mma_items(a, layout, work, true)?;
+        match &mut out {
+            ActBuf::F32(o) => {
+                let (p, _p) = o.device_ptr_mut(&self.stream);
+                self.combine_items_pdl(work, a, p, false)?;
+            }
+            ActBuf::Bf16(o) => {
+                let (p, _p) = o.device_ptr_mut(&self.stream);
+                self.combine_items_pdl(work, a, p, true)?;
+            }
+        }
+        let mut mass = self
+            .stream
+            .alloc_zeros::<f32>((a.batch * a.max_blocks).max(1))
+            .map_err(driver)?;
+        let Some((tile_m, tile_a)) = work.tiles.as_ref() else {
+            return Err(KernelError::Invalid(
+                "the mass records were not allocated".into(),
+            ));
+        };
+        if !work.plan.is_empty() {
+            let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
+            let (tstride, max_blocks) = (int(tstride, "tiles")?, int(a.max_blocks, "max_blocks")?);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    a.max_blocks.div_ceil(256).max(1) as u32,
+                    u32::try_from(a.batch)
+                        .map_err(|_| KernelError::Invalid("batch over u32".into()))?,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: (2 * a.heads * 4) as u32,
+            };
+            let mut launch = self.stream.launch_builder(&self.block_mass);
+            launch
+                .arg(&work.m)
+                .arg(&work.l)
+                .arg(tile_m)
+                .arg(tile_a)
+                .arg(&work.items)
+                .arg(&work.seq_first)
+                .arg(&heads)
+                .arg(&kv_heads)
+                .arg(&tstride)
+                .arg(&max_blocks)
+                .arg(&mut mass);
+            // SAFETY: the arguments match `tq4_block_mass`; the partials and records were
+            // written for this plan's items by the launch above (same stream), `mass` holds
+            // `batch × max_blocks` floats and a sequence's pages are at most `max_blocks`
+            // (check_batch), and the shared memory holds 2 · heads floats.
+            unsafe { launch.launch(cfg) }.map_err(driver)?;
+        }
+        Ok((out, mass))
     }
 
     /// The attention launch of [`Self::decode_attention_mma`] (checked by the caller): the
@@ -507,6 +595,7 @@ impl Tq4Kernels {
         a: &DecodeBatch<'_>,
         layout: PageLayout,
         work: &mut MmaWork,
+        mass: bool,
     ) -> Result<(), KernelError> {
         if a.kv_heads != work.kv_heads || work.plan.seq_first.len() != a.batch + 1 {
             return Err(KernelError::Invalid(format!(
@@ -542,7 +631,10 @@ impl Tq4Kernels {
             };
             let n_items = int(work.plan.len(), "items")?;
             let (ipc, wpi) = (int(ipc, "ipc")?, int(wpi, "wpi")?);
-            let mut launch = self.stream.launch_builder(&self.mma);
+            let tstride = int(work.plan.chunk / PAGE, "tiles")?;
+            let mut launch =
+                self.stream
+                    .launch_builder(if mass { &self.mma_mass } else { &self.mma });
             push_batch(&mut launch, a, &heads, &kv_heads, &max_blocks);
             launch
                 .arg(&ps)
@@ -557,7 +649,15 @@ impl Tq4Kernels {
                 .arg(&mut work.acc)
                 .arg(&mut work.m)
                 .arg(&mut work.l);
-            // SAFETY: the arguments match `tq4_decode_mma`; the sizes were checked above, the
+            if mass {
+                let (tm, ta) = work
+                    .tiles
+                    .as_mut()
+                    .ok_or_else(|| KernelError::Invalid("no mass records".into()))?;
+                launch.arg(tm).arg(ta).arg(&tstride);
+            }
+            // SAFETY: the arguments match `tq4_decode_mma` (and, with `mass`, the three more of
+            // `tq4_decode_mma_mass`: records sized for the plan's items × heads × chunk/16); the sizes were checked above, the
             // partials were sized for this plan's items, and every block-table entry of a
             // sequence's first ⌈len/16⌉ pages must name a slot of the planes (the block store
             // hands out only such slots).
@@ -581,7 +681,7 @@ impl Tq4Kernels {
         let len = a.batch * a.heads * self.head_dim;
         self.check_batch(a, len)?;
         let mut out = glue::alloc_act(&self.stream, len, bf16)?;
-        self.mma_items(a, layout, work)?;
+        self.mma_items(a, layout, work, false)?;
         match &mut out {
             ActBuf::F32(o) => {
                 let (p, _p) = o.device_ptr_mut(&self.stream);

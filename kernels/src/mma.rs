@@ -115,11 +115,15 @@ fn byte(w: u32, k: usize) -> usize {
 }
 
 /// One item's partial for one KV head: per query head of the group, the max (log2 domain), the
-/// normalizer and the accumulator (rotated space, true dim order).
+/// normalizer and the accumulator (rotated space, true dim order); and per query head and page
+/// of the item, the mass variant's records: the running max after the page and what the page
+/// added to the normalizer (`tq4_decode_mma_mass`).
 struct Partial {
     m: Vec<f32>,
     l: Vec<f32>,
     acc: Vec<f32>,
+    tile_m: Vec<Vec<f32>>,
+    tile_a: Vec<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -156,6 +160,7 @@ fn warp_item(
     });
     let mut o: Vec<Warp<[f32; 4]>> = vec![[[0.0; 4]; 32]; ksteps];
     let (mut m, mut l) = ([[f32::NEG_INFINITY; 2]; 32], [[0.0f32; 2]; 32]);
+    let (mut tile_m, mut tile_a) = (vec![Vec::new(); group], vec![Vec::new(); group]);
     for tile in start / PAGE..end.div_ceil(PAGE) {
         let page_row = table[tile] as usize * PAGE * kv_heads;
         let row = |p: usize| page_row + p * pos_stride + g * head_stride;
@@ -233,6 +238,17 @@ fn warp_item(
             ];
             l[lane][0] += e[0] + e[2];
             l[lane][1] += e[1] + e[3];
+            for (hh, h) in [2 * (lane % 4), 2 * (lane % 4) + 1].into_iter().enumerate() {
+                if h < group {
+                    if r == 0 {
+                        tile_m[h].push(m[lane][hh]);
+                        tile_a[h].push(0.0);
+                    }
+                    if let Some(a) = tile_a[h].last_mut() {
+                        *a += e[hh] + e[hh + 2];
+                    }
+                }
+            }
             let vn0 = if ok0 {
                 norm(planes.v_norms, row(r)) * VSCALE
             } else {
@@ -274,6 +290,8 @@ fn warp_item(
         m: vec![f32::NEG_INFINITY; group],
         l: vec![0.0; group],
         acc: vec![0.0; group * d],
+        tile_m,
+        tile_a,
     };
     for lane in 0..32 {
         let (r, c) = (lane / 4, lane % 4);
@@ -310,6 +328,60 @@ pub fn mma_decode(
     lens: &[usize],
     scale: f32,
     out: &mut [f32],
+) -> Result<(), KernelError> {
+    let (planes_, tables) = ((planes, block_tables), (max_blocks, lens));
+    decode(
+        codec, group, plan, layout, q, planes_, tables, scale, out, None,
+    )
+}
+
+/// [`mma_decode`] that also returns what `tq4_decode_mma_mass` + `tq4_block_mass` compute: the
+/// attention mass each page of every sequence receives from its query, averaged over the query
+/// heads, `[batch, max_blocks]` (a sequence's first `⌈len/16⌉` entries, the rest zero), from
+/// the pages' records carried to the merged max and normalizer.
+#[allow(clippy::too_many_arguments)]
+pub fn mma_decode_mass(
+    codec: &Codec,
+    group: usize,
+    plan: &ItemPlan,
+    layout: PageLayout,
+    q: &[f32],
+    planes: &Planes<'_>,
+    block_tables: &[u32],
+    max_blocks: usize,
+    lens: &[usize],
+    scale: f32,
+    out: &mut [f32],
+) -> Result<Vec<f32>, KernelError> {
+    let mut mass = vec![0f32; lens.len() * max_blocks];
+    let (planes_, tables) = ((planes, block_tables), (max_blocks, lens));
+    decode(
+        codec,
+        group,
+        plan,
+        layout,
+        q,
+        planes_,
+        tables,
+        scale,
+        out,
+        Some(&mut mass),
+    )?;
+    Ok(mass)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    codec: &Codec,
+    group: usize,
+    plan: &ItemPlan,
+    layout: PageLayout,
+    q: &[f32],
+    (planes, block_tables): (&Planes<'_>, &[u32]),
+    (max_blocks, lens): (usize, &[usize]),
+    scale: f32,
+    out: &mut [f32],
+    mass: Option<&mut [f32]>,
 ) -> Result<(), KernelError> {
     let t = codec
         .turboquant_tables()
@@ -389,6 +461,43 @@ pub fn mma_decode(
             fwht(&mut y);
             for i in 0..d {
                 out[(b * heads + h) * d + i] = y[i] * t.signs[i] * t.scale;
+            }
+        }
+    }
+    // tq4_block_mass: page j of item i gets (1/heads) Σ_h a·2^(m − M_h)/L_h.
+    if let Some(mass) = mass {
+        let tiles = plan.chunk / PAGE;
+        for b in 0..batch {
+            let (first, last) = (plan.seq_first[b] as usize, plan.seq_first[b + 1] as usize);
+            let merged: Vec<(f32, f32)> = (0..heads)
+                .map(|h| {
+                    let (g, gh) = (h / group, h % group);
+                    let ps = (first..last).map(|it| &parts[it * kv_heads + g]);
+                    let mx = ps
+                        .clone()
+                        .map(|p| p.m[gh])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    let total: f32 = ps
+                        .filter(|p| p.l[gh] > 0.0)
+                        .map(|p| p.l[gh] * (p.m[gh] - mx).exp2())
+                        .sum();
+                    (mx, if total > 0.0 { 1.0 / total } else { 0.0 })
+                })
+                .collect();
+            for j in 0..lens[b].div_ceil(PAGE) {
+                let (it, k) = (first + j / tiles, j % tiles);
+                let sum: f32 = (0..heads)
+                    .map(|h| {
+                        let p = &parts[it * kv_heads + h / group];
+                        let a = p.tile_a[h % group][k];
+                        if a > 0.0 {
+                            a * (p.tile_m[h % group][k] - merged[h].0).exp2() * merged[h].1
+                        } else {
+                            0.0
+                        }
+                    })
+                    .sum();
+                mass[b * max_blocks + j] = sum / heads as f32;
             }
         }
     }
@@ -519,6 +628,85 @@ mod tests {
                     assert!(
                         err < 2e-3,
                         "d {d} group {group} len {len} chunk {chunk:?}: rel L2 {err:.3e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The mass variant's records, merged as `tq4_block_mass` merges them, against the dense
+    /// softmax weights (f64, decoded keys): each sequence's page masses within 1e-3 relative
+    /// L2 and summing to 1, for several items a sequence, a lazy max that moves (peaked
+    /// queries); the attention output is `mma_decode`'s bit for bit.
+    #[test]
+    fn the_exported_mass_matches_the_dense_weights() {
+        let mut rng = SplitMix64::new(41);
+        for (d, group, kv_heads, qmul) in [(128usize, 4usize, 2usize, 1.0f32), (64, 3, 3, 8.0)] {
+            let codec =
+                Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
+            let lens = [1usize, 40, 700];
+            let max_blocks = 700usize.div_ceil(PAGE);
+            let slots = lens.len() * max_blocks;
+            let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, &mut rng, 1.0).unwrap();
+            let mut order: Vec<u32> = (0..slots as u32).collect();
+            for i in (1..slots).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let heads = kv_heads * group;
+            let mut q = rng.gaussian_vec(lens.len() * heads * d);
+            q.iter_mut().for_each(|v| *v *= qmul);
+            let scale = 1.0 / (d as f32).sqrt();
+            for chunk in [Some(64), Some(256)] {
+                let plan = ItemPlan::new(&lens, 8, chunk).unwrap();
+                let (mut out, mut plain) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                let args = (&codec, group, &plan, PageLayout::TokenMajor, &q);
+                let mass = mma_decode_mass(
+                    args.0,
+                    args.1,
+                    args.2,
+                    args.3,
+                    args.4,
+                    &data.planes(),
+                    &order,
+                    max_blocks,
+                    &lens,
+                    scale,
+                    &mut out,
+                )
+                .unwrap();
+                mma_decode(
+                    args.0,
+                    args.1,
+                    args.2,
+                    args.3,
+                    args.4,
+                    &data.planes(),
+                    &order,
+                    max_blocks,
+                    &lens,
+                    scale,
+                    &mut plain,
+                )
+                .unwrap();
+                assert_eq!(out, plain, "the mass variant changed the attention");
+                for (b, &len) in lens.iter().enumerate() {
+                    let n = heads * d;
+                    let table = &order[b * max_blocks..][..max_blocks];
+                    let want = data.mass_dense(table, len, &q[b * n..][..n], heads);
+                    let pages = len.div_ceil(PAGE);
+                    let got = &mass[b * max_blocks..][..max_blocks];
+                    assert!(got[pages..].iter().all(|&x| x == 0.0));
+                    let sum: f64 = got[..pages].iter().map(|&x| f64::from(x)).sum();
+                    assert!((sum - 1.0).abs() < 1e-5, "masses sum to {sum}");
+                    let (mut num, mut den) = (0.0f64, 0.0f64);
+                    for (g, w) in got[..pages].iter().zip(&want) {
+                        num += (f64::from(*g) - w).powi(2);
+                        den += w * w;
+                    }
+                    let err = (num / den).sqrt();
+                    assert!(
+                        err < 1e-3,
+                        "d {d} group {group} len {len} chunk {chunk:?}: mass rel L2 {err:.3e}"
                     );
                 }
             }

@@ -139,6 +139,37 @@ impl EncodedPlanes {
         )?;
         Ok(out)
     }
+
+    /// The attention mass one sequence's query (`q`: `[heads, head_dim]`) gives each block of
+    /// its first `len` positions through `block_table`, from the dense softmax weights over the
+    /// decoded keys in f64 (scale 1/√head_dim), averaged over the heads: `⌈len / block_size⌉`
+    /// values summing to 1.
+    pub fn mass_dense(&self, block_table: &[u32], len: usize, q: &[f32], heads: usize) -> Vec<f64> {
+        let (d, bs, kv) = (self.head_dim, self.block_size, self.kv_heads);
+        let group = heads / kv;
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut mass = vec![0f64; len.div_ceil(bs)];
+        for h in 0..heads {
+            let qh = &q[h * d..][..d];
+            let scores: Vec<f64> = (0..len)
+                .map(|p| {
+                    let r = (block_table[p / bs] as usize * bs + p % bs) * kv + h / group;
+                    let k = &self.k_rows[r * d..][..d];
+                    qh.iter()
+                        .zip(k)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+            for (p, s) in scores.iter().enumerate() {
+                mass[p / bs] += (s - mx).exp() / total / heads as f64;
+            }
+        }
+        mass
+    }
 }
 
 /// In-place fast Walsh–Hadamard transform (the butterflies of `fwht_warp`, in its order).

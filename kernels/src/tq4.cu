@@ -538,10 +538,15 @@ struct MmaState {
     float m0, m1, l0, l1;
 };
 
-// Scores, lazy softmax and values of one 16-position tile (page index t) for one lane.
+// Scores, lazy softmax and values of one 16-position tile (page index t) for one lane. With
+// MASS, the tile's record for the attention mass: per query head of the lane's column pair, the
+// running max after the tile (`tm[t]`, `tm[t + tstride]`) and what the tile added to the
+// normalizer (`ta[...]`, summed over the 16 positions), written by the lanes of row 0.
+template <bool MASS>
 __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t, int start,
                                          int end, int r, const char* lut, unsigned int lane4,
-                                         const unsigned int (&qf)[KSTEPS][2]) {
+                                         const unsigned int (&qf)[KSTEPS][2], float* tm,
+                                         float* ta, int tstride, bool col0, bool col1) {
     float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #ifdef MMA_PROFILE_NO_QK  // timing experiments only: the results are wrong
     sa[0] = __int_as_float(cur.k0[0] & 0x3f000000u);
@@ -590,6 +595,24 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
     const float e2 = fast_exp2(s2 - st.m0), e3 = fast_exp2(s3 - st.m1);
     st.l0 += e0 + e2;
     st.l1 += e1 + e3;
+    if (MASS) {
+        float a0 = e0 + e2, a1 = e1 + e3;
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            a0 += __shfl_xor_sync(0xffffffffu, a0, off);
+            a1 += __shfl_xor_sync(0xffffffffu, a1, off);
+        }
+        if (r == 0) {
+            if (col0) {
+                tm[t] = st.m0;
+                ta[t] = a0;
+            }
+            if (col1) {
+                tm[t + tstride] = st.m1;
+                ta[t + tstride] = a1;
+            }
+        }
+    }
     const float vn0 = ok0 ? f16_to_f32(cur.vn0) * VSCALE : 0.0f;
     const float vn1 = ok1 ? f16_to_f32(cur.vn1) * VSCALE : 0.0f;
     const unsigned int pb0 = movmatrix_t(pack_half2(e0 * vn0, e1 * vn0));
@@ -626,14 +649,19 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
 // ptxas no longer folds the pair table's base into the lookups: ~50 more integer instructions a
 // tile); the combine folded into this kernel for sequences of few items (the last warp of a
 // (sequence, KV head) merging, through a counter), 4-5 us slower than the PDL-launched combine.
-extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
+// The body of tq4_decode_mma and tq4_decode_mma_mass; MASS adds the tiles' records (see
+// mma_tile) at tile_m / tile_a [(item . kv_heads + g) . GROUP + h][tile of the item], `tstride`
+// tiles a row.
+template <bool MASS>
+__device__ __forceinline__ void decode_mma(
     const float* __restrict__ q, int heads, int kv_heads,
     const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
     const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
     const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
     int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int ipc,
     int wpi, const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
-    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l) {
+    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
+    float* __restrict__ tile_m, float* __restrict__ tile_a, int tstride) {
     extern __shared__ __align__(16) unsigned int smem[];
     (void)seq_lens;  // the plan's item ends already respect the lengths
 #ifdef MMA_KV_HEADS
@@ -729,14 +757,22 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
     for (int i = 0; i < KSTEPS; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
     st.m0 = st.m1 = NEG_INF;
     st.l0 = st.l1 = 0.0f;
+    // The lane's records (MASS): its column pair's heads 2c, 2c + 1, indexed by page t.
+    float *tm = nullptr, *tr = nullptr;
+    const bool col0 = 2 * c < GROUP, col1 = 2 * c + 1 < GROUP;
+    if (MASS) {
+        const size_t row = (((size_t)item * kv_heads + g) * GROUP + 2 * c) * tstride;
+        tm = tile_m + row - t_first;
+        tr = tile_a + row - t_first;
+    }
     for (int t = t_first; t < t_end; t += 2) {
         if (t + 1 < t_end)
             mma_load(tb, kb, vb, knb, vnb, page_of(t + 1), pos_stride);
-        mma_tile(st, ta, t, start, end, r, lut, lane4, qf);
+        mma_tile<MASS>(st, ta, t, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1);
         if (t + 1 >= t_end) break;
         if (t + 2 < t_end)
             mma_load(ta, kb, vb, knb, vnb, page_of(t + 2), pos_stride);
-        mma_tile(st, tb, t + 1, start, end, r, lut, lane4, qf);
+        mma_tile<MASS>(st, tb, t + 1, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1);
     }
     // The combine (launched with programmatic dependent launch) may start its prologue now; it
     // waits for this grid's completion before it reads a partial.
@@ -769,6 +805,92 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
             part_l[part + h1] = l1;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
+    const float* __restrict__ q, int heads, int kv_heads,
+    const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
+    const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
+    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
+    int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int ipc,
+    int wpi, const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
+    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l) {
+    decode_mma<false>(q, heads, kv_heads, k_codes, k_norms, v_codes, v_norms, block_tables,
+                      max_blocks, seq_lens, pos_stride, head_stride, items, n_items, ipc, wpi,
+                      signs, codebook, qscale, part_acc, part_m, part_l, nullptr, nullptr, 0);
+}
+
+// tq4_decode_mma that also records, per (item, query head, page), the tile's running max and
+// what it added to the normalizer (tile_m, tile_a: `tstride` pages a row, the plan's chunk / 16);
+// tq4_block_mass turns them into each page's attention mass. The attention itself is
+// tq4_decode_mma's, bit for bit.
+extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma_mass(
+    const float* __restrict__ q, int heads, int kv_heads,
+    const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
+    const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
+    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
+    int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int ipc,
+    int wpi, const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
+    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
+    float* __restrict__ tile_m, float* __restrict__ tile_a, int tstride) {
+    decode_mma<true>(q, heads, kv_heads, k_codes, k_norms, v_codes, v_norms, block_tables,
+                     max_blocks, seq_lens, pos_stride, head_stride, items, n_items, ipc, wpi,
+                     signs, codebook, qscale, part_acc, part_m, part_l, tile_m, tile_a, tstride);
+}
+
+// The attention mass each page of a sequence receives from its decode query, averaged over the
+// query heads (the masses of a sequence sum to 1): page j of item i (tile k = j - first page of
+// i) gets (1 / heads) . sum_h a[h][k] . 2^(m[h][k] - M_h) / L_h, where M_h and L_h merge the
+// items' partial maxima and normalizers as tq4_combine_items does. Grid (pages / 256, batch):
+// each CTA merges every head's partials (a warp per head, its lanes over the items; into
+// dynamic shared memory, 2 . heads floats), then a thread per page sums over the heads in
+// order (loads of consecutive pages coalesce). Writes mass[b . max_blocks + j] for the
+// sequence's pages (kvcore's BlockStore::attend_with_mass on the CPU).
+extern "C" __global__ void __launch_bounds__(256) tq4_block_mass(
+    const float* __restrict__ part_m, const float* __restrict__ part_l,
+    const float* __restrict__ tile_m, const float* __restrict__ tile_a,
+    const int* __restrict__ items, const int* __restrict__ seq_first, int heads, int kv_heads,
+    int tstride, int max_blocks, float* __restrict__ mass) {
+    extern __shared__ float mass_s[];
+    float* mx_s = mass_s;
+    float* inv_s = mass_s + heads;
+    const int b = blockIdx.y;
+    const int first = seq_first[b], last = seq_first[b + 1];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int h = warp; h < heads; h += warps) {
+        const int g = h / GROUP, gh = h % GROUP;
+        float mx = NEG_INF;
+        for (int i = first + lane; i < last; i += WARP)
+            mx = fmaxf(mx, part_m[((size_t)i * kv_heads + g) * GROUP + gh]);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        float total = 0.0f;
+        for (int i = first + lane; i < last; i += WARP) {
+            const size_t p = ((size_t)i * kv_heads + g) * GROUP + gh;
+            if (part_l[p] > 0.0f) total += part_l[p] * exp2f(part_m[p] - mx);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+        if (lane == 0) {
+            mx_s[h] = mx;
+            inv_s[h] = total > 0.0f ? 1.0f / total : 0.0f;
+        }
+    }
+    __syncthreads();
+    if (last <= first) return;
+    const int pages = (items[3 * (last - 1) + 2] + PAGE - 1) / PAGE;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= pages) return;
+    const int i = first + j / tstride, k = j % tstride;
+    const size_t row0 = (size_t)i * kv_heads * GROUP * tstride + k;
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int h = 0; h < heads; h++) {
+        const float a = tile_a[row0 + (size_t)h * tstride];
+        const float m = tile_m[row0 + (size_t)h * tstride];
+        if (a > 0.0f) sum += a * exp2f(m - mx_s[h]) * inv_s[h];
+    }
+    mass[(size_t)b * max_blocks + j] = sum * (1.0f / (float)heads);
 }
 
 // Merges the items of each (sequence, head) (`seq_first[b] .. seq_first[b + 1]`, maxima in the

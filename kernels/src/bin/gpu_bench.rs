@@ -10,7 +10,9 @@
 //! Tensor-core kernel (`tq4_decode_mma`, `--kernels mma`): the same batches in token-major
 //! (kvcore's) and head-major pages (`--layouts token,head`), at the planned chunk and at every
 //! chunk of `--mma-chunks 64,256,…` (a sweep), median of 5 rounds of `--reps` launches
-//! (attention + combine). The read ceiling is a read-only stream of 2 GiB with 16-byte loads
+//! (attention + combine); `--kernels mass` adds the mass variant the engine runs in its middle
+//! layer (`decode_attention_mma_mass`: attention with per-page records, combine,
+//! `tq4_block_mass`) at the planned chunk. The read ceiling is a read-only stream of 2 GiB with 16-byte loads
 //! (`read_stream`), measured in the same process; `share_of_read_bw` divides by it.
 //!
 //! Prefill (`--only prefill`, or by default after attention): one layer's causal attention of a
@@ -211,6 +213,24 @@ fn main() -> Result<()> {
                         ))?;
                     }
                 }
+            }
+            if kernels.contains("mass") {
+                // The mass variant as the engine runs it in its middle layer: attention,
+                // combine and tq4_block_mass (the output f32, the mass left on the device).
+                let lens_host = vec![ctx_len; batch];
+                let mut mw = k.mma_work(&lens_host, kv_heads, None)?;
+                let s = time(&mut || {
+                    let (_out, _mass) =
+                        k.decode_attention_mma_mass(&a, PageLayout::TokenMajor, &mut mw, false)?;
+                    Ok(())
+                })?;
+                let bw = bytes / s;
+                emit(format!(
+                    "{{\"bench\":\"tq4_decode_mma_mass\",\"layers\":1,\"layout\":\"TokenMajor\",\"chunk\":{},\"items\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
+                    mw.plan().chunk,
+                    mw.plan().len(),
+                    bw / read_bw
+                ))?;
             }
         }
     }

@@ -18,6 +18,11 @@
 //! 4 and 8, lengths 1, 16, 37, 1000, 2085 and 4611, the planned chunk, chunk 64 and one item per
 //! sequence.
 //!
+//! Its mass variant (`tq4_decode_mma_mass` + `tq4_block_mass`, what the engine runs in the
+//! middle layer): the same output bit for bit, each sequence's page masses within 1e-3
+//! relative L2 of the dense softmax weights (f64, decoded keys; issue 25's bound), within 1e-4
+//! of the emulation (`mma_decode_mass`), summing to 1 within 1e-4; the same shapes.
+//!
 //! Tensor-core prefill attention (`tq4_prefill_mma`): causal, one sequence's chunk of queries
 //! over its pages, within 2e-3 of the dense reference (query `i` over positions `0 ..= start +
 //! i`), within 5e-4 of its CPU emulation (`engram_kernels::prefill::prefill_tiles`), bitwise
@@ -48,7 +53,7 @@ use engram_kernels::glue;
 use engram_kernels::gpu::{
     Act, ActBuf, DecodeBatch, PrefillChunk, QkvGlue, Tq4Kernels, plane_views,
 };
-use engram_kernels::mma::mma_decode;
+use engram_kernels::mma::mma_decode_mass;
 use engram_kernels::prefill::prefill_tiles;
 use engram_kernels::reference::{EncodedPlanes, rel_l2};
 use engram_kernels::{PAGE, PageLayout, to_head_major};
@@ -312,7 +317,7 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
             for chunk in [None, Some(64), Some(8192)] {
                 let mut work = k.mma_work(&lens, kv_heads, chunk)?;
                 let mut emulated = vec![0f32; q.len()];
-                mma_decode(
+                let emulated_mass = mma_decode_mass(
                     &codec,
                     group,
                     work.plan(),
@@ -366,7 +371,33 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     .iter()
                     .zip(&outs[0])
                     .all(|(g, f)| g.to_bits() == glue::round_bf16(*f).to_bits());
+                // The mass variant: the same attention bit for bit, and each page's mass
+                // against the dense softmax weights and the emulation.
+                let (mass_out, mass_d) = k.decode_attention_mma_mass(
+                    &batch(plane_views(token.each_ref())),
+                    PageLayout::TokenMajor,
+                    &mut work,
+                    false,
+                )?;
+                let mass_same_output = act_to_host(stream, Some(&mass_out))? == outs[0];
+                let mass = stream.clone_dtoh(&mass_d)?;
                 let chunk_used = work.plan().chunk;
+                for (b, &len) in lens.iter().enumerate() {
+                    let table = &order[b * max_blocks..][..max_blocks];
+                    let dense = data.mass_dense(table, len, &q[b * n..][..n], heads);
+                    let pages = len.div_ceil(PAGE);
+                    let got: Vec<f32> = mass[b * max_blocks..][..pages].to_vec();
+                    let dense32: Vec<f32> = dense.iter().map(|&x| x as f32).collect();
+                    let err = rel_l2(&got, &dense32);
+                    let emu = rel_l2(&got, &emulated_mass[b * max_blocks..][..pages]);
+                    let sum: f64 = got.iter().map(|&x| f64::from(x)).sum();
+                    let pass =
+                        err <= 1e-3 && emu <= 1e-4 && (sum - 1.0).abs() < 1e-4 && mass_same_output;
+                    ok &= pass;
+                    println!(
+                        "{{\"check\":\"tq4_decode_mma_mass\",\"head_dim\":{head_dim},\"group\":{group},\"kv_heads\":{kv_heads},\"tokens\":{len},\"chunk\":{chunk_used},\"mass_rel_l2\":{err:.3e},\"bound\":1e-3,\"rel_l2_vs_emulation\":{emu:.3e},\"emulation_bound\":1e-4,\"sum\":{sum:.6},\"output_identical\":{mass_same_output},\"pass\":{pass}}}"
+                    );
+                }
                 for (b, &len) in lens.iter().enumerate() {
                     let got = &outs[0][b * n..][..n];
                     let err = rel_l2(got, &want[b]);

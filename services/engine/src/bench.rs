@@ -406,6 +406,11 @@ pub struct ParityRow {
     pub cpu_logits_sha256: String,
     /// SHA-256 of the device logits' f32 bits (first 16 hex digits).
     pub device_logits_sha256: String,
+    /// After a decode step: relative L2 distance of the blocks' attention mass (the decayed
+    /// average each engine folds from its middle layer, prompt chunks' last rows and decode
+    /// steps) on the device's store from the CPU's, over both sequences' blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mass_rel_l2: Option<f64>,
 }
 
 /// SHA-256 of the f32 bits of `rows`, its first 8 bytes as 16 hex digits.
@@ -498,6 +503,7 @@ pub fn device_parity(
             same_argmax: same,
             cpu_logits_sha256: logits_digest(&x),
             device_logits_sha256: logits_digest(&y),
+            mass_rel_l2: None,
         })
     };
     let mut rows = Vec::new();
@@ -541,7 +547,23 @@ pub fn device_parity(
         };
         let la = cpu.forward(&mut cpu_store, &batch(0))?;
         let lb = dev_model.forward(&mut dev_store, &batch(1))?;
-        rows.push(compare("decode", step, &la, &lb)?);
+        let mut row = compare("decode", step, &la, &lb)?;
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for (_, a, b) in &seqs {
+            for (x, y) in a.iter().zip(b) {
+                let mass = |store: &BlockStore, id| {
+                    store
+                        .metadata()
+                        .get(id)
+                        .map_or(0.0, |m| f64::from(m.mass()))
+                };
+                let (p, q) = (mass(&cpu_store, *x), mass(&dev_store, *y));
+                num += (p - q).powi(2);
+                den += p * p;
+            }
+        }
+        row.mass_rel_l2 = Some((num / den.max(1e-30)).sqrt());
+        rows.push(row);
         next = la.to_vec2::<f32>()?.iter().map(|r| argmax(r)).collect();
         pos.iter_mut().for_each(|p| *p += 1);
     }

@@ -19,6 +19,7 @@ mod core;
 pub mod embed;
 mod error;
 pub mod eval;
+pub mod fusion;
 mod gguf;
 mod model;
 mod prefix;

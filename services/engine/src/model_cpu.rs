@@ -73,7 +73,7 @@ fn swiglu(gate: &mut [f32], up: &[f32], threads: usize) {
 
 /// Folds one step's per-block attention `mass` into the blocks' metadata (decayed average,
 /// reads above half a uniform share).
-fn fold_mass(
+pub(super) fn fold_mass(
     store: &mut BlockStore,
     blocks: &[engram_kvcore::BlockId],
     mass: &[f32],

@@ -485,6 +485,11 @@ impl Llama {
         let mut dst = Vec::with_capacity(n * kv_heads);
         let (mut dec_rows, mut dec_tables, mut dec_lens) = (Vec::new(), Vec::new(), Vec::new());
         let mut dec_slots: Vec<Vec<u32>> = Vec::new();
+        // The decode rows' blocks, for the attention mass the middle layer measures; and each
+        // prompt chunk's last row (row, length, slots, blocks): prefill contributes its mass
+        // from that row only, as on the CPU.
+        let mut dec_blocks: Vec<&[engram_kvcore::BlockId]> = Vec::new();
+        let mut last_rows: Vec<(u32, usize, Vec<u32>, &[engram_kvcore::BlockId])> = Vec::new();
         let mut prefills = Vec::new();
         let mut off = 0usize;
         for s in batch {
@@ -499,7 +504,12 @@ impl Llama {
                 dec_rows.push(off as u32);
                 dec_lens.push(total as i32);
                 dec_slots.push(slots);
+                dec_blocks.push(&s.blocks[..total.div_ceil(bs)]);
             } else {
+                if s.prompt && bs == PAGE {
+                    let blocks = &s.blocks[..total.div_ceil(bs)];
+                    last_rows.push(((off + m - 1) as u32, total, slots.clone(), blocks));
+                }
                 let keys = if bs == PAGE && !dense_prefill && kernels.prefill_fits() {
                     let pages: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
                     PrefillKeys::Pages(up_i32(&pages)?)
@@ -543,6 +553,29 @@ impl Llama {
         } else {
             None
         };
+        // The prompt chunks' last rows as a decode batch of their own (its output unused).
+        let mut last_batch = if last_rows.is_empty() {
+            None
+        } else {
+            let lmax = last_rows.iter().map(|r| r.2.len()).max().unwrap_or(0);
+            let mut table = Vec::with_capacity(last_rows.len() * lmax);
+            for (_, _, slots, _) in &last_rows {
+                table.extend(slots.iter().map(|&s| s as i32));
+                table.extend(std::iter::repeat_n(0, lmax - slots.len()));
+            }
+            let lens: Vec<usize> = last_rows.iter().map(|r| r.1).collect();
+            let lens_i: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            let rows: Vec<u32> = last_rows.iter().map(|r| r.0).collect();
+            Some((
+                up_i32(&table)?,
+                up_i32(&lens_i)?,
+                Tensor::from_vec(rows, last_rows.len(), dev)?,
+                kernels.mma_work(&lens, kv_heads, None)?,
+                lmax,
+                lens.iter().copied().max().unwrap_or(1),
+            ))
+        };
+        let mut last_mass: Option<CudaSlice<f32>> = None;
         let means = match transform.key_means {
             Some(m) => Some(Tensor::from_slice(m, (cfg.num_layers, kv_heads, d), dev)?),
             None => None,
@@ -597,6 +630,11 @@ impl Llama {
         // projection's bf16 operand itself.
         let bf16_attn =
             prefills.is_empty() && glue.as_ref().is_some_and(|g| g.dtype == DType::BF16);
+        // The middle layer's decode attention also measures each block's attention mass
+        // (`tq4_decode_mma_mass`), folded into the blocks' metadata after the step as the CPU
+        // engine folds its own.
+        let mass_layer = self.layers.len() / 2;
+        let mut mass_dev: Option<CudaSlice<f32>> = None;
         for (l, layer) in self.layers.iter().enumerate() {
             let stack = self.device_stacks.get(l);
             let q = match (glue.as_mut(), stack) {
@@ -682,6 +720,16 @@ impl Llama {
                             scale,
                         };
                         Ok(match work {
+                            DecodeWork::Mma(w) if l == mass_layer => {
+                                let (out, mass) = kernels.decode_attention_mma_mass(
+                                    &a,
+                                    PageLayout::TokenMajor,
+                                    w,
+                                    bf16_attn,
+                                )?;
+                                mass_dev = Some(mass);
+                                out
+                            }
                             DecodeWork::Mma(w) => kernels.decode_attention_mma_out(
                                 &a,
                                 PageLayout::TokenMajor,
@@ -700,6 +748,35 @@ impl Llama {
                 }
                 None => None,
             };
+
+            if l == mass_layer
+                && let Some((tables, lens, rows, work, lmax, lmax_len)) = last_batch.as_mut()
+            {
+                let q_last = q.index_select(rows, 0)?;
+                let mass = with_view(&q_last, |qv| {
+                    let a = DecodeBatch {
+                        q: qv,
+                        heads,
+                        kv_heads,
+                        planes: tier.layer(l)?,
+                        block_tables: tables,
+                        max_blocks: *lmax,
+                        seq_lens: lens,
+                        batch: last_rows.len(),
+                        max_len: *lmax_len,
+                        block_size: bs,
+                        scale,
+                    };
+                    let (_, mass) = kernels.decode_attention_mma_mass(
+                        &a,
+                        PageLayout::TokenMajor,
+                        work,
+                        false,
+                    )?;
+                    Ok(mass)
+                })?;
+                last_mass = Some(mass);
+            }
 
             let mut outs = Vec::with_capacity(batch.len());
             let (mut next_dec, mut next_pre) = (0usize, 0usize);
@@ -807,6 +884,25 @@ impl Llama {
             x = tensor(g.x, cuda, (n, hidden));
         }
         let x = self.final_norm(&x, batch, dev)?;
-        Ok(self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?)
+        let logits = self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?;
+        if let Some(mass) = mass_dev {
+            let mass = stream.clone_dtoh(&mass).map_err(dev_err)?;
+            for (k, blocks) in dec_blocks.iter().enumerate() {
+                let row = mass
+                    .get(k * max_blocks..k * max_blocks + blocks.len())
+                    .ok_or_else(|| dev_err("the mass rows are shorter than the batch"))?;
+                super::cpu::fold_mass(store, blocks, row)?;
+            }
+        }
+        if let (Some(mass), Some((.., lmax, _))) = (last_mass, last_batch.as_ref()) {
+            let mass = stream.clone_dtoh(&mass).map_err(dev_err)?;
+            for (k, (.., blocks)) in last_rows.iter().enumerate() {
+                let row = mass
+                    .get(k * lmax..k * lmax + blocks.len())
+                    .ok_or_else(|| dev_err("the mass rows are shorter than the batch"))?;
+                super::cpu::fold_mass(store, blocks, row)?;
+            }
+        }
+        Ok(logits)
     }
 }

@@ -8,6 +8,7 @@ mod downtier;
 mod embed;
 mod eval;
 mod eviction;
+mod fuse;
 mod prefix;
 mod relocate;
 mod reserve;
