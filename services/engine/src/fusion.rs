@@ -32,12 +32,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, EngineResult};
 use crate::eval::{DEFAULT_CORPUS, Sums, read_corpus, score};
-use crate::model::{KvTransform, Llama, LogitRows, SeqInput};
+use crate::model::{KvTransform, Llama, LogitRows};
 use crate::probe::StreamCodecs;
+use crate::relocation::{Placement, greedy_after, prefill_chunks};
 use crate::tokenizer::TextTokenizer;
-
-/// Prefill chunk of every run.
-const CHUNK: usize = 256;
 
 /// Harness options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,8 +117,11 @@ pub fn evaluate_fusion(
             "the prompt must be a positive multiple of {bs} tokens"
         )));
     }
-    if !(2..=CHUNK).contains(&lt) {
-        return Err(bad(format!("the tail must be 2 to {CHUNK} tokens")));
+    if !(2..=crate::relocation::CHUNK).contains(&lt) {
+        return Err(bad(format!(
+            "the tail must be 2 to {} tokens",
+            crate::relocation::CHUNK
+        )));
     }
     if opts.sessions < 2 {
         return Err(bad("fusion needs at least two sessions".into()));
@@ -373,7 +374,6 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Prefills `tokens` at `start` over `blocks` in chunks; the last chunk's logits (`rows`).
     fn prefill(
         &self,
         store: &mut BlockStore,
@@ -382,23 +382,12 @@ impl Run<'_> {
         blocks: &[BlockId],
         rows: LogitRows,
     ) -> EngineResult<Tensor> {
-        let mut last = None;
-        for (i, chunk) in tokens.chunks(CHUNK).enumerate() {
-            let is_last = (i + 1) * CHUNK >= tokens.len();
-            last = Some(self.model.forward_with(
-                store,
-                &[SeqInput {
-                    tokens: chunk,
-                    start: start + i * CHUNK,
-                    blocks,
-                    logits: if is_last { rows } else { LogitRows::Last },
-                    prompt: true,
-                    relocated: &[],
-                }],
-                self.transform,
-            )?);
-        }
-        last.ok_or(EngineError::EmptyPrompt)
+        let at = Placement {
+            start,
+            blocks,
+            relocated: &[],
+        };
+        prefill_chunks(self.model, self.transform, store, tokens, at, rows)
     }
 
     /// The continuation `c` prefilled after a prompt of `len` tokens: its rows'
@@ -411,27 +400,12 @@ impl Run<'_> {
         blocks: &[BlockId],
     ) -> EngineResult<(Tensor, Vec<u32>)> {
         let logits = self.prefill(store, c, len, blocks, LogitRows::All)?;
-        let last = logits.dim(0)?.saturating_sub(1);
-        let row: Vec<f32> = logits.get(last)?.to_vec1()?;
-        let mut next = crate::sampling::argmax(&row);
-        let mut out = vec![next];
-        while out.len() < self.greedy {
-            let l = self.model.forward_with(
-                store,
-                &[SeqInput {
-                    tokens: &[next],
-                    start: len + c.len() + out.len() - 1,
-                    blocks,
-                    logits: LogitRows::Last,
-                    prompt: false,
-                    relocated: &[],
-                }],
-                self.transform,
-            )?;
-            next = crate::sampling::argmax(&l.flatten_all()?.to_vec1::<f32>()?);
-            out.push(next);
-        }
-        out.truncate(self.greedy);
+        let at = Placement {
+            start: len + c.len(),
+            blocks,
+            relocated: &[],
+        };
+        let out = greedy_after(self.model, self.transform, store, &logits, at, self.greedy)?;
         Ok((candle_nn::ops::log_softmax(&logits, D::Minus1)?, out))
     }
 }

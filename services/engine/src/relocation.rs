@@ -34,7 +34,7 @@ use crate::probe::StreamCodecs;
 use crate::tokenizer::TextTokenizer;
 
 /// Prefill chunk of every run.
-const CHUNK: usize = 256;
+pub(crate) const CHUNK: usize = 256;
 
 /// Harness options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -265,7 +265,6 @@ impl Run<'_> {
         })?)
     }
 
-    /// Prefills `tokens` at `start` over `blocks` in chunks; the last chunk's logits (`rows`).
     fn prefill(
         &self,
         store: &mut BlockStore,
@@ -275,26 +274,14 @@ impl Run<'_> {
         relocated: &[Relocated],
         rows: LogitRows,
     ) -> EngineResult<Tensor> {
-        let mut last = None;
-        for (i, chunk) in tokens.chunks(CHUNK).enumerate() {
-            let is_last = (i + 1) * CHUNK >= tokens.len();
-            last = Some(self.model.forward_with(
-                store,
-                &[SeqInput {
-                    tokens: chunk,
-                    start: start + i * CHUNK,
-                    blocks,
-                    logits: if is_last { rows } else { LogitRows::Last },
-                    prompt: true,
-                    relocated,
-                }],
-                self.transform,
-            )?);
-        }
-        last.ok_or(EngineError::EmptyPrompt)
+        let at = Placement {
+            start,
+            blocks,
+            relocated,
+        };
+        prefill_chunks(self.model, self.transform, store, tokens, at, rows)
     }
 
-    /// Greedy tokens after a prompt of `len` tokens whose last logits are `logits`.
     fn generate(
         &self,
         store: &mut BlockStore,
@@ -303,28 +290,12 @@ impl Run<'_> {
         blocks: &[BlockId],
         relocated: &[Relocated],
     ) -> EngineResult<Vec<u32>> {
-        let last = logits.dim(0)?.saturating_sub(1);
-        let row: Vec<f32> = logits.get(last)?.to_vec1()?;
-        let mut next = crate::sampling::argmax(&row);
-        let mut out = vec![next];
-        while out.len() < self.greedy {
-            let l = self.model.forward_with(
-                store,
-                &[SeqInput {
-                    tokens: &[next],
-                    start: len + out.len() - 1,
-                    blocks,
-                    logits: LogitRows::Last,
-                    prompt: false,
-                    relocated,
-                }],
-                self.transform,
-            )?;
-            next = crate::sampling::argmax(&l.flatten_all()?.to_vec1::<f32>()?);
-            out.push(next);
-        }
-        out.truncate(self.greedy);
-        Ok(out)
+        let at = Placement {
+            start: len,
+            blocks,
+            relocated,
+        };
+        greedy_after(self.model, self.transform, store, logits, at, self.greedy)
     }
 
     /// `B + S + C` from scratch: log-probabilities of `C`'s rows, greedy tokens after.
@@ -383,6 +354,76 @@ impl Run<'_> {
         let g = self.generate(&mut store, &logits, len, &table, &runs)?;
         Ok((candle_nn::ops::log_softmax(&logits, D::Minus1)?, g))
     }
+}
+
+/// Where a run's tokens go: the first position, the block table and its relocated runs.
+#[derive(Clone, Copy)]
+pub(crate) struct Placement<'a> {
+    pub(crate) start: usize,
+    pub(crate) blocks: &'a [BlockId],
+    pub(crate) relocated: &'a [Relocated],
+}
+
+/// Prefills `tokens` at `at.start` in chunks of [`CHUNK`]; the last chunk's logits (`rows`).
+/// The relocation and fusion harnesses share it.
+pub(crate) fn prefill_chunks(
+    model: &Llama,
+    transform: KvTransform<'_>,
+    store: &mut BlockStore,
+    tokens: &[u32],
+    at: Placement<'_>,
+    rows: LogitRows,
+) -> EngineResult<Tensor> {
+    let mut last = None;
+    for (i, chunk) in tokens.chunks(CHUNK).enumerate() {
+        let is_last = (i + 1) * CHUNK >= tokens.len();
+        last = Some(model.forward_with(
+            store,
+            &[SeqInput {
+                tokens: chunk,
+                start: at.start + i * CHUNK,
+                blocks: at.blocks,
+                logits: if is_last { rows } else { LogitRows::Last },
+                prompt: true,
+                relocated: at.relocated,
+            }],
+            transform,
+        )?);
+    }
+    last.ok_or(EngineError::EmptyPrompt)
+}
+
+/// `n` greedy tokens after a prompt of `at.start` tokens whose last logits are `logits`.
+pub(crate) fn greedy_after(
+    model: &Llama,
+    transform: KvTransform<'_>,
+    store: &mut BlockStore,
+    logits: &Tensor,
+    at: Placement<'_>,
+    n: usize,
+) -> EngineResult<Vec<u32>> {
+    let last = logits.dim(0)?.saturating_sub(1);
+    let row: Vec<f32> = logits.get(last)?.to_vec1()?;
+    let mut next = crate::sampling::argmax(&row);
+    let mut out = vec![next];
+    while out.len() < n {
+        let l = model.forward_with(
+            store,
+            &[SeqInput {
+                tokens: &[next],
+                start: at.start + out.len() - 1,
+                blocks: at.blocks,
+                logits: LogitRows::Last,
+                prompt: false,
+                relocated: at.relocated,
+            }],
+            transform,
+        )?;
+        next = crate::sampling::argmax(&l.flatten_all()?.to_vec1::<f32>()?);
+        out.push(next);
+    }
+    out.truncate(n);
+    Ok(out)
 }
 
 fn allocate(store: &mut BlockStore, n: usize) -> EngineResult<Vec<BlockId>> {
