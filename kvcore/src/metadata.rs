@@ -156,6 +156,14 @@ pub struct BlockMeta {
     /// Tier moves of the block (spill, warm, removal, readmission, down-tiering).
     #[serde(default)]
     pub(crate) moves: u32,
+    /// Times the block's codes were copied to another position of another sequence (relocated
+    /// segment reuse, [`crate::BlockStore::copy_tokens`]).
+    #[serde(default)]
+    pub(crate) relocations: u32,
+    /// For a block filled by such a copy: where its tokens stand minus where their keys were
+    /// computed (0: computed in place).
+    #[serde(default)]
+    pub(crate) shift: i64,
 }
 
 impl BlockMeta {
@@ -248,6 +256,15 @@ impl BlockMeta {
     /// Tier moves of the block so far.
     pub fn moves(&self) -> u32 {
         self.moves
+    }
+    /// Times its codes were reused at another position (relocated segment reuse).
+    pub fn relocations(&self) -> u32 {
+        self.relocations
+    }
+    /// For a block filled with codes computed elsewhere: its position minus theirs (0 for a
+    /// block computed in place).
+    pub fn shift(&self) -> i64 {
+        self.shift
     }
 }
 
@@ -439,6 +456,8 @@ impl BlockMetadataTable {
             ref_count: 1,
             moved_epoch: self.epoch,
             moves: 0,
+            relocations: 0,
+            shift: 0,
         };
         self.blocks.insert(id, meta);
     }

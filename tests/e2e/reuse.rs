@@ -238,3 +238,101 @@ fn expanded_budgets_are_used_when_the_tiered_cache_has_room() {
     // A cold tier too small for the 2,000 tokens they add.
     assert_eq!(set(true, 1), "standard");
 }
+
+/// `model.relocate_segments`: two agents of one tenant share their axioms, rules and
+/// capabilities around identities of different lengths. With the flag on, the second agent's
+/// first turn copies the shared layers from the first agent's blocks (the metrics count the
+/// run, the admin block listing shows the reuse on the first agent's blocks); with it off,
+/// nothing is relocated. Another tenant never reuses them.
+#[test]
+fn shared_layers_after_another_identity_are_relocated_only_when_enabled() {
+    let relocated = |srv: &Server| {
+        let (_, m) = srv.raw("GET", "/metrics", Some(ADMIN), b"");
+        let m = String::from_utf8(m).unwrap();
+        let value = |name: &str| {
+            m.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+        };
+        (
+            value("engram_relocated_runs_total "),
+            value("engram_relocated_blocks_total "),
+        )
+    };
+    for on in [true, false] {
+        let mut config = crate::harness::test_config(&sqlite_url(), 1 << 20);
+        config.model.relocate_segments = on;
+        let srv = Server::start_with(config);
+        let mut keys = Vec::new();
+        for (tenant, agents) in [("acme", ["alpha", "beta"]), ("other", ["gamma", "delta"])] {
+            let (tenant_id, key) = srv.tenant(tenant, json!({}));
+            for (i, name) in agents.iter().enumerate() {
+                let layers = json!([
+                    {"kind": "axioms", "content": long_text("honesty", 4)},
+                    {"kind": "identity", "content": long_text(name, 2 + 3 * i)},
+                    {"kind": "rules", "content": long_text("billing", 40)},
+                    {"kind": "capabilities", "content": long_text("tools", 30)}
+                ]);
+                let (s, v) = srv.call(
+                    "POST",
+                    "/v1/agents",
+                    Some(&key),
+                    json!({"name": name, "layers": layers}),
+                );
+                assert_eq!(s, 201, "{v}");
+            }
+            keys.push((tenant_id, key, agents));
+        }
+        let turn = |key: &str, agent: &str| {
+            let (s, v) = srv.call(
+                "POST",
+                &format!("/v1/agents/{agent}/sessions/s1/turns"),
+                Some(key),
+                json!({"message": format!("Which invoices are overdue, {agent}?"), "max_tokens": 2}),
+            );
+            assert_eq!(s, 200, "{v}");
+        };
+        let (acme, acme_key, [alpha, beta]) = &keys[0];
+        turn(acme_key, alpha);
+        let before = relocated(&srv);
+        assert_eq!(before, (0, 0), "nothing to relocate from yet");
+        turn(acme_key, beta);
+        let (runs, blocks) = relocated(&srv);
+        if !on {
+            assert_eq!((runs, blocks), (0, 0), "relocation is off by default");
+            continue;
+        }
+        // ~70 lines of shared layers: well over a hundred tokens copied.
+        assert!(runs >= 1 && blocks >= 8, "runs {runs}, blocks {blocks}");
+        let (s, page) = srv.call(
+            "GET",
+            &format!("/v1/admin/blocks?tenant={acme}&limit=1000"),
+            Some(ADMIN),
+            serde_json::Value::Null,
+        );
+        assert_eq!(s, 200, "{page}");
+        let reused: Vec<&serde_json::Value> = page["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["relocations"].as_u64().unwrap() > 0)
+            .collect();
+        // Each run copies from the same blocks of alpha's prompt.
+        assert!(
+            reused.len() as u64 >= blocks / runs,
+            "{} blocks show reuse",
+            reused.len()
+        );
+        assert!(
+            reused
+                .iter()
+                .all(|b| !["axioms", "identity"].contains(&b["source"].as_str().unwrap())),
+            "what differs, or precedes what differs, is never reused"
+        );
+        // The other tenant's agents share the same texts but never acme's blocks.
+        let (_, other_key, [gamma, _]) = &keys[1];
+        turn(other_key, gamma);
+        assert_eq!(relocated(&srv), (runs, blocks), "never across tenants");
+    }
+}

@@ -139,8 +139,9 @@ pub struct Workload {
 }
 
 /// The built-in scenarios: (a) multi-agent round-robin, (b) shared prefix, (c) restart, (d) cold
-/// 4K prefills and decode at 4K, one stream, (e) the same with two streams.
-pub const BUILTIN: [(&str, &str); 5] = [
+/// 4K prefills and decode at 4K, one stream, (e) the same with two streams, (f) agents sharing a
+/// platform base and a bot base around their own identities (relocated segment reuse).
+pub const BUILTIN: [(&str, &str); 6] = [
     (
         "multi-agent",
         include_str!("../../workload/multi-agent.json"),
@@ -155,11 +156,15 @@ pub const BUILTIN: [(&str, &str); 5] = [
         "decode-4k-2",
         include_str!("../../workload/decode-4k-2.json"),
     ),
+    (
+        "shared-bases",
+        include_str!("../../workload/shared-bases.json"),
+    ),
 ];
 
 impl Workload {
     /// A built-in scenario (`a`/`multi-agent`, `b`/`shared-prefix`, `c`/`restart`,
-    /// `d`/`decode-4k`, `e`/`decode-4k-2`) or a file.
+    /// `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`) or a file.
     pub fn load(name_or_path: &str) -> Result<Self> {
         let builtin = match name_or_path {
             "a" => Some(BUILTIN[0].1),
@@ -167,6 +172,7 @@ impl Workload {
             "c" => Some(BUILTIN[2].1),
             "d" => Some(BUILTIN[3].1),
             "e" => Some(BUILTIN[4].1),
+            "f" => Some(BUILTIN[5].1),
             n => BUILTIN.iter().find(|(b, _)| *b == n).map(|(_, t)| *t),
         };
         let text = match builtin {

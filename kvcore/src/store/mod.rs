@@ -18,6 +18,7 @@
 
 mod attended;
 mod buf;
+mod copy;
 pub(crate) mod host;
 pub(crate) mod hot;
 #[cfg(feature = "cuda")]

@@ -306,3 +306,68 @@ fn bad_runs_are_refused() {
         })
     );
 }
+
+/// `copy_tokens` moves codes between tables at any alignment, bytes as stored: the copy
+/// decodes to exactly what the source decodes to, in every layer, from hot and cold sources;
+/// the source blocks count the reuse, the destinations record the shift; bad calls change
+/// nothing.
+#[test]
+fn copied_tokens_decode_as_their_source() {
+    for kind in [CodecKind::F32, CodecKind::TurboQuant { bits: 4 }] {
+        let shape = KvShape::new(2, 2, 32).unwrap();
+        let bs = shape.block_size;
+        let mut store = BlockStore::new(StoreConfig {
+            codecs: LayerCodecs::streams(&shape, kind, value_for(kind, usize::MAX)),
+            ..StoreConfig::new(shape, kind, 16, 16)
+        })
+        .unwrap();
+        let src = store
+            .allocate(Tier::Hot, &vec![tags(SourceLayer::Rules); 4])
+            .unwrap();
+        let dst = store
+            .allocate(Tier::Hot, &vec![tags(SourceLayer::Rules); 3])
+            .unwrap();
+        let width = 2 * 32;
+        let mut g = gauss(11);
+        for layer in 0..2 {
+            let k = g.gaussian_vec(4 * bs * width);
+            let v = g.gaussian_vec(4 * bs * width);
+            store
+                .write(layer, &src, 0, Rows::F32(&k), Rows::F32(&v))
+                .unwrap();
+        }
+        // The second source block goes cold: copies read either tier.
+        store.spill(&src[1..2]).unwrap();
+        let before = store.block_bytes_of(dst[0]).unwrap();
+        // Out of range, a block on both sides, zero tokens: refused, nothing written.
+        assert!(store.copy_tokens(&src, 60, &dst, 0, 5, 3).is_err());
+        assert!(store.copy_tokens(&src, 0, &src, 8, 4, 8).is_err());
+        assert!(store.copy_tokens(&src, 0, &dst, 0, 0, 3).is_err());
+        assert_eq!(store.block_bytes_of(dst[0]).unwrap(), before);
+        // 27 tokens from position 5 (inside block 0) to position 19 (inside block 1).
+        let (n, from, to) = (27usize, 5usize, 19usize);
+        store
+            .copy_tokens(&src, from, &dst, to, n, to as i64 - from as i64)
+            .unwrap();
+        for layer in 0..2 {
+            let (mut ks, mut vs) = (vec![0.0; n * width], vec![0.0; n * width]);
+            let (mut kd, mut vd) = (vec![0.0; n * width], vec![0.0; n * width]);
+            store.read(layer, &src, from, &mut ks, &mut vs).unwrap();
+            store.read(layer, &dst, to, &mut kd, &mut vd).unwrap();
+            assert_eq!(ks, kd, "{kind:?} layer {layer}: keys");
+            assert_eq!(vs, vd, "{kind:?} layer {layer}: values");
+        }
+        let meta = |id| store.metadata().get(id).unwrap().clone();
+        // Source blocks 0..=1 (positions 5..32) were read; blocks 2 and 3 were not.
+        assert_eq!(
+            src.iter()
+                .map(|&b| meta(b).relocations())
+                .collect::<Vec<_>>(),
+            vec![1, 1, 0, 0]
+        );
+        assert_eq!(meta(dst[0]).shift(), 0, "untouched by the copy");
+        assert_eq!(meta(dst[1]).shift(), 14);
+        assert_eq!(meta(dst[2]).shift(), 14);
+        assert_eq!(meta(src[0]).shift(), 0);
+    }
+}

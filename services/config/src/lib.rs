@@ -296,6 +296,14 @@ pub struct ModelSection {
     /// Also cache the blocks of generated replies as decode computed them (faster next turns;
     /// answers may then depend on what the cache held — see `EngineConfig::cache_generated`).
     pub cache_generated: bool,
+    /// Relocated segment reuse (off by default; CPU only): a prompt layer or message cached at
+    /// another position — the same rules after a different identity, say — is copied there and
+    /// read with a query-side RoPE shift instead of being recomputed. Approximate: the
+    /// segment's KV was computed after another prefix (`engram eval kv --relocate` measures
+    /// what that costs); answers then depend on what the cache held.
+    pub relocate_segments: bool,
+    /// Tokens a relocated run reuses at least (with `relocate_segments`).
+    pub relocate_min_tokens: usize,
     /// Session chain records (what the shadow writes) the engine keeps per tenant; over it the
     /// tenant's own least recently recorded session stops being shadowed, never another
     /// tenant's. All tenants together keep at most 16,384.
@@ -372,6 +380,11 @@ impl ModelSection {
             cold_bytes: self.cold_mib << 20,
             device,
             cache_generated: self.cache_generated,
+            relocation: self
+                .relocate_segments
+                .then_some(engram_engine::RelocationPolicy {
+                    min_tokens: self.relocate_min_tokens,
+                }),
             kv_profile: (!self.kv_profile.is_empty()).then(|| PathBuf::from(&self.kv_profile)),
             down_tier: (self.down_tier_kl > 0.0).then_some(engram_engine::DownTier {
                 budget_kl: self.down_tier_kl,
@@ -408,6 +421,8 @@ impl Default for ModelSection {
             cold_mib: 2048,
             device: "cpu".into(),
             cache_generated: false,
+            relocate_segments: false,
+            relocate_min_tokens: engram_engine::RelocationPolicy::default().min_tokens,
             chains_per_tenant: engram_engine::CHAINS_PER_TENANT,
             max_running: 16,
             step_tokens: 32,

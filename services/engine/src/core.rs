@@ -39,6 +39,7 @@ mod device;
 mod evict;
 mod fault;
 mod forward;
+mod relocate;
 mod reserve;
 mod shadow;
 mod tiers;
@@ -51,6 +52,7 @@ pub use cache::{DownTier, EvictReport, ForgetReport};
 pub use device::EngineDevice;
 pub use evict::{EvictionMode, EvictionPolicy};
 pub use fault::{EngineFault, FaultKind};
+pub use relocate::{MAX_SEGMENTS, RelocationPolicy};
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
 };
@@ -133,6 +135,11 @@ pub struct EngineConfig {
     /// attention ([`EvictionPolicy`]; attention-aware by default).
     #[serde(default)]
     pub eviction: EvictionPolicy,
+    /// Relocated segment reuse (off by default; CPU engine only): a prompt segment cached at
+    /// another position is copied there and read with a query-side RoPE shift instead of being
+    /// recomputed (see the `relocate` module docs for what it costs in fidelity).
+    #[serde(default)]
+    pub relocation: Option<RelocationPolicy>,
 }
 
 fn default_chains_per_tenant() -> usize {
@@ -184,6 +191,7 @@ impl Default for EngineConfig {
             fault: None,
             chains_per_tenant: shadow::CHAINS_PER_TENANT,
             eviction: EvictionPolicy::default(),
+            relocation: None,
         }
     }
 }
@@ -319,6 +327,11 @@ pub struct Admission {
     /// Of those blocks, how many a reservation held (see [`EngineCore::reserve`]).
     #[serde(default)]
     pub reserved_blocks: usize,
+    /// Prompt tokens filled from a segment cached at another position
+    /// ([`EngineConfig::relocation`]) and tokens of blocks cached after such a run, not
+    /// computed.
+    #[serde(default)]
+    pub relocated_tokens: usize,
 }
 
 /// Running totals of cache activity, for metrics.
@@ -348,6 +361,12 @@ pub struct CacheCounters {
     /// bridge left too little room): the bridge's signal to demote sooner.
     #[serde(default)]
     pub admission_evictions: u64,
+    /// Prompts that reused a segment cached at another position ([`EngineConfig::relocation`]).
+    #[serde(default)]
+    pub relocated_runs: u64,
+    /// Prompt blocks those runs filled by copying codes instead of computing them.
+    #[serde(default)]
+    pub relocated_blocks: u64,
 }
 
 /// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
@@ -441,6 +460,37 @@ struct Sequence {
     /// Its session was forgotten while it ran ([`EngineCore::forget`]): it registers no more
     /// blocks and records no chain, so nothing of the session outlives it.
     forgotten: bool,
+    /// A run filled from a segment cached elsewhere ([`EngineConfig::relocation`]).
+    relocation: Option<relocate::SeqRelocation>,
+    /// Its segments are in the content index.
+    indexed: bool,
+}
+
+impl Sequence {
+    /// Prompt tokens the next prefill chunk may compute: up to a relocated run it skips.
+    fn prefill_room(&self) -> usize {
+        match &self.relocation {
+            Some(r) if self.computed < r.run.start => r.run.start - self.computed,
+            _ => self.prompt_len.saturating_sub(self.computed),
+        }
+    }
+
+    /// Leading blocks whose hashes are exact (the chain before a relocated run).
+    fn exact_blocks(&self, bs: usize) -> usize {
+        self.relocation
+            .as_ref()
+            .map_or(self.hashes.len(), |r| r.run.start / bs)
+            .min(self.hashes.len())
+    }
+
+    /// The relocated runs a forward pass over this sequence reads (a run is read once it is
+    /// filled).
+    fn relocated_runs(&self) -> &[engram_kvcore::Relocated] {
+        match &self.relocation {
+            Some(r) if self.computed >= r.run.end => std::slice::from_ref(&r.run),
+            _ => &[],
+        }
+    }
 }
 
 /// The hash salt of block `b` of a prompt whose first `public_blocks` blocks are public.
@@ -522,6 +572,10 @@ pub struct EngineCore {
     reservations: reserve::Reservations,
     chains: shadow::Chains,
     bridge: tiers::BridgeState,
+    /// Segments by content ([`EngineConfig::relocation`]).
+    index: relocate::SegmentIndex,
+    /// Source blocks of a copy under way: room-making never evicts them.
+    relocating: Vec<BlockId>,
 }
 
 impl EngineCore {
@@ -577,6 +631,21 @@ impl EngineCore {
         }
         let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         config.eviction.validate()?;
+        if config.relocation.is_some() && config.device != EngineDevice::Cpu {
+            return Err(EngineError::InvalidConfig {
+                field: "relocation",
+                reason: "relocated segment reuse runs on the CPU engine only".into(),
+            });
+        }
+        if config
+            .relocation
+            .is_some_and(|r| r.min_tokens < config.block_size)
+        {
+            return Err(EngineError::InvalidConfig {
+                field: "relocation.min_tokens",
+                reason: format!("must be at least one block ({} tokens)", config.block_size),
+            });
+        }
         let pins = PrefixPinManager::new(config.pin_policy.clone())?;
         let key_means = match config.key_centering {
             KeyCentering::Off => None,
@@ -634,6 +703,8 @@ impl EngineCore {
             reservations: reserve::Reservations::default(),
             chains,
             bridge: tiers::BridgeState::default(),
+            index: relocate::SegmentIndex::default(),
+            relocating: Vec::new(),
         })
     }
 
@@ -829,8 +900,30 @@ impl EngineCore {
                 hashes.push(h);
             }
         }
-        self.store.retain(&hits)?;
-        let reserved_blocks = self.claim_reservations(&hits)?;
+        // Relocated reuse: a later segment cached at another position, and the blocks cached
+        // after it under its anchor.
+        let plan = match spec.reuse {
+            PrefixReuse::Enabled => {
+                self.plan_relocation(&tokens, &segments, spec.tenant, public_blocks, &hashes)
+            }
+            PrefixReuse::Disabled => None,
+        };
+        let anchored = plan.as_ref().map_or_else(Vec::new, |p| {
+            self.anchored_hits(&tokens, spec.tenant, public_blocks, p)
+        });
+        // Reused blocks with their places in the block table.
+        let mut reused: Vec<(usize, BlockId)> = hits.iter().copied().enumerate().collect();
+        if let Some(p) = &plan {
+            reused.extend(
+                anchored
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| (p.run.end / bs + i, b)),
+            );
+        }
+        let reused_ids: Vec<BlockId> = reused.iter().map(|&(_, b)| b).collect();
+        self.store.retain(&reused_ids)?;
+        let reserved_blocks = self.claim_reservations(&reused_ids)?;
         let id = SeqId(self.next_seq);
         self.next_seq += 1;
         let cached_tokens = hits.len() * bs;
@@ -850,18 +943,28 @@ impl EngineCore {
                 public_blocks,
                 public_pin_key: spec.public_pin_key,
                 forgotten: false,
+                relocation: plan.as_ref().map(|p| relocate::SeqRelocation {
+                    run: p.run,
+                    skip_to: p.run.end + anchored.len() * bs,
+                    anchor: p.anchor,
+                }),
+                indexed: false,
             },
         );
-        let cold: Vec<BlockId> = hits
+        let cold: Vec<BlockId> = reused_ids
             .iter()
             .copied()
             .filter(|&b| self.store.metadata().get(b).map(|m| m.tier()) == Some(Tier::Cold))
             .collect();
+        // Blocks the table needs now besides the reused: those the prefill computes before the
+        // run, and the run's copies.
+        let new_blocks = plan.as_ref().map_or(0, |p| p.run.end / bs - hits.len());
+        let copies = plan.as_ref().map_or(0, |p| (p.run.end - p.run.start) / bs);
         if spec.reuse == PrefixReuse::Enabled {
             let full = self.seqs.get(&id).map_or(0, |s| (s.prompt_len - 1) / bs);
-            self.counters.hot_hits += (hits.len() - cold.len()) as u64;
+            self.counters.hot_hits += (reused_ids.len() - cold.len()) as u64;
             self.counters.cold_hits += cold.len() as u64;
-            self.counters.misses += (full - hits.len()) as u64;
+            self.counters.misses += full.saturating_sub(reused_ids.len() + copies) as u64;
         }
         let down_tiered = cold
             .iter()
@@ -869,17 +972,21 @@ impl EngineCore {
                 self.store.metadata().get(b).map(|m| m.precision()) == Some(Precision::Reduced)
             })
             .count() as u64;
+        // The copy's sources are held (and never chosen to make room) until it is done.
+        if let Some(p) = &plan {
+            self.store.retain(&p.source_blocks)?;
+            self.relocating = p.source_blocks.clone();
+        }
         let warmed = self
-            .make_hot_room(cold.len(), &[spec.tenant])
+            .make_hot_room(cold.len() + new_blocks, &[spec.tenant])
             .and_then(|()| {
                 self.store.warm(&cold)?;
-                self.store.touch(&hits)?;
+                self.store.touch(&reused_ids)?;
                 // A reused stable block whose pin was released (its first owner's prefix changed)
                 // is pinned again under this sequence's key.
-                let unpinned: Vec<(usize, BlockId)> = hits
+                let unpinned: Vec<(usize, BlockId)> = reused
                     .iter()
                     .copied()
-                    .enumerate()
                     .filter(|&(_, b)| {
                         self.store.metadata().get(b).is_some_and(|m| {
                             m.pin() == PinState::Unpinned
@@ -887,20 +994,88 @@ impl EngineCore {
                         })
                     })
                     .collect();
-                self.pin_blocks(id, &unpinned)
+                self.pin_blocks(id, &unpinned)?;
+                match &plan {
+                    Some(p) => self.fill_relocated(id, p, &anchored),
+                    None => Ok(()),
+                }
             });
+        if let Some(p) = &plan {
+            self.relocating.clear();
+            self.store.release(&p.source_blocks)?;
+        }
         if let Err(e) = warmed {
+            // The anchored blocks join the table only once the run is filled.
+            if self
+                .seqs
+                .get(&id)
+                .is_some_and(|s| s.blocks.len() == hits.len())
+            {
+                self.store.release(&anchored)?;
+            }
             self.finish(id)?;
             return Err(e);
         }
         self.counters.down_tier_hits += down_tiered;
+        if plan.is_some() {
+            self.counters.relocated_runs += 1;
+            self.counters.relocated_blocks += copies as u64;
+        }
         let admission = Admission {
             prompt_tokens: self.seqs.get(&id).map_or(0, |s| s.prompt_len),
             cached_tokens,
             warmed_blocks: cold.len(),
             reserved_blocks,
+            relocated_tokens: self
+                .seqs
+                .get(&id)
+                .and_then(|s| s.relocation.as_ref())
+                .map_or(0, |r| r.skip_to - r.run.start),
         };
         Ok((id, admission))
+    }
+
+    /// Allocates the blocks of sequence `id` up to `plan`'s run's end — those the prefill
+    /// computes before the run, then the run's — copies the run's codes from its source, and
+    /// appends the anchored blocks reused after it.
+    fn fill_relocated(
+        &mut self,
+        id: SeqId,
+        plan: &relocate::Plan,
+        anchored: &[BlockId],
+    ) -> EngineResult<()> {
+        let bs = self.config.block_size;
+        let tags = {
+            let seq = self.seq(id)?;
+            (seq.blocks.len()..plan.run.end / bs)
+                .map(|b| block_tags(seq, b, bs))
+                .collect::<Vec<_>>()
+        };
+        let fresh = self.store.allocate(Tier::Hot, &tags)?;
+        let copies = &fresh[fresh.len() - (plan.run.end - plan.run.start) / bs..];
+        let copied = self.store.copy_tokens(
+            &plan.source_blocks,
+            plan.source_offset,
+            copies,
+            0,
+            plan.run.end - plan.run.start,
+            plan.run.shift,
+        );
+        if let Err(e) = copied {
+            self.store.release(&fresh)?;
+            return Err(e.into());
+        }
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.blocks.extend_from_slice(&fresh);
+            seq.blocks.extend_from_slice(anchored);
+            // The exact walk may end where the run starts: nothing to compute before it.
+            if let Some(r) = &seq.relocation
+                && seq.computed == r.run.start
+            {
+                seq.computed = r.skip_to;
+            }
+        }
+        Ok(())
     }
 
     /// Ends a sequence: drops its block references (cached blocks stay cached).

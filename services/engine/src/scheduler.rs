@@ -209,6 +209,14 @@ pub struct BlockInfo {
     /// Sampled steps since the block was last read (or allocated): past the eviction
     /// policy's `idle_steps`, an unpinned block is demoted.
     pub unread_steps: u64,
+    /// Times its codes were copied to another position (relocated segment reuse,
+    /// `model.relocate_segments`).
+    #[serde(default)]
+    pub relocations: u32,
+    /// For a block filled by such a copy: its position minus where its keys were computed (0:
+    /// computed in place).
+    #[serde(default)]
+    pub shift: i64,
 }
 
 /// A page of blocks and the total that matched.
@@ -775,6 +783,8 @@ impl Worker {
                 mass_at: m.mass_at(),
                 reads: m.reads(),
                 unread_steps: steps.saturating_sub(m.read_step()),
+                relocations: m.relocations(),
+                shift: m.shift(),
             })
             .collect();
         BlockPage { total, blocks }

@@ -147,15 +147,15 @@ function SessionStrip({ tenants }) {
     ${page && html`<p class="muted" id="strip-count">${page.total} blocks</p>
       <div class="strip" id="strip">
         ${blocks.map((b) => html`<div
-          class=${`block ${b.tier}${b.pin === "pinned" ? " pinned" : ""}`}
+          class=${`block ${b.tier}${b.pin === "pinned" ? " pinned" : ""}${b.relocations > 0 ? " relocated" : ""}`}
           data-source=${b.source} data-tier=${b.tier} data-pin=${b.pin}
-          data-mass=${b.attention_mass} data-reads=${b.reads}
-          title=${`#${b.id} ${b.source} tokens ${b.tokens[0]}–${b.tokens[1]} ${b.tier} ${b.precision} ${b.pin} priority ${b.priority} · attention mass ${b.attention_mass.toFixed(4)}, ${b.reads} reads, unread for ${b.unread_steps} steps`}
+          data-mass=${b.attention_mass} data-reads=${b.reads} data-relocations=${b.relocations}
+          title=${`#${b.id} ${b.source} tokens ${b.tokens[0]}–${b.tokens[1]} ${b.tier} ${b.precision} ${b.pin} priority ${b.priority} · attention mass ${b.attention_mass.toFixed(4)}, ${b.reads} reads, unread for ${b.unread_steps} steps · reused at another position ${b.relocations}×${b.shift ? `, copied here from ${b.shift} positions away` : ""}`}
           style=${{ background: colour(b.source) }}><div class="mass" style=${{ height: `${(100 * b.attention_mass) / top}%` }}></div></div>`)}
       </div>
       <div class="legend">
         ${sources.map((s) => html`<span><span class="swatch" style=${{ background: colour(s) }}></span>${s}</span>`)}
-        <span>faded: cold · dashed: recompute · dot: pinned · dark bar: attention mass</span>
+        <span>faded: cold · dashed: recompute · dot: pinned · dark bar: attention mass · outline: reused at another position</span>
       </div>`}
   </section>`;
 }

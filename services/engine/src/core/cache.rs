@@ -118,11 +118,16 @@ impl EngineCore {
             let h = chain_hash(
                 &self.fingerprint,
                 block_salt(seq.tenant, seq.public_blocks, b),
-                seq.hashes.last(),
+                Self::parent_of(seq, b, bs),
                 &seq.tokens[b * bs..(b + 1) * bs],
             );
             let block = seq.blocks[b];
-            if self.cache.get(&h).is_none() && self.cache.insert(h, block) {
+            // A relocated run's copies are never cached (see the `relocate` module).
+            let copied = seq
+                .relocation
+                .as_ref()
+                .is_some_and(|r| (r.run.start / bs..r.run.end / bs).contains(&b));
+            if !copied && self.cache.get(&h).is_none() && self.cache.insert(h, block) {
                 self.store.retain(&[block])?;
                 let source = self.store.metadata().get(block).map(|m| m.source());
                 if source.is_some_and(|s| self.config.pin_policy.sources.contains(&s)) {
@@ -131,7 +136,9 @@ impl EngineCore {
             }
             seq.hashes.push(h);
         }
-        self.pin_blocks(id, &stable)
+        self.pin_blocks(id, &stable)?;
+        self.index_segments(id);
+        Ok(())
     }
 
     /// Pins blocks `(index in the sequence, id)` of sequence `id` and files each under the key
@@ -181,6 +188,7 @@ impl EngineCore {
             .seqs
             .values()
             .flat_map(|s| s.blocks.iter().copied())
+            .chain(self.relocating.iter().copied())
             .collect();
         let removable = self.hot_removable(tenants, &busy);
         let ev = match self.config.eviction.mode {
@@ -581,6 +589,7 @@ impl EngineCore {
             .by_key
             .retain(|k, _| !(k.0 == tenant && k.1.0 & mask == value));
         report.chains = before - self.chains.by_key.len();
+        self.index.forget(tenant, mask, value);
         if mask == 0 {
             self.cold_quotas.remove(&tenant);
         }
@@ -651,6 +660,7 @@ impl EngineCore {
         for id in ids {
             self.drop_cached(id)?;
         }
+        self.index.clear();
         Ok(())
     }
 }

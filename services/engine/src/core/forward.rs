@@ -14,7 +14,7 @@ impl EngineCore {
     /// Computes the next prefill chunk (at most `prefill_chunk` tokens) of one sequence.
     pub fn prefill_chunk(&mut self, id: SeqId, rows: LogitRows) -> EngineResult<ChunkOutput> {
         let seq = self.seq(id)?;
-        let n = (seq.prompt_len - seq.computed.min(seq.prompt_len)).min(self.config.prefill_chunk);
+        let n = seq.prefill_room().min(self.config.prefill_chunk);
         if n == 0 {
             return Err(EngineError::InvalidConfig {
                 field: "prefill",
@@ -79,7 +79,7 @@ impl EngineCore {
         let chunk = match prefill {
             Some((id, budget)) => {
                 let seq = self.seq(id)?;
-                let left = seq.prompt_len.saturating_sub(seq.computed);
+                let left = seq.prefill_room();
                 let n = left.min(self.config.prefill_chunk).min(budget);
                 if n == 0 || seen.contains(&id) {
                     return Err(EngineError::InvalidConfig {
@@ -179,7 +179,7 @@ impl EngineCore {
                     blocks: &seq.blocks,
                     logits: rows,
                     prompt: seq.computed < seq.prompt_len,
-                    relocated: &[],
+                    relocated: seq.relocated_runs(),
                 })
             })
             .collect::<EngineResult<Vec<_>>>()?;
@@ -193,6 +193,12 @@ impl EngineCore {
         for &(id, n, _) in work {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.computed += n;
+                // A relocated run and the anchored blocks after it are filled already.
+                if let Some(r) = &seq.relocation
+                    && seq.computed == r.run.start
+                {
+                    seq.computed = r.skip_to;
+                }
             }
             self.register(id)?;
         }

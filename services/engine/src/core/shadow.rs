@@ -242,10 +242,12 @@ impl EngineCore {
         let Some(session) = seq.session else {
             return;
         };
-        if seq.hashes.is_empty() {
+        let bs = self.config.block_size;
+        // Only the exact chain: blocks after a relocated run are cached under its anchor.
+        let hashes = &seq.hashes[..seq.exact_blocks(bs)];
+        if hashes.is_empty() {
             return;
         }
-        let bs = self.config.block_size;
         let stable = &self.config.pin_policy.sources;
         let stable_end = seq
             .segments
@@ -254,10 +256,10 @@ impl EngineCore {
             .last()
             .map_or(0, |&(end, _, _)| end);
         let chain = Chain {
-            tokens: seq.tokens[..seq.hashes.len() * bs].to_vec(),
-            hashes: seq.hashes.clone(),
-            public_blocks: seq.public_blocks.min(seq.hashes.len()),
-            stable_blocks: (stable_end / bs).min(seq.hashes.len()),
+            tokens: seq.tokens[..hashes.len() * bs].to_vec(),
+            hashes: hashes.to_vec(),
+            public_blocks: seq.public_blocks.min(hashes.len()),
+            stable_blocks: (stable_end / bs).min(hashes.len()),
             pin_key: seq.pin_key,
             public_pin_key: seq.public_pin_key,
             generation: 0,

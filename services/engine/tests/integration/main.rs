@@ -11,6 +11,7 @@ mod eviction;
 mod fuse;
 mod prefix;
 mod relocate;
+mod relocate_serving;
 mod reserve;
 mod safetensors;
 mod scheduler;

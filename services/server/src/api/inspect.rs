@@ -201,6 +201,16 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
             "Hot blocks spilled or dropped at admission because the hot tier was full",
             counter(c.admission_evictions),
         );
+        reg.register(
+            "engram_relocated_runs",
+            "Prompts that reused a segment cached at another position (model.relocate_segments)",
+            counter(c.relocated_runs),
+        );
+        reg.register(
+            "engram_relocated_blocks",
+            "Prompt blocks filled by copying a segment's codes from another position instead of computing them",
+            counter(c.relocated_blocks),
+        );
         // By tier: hot blocks reused, cold blocks warmed, blocks read back from the shadow on a
         // miss (into the cold tier, so the turn then warms them: they count as cold_hit too),
         // and blocks prefilled.

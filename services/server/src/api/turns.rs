@@ -145,6 +145,7 @@ fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<M
         cached_tokens: 0,
         warmed_blocks: 0,
         reserved_blocks: 0,
+        relocated_tokens: 0,
     });
     let covered = |upto: usize| upto.clamp(start, end) - start;
     let cached = covered(a.cached_tokens);
