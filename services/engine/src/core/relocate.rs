@@ -342,6 +342,16 @@ impl EngineCore {
             s.indexed = true;
         }
         for (key, start) in keyed {
+            // A segment's first source stays while it can be copied from: the blocks cached
+            // after its relocations are anchored to it.
+            if let Some(e) = self.index.entries.get(&key)
+                && e.source
+                    .blocks
+                    .get(e.start / bs..)
+                    .is_some_and(|b| b.iter().all(|&id| self.copyable(id)))
+            {
+                continue;
+            }
             self.index.insert(
                 key,
                 Entry {
