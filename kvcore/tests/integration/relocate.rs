@@ -322,10 +322,10 @@ fn copied_tokens_decode_as_their_source() {
         })
         .unwrap();
         let src = store
-            .allocate(Tier::Hot, &vec![tags(SourceLayer::Rules); 4])
+            .allocate(Tier::Hot, &[tags(SourceLayer::Rules); 4])
             .unwrap();
         let dst = store
-            .allocate(Tier::Hot, &vec![tags(SourceLayer::Rules); 3])
+            .allocate(Tier::Hot, &[tags(SourceLayer::Rules); 3])
             .unwrap();
         let width = 2 * 32;
         let mut g = gauss(11);
