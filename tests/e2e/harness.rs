@@ -92,6 +92,10 @@ pub fn test_config(database_url: &str, body_limit: usize) -> Config {
     config.server.body_limit_bytes = body_limit;
     config.memory.embedder_path = embedder_path();
     config.memory.vector_dir = vector_dir();
+    // `ENGRAM__MODEL__RELOCATE_SEGMENTS=true` runs the suite with relocated segment reuse on
+    // (issue 26), in these servers as in the child processes that read it themselves.
+    config.model.relocate_segments =
+        std::env::var("ENGRAM__MODEL__RELOCATE_SEGMENTS").is_ok_and(|v| v == "true");
     config
 }
 

@@ -195,8 +195,11 @@ impl EngineCore {
                 .take_while(|(a, b)| a == b)
                 .count();
             // The partial block the segment starts in and one more are computed after the new
-            // prefix; so is whatever the exact walk did not find.
-            let start = ((p.div_ceil(bs) + 1) * bs).max(hits * bs);
+            // prefix; so are the public blocks (cached under the public salt for every tenant,
+            // they must be exact).
+            let start = ((p.div_ceil(bs) + 1) * bs)
+                .max(hits * bs)
+                .max(public_blocks * bs);
             let end = ((p + common) / bs * bs).min(last_full);
             if end < start + policy.min_tokens.div_ceil(bs) * bs {
                 continue;

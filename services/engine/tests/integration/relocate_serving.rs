@@ -111,6 +111,15 @@ fn a_segment_cached_after_another_prefix_is_copied_not_recomputed() {
         "anchored reuse vs the first relocated prefill: {err:.2e}"
     );
 
+    // Blocks an operator marked public are computed exactly (they are cached for every tenant):
+    // with the whole prompt but its last turn public, nothing is left to relocate.
+    let public = SequenceSpec {
+        public_tokens: 57 + 300,
+        ..spec(b, shared, t2, 1)
+    };
+    let (adm, _) = run(&mut core, public);
+    assert_eq!((adm.cached_tokens, adm.relocated_tokens), (0, 0));
+
     // Never across tenants.
     let (adm, _) = run(&mut core, spec(b, shared, t2, 2));
     assert_eq!((adm.cached_tokens, adm.relocated_tokens), (0, 0));
