@@ -156,24 +156,21 @@ impl Llama {
             .collect();
         let failed = std::sync::Mutex::new(None);
         engram_kvcore::team::run(outs.len(), &|p| {
-            let Ok(mut o) = outs[p].lock() else {
-                return;
-            };
+            let mut o = outs[p].lock().unwrap_or_else(|e| e.into_inner());
             for (k, o) in o.chunks_exact_mut(width).enumerate() {
                 let r = p * share + k;
                 let total = s.start + r + 1;
                 let blocks = &s.blocks[..total.div_ceil(bs)];
                 let q = &qs[r * width..(r + 1) * width];
                 if let Err(e) = store.attend_relocated(l, blocks, total, q, &relocation, &single, o)
-                    && let Ok(mut f) = failed.lock()
                 {
-                    *f = Some(e);
+                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                 }
             }
         });
-        match failed.into_inner() {
-            Ok(Some(e)) => Err(e.into()),
-            _ => Ok(()),
+        match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
     }
 
