@@ -133,9 +133,11 @@ pub struct ScenarioSummary {
     pub ratios: Vec<Ratio>,
 }
 
-/// Engram against one peer.
+/// Engram (or the reference label) against one peer.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
+    /// The label the ratios are of (Engram's runs, or the variant `--engram-label` names).
+    pub of: String,
     /// The peer's label.
     pub peer: String,
     /// Peer TTFT p50 over Engram's, per repetition pair (mean and range).
@@ -275,6 +277,7 @@ pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
                     .iter()
                     .filter(|s| s.label != engram_label)
                     .map(|p| Ratio {
+                        of: e.label.clone(),
                         peer: p.label.clone(),
                         ttft_p50: ratio(e, p, |r| Some(r.ttft_p50), false),
                         ttft_p95: ratio(e, p, |r| Some(r.ttft_p95), false),
@@ -352,22 +355,25 @@ pub fn markdown(report: &Report, header: &str) -> String {
         for r in &s.ratios {
             let _ = writeln!(
                 md,
-                "\nEngram against {}: TTFT p50 {}×, TTFT p95 {}×, end-to-end wall {}×, time per \
-                 output token {}×, TTFT p50 after restart {}× (> 1: Engram better).",
+                "\n{} against {}: TTFT p50 {}×, TTFT p95 {}×, end-to-end wall {}×, time per \
+                 output token {}×, TTFT p50 after restart {}× (> 1: {} better).",
+                r.of,
                 r.peer,
                 Spread::show(r.ttft_p50, 2),
                 Spread::show(r.ttft_p95, 2),
                 Spread::show(r.wall, 2),
                 Spread::show(r.tpot, 2),
                 Spread::show(r.after_restart_ttft_p50, 2),
+                r.of,
             );
             if let Some(p) = r.prompt_tokens
                 && (p.min < 1.0 - COMPARABLE || p.max > 1.0 + COMPARABLE)
             {
                 let _ = writeln!(
                     md,
-                    "\n**Not comparable:** Engram's requests carried {}× the prompt tokens of \
+                    "\n**Not comparable:** {}'s requests carried {}× the prompt tokens of \
                      {}'s; the servers did not compute the same prompts.",
+                    r.of,
                     Spread::show(Some(p), 2),
                     r.peer,
                 );
@@ -657,9 +663,12 @@ mod tests {
         let md = markdown(&r, "test");
         assert!(md.contains("| 73 | 42 |"), "{md}");
         assert!(
-            md.contains("**Not comparable:** Engram's requests carried 0.73×"),
+            md.contains("**Not comparable:** engram's requests carried 0.73×"),
             "{md}"
         );
+        // The ratios name what they compare (a run may use another reference label).
+        assert!(md.contains("\nengram against peer: TTFT p50"), "{md}");
+        assert!(md.contains("(> 1: engram better)"), "{md}");
     }
 
     #[test]
