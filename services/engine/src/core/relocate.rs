@@ -36,7 +36,8 @@ use engram_kvcore::{BlockId, Precision, Relocated, SessionId, TenantId, Tier};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{EngineCore, Sequence, block_salt};
+use super::{EngineCore, SeqId, Sequence, block_salt, block_tags};
+use crate::error::EngineResult;
 use crate::prefix::{BlockHash, chain_hash};
 
 /// Relocated segment reuse (see the module docs).
@@ -260,22 +261,18 @@ impl EngineCore {
     ) -> Vec<BlockId> {
         let bs = self.config.block_size;
         let mut parent = plan.anchor;
-        for b in plan.run.start / bs..plan.run.end / bs {
-            parent = chain_hash(
-                &self.fingerprint,
-                block_salt(tenant, public_blocks, b),
-                Some(&parent),
-                &tokens[b * bs..(b + 1) * bs],
-            );
-        }
         let mut hits = Vec::new();
-        for b in plan.run.end / bs..(tokens.len() - 1) / bs {
+        for b in plan.run.start / bs..(tokens.len() - 1) / bs {
             parent = chain_hash(
                 &self.fingerprint,
                 block_salt(tenant, public_blocks, b),
                 Some(&parent),
                 &tokens[b * bs..(b + 1) * bs],
             );
+            // The run's own blocks are copies, never cached: only their hashes chain.
+            if b < plan.run.end / bs {
+                continue;
+            }
             let Some(id) = self.cache.get(&parent) else {
                 break;
             };
@@ -290,6 +287,49 @@ impl EngineCore {
         hits
     }
 
+    /// Allocates the blocks of sequence `id` up to `plan`'s run's end — those the prefill
+    /// computes before the run, then the run's — copies the run's codes from its source, and
+    /// appends the anchored blocks reused after it.
+    pub(super) fn fill_relocated(
+        &mut self,
+        id: SeqId,
+        plan: &Plan,
+        anchored: &[BlockId],
+    ) -> EngineResult<()> {
+        let bs = self.config.block_size;
+        let tags = {
+            let seq = self.seq(id)?;
+            (seq.blocks.len()..plan.run.end / bs)
+                .map(|b| block_tags(seq, b, bs))
+                .collect::<Vec<_>>()
+        };
+        let fresh = self.store.allocate(Tier::Hot, &tags)?;
+        let copies = &fresh[fresh.len() - (plan.run.end - plan.run.start) / bs..];
+        let copied = self.store.copy_tokens(
+            &plan.source_blocks,
+            plan.source_offset,
+            copies,
+            0,
+            plan.run.end - plan.run.start,
+            plan.run.shift,
+        );
+        if let Err(e) = copied {
+            self.store.release(&fresh)?;
+            return Err(e.into());
+        }
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.blocks.extend_from_slice(&fresh);
+            seq.blocks.extend_from_slice(anchored);
+            // The exact walk may end where the run starts: nothing to compute before it.
+            if let Some(r) = &seq.relocation
+                && seq.computed == r.run.start
+            {
+                seq.computed = r.skip_to;
+            }
+        }
+        Ok(())
+    }
+
     /// The parent hash of block `b` of `seq` as [`Self::register`] chains it: exact up to a
     /// relocated run, from the run's anchor after.
     pub(super) fn parent_of(seq: &Sequence, b: usize, bs: usize) -> Option<&BlockHash> {
@@ -301,7 +341,7 @@ impl EngineCore {
 
     /// Indexes the segments of a sequence whose prompt is computed: each segment long enough
     /// to be relocated, within the sequence's exact and cached prefix.
-    pub(super) fn index_segments(&mut self, id: super::SeqId) {
+    pub(super) fn index_segments(&mut self, id: SeqId) {
         let Some(policy) = self.config.relocation else {
             return;
         };
