@@ -19,6 +19,7 @@
 mod attended;
 mod buf;
 mod copy;
+mod fused;
 pub(crate) mod host;
 pub(crate) mod hot;
 #[cfg(feature = "cuda")]
@@ -35,6 +36,8 @@ use crate::codec::{Codec, DEFAULT_ROTATION_SEED, Rows};
 use crate::error::{KvError, KvResult};
 use crate::metadata::{BlockMeta, BlockMetadataTable, Precision, PriorityTable};
 use crate::shape::{KvShape, LayerCodecs};
+use fused::FusedPool;
+pub use fused::FusedStats;
 use host::{HostTier, Layout};
 #[cfg(feature = "cuda")]
 use hot::CudaTier;
@@ -67,6 +70,11 @@ impl BlockStream {
             Self::KNorms => "k_norms",
             Self::VNorms => "v_norms",
         }
+    }
+
+    /// Whether the stream holds codes (row directions, for TurboQuant) rather than norms.
+    pub fn is_code(self) -> bool {
+        matches!(self, Self::KCodes | Self::VCodes)
     }
 }
 
@@ -176,6 +184,8 @@ pub struct BlockStore {
     cold_free: SlotPool,
     /// Down-tiering's pool of narrower cold slots, when on.
     reduced: Option<ReducedPool>,
+    /// Block fusion's pool of shared directions, when on.
+    fused: Option<FusedPool>,
     meta: BlockMetadataTable,
     next_id: u64,
 }
@@ -266,6 +276,7 @@ impl BlockStore {
             hot_free: self.hot_free.clone(),
             cold_free: self.cold_free.clone(),
             reduced: self.reduced.clone(),
+            fused: self.fused.clone(),
             meta: self.meta.clone(),
             next_id: self.next_id,
         })
@@ -307,6 +318,7 @@ impl BlockStore {
             hot_free: SlotPool::new(hot_blocks),
             cold_free: SlotPool::new(cold_blocks),
             reduced: None,
+            fused: None,
             meta: BlockMetadataTable::new(priorities),
             next_id: 0,
         })
@@ -529,10 +541,10 @@ impl BlockStore {
     /// wholly cold or wholly hot).
     pub fn warm(&mut self, ids: &[BlockId]) -> KvResult<()> {
         self.slots_in(ids, Tier::Cold)?;
-        let (reduced, full): (Vec<BlockId>, Vec<BlockId>) = ids
+        let (apart, full): (Vec<BlockId>, Vec<BlockId>) = ids
             .iter()
-            .partition(|&&id| self.precision_of(id) == Precision::Reduced);
-        if reduced.is_empty() {
+            .partition(|&&id| self.precision_of(id).stored_apart());
+        if apart.is_empty() {
             return self.transfer(ids, Tier::Cold, Tier::Hot);
         }
         if self.hot_free.available() < ids.len() {
@@ -542,24 +554,45 @@ impl BlockStore {
                 available: self.hot_free.available(),
             });
         }
-        let scratch = self.expand_reduced(&reduced)?;
+        let (reduced, fused): (Vec<BlockId>, Vec<BlockId>) = apart
+            .iter()
+            .partition(|&&id| self.precision_of(id) == Precision::Reduced);
+        let mut scratch = self
+            .hot
+            .cold_tier(self.layout.clone(), apart.len() as u32)?;
+        if !reduced.is_empty() {
+            let expanded = self.expand_reduced(&reduced)?;
+            let pairs: Vec<(u32, u32)> = (0..reduced.len() as u32).map(|i| (i, i)).collect();
+            scratch.copy_from(&expanded, &pairs);
+        }
+        for (i, &id) in (reduced.len() as u32..).zip(&fused) {
+            scratch.set_block_bytes(i, &self.expand_fused_block(id)?);
+        }
+        let order: Vec<BlockId> = reduced.iter().chain(&fused).copied().collect();
         self.transfer(&full, Tier::Cold, Tier::Hot)?;
-        let to = self.take_slots(Tier::Hot, reduced.len())?;
+        let to = self.take_slots(Tier::Hot, order.len())?;
         let pairs: Vec<(u32, u32)> = (0..).zip(to.iter().copied()).collect();
         if let Err(e) = self.hot.warm_from(&scratch, &pairs) {
             to.into_iter()
                 .for_each(|slot| self.free_slot(Tier::Hot, slot));
             return Err(e);
         }
-        for (&id, &new) in reduced.iter().zip(&to) {
+        for (&id, &new) in order.iter().zip(&to) {
+            let Some(meta) = self.meta.get(id) else {
+                continue;
+            };
+            let (old, was) = (meta.slot, meta.precision);
+            let back = match was {
+                Precision::Fused => self.fused_back(old),
+                _ => Precision::Restored,
+            };
             let Some(meta) = self.meta.get_mut(id) else {
                 continue;
             };
-            let old = meta.slot;
             meta.tier = Tier::Hot;
             meta.slot = new;
-            meta.precision = Precision::Restored;
-            self.free_slot_of(Tier::Cold, Precision::Reduced, old);
+            meta.precision = back;
+            self.free_slot_of(Tier::Cold, was, old);
             self.meta.note_move(id);
         }
         Ok(())
@@ -585,6 +618,7 @@ impl BlockStore {
                 meta.tier = Tier::Recompute;
                 // Prefill computes the bytes again, in the layer's codec.
                 meta.precision = Precision::Full;
+                meta.fused_layers = 0;
                 self.free_slot_of(tier, precision, slot);
                 self.meta.note_move(id);
             }
@@ -671,6 +705,12 @@ impl BlockStore {
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         let tiers = self.resident(blocks)?;
+        if let Some(&id) = blocks
+            .iter()
+            .find(|&&id| self.precision_of(id) == Precision::Fused)
+        {
+            return Err(KvError::Fused { id });
+        }
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
         let row_elems = kv_heads * self.layout.shape.head_dim;
         let mut scratch = vec![0.0f32; self.layout.shape.head_dim];
@@ -721,6 +761,7 @@ impl BlockStore {
             Tier::Cold if meta.precision == Precision::Reduced => {
                 Ok(self.expand_reduced(&[id])?.block_bytes(0))
             }
+            Tier::Cold if meta.precision == Precision::Fused => self.expand_fused_block(id),
             Tier::Cold => Ok(self.cold.block_bytes(meta.slot)),
             Tier::Recompute => Err(KvError::WrongTier {
                 id,

@@ -108,6 +108,12 @@ impl BlockStore {
         {
             return Err(KvError::Reduced { id });
         }
+        if let Some(&id) = ids
+            .iter()
+            .find(|&&id| self.precision_of(id) == Precision::Fused)
+        {
+            return Err(KvError::Fused { id });
+        }
         let Some(pool) = self.reduced.as_mut() else {
             return Err(KvError::NoReducedPool);
         };
@@ -171,21 +177,28 @@ impl BlockStore {
         self.meta.get(id).map_or(Precision::Full, |m| m.precision)
     }
 
-    /// Errors with [`KvError::Reduced`] if one of `ids` is down-tiered.
+    /// Errors with [`KvError::Reduced`] if one of `ids` is down-tiered, [`KvError::Fused`] if
+    /// one is fused: their bytes are not in a slot of their own.
     pub(crate) fn check_not_reduced(&self, ids: &[BlockId]) -> KvResult<()> {
-        match ids
-            .iter()
-            .find(|&&id| self.precision_of(id) == Precision::Reduced)
-        {
-            Some(&id) => Err(KvError::Reduced { id }),
-            None => Ok(()),
+        for &id in ids {
+            match self.precision_of(id) {
+                Precision::Reduced => return Err(KvError::Reduced { id }),
+                Precision::Fused => return Err(KvError::Fused { id }),
+                Precision::Full | Precision::Restored => {}
+            }
         }
+        Ok(())
     }
 
     /// Frees the slot of a block in `tier` with `precision` (a reduced block's is the pool's).
     pub(crate) fn free_slot_of(&mut self, tier: Tier, precision: Precision, slot: u32) {
         match (tier, precision, self.reduced.as_mut()) {
             (Tier::Cold, Precision::Reduced, Some(pool)) => pool.free.give(slot),
+            (Tier::Cold, Precision::Fused, _) => {
+                if let Some(pool) = self.fused.as_mut() {
+                    pool.free(slot);
+                }
+            }
             _ => self.free_slot(tier, slot),
         }
     }

@@ -9,6 +9,7 @@ mod common;
 mod downtier;
 mod errors;
 mod eviction;
+mod fusion;
 mod pins;
 mod refcount;
 mod relocate;

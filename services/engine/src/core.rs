@@ -40,6 +40,7 @@ mod device;
 mod evict;
 mod fault;
 mod forward;
+mod fuse;
 mod relocate;
 mod reserve;
 mod shadow;
@@ -53,6 +54,7 @@ pub use cache::{DownTier, EvictReport, ForgetReport};
 pub use device::EngineDevice;
 pub use evict::{EvictionMode, EvictionPolicy};
 pub use fault::{EngineFault, FaultKind};
+pub use fuse::{FusionPolicy, FusionStatus, MAX_PARTNERS};
 pub use relocate::{MAX_SEGMENTS, RelocationPolicy};
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
@@ -141,6 +143,12 @@ pub struct EngineConfig {
     /// recomputed (see the `relocate` module docs for what it costs in fidelity).
     #[serde(default)]
     pub relocation: Option<RelocationPolicy>,
+    /// Block fusion (off by default; CPU engine only): when the cold tier must make room, a
+    /// cold block whose row directions match those of another cached cold block of its tenant
+    /// at the same positions shares them (keeping its own norms) instead of being dropped,
+    /// under a threshold a KL witness tunes (see the `fuse` module docs for what it costs).
+    #[serde(default)]
+    pub fusion: Option<FusionPolicy>,
 }
 
 fn default_chains_per_tenant() -> usize {
@@ -193,6 +201,7 @@ impl Default for EngineConfig {
             chains_per_tenant: shadow::CHAINS_PER_TENANT,
             eviction: EvictionPolicy::default(),
             relocation: None,
+            fusion: None,
         }
     }
 }
@@ -368,6 +377,12 @@ pub struct CacheCounters {
     /// Prompt blocks those runs filled by copying codes instead of computing them.
     #[serde(default)]
     pub relocated_blocks: u64,
+    /// Cold blocks fused with a partner instead of being dropped ([`EngineConfig::fusion`]).
+    #[serde(default)]
+    pub fused_blocks: u64,
+    /// Fused blocks a turn warmed back (expanded from the fused pool).
+    #[serde(default)]
+    pub fused_hits: u64,
 }
 
 /// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
@@ -577,6 +592,8 @@ pub struct EngineCore {
     index: relocate::SegmentIndex,
     /// Source blocks of a copy under way: room-making never evicts them.
     relocating: Vec<BlockId>,
+    /// Block fusion's threshold controller ([`EngineConfig::fusion`]).
+    fusion: fuse::FusionState,
 }
 
 impl EngineCore {
@@ -647,6 +664,15 @@ impl EngineCore {
                 reason: format!("must be at least one block ({} tokens)", config.block_size),
             });
         }
+        if let Some(f) = &config.fusion {
+            if config.device != EngineDevice::Cpu {
+                return Err(EngineError::InvalidConfig {
+                    field: "fusion",
+                    reason: "block fusion runs on the CPU engine only".into(),
+                });
+            }
+            f.validate()?;
+        }
         let pins = PrefixPinManager::new(config.pin_policy.clone())?;
         let key_means = match config.key_centering {
             KeyCentering::Off => None,
@@ -671,6 +697,9 @@ impl EngineCore {
             Some((codecs, blocks)) => store.with_reduced_pool(codecs, clamp(blocks))?,
             None => store,
         };
+        if let Some(f) = &config.fusion {
+            store = store.with_fused_pool(usize::try_from(f.pool_bytes).unwrap_or(usize::MAX))?;
+        }
         store.set_move_window(tiers::FLIP_WINDOW_CYCLES);
         let mut h = Sha256::new();
         if let Some(m) = &key_means {
@@ -686,7 +715,9 @@ impl EngineCore {
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());
         let chains = shadow::Chains::new(config.chains_per_tenant, MAX_CHAINS);
+        let fusion = fuse::FusionState::new(config.fusion.as_ref());
         Ok(Self {
+            fusion,
             fingerprint: h.finalize().into(),
             model,
             tokenizer,

@@ -43,6 +43,7 @@ pub use crate::core::{
 };
 pub use crate::core::{CycleReport, TierCosts, TierObservation, TierPolicy};
 pub use crate::core::{EvictionMode, EvictionPolicy};
+pub use crate::core::{FusionPolicy, FusionStatus, MAX_PARTNERS};
 pub use crate::core::{MAX_SEGMENTS, RelocationPolicy};
 pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};
 pub use error::{EngineError, EngineResult};

@@ -189,7 +189,9 @@ pub struct BlockInfo {
     /// Tier.
     pub tier: Tier,
     /// How faithful its bytes are: `full`, `reduced` (down-tiered to narrower codecs in the cold
-    /// tier) or `restored` (warmed back from there; carries the narrower codecs' error).
+    /// tier), `fused` (in the fused pool: its own norms and, in `fused_layers` layers, another
+    /// block's row directions — `model.fuse_blocks`) or `restored` (warmed back from either;
+    /// carries their error).
     pub precision: Precision,
     /// Pin state.
     pub pin: PinState,
@@ -217,6 +219,10 @@ pub struct BlockInfo {
     /// computed in place).
     #[serde(default)]
     pub shift: i64,
+    /// Layers whose codes it took from a fusion group's directions when last fused (block
+    /// fusion, `model.fuse_blocks`; 0: never fused, or the group's founder).
+    #[serde(default)]
+    pub fused_layers: u16,
 }
 
 /// A page of blocks and the total that matched.
@@ -785,6 +791,7 @@ impl Worker {
                 unread_steps: steps.saturating_sub(m.read_step()),
                 relocations: m.relocations(),
                 shift: m.shift(),
+                fused_layers: m.fused_layers(),
             })
             .collect();
         BlockPage { total, blocks }

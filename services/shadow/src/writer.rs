@@ -561,6 +561,7 @@ mod tests {
                     source: SourceLayer::UserTurn,
                     importance: 0.5,
                     pinned: false,
+                    fused: false,
                 })
                 .collect(),
             bytes: ids

@@ -328,7 +328,20 @@ impl EngineCore {
         if free >= n || self.store.capacity(Tier::Cold) == 0 {
             return Ok(());
         }
-        let victims = self.cold_victims(tenants);
+        let mut victims = self.cold_victims(tenants);
+        let mut free = free;
+        if self.config.fusion.is_some() {
+            self.fuse_victims(&victims, n - free)?;
+            free = self.store.free_blocks(Tier::Cold);
+            if free >= n {
+                return Ok(());
+            }
+            // A fused block holds no cold slot: dropping it makes no room.
+            victims = self.cold_victims(tenants);
+            victims.retain(|&id| {
+                self.store.metadata().get(id).map(|m| m.precision()) != Some(Precision::Fused)
+            });
+        }
         if self.store.reduced_capacity() == 0 {
             for id in victims.into_iter().take(n - free) {
                 self.drop_cached(id)?;

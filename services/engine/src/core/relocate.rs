@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use engram_kvcore::{BlockId, Precision, Relocated, SessionId, TenantId, Tier};
+use engram_kvcore::{BlockId, Relocated, SessionId, TenantId, Tier};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -160,7 +160,7 @@ impl EngineCore {
     fn copyable(&self, id: BlockId) -> bool {
         self.cache.contains_block(id)
             && self.store.metadata().get(id).is_some_and(|m| {
-                matches!(m.tier(), Tier::Hot | Tier::Cold) && m.precision() != Precision::Reduced
+                matches!(m.tier(), Tier::Hot | Tier::Cold) && !m.precision().stored_apart()
             })
     }
 

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use engram_kvcore::{BlockId, PinState, Precision, SourceLayer, TenantId, Tier};
+use engram_kvcore::{BlockId, PinState, SourceLayer, TenantId, Tier};
 use serde::{Deserialize, Serialize};
 
 use super::{EngineCore, SeqId, SequenceSpec};
@@ -262,7 +262,11 @@ impl EngineCore {
             .cold_victims(Some(&[tenant]))
             .into_iter()
             .filter(|&id| {
-                self.store.metadata().get(id).map(|m| m.precision()) != Some(Precision::Reduced)
+                !self
+                    .store
+                    .metadata()
+                    .get(id)
+                    .is_some_and(|m| m.precision().stored_apart())
             })
             .count();
         let available = (self.store.free_blocks(Tier::Cold) + droppable)

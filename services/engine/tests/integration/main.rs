@@ -9,6 +9,7 @@ mod embed;
 mod eval;
 mod eviction;
 mod fuse;
+mod fuse_serving;
 mod prefix;
 mod relocate;
 mod relocate_serving;
