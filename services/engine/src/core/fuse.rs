@@ -20,8 +20,12 @@
 //! by its fused form — and the mean KL(as stored ‖ fused) of those rows' next-token
 //! distributions is the witness's measure. Over `kl_budget`, the victim is not fused and the
 //! threshold rises by `step` (up to 1); at most half the budget, the threshold falls by `step`
-//! (down to `min_threshold`). A witness costs two forward passes of one block over the chain's
-//! context, on the turn that made room.
+//! (down to `min_threshold`). When no victim has a partner at the threshold, once per
+//! room-making the engine takes the first victim that would fuse at or above `min_threshold`,
+//! witnesses the highest threshold at which it would (its best partner's best layer), and moves
+//! the threshold down to it if the witness stays within the budget: the threshold follows what
+//! the witness allows instead of staying where it started. A witness costs two forward passes of
+//! one block over the chain's context, on the turn that made room.
 //!
 //! **What it saves** is measured by `engram eval kv --fuse` (`services/engine/src/fusion.rs`):
 //! at ΔKL ≤ 0.01 nats it found little to share on real text (1.03×), which is why fusion is
@@ -249,6 +253,41 @@ impl EngineCore {
         Ok(best.map(|(_, p, s)| (p, s)))
     }
 
+    /// The highest threshold, not below `floor`, at which `id` would fuse with a candidate in
+    /// at least one layer (the largest over partners and layers of the smaller of the key and
+    /// value similarities); `None` when none reaches `floor`.
+    fn first_fusing(
+        &self,
+        id: BlockId,
+        candidates: &Candidates,
+        floor: f32,
+    ) -> EngineResult<Option<f32>> {
+        let Some(m) = self.store.metadata().get(id) else {
+            return Ok(None);
+        };
+        let Some(list) = candidates.get(&(m.tenant(), m.tokens())) else {
+            return Ok(None);
+        };
+        let mut best: Option<f32> = None;
+        for &p in list.iter().filter(|&&p| p != id).take(MAX_PARTNERS) {
+            let live = self
+                .store
+                .metadata()
+                .get(p)
+                .is_some_and(|m| m.tier() == Tier::Cold && m.precision() != Precision::Reduced);
+            if !live {
+                continue;
+            }
+            for (k, v) in self.store.fusion_similarity(id, p)?.into_iter().flatten() {
+                let at = k.min(v);
+                if at >= floor && best.is_none_or(|b| at > b) {
+                    best = Some(at);
+                }
+            }
+        }
+        Ok(best)
+    }
+
     /// Fuses victims (cold blocks in drop order) with partners until `need` cold slots are
     /// freed or none is left to fuse; returns the slots freed (module docs).
     pub(super) fn fuse_victims(&mut self, victims: &[BlockId], need: usize) -> EngineResult<usize> {
@@ -257,6 +296,7 @@ impl EngineCore {
         };
         let candidates = self.fusion_candidates();
         let mut freed = 0;
+        let mut probed = false;
         for (rank, &v) in victims.iter().enumerate() {
             if freed >= need {
                 break;
@@ -272,15 +312,48 @@ impl EngineCore {
                 continue;
             }
             let threshold = self.fusion.threshold;
-            let Some((partner, shared)) = self.best_partner(v, &candidates, threshold)? else {
+            let mut witnessed = false;
+            let found = match self.best_partner(v, &candidates, threshold)? {
+                Some(found) => Some(found),
+                None if !probed => {
+                    // Nothing at the threshold: once a call, witness the threshold at which
+                    // this victim would first fuse, and move there if the witness allows it.
+                    probed = true;
+                    match self.first_fusing(v, &candidates, policy.min_threshold)? {
+                        Some(at) if at < threshold => {
+                            self.fusion.decisions += 1;
+                            match self.fusion_witness(v, at, &candidates)? {
+                                Some(kl) => {
+                                    self.fusion.witnesses += 1;
+                                    self.fusion.last_kl = Some(kl);
+                                    if kl > policy.kl_budget {
+                                        self.fusion.refused += 1;
+                                        continue;
+                                    }
+                                    self.fusion.threshold = at;
+                                    witnessed = true;
+                                    self.best_partner(v, &candidates, at)?
+                                }
+                                None => continue,
+                            }
+                        }
+                        _ => None,
+                    }
+                }
+                None => None,
+            };
+            let Some((partner, shared)) = found else {
                 continue;
             };
-            let due = self.fusion.pending
-                || self
-                    .fusion
-                    .decisions
-                    .is_multiple_of(u64::from(policy.witness_every));
-            self.fusion.decisions += 1;
+            let due = !witnessed
+                && (self.fusion.pending
+                    || self
+                        .fusion
+                        .decisions
+                        .is_multiple_of(u64::from(policy.witness_every)));
+            if !witnessed {
+                self.fusion.decisions += 1;
+            }
             if due {
                 match self.fusion_witness(v, threshold, &candidates)? {
                     Some(kl) => {
