@@ -209,7 +209,7 @@ impl BlockStore {
         let mut out = Vec::with_capacity(shape.layers);
         let v_start: usize = self.layout.rows[0].iter().map(|w| w * rows).sum();
         let (mut k_off, mut v_off) = (0usize, v_start);
-        for layer in 0..shape.layers {
+        for (layer, &ok) in fusable.iter().enumerate() {
             let (kw, vw) = (self.layout.rows[0][layer], self.layout.rows[1][layer]);
             let mut mean = |codec: &Codec, off: usize, width: usize| {
                 let mut sum = 0.0f64;
@@ -221,7 +221,7 @@ impl BlockStore {
                 }
                 (sum / rows as f64) as f32
             };
-            out.push(fusable[layer].then(|| {
+            out.push(ok.then(|| {
                 (
                     mean(&self.k_codecs[layer], k_off, kw),
                     mean(&self.v_codecs[layer], v_off, vw),

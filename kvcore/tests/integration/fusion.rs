@@ -205,7 +205,7 @@ fn fusion_refuses_other_tenants_positions_codecs_and_a_full_pool_changing_nothin
     // A pool too small for the founder's codes.
     let mut tight = small_store(TQ4, 8, 6).with_fused_pool(64).unwrap();
     let ids = tight
-        .allocate(Tier::Hot, &vec![tags(SourceLayer::Memories); 2])
+        .allocate(Tier::Hot, &[tags(SourceLayer::Memories); 2])
         .unwrap();
     fill(&mut tight, &ids, 10);
     tight.spill(&ids).unwrap();
@@ -219,7 +219,7 @@ fn fusion_refuses_other_tenants_positions_codecs_and_a_full_pool_changing_nothin
     // Q8's scale is not a length: no layer fuses. No pool: nothing fuses.
     let mut q8 = fused_store(CodecKind::Q8, 1 << 20);
     let ids = q8
-        .allocate(Tier::Hot, &vec![tags(SourceLayer::Memories); 2])
+        .allocate(Tier::Hot, &[tags(SourceLayer::Memories); 2])
         .unwrap();
     fill(&mut q8, &ids, 11);
     q8.spill(&ids).unwrap();
@@ -233,7 +233,7 @@ fn fusion_refuses_other_tenants_positions_codecs_and_a_full_pool_changing_nothin
     assert!(not(q8.fuse(ids[1], ids[0], &[true, false])));
     let mut plain = small_store(TQ4, 8, 6);
     let ids = plain
-        .allocate(Tier::Hot, &vec![tags(SourceLayer::Memories); 2])
+        .allocate(Tier::Hot, &[tags(SourceLayer::Memories); 2])
         .unwrap();
     plain.spill(&ids).unwrap();
     assert!(matches!(
