@@ -128,6 +128,10 @@ pub struct FusionStatus {
     pub refused: u64,
     /// The last witness's KL (nats), if one ran.
     pub last_kl: Option<f64>,
+    /// The highest similarity a victim without a partner at the threshold reached with a
+    /// candidate in one layer (the smaller of the key and value cosines): how near the nearest
+    /// miss came.
+    pub nearest: Option<f32>,
     /// Blocks in the fused pool.
     pub pool_blocks: usize,
     /// Groups (shared directions) in the pool.
@@ -146,6 +150,7 @@ pub(super) struct FusionState {
     witnesses: u64,
     refused: u64,
     last_kl: Option<f64>,
+    nearest: Option<f32>,
     /// A decision was due a witness that could not run; the next one runs it.
     pending: bool,
 }
@@ -174,6 +179,7 @@ impl EngineCore {
             witnesses: f.witnesses,
             refused: f.refused,
             last_kl: f.last_kl,
+            nearest: f.nearest,
             pool_blocks: stats.blocks,
             pool_groups: stats.groups,
             pool_bytes: stats.bytes,
@@ -255,20 +261,21 @@ impl EngineCore {
 
     /// The highest threshold, not below `floor`, at which `id` would fuse with a candidate in
     /// at least one layer (the largest over partners and layers of the smaller of the key and
-    /// value similarities); `None` when none reaches `floor`.
+    /// value similarities; `None` when none reaches `floor`), and that largest value whatever
+    /// the floor (`None` without a candidate).
     fn first_fusing(
         &self,
         id: BlockId,
         candidates: &Candidates,
         floor: f32,
-    ) -> EngineResult<Option<f32>> {
+    ) -> EngineResult<(Option<f32>, Option<f32>)> {
         let Some(m) = self.store.metadata().get(id) else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let Some(list) = candidates.get(&(m.tenant(), m.tokens())) else {
-            return Ok(None);
+            return Ok((None, None));
         };
-        let mut best: Option<f32> = None;
+        let (mut best, mut nearest): (Option<f32>, Option<f32>) = (None, None);
         for &p in list.iter().filter(|&&p| p != id).take(MAX_PARTNERS) {
             let live = self
                 .store
@@ -280,12 +287,15 @@ impl EngineCore {
             }
             for (k, v) in self.store.fusion_similarity(id, p)?.into_iter().flatten() {
                 let at = k.min(v);
+                if nearest.is_none_or(|n| at > n) {
+                    nearest = Some(at);
+                }
                 if at >= floor && best.is_none_or(|b| at > b) {
                     best = Some(at);
                 }
             }
         }
-        Ok(best)
+        Ok((best, nearest))
     }
 
     /// Fuses victims (cold blocks in drop order) with partners until `need` cold slots are
@@ -316,11 +326,19 @@ impl EngineCore {
             let found = match self.best_partner(v, &candidates, threshold)? {
                 Some(found) => Some(found),
                 None if !probed => {
-                    // Nothing at the threshold: once a call, witness the threshold at which
-                    // this victim would first fuse, and move there if the witness allows it.
-                    probed = true;
-                    match self.first_fusing(v, &candidates, policy.min_threshold)? {
+                    // Nothing at the threshold: once a call, for the first victim that would
+                    // fuse at or above the floor, witness the threshold at which it would, and
+                    // move there if the witness allows it.
+                    let (first, nearest) =
+                        self.first_fusing(v, &candidates, policy.min_threshold)?;
+                    if let Some(n) = nearest
+                        && self.fusion.nearest.is_none_or(|m| n > m)
+                    {
+                        self.fusion.nearest = Some(n);
+                    }
+                    match first {
                         Some(at) if at < threshold => {
+                            probed = true;
                             self.fusion.decisions += 1;
                             match self.fusion_witness(v, at, &candidates)? {
                                 Some(kl) => {

@@ -190,13 +190,14 @@ fn the_default_policy_keeps_its_threshold_in_range_and_reports_what_it_fused() {
     assert!(dropped + 2 * c.fused_blocks >= 18, "{c:?}");
     eprintln!(
         "default policy: {} decisions, {} fused, {} dropped, threshold {:.3}, {} witnesses \
-         (last KL {:?}), pool {} of {} bytes unfused",
+         (last KL {:?}), nearest miss {:?}, pool {} of {} bytes unfused",
         status.decisions,
         c.fused_blocks,
         dropped,
         status.threshold,
         status.witnesses,
         status.last_kl,
+        status.nearest,
         status.pool_bytes,
         status.unfused_bytes
     );
