@@ -173,18 +173,8 @@ impl BlockStore {
     /// The codes a block would share as a fusion partner: its group's for a fused block, its
     /// own otherwise (hot, cold or reduced blocks, expanded to the layer's codecs).
     fn directions(&self, id: BlockId) -> KvResult<Vec<u8>> {
-        let meta = self.lookup(id)?;
-        if meta.precision == Precision::Fused {
-            let pool = self.fused.as_ref().ok_or(KvError::NoFusedPool)?;
-            let e = pool
-                .entries
-                .get(&meta.slot)
-                .ok_or(KvError::UnknownBlock { id })?;
-            let g = pool
-                .groups
-                .get(&e.group)
-                .ok_or(KvError::UnknownBlock { id })?;
-            return Ok(g.codes.clone());
+        if self.lookup(id)?.precision == Precision::Fused {
+            return Ok(self.entry_of(id)?.1.codes.clone());
         }
         let mut bytes = self.block_bytes_of(id)?;
         bytes.truncate(self.code_bytes());
@@ -384,18 +374,24 @@ impl BlockStore {
         own
     }
 
-    /// A fused block's bytes, as [`Self::block_bytes_of`] lays them out.
-    pub(crate) fn expand_fused_block(&self, id: BlockId) -> KvResult<Vec<u8>> {
-        let meta = self.lookup(id)?;
+    /// A fused block's entry and its group.
+    fn entry_of(&self, id: BlockId) -> KvResult<(&Entry, &Group)> {
+        let slot = self.lookup(id)?.slot;
         let pool = self.fused.as_ref().ok_or(KvError::NoFusedPool)?;
         let e = pool
             .entries
-            .get(&meta.slot)
+            .get(&slot)
             .ok_or(KvError::UnknownBlock { id })?;
         let g = pool
             .groups
             .get(&e.group)
             .ok_or(KvError::UnknownBlock { id })?;
+        Ok((e, g))
+    }
+
+    /// A fused block's bytes, as [`Self::block_bytes_of`] lays them out.
+    pub(crate) fn expand_fused_block(&self, id: BlockId) -> KvResult<Vec<u8>> {
+        let (e, g) = self.entry_of(id)?;
         let mut out = Vec::with_capacity(self.layout.block_bytes());
         let mut at = 0;
         for part in self.block_parts() {

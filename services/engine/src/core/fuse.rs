@@ -490,19 +490,15 @@ impl EngineCore {
             key_means: self.key_means.as_deref(),
             probe: None,
         };
-        let at = Placement {
-            start: n * bs,
-            blocks: &table,
-            relocated: &[],
+        let next_rows = |scratch: &mut BlockStore| {
+            let at = Placement {
+                start: n * bs,
+                blocks: &table,
+                relocated: &[],
+            };
+            prefill_chunks(&self.model, transform, scratch, &next, at, LogitRows::All)
         };
-        let reference = prefill_chunks(
-            &self.model,
-            transform,
-            &mut scratch,
-            &next,
-            at,
-            LogitRows::All,
-        )?;
+        let reference = next_rows(&mut scratch)?;
         // Every block of the chain that would fuse at the threshold, fused.
         let mut changed = 0;
         for (&id, &to) in ids.iter().zip(&table) {
@@ -525,19 +521,7 @@ impl EngineCore {
         if changed == 0 {
             return Ok(Some(0.0));
         }
-        let at = Placement {
-            start: n * bs,
-            blocks: &table,
-            relocated: &[],
-        };
-        let fused = prefill_chunks(
-            &self.model,
-            transform,
-            &mut scratch,
-            &next,
-            at,
-            LogitRows::All,
-        )?;
+        let fused = next_rows(&mut scratch)?;
         Ok(Some(mean_kl(&reference, &fused)?))
     }
 }
