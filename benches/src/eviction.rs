@@ -10,6 +10,10 @@
 //! every policy) — a few agents busy, most occasional. A conversation ends after `2 ×
 //! warm_turns` turns (deleted) and a new one takes its place, so the working set stays steady.
 //!
+//! With `cold_share` > 0 the cold tier is bounded to that share of the working set too and the
+//! shadow is off, so blocks the cold tier drops are recomputed on their next use: the policy then
+//! decides misses, not only which cached blocks are hot.
+//!
 //! Figures per policy, over the steady turns: the hot hit rate (prompt blocks found hot at
 //! admission over the prompt blocks a turn could reuse: hot + cold hits + misses), the cold
 //! hits, the misses (recomputed), TTFT p50/p95, admission evictions; and whether every reply
@@ -40,6 +44,11 @@ pub struct Load {
     pub max_tokens: usize,
     /// Hot tier as a share of the working set.
     pub hot_share: f64,
+    /// Cold tier as a share of the working set (0: the default size, which holds this load);
+    /// bounded, the shadow is off, so what the cold tier drops is recomputed: the policy then
+    /// decides misses, not only cold hits.
+    #[serde(default)]
+    pub cold_share: f64,
     /// Exponent of the Zipf law over agents (0: uniform).
     pub zipf_s: f64,
 }
@@ -84,6 +93,8 @@ pub struct EvictionFigures {
     pub working_set_bytes: u64,
     /// The hot tier of the steady runs, MiB.
     pub hot_mib: u64,
+    /// The cold tier of the measured runs when bounded (MiB).
+    pub cold_mib: Option<u64>,
     /// Per policy, in run order.
     pub policies: Vec<PolicyFigures>,
 }
@@ -98,15 +109,24 @@ pub fn policies() -> Vec<serde_json::Value> {
     ]
 }
 
-fn config(model: &Path, dir: &Path, hot_mib: Option<u64>, eviction: &serde_json::Value) -> Config {
+fn config(
+    model: &Path,
+    dir: &Path,
+    tiers: Option<(u64, Option<u64>)>,
+    eviction: &serde_json::Value,
+) -> Config {
     let mut c = Config::default();
     c.model.path = model.to_path_buf();
     c.database.url = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
     c.auth.admin_key.0 = ADMIN.into();
     c.memory.enabled = false;
     c.shadow.dir = dir.join("shadow");
-    if let Some(mib) = hot_mib {
-        c.model.hot_mib = mib;
+    if let Some((hot, cold)) = tiers {
+        c.model.hot_mib = hot;
+        if let Some(cold) = cold {
+            c.model.cold_mib = cold;
+            c.shadow.enabled = false;
+        }
     }
     if let Some(m) = eviction["mode"].as_str() {
         c.eviction.mode = m.into();
@@ -204,11 +224,12 @@ async fn run(
     model: &Path,
     dir: &Path,
     load: Load,
-    hot_mib: Option<u64>,
+    tiers: Option<(u64, Option<u64>)>,
     eviction: &serde_json::Value,
 ) -> anyhow::Result<RunOut> {
     std::fs::create_dir_all(dir)?;
-    let state = web::Data::new(build_state(config(model, dir, hot_mib, eviction)).await?);
+    let hot_mib = tiers.map(|t| t.0);
+    let state = web::Data::new(build_state(config(model, dir, tiers, eviction)).await?);
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
     spawn_background(state.clone());
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
@@ -317,6 +338,8 @@ pub async fn compare(model: &Path, dir: &Path, load: Load) -> anyhow::Result<Evi
     let none = json!({});
     let (blocks, bytes, _) = run(model, &dir.join("ws"), load, None, &none).await?;
     let hot_mib = ((bytes as f64 * load.hot_share) / (1u64 << 20) as f64).ceil() as u64;
+    let cold_mib = (load.cold_share > 0.0)
+        .then(|| (((bytes as f64 * load.cold_share) / (1u64 << 20) as f64).ceil() as u64).max(1));
     let mut out = Vec::new();
     let mut first: Option<Vec<String>> = None;
     for (i, policy) in policies().into_iter().enumerate() {
@@ -324,7 +347,7 @@ pub async fn compare(model: &Path, dir: &Path, load: Load) -> anyhow::Result<Evi
             model,
             &dir.join(format!("p{i}")),
             load,
-            Some(hot_mib.max(1)),
+            Some((hot_mib.max(1), cold_mib)),
             &policy,
         )
         .await?;
@@ -344,6 +367,7 @@ pub async fn compare(model: &Path, dir: &Path, load: Load) -> anyhow::Result<Evi
         working_set_blocks: blocks,
         working_set_bytes: bytes,
         hot_mib,
+        cold_mib,
         policies: out,
     })
 }

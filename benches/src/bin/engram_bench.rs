@@ -198,6 +198,10 @@ struct EvictionBenchArgs {
     /// Hot tier as a share of the working set.
     #[arg(long, default_value_t = 0.4)]
     hot_share: f64,
+    /// Cold tier as a share of the working set (0: the default, unbounded for this load); a
+    /// bounded cold tier runs without the shadow, so a block dropped from it is recomputed.
+    #[arg(long, default_value_t = 0.0)]
+    cold_share: f64,
     /// Exponent of the Zipf law over agents (0: uniform).
     #[arg(long, default_value_t = 1.0)]
     zipf_s: f64,
@@ -581,6 +585,7 @@ fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
         turns: args.turns,
         max_tokens: args.max_tokens,
         hot_share: args.hot_share,
+        cold_share: args.cold_share,
         zipf_s: args.zipf_s,
     };
     let f = actix_web::rt::System::new().block_on(engram_benches::eviction::compare(

@@ -409,7 +409,9 @@ impl EngineCore {
 
     /// The cached cold blocks [`Self::trim_cold_for`] may drop (or down-tier) for `tenants`, in
     /// the order it takes them; down-tiered ones included, though dropping them frees no cold
-    /// slot.
+    /// slot. With attention-aware eviction (the default) the order is by what the model reads
+    /// ([`Self::rank_cold`]: priority band, then attention mass, read recency and read
+    /// frequency); with priority-only eviction by priority and last touch.
     pub(super) fn cold_victims(&self, tenants: Option<&[TenantId]>) -> Vec<BlockId> {
         let mut per_tenant: HashMap<TenantId, usize> = HashMap::new();
         if tenants.is_some() {
@@ -424,6 +426,28 @@ impl EngineCore {
                 .get(&t)
                 .is_some_and(|&q| per_tenant.get(&t).copied().unwrap_or(0) > q)
         };
+        let class_of = |m: &engram_kvcore::BlockMeta| -> Option<u8> {
+            // Class 0: over-quota tenants' blocks; 1: the requester's own; others untouched.
+            match tenants {
+                None => Some(0),
+                Some(_) if over(m.tenant()) => Some(0),
+                Some(ts) if ts.contains(&m.tenant()) => Some(1),
+                Some(_) => None,
+            }
+        };
+        let cached_cold = |m: &&engram_kvcore::BlockMeta| {
+            m.tier() == Tier::Cold && m.ref_count() == 1 && self.cache.contains_block(m.id())
+        };
+        if self.config.eviction.mode == super::EvictionMode::Attention {
+            let candidates = self
+                .store
+                .metadata()
+                .iter()
+                .filter(cached_cold)
+                .filter_map(|m| Some((class_of(m)?, m.id())))
+                .collect();
+            return self.rank_cold(candidates);
+        }
         // A block counts as high a priority and as late an attention as any later block of its
         // session chains, so that a chain loses its cold blocks from the end: dropping never
         // leaves a hole.
@@ -442,16 +466,9 @@ impl EngineCore {
             .store
             .metadata()
             .iter()
-            .filter(|m| m.tier() == Tier::Cold && m.ref_count() == 1)
-            .filter(|m| self.cache.contains_block(m.id()))
+            .filter(cached_cold)
             .filter_map(|m| {
-                // Class 0: over-quota tenants' blocks; 1: the requester's own; others untouched.
-                let class = match tenants {
-                    None => 0u8,
-                    Some(_) if over(m.tenant()) => 0,
-                    Some(ts) if ts.contains(&m.tenant()) => 1,
-                    Some(_) => return None,
-                };
+                let class = class_of(m)?;
                 let (priority, attended) = later_kept
                     .get(&m.id())
                     .copied()

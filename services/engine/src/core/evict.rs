@@ -19,6 +19,10 @@
 //! most), so the chain loses its hot blocks from the end and a prefix never has a hole because
 //! of eviction. Victims go in ascending key order, later positions first among equals.
 //!
+//! The same keys order the cold tier's drops when it must make room ([`EngineCore::rank_cold`]:
+//! heat normalized over every resident block, lifted along the chains, over-quota tenants'
+//! blocks first): a dropped block is recomputed, so there the policy decides misses.
+//!
 //! Cost: O(hot blocks + cached chain blocks), plus the sort.
 
 use std::collections::{HashMap, HashSet};
@@ -137,30 +141,29 @@ impl EngineCore {
             && self.store.metadata().steps().saturating_sub(m.read_step()) > p.idle_steps
     }
 
-    /// Ranks the idle hot blocks (not in `busy`) by the attention-aware rule (module docs).
-    pub(super) fn rank_hot(&self, busy: &HashSet<BlockId>) -> HotRanking {
+    /// The attention-aware key of each of `blocks` before chain lifting (module docs), heat
+    /// normalized over `blocks`; and which of them are unread for the policy's window.
+    fn heat_keys(
+        &self,
+        blocks: &[&engram_kvcore::BlockMeta],
+    ) -> (HashMap<BlockId, Key>, HashSet<BlockId>) {
         let p = self.config.eviction;
-        let meta = self.store.metadata();
-        let idle: Vec<_> = meta
-            .iter()
-            .filter(|m| m.tier() == Tier::Hot && !busy.contains(&m.id()))
-            .collect();
-        let max_mass = idle
+        let max_mass = blocks
             .iter()
             .map(|m| f64::from(m.mass()))
             .fold(0.0f64, f64::max);
-        let (lo, hi) = idle.iter().fold((u64::MAX, 0u64), |(lo, hi), m| {
+        let (lo, hi) = blocks.iter().fold((u64::MAX, 0u64), |(lo, hi), m| {
             (lo.min(m.read_step()), hi.max(m.read_step()))
         });
         let span = hi.saturating_sub(lo).max(1) as f64;
-        let max_reads = idle.iter().map(|m| m.reads()).max().unwrap_or(0);
+        let max_reads = blocks.iter().map(|m| m.reads()).max().unwrap_or(0);
         let reads_denom = (1.0 + f64::from(max_reads)).ln().max(f64::MIN_POSITIVE);
-        let mut own: HashMap<BlockId, Key> = HashMap::with_capacity(idle.len());
-        let mut demoted = HashSet::new();
-        for m in &idle {
+        let mut own: HashMap<BlockId, Key> = HashMap::with_capacity(blocks.len());
+        let mut unread_ids = HashSet::new();
+        for m in blocks {
             let unread = self.unread(m);
             if unread {
-                demoted.insert(m.id());
+                unread_ids.insert(m.id());
             }
             let band = if m.pin() == PinState::Pinned {
                 PINNED_PRIORITY
@@ -179,6 +182,57 @@ impl EngineCore {
             let heat = p.mass_weight * mass + p.recency_weight * r + p.frequency_weight * f;
             own.insert(m.id(), Key(band, heat));
         }
+        (own, unread_ids)
+    }
+
+    /// The cached cold blocks among `candidates` in attention-aware drop order: keys over every
+    /// resident block, lifted along the cached session chains (a block is worth at least what
+    /// any later block of its chain is worth, so a chain loses its cold blocks from the end),
+    /// ascending; `class` (over-quota first) before the key, later positions first among equals.
+    pub(super) fn rank_cold(&self, candidates: Vec<(u8, BlockId)>) -> Vec<BlockId> {
+        let meta = self.store.metadata();
+        let resident: Vec<_> = meta
+            .iter()
+            .filter(|m| matches!(m.tier(), Tier::Hot | Tier::Cold))
+            .collect();
+        let (own, _) = self.heat_keys(&resident);
+        let mut effective = own.clone();
+        for chain in self.cached_chains() {
+            let mut later = Key::LOWEST;
+            for id in chain.iter().rev() {
+                later = later.max(own.get(id).copied().unwrap_or(Key::LOWEST));
+                if let Some(e) = effective.get_mut(id) {
+                    *e = e.max(later);
+                }
+            }
+        }
+        let mut ranked: Vec<(u8, Key, u32, u64, BlockId)> = candidates
+            .into_iter()
+            .filter_map(|(class, id)| {
+                let m = meta.get(id)?;
+                let k = effective.get(&id).copied().unwrap_or(Key::LOWEST);
+                Some((class, k, m.tokens().start, m.created_at(), id))
+            })
+            .collect();
+        ranked.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then(a.1.0.cmp(&b.1.0))
+                .then(a.1.1.total_cmp(&b.1.1))
+                .then(b.2.cmp(&a.2))
+                .then(a.3.cmp(&b.3))
+                .then(a.4.cmp(&b.4))
+        });
+        ranked.into_iter().map(|(_, _, _, _, id)| id).collect()
+    }
+
+    /// Ranks the idle hot blocks (not in `busy`) by the attention-aware rule (module docs).
+    pub(super) fn rank_hot(&self, busy: &HashSet<BlockId>) -> HotRanking {
+        let meta = self.store.metadata();
+        let idle: Vec<_> = meta
+            .iter()
+            .filter(|m| m.tier() == Tier::Hot && !busy.contains(&m.id()))
+            .collect();
+        let (own, mut demoted) = self.heat_keys(&idle);
         let key_of = |id: &BlockId| -> Key {
             if busy.contains(id) {
                 return Key::BUSY;
