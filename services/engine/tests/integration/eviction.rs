@@ -169,3 +169,39 @@ fn a_pinned_block_is_never_demoted_however_long_unread() {
         .count();
     assert!(unpinned_hot < user.len() + rules.len() - pinned.len());
 }
+
+/// The cold tier's drops follow the same ranking: memories never read again (priority 35, but
+/// unread for the window) and a user turn read for 12 steps (priority 15) both cold, then a
+/// third prompt's 10 blocks spilled into 8 free cold slots: two blocks must leave the cache.
+fn cold_scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>) {
+    let text = license_tokens(400);
+    let mut core = engine(mode);
+    let (memories, _) = turn(&mut core, spec(&text[..65], SourceLayer::Memories, 1), 0);
+    let (user, _) = turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        12,
+    );
+    assert_eq!(core.spill_idle().unwrap(), 8);
+    turn(
+        &mut core,
+        spec(&text[200..360], SourceLayer::UserTurn, 3),
+        0,
+    );
+    assert_eq!(core.spill_idle().unwrap(), 10);
+    assert_eq!(core.counters().dropped.values().sum::<u64>(), 2);
+    (tiers(&core, &memories), tiers(&core, &user))
+}
+
+#[test]
+fn the_cold_tier_drops_what_the_model_does_not_read_first_and_priority_mode_by_priority() {
+    use Tier::{Cold, Recompute};
+    // Attention-aware: the unread memories go, from their chain's end.
+    let (memories, user) = cold_scenario(EvictionMode::Attention);
+    assert_eq!(memories, vec![Cold, Cold, Recompute, Recompute]);
+    assert_eq!(user, vec![Cold; 4]);
+    // Priority-only: the lower-priority user turn goes, though the model read it.
+    let (memories, user) = cold_scenario(EvictionMode::Priority);
+    assert_eq!(memories, vec![Cold; 4]);
+    assert_eq!(user, vec![Cold, Cold, Recompute, Recompute]);
+}
