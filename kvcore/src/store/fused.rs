@@ -27,7 +27,7 @@ use crate::block::{BlockId, Tier};
 use crate::codec::{Codec, CodecKind};
 use crate::error::{KvError, KvResult};
 use crate::metadata::Precision;
-use crate::store::BlockStore;
+use crate::store::{BlockPart, BlockStore};
 
 /// Shared codes of a group.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,11 +152,10 @@ impl BlockStore {
 
     /// Bytes of the key and value codes that start a block's bytes (every layer).
     fn code_bytes(&self) -> usize {
-        let rows = self.layout.rows_per_block();
-        self.layout.rows[0]
+        self.block_parts()
             .iter()
-            .chain(&self.layout.rows[1])
-            .map(|w| w * rows)
+            .filter(|p| p.stream.is_code())
+            .map(BlockPart::len)
             .sum()
     }
 
@@ -193,33 +192,34 @@ impl BlockStore {
         let a = self.directions(member)?;
         let b = self.directions(partner)?;
         let shape = self.layout.shape;
-        let rows = self.layout.rows_per_block();
-        let fusable = self.fusable_layers();
+        let parts = self.block_parts();
         let (mut x, mut y) = (vec![0.0f32; shape.head_dim], vec![0.0f32; shape.head_dim]);
-        let mut out = Vec::with_capacity(shape.layers);
-        let v_start: usize = self.layout.rows[0].iter().map(|w| w * rows).sum();
-        let (mut k_off, mut v_off) = (0usize, v_start);
-        for (layer, &ok) in fusable.iter().enumerate() {
-            let (kw, vw) = (self.layout.rows[0][layer], self.layout.rows[1][layer]);
-            let mut mean = |codec: &Codec, off: usize, width: usize| {
-                let mut sum = 0.0f64;
-                for r in 0..rows {
-                    let span = off + r * width..off + (r + 1) * width;
-                    codec.expand(&a[span.clone()], &mut x);
-                    codec.expand(&b[span], &mut y);
-                    sum += f64::from(cosine(&x, &y));
-                }
-                (sum / rows as f64) as f32
-            };
-            out.push(ok.then(|| {
-                (
-                    mean(&self.k_codecs[layer], k_off, kw),
-                    mean(&self.v_codecs[layer], v_off, vw),
-                )
-            }));
-            k_off += kw * rows;
-            v_off += vw * rows;
-        }
+        let mut mean = |codec: &Codec, part: &BlockPart| {
+            let [pos, heads, width] = part.shape;
+            let rows = pos * heads;
+            let mut sum = 0.0f64;
+            for r in 0..rows {
+                let span = part.offset + r * width..part.offset + (r + 1) * width;
+                codec.expand(&a[span.clone()], &mut x);
+                codec.expand(&b[span], &mut y);
+                sum += f64::from(cosine(&x, &y));
+            }
+            (sum / rows as f64) as f32
+        };
+        // Key codes of every layer, then value codes (see [`Self::block_parts`]).
+        let out = self
+            .fusable_layers()
+            .into_iter()
+            .enumerate()
+            .map(|(layer, ok)| {
+                ok.then(|| {
+                    (
+                        mean(&self.k_codecs[layer], &parts[layer]),
+                        mean(&self.v_codecs[layer], &parts[shape.layers + layer]),
+                    )
+                })
+            })
+            .collect();
         Ok(out)
     }
 

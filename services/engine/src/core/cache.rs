@@ -336,10 +336,13 @@ impl EngineCore {
             if free >= n {
                 return Ok(());
             }
-            // A fused block holds no cold slot: dropping it makes no room.
-            victims = self.cold_victims(tenants);
+            // The order stands for what is left; a fused block holds no cold slot, so dropping
+            // it makes no room, and a block dropped for the pool's room is gone.
             victims.retain(|&id| {
-                self.store.metadata().get(id).map(|m| m.precision()) != Some(Precision::Fused)
+                self.store
+                    .metadata()
+                    .get(id)
+                    .is_some_and(|m| m.precision() != Precision::Fused)
             });
         }
         if self.store.reduced_capacity() == 0 {

@@ -185,6 +185,26 @@ impl EngineCore {
         (own, unread_ids)
     }
 
+    /// `own` keys made monotone along every cached session chain: a block is worth at least
+    /// what `key_of` says any later block of its chain is worth.
+    fn lift_along_chains(
+        &self,
+        own: &HashMap<BlockId, Key>,
+        key_of: impl Fn(&BlockId) -> Key,
+    ) -> HashMap<BlockId, Key> {
+        let mut effective = own.clone();
+        for chain in self.cached_chains() {
+            let mut later = Key::LOWEST;
+            for id in chain.iter().rev() {
+                later = later.max(key_of(id));
+                if let Some(e) = effective.get_mut(id) {
+                    *e = e.max(later);
+                }
+            }
+        }
+        effective
+    }
+
     /// The cached cold blocks among `candidates` in attention-aware drop order: keys over every
     /// resident block, lifted along the cached session chains (a block is worth at least what
     /// any later block of its chain is worth, so a chain loses its cold blocks from the end),
@@ -196,16 +216,8 @@ impl EngineCore {
             .filter(|m| matches!(m.tier(), Tier::Hot | Tier::Cold))
             .collect();
         let (own, _) = self.heat_keys(&resident);
-        let mut effective = own.clone();
-        for chain in self.cached_chains() {
-            let mut later = Key::LOWEST;
-            for id in chain.iter().rev() {
-                later = later.max(own.get(id).copied().unwrap_or(Key::LOWEST));
-                if let Some(e) = effective.get_mut(id) {
-                    *e = e.max(later);
-                }
-            }
-        }
+        let effective =
+            self.lift_along_chains(&own, |id| own.get(id).copied().unwrap_or(Key::LOWEST));
         let mut ranked: Vec<(u8, Key, u32, u64, BlockId)> = candidates
             .into_iter()
             .filter_map(|(class, id)| {
@@ -239,16 +251,7 @@ impl EngineCore {
             }
             own.get(id).copied().unwrap_or(Key::LOWEST)
         };
-        let mut effective = own.clone();
-        for chain in self.cached_chains() {
-            let mut later = Key::LOWEST;
-            for id in chain.iter().rev() {
-                later = later.max(key_of(id));
-                if let Some(e) = effective.get_mut(id) {
-                    *e = e.max(later);
-                }
-            }
-        }
+        let effective = self.lift_along_chains(&own, key_of);
         let mut ranked: Vec<(Key, u32, BlockId)> = idle
             .iter()
             .map(|m| {

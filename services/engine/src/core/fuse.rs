@@ -115,7 +115,7 @@ impl FusionPolicy {
 }
 
 /// Where block fusion stands ([`EngineCore::fusion_status`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FusionStatus {
     /// The threshold fusion decisions use now.
@@ -145,12 +145,8 @@ pub struct FusionStatus {
 /// The controller's state (module docs).
 #[derive(Debug, Clone, Default)]
 pub(super) struct FusionState {
-    threshold: f32,
-    decisions: u64,
-    witnesses: u64,
-    refused: u64,
-    last_kl: Option<f64>,
-    nearest: Option<f32>,
+    /// The controller's part of the status (the pool's is read from the store).
+    status: FusionStatus,
     /// A decision was due a witness that could not run; the next one runs it.
     pending: bool,
 }
@@ -158,8 +154,11 @@ pub(super) struct FusionState {
 impl FusionState {
     pub(super) fn new(policy: Option<&FusionPolicy>) -> Self {
         Self {
-            threshold: policy.map_or(1.0, |p| p.start_threshold),
-            ..Self::default()
+            status: FusionStatus {
+                threshold: policy.map_or(1.0, |p| p.start_threshold),
+                ..FusionStatus::default()
+            },
+            pending: false,
         }
     }
 }
@@ -172,18 +171,12 @@ impl EngineCore {
     pub fn fusion_status(&self) -> Option<FusionStatus> {
         self.config.fusion?;
         let stats = self.store.fused_stats().unwrap_or_default();
-        let f = &self.fusion;
         Some(FusionStatus {
-            threshold: f.threshold,
-            decisions: f.decisions,
-            witnesses: f.witnesses,
-            refused: f.refused,
-            last_kl: f.last_kl,
-            nearest: f.nearest,
             pool_blocks: stats.blocks,
             pool_groups: stats.groups,
             pool_bytes: stats.bytes,
             unfused_bytes: stats.unfused_bytes,
+            ..self.fusion.status
         })
     }
 
@@ -219,20 +212,15 @@ impl EngineCore {
         out
     }
 
-    /// The partner of `id` sharing the most layers at `threshold`, and those layers.
-    fn best_partner(
-        &self,
-        id: BlockId,
-        candidates: &Candidates,
-        threshold: f32,
-    ) -> EngineResult<Option<(BlockId, Vec<bool>)>> {
+    /// `id`'s per-layer (key, value) similarities to its live candidates, at most
+    /// [`MAX_PARTNERS`], newest first.
+    fn partner_similarities(&self, id: BlockId, candidates: &Candidates) -> EngineResult<Sims> {
         let Some(m) = self.store.metadata().get(id) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let Some(list) = candidates.get(&(m.tenant(), m.tokens())) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        let mut best: Option<(usize, BlockId, Vec<bool>)> = None;
         // A candidate may have left since the list was made (room made for a fusion).
         let live = |p: BlockId| {
             self.store
@@ -240,62 +228,24 @@ impl EngineCore {
                 .get(p)
                 .is_some_and(|m| m.tier() == Tier::Cold && m.precision() != Precision::Reduced)
         };
-        for &p in list
-            .iter()
+        list.iter()
             .filter(|&&p| p != id && live(p))
             .take(MAX_PARTNERS)
-        {
-            let shared: Vec<bool> = self
-                .store
-                .fusion_similarity(id, p)?
-                .into_iter()
-                .map(|l| l.is_some_and(|(k, v)| k >= threshold && v >= threshold))
-                .collect();
-            let n = shared.iter().filter(|&&s| s).count();
-            if n > 0 && best.as_ref().is_none_or(|b| n > b.0) {
-                best = Some((n, p, shared));
-            }
-        }
-        Ok(best.map(|(_, p, s)| (p, s)))
+            .map(|&p| Ok((p, self.store.fusion_similarity(id, p)?)))
+            .collect()
     }
 
-    /// The highest threshold, not below `floor`, at which `id` would fuse with a candidate in
-    /// at least one layer (the largest over partners and layers of the smaller of the key and
-    /// value similarities; `None` when none reaches `floor`), and that largest value whatever
-    /// the floor (`None` without a candidate).
-    fn first_fusing(
+    /// The partner of `id` sharing the most layers at `threshold`, and those layers.
+    fn best_partner(
         &self,
         id: BlockId,
         candidates: &Candidates,
-        floor: f32,
-    ) -> EngineResult<(Option<f32>, Option<f32>)> {
-        let Some(m) = self.store.metadata().get(id) else {
-            return Ok((None, None));
-        };
-        let Some(list) = candidates.get(&(m.tenant(), m.tokens())) else {
-            return Ok((None, None));
-        };
-        let (mut best, mut nearest): (Option<f32>, Option<f32>) = (None, None);
-        for &p in list.iter().filter(|&&p| p != id).take(MAX_PARTNERS) {
-            let live = self
-                .store
-                .metadata()
-                .get(p)
-                .is_some_and(|m| m.tier() == Tier::Cold && m.precision() != Precision::Reduced);
-            if !live {
-                continue;
-            }
-            for (k, v) in self.store.fusion_similarity(id, p)?.into_iter().flatten() {
-                let at = k.min(v);
-                if nearest.is_none_or(|n| at > n) {
-                    nearest = Some(at);
-                }
-                if at >= floor && best.is_none_or(|b| at > b) {
-                    best = Some(at);
-                }
-            }
-        }
-        Ok((best, nearest))
+        threshold: f32,
+    ) -> EngineResult<Option<(BlockId, Vec<bool>)>> {
+        Ok(best_at(
+            &self.partner_similarities(id, candidates)?,
+            threshold,
+        ))
     }
 
     /// Fuses victims (cold blocks in drop order) with partners until `need` cold slots are
@@ -321,36 +271,36 @@ impl EngineCore {
             {
                 continue;
             }
-            let threshold = self.fusion.threshold;
+            let threshold = self.fusion.status.threshold;
             let mut witnessed = false;
-            let found = match self.best_partner(v, &candidates, threshold)? {
+            let sims = self.partner_similarities(v, &candidates)?;
+            let found = match best_at(&sims, threshold) {
                 Some(found) => Some(found),
                 None if !probed => {
                     // Nothing at the threshold: once a call, for the first victim that would
                     // fuse at or above the floor, witness the threshold at which it would, and
                     // move there if the witness allows it.
-                    let (first, nearest) =
-                        self.first_fusing(v, &candidates, policy.min_threshold)?;
+                    let (first, nearest) = first_at(&sims, policy.min_threshold);
                     if let Some(n) = nearest
-                        && self.fusion.nearest.is_none_or(|m| n > m)
+                        && self.fusion.status.nearest.is_none_or(|m| n > m)
                     {
-                        self.fusion.nearest = Some(n);
+                        self.fusion.status.nearest = Some(n);
                     }
                     match first {
                         Some(at) if at < threshold => {
                             probed = true;
-                            self.fusion.decisions += 1;
+                            self.fusion.status.decisions += 1;
                             match self.fusion_witness(v, at, &candidates)? {
                                 Some(kl) => {
-                                    self.fusion.witnesses += 1;
-                                    self.fusion.last_kl = Some(kl);
+                                    self.fusion.status.witnesses += 1;
+                                    self.fusion.status.last_kl = Some(kl);
                                     if kl > policy.kl_budget {
-                                        self.fusion.refused += 1;
+                                        self.fusion.status.refused += 1;
                                         continue;
                                     }
-                                    self.fusion.threshold = at;
+                                    self.fusion.status.threshold = at;
                                     witnessed = true;
-                                    self.best_partner(v, &candidates, at)?
+                                    best_at(&sims, at)
                                 }
                                 None => continue,
                             }
@@ -367,24 +317,25 @@ impl EngineCore {
                 && (self.fusion.pending
                     || self
                         .fusion
+                        .status
                         .decisions
                         .is_multiple_of(u64::from(policy.witness_every)));
             if !witnessed {
-                self.fusion.decisions += 1;
+                self.fusion.status.decisions += 1;
             }
             if due {
                 match self.fusion_witness(v, threshold, &candidates)? {
                     Some(kl) => {
                         self.fusion.pending = false;
-                        self.fusion.witnesses += 1;
-                        self.fusion.last_kl = Some(kl);
+                        self.fusion.status.witnesses += 1;
+                        self.fusion.status.last_kl = Some(kl);
                         if kl > policy.kl_budget {
-                            self.fusion.refused += 1;
-                            self.fusion.threshold = (threshold + policy.step).min(1.0);
+                            self.fusion.status.refused += 1;
+                            self.fusion.status.threshold = (threshold + policy.step).min(1.0);
                             continue;
                         }
                         if kl <= policy.kl_budget / 2.0 {
-                            self.fusion.threshold =
+                            self.fusion.status.threshold =
                                 (threshold - policy.step).max(policy.min_threshold);
                         }
                     }
@@ -524,6 +475,43 @@ impl EngineCore {
         let fused = next_rows(&mut scratch)?;
         Ok(Some(mean_kl(&reference, &fused)?))
     }
+}
+
+/// A victim's candidates and their per-layer (key, value) similarities.
+type Sims = Vec<(BlockId, Vec<Option<(f32, f32)>>)>;
+
+/// Of `sims`, the partner sharing the most layers at `threshold` (the newest among equals), and
+/// those layers; a layer is shared when its key and value similarities both reach it.
+fn best_at(sims: &Sims, threshold: f32) -> Option<(BlockId, Vec<bool>)> {
+    let mut best: Option<(usize, BlockId, Vec<bool>)> = None;
+    for (p, layers) in sims {
+        let shared: Vec<bool> = layers
+            .iter()
+            .map(|l| l.is_some_and(|(k, v)| k >= threshold && v >= threshold))
+            .collect();
+        let n = shared.iter().filter(|&&s| s).count();
+        if n > 0 && best.as_ref().is_none_or(|b| n > b.0) {
+            best = Some((n, *p, shared));
+        }
+    }
+    best.map(|(_, p, s)| (p, s))
+}
+
+/// The highest threshold, not below `floor`, at which one of `sims` shares a layer (the largest
+/// over partners and layers of the smaller of the key and value similarities; `None` when none
+/// reaches `floor`), and that largest value whatever the floor (`None` without a candidate).
+fn first_at(sims: &Sims, floor: f32) -> (Option<f32>, Option<f32>) {
+    let (mut best, mut nearest): (Option<f32>, Option<f32>) = (None, None);
+    for (k, v) in sims.iter().flat_map(|(_, l)| l.iter().flatten()) {
+        let at = k.min(*v);
+        if nearest.is_none_or(|n| at > n) {
+            nearest = Some(at);
+        }
+        if at >= floor && best.is_none_or(|b| at > b) {
+            best = Some(at);
+        }
+    }
+    (best, nearest)
 }
 
 /// Mean over rows of KL(softmax(p) ‖ softmax(q)), in nats.
