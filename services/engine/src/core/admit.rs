@@ -1,7 +1,7 @@
 //! Admission: what the caches hold for a prompt, and admitting it (exact-prefix walk, cold
 //! blocks warmed, relocated runs filled).
 
-use engram_kvcore::{BlockId, PinState, Precision, Tier};
+use engram_kvcore::{BlockId, PinState, Precision, TenantId, Tier};
 
 use super::{
     Admission, EngineCore, PrefixLookup, PrefixReuse, SeqId, Sequence, SequenceSpec, block_salt,
@@ -29,14 +29,7 @@ impl EngineCore {
             return out;
         }
         let public_blocks = spec.public_tokens.min(tokens.len()) / bs;
-        let mut parent: Option<BlockHash> = None;
-        for b in 0..(tokens.len() - 1) / bs {
-            let h = chain_hash(
-                &self.fingerprint,
-                block_salt(spec.tenant, public_blocks, b),
-                parent.as_ref(),
-                &tokens[b * bs..(b + 1) * bs],
-            );
+        for h in self.prompt_hashes(spec.tenant, public_blocks, &tokens) {
             let tier = self
                 .cache
                 .get(&h)
@@ -47,9 +40,29 @@ impl EngineCore {
                 Some(Tier::Cold) => out.cold += 1,
                 _ => break,
             }
-            parent = Some(h);
         }
         out
+    }
+
+    /// The chained hashes of the full blocks of `tokens` before its last token, in order,
+    /// computed as they are taken (a walk stops at its first miss).
+    fn prompt_hashes<'a>(
+        &'a self,
+        tenant: TenantId,
+        public_blocks: usize,
+        tokens: &'a [u32],
+    ) -> impl Iterator<Item = BlockHash> + 'a {
+        let bs = self.config.block_size;
+        (0..tokens.len().saturating_sub(1) / bs).scan(None::<BlockHash>, move |parent, b| {
+            let h = chain_hash(
+                &self.fingerprint,
+                block_salt(tenant, public_blocks, b),
+                parent.as_ref(),
+                &tokens[b * bs..(b + 1) * bs],
+            );
+            *parent = Some(h);
+            Some(h)
+        })
     }
 
     /// Admits a sequence: reuses its longest cached prefix (see the module docs).
@@ -120,21 +133,19 @@ impl EngineCore {
         let mut hits = Vec::new();
         let mut hashes = Vec::new();
         if spec.reuse == PrefixReuse::Enabled {
-            for b in 0..(tokens.len() - 1) / bs {
-                let h = chain_hash(
-                    &self.fingerprint,
-                    block_salt(spec.tenant, public_blocks, b),
-                    hashes.last(),
-                    &tokens[b * bs..(b + 1) * bs],
-                );
+            let mut stale = None;
+            for h in self.prompt_hashes(spec.tenant, public_blocks, &tokens) {
                 let Some(id) = self.cache.get(&h) else { break };
                 let tier = self.store.metadata().get(id).map(|m| m.tier());
                 if !matches!(tier, Some(Tier::Hot | Tier::Cold)) {
-                    self.drop_cached(id)?;
+                    stale = Some(id);
                     break;
                 }
                 hits.push(id);
                 hashes.push(h);
+            }
+            if let Some(id) = stale {
+                self.drop_cached(id)?;
             }
         }
         // Relocated reuse: a later segment cached at another position, and the blocks cached
