@@ -493,7 +493,7 @@ impl Tq4Kernels {
 
     /// [`Self::decode_attention`] on tensor cores (`tq4_decode_mma` + `tq4_combine_items`):
     /// 16-position pages only; `layout` says how a page orders its rows (kvcore's is
-    /// [`PageLayout::TokenMajor`]). `work` must come from [`Self::mma_work`] for this batch's
+    /// [`PageLayout::HeadMajor`]). `work` must come from [`Self::mma_work`] for this batch's
     /// lengths.
     pub fn decode_attention_mma(
         &self,

@@ -169,14 +169,15 @@ impl ItemPlan {
     }
 }
 
-/// How a page orders its rows: kvcore's `[pos][kv_head]` (token-major, today's layout) or
-/// `[kv_head][pos]` (head-major: a head's 16 rows contiguous). The tensor-core kernel reads
-/// either; the bench measures both.
+/// How a page orders its rows: `[kv_head][pos]` (head-major: a head's 16 rows contiguous,
+/// kvcore's layout, `engram_kvcore::LAYOUT`) or `[pos][kv_head]` (token-major, kvcore's layout
+/// until head-major pages measured faster). The tensor-core kernels read either; the bench
+/// measures both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageLayout {
-    /// Row of (pos, head) = pos · kv_heads + head (kvcore's layout).
+    /// Row of (pos, head) = pos · kv_heads + head.
     TokenMajor,
-    /// Row of (pos, head) = head · 16 + pos.
+    /// Row of (pos, head) = head · 16 + pos (kvcore's layout).
     HeadMajor,
 }
 
@@ -190,16 +191,16 @@ impl PageLayout {
     }
 }
 
-/// A layer's token-major plane (kvcore's `[slot][pos][head]` rows of `row_bytes`) rewritten
-/// head-major (`[slot][head][pos]`): what [`PageLayout::HeadMajor`] reads (the checks and the
-/// bench lay data out this way to compare the two).
-pub fn to_head_major(bytes: &[u8], row_bytes: usize, kv_heads: usize) -> Vec<u8> {
+/// A layer's plane in kvcore's head-major pages (`[slot][head][pos]` rows of `row_bytes`)
+/// rewritten token-major (`[slot][pos][head]`): what [`PageLayout::TokenMajor`] reads (the
+/// checks and the bench lay data out this way to compare the two).
+pub fn to_token_major(bytes: &[u8], row_bytes: usize, kv_heads: usize) -> Vec<u8> {
     let mut out = vec![0u8; bytes.len()];
     let page = PAGE * kv_heads;
     for (i, src) in bytes.chunks_exact(row_bytes).enumerate() {
         let (slot, rest) = (i / page, i % page);
-        let (pos, head) = (rest / kv_heads, rest % kv_heads);
-        let to = slot * page + head * PAGE + pos;
+        let (head, pos) = (rest / PAGE, rest % PAGE);
+        let to = slot * page + pos * kv_heads + head;
         out[to * row_bytes..][..row_bytes].copy_from_slice(src);
     }
     out
@@ -282,13 +283,13 @@ mod tests {
         assert!(ItemPlan::new(&[0, 0], 8, None).unwrap().is_empty());
         assert_eq!(PageLayout::TokenMajor.strides(8), (8, 1));
         assert_eq!(PageLayout::HeadMajor.strides(8), (1, 16));
-        // Two slots of 2 heads × 16 positions, one byte a row: row (slot, pos, head) moves to
-        // (slot, head, pos).
+        // Two slots of 2 heads × 16 positions, one byte a row: row (slot, head, pos) moves to
+        // (slot, pos, head).
         let plane: Vec<u8> = (0..64).collect();
-        let hm = to_head_major(&plane, 1, 2);
-        assert_eq!(hm[16 + 3], plane[2 * 3 + 1]); // slot 0, head 1, pos 3
-        assert_eq!(hm[32 + 5], plane[32 + 2 * 5]); // slot 1, head 0, pos 5
-        let mut sorted = hm.clone();
+        let tm = to_token_major(&plane, 1, 2);
+        assert_eq!(tm[2 * 3 + 1], plane[16 + 3]); // slot 0, pos 3, head 1
+        assert_eq!(tm[32 + 2 * 5], plane[32 + 5]); // slot 1, pos 5, head 0
+        let mut sorted = tm.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, plane);
     }

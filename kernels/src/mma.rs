@@ -510,7 +510,7 @@ mod tests {
 
     use super::*;
     use crate::reference::{EncodedPlanes, rel_l2};
-    use crate::to_head_major;
+    use crate::to_token_major;
 
     #[test]
     fn mma_fragments_follow_the_ptx_layouts() {
@@ -594,14 +594,14 @@ mod tests {
             let mut q = rng.gaussian_vec(lens.len() * heads * d);
             q.iter_mut().for_each(|v| *v *= qmul);
             let scale = 1.0 / (d as f32).sqrt();
-            let hm = |bytes: &[u8], row_bytes| to_head_major(bytes, row_bytes, kv_heads);
-            let (hk, hn) = (hm(&data.k_codes, d / 2), hm(&data.k_norms, 2));
-            let (hv, hvn) = (hm(&data.v_codes, d / 2), hm(&data.v_norms, 2));
-            let hplanes = Planes {
-                k_codes: &hk,
-                k_norms: &hn,
-                v_codes: &hv,
-                v_norms: &hvn,
+            let tm = |bytes: &[u8], row_bytes| to_token_major(bytes, row_bytes, kv_heads);
+            let (tk, tn) = (tm(&data.k_codes, d / 2), tm(&data.k_norms, 2));
+            let (tv, tvn) = (tm(&data.v_codes, d / 2), tm(&data.v_norms, 2));
+            let tplanes = Planes {
+                k_codes: &tk,
+                k_norms: &tn,
+                v_codes: &tv,
+                v_norms: &tvn,
                 ..data.planes()
             };
             for chunk in [None, Some(64), Some(256)] {
@@ -615,9 +615,9 @@ mod tests {
                     .unwrap();
                     out
                 };
-                let got = run(PageLayout::TokenMajor, &data.planes());
-                let hgot = run(PageLayout::HeadMajor, &hplanes);
-                assert_eq!(got, hgot, "d {d} group {group}: layouts differ");
+                let got = run(PageLayout::HeadMajor, &data.planes());
+                let tgot = run(PageLayout::TokenMajor, &tplanes);
+                assert_eq!(got, tgot, "d {d} group {group}: layouts differ");
                 for (b, &len) in lens.iter().enumerate() {
                     let n = heads * d;
                     let table = &order[b * max_blocks..][..max_blocks];
@@ -659,7 +659,7 @@ mod tests {
             for chunk in [Some(64), Some(256)] {
                 let plan = ItemPlan::new(&lens, 8, chunk).unwrap();
                 let (mut out, mut plain) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-                let args = (&codec, group, &plan, PageLayout::TokenMajor, &q);
+                let args = (&codec, group, &plan, PageLayout::HeadMajor, &q);
                 let mass = mma_decode_mass(
                     args.0,
                     args.1,
@@ -733,7 +733,7 @@ mod tests {
             &codec,
             group,
             &plan,
-            PageLayout::TokenMajor,
+            PageLayout::HeadMajor,
             &q,
             &data.planes(),
             &table,

@@ -188,14 +188,14 @@ mod tests {
                 Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
             let slots = 24;
             let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, &mut rng, 1.0).unwrap();
-            let hm = |bytes: &[u8], row_bytes| crate::to_head_major(bytes, row_bytes, kv_heads);
-            let (hkc, hkn) = (hm(&data.k_codes, d / 2), hm(&data.k_norms, 2));
-            let (hvc, hvn) = (hm(&data.v_codes, d / 2), hm(&data.v_norms, 2));
-            let head_major = Planes {
-                k_codes: &hkc,
-                k_norms: &hkn,
-                v_codes: &hvc,
-                v_norms: &hvn,
+            let tm = |bytes: &[u8], row_bytes| crate::to_token_major(bytes, row_bytes, kv_heads);
+            let (tkc, tkn) = (tm(&data.k_codes, d / 2), tm(&data.k_norms, 2));
+            let (tvc, tvn) = (tm(&data.v_codes, d / 2), tm(&data.v_norms, 2));
+            let token_major = Planes {
+                k_codes: &tkc,
+                k_norms: &tkn,
+                v_codes: &tvc,
+                v_norms: &tvn,
                 kv_heads,
                 block_size: PAGE,
             };
@@ -218,7 +218,7 @@ mod tests {
                     m,
                     start,
                     &data.planes(),
-                    PageLayout::TokenMajor,
+                    PageLayout::HeadMajor,
                     &table,
                     scale,
                 )
@@ -229,19 +229,19 @@ mod tests {
                     err < 2e-3,
                     "d {d} group {group} start {start} m {m}: {err:.3e}"
                 );
-                let hm = prefill_tiles(
+                let tgot = prefill_tiles(
                     &codec,
                     group,
                     &q,
                     m,
                     start,
-                    &head_major,
-                    PageLayout::HeadMajor,
+                    &token_major,
+                    PageLayout::TokenMajor,
                     &table,
                     scale,
                 )
                 .unwrap();
-                assert_eq!(got, hm, "layouts differ");
+                assert_eq!(got, tgot, "layouts differ");
             }
         }
     }

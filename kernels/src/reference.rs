@@ -8,7 +8,19 @@ use engram_kvcore::{AttentionParams, Codec, Rows, SplitMix64, TurboQuantTables, 
 
 use crate::{KernelError, SplitPlan};
 
-/// One layer's planes in the shared layout (kvcore's `[slot, pos, kv_head, …]`).
+/// Row of position `p` (KV head `g`) in planes of kvcore's layout (`engram_kvcore::LAYOUT`:
+/// `[slot, kv_head, pos, …]`), through `block_table`: what the kernels and references address.
+pub fn plane_row(
+    block_table: &[u32],
+    block_size: usize,
+    kv_heads: usize,
+    p: usize,
+    g: usize,
+) -> usize {
+    (block_table[p / block_size] as usize * kv_heads + g) * block_size + p % block_size
+}
+
+/// One layer's planes in the shared layout (kvcore's `[slot, kv_head, pos, …]`).
 #[derive(Debug, Clone, Copy)]
 pub struct Planes<'a> {
     /// Key codes, `head_dim / 2` bytes a row.
@@ -39,7 +51,7 @@ impl Planes<'static> {
     }
 }
 
-/// A layer's planes (kvcore's token-major layout) encoded from Gaussian rows, with the rows the
+/// A layer's planes (kvcore's head-major layout) encoded from Gaussian rows, with the rows the
 /// CPU decodes them back to: the test data of the kernel checks (CI tests and
 /// `engram-gpu-check`).
 #[derive(Debug, Clone)]
@@ -124,9 +136,11 @@ impl EncodedPlanes {
         let row = kv * d;
         let (mut keys, mut values) = (Vec::with_capacity(len * row), Vec::with_capacity(len * row));
         for p in 0..len {
-            let r = (block_table[p / bs] as usize * bs + p % bs) * kv;
-            keys.extend_from_slice(&self.k_rows[r * d..][..row]);
-            values.extend_from_slice(&self.v_rows[r * d..][..row]);
+            for g in 0..kv {
+                let r = plane_row(block_table, bs, kv, p, g);
+                keys.extend_from_slice(&self.k_rows[r * d..][..d]);
+                values.extend_from_slice(&self.v_rows[r * d..][..d]);
+            }
         }
         let mut out = vec![0f32; heads * d];
         attend_dense(
@@ -153,7 +167,7 @@ impl EncodedPlanes {
             let qh = &q[h * d..][..d];
             let scores: Vec<f64> = (0..len)
                 .map(|p| {
-                    let r = (block_table[p / bs] as usize * bs + p % bs) * kv + h / group;
+                    let r = plane_row(block_table, bs, kv, p, h / group);
                     let k = &self.k_rows[r * d..][..d];
                     qh.iter()
                         .zip(k)
@@ -248,7 +262,7 @@ pub fn split_k_decode(
             let (lo, hi) = (s * plan.chunk, ((s + 1) * plan.chunk).min(len));
             let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0.0f32, vec![0.0f32; d]);
             for p in lo..hi {
-                let row = (block_table[p / bs] as usize * bs + p % bs) * kv_heads + g;
+                let row = plane_row(block_table, bs, kv_heads, p, g);
                 let dot: f32 = (0..d).map(|i| qr[i] * code(planes.k_codes, row, i)).sum();
                 let score = dot * norm(planes.k_norms, row) * scale;
                 let m_new = m.max(score);

@@ -1,8 +1,10 @@
 // Engram TurboQuant-4 kernels, compiled by NVRTC at run time with
 //   -DHEAD_DIM=<64|128> -DGROUP=<query heads per KV head> -DCHUNK=<positions per split>
 // Their CPU references are in engram-kvcore (Codec::encode, BlockStore::attend); the layout is
-// kvcore's: per layer, codes [slot, pos, kv_head, HEAD_DIM/2] bytes (code i of a row in bits
-// 4i..4i+4, least significant first) and norms [slot, pos, kv_head] as f16 bits.
+// kvcore's (engram_kvcore::LAYOUT, head-major blocks): per layer, codes [slot, kv_head, pos,
+// HEAD_DIM/2] bytes (code i of a row in bits 4i..4i+4, least significant first) and norms
+// [slot, kv_head, pos] as f16 bits. The tensor-core kernels also read token-major pages
+// ([slot, pos, kv_head]; PageLayout::TokenMajor), which the bench and the checks compare.
 
 #define WARP 32
 #define CODE_BYTES (HEAD_DIM / 2)
@@ -174,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
             int t = base + j * THREADS;
             live[j] = t < n;
             int pos = start + (live[j] ? t : 0);
-            size_t row = ((size_t)table[pos / block_size] * block_size + pos % block_size) * kv_heads + g;
+            size_t row = ((size_t)table[pos / block_size] * kv_heads + g) * block_size + pos % block_size;
             rows[j] = (const uint4*)(k_codes + row * CODE_BYTES);
             kn[j] = f16_to_f32(k_norms[row]);
             if (live[j]) vns[t] = f16_to_f32(v_norms[row]);
@@ -271,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tq4_decode_attention(
             int t = t0 + u * RPW + slot;
             tt[u] = t;
             int pos = start + min(t, n - 1);
-            size_t row = ((size_t)table[pos / block_size] * block_size + pos % block_size) * kv_heads + g;
+            size_t row = ((size_t)table[pos / block_size] * kv_heads + g) * block_size + pos % block_size;
             const unsigned int* src = (const unsigned int*)(v_codes + row * CODE_BYTES) + lw * (VBYTES / 4);
 #pragma unroll
             for (int x = 0; x < VBYTES / 4; x++) cw[u][x] = t < n ? src[x] : 0u;
@@ -402,8 +404,8 @@ extern "C" __global__ void tq4_decode_rows(
 // The CPU emulation of exactly this fragment arithmetic is `mma::mma_decode`; CI runs it. The
 // combine is launched as a programmatic dependent (PDL) of the attention grid.
 // Page layout: row of (slot, pos, kv head) = slot . 16 . kv_heads + pos . pos_stride +
-// head . head_stride (kvcore's layout: pos_stride = kv_heads, head_stride = 1; head-major pages:
-// pos_stride = 1, head_stride = 16).
+// head . head_stride (kvcore's head-major pages: pos_stride = 1, head_stride = 16; token-major
+// pages: pos_stride = kv_heads, head_stride = 1).
 #define BPL (HEAD_DIM / 8)
 #define KSTEPS (HEAD_DIM / 16)
 #define VB (HEAD_DIM / 16)
@@ -448,6 +450,7 @@ __device__ __forceinline__ unsigned int movmatrix_t(unsigned int x) {
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
     return r;
 }
+
 
 // Fills the pair table (LUT_WORDS words of shared memory at `lut`) by the CTA's threads: word
 // byte . 64 + lane = half2(codebook[byte & 15], codebook[byte >> 4]), one copy per lane (words

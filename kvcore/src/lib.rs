@@ -1,7 +1,7 @@
 //! # engram-kvcore
 //!
 //! Engram's KV cache as a structure whose bytes are the same in every tier and whose meaning is
-//! known: packed K/V codes in a `[layer, block, pos, kv_head, packed]` layout, codecs that
+//! known: packed K/V codes in a `[layer, block, kv_head, pos, packed]` layout, codecs that
 //! attention reads without decoding (TurboQuant 2/3/4-bit, Q8, F16), a hot and a cold tier with
 //! bulk spill and warm, a metadata table tagging each block with its prompt layer, tenant,
 //! session and importance, soft-capped prefix pins, and eviction by semantic priority.
@@ -50,7 +50,7 @@ pub use metadata::{
 };
 pub use pin::{PinPolicy, PinReport, PrefixPinManager, UnpinReport};
 pub use relocate::{Relocated, Relocation, Rope};
-pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LayerCodecs};
+pub use shape::{DEFAULT_BLOCK_SIZE, KvShape, LAYOUT, LayerCodecs};
 pub use simd::Isa;
 pub use store::host::HostTier;
 #[cfg(feature = "cuda")]

@@ -1,9 +1,9 @@
 //! The shadow's segment files: blocks as safetensors, in the same layout as every tier.
 //!
 //! A segment holds `n` blocks of one store. Each (stream, layer) becomes one `u8` tensor named
-//! `{stream}.{layer}` (e.g. `k_codes.0`) of shape `[n, pos, kv_head, bytes]`: block `i` of the
+//! `{stream}.{layer}` (e.g. `k_codes.0`) of shape `[n, kv_head, pos, bytes]`: block `i` of the
 //! tensor is the part of block `i`'s bytes that [`BlockStore::block_parts`] places there, so a
-//! segment is the tiers' `[layer, block, pos, kv_head, packed]` layout cut into one tensor per
+//! segment is the tiers' `[layer, block, kv_head, pos, packed]` layout cut into one tensor per
 //! layer (layers may use different codecs, hence different row widths). Free-form string
 //! metadata (the manifest of an exported session) rides in the safetensors header.
 //!

@@ -79,7 +79,21 @@ impl KvShape {
     pub fn token_width(&self) -> usize {
         self.kv_heads * self.head_dim
     }
+
+    /// The row of (position `pos` within its block, KV head `head`) among a block's rows:
+    /// blocks are head-major ([`LAYOUT`]), so one head's rows of a block are contiguous.
+    #[inline]
+    pub fn row_in_block(&self, pos: usize, head: usize) -> usize {
+        head * self.block_size + pos
+    }
 }
+
+/// The order of a block's rows in every tier, on disk and on the wire (hashed into an engine's
+/// KV fingerprint, so bytes written in another order are recomputed, never misread): per layer,
+/// codes `[layer, block, kv_head, pos, packed]` and norms `[layer, block, kv_head, pos]`. A
+/// head's 16 rows of a block are one contiguous run, which the GPU decode kernel reads in whole
+/// 128-byte lines and the CPU kernels walk in order.
+pub const LAYOUT: &str = "kv-layout/2: [layer, block, kv_head, pos, packed], head-major blocks";
 
 /// One codec per (layer, stream), as configured (the built codecs live in the store): keys and
 /// values of a layer may use different codecs, since keys carry most of a codec's damage.

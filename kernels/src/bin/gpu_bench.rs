@@ -7,8 +7,8 @@
 //! own blocks (no sharing through L2). Times are CUDA-event times of `--reps` launches after
 //! `--warmup` launches.
 //!
-//! Tensor-core kernel (`tq4_decode_mma`, `--kernels mma`): the same batches in token-major
-//! (kvcore's) and head-major pages (`--layouts token,head`), at the planned chunk and at every
+//! Tensor-core kernel (`tq4_decode_mma`, `--kernels mma`): the same batches in head-major
+//! (kvcore's) and token-major pages (`--layouts head,token`), at the planned chunk and at every
 //! chunk of `--mma-chunks 64,256,…` (a sweep), median of 5 rounds of `--reps` launches
 //! (attention + combine); `--kernels mass` adds the mass variant the engine runs in its middle
 //! layer (`decode_attention_mma_mass`: attention with per-page records, combine,
@@ -68,7 +68,7 @@ fn main() -> Result<()> {
     let only = flag("--only").unwrap_or_default();
     let kernels = flag("--kernels").unwrap_or_else(|| "fp32,mma".into());
     let layouts: Vec<PageLayout> = flag("--layouts")
-        .unwrap_or_else(|| "token,head".into())
+        .unwrap_or_else(|| "head,token".into())
         .split(',')
         .map(|l| match l {
             "head" => Ok(PageLayout::HeadMajor),
@@ -221,12 +221,12 @@ fn main() -> Result<()> {
                 let mut mw = k.mma_work(&lens_host, kv_heads, None)?;
                 let s = time(&mut || {
                     let (_out, _mass) =
-                        k.decode_attention_mma_mass(&a, PageLayout::TokenMajor, &mut mw, false)?;
+                        k.decode_attention_mma_mass(&a, PageLayout::HeadMajor, &mut mw, false)?;
                     Ok(())
                 })?;
                 let bw = bytes / s;
                 emit(format!(
-                    "{{\"bench\":\"tq4_decode_mma_mass\",\"layers\":1,\"layout\":\"TokenMajor\",\"chunk\":{},\"items\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
+                    "{{\"bench\":\"tq4_decode_mma_mass\",\"layers\":1,\"layout\":\"HeadMajor\",\"chunk\":{},\"items\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
                     mw.plan().chunk,
                     mw.plan().len(),
                     bw / read_bw
@@ -332,7 +332,7 @@ fn bench_prefill(
                 block_table: &table,
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };
-            k.prefill_attention(&a, PageLayout::TokenMajor, &mut out)?;
+            k.prefill_attention(&a, PageLayout::HeadMajor, &mut out)?;
         }
         Ok(())
     };

@@ -56,12 +56,23 @@ use engram_kernels::gpu::{
 use engram_kernels::mma::mma_decode_mass;
 use engram_kernels::prefill::prefill_tiles;
 use engram_kernels::reference::{EncodedPlanes, rel_l2};
-use engram_kernels::{PAGE, PageLayout, to_head_major};
+use engram_kernels::{PAGE, PageLayout, to_token_major};
 use engram_kvcore::{AttentionParams, attend_dense};
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, Rows,
     SourceLayer, SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
 };
+
+/// `--define NAME[=V],…`: NVRTC defines of a kernel variant for the tensor-core decode rows (an
+/// experiment's accuracy; the emulation bound then compares it with the committed formulation).
+fn variant_defines() -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--define")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(|d| format!("-D{d}")).collect())
+        .unwrap_or_default()
+}
 
 fn main() -> Result<ExitCode> {
     let ctx = CudaContext::new(0).context("CUDA device 0")?;
@@ -224,10 +235,13 @@ fn main() -> Result<ExitCode> {
             let mut keys = Vec::with_capacity(len * row);
             let mut values = Vec::with_capacity(len * row);
             for pos in 0..len {
+                // kvcore's head-major blocks: row (slot, head, pos).
                 let slot = tables[b * max_blocks + pos / bs] as usize;
-                let r = (slot * bs + pos % bs) * kv_heads;
-                keys.extend_from_slice(&kd[r * head_dim..][..row]);
-                values.extend_from_slice(&vd[r * head_dim..][..row]);
+                for g in 0..kv_heads {
+                    let r = (slot * kv_heads + g) * bs + pos % bs;
+                    keys.extend_from_slice(&kd[r * head_dim..][..head_dim]);
+                    values.extend_from_slice(&vd[r * head_dim..][..head_dim]);
+                }
             }
             let qb = &q[b * heads * head_dim..][..heads * head_dim];
             let mut want = vec![0f32; heads * head_dim];
@@ -284,17 +298,17 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
         }
         let tables: Vec<i32> = order.iter().map(|&s| s as i32).collect();
         let planes = data.planes();
-        let token = [
+        let head = [
             stream.clone_htod(kc)?,
             stream.clone_htod(kn)?,
             stream.clone_htod(vc)?,
             stream.clone_htod(vn)?,
         ];
-        let head = [
-            stream.clone_htod(&to_head_major(kc, cb, kv_heads))?,
-            stream.clone_htod(&to_head_major(kn, 2, kv_heads))?,
-            stream.clone_htod(&to_head_major(vc, cb, kv_heads))?,
-            stream.clone_htod(&to_head_major(vn, 2, kv_heads))?,
+        let token = [
+            stream.clone_htod(&to_token_major(kc, cb, kv_heads))?,
+            stream.clone_htod(&to_token_major(kn, 2, kv_heads))?,
+            stream.clone_htod(&to_token_major(vc, cb, kv_heads))?,
+            stream.clone_htod(&to_token_major(vn, 2, kv_heads))?,
         ];
         let tables_d = stream.clone_htod(&tables)?;
         let lens_i: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
@@ -302,7 +316,13 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
         let scale = 1.0 / (head_dim as f32).sqrt();
         for group in [1usize, 3, 4, 8] {
             let heads = kv_heads * group;
-            let k = Tq4Kernels::new(stream.clone(), &codec, group, DEFAULT_CHUNK)?;
+            let k = Tq4Kernels::with_defines(
+                stream.clone(),
+                &codec,
+                group,
+                DEFAULT_CHUNK,
+                &variant_defines(),
+            )?;
             let q = rng.gaussian_vec(lens.len() * heads * head_dim);
             let q_d = stream.clone_htod(&q)?;
             let n = heads * head_dim;
@@ -321,7 +341,7 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     &codec,
                     group,
                     work.plan(),
-                    PageLayout::TokenMajor,
+                    PageLayout::HeadMajor,
                     &q,
                     &planes,
                     &order,
@@ -345,8 +365,8 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 };
                 let mut outs = Vec::new();
                 for (layout, p) in [
-                    (PageLayout::TokenMajor, &token),
                     (PageLayout::HeadMajor, &head),
+                    (PageLayout::TokenMajor, &token),
                 ] {
                     let mut out_d = stream.clone_htod(&vec![f32::NAN; q.len()])?;
                     k.decode_attention_mma(
@@ -362,8 +382,8 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 // The bf16 output (the engine's operand for the output projection): the f32
                 // output rounded to nearest even, bit for bit.
                 let bf16_out = k.decode_attention_mma_out(
-                    &batch(plane_views(token.each_ref())),
-                    PageLayout::TokenMajor,
+                    &batch(plane_views(head.each_ref())),
+                    PageLayout::HeadMajor,
                     &mut work,
                     true,
                 )?;
@@ -374,8 +394,8 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                 // The mass variant: the same attention bit for bit, and each page's mass
                 // against the dense softmax weights and the emulation.
                 let (mass_out, mass_d) = k.decode_attention_mma_mass(
-                    &batch(plane_views(token.each_ref())),
-                    PageLayout::TokenMajor,
+                    &batch(plane_views(head.each_ref())),
+                    PageLayout::HeadMajor,
                     &mut work,
                     false,
                 )?;
@@ -437,9 +457,9 @@ fn check_prefill(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool>
         }
         let table = &order[..pages];
         let table_d = stream.clone_htod(&table.iter().map(|&s| s as i32).collect::<Vec<_>>())?;
-        let token = [kc, kn, vc, vn].map(|p| stream.clone_htod(p));
-        let head = [(kc, cb), (kn, 2), (vc, cb), (vn, 2)]
-            .map(|(p, w)| stream.clone_htod(&to_head_major(p, w, kv_heads)));
+        let head = [kc, kn, vc, vn].map(|p| stream.clone_htod(p));
+        let token = [(kc, cb), (kn, 2), (vc, cb), (vn, 2)]
+            .map(|(p, w)| stream.clone_htod(&to_token_major(p, w, kv_heads)));
         let [tk, tkn, tv, tvn] = token;
         let [hk, hkn, hv, hvn] = head;
         let token = [tk?, tkn?, tv?, tvn?];
@@ -463,14 +483,14 @@ fn check_prefill(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool>
                     m,
                     start,
                     &data.planes(),
-                    PageLayout::TokenMajor,
+                    PageLayout::HeadMajor,
                     table,
                     scale,
                 )?;
                 let mut outs = Vec::new();
                 for (layout, p) in [
-                    (PageLayout::TokenMajor, &token),
                     (PageLayout::HeadMajor, &head),
+                    (PageLayout::TokenMajor, &token),
                 ] {
                     let mut out_d = stream.clone_htod(&vec![f32::NAN; q.len()])?;
                     k.prefill_attention(

@@ -222,11 +222,12 @@ pub(crate) struct KeyRange<'a> {
 }
 
 impl KeyRange<'_> {
-    /// The row (position × KV head) of position `t` in the layer's code arrays.
+    /// The row of position `t` (KV head `g`) in the layer's code arrays: blocks are head-major
+    /// ([`crate::LAYOUT`]), so the rows of one block's positions are consecutive.
     #[inline]
     pub fn row(&self, t: usize) -> usize {
         let bs = self.block_size;
-        (self.slots[t / bs] as usize * bs + t % bs) * self.kv_heads + self.g
+        (self.slots[t / bs] as usize * self.kv_heads + self.g) * bs + t % bs
     }
 }
 

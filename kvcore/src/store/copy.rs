@@ -47,7 +47,8 @@ impl BlockStore {
         if from.iter().any(|&(t, _)| t == Tier::Hot) {
             self.hot.host()?;
         }
-        let (layers, kv_heads) = (self.layout.shape.layers, self.layout.shape.kv_heads);
+        let shape = self.layout.shape;
+        let (layers, kv_heads) = (shape.layers, shape.kv_heads);
         let (s0, d0) = (
             src_start - src_start / bs * bs,
             dst_start - dst_start / bs * bs,
@@ -65,7 +66,7 @@ impl BlockStore {
                     };
                     for (buf, part) in
                         row.iter_mut()
-                            .zip(source.row(layer, slot, si * kv_heads + h))
+                            .zip(source.row(layer, slot, shape.row_in_block(si, h)))
                     {
                         buf.clear();
                         buf.extend_from_slice(part);
@@ -75,7 +76,7 @@ impl BlockStore {
                         Tier::Hot => self.hot.host_mut()?,
                         _ => &mut self.cold,
                     };
-                    let (kc, vc, kn, vn) = target.row_mut(layer, slot, di * kv_heads + h);
+                    let (kc, vc, kn, vn) = target.row_mut(layer, slot, shape.row_in_block(di, h));
                     for (part, buf) in [kc, vc, kn, vn].into_iter().zip(&row) {
                         part.copy_from_slice(buf);
                     }

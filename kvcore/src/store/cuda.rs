@@ -54,11 +54,11 @@ pub struct CudaTier {
 /// One layer's device tensors, as the attention kernels read them.
 #[derive(Debug)]
 pub struct CudaLayer<'a> {
-    /// `[slots, block_size, kv_heads, code_row]`.
+    /// `[slots, kv_heads, block_size, code_row]` ([`crate::LAYOUT`]).
     pub k_codes: CudaView<'a, u8>,
     /// As `k_codes`.
     pub v_codes: CudaView<'a, u8>,
-    /// `[slots, block_size, kv_heads]` f16 bits.
+    /// `[slots, kv_heads, block_size]` f16 bits.
     pub k_norms: CudaView<'a, u8>,
     /// As `k_norms`.
     pub v_norms: CudaView<'a, u8>,

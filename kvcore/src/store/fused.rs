@@ -195,8 +195,8 @@ impl BlockStore {
         let parts = self.block_parts();
         let (mut x, mut y) = (vec![0.0f32; shape.head_dim], vec![0.0f32; shape.head_dim]);
         let mut mean = |codec: &Codec, part: &BlockPart| {
-            let [pos, heads, width] = part.shape;
-            let rows = pos * heads;
+            let [heads, pos, width] = part.shape;
+            let rows = heads * pos;
             let mut sum = 0.0f64;
             for r in 0..rows {
                 let span = part.offset + r * width..part.offset + (r + 1) * width;

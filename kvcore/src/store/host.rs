@@ -1,7 +1,7 @@
 //! Host-memory block storage: the cold tier, and the hot tier of the CPU engine.
 //!
-//! Layout: four contiguous byte tensors — K codes and V codes `[layer, block, pos, kv_head,
-//! packed]`, K norms and V norms `[layer, block, pos, kv_head]` (f16 little-endian). A layer's key and value
+//! Layout ([`crate::LAYOUT`]): four contiguous byte tensors — K codes and V codes `[layer, block,
+//! kv_head, pos, packed]`, K norms and V norms `[layer, block, kv_head, pos]` (f16 little-endian). A layer's key and value
 //! codec fixes its row widths, so layer `l` starts at the sum of the earlier layers' slabs and the
 //! tensor is exactly 5D whenever all layers share a codec. `tensor[layer]` is a free slice;
 //! moving blocks `ids` of every layer is one copy per (stream, layer, run of consecutive slots).
@@ -145,22 +145,22 @@ impl HostTier {
         self.strides.iter().map(Strides::total).sum()
     }
 
-    /// The K codes tensor, `[layer, block, pos, kv_head, packed]`.
+    /// The K codes tensor, `[layer, block, kv_head, pos, packed]`.
     pub fn k_codes(&self) -> &[u8] {
         &self.k_codes
     }
 
-    /// The V codes tensor, `[layer, block, pos, kv_head, packed]`.
+    /// The V codes tensor, `[layer, block, kv_head, pos, packed]`.
     pub fn v_codes(&self) -> &[u8] {
         &self.v_codes
     }
 
-    /// The K norms tensor, `[layer, block, pos, kv_head]`.
+    /// The K norms tensor, `[layer, block, kv_head, pos]`.
     pub fn k_norms(&self) -> &[u8] {
         &self.k_norms
     }
 
-    /// The V norms tensor, `[layer, block, pos, kv_head]`.
+    /// The V norms tensor, `[layer, block, kv_head, pos]`.
     pub fn v_norms(&self) -> &[u8] {
         &self.v_norms
     }
@@ -234,7 +234,8 @@ impl HostTier {
         }
     }
 
-    /// Slices of one row (layer, slot, pos, head): K code, V code, K norm, V norm.
+    /// Slices of one row (layer, slot, row in the block as [`KvShape::row_in_block`] numbers
+    /// them): K code, V code, K norm, V norm.
     pub(crate) fn row(&self, layer: usize, slot: u32, row: usize) -> [&[u8]; 4] {
         let at = |p: usize| {
             let width = self.layout.rows[p][layer];
@@ -249,7 +250,8 @@ impl HostTier {
         ]
     }
 
-    /// Mutable slices of one row (layer, slot, pos, head): K code, V code, K norm, V norm.
+    /// Mutable slices of one row (layer, slot, row in the block as [`KvShape::row_in_block`]
+    /// numbers them): K code, V code, K norm, V norm.
     pub(crate) fn row_mut(
         &mut self,
         layer: usize,

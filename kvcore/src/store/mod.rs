@@ -87,7 +87,7 @@ pub struct BlockPart {
     pub layer: usize,
     /// Byte offset in the block's bytes.
     pub offset: usize,
-    /// `[pos, kv_head, bytes per head row]`.
+    /// `[kv_head, pos, bytes per head row]` ([`crate::LAYOUT`]).
     pub shape: [usize; 3],
 }
 
@@ -669,7 +669,8 @@ impl BlockStore {
         if tiers.iter().any(|&(t, _)| t == Tier::Hot) {
             self.hot.host_mut()?;
         }
-        let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
+        let shape = self.layout.shape;
+        let (kv_heads, bs) = (shape.kv_heads, shape.block_size);
         let mut scratch = vec![0.0f32; d];
         let mut idx = vec![0u8; d];
         for t in 0..tokens {
@@ -682,7 +683,7 @@ impl BlockStore {
             };
             for h in 0..kv_heads {
                 let (k_code, v_code, k_norm, v_norm) =
-                    target.row_mut(layer, slot, in_block * kv_heads + h);
+                    target.row_mut(layer, slot, shape.row_in_block(in_block, h));
                 let r = (t * kv_heads + h) * d;
                 k.read_into(r, &mut row);
                 kc.encode_row(&row, k_code, k_norm, &mut scratch, &mut idx);
@@ -712,7 +713,8 @@ impl BlockStore {
             return Err(KvError::Fused { id });
         }
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
-        let row_elems = kv_heads * self.layout.shape.head_dim;
+        let d = self.layout.shape.head_dim;
+        let row_elems = kv_heads * d;
         let mut scratch = vec![0.0f32; self.layout.shape.head_dim];
         for t in 0..tokens {
             let pos = token_start + t;
@@ -730,21 +732,23 @@ impl BlockStore {
                 _ => (&self.cold, &self.k_codecs[layer], &self.v_codecs[layer]),
             };
             let bytes = tier.layer(layer);
-            let row0 = (slot as usize * bs + in_block) * kv_heads;
-            let span = |width: usize| (row0 * width)..((row0 + kv_heads) * width);
-            let out = t * row_elems..(t + 1) * row_elems;
-            kc.decode_rows(
-                &bytes.k_codes[span(bytes.k_code_row)],
-                &bytes.k_norms[span(bytes.k_norm_row)],
-                &mut k[out.clone()],
-                &mut scratch,
-            );
-            vc.decode_rows(
-                &bytes.v_codes[span(bytes.v_code_row)],
-                &bytes.v_norms[span(bytes.v_norm_row)],
-                &mut v[out],
-                &mut scratch,
-            );
+            for h in 0..kv_heads {
+                let r = slot as usize * bs * kv_heads + self.layout.shape.row_in_block(in_block, h);
+                let span = |width: usize| r * width..(r + 1) * width;
+                let out = t * row_elems + h * d..t * row_elems + (h + 1) * d;
+                kc.decode_rows(
+                    &bytes.k_codes[span(bytes.k_code_row)],
+                    &bytes.k_norms[span(bytes.k_norm_row)],
+                    &mut k[out.clone()],
+                    &mut scratch,
+                );
+                vc.decode_rows(
+                    &bytes.v_codes[span(bytes.v_code_row)],
+                    &bytes.v_norms[span(bytes.v_norm_row)],
+                    &mut v[out],
+                    &mut scratch,
+                );
+            }
         }
         Ok(())
     }
@@ -784,7 +788,7 @@ impl BlockStore {
                     stream,
                     layer,
                     offset,
-                    shape: [l.shape.block_size, l.shape.kv_heads, row],
+                    shape: [l.shape.kv_heads, l.shape.block_size, row],
                 });
                 offset += rows * row;
             }

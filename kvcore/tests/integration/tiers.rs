@@ -1,6 +1,9 @@
 //! Spill and warm move the same bytes between tiers.
 
-use engram_kvcore::{BlockStore, CodecKind, KvShape, LayerCodecs, SourceLayer, StoreConfig, Tier};
+use engram_kvcore::{
+    BlockStore, CodecKind, KvShape, LayerCodecs, Rows, SourceLayer, StoreConfig, Tier,
+};
+use half::f16;
 use proptest::prelude::*;
 
 use crate::common::{
@@ -158,7 +161,7 @@ fn remove_drops_bytes_and_readmit_gives_a_fresh_hot_slot() {
 
 #[test]
 fn tier_bytes_follow_the_5d_layout() {
-    // [layer, block, pos, kv_head, packed]: layer 1 of slot 0 starts after all of layer 0.
+    // [layer, block, kv_head, pos, packed]: layer 1 of slot 0 starts after all of layer 0.
     let mut store = small_store(CodecKind::TQ4, 3, 1);
     let ids = filled(&mut store, 1, SourceLayer::Axioms, 8);
     let per_block_layer = 16 * 2 * 32;
@@ -176,6 +179,56 @@ fn tier_bytes_follow_the_5d_layout() {
         &block[per_block_layer..2 * per_block_layer],
         &host.k_codes()[layer1..layer1 + per_block_layer]
     );
+}
+
+#[test]
+fn blocks_are_head_major_in_every_tier_and_in_block_bytes() {
+    // F16 rows are their values' bits: row (pos, head) of layer 0 holds 16 · head + pos + 1 in
+    // every element, so the bytes say where each row went.
+    let mut store = small_store(CodecKind::F16, 2, 2);
+    let ids = store
+        .allocate(Tier::Hot, &[tags(SourceLayer::Axioms)])
+        .unwrap();
+    let shape = *store.shape();
+    let (d, heads, bs) = (shape.head_dim, shape.kv_heads, shape.block_size);
+    let rows: Vec<f32> = (0..bs)
+        .flat_map(|pos| (0..heads).flat_map(move |h| vec![(16 * h + pos + 1) as f32; d]))
+        .collect();
+    for layer in 0..shape.layers {
+        store
+            .write(layer, &ids, 0, Rows::F32(&rows), Rows::F32(&rows))
+            .unwrap();
+    }
+    assert_eq!(engram_kvcore::LAYOUT.split(':').next(), Some("kv-layout/2"));
+    let value_at = |bytes: &[u8], row: usize| {
+        f16::from_le_bytes([bytes[row * 2 * d], bytes[row * 2 * d + 1]]).to_f32()
+    };
+    let check = |bytes: &[u8], what: &str| {
+        for h in 0..heads {
+            for pos in 0..bs {
+                let row = shape.row_in_block(pos, h);
+                assert_eq!(row, h * bs + pos, "{what}: a head's rows are contiguous");
+                assert_eq!(
+                    value_at(bytes, row),
+                    (16 * h + pos + 1) as f32,
+                    "{what}: row of position {pos}, head {h}"
+                );
+            }
+        }
+    };
+    let host = engram_kvcore::HotStorage::host(store.hot()).unwrap();
+    check(host.k_codes(), "hot tier");
+    check(&store.block_bytes_of(ids[0]).unwrap(), "block bytes");
+    let parts = store.block_parts();
+    assert_eq!(parts[0].shape, [heads, bs, 2 * d]);
+    store.spill(&ids).unwrap();
+    check(&store.block_bytes_of(ids[0]).unwrap(), "cold tier");
+    // Reading back gives token-major rows again, [tokens, kv_heads, head_dim].
+    store.warm(&ids).unwrap();
+    let (mut k, mut v) = (vec![0.0f32; rows.len()], vec![0.0f32; rows.len()]);
+    store.read(0, &ids, 0, &mut k, &mut v).unwrap();
+    assert_eq!(k, rows);
+    assert_eq!(v, rows);
 }
 
 #[test]

@@ -706,6 +706,7 @@ impl EngineCore {
             m.iter().for_each(|x| h.update(x.to_le_bytes()));
         }
         h.update(model.fingerprint());
+        h.update(engram_kvcore::LAYOUT.as_bytes());
         h.update(NUMERICS.as_bytes());
         h.update(model.weight_format().numerics().as_bytes());
         if let Some(n) = model.device_weight_numerics() {

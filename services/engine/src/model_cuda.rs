@@ -496,9 +496,10 @@ impl Llama {
             let m = s.tokens.len();
             let total = s.start + m;
             let slots = store.hot_slots(&s.blocks[..total.div_ceil(bs)])?;
-            let row = |p: usize| (slots[p / bs] as usize * bs + p % bs) * kv_heads;
+            // kvcore's head-major blocks: row (slot, head, pos).
+            let row = |p: usize, h: usize| (slots[p / bs] as usize * kv_heads + h) * bs + p % bs;
             for p in s.start..total {
-                dst.extend((0..kv_heads).map(|h| (row(p) + h) as i32));
+                dst.extend((0..kv_heads).map(|h| row(p, h) as i32));
             }
             if m == 1 && !s.prompt {
                 dec_rows.push(off as u32);
@@ -515,7 +516,7 @@ impl Llama {
                     PrefillKeys::Pages(up_i32(&pages)?)
                 } else {
                     let src: Vec<i32> = (0..total)
-                        .flat_map(|p| (0..kv_heads).map(move |h| (row(p) + h) as i32))
+                        .flat_map(|p| (0..kv_heads).map(move |h| row(p, h) as i32))
                         .collect();
                     PrefillKeys::Rows(up_i32(&src)?, causal_mask_on(s.start, m, dev)?)
                 };
@@ -723,7 +724,7 @@ impl Llama {
                             DecodeWork::Mma(w) if l == mass_layer => {
                                 let (out, mass) = kernels.decode_attention_mma_mass(
                                     &a,
-                                    PageLayout::TokenMajor,
+                                    PageLayout::HeadMajor,
                                     w,
                                     bf16_attn,
                                 )?;
@@ -732,7 +733,7 @@ impl Llama {
                             }
                             DecodeWork::Mma(w) => kernels.decode_attention_mma_out(
                                 &a,
-                                PageLayout::TokenMajor,
+                                PageLayout::HeadMajor,
                                 w,
                                 bf16_attn,
                             )?,
@@ -769,7 +770,7 @@ impl Llama {
                     };
                     let (_, mass) = kernels.decode_attention_mma_mass(
                         &a,
-                        PageLayout::TokenMajor,
+                        PageLayout::HeadMajor,
                         work,
                         false,
                     )?;
@@ -808,13 +809,7 @@ impl Llama {
                                     block_table: table,
                                     scale,
                                 };
-                                Ok(
-                                    kernels.prefill_attention(
-                                        &a,
-                                        PageLayout::TokenMajor,
-                                        &mut o,
-                                    )?,
-                                )
+                                Ok(kernels.prefill_attention(&a, PageLayout::HeadMajor, &mut o)?)
                             })?;
                             outs.push(tensor(o, cuda, (p.m, heads * d)));
                         }

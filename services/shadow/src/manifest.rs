@@ -86,7 +86,7 @@ pub struct PartInfo {
     pub layer: usize,
     /// Offset in a block's bytes.
     pub offset: usize,
-    /// `[pos, kv_head, bytes]`.
+    /// `[kv_head, pos, bytes]` (`engram_kvcore::LAYOUT`).
     pub shape: [usize; 3],
 }
 
