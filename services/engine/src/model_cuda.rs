@@ -53,7 +53,7 @@ impl From<KernelError> for EngineError {
 /// The decode kernel of a forward and its scratch.
 enum DecodeWork {
     /// The tensor-core kernel's plan (16-position blocks).
-    Mma(MmaWork),
+    Mma(Box<MmaWork>),
     /// The FP32 kernel's split-K partials.
     Fp32(Workspace),
 }
@@ -541,7 +541,7 @@ impl Llama {
         let decode = if nd > 0 {
             let work = if bs == PAGE {
                 let lens: Vec<usize> = dec_lens.iter().map(|&l| l as usize).collect();
-                DecodeWork::Mma(kernels.mma_work(&lens, kv_heads, None)?)
+                DecodeWork::Mma(Box::new(kernels.mma_work(&lens, kv_heads, None)?))
             } else {
                 DecodeWork::Fp32(kernels.workspace(nd, kv_heads, max_len)?)
             };
