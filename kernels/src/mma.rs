@@ -510,7 +510,6 @@ mod tests {
 
     use super::*;
     use crate::reference::{EncodedPlanes, rel_l2};
-    use crate::to_token_major;
 
     #[test]
     fn mma_fragments_follow_the_ptx_layouts() {
@@ -594,9 +593,7 @@ mod tests {
             let mut q = rng.gaussian_vec(lens.len() * heads * d);
             q.iter_mut().for_each(|v| *v *= qmul);
             let scale = 1.0 / (d as f32).sqrt();
-            let tm = |bytes: &[u8], row_bytes| to_token_major(bytes, row_bytes, kv_heads);
-            let (tk, tn) = (tm(&data.k_codes, d / 2), tm(&data.k_norms, 2));
-            let (tv, tvn) = (tm(&data.v_codes, d / 2), tm(&data.v_norms, 2));
+            let [tk, tn, tv, tvn] = data.token_major();
             let tplanes = Planes {
                 k_codes: &tk,
                 k_norms: &tn,

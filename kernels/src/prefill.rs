@@ -188,9 +188,7 @@ mod tests {
                 Codec::new(CodecKind::TurboQuant { bits: 4 }, d, DEFAULT_ROTATION_SEED).unwrap();
             let slots = 24;
             let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, &mut rng, 1.0).unwrap();
-            let tm = |bytes: &[u8], row_bytes| crate::to_token_major(bytes, row_bytes, kv_heads);
-            let (tkc, tkn) = (tm(&data.k_codes, d / 2), tm(&data.k_norms, 2));
-            let (tvc, tvn) = (tm(&data.v_codes, d / 2), tm(&data.v_norms, 2));
+            let [tkc, tkn, tvc, tvn] = data.token_major();
             let token_major = Planes {
                 k_codes: &tkc,
                 k_norms: &tkn,

@@ -111,6 +111,19 @@ impl EncodedPlanes {
         })
     }
 
+    /// The four planes rewritten token-major ([`crate::to_token_major`]: K codes, K norms,
+    /// V codes, V norms), for the checks that compare the two page layouts.
+    pub fn token_major(&self) -> [Vec<u8>; 4] {
+        let cb = self.head_dim / 2;
+        [
+            (&self.k_codes, cb),
+            (&self.k_norms, 2),
+            (&self.v_codes, cb),
+            (&self.v_norms, 2),
+        ]
+        .map(|(p, w)| crate::to_token_major(p, w, self.kv_heads))
+    }
+
     /// The planes as the references read them.
     pub fn planes(&self) -> Planes<'_> {
         Planes {
