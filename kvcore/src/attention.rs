@@ -463,7 +463,7 @@ impl BlockStore {
             codec.prepare_query(&q[h * d..][..d], &mut qp);
             let g = h / geo.group();
             for (t, o) in out[h * num_tokens..][..num_tokens].iter_mut().enumerate() {
-                let r = (slots[t / bs] as usize * geo.kv_heads + g) * bs + t % bs;
+                let r = self.shape().row(slots[t / bs], t % bs, g);
                 let code = &bytes.k_codes[r * cr..][..cr];
                 codec.expand(code, &mut row);
                 let k_scale = params.scale * codec.row_scale(&bytes.k_norms[r * nr..][..nr]);

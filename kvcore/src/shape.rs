@@ -86,6 +86,12 @@ impl KvShape {
     pub fn row_in_block(&self, pos: usize, head: usize) -> usize {
         head * self.block_size + pos
     }
+
+    /// The row of (position `pos` within block slot `slot`, KV head `head`) in a layer's plane.
+    #[inline]
+    pub fn row(&self, slot: u32, pos: usize, head: usize) -> usize {
+        slot as usize * self.block_size * self.kv_heads + self.row_in_block(pos, head)
+    }
 }
 
 /// The order of a block's rows in every tier, on disk and on the wire (hashed into an engine's

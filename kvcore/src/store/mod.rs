@@ -733,7 +733,7 @@ impl BlockStore {
             };
             let bytes = tier.layer(layer);
             for h in 0..kv_heads {
-                let r = slot as usize * bs * kv_heads + self.layout.shape.row_in_block(in_block, h);
+                let r = self.layout.shape.row(slot, in_block, h);
                 let span = |width: usize| r * width..(r + 1) * width;
                 let out = t * row_elems + h * d..t * row_elems + (h + 1) * d;
                 kc.decode_rows(
