@@ -32,6 +32,11 @@ pub struct Tq4Kernels {
     combine: CudaFunction,
     mma: CudaFunction,
     mma_mass: CudaFunction,
+    /// The same on head-major pages through shared memory, in 8-warp and 16-warp CTAs.
+    mma_hm: CudaFunction,
+    mma_mass_hm: CudaFunction,
+    mma_hm_wide: CudaFunction,
+    mma_mass_hm_wide: CudaFunction,
     block_mass: CudaFunction,
     prefill: CudaFunction,
     combine_items: CudaFunction,
@@ -41,6 +46,8 @@ pub struct Tq4Kernels {
     glue_swiglu: CudaFunction,
     gemv: CudaFunction,
     sms: usize,
+    /// Pages staged per warp through shared memory by the head-major forms.
+    mma_stages: usize,
     max_shared: usize,
     signs: CudaSlice<f32>,
     thresholds: CudaSlice<f32>,
@@ -135,24 +142,23 @@ fn push_batch<'a>(
         .arg(a.seq_lens);
 }
 
-/// Warps of one tensor-core CTA at most (`__launch_bounds__(256, 2)`): `ipc` items of
-/// `min(kv_heads, 8)` warps; two CTAs per SM.
-pub const MMA_WARPS: usize = 8;
-/// CTAs of the tensor-core kernel resident per SM.
-pub const MMA_CTAS_PER_SM: usize = 2;
-const LUT_BYTES: usize = crate::mma::PAIR_TABLE_BYTES;
+pub use crate::mma::{
+    MMA_CTAS_PER_SM, MMA_STAGES, MMA_WARPS, MMA_WIDE_WARPS, MmaShape, mma_cta, mma_shape,
+    mma_shared_bytes,
+};
 
-/// How the tensor-core kernel's CTAs are cut for `kv_heads` KV heads: `(items per CTA, warps
-/// per item)`.
-pub fn mma_cta(kv_heads: usize) -> (usize, usize) {
-    let wpi = kv_heads.clamp(1, MMA_WARPS);
-    ((MMA_WARPS / wpi).max(1), wpi)
-}
-
-/// Dynamic shared memory of one tensor-core CTA: the 64 KB pair table and each warp's rotated
-/// queries.
-pub fn mma_shared_bytes(warps: usize, group: usize, head_dim: usize) -> usize {
-    LUT_BYTES + warps * group * head_dim * 4
+/// The pipeline depth an NVRTC option list asks for (`-DMMA_TMA=stages`, an experiment), else
+/// [`MMA_STAGES`].
+fn mma_stages_of(options: &[String]) -> Result<usize, KernelError> {
+    match options.iter().find_map(|o| o.strip_prefix("-DMMA_TMA=")) {
+        None => Ok(MMA_STAGES),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (2..=4).contains(&n) => Ok(n),
+            _ => Err(KernelError::Unsupported(format!(
+                "MMA_TMA={v} (2..=4 stages)"
+            ))),
+        },
+    }
 }
 
 /// A batch's work-item plan on the device and the partials it needs (tensor-core kernel).
@@ -241,12 +247,24 @@ impl Tq4Kernels {
         let f = |name: &str| module.load_function(name).map_err(driver);
         let mma = f("tq4_decode_mma")?;
         let mma_mass = f("tq4_decode_mma_mass")?;
+        let mma_hm = f("tq4_decode_mma_hm")?;
+        let mma_mass_hm = f("tq4_decode_mma_mass_hm")?;
+        let mma_hm_wide = f("tq4_decode_mma_hm_wide")?;
+        let mma_mass_hm_wide = f("tq4_decode_mma_mass_hm_wide")?;
         let prefill = f("tq4_prefill_mma")?;
         use cudarc::driver::sys::CUdevice_attribute as Dev;
         let optin = ctx
             .attribute(Dev::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(driver)?;
-        for k in [&mma, &mma_mass, &prefill] {
+        for k in [
+            &mma,
+            &mma_mass,
+            &mma_hm,
+            &mma_mass_hm,
+            &mma_hm_wide,
+            &mma_mass_hm_wide,
+            &prefill,
+        ] {
             k.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 optin,
@@ -269,9 +287,14 @@ impl Tq4Kernels {
             gemv: f("gemv_bf16")?,
             mma,
             mma_mass,
+            mma_hm,
+            mma_mass_hm,
+            mma_hm_wide,
+            mma_mass_hm_wide,
             block_mass: f("tq4_block_mass")?,
             prefill,
             sms: usize::try_from(sms).unwrap_or(1).max(1),
+            mma_stages: mma_stages_of(extra)?,
             max_shared: usize::try_from(optin).unwrap_or(0),
             signs: stream.clone_htod(&tables.signs).map_err(driver)?,
             thresholds: stream.clone_htod(&tables.thresholds).map_err(driver)?,
@@ -449,8 +472,24 @@ impl Tq4Kernels {
     /// Items the card works on at once with the tensor-core kernel (two CTAs per SM): the
     /// `slots` of [`ItemPlan::new`].
     pub fn mma_slots(&self, kv_heads: usize) -> usize {
-        let (ipc, wpi) = mma_cta(kv_heads);
+        let (ipc, wpi) = mma_cta(kv_heads, MMA_WARPS);
         (self.sms * MMA_CTAS_PER_SM * ipc / kv_heads.div_ceil(wpi).max(1)).max(1)
+    }
+
+    /// The CTA form [`Self::decode_attention_mma`] takes for `work` on `layout` pages
+    /// ([`mma_shape`] on this card).
+    pub fn mma_form(&self, work: &MmaWork, kv_heads: usize, layout: PageLayout) -> MmaShape {
+        mma_shape(work.plan.len(), work.plan.chunk, kv_heads, self.sms, layout)
+    }
+
+    /// Shared memory of a CTA of [`mma_shape`]'s form.
+    fn mma_shared(&self, warps: usize, layout: PageLayout) -> usize {
+        let stages = if layout == PageLayout::HeadMajor {
+            self.mma_stages
+        } else {
+            0
+        };
+        mma_shared_bytes(warps, self.group, self.head_dim, stages)
     }
 
     /// The work-item plan for sequences of `lens` positions (`chunk` overrides the plan's) and
@@ -461,8 +500,18 @@ impl Tq4Kernels {
         kv_heads: usize,
         chunk: Option<usize>,
     ) -> Result<MmaWork, KernelError> {
-        let (ipc, wpi) = mma_cta(kv_heads);
-        let need = mma_shared_bytes(ipc * wpi, self.group, self.head_dim);
+        let need = [
+            (MMA_WARPS, PageLayout::TokenMajor),
+            (MMA_WARPS, PageLayout::HeadMajor),
+            (MMA_WIDE_WARPS, PageLayout::HeadMajor),
+        ]
+        .into_iter()
+        .map(|(warps, layout)| {
+            let (ipc, wpi) = mma_cta(kv_heads, warps);
+            self.mma_shared(ipc * wpi, layout)
+        })
+        .max()
+        .unwrap_or(0);
         if need > self.max_shared {
             return Err(KernelError::Unsupported(format!(
                 "the tensor-core kernel needs {need} bytes of shared memory; the card has {}",
@@ -612,13 +661,29 @@ impl Tq4Kernels {
                 a.block_size
             )));
         }
+        if layout == PageLayout::HeadMajor {
+            // The copy engine reads a head's rows of a page as one run: 16-byte aligned.
+            use cudarc::driver::DevicePtr;
+            let p = &a.planes;
+            let ptrs = [
+                p.k_codes.device_ptr(&self.stream).0,
+                p.k_norms.device_ptr(&self.stream).0,
+                p.v_codes.device_ptr(&self.stream).0,
+                p.v_norms.device_ptr(&self.stream).0,
+            ];
+            if ptrs.iter().any(|&ptr| ptr % 16 != 0) {
+                return Err(KernelError::Invalid(
+                    "a plane of the layer does not start on a 16-byte boundary".into(),
+                ));
+            }
+        }
         let (heads, kv_heads) = (int(a.heads, "heads")?, int(a.kv_heads, "kv_heads")?);
         let max_blocks = int(a.max_blocks, "max_blocks")?;
         let (ps, hs) = layout.strides(a.kv_heads);
         let (ps, hs) = (int(ps, "pos stride")?, int(hs, "head stride")?);
         let qscale = self.rot_scale * a.scale * std::f32::consts::LOG2_E;
         if !work.plan.is_empty() {
-            let (ipc, wpi) = mma_cta(a.kv_heads);
+            let MmaShape { wide, ipc, wpi } = self.mma_form(work, a.kv_heads, layout);
             let cfg = LaunchConfig {
                 grid_dim: (
                     u32::try_from(work.plan.len().div_ceil(ipc))
@@ -627,14 +692,20 @@ impl Tq4Kernels {
                     1,
                 ),
                 block_dim: (32 * (ipc * wpi) as u32, 1, 1),
-                shared_mem_bytes: mma_shared_bytes(ipc * wpi, self.group, self.head_dim) as u32,
+                shared_mem_bytes: self.mma_shared(ipc * wpi, layout) as u32,
             };
             let n_items = int(work.plan.len(), "items")?;
             let (ipc, wpi) = (int(ipc, "ipc")?, int(wpi, "wpi")?);
             let tstride = int(work.plan.chunk / PAGE, "tiles")?;
-            let mut launch =
-                self.stream
-                    .launch_builder(if mass { &self.mma_mass } else { &self.mma });
+            let f = match (mass, layout, wide) {
+                (false, PageLayout::HeadMajor, false) => &self.mma_hm,
+                (true, PageLayout::HeadMajor, false) => &self.mma_mass_hm,
+                (false, PageLayout::HeadMajor, true) => &self.mma_hm_wide,
+                (true, PageLayout::HeadMajor, true) => &self.mma_mass_hm_wide,
+                (false, _, _) => &self.mma,
+                (true, _, _) => &self.mma_mass,
+            };
+            let mut launch = self.stream.launch_builder(f);
             push_batch(&mut launch, a, &heads, &kv_heads, &max_blocks);
             launch
                 .arg(&ps)

@@ -126,6 +126,88 @@ struct Partial {
     tile_a: Vec<Vec<f32>>,
 }
 
+/// Warps of one tensor-core CTA at most (`__launch_bounds__(256, 2)`): `ipc` items of
+/// `min(kv_heads, 8)` warps; two CTAs per SM.
+pub const MMA_WARPS: usize = 8;
+/// CTAs of the tensor-core kernel resident per SM.
+pub const MMA_CTAS_PER_SM: usize = 2;
+/// Warps of one CTA of the wide head-major form (`__launch_bounds__(512, 1)`, one CTA an SM,
+/// one pair table for 16 warps), taken when its CTAs fill the card.
+pub const MMA_WIDE_WARPS: usize = 16;
+/// Pages each warp of the head-major forms keeps in flight through shared memory (the kernel's
+/// `MMA_TMA`).
+pub const MMA_STAGES: usize = 2;
+
+/// How the tensor-core kernel's CTAs of `warps` warps are cut for `kv_heads` KV heads: `(items
+/// per CTA, warps per item)`.
+pub fn mma_cta(kv_heads: usize, warps: usize) -> (usize, usize) {
+    let wpi = kv_heads.clamp(1, warps);
+    ((warps / wpi).max(1), wpi)
+}
+
+/// Dynamic shared memory of one tensor-core CTA: the 64 KB pair table and each warp's rotated
+/// queries, or with `stages` > 0 (the head-major forms) each warp's ring of staged pages (keys,
+/// values and both norm runs of its head: `head_dim` · 16 + 64 bytes a page) and their
+/// mbarriers, the rotated queries inside the ring.
+pub fn mma_shared_bytes(warps: usize, group: usize, head_dim: usize, stages: usize) -> usize {
+    if stages > 0 {
+        PAIR_TABLE_BYTES + warps * stages * (PAGE * head_dim + 4 * PAGE + 8)
+    } else {
+        PAIR_TABLE_BYTES + warps * group * head_dim * 4
+    }
+}
+
+/// The CTA form of a tensor-core decode launch ([`mma_shape`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmaShape {
+    /// The wide head-major form (16-warp CTAs, one an SM).
+    pub wide: bool,
+    /// Items per CTA.
+    pub ipc: usize,
+    /// Warps per item.
+    pub wpi: usize,
+}
+
+/// How a launch over `items` items of `chunk` positions is cut on a card of `sms` SMs. On
+/// head-major pages the wide form (16-warp CTAs, one pair table an SM) for long items (≥ 1024
+/// positions) when its CTAs cover at least 90 % of the SMs (measured on an H200: 32K batch 16,
+/// 165 against 173 µs; 128K batch 16, 638 against 646); otherwise 8-warp CTAs, two an SM (short
+/// items: 4K batch 16, 37.0 against 38.5 µs; and few items, which the narrow form spreads over
+/// twice the SMs: 4K batch 1, 16 against 22 µs).
+pub fn mma_shape(
+    items: usize,
+    chunk: usize,
+    kv_heads: usize,
+    sms: usize,
+    layout: PageLayout,
+) -> MmaShape {
+    if layout == PageLayout::HeadMajor && chunk >= 1024 {
+        let (ipc, wpi) = mma_cta(kv_heads, MMA_WIDE_WARPS);
+        let ctas = items.div_ceil(ipc) * kv_heads.div_ceil(wpi);
+        if ctas * 10 >= sms * 9 {
+            return MmaShape {
+                wide: true,
+                ipc,
+                wpi,
+            };
+        }
+    }
+    let (ipc, wpi) = mma_cta(kv_heads, MMA_WARPS);
+    MmaShape {
+        wide: false,
+        ipc,
+        wpi,
+    }
+}
+
+/// The position inside a page that MMA row (score row, value k-index) `m` holds: rows 2, 3
+/// (and 6, 7, …) trade places, so that the four positions one value load of a warp reads from a
+/// page in shared memory (k-indices 2c for c = 0..3) alternate between the two halves of the
+/// banks (`tq4_decode_mma`'s staged pages).
+pub fn perm(m: usize) -> usize {
+    m ^ ((m >> 1) & 1)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn warp_item(
     lut: &[u32; 256],
@@ -171,7 +253,10 @@ fn warp_item(
             let a: Warp<[u32; 4]> = std::array::from_fn(|lane| {
                 let (r, c) = (lane / 4, lane % 4);
                 let at = |p: usize| row(p) * cb + bpl * c + 4 * (j >> 1);
-                let (w0, w1) = (word(planes.k_codes, at(r)), word(planes.k_codes, at(r + 8)));
+                let (w0, w1) = (
+                    word(planes.k_codes, at(perm(r))),
+                    word(planes.k_codes, at(perm(r + 8))),
+                );
                 let kb = (2 * j) & 3;
                 [
                     lut[byte(w0, kb)],
@@ -188,11 +273,11 @@ fn warp_item(
         let mut need = false;
         for lane in 0..32 {
             let r = lane / 4;
-            let (p0, p1) = (tile * PAGE + r, tile * PAGE + r + 8);
+            let (p0, p1) = (tile * PAGE + perm(r), tile * PAGE + perm(r + 8));
             let (ok0, ok1) = (p0 >= start && p0 < end, p1 >= start && p1 < end);
             let (kn0, kn1) = (
-                norm(planes.k_norms, row(r)),
-                norm(planes.k_norms, row(r + 8)),
+                norm(planes.k_norms, row(perm(r))),
+                norm(planes.k_norms, row(perm(r + 8))),
             );
             let v = s[lane];
             sc[lane] = [
@@ -228,7 +313,7 @@ fn warp_item(
         let mut x1 = [0u32; 32];
         for lane in 0..32 {
             let r = lane / 4;
-            let (p0, p1) = (tile * PAGE + r, tile * PAGE + r + 8);
+            let (p0, p1) = (tile * PAGE + perm(r), tile * PAGE + perm(r + 8));
             let (ok0, ok1) = (p0 >= start && p0 < end, p1 >= start && p1 < end);
             let e = [
                 (sc[lane][0] - m[lane][0]).exp2(),
@@ -250,12 +335,12 @@ fn warp_item(
                 }
             }
             let vn0 = if ok0 {
-                norm(planes.v_norms, row(r)) * VSCALE
+                norm(planes.v_norms, row(perm(r))) * VSCALE
             } else {
                 0.0
             };
             let vn1 = if ok1 {
-                norm(planes.v_norms, row(r + 8)) * VSCALE
+                norm(planes.v_norms, row(perm(r + 8))) * VSCALE
             } else {
                 0.0
             };
@@ -269,7 +354,12 @@ fn warp_item(
             let idx: Warp<[u32; 4]> = std::array::from_fn(|lane| {
                 let (r, c) = (lane / 4, lane % 4);
                 let at = |p: usize| word(planes.v_codes, row(p) * cb + vb * r + 4 * w);
-                let (a, b, cc, dd) = (at(2 * c), at(2 * c + 1), at(2 * c + 8), at(2 * c + 9));
+                let (a, b, cc, dd) = (
+                    at(perm(2 * c)),
+                    at(perm(2 * c + 1)),
+                    at(perm(2 * c + 8)),
+                    at(perm(2 * c + 9)),
+                );
                 [
                     (a & 0x0F0F_0F0F) | ((b << 4) & 0xF0F0_F0F0),
                     ((a >> 4) & 0x0F0F_0F0F) | (b & 0xF0F0_F0F0),
@@ -554,6 +644,98 @@ mod tests {
         let t = movmatrix_t(&x);
         // Element (row 3, col 5) of the transpose = element (5, 3): lane 5·4 + 1, high half.
         assert_eq!(t[3 * 4 + 2] >> 16, x[5 * 4 + 1] >> 16);
+    }
+
+    #[test]
+    fn the_row_order_trades_rows_within_a_page_and_spreads_value_loads_over_both_bank_halves() {
+        let rows: Vec<usize> = (0..PAGE).map(perm).collect();
+        let mut sorted = rows.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..PAGE).collect::<Vec<_>>(),
+            "a permutation of the page"
+        );
+        for m in 0..PAGE {
+            assert_eq!(perm(perm(m)), m, "an involution");
+        }
+        for m in 0..8 {
+            assert_eq!(
+                perm(m + 8),
+                perm(m) + 8,
+                "a lane's rows r and r + 8 stay 8 apart"
+            );
+        }
+        assert_eq!(&rows[..8], &[0, 1, 3, 2, 4, 5, 7, 6]);
+        // A value load of a warp reads, for c = 0..3, the rows of k-indices 2c + o (o = 0, 1,
+        // 8, 9): two even and two odd, so that with 64-byte rows (head_dim 128) they start on
+        // banks 0 and 16 alike (two-way conflicts instead of four-way).
+        for o in [0, 1, 8, 9] {
+            let odd = (0..4).filter(|c| perm(2 * c + o) % 2 == 1).count();
+            assert_eq!(odd, 2, "k-indices 2c + {o}");
+        }
+    }
+
+    #[test]
+    fn long_items_over_the_whole_card_take_the_wide_form_on_head_major_pages_only() {
+        let hm = PageLayout::HeadMajor;
+        // 8B shape on 132 SMs: 32K batch 16 plans 256 items of 2048, 128K batch 16 1024.
+        let wide = mma_shape(256, 2048, 8, 132, hm);
+        assert_eq!(
+            wide,
+            MmaShape {
+                wide: true,
+                ipc: 2,
+                wpi: 8
+            }
+        );
+        assert!(mma_shape(1024, 2048, 8, 132, hm).wide);
+        // Short items (4K batch 16: 256 of 256), few items (32K batch 1: 128 of 256; 2 CTAs of
+        // 16 warps would leave most SMs idle), token-major pages: 8-warp CTAs.
+        for (items, chunk, layout) in [
+            (256, 256, hm),
+            (128, 256, hm),
+            (64, 2048, hm),
+            (256, 2048, PageLayout::TokenMajor),
+        ] {
+            let s = mma_shape(items, chunk, 8, 132, layout);
+            assert_eq!((s.wide, s.ipc, s.wpi), (false, 1, 8), "{items} × {chunk}");
+        }
+        // SmolLM2's 3 KV heads: 5 items of 3 warps a wide CTA, 2 a narrow one.
+        assert_eq!(
+            mma_shape(1000, 1024, 3, 132, hm),
+            MmaShape {
+                wide: true,
+                ipc: 5,
+                wpi: 3
+            }
+        );
+        assert_eq!(mma_shape(1000, 512, 3, 132, hm).ipc, 2);
+    }
+
+    #[test]
+    fn every_form_fits_the_shared_memory_of_a_hopper_sm() {
+        // Opt-in maximum a block (227 KB) and 228 KB an SM, 1 KB of which each block reserves.
+        let (per_block, per_sm) = (232_448usize, 233_472usize);
+        for d in [64usize, 128] {
+            // The rotated queries live inside a warp's ring (the kernel's static_assert).
+            assert!(8 * d * 4 <= MMA_STAGES * (PAGE * d + 4 * PAGE));
+            for group in 1..=8 {
+                for kv_heads in 1..=8 {
+                    let (ipc, wpi) = mma_cta(kv_heads, MMA_WARPS);
+                    for stages in [0, MMA_STAGES] {
+                        let b = mma_shared_bytes(ipc * wpi, group, d, stages);
+                        assert!(
+                            MMA_CTAS_PER_SM * (b + 1024) <= per_sm,
+                            "{d} {group} {kv_heads}"
+                        );
+                    }
+                    let (ipc, wpi) = mma_cta(kv_heads, MMA_WIDE_WARPS);
+                    let wide = mma_shared_bytes(ipc * wpi, group, d, MMA_STAGES);
+                    assert!(wide <= per_block, "wide {d} {group} {kv_heads}: {wide}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -382,9 +382,9 @@ extern "C" __global__ void tq4_decode_rows(
 //
 // Work items (sequence b, first position) come from the host plan (kernels/src/lib.rs,
 // `ItemPlan`): every item covers `chunk` positions (a multiple of the 16-position page) of one
-// sequence. A CTA of up to 8 warps holds `ipc` items of `wpi` = min(kv_heads, 8) warps, one warp
-// per (item, KV head), two CTAs per SM; the warp walks the item's pages one 16-position tile at
-// a time:
+// sequence. A CTA of up to 8 warps (two an SM) or, on head-major pages for long items over the
+// whole card, 16 warps (one an SM) holds `ipc` items of `wpi` = min(kv_heads, warps) warps, one
+// warp per (item, KV head); the warp walks the item's pages one 16-position tile at a time:
 //   scores  S^T[16 pos x 8] = K[16 x HEAD_DIM] . Q^T[HEAD_DIM x 8]   (mma.m16n8k16, f16 in, f32 acc)
 //   values  O^T[HEAD_DIM x 8] += V^T[HEAD_DIM x 16] . P^T[16 x 8]
 // with the GROUP query heads of the KV head in N = 8 (columns GROUP..7 are zero). Codes become
@@ -395,6 +395,7 @@ extern "C" __global__ void tq4_decode_rows(
 // a tile's score passes it by more than LAZY, so P <= 2^LAZY; the value norm (times VSCALE, a
 // power of two keeping P . |v| inside f16) folds into P before P is rounded to f16.
 // Lane (r = lane / 4, c = lane % 4) of a warp:
+// (positions inside a page below are MMA rows; MMA row m holds page position perm16(m))
 //   keys:   bytes [BPL c, BPL c + BPL) of positions r and r + 8; k-step j reads bytes 2j, 2j+1
 //           (dims 2 BPL c + 4j + {0,1} and + {2,3}); its Q fragment is the same dims of head r;
 //   values: bytes [VB r, VB r + VB) of positions 2c, 2c+1, 2c+8, 2c+9; two positions' words are
@@ -413,6 +414,9 @@ extern "C" __global__ void tq4_decode_rows(
 #define LUT_WORDS (256 * 64)
 #ifndef LAZY
 #define LAZY 8.0f
+#endif
+#ifndef MMA_TMA
+#define MMA_TMA 2  // pages of a warp's ring on head-major pages (the host's MMA_STAGES)
 #endif
 #define VSCALE 0.015625f
 #define INV_VSCALE 64.0f
@@ -490,9 +494,16 @@ __device__ __forceinline__ unsigned short ldg_u16(const void* p) {
     return r;
 }
 
-// One tile's bytes for one lane, loaded straight into registers (a copy ring through shared
-// memory was measured slower: its LDGSTS and LDS traffic competes with the pair-table lookups
-// for the L1 pipe).
+// The position inside a page that MMA row (score row, value k-index) m holds: rows 2, 3 (6, 7,
+// ...) trade places, so that the positions of k-indices 2c (c = 0..3), which one value load of
+// a warp reads, alternate between the two halves of the banks in a page staged in shared
+// memory (`mma::perm` on the CPU).
+__device__ __forceinline__ int perm16(int m) { return m ^ ((m >> 1) & 1); }
+
+// One tile's bytes for one lane: loaded straight into registers by decode_mma (any page
+// layout), read from a page staged in shared memory by decode_mma_tma (head-major pages; a copy
+// ring filled by cp.async, LDGSTS, was measured slower: its traffic competes with the pair-table
+// lookups for the L1 pipe, which the copy engine's does not).
 struct MmaTile {
     unsigned int k0[BPL / 4], k1[BPL / 4];  // rows r, r + 8
     unsigned int v[4][VB / 4];              // positions 2c, 2c+1, 2c+8, 2c+9
@@ -505,12 +516,12 @@ struct MmaTile {
 __device__ __forceinline__ void mma_load(MmaTile& t, const unsigned char* kb,
                                          const unsigned char* vb, const unsigned short* knb,
                                          const unsigned short* vnb, size_t page_row,
-                                         int pos_stride) {
+                                         int pos_stride, int vstep) {
     const unsigned char* kp = kb + page_row * CODE_BYTES;
     const unsigned char* vp = vb + page_row * CODE_BYTES;
     const unsigned short* knp = knb + page_row;
     const unsigned short* vnp = vnb + page_row;
-    const int r8 = 8 * pos_stride * CODE_BYTES, vstep = pos_stride * CODE_BYTES;
+    const int r8 = 8 * pos_stride * CODE_BYTES;
 #if HEAD_DIM == 128
     const uint4 a = ldg_u128(kp), b = ldg_u128(kp + r8);
     t.k0[0] = a.x; t.k0[1] = a.y; t.k0[2] = a.z; t.k0[3] = a.w;
@@ -549,7 +560,8 @@ template <bool MASS>
 __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t, int start,
                                          int end, int r, const char* lut, unsigned int lane4,
                                          const unsigned int (&qf)[KSTEPS][2], float* tm,
-                                         float* ta, int tstride, bool col0, bool col1) {
+                                         float* ta, int tstride, bool col0, bool col1,
+                                         int pr) {
     float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #ifdef MMA_PROFILE_NO_QK  // timing experiments only: the results are wrong
     sa[0] = __int_as_float(cur.k0[0] & 0x3f000000u);
@@ -566,8 +578,9 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
                  PAIR(lut, w0, kb + 1, lane4), PAIR(lut, w1, kb + 1, lane4), q0, q1);
     }
 #endif
-    const int p0 = t * PAGE + r, p1 = p0 + 8;
-    const bool ok0 = p0 >= start && p0 < end, ok1 = p1 >= start && p1 < end;
+    const unsigned int span = (unsigned int)(end - start);
+    const unsigned int p0 = (unsigned int)(t * PAGE + pr - start), p1 = p0 + 8u;
+    const bool ok0 = p0 < span, ok1 = p1 < span;
     const float kn0 = f16_to_f32(cur.kn0), kn1 = f16_to_f32(cur.kn1);
     const float s0 = ok0 ? (sa[0] + sb[0]) * kn0 : NEG_INF;
     const float s1 = ok0 ? (sa[1] + sb[1]) * kn0 : NEG_INF;
@@ -638,7 +651,8 @@ __device__ __forceinline__ void mma_tile(MmaState& st, const MmaTile& cur, int t
     }
 }
 
-// Tensor-core decode attention. A CTA holds `ipc` items of `wpi` warps (one KV head each):
+// Tensor-core decode attention on pages of any strides (the head-major form is decode_mma_tma
+// below). A CTA holds `ipc` items of `wpi` warps (one KV head each):
 // warp w works on item blockIdx.x . ipc + w / wpi of the host plan (`ItemPlan`: (sequence,
 // start, end) triples), KV head blockIdx.y . wpi + w % wpi, and writes the partial of its
 // (item, KV head); tq4_combine_items merges them. Dynamic shared memory: the 64 KB pair table,
@@ -682,13 +696,16 @@ __device__ __forceinline__ void decode_mma(
     const int item = blockIdx.x * ipc + warp / wpi;
     const int g = blockIdx.y * wpi + warp % wpi;
     const bool live = item < n_items && g < kv_heads && warp / wpi < ipc;
-    const int r = lane >> 2, c = lane & 3;
+    const int r = lane >> 2, c = lane & 3, pr = perm16(r);
     const unsigned int lane4 = (unsigned int)lane << 2;
-    // Per-lane offsets inside a page (rows of the planes, then bytes).
+    // Per-lane offsets inside a page (rows of the planes, then bytes): keys and norms of
+    // positions pr, pr + 8; values of positions perm16(2c) (+ 8) and, vstep bytes away,
+    // perm16(2c + 1) (+ 8).
     const int hrow = g * head_stride;
-    const int noff0 = r * pos_stride + hrow;
+    const int noff0 = pr * pos_stride + hrow;
     const int koff0 = noff0 * CODE_BYTES + BPL * c;
-    const int voff0 = (2 * c * pos_stride + hrow) * CODE_BYTES + VB * r;
+    const int voff0 = (perm16(2 * c) * pos_stride + hrow) * CODE_BYTES + VB * r;
+    const int vstep = (c & 1 ? -pos_stride : pos_stride) * CODE_BYTES;
     const unsigned char* kb = k_codes + koff0;
     const unsigned char* vb = v_codes + voff0;
     const unsigned short* knb = k_norms + noff0;
@@ -708,14 +725,9 @@ __device__ __forceinline__ void decode_mma(
     const int* table = block_tables + (size_t)b * max_blocks;
     t_first = start / PAGE;
     t_end = (end + PAGE - 1) / PAGE;
-    // The page row of tile u, for u up to 32 pages past the block of the last `page_of`.
-    auto page_row = [&](int u) -> size_t {
-        const int k = u - t_first;
-        const int e = (k >> 5) == blk ? tb_now : tb_next;
-        return (size_t)__shfl_sync(0xffffffffu, e, k & 31) * page_rows;
-    };
-    // The same, moving the window when u enters the next block (loads, in tile order).
-    auto page_of = [&](int u) -> size_t {
+    // The block-table slot of tile u, moving the window when u enters the next block (loads,
+    // in tile order; u at most 32 pages past the block of the previous call).
+    auto slot_of = [&](int u) -> unsigned int {
         const int k = u - t_first;
         if ((k >> 5) != blk) {
             blk++;
@@ -723,13 +735,16 @@ __device__ __forceinline__ void decode_mma(
             const int n = t_first + 32 * (blk + 1) + lane;
             tb_next = n < t_end ? table[n] : 0;
         }
-        return page_row(u);
+        return (unsigned int)__shfl_sync(0xffffffffu, tb_now, k & 31);
+    };
+    auto load = [&](MmaTile& buf, int u) {
+        mma_load(buf, kb, vb, knb, vnb, (size_t)slot_of(u) * page_rows, pos_stride, vstep);
     };
     MmaTile ta, tb;
     if (live) {
         tb_now = t_first + lane < t_end ? table[t_first + lane] : 0;
         tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
-        mma_load(ta, kb, vb, knb, vnb, page_of(t_first), pos_stride);
+        load(ta, t_first);
     }
     fill_pair_table(smem, codebook, tid);
     if (live) {
@@ -769,13 +784,11 @@ __device__ __forceinline__ void decode_mma(
         tr = tile_a + row - t_first;
     }
     for (int t = t_first; t < t_end; t += 2) {
-        if (t + 1 < t_end)
-            mma_load(tb, kb, vb, knb, vnb, page_of(t + 1), pos_stride);
-        mma_tile<MASS>(st, ta, t, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1);
+        if (t + 1 < t_end) load(tb, t + 1);
+        mma_tile<MASS>(st, ta, t, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1, pr);
         if (t + 1 >= t_end) break;
-        if (t + 2 < t_end)
-            mma_load(ta, kb, vb, knb, vnb, page_of(t + 2), pos_stride);
-        mma_tile<MASS>(st, tb, t + 1, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1);
+        if (t + 2 < t_end) load(ta, t + 2);
+        mma_tile<MASS>(st, tb, t + 1, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1, pr);
     }
     // The combine (launched with programmatic dependent launch) may start its prologue now; it
     // waits for this grid's completion before it reads a partial.
@@ -810,24 +823,71 @@ __device__ __forceinline__ void decode_mma(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma(
-    const float* __restrict__ q, int heads, int kv_heads,
-    const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
-    const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
-    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
-    int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int ipc,
-    int wpi, const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
-    float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l) {
-    decode_mma<false>(q, heads, kv_heads, k_codes, k_norms, v_codes, v_norms, block_tables,
-                      max_blocks, seq_lens, pos_stride, head_stride, items, n_items, ipc, wpi,
-                      signs, codebook, qscale, part_acc, part_m, part_l, nullptr, nullptr, 0);
+// Head-major pages staged through shared memory: each warp keeps a ring of MMA_TMA pages of its
+// KV head (keys 16 x CODE_BYTES, values the same, then the two 16-entry norm runs: one head's
+// rows of a page are contiguous in every plane), filled by the copy engine (cp.async.bulk, one
+// lane issuing four copies a page, completion on the stage's mbarrier), so that MMA_TMA - 1
+// pages are in flight while the warp computes one, without holding them in registers. The
+// warp reads a page with conflict-free LDS (keys) and 2-way ones (values: the rows of k-indices
+// 2c alternate between bank halves through perm16). The arithmetic is decode_mma's, operand for
+// operand (the two agree bit for bit). Measured on an H200 at 32K batch 16
+// (benches/results/2026-11-28-h200-diet/): 165 us in 16-warp CTAs against 180-192 us for the
+// register double buffering, which holds one tile in flight a warp (the loads alone, without
+// lookups or MMAs, took 144 us there: latency-bound); 2 stages beat 3 and 4 (166.7, 169.4 us).
+#define TMA_STAGES MMA_TMA
+#define STAGE_BYTES (2 * PAGE * CODE_BYTES + 4 * PAGE)
+// The rotated queries live in the warp's ring until the fragments are built: in stages 1..
+// when they fit there (the first page is then requested before the prologue), else from stage
+// 0 on (every page requested after it).
+#define QS_AFTER_STAGE0 (GROUP * HEAD_DIM * 4 <= (TMA_STAGES - 1) * STAGE_BYTES)
+static_assert(TMA_STAGES >= 2 && GROUP * HEAD_DIM * 4 <= TMA_STAGES * STAGE_BYTES,
+              "the rotated queries live in a warp's ring");
+
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(unsigned int bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
+}
+__device__ __forceinline__ void mbar_wait(unsigned int bar, unsigned int phase) {
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        " @!p bra WAIT;\n}" ::"r"(bar),
+        "r"(phase)
+        : "memory");
+}
+// Lane 0 of the warp: the four copies of page `slot` (head-row offset `hrow`) into stage `dst`.
+__device__ __forceinline__ void stage_page(unsigned int dst, unsigned int bar,
+                                           const unsigned char* k_codes,
+                                           const unsigned char* v_codes,
+                                           const unsigned short* k_norms,
+                                           const unsigned short* v_norms, unsigned int slot,
+                                           int kv_heads, int hrow) {
+    const size_t row = (size_t)slot * PAGE * kv_heads + hrow;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                 "r"(STAGE_BYTES)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+        "l"(k_codes + row * CODE_BYTES), "r"(PAGE * CODE_BYTES), "r"(bar)
+        : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst + PAGE * CODE_BYTES),
+        "l"(v_codes + row * CODE_BYTES), "r"(PAGE * CODE_BYTES), "r"(bar)
+        : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst + 2 * PAGE * CODE_BYTES),
+        "l"(k_norms + row), "r"(2 * PAGE), "r"(bar)
+        : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst + 2 * PAGE * CODE_BYTES + 2 * PAGE),
+        "l"(v_norms + row), "r"(2 * PAGE), "r"(bar)
+        : "memory");
 }
 
-// tq4_decode_mma that also records, per (item, query head, page), the tile's running max and
-// what it added to the normalizer (tile_m, tile_a: `tstride` pages a row, the plan's chunk / 16);
-// tq4_block_mass turns them into each page's attention mass. The attention itself is
-// tq4_decode_mma's, bit for bit.
-extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma_mass(
+template <bool MASS>
+__device__ __forceinline__ void decode_mma_tma(
     const float* __restrict__ q, int heads, int kv_heads,
     const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,
     const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,
@@ -836,9 +896,227 @@ extern "C" __global__ void __launch_bounds__(256, 2) tq4_decode_mma_mass(
     int wpi, const float* __restrict__ signs, const float* __restrict__ codebook, float qscale,
     float* __restrict__ part_acc, float* __restrict__ part_m, float* __restrict__ part_l,
     float* __restrict__ tile_m, float* __restrict__ tile_a, int tstride) {
-    decode_mma<true>(q, heads, kv_heads, k_codes, k_norms, v_codes, v_norms, block_tables,
-                     max_blocks, seq_lens, pos_stride, head_stride, items, n_items, ipc, wpi,
-                     signs, codebook, qscale, part_acc, part_m, part_l, tile_m, tile_a, tstride);
+    extern __shared__ __align__(128) unsigned int smem[];
+    (void)seq_lens;
+    (void)pos_stride;
+    (void)head_stride;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int item = blockIdx.x * ipc + warp / wpi;
+    const int g = blockIdx.y * wpi + warp % wpi;
+    const bool live = item < n_items && g < kv_heads && warp / wpi < ipc;
+    const int r = lane >> 2, c = lane & 3, pr = perm16(r);
+    const unsigned int lane4 = (unsigned int)lane << 2;
+    const int hrow = g * PAGE;
+    const char* lut = (const char*)smem;
+    // This warp's ring, then the CTA's mbarriers (one a stage and warp).
+    unsigned char* ring = (unsigned char*)(smem + LUT_WORDS) + warp * TMA_STAGES * STAGE_BYTES;
+    const unsigned int ring_s = smem_addr(ring);
+    unsigned long long* bars =
+        (unsigned long long*)((unsigned char*)(smem + LUT_WORDS) +
+                              blockDim.x / WARP * TMA_STAGES * STAGE_BYTES) +
+        warp * TMA_STAGES;
+    const unsigned int bar_s = smem_addr(bars);
+    float* qs = (float*)(ring + (QS_AFTER_STAGE0 ? STAGE_BYTES : 0));
+    // Per-lane byte offsets inside a stage: keys of positions pr, pr + 8 (the second 8 rows
+    // on), values of perm16(2c) and perm16(2c + 1) (+ 8 rows), norms of pr, pr + 8.
+    const int koff = pr * CODE_BYTES + BPL * c;
+    const int voffa = PAGE * CODE_BYTES + perm16(2 * c) * CODE_BYTES + VB * r;
+    const int voffb = PAGE * CODE_BYTES + perm16(2 * c + 1) * CODE_BYTES + VB * r;
+    const int noff = 2 * PAGE * CODE_BYTES + 2 * pr;
+
+    int b = 0, start = 0, end = 0, tb_now = 0, tb_next = 0, blk = 0;
+    if (live) {
+        b = items[3 * item];
+        start = items[3 * item + 1];
+        end = items[3 * item + 2];
+    }
+    const int* table = block_tables + (size_t)b * max_blocks;
+    const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
+    auto slot_of = [&](int u) -> unsigned int {
+        const int k = u - t_first;
+        if ((k >> 5) != blk) {
+            blk++;
+            tb_now = tb_next;
+            const int n = t_first + 32 * (blk + 1) + lane;
+            tb_next = n < t_end ? table[n] : 0;
+        }
+        return (unsigned int)__shfl_sync(0xffffffffu, tb_now, k & 31);
+    };
+    if (live) {
+        if (lane == 0) {
+            for (int s = 0; s < TMA_STAGES; s++) mbar_init(bar_s + 8 * s);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        tb_now = t_first + lane < t_end ? table[t_first + lane] : 0;
+        tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
+        if (QS_AFTER_STAGE0) {
+            const unsigned int slot = slot_of(t_first);
+            if (lane == 0 && t_first < t_end)
+                stage_page(ring_s, bar_s, k_codes, v_codes, k_norms, v_norms, slot, kv_heads,
+                           hrow);
+        }
+    }
+    fill_pair_table(smem, codebook, tid);
+    if (live) {
+        for (int h = 0; h < GROUP; h++) {
+            const float* qh = q + ((size_t)b * heads + g * GROUP + h) * HEAD_DIM;
+            for (int i = lane; i < HEAD_DIM; i += WARP) qs[h * HEAD_DIM + i] = qh[i] * signs[i];
+            __syncwarp();
+            fwht_warp(qs + h * HEAD_DIM, lane);
+        }
+    }
+    __syncthreads();
+    if (!live) return;
+    unsigned int qf[KSTEPS][2];
+#pragma unroll
+    for (int j = 0; j < KSTEPS; j++) {
+        if (r < GROUP) {
+            const float* qr = qs + r * HEAD_DIM + (HEAD_DIM / 4) * c + 4 * j;
+            qf[j][0] = pack_half2(qr[0] * qscale, qr[1] * qscale);
+            qf[j][1] = pack_half2(qr[2] * qscale, qr[3] * qscale);
+        } else {
+            qf[j][0] = 0u;
+            qf[j][1] = 0u;
+        }
+    }
+    // The other stages now: the queries' shared memory is free (the copy engine's writes are
+    // ordered after every lane's accesses by the proxy fence and the warp barrier).
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncwarp();
+    for (int s = QS_AFTER_STAGE0 ? 1 : 0; s < TMA_STAGES && t_first + s < t_end; s++) {
+        const unsigned int slot = slot_of(t_first + s);
+        if (lane == 0)
+            stage_page(ring_s + s * STAGE_BYTES, bar_s + 8 * s, k_codes, v_codes, k_norms,
+                       v_norms, slot, kv_heads, hrow);
+    }
+
+    MmaState st;
+#pragma unroll
+    for (int i = 0; i < KSTEPS; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
+    st.m0 = st.m1 = NEG_INF;
+    st.l0 = st.l1 = 0.0f;
+    float *tm = nullptr, *tr = nullptr;
+    const bool col0 = 2 * c < GROUP, col1 = 2 * c + 1 < GROUP;
+    if (MASS) {
+        const size_t row = (((size_t)item * kv_heads + g) * GROUP + 2 * c) * tstride;
+        tm = tile_m + row - t_first;
+        tr = tile_a + row - t_first;
+    }
+    int s = 0;
+    unsigned int phase = 0;
+    for (int t = t_first; t < t_end; t++) {
+        mbar_wait(bar_s + 8 * s, phase);
+        const unsigned char* pg = ring + s * STAGE_BYTES;
+        MmaTile cur;
+#if HEAD_DIM == 128
+        const uint4 ka = *(const uint4*)(pg + koff), kb = *(const uint4*)(pg + koff + 8 * CODE_BYTES);
+        cur.k0[0] = ka.x; cur.k0[1] = ka.y; cur.k0[2] = ka.z; cur.k0[3] = ka.w;
+        cur.k1[0] = kb.x; cur.k1[1] = kb.y; cur.k1[2] = kb.z; cur.k1[3] = kb.w;
+        uint2 w;
+        w = *(const uint2*)(pg + voffa); cur.v[0][0] = w.x; cur.v[0][1] = w.y;
+        w = *(const uint2*)(pg + voffb); cur.v[1][0] = w.x; cur.v[1][1] = w.y;
+        w = *(const uint2*)(pg + voffa + 8 * CODE_BYTES); cur.v[2][0] = w.x; cur.v[2][1] = w.y;
+        w = *(const uint2*)(pg + voffb + 8 * CODE_BYTES); cur.v[3][0] = w.x; cur.v[3][1] = w.y;
+#else
+        const uint2 ka = *(const uint2*)(pg + koff), kb = *(const uint2*)(pg + koff + 8 * CODE_BYTES);
+        cur.k0[0] = ka.x; cur.k0[1] = ka.y;
+        cur.k1[0] = kb.x; cur.k1[1] = kb.y;
+        cur.v[0][0] = *(const unsigned int*)(pg + voffa);
+        cur.v[1][0] = *(const unsigned int*)(pg + voffb);
+        cur.v[2][0] = *(const unsigned int*)(pg + voffa + 8 * CODE_BYTES);
+        cur.v[3][0] = *(const unsigned int*)(pg + voffb + 8 * CODE_BYTES);
+#endif
+        cur.kn0 = *(const unsigned short*)(pg + noff);
+        cur.kn1 = *(const unsigned short*)(pg + noff + 16);
+        cur.vn0 = *(const unsigned short*)(pg + noff + 2 * PAGE);
+        cur.vn1 = *(const unsigned short*)(pg + noff + 2 * PAGE + 16);
+        mma_tile<MASS>(st, cur, t, start, end, r, lut, lane4, qf, tm, tr, tstride, col0, col1, pr);
+        // Every lane's reads of this stage are done (their values were used): refill it.
+        __syncwarp();
+        if (t + TMA_STAGES < t_end) {
+            const unsigned int slot = slot_of(t + TMA_STAGES);
+            if (lane == 0)
+                stage_page(ring_s + s * STAGE_BYTES, bar_s + 8 * s, k_codes, v_codes, k_norms,
+                           v_norms, slot, kv_heads, hrow);
+        }
+        if (++s == TMA_STAGES) {
+            s = 0;
+            phase ^= 1u;
+        }
+    }
+    asm volatile("griddepcontrol.launch_dependents;");
+    float l0 = st.l0, l1 = st.l1;
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const size_t part = ((size_t)item * kv_heads + g) * GROUP;
+    const int h0 = 2 * c, h1 = 2 * c + 1;
+#pragma unroll
+    for (int i = 0; i < KSTEPS; i++) {
+        const int dim = 2 * VB * r + 2 * i;
+        if (h0 < GROUP)
+            *(float2*)(part_acc + (part + h0) * HEAD_DIM + dim) =
+                make_float2(st.o[i][0] * INV_VSCALE, st.o[i][2] * INV_VSCALE);
+        if (h1 < GROUP)
+            *(float2*)(part_acc + (part + h1) * HEAD_DIM + dim) =
+                make_float2(st.o[i][1] * INV_VSCALE, st.o[i][3] * INV_VSCALE);
+    }
+    if (r == 0) {
+        if (h0 < GROUP) {
+            part_m[part + h0] = st.m0;
+            part_l[part + h0] = l0;
+        }
+        if (h1 < GROUP) {
+            part_m[part + h1] = st.m1;
+            part_l[part + h1] = l1;
+        }
+    }
+}
+
+// The entry points: tq4_decode_mma reads pages of any strides through registers (token-major
+// pages: the benches' and checks' comparison); tq4_decode_mma_hm reads kvcore's head-major
+// pages (it does not read the strides from its arguments) staged through shared memory, in
+// CTAs of up to 8 warps, two an SM, or (_wide) of up to 16 warps, one an SM, sharing one pair
+// table: the host takes the wide form when its CTAs fill the card. The _mass forms also record,
+// per (item, query head, page), the tile's running max and what it added to the normalizer
+// (tile_m, tile_a: `tstride` pages a row, the plan's chunk / 16), which tq4_block_mass turns
+// into each page's attention mass; their attention is the plain form's, bit for bit.
+#define MMA_PARAMS                                                                              \
+    const float* __restrict__ q, int heads, int kv_heads,                                       \
+        const unsigned char* __restrict__ k_codes, const unsigned short* __restrict__ k_norms,  \
+        const unsigned char* __restrict__ v_codes, const unsigned short* __restrict__ v_norms,  \
+        const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens, \
+        int pos_stride, int head_stride, const int* __restrict__ items, int n_items, int ipc,   \
+        int wpi, const float* __restrict__ signs, const float* __restrict__ codebook,           \
+        float qscale, float* __restrict__ part_acc, float* __restrict__ part_m,                 \
+        float* __restrict__ part_l
+#define MASS_PARAMS float *__restrict__ tile_m, float *__restrict__ tile_a, int tstride
+#define MMA_ARGS                                                                              \
+    q, heads, kv_heads, k_codes, k_norms, v_codes, v_norms, block_tables, max_blocks, seq_lens, \
+        pos_stride, head_stride, items, n_items, ipc, wpi, signs, codebook, qscale, part_acc,   \
+        part_m, part_l
+#define NARROW __launch_bounds__(256, 2)
+#define WIDE __launch_bounds__(512, 1)
+extern "C" __global__ void NARROW tq4_decode_mma(MMA_PARAMS) {
+    decode_mma<false>(MMA_ARGS, nullptr, nullptr, 0);
+}
+extern "C" __global__ void NARROW tq4_decode_mma_mass(MMA_PARAMS, MASS_PARAMS) {
+    decode_mma<true>(MMA_ARGS, tile_m, tile_a, tstride);
+}
+extern "C" __global__ void NARROW tq4_decode_mma_hm(MMA_PARAMS) {
+    decode_mma_tma<false>(MMA_ARGS, nullptr, nullptr, 0);
+}
+extern "C" __global__ void NARROW tq4_decode_mma_mass_hm(MMA_PARAMS, MASS_PARAMS) {
+    decode_mma_tma<true>(MMA_ARGS, tile_m, tile_a, tstride);
+}
+extern "C" __global__ void WIDE tq4_decode_mma_hm_wide(MMA_PARAMS) {
+    decode_mma_tma<false>(MMA_ARGS, nullptr, nullptr, 0);
+}
+extern "C" __global__ void WIDE tq4_decode_mma_mass_hm_wide(MMA_PARAMS, MASS_PARAMS) {
+    decode_mma_tma<true>(MMA_ARGS, tile_m, tile_a, tstride);
 }
 
 // The attention mass each page of a sequence receives from its decode query, averaged over the

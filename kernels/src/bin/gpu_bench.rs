@@ -8,7 +8,9 @@
 //! `--warmup` launches.
 //!
 //! Tensor-core kernel (`tq4_decode_mma`, `--kernels mma`): the same batches in head-major
-//! (kvcore's) and token-major pages (`--layouts head,token`), at the planned chunk and at every
+//! (kvcore's; staged through shared memory) and token-major pages (through registers; `--layouts
+//! head,token`), each sequence's pages shuffled in the pool (`--page-run N`: shuffled runs of N
+//! consecutive slots, 0 all in order), at the planned chunk and at every
 //! chunk of `--mma-chunks 64,256,…` (a sweep), median of 5 rounds of `--reps` launches
 //! (attention + combine); `--kernels mass` adds the mass variant the engine runs in its middle
 //! layer (`decode_attention_mma_mass`: attention with per-page records, combine,
@@ -86,6 +88,9 @@ fn main() -> Result<()> {
         )
         .collect::<Result<_, _>>()?;
     let chunk: usize = flag("--chunk").map_or(Ok(DEFAULT_CHUNK), |v| v.parse())?;
+    // `--page-run N`: the decode batches' pages are runs of N consecutive slots in shuffled
+    // order (1, the default: every page shuffled; 0: all slots in order).
+    let page_run: usize = flag("--page-run").map_or(Ok(1), |v| v.parse())?;
     let mut out_file = match flag("--out") {
         Some(p) => Some(std::fs::File::create(&p).with_context(|| p.clone())?),
         None => None,
@@ -158,10 +163,16 @@ fn main() -> Result<()> {
             let kn = stream.clone_htod(&norms)?;
             let vn = stream.clone_htod(&norms)?;
             drop(codes);
-            let mut order: Vec<i32> = (0..slots as i32).collect();
-            for i in (1..slots).rev() {
-                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            let run = if page_run == 0 { slots } else { page_run };
+            let mut runs: Vec<usize> = (0..slots.div_ceil(run)).collect();
+            for i in (1..runs.len()).rev() {
+                runs.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
             }
+            let order: Vec<i32> = runs
+                .iter()
+                .flat_map(|&r| r * run..((r + 1) * run).min(slots))
+                .map(|s| s as i32)
+                .collect();
             let tables = stream.clone_htod(&order)?;
             let lens = stream.clone_htod(&vec![ctx_len as i32; batch])?;
             let q = stream.clone_htod(&rng.gaussian_vec(batch * heads * head_dim))?;
@@ -204,7 +215,7 @@ fn main() -> Result<()> {
                         })?;
                         let bw = bytes / s;
                         emit(format!(
-                            "{{\"bench\":\"tq4_decode_mma\",\"defines\":\"{}\",\"layers\":1,\"layout\":\"{layout:?}\",\"chunk\":{},\"items\":{},\"planned\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
+                            "{{\"bench\":\"tq4_decode_mma\",\"page_run\":{page_run},\"defines\":\"{}\",\"layers\":1,\"layout\":\"{layout:?}\",\"chunk\":{},\"items\":{},\"planned\":{},\"context\":{ctx_len},\"batch\":{batch},\"heads\":{heads},\"kv_heads\":{kv_heads},\"head_dim\":{head_dim},\"seconds_per_layer\":{s:.6e},\"bytes\":{bytes:.0},\"bytes_per_s\":{bw:.4e},\"share_of_read_bw\":{:.3}}}",
                             extra.join(" "),
                             mw.plan().chunk,
                             mw.plan().len(),

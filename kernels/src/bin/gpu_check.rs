@@ -74,8 +74,25 @@ fn variant_defines() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `--only mma`: the tensor-core decode checks alone (a variant's quick check).
+fn only_mma() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2).any(|w| w[0] == "--only" && w[1] == "mma")
+}
+
 fn main() -> Result<ExitCode> {
     let ctx = CudaContext::new(0).context("CUDA device 0")?;
+    if only_mma() {
+        let stream = ctx.default_stream();
+        let mut rng = SplitMix64::new(7);
+        let ok = check_mma(&stream, &mut rng)? & check_mma_wide(&stream, &mut rng)?;
+        println!("{{\"all_pass\":{ok}}}");
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let stream = ctx.default_stream();
     println!(
         "{{\"device\":\"{}\",\"compute_capability\":\"{:?}\"}}",
@@ -263,6 +280,7 @@ fn main() -> Result<ExitCode> {
         }
     }
     ok &= check_mma(&stream, &mut rng)?;
+    ok &= check_mma_wide(&stream, &mut rng)?;
     ok &= check_prefill(&stream, &mut rng)?;
     ok &= check_tiers(&stream, &mut rng)?;
     ok &= check_glue(&stream, &mut rng)?;
@@ -432,6 +450,115 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
         }
     }
     Ok(ok)
+}
+
+/// The wide head-major form (16-warp CTAs), which only a batch of long items over the whole card
+/// takes: 16 sequences of 16,384 positions (8B shape), bitwise against token-major pages through
+/// registers, the first sequence against the dense reference, the mass variant's output and
+/// masses.
+fn check_mma_wide(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
+    let (head_dim, kv_heads, group, batch, len) = (128usize, 8usize, 4usize, 16usize, 16_384usize);
+    let heads = kv_heads * group;
+    let codec = Codec::new(
+        CodecKind::TurboQuant { bits: 4 },
+        head_dim,
+        DEFAULT_ROTATION_SEED,
+    )?;
+    let cb = head_dim / 2;
+    let max_blocks = len / PAGE;
+    let slots = batch * max_blocks;
+    let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, rng, 1.0)?;
+    let [kc, kn, vc, vn] = [&data.k_codes, &data.k_norms, &data.v_codes, &data.v_norms];
+    let mut order: Vec<u32> = (0..slots as u32).collect();
+    for i in (1..slots).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let tables: Vec<i32> = order.iter().map(|&s| s as i32).collect();
+    let head = [
+        stream.clone_htod(kc)?,
+        stream.clone_htod(kn)?,
+        stream.clone_htod(vc)?,
+        stream.clone_htod(vn)?,
+    ];
+    let token = [
+        stream.clone_htod(&to_token_major(kc, cb, kv_heads))?,
+        stream.clone_htod(&to_token_major(kn, 2, kv_heads))?,
+        stream.clone_htod(&to_token_major(vc, cb, kv_heads))?,
+        stream.clone_htod(&to_token_major(vn, 2, kv_heads))?,
+    ];
+    let tables_d = stream.clone_htod(&tables)?;
+    let lens = vec![len; batch];
+    let lens_d = stream.clone_htod(&vec![len as i32; batch])?;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let k = Tq4Kernels::with_defines(
+        stream.clone(),
+        &codec,
+        group,
+        DEFAULT_CHUNK,
+        &variant_defines(),
+    )?;
+    let q = rng.gaussian_vec(batch * heads * head_dim);
+    let q_d = stream.clone_htod(&q)?;
+    let mut work = k.mma_work(&lens, kv_heads, None)?;
+    let form = k.mma_form(&work, kv_heads, PageLayout::HeadMajor);
+    let batch_of = |planes| DecodeBatch {
+        q: q_d.as_view(),
+        heads,
+        kv_heads,
+        planes,
+        block_tables: &tables_d,
+        max_blocks,
+        seq_lens: &lens_d,
+        batch,
+        max_len: len,
+        block_size: PAGE,
+        scale,
+    };
+    let mut outs = Vec::new();
+    for (layout, p) in [
+        (PageLayout::HeadMajor, &head),
+        (PageLayout::TokenMajor, &token),
+    ] {
+        let mut out_d = stream.clone_htod(&vec![f32::NAN; q.len()])?;
+        k.decode_attention_mma(
+            &batch_of(plane_views(p.each_ref())),
+            layout,
+            &mut work,
+            &mut out_d,
+        )?;
+        outs.push(stream.clone_dtoh(&out_d)?);
+    }
+    let same_layouts = outs[0] == outs[1];
+    let (mass_out, mass_d) = k.decode_attention_mma_mass(
+        &batch_of(plane_views(head.each_ref())),
+        PageLayout::HeadMajor,
+        &mut work,
+        false,
+    )?;
+    let mass_same_output = act_to_host(stream, Some(&mass_out))? == outs[0];
+    let mass = stream.clone_dtoh(&mass_d)?;
+    let worst_sum = (0..batch)
+        .map(|b| {
+            let s: f64 = mass[b * max_blocks..][..max_blocks]
+                .iter()
+                .map(|&x| f64::from(x))
+                .sum();
+            (s - 1.0).abs()
+        })
+        .fold(0.0f64, f64::max);
+    let n = heads * head_dim;
+    let want = data.attend_dense(&order[..max_blocks], len, &q[..n], heads)?;
+    let err = rel_l2(&outs[0][..n], &want);
+    let finite = outs[0].iter().all(|v| v.is_finite());
+    let pass =
+        form.wide && same_layouts && mass_same_output && worst_sum < 1e-4 && err <= 2e-3 && finite;
+    println!(
+        "{{\"check\":\"tq4_decode_mma_wide\",\"head_dim\":{head_dim},\"group\":{group},\"kv_heads\":{kv_heads},\"batch\":{batch},\"tokens\":{len},\"chunk\":{},\"items\":{},\"wide\":{},\"layouts_identical\":{same_layouts},\"mass_output_identical\":{mass_same_output},\"worst_mass_sum_error\":{worst_sum:.2e},\"rel_l2_first\":{err:.3e},\"bound\":2e-3,\"finite\":{finite},\"pass\":{pass}}}",
+        work.plan().chunk,
+        work.plan().len(),
+        form.wide
+    );
+    Ok(pass)
 }
 
 /// The tensor-core prefill kernel against the dense causal reference, its CPU emulation and
