@@ -552,6 +552,109 @@ struct MmaState {
     float m0, m1, l0, l1;
 };
 
+// The block-table window of a warp's item: the entries of pages t_first + 32 blk .. + 32, one
+// per lane (now), and of the 32 after (next, in flight), so that no load waits on another; a
+// tile's slot reaches every lane through a shuffle.
+struct PageWindow {
+    const int* table;
+    int t_first, t_end, lane, now, next, blk;
+    __device__ __forceinline__ void open(const int* tab, int first, int end, int ln) {
+        table = tab;
+        t_first = first;
+        t_end = end;
+        lane = ln;
+        blk = 0;
+        now = first + ln < end ? tab[first + ln] : 0;
+        next = first + 32 + ln < end ? tab[first + 32 + ln] : 0;
+    }
+    // The slot of tile u, moving the window when u enters the next block (calls in tile order,
+    // u at most 32 pages past the block of the previous call; all lanes).
+    __device__ __forceinline__ unsigned int slot(int u) {
+        const int k = u - t_first;
+        if ((k >> 5) != blk) {
+            blk++;
+            now = next;
+            const int n = t_first + 32 * (blk + 1) + lane;
+            next = n < t_end ? table[n] : 0;
+        }
+        return (unsigned int)__shfl_sync(0xffffffffu, now, k & 31);
+    }
+};
+
+// The GROUP query heads of KV head g of sequence b, sign-flipped and rotated (the codes' basis)
+// into the warp's `qs` (GROUP x HEAD_DIM floats).
+__device__ __forceinline__ void rotate_queries(float* qs, const float* __restrict__ q, int b,
+                                               int heads, int g,
+                                               const float* __restrict__ signs, int lane) {
+    for (int h = 0; h < GROUP; h++) {
+        const float* qh = q + ((size_t)b * heads + g * GROUP + h) * HEAD_DIM;
+        for (int i = lane; i < HEAD_DIM; i += WARP) qs[h * HEAD_DIM + i] = qh[i] * signs[i];
+        __syncwarp();
+        fwht_warp(qs + h * HEAD_DIM, lane);
+    }
+}
+
+// The rotated queries of the lane's head r (fragment columns), scaled into f16 B fragments;
+// zeros for r >= GROUP.
+__device__ __forceinline__ void q_fragments(unsigned int (&qf)[KSTEPS][2], const float* qs, int r,
+                                            int c, float qscale) {
+#pragma unroll
+    for (int j = 0; j < KSTEPS; j++) {
+        if (r < GROUP) {
+            const float* qr = qs + r * HEAD_DIM + (HEAD_DIM / 4) * c + 4 * j;
+            qf[j][0] = pack_half2(qr[0] * qscale, qr[1] * qscale);
+            qf[j][1] = pack_half2(qr[2] * qscale, qr[3] * qscale);
+        } else {
+            qf[j][0] = 0u;
+            qf[j][1] = 0u;
+        }
+    }
+}
+
+__device__ __forceinline__ void mma_state_init(MmaState& st) {
+#pragma unroll
+    for (int i = 0; i < KSTEPS; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
+    st.m0 = st.m1 = NEG_INF;
+    st.l0 = st.l1 = 0.0f;
+}
+
+// The warp's partial of (item, KV head g): the accumulator at dims 2 VB r + 2i (+1) for heads
+// 2c, 2c + 1, and per head the running max and the normalizer summed over the column's lanes.
+__device__ __forceinline__ void mma_write_partial(const MmaState& st, int item, int kv_heads,
+                                                  int g, int r, int c,
+                                                  float* __restrict__ part_acc,
+                                                  float* __restrict__ part_m,
+                                                  float* __restrict__ part_l) {
+    float l0 = st.l0, l1 = st.l1;
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const size_t part = ((size_t)item * kv_heads + g) * GROUP;
+    const int h0 = 2 * c, h1 = 2 * c + 1;
+#pragma unroll
+    for (int i = 0; i < KSTEPS; i++) {
+        const int dim = 2 * VB * r + 2 * i;
+        if (h0 < GROUP)
+            *(float2*)(part_acc + (part + h0) * HEAD_DIM + dim) =
+                make_float2(st.o[i][0] * INV_VSCALE, st.o[i][2] * INV_VSCALE);
+        if (h1 < GROUP)
+            *(float2*)(part_acc + (part + h1) * HEAD_DIM + dim) =
+                make_float2(st.o[i][1] * INV_VSCALE, st.o[i][3] * INV_VSCALE);
+    }
+    if (r == 0) {
+        if (h0 < GROUP) {
+            part_m[part + h0] = st.m0;
+            part_l[part + h0] = l0;
+        }
+        if (h1 < GROUP) {
+            part_m[part + h1] = st.m1;
+            part_l[part + h1] = l1;
+        }
+    }
+}
+
 // Scores, lazy softmax and values of one 16-position tile (page index t) for one lane. With
 // MASS, the tile's record for the attention mass: per query head of the lane's column pair, the
 // running max after the tile (`tm[t]`, `tm[t + tstride]`) and what the tile added to the
@@ -714,67 +817,31 @@ __device__ __forceinline__ void decode_mma(
     float* qs = (float*)(smem + LUT_WORDS) + warp * GROUP * HEAD_DIM;
     const char* lut = (const char*)smem;
 
-    // The item and its block-table window: tb_now holds pages t_first + 32 blk .. + 32,
-    // tb_next the 32 after.
-    int b = 0, start = 0, end = 0, t_first = 0, t_end = 0, tb_now = 0, tb_next = 0, blk = 0;
+    int b = 0, start = 0, end = 0;
     if (live) {
         b = items[3 * item];
         start = items[3 * item + 1];
         end = items[3 * item + 2];
     }
-    const int* table = block_tables + (size_t)b * max_blocks;
-    t_first = start / PAGE;
-    t_end = (end + PAGE - 1) / PAGE;
-    // The block-table slot of tile u, moving the window when u enters the next block (loads,
-    // in tile order; u at most 32 pages past the block of the previous call).
-    auto slot_of = [&](int u) -> unsigned int {
-        const int k = u - t_first;
-        if ((k >> 5) != blk) {
-            blk++;
-            tb_now = tb_next;
-            const int n = t_first + 32 * (blk + 1) + lane;
-            tb_next = n < t_end ? table[n] : 0;
-        }
-        return (unsigned int)__shfl_sync(0xffffffffu, tb_now, k & 31);
-    };
+    const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
+    PageWindow win;
     auto load = [&](MmaTile& buf, int u) {
-        mma_load(buf, kb, vb, knb, vnb, (size_t)slot_of(u) * page_rows, pos_stride, vstep);
+        mma_load(buf, kb, vb, knb, vnb, (size_t)win.slot(u) * page_rows, pos_stride, vstep);
     };
     MmaTile ta, tb;
     if (live) {
-        tb_now = t_first + lane < t_end ? table[t_first + lane] : 0;
-        tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
+        win.open(block_tables + (size_t)b * max_blocks, t_first, t_end, lane);
         load(ta, t_first);
     }
     fill_pair_table(smem, codebook, tid);
-    if (live) {
-        for (int h = 0; h < GROUP; h++) {
-            const float* qh = q + ((size_t)b * heads + g * GROUP + h) * HEAD_DIM;
-            for (int i = lane; i < HEAD_DIM; i += WARP) qs[h * HEAD_DIM + i] = qh[i] * signs[i];
-            __syncwarp();
-            fwht_warp(qs + h * HEAD_DIM, lane);
-        }
-    }
+    if (live) rotate_queries(qs, q, b, heads, g, signs, lane);
     __syncthreads();
     if (!live) return;
     unsigned int qf[KSTEPS][2];
-#pragma unroll
-    for (int j = 0; j < KSTEPS; j++) {
-        if (r < GROUP) {
-            const float* qr = qs + r * HEAD_DIM + (HEAD_DIM / 4) * c + 4 * j;
-            qf[j][0] = pack_half2(qr[0] * qscale, qr[1] * qscale);
-            qf[j][1] = pack_half2(qr[2] * qscale, qr[3] * qscale);
-        } else {
-            qf[j][0] = 0u;
-            qf[j][1] = 0u;
-        }
-    }
+    q_fragments(qf, qs, r, c, qscale);
 
     MmaState st;
-#pragma unroll
-    for (int i = 0; i < KSTEPS; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
-    st.m0 = st.m1 = NEG_INF;
-    st.l0 = st.l1 = 0.0f;
+    mma_state_init(st);
     // The lane's records (MASS): its column pair's heads 2c, 2c + 1, indexed by page t.
     float *tm = nullptr, *tr = nullptr;
     const bool col0 = 2 * c < GROUP, col1 = 2 * c + 1 < GROUP;
@@ -793,34 +860,7 @@ __device__ __forceinline__ void decode_mma(
     // The combine (launched with programmatic dependent launch) may start its prologue now; it
     // waits for this grid's completion before it reads a partial.
     asm volatile("griddepcontrol.launch_dependents;");
-    float l0 = st.l0, l1 = st.l1;
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const size_t part = ((size_t)item * kv_heads + g) * GROUP;
-    const int h0 = 2 * c, h1 = 2 * c + 1;
-#pragma unroll
-    for (int i = 0; i < KSTEPS; i++) {
-        const int dim = 2 * VB * r + 2 * i;
-        if (h0 < GROUP)
-            *(float2*)(part_acc + (part + h0) * HEAD_DIM + dim) =
-                make_float2(st.o[i][0] * INV_VSCALE, st.o[i][2] * INV_VSCALE);
-        if (h1 < GROUP)
-            *(float2*)(part_acc + (part + h1) * HEAD_DIM + dim) =
-                make_float2(st.o[i][1] * INV_VSCALE, st.o[i][3] * INV_VSCALE);
-    }
-    if (r == 0) {
-        if (h0 < GROUP) {
-            part_m[part + h0] = st.m0;
-            part_l[part + h0] = l0;
-        }
-        if (h1 < GROUP) {
-            part_m[part + h1] = st.m1;
-            part_l[part + h1] = l1;
-        }
-    }
+    mma_write_partial(st, item, kv_heads, g, r, c, part_acc, part_m, part_l);
 }
 
 // Head-major pages staged through shared memory: each warp keeps a ring of MMA_TMA pages of its
@@ -924,78 +964,47 @@ __device__ __forceinline__ void decode_mma_tma(
     const int voffb = PAGE * CODE_BYTES + perm16(2 * c + 1) * CODE_BYTES + VB * r;
     const int noff = 2 * PAGE * CODE_BYTES + 2 * pr;
 
-    int b = 0, start = 0, end = 0, tb_now = 0, tb_next = 0, blk = 0;
+    int b = 0, start = 0, end = 0;
     if (live) {
         b = items[3 * item];
         start = items[3 * item + 1];
         end = items[3 * item + 2];
     }
-    const int* table = block_tables + (size_t)b * max_blocks;
     const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
-    auto slot_of = [&](int u) -> unsigned int {
-        const int k = u - t_first;
-        if ((k >> 5) != blk) {
-            blk++;
-            tb_now = tb_next;
-            const int n = t_first + 32 * (blk + 1) + lane;
-            tb_next = n < t_end ? table[n] : 0;
-        }
-        return (unsigned int)__shfl_sync(0xffffffffu, tb_now, k & 31);
-    };
+    PageWindow win;
     if (live) {
         if (lane == 0) {
             for (int s = 0; s < TMA_STAGES; s++) mbar_init(bar_s + 8 * s);
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
-        tb_now = t_first + lane < t_end ? table[t_first + lane] : 0;
-        tb_next = t_first + 32 + lane < t_end ? table[t_first + 32 + lane] : 0;
+        win.open(block_tables + (size_t)b * max_blocks, t_first, t_end, lane);
         if (QS_AFTER_STAGE0) {
-            const unsigned int slot = slot_of(t_first);
+            const unsigned int slot = win.slot(t_first);
             if (lane == 0 && t_first < t_end)
                 stage_page(ring_s, bar_s, k_codes, v_codes, k_norms, v_norms, slot, kv_heads,
                            hrow);
         }
     }
     fill_pair_table(smem, codebook, tid);
-    if (live) {
-        for (int h = 0; h < GROUP; h++) {
-            const float* qh = q + ((size_t)b * heads + g * GROUP + h) * HEAD_DIM;
-            for (int i = lane; i < HEAD_DIM; i += WARP) qs[h * HEAD_DIM + i] = qh[i] * signs[i];
-            __syncwarp();
-            fwht_warp(qs + h * HEAD_DIM, lane);
-        }
-    }
+    if (live) rotate_queries(qs, q, b, heads, g, signs, lane);
     __syncthreads();
     if (!live) return;
     unsigned int qf[KSTEPS][2];
-#pragma unroll
-    for (int j = 0; j < KSTEPS; j++) {
-        if (r < GROUP) {
-            const float* qr = qs + r * HEAD_DIM + (HEAD_DIM / 4) * c + 4 * j;
-            qf[j][0] = pack_half2(qr[0] * qscale, qr[1] * qscale);
-            qf[j][1] = pack_half2(qr[2] * qscale, qr[3] * qscale);
-        } else {
-            qf[j][0] = 0u;
-            qf[j][1] = 0u;
-        }
-    }
+    q_fragments(qf, qs, r, c, qscale);
     // The other stages now: the queries' shared memory is free (the copy engine's writes are
     // ordered after every lane's accesses by the proxy fence and the warp barrier).
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncwarp();
     for (int s = QS_AFTER_STAGE0 ? 1 : 0; s < TMA_STAGES && t_first + s < t_end; s++) {
-        const unsigned int slot = slot_of(t_first + s);
+        const unsigned int slot = win.slot(t_first + s);
         if (lane == 0)
             stage_page(ring_s + s * STAGE_BYTES, bar_s + 8 * s, k_codes, v_codes, k_norms,
                        v_norms, slot, kv_heads, hrow);
     }
 
     MmaState st;
-#pragma unroll
-    for (int i = 0; i < KSTEPS; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
-    st.m0 = st.m1 = NEG_INF;
-    st.l0 = st.l1 = 0.0f;
+    mma_state_init(st);
     float *tm = nullptr, *tr = nullptr;
     const bool col0 = 2 * c < GROUP, col1 = 2 * c + 1 < GROUP;
     if (MASS) {
@@ -1035,7 +1044,7 @@ __device__ __forceinline__ void decode_mma_tma(
         // Every lane's reads of this stage are done (their values were used): refill it.
         __syncwarp();
         if (t + TMA_STAGES < t_end) {
-            const unsigned int slot = slot_of(t + TMA_STAGES);
+            const unsigned int slot = win.slot(t + TMA_STAGES);
             if (lane == 0)
                 stage_page(ring_s + s * STAGE_BYTES, bar_s + 8 * s, k_codes, v_codes, k_norms,
                            v_norms, slot, kv_heads, hrow);
@@ -1046,34 +1055,7 @@ __device__ __forceinline__ void decode_mma_tma(
         }
     }
     asm volatile("griddepcontrol.launch_dependents;");
-    float l0 = st.l0, l1 = st.l1;
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const size_t part = ((size_t)item * kv_heads + g) * GROUP;
-    const int h0 = 2 * c, h1 = 2 * c + 1;
-#pragma unroll
-    for (int i = 0; i < KSTEPS; i++) {
-        const int dim = 2 * VB * r + 2 * i;
-        if (h0 < GROUP)
-            *(float2*)(part_acc + (part + h0) * HEAD_DIM + dim) =
-                make_float2(st.o[i][0] * INV_VSCALE, st.o[i][2] * INV_VSCALE);
-        if (h1 < GROUP)
-            *(float2*)(part_acc + (part + h1) * HEAD_DIM + dim) =
-                make_float2(st.o[i][1] * INV_VSCALE, st.o[i][3] * INV_VSCALE);
-    }
-    if (r == 0) {
-        if (h0 < GROUP) {
-            part_m[part + h0] = st.m0;
-            part_l[part + h0] = l0;
-        }
-        if (h1 < GROUP) {
-            part_m[part + h1] = st.m1;
-            part_l[part + h1] = l1;
-        }
-    }
+    mma_write_partial(st, item, kv_heads, g, r, c, part_acc, part_m, part_l);
 }
 
 // The entry points: tq4_decode_mma reads pages of any strides through registers (token-major

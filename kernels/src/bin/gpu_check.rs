@@ -47,17 +47,17 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use engram_kernels::DEFAULT_CHUNK;
 use engram_kernels::glue;
 use engram_kernels::gpu::{
-    Act, ActBuf, DecodeBatch, PrefillChunk, QkvGlue, Tq4Kernels, plane_views,
+    Act, ActBuf, DecodeBatch, MmaWork, PrefillChunk, QkvGlue, Tq4Kernels, plane_views,
 };
 use engram_kernels::mma::mma_decode_mass;
 use engram_kernels::prefill::prefill_tiles;
 use engram_kernels::reference::{EncodedPlanes, rel_l2};
 use engram_kernels::{PAGE, PageLayout, to_token_major};
-use engram_kvcore::{AttentionParams, attend_dense};
+use engram_kvcore::{AttentionParams, CudaLayer, attend_dense};
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, Codec, CodecKind, DEFAULT_ROTATION_SEED, KvShape, Rows,
     SourceLayer, SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
@@ -293,6 +293,61 @@ fn main() -> Result<ExitCode> {
     })
 }
 
+/// Every slot of a pool of `slots` pages once, in random order (a sequence's pages scattered
+/// over the pool, as the block store hands them out after churn).
+fn shuffled_slots(slots: usize, rng: &mut SplitMix64) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..slots as u32).collect();
+    for i in (1..slots).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+/// A layer's four planes on the device in kvcore's head-major pages and rewritten token-major.
+type DevicePlanes = [CudaSlice<u8>; 4];
+fn upload_both_layouts(
+    stream: &Arc<CudaStream>,
+    data: &EncodedPlanes,
+    kv_heads: usize,
+) -> Result<(DevicePlanes, DevicePlanes)> {
+    let cb = data.k_codes.len() / data.k_norms.len() * 2;
+    let [kc, kn, vc, vn] = [&data.k_codes, &data.k_norms, &data.v_codes, &data.v_norms];
+    let head = [
+        stream.clone_htod(kc)?,
+        stream.clone_htod(kn)?,
+        stream.clone_htod(vc)?,
+        stream.clone_htod(vn)?,
+    ];
+    let token = [
+        stream.clone_htod(&to_token_major(kc, cb, kv_heads))?,
+        stream.clone_htod(&to_token_major(kn, 2, kv_heads))?,
+        stream.clone_htod(&to_token_major(vc, cb, kv_heads))?,
+        stream.clone_htod(&to_token_major(vn, 2, kv_heads))?,
+    ];
+    Ok((head, token))
+}
+
+/// Tensor-core decode attention of one batch (`n` output floats, NaN-filled before) on
+/// head-major planes, then on token-major ones.
+fn decode_both_layouts<'a>(
+    stream: &Arc<CudaStream>,
+    k: &Tq4Kernels,
+    work: &mut MmaWork,
+    [head, token]: [&'a DevicePlanes; 2],
+    batch: &dyn Fn(CudaLayer<'a>) -> DecodeBatch<'a>,
+    n: usize,
+) -> Result<[Vec<f32>; 2]> {
+    let mut run = |layout, p: &'a DevicePlanes| -> Result<Vec<f32>> {
+        let mut out_d = stream.clone_htod(&vec![f32::NAN; n])?;
+        k.decode_attention_mma(&batch(plane_views(p.each_ref())), layout, work, &mut out_d)?;
+        Ok(stream.clone_dtoh(&out_d)?)
+    };
+    Ok([
+        run(PageLayout::HeadMajor, head)?,
+        run(PageLayout::TokenMajor, token)?,
+    ])
+}
+
 /// The tensor-core kernel against the dense reference, its CPU emulation and itself across
 /// page layouts.
 fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
@@ -306,28 +361,12 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
             head_dim,
             DEFAULT_ROTATION_SEED,
         )?;
-        let cb = head_dim / 2;
         let slots = lens.len() * max_blocks;
         let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, rng, 1.0)?;
-        let [kc, kn, vc, vn] = [&data.k_codes, &data.k_norms, &data.v_codes, &data.v_norms];
-        let mut order: Vec<u32> = (0..slots as u32).collect();
-        for i in (1..slots).rev() {
-            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
+        let order = shuffled_slots(slots, rng);
         let tables: Vec<i32> = order.iter().map(|&s| s as i32).collect();
         let planes = data.planes();
-        let head = [
-            stream.clone_htod(kc)?,
-            stream.clone_htod(kn)?,
-            stream.clone_htod(vc)?,
-            stream.clone_htod(vn)?,
-        ];
-        let token = [
-            stream.clone_htod(&to_token_major(kc, cb, kv_heads))?,
-            stream.clone_htod(&to_token_major(kn, 2, kv_heads))?,
-            stream.clone_htod(&to_token_major(vc, cb, kv_heads))?,
-            stream.clone_htod(&to_token_major(vn, 2, kv_heads))?,
-        ];
+        let (head, token) = upload_both_layouts(stream, &data, kv_heads)?;
         let tables_d = stream.clone_htod(&tables)?;
         let lens_i: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
         let lens_d = stream.clone_htod(&lens_i)?;
@@ -381,20 +420,8 @@ fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool> {
                     block_size: PAGE,
                     scale,
                 };
-                let mut outs = Vec::new();
-                for (layout, p) in [
-                    (PageLayout::HeadMajor, &head),
-                    (PageLayout::TokenMajor, &token),
-                ] {
-                    let mut out_d = stream.clone_htod(&vec![f32::NAN; q.len()])?;
-                    k.decode_attention_mma(
-                        &batch(plane_views(p.each_ref())),
-                        layout,
-                        &mut work,
-                        &mut out_d,
-                    )?;
-                    outs.push(stream.clone_dtoh(&out_d)?);
-                }
+                let outs =
+                    decode_both_layouts(stream, &k, &mut work, [&head, &token], &batch, q.len())?;
                 let same_layouts = outs[0] == outs[1];
                 let no_nan = outs[0].iter().all(|v| v.is_finite());
                 // The bf16 output (the engine's operand for the output projection): the f32
@@ -464,28 +491,12 @@ fn check_mma_wide(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool
         head_dim,
         DEFAULT_ROTATION_SEED,
     )?;
-    let cb = head_dim / 2;
     let max_blocks = len / PAGE;
     let slots = batch * max_blocks;
     let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, rng, 1.0)?;
-    let [kc, kn, vc, vn] = [&data.k_codes, &data.k_norms, &data.v_codes, &data.v_norms];
-    let mut order: Vec<u32> = (0..slots as u32).collect();
-    for i in (1..slots).rev() {
-        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
+    let order = shuffled_slots(slots, rng);
     let tables: Vec<i32> = order.iter().map(|&s| s as i32).collect();
-    let head = [
-        stream.clone_htod(kc)?,
-        stream.clone_htod(kn)?,
-        stream.clone_htod(vc)?,
-        stream.clone_htod(vn)?,
-    ];
-    let token = [
-        stream.clone_htod(&to_token_major(kc, cb, kv_heads))?,
-        stream.clone_htod(&to_token_major(kn, 2, kv_heads))?,
-        stream.clone_htod(&to_token_major(vc, cb, kv_heads))?,
-        stream.clone_htod(&to_token_major(vn, 2, kv_heads))?,
-    ];
+    let (head, token) = upload_both_layouts(stream, &data, kv_heads)?;
     let tables_d = stream.clone_htod(&tables)?;
     let lens = vec![len; batch];
     let lens_d = stream.clone_htod(&vec![len as i32; batch])?;
@@ -514,20 +525,7 @@ fn check_mma_wide(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool
         block_size: PAGE,
         scale,
     };
-    let mut outs = Vec::new();
-    for (layout, p) in [
-        (PageLayout::HeadMajor, &head),
-        (PageLayout::TokenMajor, &token),
-    ] {
-        let mut out_d = stream.clone_htod(&vec![f32::NAN; q.len()])?;
-        k.decode_attention_mma(
-            &batch_of(plane_views(p.each_ref())),
-            layout,
-            &mut work,
-            &mut out_d,
-        )?;
-        outs.push(stream.clone_dtoh(&out_d)?);
-    }
+    let outs = decode_both_layouts(stream, &k, &mut work, [&head, &token], &batch_of, q.len())?;
     let same_layouts = outs[0] == outs[1];
     let (mass_out, mass_d) = k.decode_attention_mma_mass(
         &batch_of(plane_views(head.each_ref())),
@@ -574,23 +572,12 @@ fn check_prefill(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Result<bool>
             head_dim,
             DEFAULT_ROTATION_SEED,
         )?;
-        let cb = head_dim / 2;
         let slots = pages + 5;
         let data = EncodedPlanes::random(&codec, slots, kv_heads, PAGE, rng, 1.0)?;
-        let [kc, kn, vc, vn] = [&data.k_codes, &data.k_norms, &data.v_codes, &data.v_norms];
-        let mut order: Vec<u32> = (0..slots as u32).collect();
-        for i in (1..slots).rev() {
-            order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
+        let order = shuffled_slots(slots, rng);
         let table = &order[..pages];
         let table_d = stream.clone_htod(&table.iter().map(|&s| s as i32).collect::<Vec<_>>())?;
-        let head = [kc, kn, vc, vn].map(|p| stream.clone_htod(p));
-        let token = [(kc, cb), (kn, 2), (vc, cb), (vn, 2)]
-            .map(|(p, w)| stream.clone_htod(&to_token_major(p, w, kv_heads)));
-        let [tk, tkn, tv, tvn] = token;
-        let [hk, hkn, hv, hvn] = head;
-        let token = [tk?, tkn?, tv?, tvn?];
-        let head = [hk?, hkn?, hv?, hvn?];
+        let (head, token) = upload_both_layouts(stream, &data, kv_heads)?;
         let scale = 1.0 / (head_dim as f32).sqrt();
         for group in [1usize, 3, 4, 8] {
             let heads = kv_heads * group;
