@@ -717,6 +717,8 @@ mod tests {
     fn every_form_fits_the_shared_memory_of_a_hopper_sm() {
         // Opt-in maximum a block (227 KB) and 228 KB an SM, 1 KB of which each block reserves.
         let (per_block, per_sm) = (232_448usize, 233_472usize);
+        // The kernel's default ring depth is the host's (which sizes the shared memory).
+        assert!(crate::TQ4_SOURCE.contains(&format!("#define MMA_TMA {MMA_STAGES} ")));
         for d in [64usize, 128] {
             // The rotated queries live inside a warp's ring (the kernel's static_assert).
             assert!(8 * d * 4 <= MMA_STAGES * (PAGE * d + 4 * PAGE));
