@@ -552,6 +552,11 @@ struct MmaState {
     float m0, m1, l0, l1;
 };
 
+// Item `item` of the host plan (`ItemPlan`): (sequence, first position, end).
+__device__ __forceinline__ int3 plan_item(const int* __restrict__ items, int item) {
+    return make_int3(items[3 * item], items[3 * item + 1], items[3 * item + 2]);
+}
+
 // The block-table window of a warp's item: the entries of pages t_first + 32 blk .. + 32, one
 // per lane (now), and of the 32 after (next, in flight), so that no load waits on another; a
 // tile's slot reaches every lane through a shuffle.
@@ -817,12 +822,8 @@ __device__ __forceinline__ void decode_mma(
     float* qs = (float*)(smem + LUT_WORDS) + warp * GROUP * HEAD_DIM;
     const char* lut = (const char*)smem;
 
-    int b = 0, start = 0, end = 0;
-    if (live) {
-        b = items[3 * item];
-        start = items[3 * item + 1];
-        end = items[3 * item + 2];
-    }
+    const int3 it = live ? plan_item(items, item) : make_int3(0, 0, 0);
+    const int b = it.x, start = it.y, end = it.z;
     const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
     PageWindow win;
     auto load = [&](MmaTile& buf, int u) {
@@ -964,12 +965,8 @@ __device__ __forceinline__ void decode_mma_tma(
     const int voffb = PAGE * CODE_BYTES + perm16(2 * c + 1) * CODE_BYTES + VB * r;
     const int noff = 2 * PAGE * CODE_BYTES + 2 * pr;
 
-    int b = 0, start = 0, end = 0;
-    if (live) {
-        b = items[3 * item];
-        start = items[3 * item + 1];
-        end = items[3 * item + 2];
-    }
+    const int3 it = live ? plan_item(items, item) : make_int3(0, 0, 0);
+    const int b = it.x, start = it.y, end = it.z;
     const int t_first = start / PAGE, t_end = (end + PAGE - 1) / PAGE;
     PageWindow win;
     if (live) {
