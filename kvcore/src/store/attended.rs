@@ -12,20 +12,20 @@ impl BlockStore {
         // every block of every running sequence): the ids sorted once, each occurrence keeping
         // the tick of its position in `ids`, as if they were touched one after another.
         let order = self.sorted_live(ids, true)?;
-        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
-            return Ok(());
-        };
-        let (lo, hi) = (ids[lo], ids[hi]);
         let first = self.meta.ticks(ids.len() as u64);
-        let mut walk = self.meta.range_mut(lo, hi);
-        let mut cur = walk.next();
-        for i in order {
-            while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
-                cur = walk.next();
-            }
-            if let Some((_, meta)) = cur.as_mut() {
-                meta.last_attended = first + i as u64;
-                meta.attended = meta.attended.saturating_add(1);
+        for run in super::id_runs(ids, &order) {
+            let mut walk = self
+                .meta
+                .range_mut(ids[order[run.start]], ids[order[run.end - 1]]);
+            let mut cur = walk.next();
+            for &i in &order[run] {
+                while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
+                    cur = walk.next();
+                }
+                if let Some((_, meta)) = cur.as_mut() {
+                    meta.last_attended = first + i as u64;
+                    meta.attended = meta.attended.saturating_add(1);
+                }
             }
         }
         Ok(())
@@ -49,19 +49,30 @@ impl BlockStore {
                 got: mass.len(),
             });
         }
+        // Every id checked first, so that an unknown one changes nothing.
+        let order = self.sorted_live(ids, true)?;
         let now = self.meta.ticks(1);
         let step = self.meta.next_step();
         let weight = weight.clamp(0.0, 1.0);
-        for (id, &m) in ids.iter().zip(mass) {
-            let meta = self
+        for run in super::id_runs(ids, &order) {
+            let mut walk = self
                 .meta
-                .get_mut(*id)
-                .ok_or(KvError::UnknownBlock { id: *id })?;
-            meta.mass = (1.0 - weight) * meta.mass + weight * m;
-            if m >= threshold {
-                meta.mass_at = now;
-                meta.read_step = step;
-                meta.reads = meta.reads.saturating_add(1);
+                .range_mut(ids[order[run.start]], ids[order[run.end - 1]]);
+            let mut cur = walk.next();
+            for &i in &order[run] {
+                while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
+                    cur = walk.next();
+                }
+                let Some((_, meta)) = cur.as_mut() else {
+                    return Err(KvError::UnknownBlock { id: ids[i] });
+                };
+                let m = mass[i];
+                meta.mass = (1.0 - weight) * meta.mass + weight * m;
+                if m >= threshold {
+                    meta.mass_at = now;
+                    meta.read_step = step;
+                    meta.reads = meta.reads.saturating_add(1);
+                }
             }
         }
         Ok(())

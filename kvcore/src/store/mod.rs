@@ -491,27 +491,26 @@ impl BlockStore {
     fn sorted_live(&self, ids: &[BlockId], repeats: bool) -> KvResult<Vec<usize>> {
         let mut order: Vec<usize> = (0..ids.len()).collect();
         order.sort_by_key(|&i| (ids[i], i));
-        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
-            return Ok(order);
-        };
-        let mut walk = self
-            .meta
-            .range(ids[lo], ids[hi])
-            .map(|(&id, _)| id)
-            .peekable();
         let mut prev = None;
-        for &i in &order {
-            let id = ids[i];
-            if prev == Some(id) {
-                if repeats {
-                    continue;
+        for run in id_runs(ids, &order) {
+            let mut walk = self
+                .meta
+                .range(ids[order[run.start]], ids[order[run.end - 1]])
+                .map(|(&id, _)| id)
+                .peekable();
+            for &i in &order[run] {
+                let id = ids[i];
+                if prev == Some(id) {
+                    if repeats {
+                        continue;
+                    }
+                    return Err(KvError::DuplicateBlock { id });
                 }
-                return Err(KvError::DuplicateBlock { id });
-            }
-            prev = Some(id);
-            while walk.next_if(|&k| k < id).is_some() {}
-            if walk.peek() != Some(&id) {
-                self.lookup(id)?;
+                prev = Some(id);
+                while walk.next_if(|&k| k < id).is_some() {}
+                if walk.peek() != Some(&id) {
+                    self.lookup(id)?;
+                }
             }
         }
         Ok(order)
@@ -845,28 +844,31 @@ impl BlockStore {
 
     /// The slots of `ids`, which must all be live, distinct and in `tier`.
     pub(crate) fn slots_in(&self, ids: &[BlockId], tier: Tier) -> KvResult<Vec<u32>> {
-        // One ordered walk (block tables of long sequences are read every decode step).
+        // Ordered walks over runs of near ids (block tables of long sequences are read every
+        // decode step; a batch's tables interleave, see `id_runs`).
         let order = self.sorted_live(ids, false)?;
         let mut slots = vec![0u32; ids.len()];
-        let (Some(&lo), Some(&hi)) = (order.first(), order.last()) else {
-            return Ok(slots);
-        };
-        let mut walk = self.meta.range(ids[lo], ids[hi]).peekable();
-        for i in order {
-            let id = ids[i];
-            while walk.next_if(|(k, _)| **k < id).is_some() {}
-            let meta = match walk.peek() {
-                Some((_, meta)) => *meta,
-                None => self.lookup(id)?,
-            };
-            if meta.tier != tier {
-                return Err(KvError::WrongTier {
-                    id,
-                    expected: tier,
-                    actual: meta.tier,
-                });
+        for run in id_runs(ids, &order) {
+            let mut walk = self
+                .meta
+                .range(ids[order[run.start]], ids[order[run.end - 1]])
+                .peekable();
+            for &i in &order[run] {
+                let id = ids[i];
+                while walk.next_if(|(k, _)| **k < id).is_some() {}
+                let meta = match walk.peek() {
+                    Some((_, meta)) => *meta,
+                    None => self.lookup(id)?,
+                };
+                if meta.tier != tier {
+                    return Err(KvError::WrongTier {
+                        id,
+                        expected: tier,
+                        actual: meta.tier,
+                    });
+                }
+                slots[i] = meta.slot;
             }
-            slots[i] = meta.slot;
         }
         Ok(slots)
     }
@@ -994,4 +996,27 @@ impl BlockStore {
             })
             .collect()
     }
+}
+
+/// Ids further apart than this start a new run in [`id_runs`].
+const RUN_GAP: u64 = 64;
+
+/// `order` (indices into `ids`, sorted by id) cut where two successive ids are more than
+/// [`RUN_GAP`] apart: ranges of `order`, each walked through the metadata table on its own. A
+/// sequence's table is its prompt's blocks (allocated together) and the blocks its decode steps
+/// added one by one between other sequences' — one walk from its first id to its last would step
+/// over every block allocated in between; a walk a run costs the run plus one tree descent.
+fn id_runs(ids: &[BlockId], order: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for k in 1..order.len() {
+        if ids[order[k]].0.saturating_sub(ids[order[k - 1]].0) > RUN_GAP {
+            runs.push(start..k);
+            start = k;
+        }
+    }
+    if !order.is_empty() {
+        runs.push(start..order.len());
+    }
+    runs
 }

@@ -1,10 +1,10 @@
 //! make_room evicts by semantic priority, never by recency alone.
 
 use engram_kvcore::{
-    CodecKind, KvError, PinPolicy, PrefixPinManager, PriorityTable, SourceLayer, Tier,
+    BlockId, CodecKind, KvError, PinPolicy, PrefixPinManager, PriorityTable, SourceLayer, Tier,
 };
 
-use crate::common::{filled, small_store};
+use crate::common::{filled, small_store, tags};
 
 #[test]
 fn lowest_priority_goes_first_regardless_of_recency() {
@@ -240,6 +240,102 @@ fn touch_and_slots_follow_the_callers_order() {
     assert_eq!(snapshot, after);
     assert!(store.touch(&[]).is_ok());
     assert_eq!(store.hot_slots(&[]).unwrap(), Vec::<u32>::new());
+}
+
+/// Two sequences' tables interleaved as a batch's are (a prompt's blocks together, then decode
+/// blocks allocated turn about, and far apart): `touch`, `hot_slots` and `record_mass` walk each
+/// run of near ids on its own and answer exactly as one lookup per id; an unknown id in
+/// `record_mass` changes nothing.
+#[test]
+fn walks_over_interleaved_tables_answer_as_lookups() {
+    let mut store = small_store(CodecKind::TQ4, 400, 0);
+    let mut a = store
+        .allocate(Tier::Hot, &vec![tags(SourceLayer::UserTurn); 150])
+        .unwrap();
+    let mut b = store
+        .allocate(Tier::Hot, &vec![tags(SourceLayer::UserTurn); 150])
+        .unwrap();
+    for _ in 0..3 {
+        a.extend(
+            store
+                .allocate(Tier::Hot, &[tags(SourceLayer::UserTurn)])
+                .unwrap(),
+        );
+        b.extend(
+            store
+                .allocate(Tier::Hot, &[tags(SourceLayer::UserTurn)])
+                .unwrap(),
+        );
+        // Blocks of nobody's table between the decode blocks: gaps wider than a run.
+        store
+            .allocate(Tier::Hot, &vec![tags(SourceLayer::UserTurn); 20])
+            .unwrap();
+    }
+    // Out of order too: the last decode block first.
+    a.rotate_right(1);
+    for table in [&a, &b] {
+        let slots = store.hot_slots(table).unwrap();
+        let one_by_one: Vec<u32> = table
+            .iter()
+            .map(|&id| store.hot_slots(&[id]).unwrap()[0])
+            .collect();
+        assert_eq!(slots, one_by_one);
+    }
+    let before = store.metadata().get(b[0]).unwrap().last_attended();
+    let attended = |s: &engram_kvcore::BlockStore| -> Vec<u32> {
+        a.iter()
+            .map(|&id| s.metadata().get(id).unwrap().attended())
+            .collect()
+    };
+    let counts = attended(&store);
+    store.touch(&a).unwrap();
+    let ticks: Vec<u64> = a
+        .iter()
+        .map(|&id| store.metadata().get(id).unwrap().last_attended())
+        .collect();
+    assert!(
+        ticks.windows(2).all(|w| w[1] == w[0] + 1),
+        "one tick each, in the order given"
+    );
+    let after = attended(&store);
+    assert!(after.iter().zip(&counts).all(|(x, y)| *x == y + 1));
+    assert_eq!(
+        store.metadata().get(b[0]).unwrap().last_attended(),
+        before,
+        "b untouched"
+    );
+
+    let mass: Vec<f32> = (0..a.len()).map(|i| (i % 7) as f32 / 7.0).collect();
+    store.record_mass(&a, &mass, 1.0, 0.5).unwrap();
+    for (i, &id) in a.iter().enumerate() {
+        let m = store.metadata().get(id).unwrap();
+        assert_eq!(m.mass(), mass[i], "block {i}");
+        assert_eq!(m.reads(), u32::from(mass[i] >= 0.5), "block {i}");
+    }
+    assert!(
+        b.iter()
+            .all(|&id| store.metadata().get(id).unwrap().mass() == 0.0)
+    );
+    // An unknown id at the end: refused before anything is folded.
+    let mut bad = b.clone();
+    bad.push(unknown_id(&store));
+    let ones = vec![1.0f32; bad.len()];
+    let steps = store.metadata().steps();
+    assert!(matches!(
+        store.record_mass(&bad, &ones, 1.0, 0.5),
+        Err(KvError::UnknownBlock { .. })
+    ));
+    assert!(
+        b.iter()
+            .all(|&id| store.metadata().get(id).unwrap().mass() == 0.0)
+    );
+    assert_eq!(store.metadata().steps(), steps);
+}
+
+/// An id `store` has not handed out yet.
+fn unknown_id(store: &engram_kvcore::BlockStore) -> BlockId {
+    let last = store.metadata().iter().map(|m| m.id()).max().unwrap();
+    serde_json::from_value(serde_json::json!(last.get() + 1000)).unwrap()
 }
 
 #[test]

@@ -305,6 +305,9 @@ pub struct E2eRow {
     pub tpot_ms_p90: f64,
     /// Gaps measured per sequence.
     pub steps: usize,
+    /// Where a decode step's time went on the host, ms a step (means over the steps).
+    #[serde(default)]
+    pub step_ms: crate::ForwardTimes,
 }
 
 /// The `q`-quantile of `v` (sorted in place), nearest rank.
@@ -353,6 +356,7 @@ pub fn e2e(
             }
             let mut gaps = Vec::with_capacity(opts.steps);
             let mut last = Instant::now();
+            crate::take_forward_times();
             for _ in 0..opts.steps {
                 let logits = core.decode(&seqs)?;
                 for (s, l) in seqs.iter_mut().zip(&logits) {
@@ -361,6 +365,18 @@ pub fn e2e(
                 let now = Instant::now();
                 gaps.push((now - last).as_secs_f64() * 1e3);
                 last = now;
+            }
+            let mut step_ms = crate::take_forward_times();
+            let per = opts.steps.max(1) as f64;
+            for v in [
+                &mut step_ms.room,
+                &mut step_ms.prep,
+                &mut step_ms.launch,
+                &mut step_ms.sync,
+                &mut step_ms.mass,
+                &mut step_ms.register,
+            ] {
+                *v /= per;
             }
             for (id, _) in &seqs {
                 core.finish(*id)?;
@@ -375,14 +391,21 @@ pub fn e2e(
                 tpot_ms_mean: mean,
                 tpot_ms_p90: quantile(&mut gaps, 0.9),
                 steps: opts.steps,
+                step_ms,
             };
             progress(&format!(
-                "prompt {p} batch {b}: TTFT p50 {:.1} ms (max {:.1}), TPOT p50 {:.2} ms (mean {:.2}, p90 {:.2})",
+                "prompt {p} batch {b}: TTFT p50 {:.1} ms (max {:.1}), TPOT p50 {:.2} ms (mean {:.2}, p90 {:.2}); a step: room {:.2}, prep {:.2}, launch {:.2}, sync {:.2}, mass {:.2}, register {:.2} ms",
                 row.ttft_ms_p50,
                 row.ttft_ms_max,
                 row.tpot_ms_p50,
                 row.tpot_ms_mean,
-                row.tpot_ms_p90
+                row.tpot_ms_p90,
+                row.step_ms.room,
+                row.step_ms.prep,
+                row.step_ms.launch,
+                row.step_ms.sync,
+                row.step_ms.mass,
+                row.step_ms.register,
             ));
             rows.push(row);
         }

@@ -47,7 +47,9 @@ pub use crate::core::{FusionPolicy, FusionStatus, MAX_PARTNERS};
 pub use crate::core::{MAX_SEGMENTS, RelocationPolicy};
 pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};
 pub use error::{EngineError, EngineResult};
-pub use model::{KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows};
+pub use model::{
+    ForwardTimes, KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows, take_forward_times,
+};
 pub use prefix::{
     BlockHash, PARTIAL_SHARE, PrefixCache, SessionText, TextMatch, chain_hash, match_text,
 };

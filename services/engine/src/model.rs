@@ -157,6 +157,47 @@ pub struct SeqInput<'a> {
     pub relocated: &'a [engram_kvcore::Relocated],
 }
 
+/// Where the host spent an engine step's time (ms), for `engram-bench e2e`'s step breakdown:
+/// making hot room and allocating the new blocks (`room`); in the CUDA forward, its index tables
+/// and plans (`prep`), its layer loop (`launch`: kernels are queued, so this is host time unless
+/// the queue is full), the logits' copy back (`sync`: waits for the device) and the attention
+/// mass folded into the blocks' metadata (`mass`); then registering the sequences' blocks
+/// (`register`: touch, prefix hashes). Summed per thread since [`take_forward_times`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ForwardTimes {
+    /// Hot room and block allocation.
+    pub room: f64,
+    /// Index tables, block slots, work plans, uploads.
+    pub prep: f64,
+    /// The layer loop.
+    pub launch: f64,
+    /// Final norm, LM head and the logits' copy to the host.
+    pub sync: f64,
+    /// Attention mass folded into the metadata.
+    pub mass: f64,
+    /// Registering the computed blocks.
+    pub register: f64,
+}
+
+thread_local! {
+    static FORWARD_TIMES: std::cell::Cell<ForwardTimes> =
+        const { std::cell::Cell::new(ForwardTimes { room: 0.0, prep: 0.0, launch: 0.0, sync: 0.0, mass: 0.0, register: 0.0 }) };
+}
+
+/// Adds to this thread's [`ForwardTimes`].
+pub(crate) fn add_forward_times(f: impl FnOnce(&mut ForwardTimes)) {
+    FORWARD_TIMES.with(|c| {
+        let mut t = c.get();
+        f(&mut t);
+        c.set(t);
+    });
+}
+
+/// This thread's [`ForwardTimes`] since the last call, reset.
+pub fn take_forward_times() -> ForwardTimes {
+    FORWARD_TIMES.with(|c| c.replace(ForwardTimes::default()))
+}
+
 /// Which logits a sequence wants back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitRows {

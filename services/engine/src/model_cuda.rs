@@ -464,6 +464,8 @@ impl Llama {
                 reason: "the KV hot tier is in VRAM but the model is on the CPU".into(),
             });
         };
+        let started = std::time::Instant::now();
+        let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
         let stream = cuda.cuda_stream();
         let kernels = self.kernels(store, &stream)?;
         let cfg = &self.config;
@@ -636,6 +638,10 @@ impl Llama {
         // engine folds its own.
         let mass_layer = self.layers.len() / 2;
         let mut mass_dev: Option<CudaSlice<f32>> = None;
+        let layers_at = std::time::Instant::now();
+        super::add_forward_times(|t| {
+            t.prep += layers_at.duration_since(started).as_secs_f64() * 1e3
+        });
         for (l, layer) in self.layers.iter().enumerate() {
             let stack = self.device_stacks.get(l);
             let q = match (glue.as_mut(), stack) {
@@ -875,11 +881,17 @@ impl Llama {
                 (_, None) => x = layer.finish(&x, &attn, eps, 1)?,
             }
         }
+        let head_at = std::time::Instant::now();
+        super::add_forward_times(|t| {
+            t.launch += head_at.duration_since(layers_at).as_secs_f64() * 1e3
+        });
         if let Some(g) = glue {
             x = tensor(g.x, cuda, (n, hidden));
         }
         let x = self.final_norm(&x, batch, dev)?;
         let logits = self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?;
+        let mass_at = std::time::Instant::now();
+        super::add_forward_times(|t| t.sync += mass_at.duration_since(head_at).as_secs_f64() * 1e3);
         if let Some(mass) = mass_dev {
             let mass = stream.clone_dtoh(&mass).map_err(dev_err)?;
             for (k, blocks) in dec_blocks.iter().enumerate() {
@@ -898,6 +910,7 @@ impl Llama {
                 super::cpu::fold_mass(store, blocks, row)?;
             }
         }
+        super::add_forward_times(|t| t.mass += ms(mass_at));
         Ok(logits)
     }
 }

@@ -151,6 +151,7 @@ impl EngineCore {
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len());
         }
+        let started = std::time::Instant::now();
         self.make_hot_room(need, &tenants)?;
         for &(id, n, _) in work {
             let tags = {
@@ -165,6 +166,7 @@ impl EngineCore {
                 seq.blocks.extend(ids);
             }
         }
+        crate::model::add_forward_times(|t| t.room += started.elapsed().as_secs_f64() * 1e3);
         let seqs = &self.seqs;
         let inputs = work
             .iter()
@@ -190,6 +192,7 @@ impl EngineCore {
         let logits = self
             .model
             .forward_with(&mut self.store, &inputs, transform)?;
+        let registered = std::time::Instant::now();
         for &(id, n, _) in work {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.computed += n;
@@ -202,6 +205,7 @@ impl EngineCore {
             }
             self.register(id)?;
         }
+        crate::model::add_forward_times(|t| t.register += registered.elapsed().as_secs_f64() * 1e3);
         Ok(logits)
     }
 }

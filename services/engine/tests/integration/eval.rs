@@ -236,6 +236,16 @@ fn the_e2e_bench_times_every_sequence_and_step_and_finishes_them() {
             "{r:?}"
         );
         assert!(r.tpot_ms_mean > 0.0, "{r:?}");
+        // The step breakdown: the engine's own parts are measured on every device and fit in
+        // the step; the CUDA forward's parts are zero on the CPU.
+        let s = r.step_ms;
+        assert!(s.register > 0.0 && s.room >= 0.0, "{r:?}");
+        assert!(s.room + s.register < r.tpot_ms_mean, "{r:?}");
+        assert_eq!(
+            (s.prep, s.launch, s.sync, s.mass),
+            (0.0, 0.0, 0.0, 0.0),
+            "{r:?}"
+        );
     }
     // Every sequence was finished: nothing left running for the next measurement.
     assert_eq!(core.running(), 0);
