@@ -100,12 +100,13 @@ pub struct EvictionFigures {
 }
 
 /// The eviction settings compared (`[eviction]` as JSON): priority-only, attention-aware
-/// (defaults), and attention-aware without the read frequency.
+/// (defaults), and attention-aware with a short idle window (64 sampled steps: an occasional
+/// agent's unread prefix loses its band between two of its turns).
 pub fn policies() -> Vec<serde_json::Value> {
     vec![
         json!({"mode": "priority"}),
         json!({"mode": "attention"}),
-        json!({"mode": "attention", "frequency_weight": 0.0}),
+        json!({"mode": "attention", "idle_steps": 64}),
     ]
 }
 
