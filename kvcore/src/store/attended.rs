@@ -4,6 +4,7 @@
 use super::BlockStore;
 use crate::block::BlockId;
 use crate::error::{KvError, KvResult};
+use crate::metadata::BlockMeta;
 
 impl BlockStore {
     /// Marks blocks as just attended (eviction prefers older `last_attended`).
@@ -13,22 +14,13 @@ impl BlockStore {
         // the tick of its position in `ids`, as if they were touched one after another.
         let order = self.sorted_live(ids, true)?;
         let first = self.meta.ticks(ids.len() as u64);
-        for run in super::id_runs(ids, &order) {
-            let mut walk = self
-                .meta
-                .range_mut(ids[order[run.start]], ids[order[run.end - 1]]);
-            let mut cur = walk.next();
-            for &i in &order[run] {
-                while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
-                    cur = walk.next();
-                }
-                if let Some((_, meta)) = cur.as_mut() {
-                    meta.last_attended = first + i as u64;
-                    meta.attended = meta.attended.saturating_add(1);
-                }
+        self.walk_sorted_mut(ids, &order, |i, meta| {
+            if let Some(meta) = meta {
+                meta.last_attended = first + i as u64;
+                meta.attended = meta.attended.saturating_add(1);
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Folds one decode step's attention mass into the blocks' metadata: `mass[i]` (what
@@ -54,7 +46,31 @@ impl BlockStore {
         let now = self.meta.ticks(1);
         let step = self.meta.next_step();
         let weight = weight.clamp(0.0, 1.0);
-        for run in super::id_runs(ids, &order) {
+        self.walk_sorted_mut(ids, &order, |i, meta| {
+            let Some(meta) = meta else {
+                return Err(KvError::UnknownBlock { id: ids[i] });
+            };
+            let m = mass[i];
+            meta.mass = (1.0 - weight) * meta.mass + weight * m;
+            if m >= threshold {
+                meta.mass_at = now;
+                meta.read_step = step;
+                meta.reads = meta.reads.saturating_add(1);
+            }
+            Ok(())
+        })
+    }
+
+    /// Calls `f(i, meta)` for each index `i` of `order` (indices into `ids`, sorted by id, from
+    /// `sorted_live`) with `ids[i]`'s metadata (`None` if it is not live), walking the table once
+    /// per run of near ids (`id_runs`) instead of searching it once per id.
+    fn walk_sorted_mut(
+        &mut self,
+        ids: &[BlockId],
+        order: &[usize],
+        mut f: impl FnMut(usize, Option<&mut BlockMeta>) -> KvResult<()>,
+    ) -> KvResult<()> {
+        for run in super::id_runs(ids, order) {
             let mut walk = self
                 .meta
                 .range_mut(ids[order[run.start]], ids[order[run.end - 1]]);
@@ -63,16 +79,11 @@ impl BlockStore {
                 while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
                     cur = walk.next();
                 }
-                let Some((_, meta)) = cur.as_mut() else {
-                    return Err(KvError::UnknownBlock { id: ids[i] });
-                };
-                let m = mass[i];
-                meta.mass = (1.0 - weight) * meta.mass + weight * m;
-                if m >= threshold {
-                    meta.mass_at = now;
-                    meta.read_step = step;
-                    meta.reads = meta.reads.saturating_add(1);
-                }
+                let meta = cur
+                    .as_mut()
+                    .filter(|(id, _)| **id == ids[i])
+                    .map(|(_, meta)| &mut **meta);
+                f(i, meta)?;
             }
         }
         Ok(())
