@@ -4,7 +4,6 @@
 use super::BlockStore;
 use crate::block::BlockId;
 use crate::error::{KvError, KvResult};
-use crate::metadata::BlockMeta;
 
 impl BlockStore {
     /// Marks blocks as just attended (eviction prefers older `last_attended`).
@@ -59,33 +58,5 @@ impl BlockStore {
             }
             Ok(())
         })
-    }
-
-    /// Calls `f(i, meta)` for each index `i` of `order` (indices into `ids`, sorted by id, from
-    /// `sorted_live`) with `ids[i]`'s metadata (`None` if it is not live), walking the table once
-    /// per run of near ids (`id_runs`) instead of searching it once per id.
-    fn walk_sorted_mut(
-        &mut self,
-        ids: &[BlockId],
-        order: &[usize],
-        mut f: impl FnMut(usize, Option<&mut BlockMeta>) -> KvResult<()>,
-    ) -> KvResult<()> {
-        for run in super::id_runs(ids, order) {
-            let mut walk = self
-                .meta
-                .range_mut(ids[order[run.start]], ids[order[run.end - 1]]);
-            let mut cur = walk.next();
-            for &i in &order[run] {
-                while cur.as_ref().is_some_and(|(id, _)| **id < ids[i]) {
-                    cur = walk.next();
-                }
-                let meta = cur
-                    .as_mut()
-                    .filter(|(id, _)| **id == ids[i])
-                    .map(|(_, meta)| &mut **meta);
-                f(i, meta)?;
-            }
-        }
-        Ok(())
     }
 }
