@@ -149,7 +149,6 @@ impl Tq4Kernels {
         work: &mut MmaWork,
         bf16: bool,
     ) -> Result<(ActBuf, CudaSlice<f32>), KernelError> {
-        use cudarc::driver::DevicePtrMut;
         let len = a.batch * a.heads * self.head_dim;
         self.check_batch(a, len)?;
         let tstride = work.plan.chunk / PAGE;
@@ -160,18 +159,7 @@ impl Tq4Kernels {
                 self.stream.alloc_zeros(records).map_err(driver)?,
             ));
         }
-        let mut out = glue::alloc_act(&self.stream, len, bf16)?;
-        self.mma_items(a, layout, work, true)?;
-        match &mut out {
-            ActBuf::F32(o) => {
-                let (p, _p) = o.device_ptr_mut(&self.stream);
-                self.combine_items_pdl(work, a, p, false)?;
-            }
-            ActBuf::Bf16(o) => {
-                let (p, _p) = o.device_ptr_mut(&self.stream);
-                self.combine_items_pdl(work, a, p, true)?;
-            }
-        }
+        let out = self.items_and_combine(a, layout, work, true, len, bf16)?;
         let mut mass = self
             .stream
             .alloc_zeros::<f32>((a.batch * a.max_blocks).max(1))
@@ -316,6 +304,33 @@ impl Tq4Kernels {
         Ok(())
     }
 
+    /// The attention launch (with `mass`, the mass variant's) and the combine into a fresh
+    /// output of `len` values, f32 or bf16: the body both decode entry points share.
+    fn items_and_combine(
+        &self,
+        a: &DecodeBatch<'_>,
+        layout: PageLayout,
+        work: &mut MmaWork,
+        mass: bool,
+        len: usize,
+        bf16: bool,
+    ) -> Result<ActBuf, KernelError> {
+        use cudarc::driver::DevicePtrMut;
+        let mut out = glue::alloc_act(&self.stream, len, bf16)?;
+        self.mma_items(a, layout, work, mass)?;
+        match &mut out {
+            ActBuf::F32(o) => {
+                let (p, _p) = o.device_ptr_mut(&self.stream);
+                self.combine_items_pdl(work, a, p, false)?;
+            }
+            ActBuf::Bf16(o) => {
+                let (p, _p) = o.device_ptr_mut(&self.stream);
+                self.combine_items_pdl(work, a, p, true)?;
+            }
+        }
+        Ok(out)
+    }
+
     /// [`Self::decode_attention_mma`] into a fresh output `[batch, heads, head_dim]`, f32 or
     /// bf16 (rounded to nearest even: the output projection's operand). It is uninitialized
     /// before the launch (the combine writes every row, zeros for a sequence without items), so
@@ -327,21 +342,9 @@ impl Tq4Kernels {
         work: &mut MmaWork,
         bf16: bool,
     ) -> Result<ActBuf, KernelError> {
-        use cudarc::driver::DevicePtrMut;
         let len = a.batch * a.heads * self.head_dim;
         self.check_batch(a, len)?;
-        let mut out = glue::alloc_act(&self.stream, len, bf16)?;
-        self.mma_items(a, layout, work, false)?;
-        match &mut out {
-            ActBuf::F32(o) => {
-                let (p, _p) = o.device_ptr_mut(&self.stream);
-                self.combine_items_pdl(work, a, p, false)?;
-            }
-            ActBuf::Bf16(o) => {
-                let (p, _p) = o.device_ptr_mut(&self.stream);
-                self.combine_items_pdl(work, a, p, true)?;
-            }
-        }
+        let out = self.items_and_combine(a, layout, work, false, len, bf16)?;
         Ok(out)
     }
 
