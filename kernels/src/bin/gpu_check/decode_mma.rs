@@ -49,6 +49,22 @@ pub(crate) fn upload_both_layouts(
     Ok((head, token))
 }
 
+/// The mass variant on head-major planes: whether its attention equals `plain` (the plain
+/// kernel's output) bit for bit, and each sequence's page masses `[batch, max_blocks]`.
+fn mass_run(
+    stream: &Arc<CudaStream>,
+    k: &Tq4Kernels,
+    batch: &DecodeBatch<'_>,
+    work: &mut MmaWork,
+    plain: &[f32],
+) -> Result<(bool, Vec<f32>)> {
+    let (out, mass) = k.decode_attention_mma_mass(batch, PageLayout::HeadMajor, work, false)?;
+    Ok((
+        act_to_host(stream, Some(&out))? == plain,
+        stream.clone_dtoh(&mass)?,
+    ))
+}
+
 /// Tensor-core decode attention of one batch (`n` output floats, NaN-filled before) on
 /// head-major planes, then on token-major ones.
 fn decode_both_layouts<'a>(
@@ -160,14 +176,13 @@ pub(crate) fn check_mma(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> Resul
                     .all(|(g, f)| g.to_bits() == glue::round_bf16(*f).to_bits());
                 // The mass variant: the same attention bit for bit, and each page's mass
                 // against the dense softmax weights and the emulation.
-                let (mass_out, mass_d) = k.decode_attention_mma_mass(
+                let (mass_same_output, mass) = mass_run(
+                    stream,
+                    &k,
                     &batch(plane_views(head.each_ref())),
-                    PageLayout::HeadMajor,
                     &mut work,
-                    false,
+                    &outs[0],
                 )?;
-                let mass_same_output = act_to_host(stream, Some(&mass_out))? == outs[0];
-                let mass = stream.clone_dtoh(&mass_d)?;
                 let chunk_used = work.plan().chunk;
                 for (b, &len) in lens.iter().enumerate() {
                     let table = &order[b * max_blocks..][..max_blocks];
@@ -249,14 +264,13 @@ pub(crate) fn check_mma_wide(stream: &Arc<CudaStream>, rng: &mut SplitMix64) -> 
     };
     let outs = decode_both_layouts(stream, &k, &mut work, [&head, &token], &batch_of, q.len())?;
     let same_layouts = outs[0] == outs[1];
-    let (mass_out, mass_d) = k.decode_attention_mma_mass(
+    let (mass_same_output, mass) = mass_run(
+        stream,
+        &k,
         &batch_of(plane_views(head.each_ref())),
-        PageLayout::HeadMajor,
         &mut work,
-        false,
+        &outs[0],
     )?;
-    let mass_same_output = act_to_host(stream, Some(&mass_out))? == outs[0];
-    let mass = stream.clone_dtoh(&mass_d)?;
     let worst_sum = (0..batch)
         .map(|b| {
             let s: f64 = mass[b * max_blocks..][..max_blocks]
