@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchArgs,
-    LaunchConfig, PushKernelArg,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use engram_kvcore::{Codec, CodecKind, CudaLayer};
@@ -61,6 +61,17 @@ pub struct Tq4Kernels {
     group: usize,
     chunk: usize,
     prefill_query_tiles: usize,
+}
+
+/// Page-locked host memory of `len` f32 values, zeroed: a device-to-host copy into it runs in
+/// stream order without holding the host (`CudaStream::memcpy_dtoh`), and reading it
+/// (`PinnedHostSlice::as_slice`) waits for that copy alone. Plain pinned memory, not
+/// write-combined: the host reads it.
+pub fn pinned_f32(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedHostSlice<f32>, KernelError> {
+    // SAFETY: the memory is zeroed below before anything can read it.
+    let mut host = unsafe { ctx.alloc_pinned_with_flags::<f32>(len, 0) }.map_err(driver)?;
+    host.as_mut_slice().map_err(driver)?.fill(0.0);
+    Ok(host)
 }
 
 /// kvcore's [`CudaLayer`] over four device buffers (key codes, key norms, value codes, value

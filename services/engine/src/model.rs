@@ -160,9 +160,11 @@ pub struct SeqInput<'a> {
 /// Where the host spent an engine step's time (ms), for `engram-bench e2e`'s step breakdown:
 /// making hot room and allocating the new blocks (`room`); in the CUDA forward, its index tables
 /// and plans (`prep`), its layer loop (`launch`: kernels are queued, so this is host time unless
-/// the queue is full), the logits' copy back (`sync`: waits for the device) and the attention
-/// mass folded into the blocks' metadata (`mass`); then registering the sequences' blocks
-/// (`register`: touch, prefix hashes). Summed per thread since [`take_forward_times`].
+/// the queue is full) and the attention mass folded into the blocks' metadata (`mass`: waits for
+/// the middle layer, then runs while the card computes the rest); then registering the sequences'
+/// blocks (`register`: touch, prefix hashes, also while the card computes) and the logits' copy
+/// back (`sync`: waits for the device; zero on the CPU). Summed per thread since
+/// [`take_forward_times`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ForwardTimes {
     /// Hot room and block allocation.
@@ -171,9 +173,9 @@ pub struct ForwardTimes {
     pub prep: f64,
     /// The layer loop.
     pub launch: f64,
-    /// Final norm, LM head and the logits' copy to the host.
+    /// The logits' copy to the host (what is left of the device's step).
     pub sync: f64,
-    /// Attention mass folded into the metadata.
+    /// Attention mass copied and folded into the metadata.
     pub mass: f64,
     /// Registering the computed blocks.
     pub register: f64,
@@ -591,6 +593,20 @@ impl Llama {
     /// [`Self::forward`] with a transform of every new K/V row before it is stored: key
     /// centering (see [`Self::key_means`]) and, for the fidelity harness, a probe.
     pub fn forward_with(
+        &self,
+        store: &mut BlockStore,
+        batch: &[SeqInput<'_>],
+        transform: KvTransform<'_>,
+    ) -> EngineResult<Tensor> {
+        Ok(self
+            .forward_unsynced(store, batch, transform)?
+            .to_device(&Device::Cpu)?)
+    }
+
+    /// [`Self::forward_with`] whose logits may still be on the model's device, being computed:
+    /// on a GPU the host can do its bookkeeping for the step (registering the blocks) while the
+    /// card finishes, and then copy them (`to_device`, which waits for the card).
+    pub(crate) fn forward_unsynced(
         &self,
         store: &mut BlockStore,
         batch: &[SeqInput<'_>],

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice};
 use engram_kernels::glue::GEMV_MAX_ROWS;
 use engram_kernels::gpu::{
     Act, ActBuf, DecodeBatch, MmaWork, PrefillChunk, QkvGlue, Tq4Kernels, Workspace,
@@ -61,9 +61,17 @@ enum DecodeWork {
 /// Kernels compiled for one rotation seed.
 type SeededKernels = (u64, Arc<Tq4Kernels>);
 
-/// The TQ4 kernels compiled for a store's codec, shared by clones of the model.
+/// The TQ4 kernels compiled for a store's codec, and the pinned host buffers a step's attention
+/// mass is copied into (see [`Llama::stage_mass`]), shared by clones of the model.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct KernelCache(Arc<Mutex<Option<SeededKernels>>>);
+pub(crate) struct KernelCache {
+    seeded: Arc<Mutex<Option<SeededKernels>>>,
+    mass_host: Arc<Mutex<Vec<PinnedHostSlice<f32>>>>,
+}
+
+/// A step's attention mass on its way to the host: the pinned buffer and how many of its values
+/// the kernel wrote.
+type StagedMass = (PinnedHostSlice<f32>, usize);
 
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
 fn with_view<R>(
@@ -343,7 +351,7 @@ impl Llama {
         let seed = store.rotation_seed();
         let mut cache = self
             .kernels
-            .0
+            .seeded
             .lock()
             .map_err(|_| dev_err("the kernel cache lock is poisoned"))?;
         if let Some((s, k)) = cache.as_ref()
@@ -360,6 +368,66 @@ impl Llama {
         )?);
         *cache = Some((seed, k.clone()));
         Ok(k)
+    }
+
+    /// Queues the copy of a step's attention mass (written by the middle layer's decode kernel)
+    /// into pinned host memory, in stream order, so the host can fold it while the card runs the
+    /// later layers instead of after the logits. Buffers are reused across steps (a pinned
+    /// buffer's free would wait for the device); a new one is sized with headroom for the
+    /// tables' growth.
+    fn stage_mass(
+        &self,
+        stream: &Arc<CudaStream>,
+        mass: &CudaSlice<f32>,
+    ) -> EngineResult<StagedMass> {
+        let len = mass.len();
+        let pooled = self
+            .kernels
+            .mass_host
+            .lock()
+            .map_err(|_| dev_err("the mass buffers' lock is poisoned"))?
+            .pop()
+            .filter(|h| h.len() >= len);
+        let mut host = match pooled {
+            Some(h) => h,
+            None => engram_kernels::gpu::pinned_f32(
+                stream.context(),
+                len.next_power_of_two().max(1024),
+            )?,
+        };
+        stream.memcpy_dtoh(mass, &mut host).map_err(dev_err)?;
+        Ok((host, len))
+    }
+
+    /// Waits for a staged mass copy (not for the rest of the stream), folds row `k` of
+    /// `stride` values into the blocks of `tables[k]`, and returns the buffer to the pool.
+    fn fold_staged<'t>(
+        &self,
+        store: &mut BlockStore,
+        (host, len): StagedMass,
+        stride: usize,
+        tables: impl Iterator<Item = &'t [engram_kvcore::BlockId]>,
+    ) -> EngineResult<()> {
+        let mass = host
+            .as_slice()
+            .map_err(dev_err)?
+            .get(..len)
+            .ok_or_else(|| dev_err("the staged mass is shorter than its copy"))?;
+        for (k, blocks) in tables.enumerate() {
+            let row = mass
+                .get(k * stride..k * stride + blocks.len())
+                .ok_or_else(|| dev_err("the mass rows are shorter than the batch"))?;
+            super::cpu::fold_mass(store, blocks, row)?;
+        }
+        let mut pool = self
+            .kernels
+            .mass_host
+            .lock()
+            .map_err(|_| dev_err("the mass buffers' lock is poisoned"))?;
+        if pool.len() < 2 {
+            pool.push(host);
+        }
+        Ok(())
     }
 
     /// The products' operand type when the fused glue can run this model: every layer's
@@ -578,7 +646,7 @@ impl Llama {
                 lens.iter().copied().max().unwrap_or(1),
             ))
         };
-        let mut last_mass: Option<CudaSlice<f32>> = None;
+        let mut last_mass: Option<StagedMass> = None;
         let means = match transform.key_means {
             Some(m) => Some(Tensor::from_slice(m, (cfg.num_layers, kv_heads, d), dev)?),
             None => None,
@@ -637,7 +705,7 @@ impl Llama {
         // (`tq4_decode_mma_mass`), folded into the blocks' metadata after the step as the CPU
         // engine folds its own.
         let mass_layer = self.layers.len() / 2;
-        let mut mass_dev: Option<CudaSlice<f32>> = None;
+        let mut mass_dev: Option<StagedMass> = None;
         let layers_at = std::time::Instant::now();
         super::add_forward_times(|t| {
             t.prep += layers_at.duration_since(started).as_secs_f64() * 1e3
@@ -734,7 +802,7 @@ impl Llama {
                                     w,
                                     bf16_attn,
                                 )?;
-                                mass_dev = Some(mass);
+                                mass_dev = Some(self.stage_mass(&stream, &mass)?);
                                 out
                             }
                             DecodeWork::Mma(w) => kernels.decode_attention_mma_out(
@@ -782,7 +850,7 @@ impl Llama {
                     )?;
                     Ok(mass)
                 })?;
-                last_mass = Some(mass);
+                last_mass = Some(self.stage_mass(&stream, &mass)?);
             }
 
             let mut outs = Vec::with_capacity(batch.len());
@@ -889,26 +957,17 @@ impl Llama {
             x = tensor(g.x, cuda, (n, hidden));
         }
         let x = self.final_norm(&x, batch, dev)?;
-        let logits = self.lm_head.forward(&x, 1)?.to_device(&Device::Cpu)?;
+        // Queued, not waited for: the caller copies the logits to the host once it has done its
+        // own bookkeeping (see `Llama::forward_unsynced`).
+        let logits = self.lm_head.forward(&x, 1)?;
+        // The mass was copied after the middle layer: folding it waits for that copy only, so
+        // it overlaps the card's later layers.
         let mass_at = std::time::Instant::now();
-        super::add_forward_times(|t| t.sync += mass_at.duration_since(head_at).as_secs_f64() * 1e3);
-        if let Some(mass) = mass_dev {
-            let mass = stream.clone_dtoh(&mass).map_err(dev_err)?;
-            for (k, blocks) in dec_blocks.iter().enumerate() {
-                let row = mass
-                    .get(k * max_blocks..k * max_blocks + blocks.len())
-                    .ok_or_else(|| dev_err("the mass rows are shorter than the batch"))?;
-                super::cpu::fold_mass(store, blocks, row)?;
-            }
+        if let Some(staged) = mass_dev {
+            self.fold_staged(store, staged, max_blocks, dec_blocks.iter().copied())?;
         }
-        if let (Some(mass), Some((.., lmax, _))) = (last_mass, last_batch.as_ref()) {
-            let mass = stream.clone_dtoh(&mass).map_err(dev_err)?;
-            for (k, (.., blocks)) in last_rows.iter().enumerate() {
-                let row = mass
-                    .get(k * lmax..k * lmax + blocks.len())
-                    .ok_or_else(|| dev_err("the mass rows are shorter than the batch"))?;
-                super::cpu::fold_mass(store, blocks, row)?;
-            }
+        if let (Some(staged), Some((.., lmax, _))) = (last_mass, last_batch.as_ref()) {
+            self.fold_staged(store, staged, *lmax, last_rows.iter().map(|r| r.3))?;
         }
         super::add_forward_times(|t| t.mass += ms(mass_at));
         Ok(logits)

@@ -191,7 +191,7 @@ impl EngineCore {
         };
         let logits = self
             .model
-            .forward_with(&mut self.store, &inputs, transform)?;
+            .forward_unsynced(&mut self.store, &inputs, transform)?;
         let registered = std::time::Instant::now();
         for &(id, n, _) in work {
             if let Some(seq) = self.seqs.get_mut(&id) {
@@ -206,6 +206,13 @@ impl EngineCore {
             self.register(id)?;
         }
         crate::model::add_forward_times(|t| t.register += registered.elapsed().as_secs_f64() * 1e3);
+        // On a GPU the registration above ran while the card finished the step; this waits.
+        if logits.device().is_cpu() {
+            return Ok(logits);
+        }
+        let synced = std::time::Instant::now();
+        let logits = logits.to_device(&candle_core::Device::Cpu)?;
+        crate::model::add_forward_times(|t| t.sync += synced.elapsed().as_secs_f64() * 1e3);
         Ok(logits)
     }
 }
