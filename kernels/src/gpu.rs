@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::result::memcpy_dtoh_async;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchArgs,
-    LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    LaunchArgs, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use engram_kvcore::{Codec, CodecKind, CudaLayer};
@@ -63,15 +64,97 @@ pub struct Tq4Kernels {
     prefill_query_tiles: usize,
 }
 
-/// Page-locked host memory of `len` f32 values, zeroed: a device-to-host copy into it runs in
-/// stream order without holding the host (`CudaStream::memcpy_dtoh`), and reading it
-/// (`PinnedHostSlice::as_slice`) waits for that copy alone. Plain pinned memory, not
-/// write-combined: the host reads it.
-pub fn pinned_f32(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedHostSlice<f32>, KernelError> {
-    // SAFETY: the memory is zeroed below before anything can read it.
-    let mut host = unsafe { ctx.alloc_pinned_with_flags::<f32>(len, 0) }.map_err(driver)?;
-    host.as_mut_slice().map_err(driver)?.fill(0.0);
-    Ok(host)
+/// Page-locked host memory that a device f32 buffer is copied into in stream order.
+///
+/// [`PinnedF32::copy_from`] queues the copy on a stream after the work queued there so far and
+/// returns at once: the copy runs without holding the host. [`PinnedF32::read`] waits for that
+/// copy alone (an event recorded right after it), not for the rest of the stream, so the host
+/// can use the values while the device runs later work. The buffer may be larger than what was
+/// copied into it (it is reused across copies of growing sizes); only the copied prefix is read,
+/// and only that many bytes are copied, never more than the source holds. Plain pinned memory,
+/// not write-combined: the host reads it.
+#[derive(Debug)]
+pub struct PinnedF32 {
+    host: PinnedHostSlice<f32>,
+    len: usize,
+    done: Option<CudaEvent>,
+}
+
+impl PinnedF32 {
+    /// `capacity` values of page-locked host memory, zeroed.
+    pub fn new(ctx: &Arc<CudaContext>, capacity: usize) -> Result<Self, KernelError> {
+        // SAFETY: the memory is zeroed below before anything can read it, and f32 is valid for
+        // any bit pattern.
+        let mut host =
+            unsafe { ctx.alloc_pinned_with_flags::<f32>(capacity, 0) }.map_err(driver)?;
+        host.as_mut_slice().map_err(driver)?.fill(0.0);
+        Ok(Self {
+            host,
+            len: 0,
+            done: None,
+        })
+    }
+
+    /// How many values the buffer holds.
+    pub fn capacity(&self) -> usize {
+        self.host.len()
+    }
+
+    /// Queues the copy of `src` (at most [`PinnedF32::capacity`] values) on `stream`, after the
+    /// work queued there so far, and returns without waiting for it.
+    pub fn copy_from(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<f32>,
+    ) -> Result<(), KernelError> {
+        if src.len() > self.capacity() {
+            return Err(KernelError::Invalid(format!(
+                "a copy of {} values into a pinned buffer of {}",
+                src.len(),
+                self.capacity()
+            )));
+        }
+        // An earlier copy still in flight writes into this memory: let it land first.
+        if let Some(e) = self.done.take() {
+            e.synchronize().map_err(driver)?;
+        }
+        let ptr = self.host.as_mut_ptr().map_err(driver)?;
+        // SAFETY: `ptr` points at `capacity() >= src.len()` initialized f32 values owned by
+        // `self.host`, and no other reference to them is live (`&mut self`, no copy in flight).
+        let dst = unsafe { std::slice::from_raw_parts_mut(ptr, src.len()) };
+        {
+            let (sp, _guard) = src.device_ptr(stream);
+            // SAFETY: `dst` holds exactly `src.len()` values, so the copy reads no more than the
+            // device allocation holds and writes no more than the host one. The host memory
+            // outlives the copy: `read`, the next `copy_from` and `drop` all wait for the event
+            // recorded below before touching or freeing it.
+            unsafe { memcpy_dtoh_async(dst, sp, stream.cu_stream()) }.map_err(driver)?;
+        }
+        self.done = Some(stream.record_event(None).map_err(driver)?);
+        self.len = src.len();
+        Ok(())
+    }
+
+    /// Waits for the last copy (only it) and returns its values.
+    pub fn read(&self) -> Result<&[f32], KernelError> {
+        if let Some(e) = &self.done {
+            e.synchronize().map_err(driver)?;
+        }
+        self.host
+            .as_slice()
+            .map_err(driver)?
+            .get(..self.len)
+            .ok_or_else(|| KernelError::Invalid("a pinned copy longer than its buffer".into()))
+    }
+}
+
+impl Drop for PinnedF32 {
+    /// Waits for a copy still in flight, so the device never writes into freed memory.
+    fn drop(&mut self) {
+        if let Some(e) = self.done.take() {
+            let _ = e.synchronize();
+        }
+    }
 }
 
 /// kvcore's [`CudaLayer`] over four device buffers (key codes, key norms, value codes, value

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
 use engram_kernels::glue::GEMV_MAX_ROWS;
 use engram_kernels::gpu::{
     Act, ActBuf, DecodeBatch, MmaWork, PrefillChunk, QkvGlue, Tq4Kernels, Workspace,
@@ -66,12 +66,11 @@ type SeededKernels = (u64, Arc<Tq4Kernels>);
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelCache {
     seeded: Arc<Mutex<Option<SeededKernels>>>,
-    mass_host: Arc<Mutex<Vec<PinnedHostSlice<f32>>>>,
+    mass_host: Arc<Mutex<Vec<engram_kernels::gpu::PinnedF32>>>,
 }
 
-/// A step's attention mass on its way to the host: the pinned buffer and how many of its values
-/// the kernel wrote.
-type StagedMass = (PinnedHostSlice<f32>, usize);
+/// A step's attention mass on its way to the host: a pinned buffer its copy was queued into.
+type StagedMass = engram_kernels::gpu::PinnedF32;
 
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
 fn with_view<R>(
@@ -387,16 +386,16 @@ impl Llama {
             .lock()
             .map_err(|_| dev_err("the mass buffers' lock is poisoned"))?
             .pop()
-            .filter(|h| h.len() >= len);
+            .filter(|h| h.capacity() >= len);
         let mut host = match pooled {
             Some(h) => h,
-            None => engram_kernels::gpu::pinned_f32(
+            None => engram_kernels::gpu::PinnedF32::new(
                 stream.context(),
                 len.next_power_of_two().max(1024),
             )?,
         };
-        stream.memcpy_dtoh(mass, &mut host).map_err(dev_err)?;
-        Ok((host, len))
+        host.copy_from(stream, mass)?;
+        Ok(host)
     }
 
     /// Waits for a staged mass copy (not for the rest of the stream), folds row `k` of
@@ -404,15 +403,11 @@ impl Llama {
     fn fold_staged<'t>(
         &self,
         store: &mut BlockStore,
-        (host, len): StagedMass,
+        host: StagedMass,
         stride: usize,
         tables: impl Iterator<Item = &'t [engram_kvcore::BlockId]>,
     ) -> EngineResult<()> {
-        let mass = host
-            .as_slice()
-            .map_err(dev_err)?
-            .get(..len)
-            .ok_or_else(|| dev_err("the staged mass is shorter than its copy"))?;
+        let mass = host.read()?;
         for (k, blocks) in tables.enumerate() {
             let row = mass
                 .get(k * stride..k * stride + blocks.len())
