@@ -334,8 +334,14 @@ async fn run(
     Ok((0, 0, Some((figures, replies))))
 }
 
-/// Measures the working set, then every policy of [`policies`] at `hot_share` of it.
-pub async fn compare(model: &Path, dir: &Path, load: Load) -> anyhow::Result<EvictionFigures> {
+/// Measures the working set, then every policy (`[eviction]` as JSON; [`policies`] by default)
+/// at `hot_share` of it; replies are compared with the first policy's.
+pub async fn compare(
+    model: &Path,
+    dir: &Path,
+    load: Load,
+    policies: &[serde_json::Value],
+) -> anyhow::Result<EvictionFigures> {
     let none = json!({});
     let (blocks, bytes, _) = run(model, &dir.join("ws"), load, None, &none).await?;
     let hot_mib = ((bytes as f64 * load.hot_share) / (1u64 << 20) as f64).ceil() as u64;
@@ -343,13 +349,13 @@ pub async fn compare(model: &Path, dir: &Path, load: Load) -> anyhow::Result<Evi
         .then(|| (((bytes as f64 * load.cold_share) / (1u64 << 20) as f64).ceil() as u64).max(1));
     let mut out = Vec::new();
     let mut first: Option<Vec<String>> = None;
-    for (i, policy) in policies().into_iter().enumerate() {
+    for (i, policy) in policies.iter().enumerate() {
         let (_, _, steady) = run(
             model,
             &dir.join(format!("p{i}")),
             load,
             Some((hot_mib.max(1), cold_mib)),
-            &policy,
+            policy,
         )
         .await?;
         let (mut f, replies) = steady.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;

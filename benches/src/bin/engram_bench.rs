@@ -205,9 +205,19 @@ struct EvictionBenchArgs {
     /// Exponent of the Zipf law over agents (0: uniform).
     #[arg(long, default_value_t = 1.0)]
     zipf_s: f64,
+    /// An `[eviction]` setting to measure, as JSON (repeatable; the first is the reference the
+    /// replies are compared with). Default: priority-only, attention-aware, attention-aware with
+    /// a 64-step idle window.
+    #[arg(long = "policy", value_parser = parse_json)]
+    policies: Vec<serde_json::Value>,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-eviction")]
     dir: PathBuf,
+}
+
+/// A JSON argument.
+fn parse_json(s: &str) -> std::result::Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
 }
 
 #[derive(Debug, Args)]
@@ -588,10 +598,16 @@ fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
         cold_share: args.cold_share,
         zipf_s: args.zipf_s,
     };
+    let policies = if args.policies.is_empty() {
+        engram_benches::eviction::policies()
+    } else {
+        args.policies
+    };
     let f = actix_web::rt::System::new().block_on(engram_benches::eviction::compare(
         &args.model,
         &args.dir,
         load,
+        &policies,
     ))?;
     println!("{}", serde_json::json!({"bench": "eviction", "figures": f}));
     let _ = std::fs::remove_dir_all(&args.dir);
