@@ -757,3 +757,42 @@ fn bench_memory(args: MemoryBenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{BenchCommand, Cli};
+
+    #[test]
+    fn eviction_policies_are_taken_as_json_in_order_and_bad_json_is_refused() {
+        let cli = Cli::try_parse_from([
+            "engram-bench",
+            "eviction",
+            "--policy",
+            r#"{"mode":"priority"}"#,
+            "--policy",
+            r#"{"mode":"attention","idle_steps":64}"#,
+        ])
+        .unwrap();
+        let BenchCommand::Eviction(args) = cli.command else {
+            panic!("not the eviction bench");
+        };
+        assert_eq!(
+            args.policies,
+            [
+                serde_json::json!({"mode": "priority"}),
+                serde_json::json!({"mode": "attention", "idle_steps": 64}),
+            ]
+        );
+        // None given: the bench's own list is used (see `bench_eviction`).
+        let cli = Cli::try_parse_from(["engram-bench", "eviction"]).unwrap();
+        let BenchCommand::Eviction(args) = cli.command else {
+            panic!("not the eviction bench");
+        };
+        assert!(args.policies.is_empty());
+        let err =
+            Cli::try_parse_from(["engram-bench", "eviction", "--policy", "{mode"]).unwrap_err();
+        assert!(err.to_string().contains("not JSON"), "{err}");
+    }
+}
