@@ -31,7 +31,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr};
 use engram_kernels::glue::GEMV_MAX_ROWS;
 use engram_kernels::gpu::{
-    Act, ActBuf, DecodeBatch, MmaWork, PrefillChunk, QkvGlue, Tq4Kernels, Workspace,
+    Act, ActBuf, DecodeBatch, MmaWork, PinnedF32, PrefillChunk, QkvGlue, Tq4Kernels, Workspace,
 };
 use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
@@ -66,11 +66,8 @@ type SeededKernels = (u64, Arc<Tq4Kernels>);
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelCache {
     seeded: Arc<Mutex<Option<SeededKernels>>>,
-    mass_host: Arc<Mutex<Vec<engram_kernels::gpu::PinnedF32>>>,
+    mass_host: Arc<Mutex<Vec<PinnedF32>>>,
 }
-
-/// A step's attention mass on its way to the host: a pinned buffer its copy was queued into.
-type StagedMass = engram_kernels::gpu::PinnedF32;
 
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
 fn with_view<R>(
@@ -378,7 +375,7 @@ impl Llama {
         &self,
         stream: &Arc<CudaStream>,
         mass: &CudaSlice<f32>,
-    ) -> EngineResult<StagedMass> {
+    ) -> EngineResult<PinnedF32> {
         let len = mass.len();
         let pooled = self
             .kernels
@@ -389,10 +386,7 @@ impl Llama {
             .filter(|h| h.capacity() >= len);
         let mut host = match pooled {
             Some(h) => h,
-            None => engram_kernels::gpu::PinnedF32::new(
-                stream.context(),
-                len.next_power_of_two().max(1024),
-            )?,
+            None => PinnedF32::new(stream.context(), len.next_power_of_two().max(1024))?,
         };
         host.copy_from(stream, mass)?;
         Ok(host)
@@ -403,7 +397,7 @@ impl Llama {
     fn fold_staged<'t>(
         &self,
         store: &mut BlockStore,
-        host: StagedMass,
+        host: PinnedF32,
         stride: usize,
         tables: impl Iterator<Item = &'t [engram_kvcore::BlockId]>,
     ) -> EngineResult<()> {
@@ -641,7 +635,7 @@ impl Llama {
                 lens.iter().copied().max().unwrap_or(1),
             ))
         };
-        let mut last_mass: Option<StagedMass> = None;
+        let mut last_mass: Option<PinnedF32> = None;
         let means = match transform.key_means {
             Some(m) => Some(Tensor::from_slice(m, (cfg.num_layers, kv_heads, d), dev)?),
             None => None,
@@ -697,10 +691,10 @@ impl Llama {
         let bf16_attn =
             prefills.is_empty() && glue.as_ref().is_some_and(|g| g.dtype == DType::BF16);
         // The middle layer's decode attention also measures each block's attention mass
-        // (`tq4_decode_mma_mass`), folded into the blocks' metadata after the step as the CPU
-        // engine folds its own.
+        // (`tq4_decode_mma_mass`), copied to the host right after it and folded into the blocks'
+        // metadata while the card runs the later layers (`stage_mass`, `fold_staged`).
         let mass_layer = self.layers.len() / 2;
-        let mut mass_dev: Option<StagedMass> = None;
+        let mut mass_dev: Option<PinnedF32> = None;
         let layers_at = std::time::Instant::now();
         super::add_forward_times(|t| {
             t.prep += layers_at.duration_since(started).as_secs_f64() * 1e3
