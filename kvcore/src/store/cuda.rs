@@ -8,10 +8,12 @@
 //!   `cuMemcpyAsync` per (tensor, layer, run); a scattered set (more than
 //!   [`MEMCPY_RUN_LIMIT`] copies) is moved by one launch of a copy kernel that reads or writes the
 //!   mapped host memory directly.
-//! - **Ordering.** Device tensors are cudarc slices, whose read and write events order every
-//!   stream that touches them: a warm waits for earlier kernels that read the slots, and later
-//!   kernels wait for the warm. A call returns when its bytes have landed, so the CPU may read
-//!   or rewrite the cold tier at once.
+//! - **Ordering.** A spill, a warm or a read-back first waits for the whole context (every
+//!   stream, whichever thread queued its work), so kernels queued earlier that write or read the
+//!   slots have finished; it returns when its own bytes have landed, so later kernels see them and
+//!   the CPU may read or rewrite the cold tier at once. The tier does not rely on cudarc's
+//!   per-slice events: the engine turns them off (each kernel argument would otherwise cost an
+//!   event wait and record on the host).
 //! - **Cold tier.** Page-locked with `cuMemHostAlloc(PORTABLE | DEVICEMAP)`: not write-combined,
 //!   so CPU reads (the shadow, checksums) stay fast.
 
@@ -120,6 +122,24 @@ impl CudaTier {
         &self.copy
     }
 
+    /// Turns cudarc's per-slice event tracking off for the tier's context (see the module docs on
+    /// ordering): kernel launches and allocations then cost no event calls on the host. The
+    /// tier's own copies stay ordered (they settle the context first); whoever calls this keeps
+    /// every other use of the context's memory on the compute stream, or orders it by hand.
+    pub fn untrack_events(&self) {
+        // SAFETY: cudarc's obligations without tracking are that no slice is freed, read or
+        // written on one stream while another still uses it. The tier's copy stream touches its
+        // tensors only after `settle` (every stream idle) and is synchronized before the call
+        // returns; the rest is the caller's, as documented above.
+        unsafe { self.stream.context().disable_event_tracking() }
+    }
+
+    /// Waits for every stream of the context: the work that touched the tier before a copy (see
+    /// the module docs on ordering).
+    fn settle(&self) -> KvResult<()> {
+        self.stream.context().synchronize().map_err(cuda)
+    }
+
     fn strides(&self, plane: usize) -> &Strides {
         &self.strides[plane]
     }
@@ -169,6 +189,7 @@ impl CudaTier {
 
     /// All bytes of one block, in [`HostTier::block_bytes`] order (read back from the device).
     pub fn block_bytes(&self, slot: u32) -> KvResult<Vec<u8>> {
+        self.settle()?;
         let mut out = Vec::with_capacity(self.layout.block_bytes());
         for plane in 0..4 {
             let s = self.strides(plane);
@@ -182,6 +203,7 @@ impl CudaTier {
 
     /// Every byte of the tier (for equality of whole stores in tests).
     fn download(&self) -> KvResult<Vec<Vec<u8>>> {
+        self.settle()?;
         self.bufs
             .iter()
             .map(|b| self.copy.clone_dtoh(b).map_err(cuda))
@@ -190,6 +212,7 @@ impl CudaTier {
 
     /// A copy of the tier in fresh device memory (same streams).
     pub fn try_clone(&self) -> KvResult<Self> {
+        self.settle()?;
         let mut bufs = Vec::with_capacity(4);
         for b in &self.bufs {
             let mut dst = self.stream.alloc_zeros::<u8>(b.len()).map_err(cuda)?;
@@ -247,6 +270,7 @@ impl HotStorage for CudaTier {
         let layers = self.layout.shape.layers;
         let copy = &self.copy;
         copy.context().bind_to_thread().map_err(cuda)?;
+        self.settle()?;
         if runs.len() * layers * 4 <= MEMCPY_RUN_LIMIT {
             for (plane, (dst, dst_strides)) in cold.planes_mut().into_iter().enumerate() {
                 let (src, _read) = self.bufs[plane].device_ptr(copy);
@@ -297,6 +321,7 @@ impl HotStorage for CudaTier {
         let layers = self.layout.shape.layers;
         let copy = self.copy.clone();
         copy.context().bind_to_thread().map_err(cuda)?;
+        self.settle()?;
         let strides = self.strides.clone();
         let kernel = self.copy_kernel.clone();
         if runs.len() * layers * 4 <= MEMCPY_RUN_LIMIT {

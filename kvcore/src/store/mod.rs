@@ -264,6 +264,16 @@ impl BlockStore {
         })
     }
 
+    /// On a device hot tier, turns cudarc's per-slice event tracking off for its context
+    /// ([`CudaTier::untrack_events`]): the caller queues all its other device work on the
+    /// stream the store was built on. Nothing on a host tier.
+    #[cfg(feature = "cuda")]
+    pub fn untrack_device_events(&self) {
+        if let Some(t) = self.hot.cuda() {
+            t.untrack_events();
+        }
+    }
+
     /// A copy of the store, its metadata and the bytes of both tiers.
     pub fn try_clone(&self) -> KvResult<Self> {
         Ok(Self {

@@ -548,8 +548,19 @@ fn on_cuda(
         candle_core::Device::Cuda(_) => model,
         _ => model.to_device_as(&candle_core::Device::new_cuda(ordinal)?, held)?,
     };
-    let stream = model.device().as_cuda_device()?.cuda_stream();
-    let store = BlockStore::on_cuda_stream(store, stream)?;
+    let cuda = model.device().as_cuda_device()?;
+    let store = BlockStore::on_cuda_stream(store, cuda.cuda_stream())?;
+    // The hot tier's copy stream puts cudarc in its multi-stream mode, where every kernel
+    // argument costs an event wait and an event record on the host and every allocation two new
+    // events: ~10 launches a layer made that a large part of a batch-1 step. Nothing here needs
+    // it: the model's work is on one stream, and the tier settles the context before each copy
+    // (kvcore's `store::cuda` docs). `ENGRAM_CUDA_EVENTS=tracked` keeps cudarc's tracking (a
+    // diagnostic switch, to measure the difference).
+    if !std::env::var("ENGRAM_CUDA_EVENTS").is_ok_and(|v| v == "tracked") {
+        // The model queues all its work on the store's stream; the attention mass copy waits on
+        // its own event (`PinnedF32`).
+        store.untrack_device_events();
+    }
     Ok((model, store))
 }
 

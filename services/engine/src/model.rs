@@ -704,8 +704,16 @@ impl Llama {
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
         let rows = Self::logit_rows(batch);
-        let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
-        let x = x.index_select(&rows, 0)?;
+        // Every row asked for, in order (a decode batch): no gather (on a device, an upload
+        // and a launch saved).
+        let every =
+            rows.len() == x.dim(0)? && rows.iter().enumerate().all(|(i, &r)| i == r as usize);
+        let x = if every {
+            x.clone()
+        } else {
+            let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
+            x.index_select(&rows, 0)?
+        };
         candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)
     }
 

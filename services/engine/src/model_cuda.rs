@@ -61,12 +61,14 @@ enum DecodeWork {
 /// Kernels compiled for one rotation seed.
 type SeededKernels = (u64, Arc<Tq4Kernels>);
 
-/// The TQ4 kernels compiled for a store's codec, and the pinned host buffers a step's attention
-/// mass is copied into (see [`Llama::stage_mass`]), shared by clones of the model.
+/// The TQ4 kernels compiled for a store's codec, the pinned host buffers a step's attention
+/// mass is copied into (see [`Llama::stage_mass`]) and the key means last uploaded (see
+/// [`Llama::device_means`]), shared by clones of the model.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelCache {
     seeded: Arc<Mutex<Option<SeededKernels>>>,
     mass_host: Arc<Mutex<Vec<PinnedF32>>>,
+    means: Arc<Mutex<Option<(Vec<f32>, Tensor)>>>,
 }
 
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
@@ -392,6 +394,27 @@ impl Llama {
         Ok(host)
     }
 
+    /// The key means `[layers, kv_heads, head_dim]` on the device: uploaded once and reused
+    /// while the caller passes the same values (a step compares them on the host instead of
+    /// copying them again).
+    fn device_means(&self, means: &[f32]) -> EngineResult<Tensor> {
+        let cfg = &self.config;
+        let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
+        let mut cache = self
+            .kernels
+            .means
+            .lock()
+            .map_err(|_| dev_err("the key means' lock is poisoned"))?;
+        if let Some((host, dev)) = cache.as_ref()
+            && host.as_slice() == means
+        {
+            return Ok(dev.clone());
+        }
+        let dev = Tensor::from_slice(means, shape, &self.device)?;
+        *cache = Some((means.to_vec(), dev.clone()));
+        Ok(dev)
+    }
+
     /// Waits for a staged mass copy (not for the rest of the stream), folds row `k` of
     /// `stride` values into the blocks of `tables[k]`, and returns the buffer to the pool.
     fn fold_staged<'t>(
@@ -637,7 +660,7 @@ impl Llama {
         };
         let mut last_mass: Option<PinnedF32> = None;
         let means = match transform.key_means {
-            Some(m) => Some(Tensor::from_slice(m, (cfg.num_layers, kv_heads, d), dev)?),
+            Some(m) => Some(self.device_means(m)?),
             None => None,
         };
 
