@@ -68,8 +68,11 @@ type SeededKernels = (u64, Arc<Tq4Kernels>);
 pub(crate) struct KernelCache {
     seeded: Arc<Mutex<Option<SeededKernels>>>,
     mass_host: Arc<Mutex<Vec<PinnedF32>>>,
-    means: Arc<Mutex<Option<(Vec<f32>, Tensor)>>>,
+    means: Arc<Mutex<Option<DeviceMeans>>>,
 }
+
+/// Key means as the caller gave them, and their copy on the device.
+type DeviceMeans = (Vec<f32>, Tensor);
 
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
 fn with_view<R>(
