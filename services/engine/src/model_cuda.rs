@@ -74,6 +74,12 @@ pub(crate) struct KernelCache {
 /// Key means as the caller gave them, and their copy on the device.
 type DeviceMeans = (Vec<f32>, Tensor);
 
+/// Locks one of the [`KernelCache`]'s parts (`what` names it in the error).
+fn lock<'m, T>(m: &'m Mutex<T>, what: &str) -> EngineResult<std::sync::MutexGuard<'m, T>> {
+    m.lock()
+        .map_err(|_| dev_err(format!("the lock of {what} is poisoned")))
+}
+
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
 fn with_view<R>(
     t: &Tensor,
@@ -350,11 +356,7 @@ impl Llama {
             });
         }
         let seed = store.rotation_seed();
-        let mut cache = self
-            .kernels
-            .seeded
-            .lock()
-            .map_err(|_| dev_err("the kernel cache lock is poisoned"))?;
+        let mut cache = lock(&self.kernels.seeded, "the kernel cache")?;
         if let Some((s, k)) = cache.as_ref()
             && *s == seed
         {
@@ -382,11 +384,7 @@ impl Llama {
         mass: &CudaSlice<f32>,
     ) -> EngineResult<PinnedF32> {
         let len = mass.len();
-        let pooled = self
-            .kernels
-            .mass_host
-            .lock()
-            .map_err(|_| dev_err("the mass buffers' lock is poisoned"))?
+        let pooled = lock(&self.kernels.mass_host, "the mass buffers")?
             .pop()
             .filter(|h| h.capacity() >= len);
         let mut host = match pooled {
@@ -403,11 +401,7 @@ impl Llama {
     fn device_means(&self, means: &[f32]) -> EngineResult<Tensor> {
         let cfg = &self.config;
         let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
-        let mut cache = self
-            .kernels
-            .means
-            .lock()
-            .map_err(|_| dev_err("the key means' lock is poisoned"))?;
+        let mut cache = lock(&self.kernels.means, "the key means")?;
         if let Some((host, dev)) = cache.as_ref()
             && host.as_slice() == means
         {
@@ -434,11 +428,7 @@ impl Llama {
                 .ok_or_else(|| dev_err("the mass rows are shorter than the batch"))?;
             super::cpu::fold_mass(store, blocks, row)?;
         }
-        let mut pool = self
-            .kernels
-            .mass_host
-            .lock()
-            .map_err(|_| dev_err("the mass buffers' lock is poisoned"))?;
+        let mut pool = lock(&self.kernels.mass_host, "the mass buffers")?;
         if pool.len() < 2 {
             pool.push(host);
         }

@@ -82,13 +82,9 @@ fn only(name: &str) -> bool {
     args.windows(2).any(|w| w[0] == "--only" && w[1] == name)
 }
 
-fn only_mma() -> bool {
-    only("mma")
-}
-
 fn main() -> Result<ExitCode> {
     let ctx = CudaContext::new(0).context("CUDA device 0")?;
-    if only_mma() {
+    if only("mma") {
         let stream = ctx.default_stream();
         let mut rng = SplitMix64::new(7);
         let ok = check_mma(&stream, &mut rng)? & check_mma_wide(&stream, &mut rng)?;
