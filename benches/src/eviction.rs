@@ -15,7 +15,9 @@
 //! decides misses, not only which cached blocks are hot.
 //!
 //! Figures per policy, over the steady turns: the hot hit rate (prompt blocks found hot at
-//! admission over the prompt blocks a turn could reuse: hot + cold hits + misses), the cold
+//! admission over the prompt blocks a turn could reuse: hot + cold hits + misses) over every
+//! admission the engine counted and over the turns' own prompts (the server also prefills the
+//! canonical prefix after each turn, whose blocks the turn has just made hot), the cold
 //! hits, the misses (recomputed), TTFT p50/p95, admission evictions; and whether every reply
 //! equals the first policy's (eviction moves blocks, it never changes them).
 
@@ -60,8 +62,15 @@ pub struct PolicyFigures {
     pub eviction: serde_json::Value,
     /// Steady turns.
     pub turns: usize,
-    /// Prompt blocks found hot / (hot + cold + missed).
+    /// Prompt blocks found hot / (hot + cold + missed), over every admission the engine counted:
+    /// the turns' prompts, the canonical prefix the server prefills after each turn (blocks the
+    /// turn has just made hot) and the replays of lost turns.
     pub hot_hit_rate: f64,
+    /// The same over the turns' own prompts only (each turn's `cache` figures): of the blocks a
+    /// turn's prompt reused or computed, the share found hot when it arrived.
+    pub turn_hot_hit_rate: f64,
+    /// The turns' prompt blocks found hot, warmed from the cold tier, computed.
+    pub turn_blocks: [u64; 3],
     /// Prompt blocks found hot, cold, and missed (recomputed).
     pub hot_hits: u64,
     /// Found in the cold tier (warmed by the turn).
@@ -282,6 +291,7 @@ async fn run(
     let mut generation = vec![0usize; load.agents];
     let (mut ttft, mut replies) = (Vec::new(), Vec::new());
     let (mut cached, mut prompt) = (0u64, 0u64);
+    let mut turn_blocks = [0u64; 3];
     let started = std::time::Instant::now();
     for _ in 0..load.turns {
         let a = zipf(&mut rng, load.agents, load.zipf_s);
@@ -305,6 +315,14 @@ async fn run(
         cached += v["usage"]["cached_tokens"].as_u64().unwrap_or(0);
         prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
         replies.push(v["text"].as_str().unwrap_or_default().to_string());
+        for (n, k) in turn_blocks
+            .iter_mut()
+            .zip(["hot_blocks", "warmed_blocks", "computed_blocks"])
+        {
+            *n += v["cache"][k]
+                .as_u64()
+                .ok_or_else(|| anyhow::anyhow!("turn without cache.{k}: {v}"))?;
+        }
     }
     let wall_s = started.elapsed().as_secs_f64();
     let after = snapshot().await?;
@@ -321,6 +339,8 @@ async fn run(
         eviction: eviction.clone(),
         turns: load.turns,
         hot_hit_rate: hot_hits as f64 / (hot_hits + cold_hits + misses).max(1) as f64,
+        turn_hot_hit_rate: turn_blocks[0] as f64 / turn_blocks.iter().sum::<u64>().max(1) as f64,
+        turn_blocks,
         hot_hits,
         cold_hits,
         misses,
@@ -364,8 +384,8 @@ pub async fn compare(
             Some(r) => f.replies_identical = *r == replies,
         }
         eprintln!(
-            "engram-bench eviction: {} hot hit rate {:.3}, TTFT p50 {:.1} ms",
-            f.eviction, f.hot_hit_rate, f.ttft_ms[0]
+            "engram-bench eviction: {} hot hit rate {:.3} (turns' prompts {:.3}), TTFT p50 {:.1} ms",
+            f.eviction, f.hot_hit_rate, f.turn_hot_hit_rate, f.ttft_ms[0]
         );
         out.push(f);
     }

@@ -61,6 +61,15 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 
 /// Runs one turn (greedy, 8 tokens); returns the text and the cached prompt tokens.
 pub(crate) fn turn(srv: &Server, key: &str, session: &str, msg: &str) -> (String, u64) {
+    let v = turn_answer(srv, key, session, msg);
+    (
+        v["text"].as_str().unwrap().to_string(),
+        v["usage"]["cached_tokens"].as_u64().unwrap(),
+    )
+}
+
+/// [`turn`]'s whole answer.
+fn turn_answer(srv: &Server, key: &str, session: &str, msg: &str) -> Value {
     let (s, v) = srv.call(
         "POST",
         &format!("/v1/agents/bot/sessions/{session}/turns"),
@@ -68,10 +77,28 @@ pub(crate) fn turn(srv: &Server, key: &str, session: &str, msg: &str) -> (String
         json!({"message": msg, "max_tokens": 8}),
     );
     assert_eq!(s, 200, "{v}");
-    (
-        v["text"].as_str().unwrap().to_string(),
-        v["usage"]["cached_tokens"].as_u64().unwrap(),
-    )
+    v
+}
+
+/// A turn's `cache` figures: blocks found hot, warmed from the cold tier, computed; checked
+/// against its usage (16-token blocks: the reused blocks are the cached tokens, and the three
+/// cover every full block of the prompt but the last token's).
+fn turn_cache(v: &Value) -> [u64; 3] {
+    let c = &v["cache"];
+    let n = ["hot_blocks", "warmed_blocks", "computed_blocks"]
+        .map(|k| c[k].as_u64().unwrap_or_else(|| panic!("no cache.{k}: {v}")));
+    let usage = &v["usage"];
+    assert_eq!(
+        (n[0] + n[1]) * 16,
+        usage["cached_tokens"].as_u64().unwrap(),
+        "{v}"
+    );
+    assert_eq!(
+        n.iter().sum::<u64>(),
+        (usage["prompt_tokens"].as_u64().unwrap() - 1) / 16,
+        "{v}"
+    );
+    n
 }
 
 /// Where a test's shadow lives.
@@ -674,8 +701,12 @@ fn an_evicted_session_is_read_back_from_disk_on_a_miss_and_answers_like_a_hot_on
     assert_eq!(tiers["blocks"], ev["pinned"], "{tiers} after {ev}");
     // The next turn reads the session back from the shadow: nothing replayed, every block of
     // the conversation reused, the same answer as the session that never lost its cache.
-    let want = turn(&srv, &hot, "s", &message(3));
-    assert_eq!(turn(&srv, &evicted, "s", &message(3)), want);
+    let want = turn_answer(&srv, &hot, "s", &message(3));
+    let got = turn_answer(&srv, &evicted, "s", &message(3));
+    assert_eq!(
+        (&got["text"], &got["usage"]["cached_tokens"]),
+        (&want["text"], &want["usage"]["cached_tokens"])
+    );
     assert_eq!(
         metric(&srv, "engram_shadow_miss_reads_total{result=\"loaded\"}"),
         1
@@ -687,6 +718,12 @@ fn an_evicted_session_is_read_back_from_disk_on_a_miss_and_answers_like_a_hot_on
         disk_hits > 0 && disk_hits <= dropped,
         "{disk_hits} of {dropped}"
     );
+    // The turn's answer says so: the blocks read back were warmed from the cold tier, the
+    // session that kept its cache found its blocks hot; both computed the same new blocks.
+    let (got, want) = (turn_cache(&got), turn_cache(&want));
+    assert!(got[1] >= disk_hits, "{got:?}, {disk_hits} read back");
+    assert!(want[0] > got[0], "{want:?} against {got:?}");
+    assert_eq!(got[2], want[2]);
     assert_eq!(metric(&srv, "engram_replayed_turns_total"), replayed);
     // A turn that misses nothing reads nothing.
     assert_eq!(

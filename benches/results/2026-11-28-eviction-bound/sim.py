@@ -64,10 +64,10 @@ def trace(seed, L, agents=12, warm_turns=3, turns=120, zipf_s=1.0, reply=8):
         stable = sum(1 for b in range(la // BS) if S[a] - b * BS >= BS // 2)
         ev.append(dict(kind='admit', agent=a, gen=gen[a], lookups=(la - 1) // BS,
                        cached_after=la // BS, held=math.ceil((la + reply) / BS),
-                       stable=stable, counted=counted))
+                       stable=stable, counted=counted, which='A'))
         ev.append(dict(kind='admit', agent=a, gen=gen[a], lookups=(lb - 1) // BS,
                        cached_after=lb // BS, held=math.ceil((lb + 1) / BS),
-                       stable=stable, counted=counted))
+                       stable=stable, counted=counted, which='B'))
         ev.append(dict(kind='end_turn'))
         said[a] += 1
 
@@ -103,8 +103,53 @@ class Sim:
         self.chain_last = {}     # (agent, gen) -> last admission time
         self.freq = {}           # agent -> admissions so far
         self.clock = 0
+        self.heat = {}
+        self.aheat = {}
+        self.ghost = {}
+        self.wr, self.wf = 0.4, 0.4  # recency, frequency weights of the x-engine rules (the driver sets them)
+        self.inherit = policy == 'x-engine-ghost'
+        self.decay = 0.995
         self.cycle = 0
-        self.c = dict(hot=0, cold=0, miss=0)
+        self.c = dict(hot=0, cold=0, miss=0, Ahot=0, Atot=0)
+
+    def engine_keys(self, blocks, busy):
+        ms = [self.meta[b] for b in blocks]
+        if not ms:
+            self.ekey = {}
+            return
+        lo = min(m['last'] for m in ms); hi = max(m['last'] for m in ms)
+        span = max(hi - lo, 1)
+        mr = max(m['reads'] for m in ms)
+        den = max(math.log(1 + mr), 1e-300)
+        own = {}
+        for b, m in zip(blocks, ms):
+            band = 999 if m['pin'] == 'pinned' else (100 if m['stable'] else 15)
+            r = (m['last'] - lo) / span
+            f = math.log(1 + m['reads']) / den
+            own[b] = (band, self.wr * r + self.wf * f)
+        # lift along chains (later blocks of the chain; busy = max)
+        eff = dict(own)
+        chains = {}
+        for b in list(self.hot) + list(blocks):
+            chains.setdefault(b[:2], set()).add(b[2])
+        for ch, _ in chains.items():
+            n = self.chain_len.get(ch, 0)
+            later = (0, -1e300)
+            for i in range(n - 1, -1, -1):
+                b = (ch[0], ch[1], i)
+                k = (65535, 1e300) if b in busy else own.get(b, (0, -1e300))
+                later = max(later, k)
+                if b in eff:
+                    eff[b] = max(eff[b], later)
+        self.ekey = {b: (eff[b][0], eff[b][1], -b[2]) for b in blocks}
+
+    def aheatv(self, a):
+        hh = self.aheat.get(a, (0.0, self.clock))
+        return hh[0] * self.decay ** (self.clock - hh[1])
+
+    def heatv(self, ch):
+        hh = self.heat.get(ch, (0.0, self.clock))
+        return hh[0] * self.decay ** (self.clock - hh[1])
 
     # ---- victim ordering -------------------------------------------------------------------
     def key(self, blk, now):
@@ -121,6 +166,26 @@ class Sim:
         if p == 'lfu-chain':
             ch = blk[:2]
             return (self.freq.get(blk[0], 0), self.chain_last[ch], -blk[2])
+        if p.startswith('x-'):
+            ch = blk[:2]
+            h = self.heatv(ch)
+            pinned = m['pin'] == 'pinned'
+            band = 999 if pinned else (100 if m['stable'] else 15)
+            if p == 'x-pin-chain':
+                return (pinned, h, self.chain_last[ch], -blk[2])
+            if p == 'x-band-chain':
+                return (band, h, self.chain_last[ch], -blk[2])
+            if p == 'x-chain':
+                return (h, self.chain_last[ch], -blk[2])
+            if p.startswith('x-engine'):
+                return self.ekey[blk]
+            ah = self.aheatv(blk[0])
+            if p == 'x-band-agent':
+                return (band, ah, self.chain_last[ch], -blk[2])
+            if p == 'x-pin-aheat':
+                return (pinned, ah, self.chain_last[ch], -blk[2])
+            if p == 'x-pin-agent':
+                return (pinned, self.freq.get(blk[0], 0), self.chain_last[ch], -blk[2])
         if p == 'min':
             ch = blk[:2]
             us = self.uses[ch]
@@ -130,6 +195,8 @@ class Sim:
 
     def evict(self, n, busy, now):
         idle = [b for b in self.hot if b not in busy]
+        if self.policy.startswith('x-engine'):
+            self.engine_keys(idle, busy)
         if self.policy == 'min':
             # cache next-use per chain
             nxt = {}
@@ -184,6 +251,8 @@ class Sim:
         cand = [b for b in self.hot
                 if self.meta[b]['pin'] != 'pinned'
                 and not (self.meta[b]['moves'] > 0 and self.cycle - self.meta[b]['moved'] < self.cooldown)]
+        if self.policy.startswith('x-engine'):
+            self.engine_keys(cand, set())
         cand.sort(key=lambda b: self.key(b, now))
         for b in cand[:want]:
             self.hot.discard(b)
@@ -202,6 +271,8 @@ class Sim:
                 for i in range(self.chain_len.get(ch, 0)):
                     b = (a, g, i)
                     self.hot.discard(b)
+                    if self.meta[b]['stable']:
+                        self.ghost[(a, i)] = self.meta[b]['reads']
                     del self.meta[b]
                 self.chain_len[ch] = 0
                 self.unpin_promote()
@@ -215,7 +286,13 @@ class Sim:
                 self.c['hot'] += hot_hits
                 self.c['cold'] += hits - hot_hits
                 self.c['miss'] += e['lookups'] - hits
+                if e['which']=='A':
+                    self.c['Ahot'] += hot_hits; self.c['Atot'] += e['lookups']
             self.chain_last[ch] = t
+            hh = self.aheat.get(a, (0.0, self.clock))
+            self.aheat[a] = (hh[0] * self.decay ** (self.clock - hh[1]) + 1.0, self.clock)
+            hh = self.heat.get(ch, (0.0, self.clock))
+            self.heat[ch] = (hh[0] * self.decay ** (self.clock - hh[1]) + 1.0, self.clock)
             # warm the cold hits (and every cached block of the chain is read: all must be hot)
             busy = {(a, g, i) for i in range(cached)}
             need_cold = [b for b in busy if b not in self.hot]
@@ -229,12 +306,15 @@ class Sim:
             newb = []
             for i in range(cached, e['cached_after']):
                 b = (a, g, i)
+                st = i < e['stable']
                 self.meta[b] = dict(created=self.clock * 10000 + i, last=0, pin='none',
-                                    stable=i < e['stable'], moves=0, moved=self.cycle)
+                                    stable=st, moves=0, moved=self.cycle,
+                                    reads=(self.ghost.get((a, i), 0) if (st and self.inherit) else 0))
                 self.hot.add(b)
                 newb.append(b)
             for b in busy | set(newb):
                 self.meta[b]['last'] = self.clock
+                self.meta[b]['reads'] += 1
             self.pin([b for b in newb if self.meta[b]['stable']])
             self.chain_len[ch] = e['cached_after']
             # transient slots are released when the sequence ends (no-op in this accounting:

@@ -59,4 +59,14 @@ impl BlockStore {
             Ok(())
         })
     }
+
+    /// Adds `reads` earlier lives' reads to a live block's count ([`crate::BlockMeta::reads`]):
+    /// a block recomputed with the same content (same chained hash) carries how often the model
+    /// read that content before it was dropped, so read frequency survives a conversation's end
+    /// and a cold-tier drop. Its mass, `mass_at` and `read_step` are its own.
+    pub fn carry_reads(&mut self, id: BlockId, reads: u32) -> KvResult<()> {
+        let meta = self.meta.get_mut(id).ok_or(KvError::UnknownBlock { id })?;
+        meta.reads = meta.reads.saturating_add(reads);
+        Ok(())
+    }
 }

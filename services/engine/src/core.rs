@@ -46,7 +46,7 @@ mod reserve;
 mod shadow;
 mod tiers;
 use crate::model::Llama;
-use crate::prefix::{BlockHash, PrefixCache};
+use crate::prefix::{BlockHash, PrefixCache, ReadHistory};
 use crate::probe::KvProbe;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{DeviceWeights, WeightFormat};
@@ -332,8 +332,15 @@ pub struct Admission {
     pub prompt_tokens: usize,
     /// Leading tokens whose blocks were reused.
     pub cached_tokens: usize,
+    /// Of those blocks, how many were found hot (the rest were warmed from the cold tier).
+    #[serde(default)]
+    pub hot_blocks: usize,
     /// Of those blocks, how many were warmed from the cold tier.
     pub warmed_blocks: usize,
+    /// Full prompt blocks the cache did not hold, computed by the prefill (as
+    /// [`CacheCounters::misses`] counts them).
+    #[serde(default)]
+    pub computed_blocks: usize,
     /// Of those blocks, how many a reservation held (see [`EngineCore::reserve`]).
     #[serde(default)]
     pub reserved_blocks: usize,
@@ -584,6 +591,8 @@ pub struct EngineCore {
     tokenizer: TextTokenizer,
     store: BlockStore,
     cache: PrefixCache,
+    /// Read counts of dropped blocks by hash, carried to their recomputed successors.
+    history: ReadHistory,
     pins: PrefixPinManager,
     config: EngineConfig,
     fingerprint: [u8; 32],
@@ -727,6 +736,13 @@ impl EngineCore {
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());
         let chains = shadow::Chains::new(config.chains_per_tenant, MAX_CHAINS);
+        // Twice the blocks both tiers hold, at least 4,096 (~64 bytes an entry).
+        let history_capacity = usize::try_from(
+            hot.saturating_add(config.cold_bytes / block_bytes as u64)
+                .saturating_mul(2),
+        )
+        .unwrap_or(usize::MAX)
+        .max(4096);
         let fusion = fuse::FusionState::new(config.fusion.as_ref());
         Ok(Self {
             fusion,
@@ -735,6 +751,7 @@ impl EngineCore {
             tokenizer,
             store,
             cache: PrefixCache::default(),
+            history: ReadHistory::new(history_capacity),
             pins,
             config,
             seqs: BTreeMap::new(),

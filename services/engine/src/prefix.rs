@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use engram_kvcore::BlockId;
+use engram_kvcore::{BlockId, TenantId};
 use sha2::{Digest, Sha256};
 
 use crate::error::EngineResult;
@@ -86,6 +86,11 @@ impl PrefixCache {
         }
     }
 
+    /// The hash `id` is cached under.
+    pub fn hash_of(&self, id: BlockId) -> Option<&BlockHash> {
+        self.by_block.get(&id)
+    }
+
     /// True when `id` is cached.
     pub fn contains_block(&self, id: BlockId) -> bool {
         self.by_block.contains_key(&id)
@@ -104,6 +109,93 @@ impl PrefixCache {
     /// Every cached block.
     pub fn blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.by_block.keys().copied()
+    }
+}
+
+/// How often the model read blocks that have left the cache, by content: when a cached block is
+/// dropped (its conversation deleted, the cold tier full) its read count
+/// ([`engram_kvcore::BlockMeta::reads`]) is remembered under its chained hash, and a block
+/// computed later under the same hash by the same tenant starts with it
+/// ([`engram_kvcore::BlockStore::carry_reads`]). An agent's stable prefix is the same tokens in
+/// each of its conversations, so its read frequency survives the end of one and the start of the
+/// next: attention-aware eviction then tells a busy agent's fresh prefix from an occasional
+/// agent's (see `core::evict`).
+///
+/// Bounded: past `capacity` entries the older half is forgotten (the newest `capacity / 2`
+/// stay), so the table costs O(capacity) memory and amortized O(1) per entry.
+#[derive(Debug, Clone)]
+pub struct ReadHistory {
+    entries: HashMap<BlockHash, Remembered>,
+    capacity: usize,
+    clock: u64,
+}
+
+/// One dropped block's reads, its tenant, and when it was remembered.
+#[derive(Debug, Clone, Copy)]
+struct Remembered {
+    reads: u32,
+    tenant: TenantId,
+    at: u64,
+}
+
+impl ReadHistory {
+    /// An empty history of at most `capacity` entries (0: remembers nothing).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            capacity,
+            clock: 0,
+        }
+    }
+
+    /// Remembers that the block cached under `hash` for `tenant` was read `reads` times
+    /// (replacing what was remembered under `hash`); a block never read is not remembered.
+    pub fn remember(&mut self, hash: BlockHash, tenant: TenantId, reads: u32) {
+        if reads == 0 || self.capacity == 0 {
+            return;
+        }
+        self.clock += 1;
+        self.entries.insert(
+            hash,
+            Remembered {
+                reads,
+                tenant,
+                at: self.clock,
+            },
+        );
+        if self.entries.len() > self.capacity {
+            let keep = (self.capacity / 2).max(1);
+            let mut stamps: Vec<u64> = self.entries.values().map(|r| r.at).collect();
+            let cut = stamps.len() - keep;
+            let (_, &mut oldest_kept, _) = stamps.select_nth_unstable(cut);
+            self.entries.retain(|_, r| r.at >= oldest_kept);
+        }
+    }
+
+    /// The reads remembered under `hash` for `tenant`, forgotten as they are handed over (a
+    /// block of another tenant under the same hash — a public block — gets nothing).
+    pub fn take(&mut self, hash: &BlockHash, tenant: TenantId) -> Option<u32> {
+        match self.entries.get(hash) {
+            Some(r) if r.tenant == tenant => self.entries.remove(hash).map(|r| r.reads),
+            _ => None,
+        }
+    }
+
+    /// Forgets every entry of `tenant`.
+    pub fn forget_tenant(&mut self, tenant: TenantId) {
+        self.entries.retain(|_, r| r.tenant != tenant);
+    }
+
+    /// Entries held.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when nothing is remembered.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 }
 
@@ -248,5 +340,47 @@ mod tests {
     fn engram_kvcore_block(n: u64) -> BlockId {
         // Ids are minted by a store; a manifest's id deserializes the same way.
         serde_json::from_str(&n.to_string()).unwrap()
+    }
+
+    fn hash(i: u8) -> BlockHash {
+        [i; 32]
+    }
+
+    #[test]
+    fn read_history_hands_reads_to_the_same_tenant_once() {
+        let (a, b) = (TenantId(1), TenantId(2));
+        let mut h = ReadHistory::new(16);
+        h.remember(hash(1), a, 7);
+        h.remember(hash(2), a, 0); // never read: not remembered
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.take(&hash(1), b), None, "another tenant gets nothing");
+        assert_eq!(h.take(&hash(2), a), None);
+        assert_eq!(h.take(&hash(1), a), Some(7));
+        assert_eq!(h.take(&hash(1), a), None, "handed over once");
+        h.remember(hash(3), a, 4);
+        h.remember(hash(3), a, 9); // the later count replaces the earlier
+        h.remember(hash(4), b, 5);
+        h.forget_tenant(a);
+        assert_eq!(h.take(&hash(3), a), None);
+        assert_eq!(h.take(&hash(4), b), Some(5));
+    }
+
+    #[test]
+    fn read_history_past_capacity_keeps_the_newest_half() {
+        let t = TenantId(1);
+        let mut h = ReadHistory::new(8);
+        for i in 0..9u8 {
+            h.remember(hash(i), t, u32::from(i) + 1);
+        }
+        assert_eq!(h.len(), 4);
+        for i in 0..5u8 {
+            assert_eq!(h.take(&hash(i), t), None, "entry {i} is among the oldest");
+        }
+        for i in 5..9u8 {
+            assert_eq!(h.take(&hash(i), t), Some(u32::from(i) + 1));
+        }
+        let mut off = ReadHistory::new(0);
+        off.remember(hash(1), t, 3);
+        assert!(off.is_empty());
     }
 }

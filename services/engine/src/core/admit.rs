@@ -208,11 +208,16 @@ impl EngineCore {
         // run, and the run's copies.
         let new_blocks = plan.as_ref().map_or(0, |p| p.run.end / bs - hits.len());
         let copies = plan.as_ref().map_or(0, |p| (p.run.end - p.run.start) / bs);
+        let full = self
+            .seqs
+            .get(&id)
+            .map_or(0, |s| s.prompt_len.saturating_sub(1) / bs);
+        let hot_blocks = reused_ids.len() - cold.len();
+        let computed_blocks = full.saturating_sub(reused_ids.len() + copies);
         if spec.reuse == PrefixReuse::Enabled {
-            let full = self.seqs.get(&id).map_or(0, |s| (s.prompt_len - 1) / bs);
-            self.counters.hot_hits += (reused_ids.len() - cold.len()) as u64;
+            self.counters.hot_hits += hot_blocks as u64;
             self.counters.cold_hits += cold.len() as u64;
-            self.counters.misses += full.saturating_sub(reused_ids.len() + copies) as u64;
+            self.counters.misses += computed_blocks as u64;
         }
         let down_tiered = cold
             .iter()
@@ -279,7 +284,9 @@ impl EngineCore {
         let admission = Admission {
             prompt_tokens: self.seqs.get(&id).map_or(0, |s| s.prompt_len),
             cached_tokens,
+            hot_blocks,
             warmed_blocks: cold.len(),
+            computed_blocks,
             reserved_blocks,
             relocated_tokens: self
                 .seqs

@@ -129,6 +129,11 @@ impl EngineCore {
                 .is_some_and(|r| (r.run.start / bs..r.run.end / bs).contains(&b));
             if !copied && self.cache.get(&h).is_none() && self.cache.insert(h, block) {
                 self.store.retain(&[block])?;
+                // Its tenant as the block's metadata names it (public blocks: the public one).
+                let owner = self.store.metadata().get(block).map(|m| m.tenant());
+                if let Some(reads) = owner.and_then(|t| self.history.take(&h, t)) {
+                    self.store.carry_reads(block, reads)?;
+                }
                 let source = self.store.metadata().get(block).map(|m| m.source());
                 if source.is_some_and(|s| self.config.pin_policy.sources.contains(&s)) {
                     stable.push((b, block));
@@ -509,6 +514,9 @@ impl EngineCore {
     pub(super) fn drop_cached(&mut self, id: BlockId) -> EngineResult<()> {
         if let Some(m) = self.store.metadata().get(id) {
             *self.counters.dropped.entry(m.source()).or_default() += 1;
+            if let Some(&h) = self.cache.hash_of(id) {
+                self.history.remember(h, m.tenant(), m.reads());
+            }
         }
         if self.cache.remove_block(id) {
             self.store.release(&[id])?;
@@ -624,6 +632,7 @@ impl EngineCore {
         report.chains = before - self.chains.by_key.len();
         self.index.forget(tenant, mask, value);
         if mask == 0 {
+            self.history.forget_tenant(tenant);
             self.cold_quotas.remove(&tenant);
         }
         Ok(report)

@@ -13,6 +13,10 @@
 //!   of the candidates' span of reads (1 = the latest) and `f = ln(1 + reads) / ln(1 + most
 //!   reads)`, `reads` counting the steps that gave it at least the threshold mass
 //!   ([`engram_kvcore::BlockMeta::reads`]): blocks the model reads often and lately stay.
+//!   `reads` outlives a block: a block computed again under the hash of one the cache dropped
+//!   starts with that one's count ([`crate::prefix::ReadHistory`]), so the stable prefix of an
+//!   agent that runs often keeps its frequency from one conversation to the next, and an
+//!   occasional agent's fresh prefix does not look as worth keeping as a busy agent's.
 //!
 //! Keys are then made monotone along every cached session chain (a block is worth at least
 //! what any later hot block of its chain is worth: a running sequence's blocks are worth the
@@ -81,9 +85,11 @@ impl Default for EvictionPolicy {
     fn default() -> Self {
         Self {
             mode: EvictionMode::Attention,
-            mass_weight: 0.2,
-            recency_weight: 0.4,
-            frequency_weight: 0.4,
+            // Chosen by `engram-bench eviction` (benches/results/2026-11-28-eviction-history/):
+            // with read counts carried across a block's lives, frequency decides best.
+            mass_weight: 0.1,
+            recency_weight: 0.1,
+            frequency_weight: 0.8,
             idle_steps: 512,
         }
     }

@@ -427,6 +427,14 @@ impl EngineCore {
                 self.store.release(&[id])?;
                 continue;
             }
+            let tenant = if b.public {
+                PUBLIC_TENANT
+            } else {
+                chain.tenant
+            };
+            if let Some(reads) = self.history.take(&b.hash.0, tenant) {
+                self.store.carry_reads(id, reads)?;
+            }
             if b.pinned && i < chain.stable_blocks {
                 pinned.push((b.public, id));
             }

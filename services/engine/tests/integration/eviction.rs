@@ -205,3 +205,78 @@ fn the_cold_tier_drops_what_the_model_does_not_read_first_and_priority_mode_by_p
     assert_eq!(memories, vec![Cold; 4]);
     assert_eq!(user, vec![Cold, Cold, Recompute, Recompute]);
 }
+
+/// Each cached block's read count, in order.
+fn reads(core: &EngineCore, ids: &[BlockId]) -> Vec<u32> {
+    ids.iter()
+        .map(|&b| core.store().metadata().get(b).map_or(0, |m| m.reads()))
+        .collect()
+}
+
+/// A block dropped with its conversation and computed again from the same tokens (an agent's
+/// stable prefix in its next conversation) starts with the read count the model gave the
+/// first: read frequency outlives the blocks. Another tenant's identical text, or the tenant
+/// after it is forgotten whole, starts from nothing. The admission says where the blocks came
+/// from.
+#[test]
+fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
+    let text = license_tokens(400);
+    let prefix = &text[..65]; // 4 full blocks, the last token in a partial one
+    // What a fresh computation of the prefix (prefill, no decode) gives each block.
+    let mut fresh = engine(EvictionMode::Attention);
+    let (ids, _) = turn(&mut fresh, spec(prefix, SourceLayer::Identity, 1), 0);
+    let baseline = reads(&fresh, &ids);
+    assert_eq!(baseline.len(), 4);
+
+    let mut core = engine(EvictionMode::Attention);
+    let (first, _) = turn(&mut core, spec(prefix, SourceLayer::Identity, 1), 12);
+    let read = reads(&core, &first);
+    assert!(
+        read.iter().any(|&r| r > 0),
+        "12 decode steps read the prefix: {read:?}"
+    );
+    // The same prompt again: every full block found hot.
+    let (id, admission) = core.start(spec(prefix, SourceLayer::Identity, 1)).unwrap();
+    assert_eq!(
+        (
+            admission.hot_blocks,
+            admission.warmed_blocks,
+            admission.computed_blocks
+        ),
+        (4, 0, 0)
+    );
+    core.finish(id).unwrap();
+    // The conversation is deleted: its blocks leave the cache.
+    core.forget(TenantId(3), u64::MAX, 1).unwrap();
+    assert!(
+        first
+            .iter()
+            .all(|&b| core.store().metadata().get(b).is_none())
+    );
+    // The next conversation computes the prefix again, and its blocks carry the reads.
+    let (id, admission) = core.start(spec(prefix, SourceLayer::Identity, 2)).unwrap();
+    assert_eq!(
+        (
+            admission.hot_blocks,
+            admission.warmed_blocks,
+            admission.computed_blocks
+        ),
+        (0, 0, 4)
+    );
+    core.prefill(id).unwrap();
+    let second = core.blocks(id).unwrap()[..4].to_vec();
+    core.finish(id).unwrap();
+    let carried: Vec<u32> = read.iter().zip(&baseline).map(|(r, b)| r + b).collect();
+    assert_eq!(reads(&core, &second), carried);
+    // Another tenant's copy of the text starts from nothing.
+    let other = SequenceSpec {
+        tenant: TenantId(4),
+        ..spec(prefix, SourceLayer::Identity, 1)
+    };
+    let (theirs, _) = turn(&mut core, other, 0);
+    assert_eq!(reads(&core, &theirs), baseline);
+    // Forgetting the tenant whole forgets its history too.
+    core.forget(TenantId(3), 0, 0).unwrap();
+    let (third, _) = turn(&mut core, spec(prefix, SourceLayer::Identity, 3), 0);
+    assert_eq!(reads(&core, &third), baseline);
+}

@@ -60,6 +60,34 @@ pub struct TurnResponse {
     /// model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budgets: Option<BudgetsUsed>,
+    /// Where the prompt's KV blocks came from when the turn was admitted (absent when the
+    /// engine admitted no prompt; a stored reply answered again repeats its first answer's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<TurnCache>,
+}
+
+/// Where a turn's full prompt blocks came from at admission: found hot, warmed from the cold
+/// tier, or computed by the prefill (what the engine's `hot_hit`, `cold_hit` and `miss` counters
+/// add for this prompt; the server's own prefills around the turn — replays of lost turns, the
+/// canonical prefix after it — are not in it).
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+pub struct TurnCache {
+    /// Blocks reused from the hot tier.
+    pub hot_blocks: usize,
+    /// Blocks reused from the cold tier (copied back to hot first).
+    pub warmed_blocks: usize,
+    /// Blocks computed.
+    pub computed_blocks: usize,
+}
+
+impl TurnCache {
+    fn of(a: &Admission) -> Self {
+        Self {
+            hot_blocks: a.hot_blocks,
+            warmed_blocks: a.warmed_blocks,
+            computed_blocks: a.computed_blocks,
+        }
+    }
 }
 
 /// Why generation ended (the schema of the engine's `FinishReason`).
@@ -143,7 +171,9 @@ fn memory_usage(turned: &Turned, spec: &SequenceSpec, g: &Generated) -> Option<M
     let a = g.admission.unwrap_or(Admission {
         prompt_tokens: 0,
         cached_tokens: 0,
+        hot_blocks: 0,
         warmed_blocks: 0,
+        computed_blocks: 0,
         reserved_blocks: 0,
         relocated_tokens: 0,
     });
@@ -245,6 +275,7 @@ impl Native {
             ttft_ms: g.ttft_ms + self.prepare_ms,
             stable_prefix_hash: self.hash.clone(),
             budgets: self.budgets,
+            cache: g.admission.as_ref().map(TurnCache::of),
         }
     }
 }
