@@ -172,8 +172,9 @@ impl ReadHistory {
         }
     }
 
-    /// The reads remembered under `hash` for `tenant`, forgotten as they are handed over (a
-    /// block of another tenant under the same hash — a public block — gets nothing).
+    /// The reads remembered under `hash` for `tenant` (the tenant the block's metadata names:
+    /// the public tenant for a public block), forgotten as they are handed over; another
+    /// tenant's entry under the same hash is not handed over.
     pub fn take(&mut self, hash: &BlockHash, tenant: TenantId) -> Option<u32> {
         match self.entries.get(hash) {
             Some(r) if r.tenant == tenant => self.entries.remove(hash).map(|r| r.reads),
