@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use engram_kvcore::{BlockId, TenantId};
+use engram_kvcore::{BlockId, BlockStore, TenantId};
 use sha2::{Digest, Sha256};
 
 use crate::error::EngineResult;
@@ -180,6 +180,21 @@ impl ReadHistory {
             Some(r) if r.tenant == tenant => self.entries.remove(hash).map(|r| r.reads),
             _ => None,
         }
+    }
+
+    /// Gives block `id` of `store`, just cached under `hash`, the reads remembered under it for
+    /// the block's tenant (as its metadata names it), if any.
+    pub fn hand_over(
+        &mut self,
+        store: &mut BlockStore,
+        hash: &BlockHash,
+        id: BlockId,
+    ) -> EngineResult<()> {
+        let owner = store.metadata().get(id).map(|m| m.tenant());
+        if let Some(reads) = owner.and_then(|t| self.take(hash, t)) {
+            store.carry_reads(id, reads)?;
+        }
+        Ok(())
     }
 
     /// Forgets every entry of `tenant`.

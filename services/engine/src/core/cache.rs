@@ -129,11 +129,7 @@ impl EngineCore {
                 .is_some_and(|r| (r.run.start / bs..r.run.end / bs).contains(&b));
             if !copied && self.cache.get(&h).is_none() && self.cache.insert(h, block) {
                 self.store.retain(&[block])?;
-                // Its tenant as the block's metadata names it (public blocks: the public one).
-                let owner = self.store.metadata().get(block).map(|m| m.tenant());
-                if let Some(reads) = owner.and_then(|t| self.history.take(&h, t)) {
-                    self.store.carry_reads(block, reads)?;
-                }
+                self.history.hand_over(&mut self.store, &h, block)?;
                 let source = self.store.metadata().get(block).map(|m| m.source());
                 if source.is_some_and(|s| self.config.pin_policy.sources.contains(&s)) {
                     stable.push((b, block));

@@ -427,14 +427,7 @@ impl EngineCore {
                 self.store.release(&[id])?;
                 continue;
             }
-            let tenant = if b.public {
-                PUBLIC_TENANT
-            } else {
-                chain.tenant
-            };
-            if let Some(reads) = self.history.take(&b.hash.0, tenant) {
-                self.store.carry_reads(id, reads)?;
-            }
+            self.history.hand_over(&mut self.store, &b.hash.0, id)?;
             if b.pinned && i < chain.stable_blocks {
                 pinned.push((b.public, id));
             }
