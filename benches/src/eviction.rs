@@ -53,7 +53,16 @@ pub struct Load {
     pub cold_share: f64,
     /// Exponent of the Zipf law over agents (0: uniform).
     pub zipf_s: f64,
+    /// Seed of the steady turns' draw over agents.
+    pub seed: u64,
+    /// Run the tier loop (off: only admissions move blocks, so what stays hot is the eviction
+    /// ranking's choice alone).
+    pub tier_loop: bool,
 }
+
+/// The steady turns' seed unless `--seed` says otherwise (every run before the option existed
+/// drew with it).
+pub const SEED: u64 = 0xe71c_7ed5;
 
 /// One policy's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -124,8 +133,10 @@ fn config(
     dir: &Path,
     tiers: Option<(u64, Option<u64>)>,
     eviction: &serde_json::Value,
+    tier_loop: bool,
 ) -> Config {
     let mut c = Config::default();
+    c.tiers.enabled = tier_loop;
     c.model.path = model.to_path_buf();
     c.database.url = format!("sqlite://{}/engram.db?mode=rwc", dir.display());
     c.auth.admin_key.0 = ADMIN.into();
@@ -149,6 +160,9 @@ fn config(
     }
     if let Some(w) = eviction["frequency_weight"].as_f64() {
         c.eviction.frequency_weight = w;
+    }
+    if let Some(w) = eviction["use_weight"].as_f64() {
+        c.eviction.use_weight = w;
     }
     if let Some(n) = eviction["idle_steps"].as_u64() {
         c.eviction.idle_steps = n;
@@ -239,7 +253,8 @@ async fn run(
 ) -> anyhow::Result<RunOut> {
     std::fs::create_dir_all(dir)?;
     let hot_mib = tiers.map(|t| t.0);
-    let state = web::Data::new(build_state(config(model, dir, tiers, eviction)).await?);
+    let state =
+        web::Data::new(build_state(config(model, dir, tiers, eviction, load.tier_loop)).await?);
     anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
     spawn_background(state.clone());
     let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
@@ -287,7 +302,7 @@ async fn run(
         state.store.close().await;
         return Ok((blocks, bytes, None));
     }
-    let mut rng = SplitMix64::new(0xe71c_7ed5);
+    let mut rng = SplitMix64::new(load.seed);
     let mut generation = vec![0usize; load.agents];
     let (mut ttft, mut replies) = (Vec::new(), Vec::new());
     let (mut cached, mut prompt) = (0u64, 0u64);

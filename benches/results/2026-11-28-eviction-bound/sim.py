@@ -26,6 +26,12 @@ blocks, other stable blocks 'degraded' 100, conversation 15; LRU then oldest wit
 chain (chain-level LRU, each chain from its end), lfu-chain (chains ranked by the agent's turn
 count so far, from the end), min (Belady: farthest next use first).  --bridge adds a crude model
 of the tier bridge (spill to 75 % when above 90 %, 1 cycle per turn, 100-cycle cooldown).
+
+Options a driver may set on a Sim (added 2026-11-29, all off by default): `bridge_rule = 'tier'`
+orders the bridge's spills by the tier policy's own weights (0.4 frequency of uncarried use, 0.4
+recency, 0.2 importance, scaled by priority) instead of the eviction rule's; `keep_stable` keeps
+an agent's stable blocks when its conversation is deleted; `parent` (a share) starts a new
+conversation block with that share of the previous block's count.
 """
 import argparse
 import math
@@ -143,6 +149,39 @@ class Sim:
                     eff[b] = max(eff[b], later)
         self.ekey = {b: (eff[b][0], eff[b][1], -b[2]) for b in blocks}
 
+    def tier_keys(self, blocks):
+        ms = [self.meta[b] for b in blocks]
+        if not ms:
+            self.tkey = {}; return
+        lo = min(m['last'] for m in ms); hi = max(m['last'] for m in ms)
+        span = max(hi - lo, 1)
+        mr = max(m['att'] for m in ms)
+        den = max(math.log(1 + mr), 1e-300)
+        own = {}
+        for b, m in zip(blocks, ms):
+            prio = 100 if m['stable'] else 15
+            imp = 0.8 if m['stable'] else 0.4
+            r = (m['last'] - lo) / span
+            f = math.log(1 + m['att']) / den
+            own[b] = (0.4*f + 0.4*r + 0.2*imp + 0.01) * (1 + prio/100)
+        eff = dict(own)
+        chains = {}
+        for b in list(self.hot):
+            chains.setdefault(b[:2], set()).add(b[2])
+        for ch in chains:
+            n = self.chain_len.get(ch, 0)
+            later = -1e300
+            for i in range(n - 1, -1, -1):
+                b = (ch[0], ch[1], i)
+                if b in self.hot and b not in own:
+                    k = 1e300  # pinned/cooling hot block protects
+                else:
+                    k = own.get(b, 0.0)
+                later = max(later, k)
+                if b in eff:
+                    eff[b] = max(eff[b], later)
+        self.tkey = {b: (eff[b], -b[2]) for b in blocks}
+
     def aheatv(self, a):
         hh = self.aheat.get(a, (0.0, self.clock))
         return hh[0] * self.decay ** (self.clock - hh[1])
@@ -251,9 +290,13 @@ class Sim:
         cand = [b for b in self.hot
                 if self.meta[b]['pin'] != 'pinned'
                 and not (self.meta[b]['moves'] > 0 and self.cycle - self.meta[b]['moved'] < self.cooldown)]
-        if self.policy.startswith('x-engine'):
-            self.engine_keys(cand, set())
-        cand.sort(key=lambda b: self.key(b, now))
+        if getattr(self, 'bridge_rule', 'same') == 'tier':
+            self.tier_keys(cand)
+            cand.sort(key=lambda b: self.tkey[b])
+        else:
+            if self.policy.startswith('x-engine'):
+                self.engine_keys(cand, set())
+            cand.sort(key=lambda b: self.key(b, now))
         for b in cand[:want]:
             self.hot.discard(b)
             self.meta[b]['moved'] = self.cycle
@@ -267,6 +310,24 @@ class Sim:
                 continue
             a, g = e['agent'], e['gen']
             ch = (a, g)
+            if e['kind'] == 'delete' and getattr(self, 'keep_stable', False):
+                n = self.chain_len.get(ch, 0)
+                kept = 0
+                for i in range(n):
+                    b = (a, g, i)
+                    m = self.meta.pop(b)
+                    was_hot = b in self.hot
+                    self.hot.discard(b)
+                    if m['stable'] and kept == i:
+                        nb = (a, g + 1, i)
+                        self.meta[nb] = m
+                        if was_hot:
+                            self.hot.add(nb)
+                        kept += 1
+                self.chain_len[ch] = 0
+                self.chain_len[(a, g + 1)] = kept
+                self.chain_last[(a, g + 1)] = self.chain_last.get(ch, 0)
+                continue
             if e['kind'] == 'delete':
                 for i in range(self.chain_len.get(ch, 0)):
                     b = (a, g, i)
@@ -310,11 +371,16 @@ class Sim:
                 self.meta[b] = dict(created=self.clock * 10000 + i, last=0, pin='none',
                                     stable=st, moves=0, moved=self.cycle,
                                     reads=(self.ghost.get((a, i), 0) if (st and self.inherit) else 0))
+                if getattr(self, 'parent', 0) and i > 0 and not st:
+                    pm = self.meta.get((a, g, i - 1))
+                    if pm is not None:
+                        self.meta[b]['reads'] = max(self.meta[b]['reads'], int(pm['reads'] * self.parent))
                 self.hot.add(b)
                 newb.append(b)
             for b in busy | set(newb):
                 self.meta[b]['last'] = self.clock
                 self.meta[b]['reads'] += 1
+                self.meta[b]['att'] = self.meta[b].get('att', 0) + 1
             self.pin([b for b in newb if self.meta[b]['stable']])
             self.chain_len[ch] = e['cached_after']
             # transient slots are released when the sequence ends (no-op in this accounting:

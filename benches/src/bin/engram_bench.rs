@@ -205,6 +205,13 @@ struct EvictionBenchArgs {
     /// Exponent of the Zipf law over agents (0: uniform).
     #[arg(long, default_value_t = 1.0)]
     zipf_s: f64,
+    /// Seed of the steady turns' draw over agents (the same for every policy of a run).
+    #[arg(long, default_value_t = engram_benches::eviction::SEED)]
+    seed: u64,
+    /// Turn the tier loop off (only admissions move blocks: what stays hot is the eviction
+    /// ranking's choice alone).
+    #[arg(long)]
+    no_tier_loop: bool,
     /// An `[eviction]` setting to measure, as JSON (repeatable; the first is the reference the
     /// replies are compared with). Default: priority-only, attention-aware, attention-aware with
     /// a 64-step idle window.
@@ -597,6 +604,8 @@ fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
         hot_share: args.hot_share,
         cold_share: args.cold_share,
         zipf_s: args.zipf_s,
+        seed: args.seed,
+        tier_loop: !args.no_tier_loop,
     };
     let policies = if args.policies.is_empty() {
         engram_benches::eviction::policies()

@@ -60,13 +60,16 @@ impl BlockStore {
         })
     }
 
-    /// Adds `reads` earlier lives' reads to a live block's count ([`crate::BlockMeta::reads`]):
-    /// a block recomputed with the same content (same chained hash) carries how often the model
-    /// read that content before it was dropped, so read frequency survives a conversation's end
-    /// and a cold-tier drop. Its mass, `mass_at` and `read_step` are its own.
-    pub fn carry_reads(&mut self, id: BlockId, reads: u32) -> KvResult<()> {
+    /// Adds earlier lives' counts to a live block's: `reads` to [`crate::BlockMeta::reads`]
+    /// and `attended` to [`crate::BlockMeta::attended`]. A block recomputed with the same
+    /// content (same chained hash) carries how often the model read that content, and how many
+    /// steps it was attended at all, before it was dropped, so both frequencies survive a
+    /// conversation's end and a cold-tier drop. Its mass, `mass_at`, `read_step` and
+    /// `last_attended` are its own.
+    pub fn carry_counts(&mut self, id: BlockId, reads: u32, attended: u32) -> KvResult<()> {
         let meta = self.meta.get_mut(id).ok_or(KvError::UnknownBlock { id })?;
         meta.reads = meta.reads.saturating_add(reads);
+        meta.attended = meta.attended.saturating_add(attended);
         Ok(())
     }
 }

@@ -692,6 +692,7 @@ impl Config {
             ("eviction.mass_weight", self.eviction.mass_weight),
             ("eviction.recency_weight", self.eviction.recency_weight),
             ("eviction.frequency_weight", self.eviction.frequency_weight),
+            ("eviction.use_weight", self.eviction.use_weight),
         ] {
             if !(w >= 0.0 && w.is_finite()) {
                 return bad(key, "must be a finite weight ≥ 0");
@@ -893,6 +894,7 @@ mod tests {
                 "-1",
                 "eviction.recency_weight",
             ),
+            ("ENGRAM__EVICTION__USE_WEIGHT", "-2", "eviction.use_weight"),
         ] {
             match load(k, v) {
                 Err(ConfigError::Invalid { key: got, .. }) => assert_eq!(got, key),
@@ -922,12 +924,17 @@ mod tests {
             vec![
                 ("ENGRAM__EVICTION__MODE".to_string(), "priority".to_string()),
                 ("ENGRAM__EVICTION__IDLE_STEPS".to_string(), "64".to_string()),
+                (
+                    "ENGRAM__EVICTION__USE_WEIGHT".to_string(),
+                    "0.7".to_string(),
+                ),
             ],
         )
         .unwrap();
         let p = c.eviction.policy().unwrap();
         assert_eq!(p.mode, engram_engine::EvictionMode::Priority);
         assert_eq!(p.idle_steps, 64);
+        assert_eq!(p.use_weight, 0.7);
         let d = Config::default().eviction.policy().unwrap();
         assert_eq!(d, engram_engine::EvictionPolicy::default());
     }

@@ -85,6 +85,9 @@ pub struct EvictionSection {
     pub recency_weight: f64,
     /// Weight of how often the model read it (log scale).
     pub frequency_weight: f64,
+    /// Weight of how often running sequences held it, whatever its mass (log scale): how often
+    /// its chain runs.
+    pub use_weight: f64,
     /// Sampled decode steps without a read after which an unpinned block loses its priority
     /// band (spilled first, never dropped for room while anything else can go); 0: never.
     pub idle_steps: u64,
@@ -98,6 +101,7 @@ impl Default for EvictionSection {
             mass_weight: p.mass_weight,
             recency_weight: p.recency_weight,
             frequency_weight: p.frequency_weight,
+            use_weight: p.use_weight,
             idle_steps: p.idle_steps,
         }
     }
@@ -111,6 +115,7 @@ impl EvictionSection {
             mass_weight: self.mass_weight,
             recency_weight: self.recency_weight,
             frequency_weight: self.frequency_weight,
+            use_weight: self.use_weight,
             idle_steps: self.idle_steps,
         };
         p.validate()?;

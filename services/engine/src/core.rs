@@ -736,13 +736,18 @@ impl EngineCore {
         h.update(config.rotation_seed.to_le_bytes());
         h.update((shape.block_size as u64).to_le_bytes());
         let chains = shadow::Chains::new(config.chains_per_tenant, MAX_CHAINS);
-        // Twice the blocks both tiers hold, at least 4,096 (~64 bytes an entry).
-        let history_capacity = usize::try_from(
-            hot.saturating_add(config.cold_bytes / block_bytes as u64)
-                .saturating_mul(2),
-        )
-        .unwrap_or(usize::MAX)
-        .max(4096);
+        // Twice the blocks both tiers hold, at least 4,096 (~64 bytes an entry); none with
+        // priority-only eviction (the rule from before: it carries nothing).
+        let history_capacity = if config.eviction.mode == EvictionMode::Priority {
+            0
+        } else {
+            usize::try_from(
+                hot.saturating_add(config.cold_bytes / block_bytes as u64)
+                    .saturating_mul(2),
+            )
+            .unwrap_or(usize::MAX)
+            .max(4096)
+        };
         let fusion = fuse::FusionState::new(config.fusion.as_ref());
         Ok(Self {
             fusion,

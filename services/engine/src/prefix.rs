@@ -112,14 +112,16 @@ impl PrefixCache {
     }
 }
 
-/// How often the model read blocks that have left the cache, by content: when a cached block is
-/// dropped (its conversation deleted, the cold tier full) its read count
-/// ([`engram_kvcore::BlockMeta::reads`]) is remembered under its chained hash, and a block
-/// computed later under the same hash by the same tenant starts with it
-/// ([`engram_kvcore::BlockStore::carry_reads`]). An agent's stable prefix is the same tokens in
-/// each of its conversations, so its read frequency survives the end of one and the start of the
+/// How often the model read and used blocks that have left the cache, by content: when a cached
+/// block is dropped (its conversation deleted, the cold tier full) its counts ([`Carried`]: the
+/// steps that read it, [`engram_kvcore::BlockMeta::reads`], and the steps that attended it at
+/// all, [`engram_kvcore::BlockMeta::attended`]) are remembered under its chained hash, and a
+/// block computed later under the same hash by the same tenant starts with them
+/// ([`engram_kvcore::BlockStore::carry_counts`]). An agent's stable prefix is the same tokens in
+/// each of its conversations, so its frequencies survive the end of one and the start of the
 /// next: attention-aware eviction then tells a busy agent's fresh prefix from an occasional
-/// agent's (see `core::evict`).
+/// agent's (see `core::evict`). The engine keeps one only with attention-aware eviction
+/// (priority-only eviction is the rule from before, with nothing carried).
 ///
 /// Bounded: past `capacity` entries the older half is forgotten (the newest `capacity / 2`
 /// stay), so the table costs O(capacity) memory and amortized O(1) per entry.
@@ -130,10 +132,29 @@ pub struct ReadHistory {
     clock: u64,
 }
 
-/// One dropped block's reads, its tenant, and when it was remembered.
+/// A dropped block's counts, handed to the block that replaces it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Sampled steps that gave it at least the threshold mass.
+    pub reads: u32,
+    /// Steps a running sequence attended it (whatever the mass).
+    pub attended: u32,
+}
+
+impl Carried {
+    /// A block's counts from its metadata.
+    pub fn of(m: &engram_kvcore::BlockMeta) -> Self {
+        Self {
+            reads: m.reads(),
+            attended: m.attended(),
+        }
+    }
+}
+
+/// One dropped block's counts, its tenant, and when they were remembered.
 #[derive(Debug, Clone, Copy)]
 struct Remembered {
-    reads: u32,
+    counts: Carried,
     tenant: TenantId,
     at: u64,
 }
@@ -148,17 +169,17 @@ impl ReadHistory {
         }
     }
 
-    /// Remembers that the block cached under `hash` for `tenant` was read `reads` times
-    /// (replacing what was remembered under `hash`); a block never read is not remembered.
-    pub fn remember(&mut self, hash: BlockHash, tenant: TenantId, reads: u32) {
-        if reads == 0 || self.capacity == 0 {
+    /// Remembers the counts of the block cached under `hash` for `tenant` (replacing what was
+    /// remembered under `hash`); a block never read nor attended is not remembered.
+    pub fn remember(&mut self, hash: BlockHash, tenant: TenantId, counts: Carried) {
+        if counts == Carried::default() || self.capacity == 0 {
             return;
         }
         self.clock += 1;
         self.entries.insert(
             hash,
             Remembered {
-                reads,
+                counts,
                 tenant,
                 at: self.clock,
             },
@@ -172,18 +193,18 @@ impl ReadHistory {
         }
     }
 
-    /// The reads remembered under `hash` for `tenant` (the tenant the block's metadata names:
+    /// The counts remembered under `hash` for `tenant` (the tenant the block's metadata names:
     /// the public tenant for a public block), forgotten as they are handed over; another
     /// tenant's entry under the same hash is not handed over.
-    pub fn take(&mut self, hash: &BlockHash, tenant: TenantId) -> Option<u32> {
+    pub fn take(&mut self, hash: &BlockHash, tenant: TenantId) -> Option<Carried> {
         match self.entries.get(hash) {
-            Some(r) if r.tenant == tenant => self.entries.remove(hash).map(|r| r.reads),
+            Some(r) if r.tenant == tenant => self.entries.remove(hash).map(|r| r.counts),
             _ => None,
         }
     }
 
-    /// Gives block `id` of `store`, just cached under `hash`, the reads remembered under it for
-    /// the block's tenant (as its metadata names it), if any.
+    /// Gives block `id` of `store`, just cached under `hash`, the counts remembered under it
+    /// for the block's tenant (as its metadata names it), if any.
     pub fn hand_over(
         &mut self,
         store: &mut BlockStore,
@@ -191,8 +212,8 @@ impl ReadHistory {
         id: BlockId,
     ) -> EngineResult<()> {
         let owner = store.metadata().get(id).map(|m| m.tenant());
-        if let Some(reads) = owner.and_then(|t| self.take(hash, t)) {
-            store.carry_reads(id, reads)?;
+        if let Some(c) = owner.and_then(|t| self.take(hash, t)) {
+            store.carry_counts(id, c.reads, c.attended)?;
         }
         Ok(())
     }
@@ -362,23 +383,36 @@ mod tests {
         [i; 32]
     }
 
+    fn reads(n: u32) -> Carried {
+        Carried {
+            reads: n,
+            attended: 2 * n,
+        }
+    }
+
     #[test]
     fn read_history_hands_reads_to_the_same_tenant_once() {
         let (a, b) = (TenantId(1), TenantId(2));
         let mut h = ReadHistory::new(16);
-        h.remember(hash(1), a, 7);
-        h.remember(hash(2), a, 0); // never read: not remembered
+        h.remember(hash(1), a, reads(7));
+        h.remember(hash(2), a, Carried::default()); // never read nor attended: not remembered
         assert_eq!(h.len(), 1);
         assert_eq!(h.take(&hash(1), b), None, "another tenant gets nothing");
         assert_eq!(h.take(&hash(2), a), None);
-        assert_eq!(h.take(&hash(1), a), Some(7));
+        assert_eq!(h.take(&hash(1), a), Some(reads(7)));
         assert_eq!(h.take(&hash(1), a), None, "handed over once");
-        h.remember(hash(3), a, 4);
-        h.remember(hash(3), a, 9); // the later count replaces the earlier
-        h.remember(hash(4), b, 5);
+        let attended_only = Carried {
+            reads: 0,
+            attended: 3,
+        };
+        h.remember(hash(6), a, attended_only); // attended, never above the threshold
+        assert_eq!(h.take(&hash(6), a), Some(attended_only));
+        h.remember(hash(3), a, reads(4));
+        h.remember(hash(3), a, reads(9)); // the later count replaces the earlier
+        h.remember(hash(4), b, reads(5));
         h.forget_tenant(a);
         assert_eq!(h.take(&hash(3), a), None);
-        assert_eq!(h.take(&hash(4), b), Some(5));
+        assert_eq!(h.take(&hash(4), b), Some(reads(5)));
     }
 
     #[test]
@@ -386,17 +420,17 @@ mod tests {
         let t = TenantId(1);
         let mut h = ReadHistory::new(8);
         for i in 0..9u8 {
-            h.remember(hash(i), t, u32::from(i) + 1);
+            h.remember(hash(i), t, reads(u32::from(i) + 1));
         }
         assert_eq!(h.len(), 4);
         for i in 0..5u8 {
             assert_eq!(h.take(&hash(i), t), None, "entry {i} is among the oldest");
         }
         for i in 5..9u8 {
-            assert_eq!(h.take(&hash(i), t), Some(u32::from(i) + 1));
+            assert_eq!(h.take(&hash(i), t), Some(reads(u32::from(i) + 1)));
         }
         let mut off = ReadHistory::new(0);
-        off.remember(hash(1), t, 3);
+        off.remember(hash(1), t, reads(3));
         assert!(off.is_empty());
     }
 }

@@ -511,7 +511,8 @@ impl EngineCore {
         if let Some(m) = self.store.metadata().get(id) {
             *self.counters.dropped.entry(m.source()).or_default() += 1;
             if let Some(&h) = self.cache.hash_of(id) {
-                self.history.remember(h, m.tenant(), m.reads());
+                self.history
+                    .remember(h, m.tenant(), crate::prefix::Carried::of(m));
             }
         }
         if self.cache.remove_block(id) {

@@ -8,15 +8,20 @@
 //!   mass: [`engram_kvcore::BlockMeta::read_step`]) falls to band 0 — a high semantic priority
 //!   does not keep a block hot that nothing reads. Such a block is *demoted*: it may be spilled
 //!   to the cold tier but is not dropped to make room.
-//! - `heat = mass_weight · m + recency_weight · r + frequency_weight · f`, where `m` is its
-//!   decayed attention mass over the largest among the candidates, `r` its last read as a share
-//!   of the candidates' span of reads (1 = the latest) and `f = ln(1 + reads) / ln(1 + most
-//!   reads)`, `reads` counting the steps that gave it at least the threshold mass
-//!   ([`engram_kvcore::BlockMeta::reads`]): blocks the model reads often and lately stay.
-//!   `reads` outlives a block: a block computed again under the hash of one the cache dropped
-//!   starts with that one's count ([`crate::prefix::ReadHistory`]), so the stable prefix of an
-//!   agent that runs often keeps its frequency from one conversation to the next, and an
-//!   occasional agent's fresh prefix does not look as worth keeping as a busy agent's.
+//! - `heat = mass_weight · m + recency_weight · r + frequency_weight · f + use_weight · u`,
+//!   where `m` is its decayed attention mass over the largest among the candidates, `r` its
+//!   last read as a share of the candidates' span of reads (1 = the latest), `f = ln(1 + reads)
+//!   / ln(1 + most reads)`, `reads` counting the steps that gave it at least the threshold mass
+//!   ([`engram_kvcore::BlockMeta::reads`]): blocks the model reads often and lately stay; and
+//!   `u = ln(1 + attended) / ln(1 + most attended)`, `attended` counting the steps a running
+//!   sequence held it whatever its mass ([`engram_kvcore::BlockMeta::attended`]): how often its
+//!   chain runs. A reused prefix is needed whole, whatever mass each of its blocks gets, and a
+//!   block in the middle of a long prefix seldom gets half a uniform share, so its `reads` stay
+//!   near zero however busy its chain; `attended` sees the chain's use. Both counts outlive a
+//!   block: a block computed again under the hash of one the cache dropped starts with that
+//!   one's counts ([`crate::prefix::ReadHistory`]), so the stable prefix of an agent that runs
+//!   often keeps its frequency from one conversation to the next, and an occasional agent's
+//!   fresh prefix does not look as worth keeping as a busy agent's.
 //!
 //! Keys are then made monotone along every cached session chain (a block is worth at least
 //! what any later hot block of its chain is worth: a running sequence's blocks are worth the
@@ -76,6 +81,9 @@ pub struct EvictionPolicy {
     /// Weight of how often the model read it (steps that gave it at least the threshold
     /// mass, on a log scale).
     pub frequency_weight: f64,
+    /// Weight of how often running sequences held it (steps that attended it whatever its
+    /// mass, on a log scale): how often its chain runs.
+    pub use_weight: f64,
     /// Sampled decode steps without a read after which an unpinned block is demoted to the
     /// lowest band (0: never).
     pub idle_steps: u64,
@@ -85,11 +93,13 @@ impl Default for EvictionPolicy {
     fn default() -> Self {
         Self {
             mode: EvictionMode::Attention,
-            // Chosen by `engram-bench eviction` (benches/results/2026-11-28-eviction-history/):
-            // with read counts carried across a block's lives, frequency decides best.
+            // Chosen by `engram-bench eviction` (benches/results/2026-11-29-eviction-use/): with
+            // counts carried across a block's lives, how often a chain runs decides best; the
+            // mass-threshold read count adds nothing beside it.
             mass_weight: 0.1,
             recency_weight: 0.1,
-            frequency_weight: 0.8,
+            frequency_weight: 0.0,
+            use_weight: 0.8,
             idle_steps: 512,
         }
     }
@@ -102,6 +112,7 @@ impl EvictionPolicy {
             ("eviction.mass_weight", self.mass_weight),
             ("eviction.recency_weight", self.recency_weight),
             ("eviction.frequency_weight", self.frequency_weight),
+            ("eviction.use_weight", self.use_weight),
         ] {
             if !(w >= 0.0 && w.is_finite()) {
                 return Err(EngineError::InvalidConfig {
@@ -164,6 +175,8 @@ impl EngineCore {
         let span = hi.saturating_sub(lo).max(1) as f64;
         let max_reads = blocks.iter().map(|m| m.reads()).max().unwrap_or(0);
         let reads_denom = (1.0 + f64::from(max_reads)).ln().max(f64::MIN_POSITIVE);
+        let max_attended = blocks.iter().map(|m| m.attended()).max().unwrap_or(0);
+        let attended_denom = (1.0 + f64::from(max_attended)).ln().max(f64::MIN_POSITIVE);
         let mut own: HashMap<BlockId, Key> = HashMap::with_capacity(blocks.len());
         let mut unread_ids = HashSet::new();
         for m in blocks {
@@ -185,7 +198,11 @@ impl EngineCore {
             };
             let r = m.read_step().saturating_sub(lo) as f64 / span;
             let f = (1.0 + f64::from(m.reads())).ln() / reads_denom;
-            let heat = p.mass_weight * mass + p.recency_weight * r + p.frequency_weight * f;
+            let u = (1.0 + f64::from(m.attended())).ln() / attended_denom;
+            let heat = p.mass_weight * mass
+                + p.recency_weight * r
+                + p.frequency_weight * f
+                + p.use_weight * u;
             own.insert(m.id(), Key(band, heat));
         }
         (own, unread_ids)

@@ -1,6 +1,7 @@
 //! Attention-aware eviction: a block the model has not read for the window loses its priority
 //! band (spilled, not dropped); priority-only eviction keeps it; pinned blocks never move; the
-//! bytes a turn reads back are the same either way.
+//! chain that runs often stays hot under the use weight; counts outlive a block; the bytes a
+//! turn reads back are the same either way.
 
 use engram_engine::{
     EngineConfig, EngineCore, EvictionMode, EvictionPolicy, PromptSegment, SequenceSpec,
@@ -113,6 +114,74 @@ fn scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>, Vec<f32>) {
     (memories, user, again)
 }
 
+/// A core like [`engine`]'s ranking by how often a chain runs alone (use weight 1, no idle
+/// window), or priority-only.
+fn use_engine(mode: EvictionMode) -> EngineCore {
+    let (m, t) = crate::common::model();
+    let model = m.clone().with_context_length(256).unwrap();
+    let probe = EngineCore::new(model.clone(), t.clone(), EngineConfig::default()).unwrap();
+    let block = probe.store().block_bytes() as u64;
+    EngineCore::new(
+        model,
+        t.clone(),
+        EngineConfig {
+            hot_bytes: 16 * block,
+            cold_bytes: 16 * block,
+            eviction: EvictionPolicy {
+                mode,
+                mass_weight: 0.0,
+                recency_weight: 0.0,
+                frequency_weight: 0.0,
+                use_weight: 1.0,
+                idle_steps: 0,
+            },
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Two conversations' prompts of one layer (one band): the first run four times, the second
+/// once and after it; then a third prompt of 10 blocks needs room (8 free, two must go). The
+/// tiers of the busy chain's and the once-run chain's blocks.
+fn use_scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>) {
+    let text = license_tokens(400);
+    let mut core = use_engine(mode);
+    let (busy, _) = turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
+    assert_eq!(busy.len(), 4);
+    for _ in 0..3 {
+        let (again, _) = turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
+        assert_eq!(again, busy, "the same prompt reuses its blocks");
+    }
+    let (once, _) = turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        0,
+    );
+    assert_eq!(once.len(), 4);
+    turn(
+        &mut core,
+        spec(&text[200..360], SourceLayer::UserTurn, 3),
+        0,
+    );
+    assert!(core.counters().admission_evictions >= 2);
+    (tiers(&core, &busy), tiers(&core, &once))
+}
+
+/// The use weight keeps the chain that runs often hot: priority-only eviction (least recently
+/// touched first) spills the busy chain's blocks because the once-run chain ran last; ranked
+/// by use, the once-run chain loses its last two blocks.
+#[test]
+fn the_use_weight_keeps_the_chain_that_runs_often() {
+    use Tier::{Cold, Hot};
+    let (busy, once) = use_scenario(EvictionMode::Priority);
+    assert_eq!(busy.iter().filter(|&&t| t == Cold).count(), 2, "{busy:?}");
+    assert_eq!(once, vec![Hot; 4]);
+    let (busy, once) = use_scenario(EvictionMode::Attention);
+    assert_eq!(busy, vec![Hot; 4]);
+    assert_eq!(once, vec![Hot, Hot, Cold, Cold]);
+}
+
 #[test]
 fn an_unread_block_loses_its_band_and_is_spilled_not_dropped() {
     let (memories_p, user_p, logits_p) = scenario(EvictionMode::Priority);
@@ -213,11 +282,23 @@ fn reads(core: &EngineCore, ids: &[BlockId]) -> Vec<u32> {
         .collect()
 }
 
+/// Each cached block's count of steps that attended it, in order.
+fn attended(core: &EngineCore, ids: &[BlockId]) -> Vec<u32> {
+    ids.iter()
+        .map(|&b| core.store().metadata().get(b).map_or(0, |m| m.attended()))
+        .collect()
+}
+
+/// Element-wise sum.
+fn sum(a: &[u32], b: &[u32]) -> Vec<u32> {
+    a.iter().zip(b).map(|(x, y)| x + y).collect()
+}
+
 /// A block dropped with its conversation and computed again from the same tokens (an agent's
 /// stable prefix in its next conversation) starts with the read count the model gave the
-/// first: read frequency outlives the blocks. Another tenant's identical text, or the tenant
-/// after it is forgotten whole, starts from nothing. The admission says where the blocks came
-/// from.
+/// first, and the count of steps that attended it: frequency outlives the blocks. Another
+/// tenant's identical text, the tenant after it is forgotten whole, or an engine with
+/// priority-only eviction starts from nothing. The admission says where the blocks came from.
 #[test]
 fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
     let text = license_tokens(400);
@@ -226,6 +307,7 @@ fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
     let mut fresh = engine(EvictionMode::Attention);
     let (ids, _) = turn(&mut fresh, spec(prefix, SourceLayer::Identity, 1), 0);
     let baseline = reads(&fresh, &ids);
+    let baseline_attended = attended(&fresh, &ids);
     assert_eq!(baseline.len(), 4);
 
     let mut core = engine(EvictionMode::Attention);
@@ -246,6 +328,11 @@ fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
         (4, 0, 0)
     );
     core.finish(id).unwrap();
+    let used = attended(&core, &first);
+    assert!(
+        used.iter().zip(&baseline_attended).all(|(u, b)| u > b),
+        "12 decode steps and a reuse attended the prefix: {used:?} vs {baseline_attended:?}"
+    );
     // The conversation is deleted: its blocks leave the cache.
     core.forget(TenantId(3), u64::MAX, 1).unwrap();
     assert!(
@@ -266,8 +353,8 @@ fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
     core.prefill(id).unwrap();
     let second = core.blocks(id).unwrap()[..4].to_vec();
     core.finish(id).unwrap();
-    let carried: Vec<u32> = read.iter().zip(&baseline).map(|(r, b)| r + b).collect();
-    assert_eq!(reads(&core, &second), carried);
+    assert_eq!(reads(&core, &second), sum(&read, &baseline));
+    assert_eq!(attended(&core, &second), sum(&used, &baseline_attended));
     // Another tenant's copy of the text starts from nothing.
     let other = SequenceSpec {
         tenant: TenantId(4),
@@ -275,8 +362,17 @@ fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
     };
     let (theirs, _) = turn(&mut core, other, 0);
     assert_eq!(reads(&core, &theirs), baseline);
+    assert_eq!(attended(&core, &theirs), baseline_attended);
     // Forgetting the tenant whole forgets its history too.
     core.forget(TenantId(3), 0, 0).unwrap();
     let (third, _) = turn(&mut core, spec(prefix, SourceLayer::Identity, 3), 0);
     assert_eq!(reads(&core, &third), baseline);
+    assert_eq!(attended(&core, &third), baseline_attended);
+    // Priority-only eviction carries nothing.
+    let mut plain = engine(EvictionMode::Priority);
+    turn(&mut plain, spec(prefix, SourceLayer::Identity, 1), 12);
+    plain.forget(TenantId(3), u64::MAX, 1).unwrap();
+    let (again, _) = turn(&mut plain, spec(prefix, SourceLayer::Identity, 2), 0);
+    assert_eq!(attended(&plain, &again), baseline_attended);
+    assert_eq!(reads(&plain, &again), baseline);
 }
