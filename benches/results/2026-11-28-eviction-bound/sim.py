@@ -118,15 +118,19 @@ class Sim:
         self.cycle = 0
         self.c = dict(hot=0, cold=0, miss=0, Ahot=0, Atot=0)
 
+    @staticmethod
+    def scales(ms, count):
+        """The candidates' first last-use and span, and the log of their largest `count`."""
+        lo = min(m['last'] for m in ms)
+        span = max(max(m['last'] for m in ms) - lo, 1)
+        return lo, span, max(math.log(1 + max(m.get(count, 0) for m in ms)), 1e-300)
+
     def engine_keys(self, blocks, busy):
         ms = [self.meta[b] for b in blocks]
         if not ms:
             self.ekey = {}
             return
-        lo = min(m['last'] for m in ms); hi = max(m['last'] for m in ms)
-        span = max(hi - lo, 1)
-        mr = max(m['reads'] for m in ms)
-        den = max(math.log(1 + mr), 1e-300)
+        lo, span, den = self.scales(ms, 'reads')
         own = {}
         for b, m in zip(blocks, ms):
             band = 999 if m['pin'] == 'pinned' else (100 if m['stable'] else 15)
@@ -152,17 +156,15 @@ class Sim:
     def tier_keys(self, blocks):
         ms = [self.meta[b] for b in blocks]
         if not ms:
-            self.tkey = {}; return
-        lo = min(m['last'] for m in ms); hi = max(m['last'] for m in ms)
-        span = max(hi - lo, 1)
-        mr = max(m['att'] for m in ms)
-        den = max(math.log(1 + mr), 1e-300)
+            self.tkey = {}
+            return
+        lo, span, den = self.scales(ms, 'att')
         own = {}
         for b, m in zip(blocks, ms):
             prio = 100 if m['stable'] else 15
             imp = 0.8 if m['stable'] else 0.4
             r = (m['last'] - lo) / span
-            f = math.log(1 + m['att']) / den
+            f = math.log(1 + m.get('att', 0)) / den
             own[b] = (0.4*f + 0.4*r + 0.2*imp + 0.01) * (1 + prio/100)
         eff = dict(own)
         chains = {}

@@ -13,6 +13,15 @@ use crate::common::license_tokens;
 /// A core of 256 tokens of context with 16 hot and 16 cold blocks, ranking by `mode`, a
 /// block unread for 8 sampled steps demoted.
 fn engine(mode: EvictionMode) -> EngineCore {
+    engine_with(EvictionPolicy {
+        mode,
+        idle_steps: 8,
+        ..EvictionPolicy::default()
+    })
+}
+
+/// A core of 256 tokens of context with 16 hot and 16 cold blocks, ranking by `eviction`.
+fn engine_with(eviction: EvictionPolicy) -> EngineCore {
     let (m, t) = crate::common::model();
     let model = m.clone().with_context_length(256).unwrap();
     let probe = EngineCore::new(model.clone(), t.clone(), EngineConfig::default()).unwrap();
@@ -23,11 +32,7 @@ fn engine(mode: EvictionMode) -> EngineCore {
         EngineConfig {
             hot_bytes: 16 * block,
             cold_bytes: 16 * block,
-            eviction: EvictionPolicy {
-                mode,
-                idle_steps: 8,
-                ..EvictionPolicy::default()
-            },
+            eviction,
             ..EngineConfig::default()
         },
     )
@@ -114,31 +119,17 @@ fn scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>, Vec<f32>) {
     (memories, user, again)
 }
 
-/// A core like [`engine`]'s ranking by how often a chain runs alone (use weight 1, no idle
-/// window), or priority-only.
+/// A core ranking by how often a chain runs alone (use weight 1, no idle window), or
+/// priority-only.
 fn use_engine(mode: EvictionMode) -> EngineCore {
-    let (m, t) = crate::common::model();
-    let model = m.clone().with_context_length(256).unwrap();
-    let probe = EngineCore::new(model.clone(), t.clone(), EngineConfig::default()).unwrap();
-    let block = probe.store().block_bytes() as u64;
-    EngineCore::new(
-        model,
-        t.clone(),
-        EngineConfig {
-            hot_bytes: 16 * block,
-            cold_bytes: 16 * block,
-            eviction: EvictionPolicy {
-                mode,
-                mass_weight: 0.0,
-                recency_weight: 0.0,
-                frequency_weight: 0.0,
-                use_weight: 1.0,
-                idle_steps: 0,
-            },
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap()
+    engine_with(EvictionPolicy {
+        mode,
+        mass_weight: 0.0,
+        recency_weight: 0.0,
+        frequency_weight: 0.0,
+        use_weight: 1.0,
+        idle_steps: 0,
+    })
 }
 
 /// Two conversations' prompts of one layer (one band): the first run four times, the second
