@@ -6,7 +6,7 @@
 use engram_engine::{
     EngineConfig, EngineCore, EvictionMode, EvictionPolicy, PromptSegment, SequenceSpec,
 };
-use engram_kvcore::{BlockId, SessionId, SourceLayer, TenantId, Tier};
+use engram_kvcore::{BlockId, BlockMeta, SessionId, SourceLayer, TenantId, Tier};
 
 use crate::common::license_tokens;
 
@@ -266,18 +266,21 @@ fn the_cold_tier_drops_what_the_model_does_not_read_first_and_priority_mode_by_p
     assert_eq!(user, vec![Cold, Cold, Recompute, Recompute]);
 }
 
+/// Each cached block's `count`, in order (0 for a block no longer held).
+fn counts(core: &EngineCore, ids: &[BlockId], count: fn(&BlockMeta) -> u32) -> Vec<u32> {
+    ids.iter()
+        .map(|&b| core.store().metadata().get(b).map_or(0, count))
+        .collect()
+}
+
 /// Each cached block's read count, in order.
 fn reads(core: &EngineCore, ids: &[BlockId]) -> Vec<u32> {
-    ids.iter()
-        .map(|&b| core.store().metadata().get(b).map_or(0, |m| m.reads()))
-        .collect()
+    counts(core, ids, BlockMeta::reads)
 }
 
 /// Each cached block's count of steps that attended it, in order.
 fn attended(core: &EngineCore, ids: &[BlockId]) -> Vec<u32> {
-    ids.iter()
-        .map(|&b| core.store().metadata().get(b).map_or(0, |m| m.attended()))
-        .collect()
+    counts(core, ids, BlockMeta::attended)
 }
 
 /// Element-wise sum.
