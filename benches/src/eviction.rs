@@ -88,6 +88,8 @@ pub struct PolicyFigures {
     pub misses: u64,
     /// Hot blocks admission evicted.
     pub admission_evictions: u64,
+    /// Staged spills (`[tiers] stage`): spills that took a staged copy, copies dropped unused.
+    pub staged_used_dropped: [u64; 2],
     /// Prompt tokens reused over prompt tokens.
     pub cached_share: f64,
     /// TTFT p50, p95 (ms).
@@ -166,6 +168,11 @@ fn config(
     }
     if let Some(n) = eviction["idle_steps"].as_u64() {
         c.eviction.idle_steps = n;
+    }
+    // Not an `[eviction]` key: `[tiers] stage`, so that one run can compare the bridge's
+    // spill-ahead with its staging.
+    if let Some(stage) = eviction["stage"].as_bool() {
+        c.tiers.stage = stage;
     }
     c
 }
@@ -360,6 +367,10 @@ async fn run(
         cold_hits,
         misses,
         admission_evictions: e.admission_evictions - b.admission_evictions,
+        staged_used_dropped: [
+            after.staged.used - before.staged.used,
+            after.staged.dropped - before.staged.dropped,
+        ],
         cached_share: cached as f64 / prompt.max(1) as f64,
         ttft_ms: [p(&ttft, 0.5), p(&ttft, 0.95)],
         mean_ttft_ms: mean,

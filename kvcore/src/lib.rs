@@ -56,4 +56,4 @@ pub use store::host::HostTier;
 #[cfg(feature = "cuda")]
 pub use store::hot::CudaLayer;
 pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
-pub use store::{BlockPart, BlockStore, BlockStream, FusedStats, StoreConfig};
+pub use store::{BlockPart, BlockStore, BlockStream, FusedStats, StageStats, StoreConfig};

@@ -213,8 +213,9 @@ struct EvictionBenchArgs {
     #[arg(long)]
     no_tier_loop: bool,
     /// An `[eviction]` setting to measure, as JSON (repeatable; the first is the reference the
-    /// replies are compared with). Default: priority-only, attention-aware, attention-aware with
-    /// a 64-step idle window.
+    /// replies are compared with), which may also carry `"stage": false` (`[tiers] stage`: the
+    /// bridge spills ahead instead of staging). Default: priority-only, attention-aware,
+    /// attention-aware with a 64-step idle window.
     #[arg(long = "policy", value_parser = parse_json)]
     policies: Vec<serde_json::Value>,
     /// Scratch directory.

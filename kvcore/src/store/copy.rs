@@ -47,6 +47,8 @@ impl BlockStore {
         if from.iter().any(|&(t, _)| t == Tier::Hot) {
             self.hot.host()?;
         }
+        // A staged copy of a destination would hold the bytes from before.
+        self.unstage(dst);
         let shape = self.layout.shape;
         let (layers, kv_heads) = (shape.layers, shape.kv_heads);
         let (s0, d0) = (

@@ -9,8 +9,9 @@
 //! Invariants:
 //! - every operation validates all of its input first and mutates only when the whole call can
 //!   succeed: an error leaves the store exactly as it was (tests compare whole stores);
-//! - a block in `Hot` or `Cold` owns exactly one slot of that tier; free list ∪ owned slots is
-//!   every slot, disjointly;
+//! - a block in `Hot` or `Cold` owns exactly one slot of that tier, and a staged hot block also
+//!   one cold slot holding a copy of its bytes (`staged.rs`); free list ∪ owned slots is every
+//!   slot, disjointly;
 //! - a block lives while its reference count is ≥ 1; the release that drops it to 0 frees it.
 //!
 //! Costs: allocate/release/retain O(n) in the ids given; spill/warm O(n·layers) copies, merged
@@ -26,6 +27,7 @@ pub(crate) mod hot;
 #[allow(unsafe_code)]
 mod pinned;
 mod reduced;
+mod staged;
 mod walk;
 
 use std::collections::HashSet;
@@ -44,6 +46,7 @@ use host::{HostTier, Layout};
 use hot::CudaTier;
 use hot::{HotStorage, HotTier, HotTierKind};
 use reduced::ReducedPool;
+pub use staged::StageStats;
 
 /// One of the four byte streams of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -187,6 +190,8 @@ pub struct BlockStore {
     reduced: Option<ReducedPool>,
     /// Block fusion's pool of shared directions, when on.
     fused: Option<FusedPool>,
+    /// Hot blocks with a copy in the cold tier, ahead of their spill (`staged.rs`).
+    staged: staged::Staged,
     meta: BlockMetadataTable,
     next_id: u64,
 }
@@ -288,6 +293,7 @@ impl BlockStore {
             cold_free: self.cold_free.clone(),
             reduced: self.reduced.clone(),
             fused: self.fused.clone(),
+            staged: self.staged.clone(),
             meta: self.meta.clone(),
             next_id: self.next_id,
         })
@@ -330,6 +336,7 @@ impl BlockStore {
             cold_free: SlotPool::new(cold_blocks),
             reduced: None,
             fused: None,
+            staged: staged::Staged::default(),
             meta: BlockMetadataTable::new(priorities),
             next_id: 0,
         })
@@ -398,7 +405,8 @@ impl BlockStore {
         &self.hot
     }
 
-    /// The hot tier, mutable (device kernels write blocks through it).
+    /// The hot tier, mutable (device kernels write blocks through it). A write through it must
+    /// not target a staged block ([`Self::stage`]); [`Self::unstage`] drops a copy first.
     pub fn hot_mut(&mut self) -> &mut HotTier {
         &mut self.hot
     }
@@ -423,11 +431,12 @@ impl BlockStore {
         }
     }
 
-    /// Free slots of a tier.
+    /// Free slots of a tier (in the cold tier, the slots of staged copies count as free: they
+    /// are dropped when the slots are wanted).
     pub fn free_blocks(&self, tier: Tier) -> usize {
         match tier {
             Tier::Hot => self.hot_free.available(),
-            Tier::Cold => self.cold_free.available(),
+            Tier::Cold => self.cold_free.available() + self.staged.len(),
             Tier::Recompute => 0,
         }
     }
@@ -490,6 +499,7 @@ impl BlockStore {
                 if let Some(meta) = self.meta.remove(id) {
                     self.free_slot_of(meta.tier, meta.precision, meta.slot);
                 }
+                self.unstage(&[id]);
                 freed.push(id);
             }
         }
@@ -591,6 +601,7 @@ impl BlockStore {
                 });
             }
         }
+        self.unstage(ids);
         for &id in ids {
             if let Some(meta) = self.meta.get_mut(id) {
                 let (tier, precision, slot) = (meta.tier, meta.precision, meta.slot);
@@ -650,6 +661,11 @@ impl BlockStore {
         }
         let shape = self.layout.shape;
         let (kv_heads, bs) = (shape.kv_heads, shape.block_size);
+        // A staged copy would hold the bytes from before.
+        self.staged.drop_copies(
+            &blocks[token_start / bs..(token_start + tokens).div_ceil(bs)],
+            &mut self.cold_free,
+        );
         let mut scratch = vec![0.0f32; d];
         let mut idx = vec![0u8; d];
         for t in 0..tokens {
@@ -823,6 +839,9 @@ impl BlockStore {
     }
 
     fn take_slots(&mut self, tier: Tier, n: usize) -> KvResult<Vec<u32>> {
+        if tier == Tier::Cold {
+            self.reclaim_copies(n);
+        }
         let pool = match tier {
             Tier::Hot => &mut self.hot_free,
             Tier::Cold => &mut self.cold_free,
@@ -856,12 +875,35 @@ impl BlockStore {
     ///
     /// Blocks are paired in source-slot order with destination slots in ascending order, so
     /// blocks adjacent in the source land adjacent in the destination and move as one copy,
-    /// whatever order the caller listed them in (eviction lists them by priority).
+    /// whatever order the caller listed them in (eviction lists them by priority). A staged
+    /// block spills onto its copy, nothing copied; when a copy of the others then fails, the
+    /// staged ones have moved.
     fn transfer(&mut self, ids: &[BlockId], source: Tier, dest: Tier) -> KvResult<()> {
         let from = self.slots_in(ids, source)?;
         let mut order: Vec<(u32, BlockId)> = from.into_iter().zip(ids.iter().copied()).collect();
         order.sort_unstable();
-        let to = self.take_slots(dest, ids.len())?;
+        if dest == Tier::Cold {
+            if self.free_blocks(Tier::Cold) < ids.len() {
+                return Err(KvError::TierExhausted {
+                    tier: dest,
+                    requested: ids.len(),
+                    available: self.free_blocks(Tier::Cold),
+                });
+            }
+            order.retain(|&(old, id)| {
+                let Some(new) = self.take_copy(id) else {
+                    return true;
+                };
+                self.hot_free.give(old);
+                if let Some(meta) = self.meta.get_mut(id) {
+                    meta.tier = Tier::Cold;
+                    meta.slot = new;
+                }
+                self.meta.note_move(id);
+                false
+            });
+        }
+        let to = self.take_slots(dest, order.len())?;
         let pairs: Vec<(u32, u32)> = order
             .iter()
             .map(|&(s, _)| s)

@@ -15,4 +15,5 @@ mod refcount;
 mod relocate;
 mod shadow;
 mod simd;
+mod staged;
 mod tiers;

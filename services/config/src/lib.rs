@@ -960,6 +960,7 @@ mod tests {
                 // Numbers and booleans are parsed as their field's type.
                 ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "4096"),
                 ("ENGRAM__TIERS__HOT_HIGH", "1"),
+                ("ENGRAM__TIERS__STAGE", "false"),
                 ("ENGRAM__SHADOW__ENABLED", "false"),
                 ("ENGRAM__MEMORY__RESERVE", "0"),
             ]),
@@ -971,6 +972,9 @@ mod tests {
         assert_eq!(c.model.path, PathBuf::from("42"));
         assert_eq!(c.server.body_limit_bytes, 4096);
         assert!((c.tiers.hot_high - 1.0).abs() < f64::EPSILON);
+        // The bridge spills ahead instead of staging (the policy's default is on).
+        assert!(engram_engine::TierPolicy::default().stage);
+        assert!(!c.tiers.stage && !c.tiers.policy().stage);
         assert!(!c.shadow.enabled);
         assert!(!c.memory.reserve);
     }

@@ -31,6 +31,9 @@ pub struct TiersSection {
     pub cold_budget_mib: u64,
     /// Cycles a block stays where a tier move put it before the bridge moves it again.
     pub cooldown_cycles: u64,
+    /// Spill ahead by staging (copy to the cold tier, stay hot until admission wants the room);
+    /// off, the bridge spills ahead.
+    pub stage: bool,
 }
 
 impl Default for TiersSection {
@@ -49,6 +52,7 @@ impl Default for TiersSection {
             hot_budget_mib: 0,
             cold_budget_mib: 0,
             cooldown_cycles: p.cooldown_cycles,
+            stage: p.stage,
         }
     }
 }
@@ -66,6 +70,7 @@ impl TiersSection {
             hot_budget_bytes: self.hot_budget_mib << 20,
             cold_budget_bytes: self.cold_budget_mib << 20,
             cooldown_cycles: self.cooldown_cycles,
+            stage: self.stage,
             ..engram_engine::TierPolicy::default()
         }
     }

@@ -29,8 +29,8 @@ pub struct TierBridge {
     pub policy: Mutex<TierPolicy>,
     /// The last cycles, newest last.
     pub history: Mutex<VecDeque<CycleRecord>>,
-    /// Cycles run, blocks spilled, warmed, removed.
-    pub totals: Mutex<[u64; 4]>,
+    /// Cycles run, blocks spilled, warmed, removed, staged.
+    pub totals: Mutex<[u64; 5]>,
     /// Sessions' last turn.
     pub activity: Mutex<HashMap<ChainKey, Instant>>,
 }
@@ -41,7 +41,7 @@ impl TierBridge {
         Self {
             policy: Mutex::new(policy),
             history: Mutex::new(VecDeque::new()),
-            totals: Mutex::new([0; 4]),
+            totals: Mutex::new([0; 5]),
             activity: Mutex::new(HashMap::new()),
         }
     }
@@ -78,6 +78,7 @@ impl TierBridge {
             t[1] += report.spilled as u64;
             t[2] += report.warmed as u64;
             t[3] += report.removed as u64;
+            t[4] += report.staged as u64;
         }
         if let Ok(mut p) = self.policy.lock() {
             *p = policy;

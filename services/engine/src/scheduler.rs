@@ -157,6 +157,10 @@ pub struct EngineSnapshot {
     /// ([`EngineCore::quick_moves`]).
     #[serde(default)]
     pub quick_moves: u64,
+    /// Staged spills ([`engram_kvcore::BlockStore::stage`]): blocks staged now, spills that
+    /// took a copy, copies dropped unused.
+    #[serde(default)]
+    pub staged: engram_kvcore::StageStats,
 }
 
 /// A page of the block listing.
@@ -649,6 +653,7 @@ impl Worker {
                         reservations: self.core.reservation_counters(),
                         tier_moves: self.core.tier_moves(),
                         quick_moves: self.core.quick_moves(),
+                        staged: self.core.stage_stats(),
                     });
                 }
                 Command::Blocks(q, reply) => {

@@ -17,8 +17,10 @@
 //!   and a protected later block protects it), and ties go to the later position first: every
 //!   demotion is prefix-closed — a chain never keeps a later block in a faster tier than an
 //!   earlier one because of the bridge.
-//! - **Decide**: hot fill (of its budget) above `hot_high` → spill the least valuable hot blocks
-//!   until the hot tier is at `hot_target`; otherwise, hot fill below `warm_below` → warm the cold
+//! - **Decide**: hot fill (of its budget) above `hot_high` → stage the least valuable hot blocks
+//!   (copy them to free cold slots, keeping them hot: admission's spill then takes the copy) until
+//!   the hot blocks not staged are at `hot_target`, or with `stage` off spill them until the hot
+//!   tier is at `hot_target`; otherwise, hot fill below `warm_below` → warm the cold
 //!   blocks of the sessions the caller names active (their recorded chains, leading blocks first,
 //!   a chain stopping at its first block in cooldown) while the hot tier stays under
 //!   `hot_target`; cold fill above `cold_high` → remove the least valuable cold blocks until it is
@@ -117,6 +119,11 @@ pub struct TierPolicy {
     pub cooldown_cycles: u64,
     /// Restore latencies the values weigh.
     pub costs: TierCosts,
+    /// Spill ahead by staging: above `hot_high` the least valuable hot blocks are copied to
+    /// free cold slots and stay hot until admission wants their room (then their spill takes
+    /// the copy, nothing copied); off, they are spilled (the turns that need them find them
+    /// cold). See `engram_kvcore::BlockStore::stage`.
+    pub stage: bool,
 }
 
 impl Default for TierPolicy {
@@ -138,6 +145,7 @@ impl Default for TierPolicy {
             cold_budget_bytes: 0,
             cooldown_cycles: 100,
             costs: TierCosts::default(),
+            stage: true,
         }
     }
 }
@@ -272,6 +280,9 @@ pub struct CycleReport {
     pub review: MoveReview,
     /// Blocks spilled hot → cold.
     pub spilled: usize,
+    /// Blocks staged: copied to the cold tier, still hot (`TierPolicy::stage`).
+    #[serde(default)]
+    pub staged: usize,
     /// Blocks warmed cold → hot.
     pub warmed: usize,
     /// Blocks removed from the cold tier (and the cache); with down-tiering on, the blocks that
@@ -357,6 +368,11 @@ impl EngineCore {
     /// mover's: the bridge's, the turns', admission's).
     pub fn quick_moves(&self) -> u64 {
         self.store.metadata().quick_moves()
+    }
+
+    /// What staged spills have done so far (see [`TierPolicy::stage`]).
+    pub fn stage_stats(&self) -> engram_kvcore::StageStats {
+        self.store.stage_stats()
     }
 
     /// Judges the bridge's moves of earlier cycles (see the module docs).
@@ -582,7 +598,21 @@ impl EngineCore {
         // Decide and act.
         let hot_fill = share(occ.hot_used, hot_budget);
         let target_hot = (policy.hot_target * hot_budget as f64).floor() as usize;
-        if hot_fill > policy.hot_high {
+        if hot_fill > policy.hot_high && policy.stage {
+            // Copies ahead, into free cold slots only (a cold block is worth more than a copy).
+            let staged = self.store.stage_stats().staged;
+            let want = occ
+                .hot_used
+                .saturating_sub(staged)
+                .saturating_sub(target_hot)
+                .min(policy.max_moves);
+            let victims: Vec<BlockId> = hot_order
+                .into_iter()
+                .filter(|&id| !self.store.is_staged(id))
+                .take(want)
+                .collect();
+            report.staged = self.store.stage(&victims)?.len();
+        } else if hot_fill > policy.hot_high {
             let want = occ
                 .hot_used
                 .saturating_sub(target_hot)

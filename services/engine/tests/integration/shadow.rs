@@ -505,6 +505,8 @@ fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
         hot_target: 0.0,
         warm_below: 0.0,
         adapt: false,
+        // Spill ahead (the staging default is `the_bridge_stages_ahead_...`).
+        stage: false,
         ..TierPolicy::default()
     };
     let r = e.tier_cycle(&mut pressure, &[]).unwrap();
@@ -554,6 +556,108 @@ fn the_tier_bridge_spills_under_pressure_and_warms_an_active_session() {
     assert!(adm.cached_tokens >= 176);
 }
 
+/// With `stage` on (the default) the bridge copies ahead instead of spilling: the blocks stay
+/// hot, a turn that needs them finds them hot, and when admission wants their room their spill
+/// takes the copy; the replies are the spilling bridge's.
+#[test]
+fn the_bridge_stages_ahead_and_admission_spills_onto_the_copies() {
+    let text = license_tokens(700);
+    let block_bytes = core_with(EngineConfig::default()).store().block_bytes() as u64;
+    let sessions = [(1u64, 100usize), (2, 250), (3, 400)];
+    // The smallest hot tier the engine accepts (512 blocks) and a 20-block budget, as in the
+    // spilling test below: over 90 % of it, the bridge acts down to 75 % (15 blocks).
+    let bridged = |stage: bool| {
+        let mut e = core_with(EngineConfig {
+            hot_bytes: 512 * block_bytes,
+            ..EngineConfig::default()
+        });
+        for (s, at) in sessions {
+            run(&mut e, spec(&text, at, 140, s));
+        }
+        let mut p = TierPolicy {
+            hot_budget_bytes: 20 * block_bytes,
+            warm_below: 0.0,
+            adapt: false,
+            stage,
+            ..TierPolicy::default()
+        };
+        let r = e.tier_cycle(&mut p, &[]).unwrap();
+        (e, r)
+    };
+    let (mut e, r) = bridged(true);
+    let (mut spilling, spilled) = bridged(false);
+    assert_eq!((r.staged, r.spilled), (12, 0), "{r:?}");
+    assert_eq!((spilled.staged, spilled.spilled), (0, 12), "{spilled:?}");
+    // Nothing moved: every block is still hot, 12 of them with a copy; no tier move.
+    assert_eq!(e.occupancy().hot_used, 3 + 3 * 8);
+    assert_eq!(e.stage_stats().staged, 12);
+    for s in 1..=3 {
+        assert!(
+            tiers_of(&e, s).iter().all(|&t| t == Tier::Hot),
+            "session {s}"
+        );
+    }
+    // The copies are the blocks the spilling bridge spilled (same order).
+    let staged: Vec<_> = e
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| e.store().is_staged(m.id()))
+        .map(|m| (m.session(), m.tokens().start))
+        .collect();
+    let cold: Vec<_> = spilling
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| m.tier() == Tier::Cold)
+        .map(|m| (m.session(), m.tokens().start))
+        .collect();
+    assert_eq!(staged, cold);
+    // A second cycle stages no more: the blocks not staged are at the target.
+    let mut p = TierPolicy {
+        hot_budget_bytes: 20 * block_bytes,
+        warm_below: 0.0,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    assert_eq!(e.tier_cycle(&mut p, &[]).unwrap().staged, 0);
+
+    // The sessions again: the staged blocks are hot hits, where the spilling bridge's turns
+    // warm back all 12 it spilled; the logits are the same.
+    let mut warmed = [0, 0];
+    for (s, at) in sessions {
+        let (logits, adm) = run(&mut e, spec(&text, at, 140, s));
+        let (logits_s, adm_s) = run(&mut spilling, spec(&text, at, 140, s));
+        warmed[0] += adm.warmed_blocks;
+        warmed[1] += adm_s.warmed_blocks;
+        assert_eq!(
+            adm.hot_blocks + adm.warmed_blocks,
+            adm_s.hot_blocks + adm_s.warmed_blocks
+        );
+        assert_eq!(logits, logits_s, "session {s}");
+    }
+    assert_eq!(warmed, [0, 12]);
+    // Admission spills onto copies: empty the hot tier's idle blocks; every staged block left
+    // spills with nothing copied, and its bytes are what they were.
+    let left: Vec<_> = e
+        .store()
+        .metadata()
+        .iter()
+        .filter(|m| e.store().is_staged(m.id()))
+        .map(|m| (m.id(), e.store().block_bytes_of(m.id()).unwrap()))
+        .collect();
+    assert!(!left.is_empty());
+    let used = e.stage_stats().used;
+    e.spill_idle().unwrap();
+    assert_eq!(e.stage_stats().used, used + left.len() as u64);
+    assert_eq!(e.stage_stats().staged, 0);
+    for (id, bytes) in left {
+        let m = e.store().metadata().get(id).unwrap();
+        assert_eq!(m.tier(), Tier::Cold);
+        assert_eq!(e.store().block_bytes_of(id).unwrap(), bytes);
+    }
+}
+
 /// Token starts of a session's live turn blocks, and whether its hot blocks all come before its
 /// cold ones (a chain the bridge demoted prefix-closed).
 fn prefix_closed(core: &EngineCore, session: u64) -> bool {
@@ -592,6 +696,7 @@ fn the_bridge_demotes_prefix_closed_within_a_budget_with_a_cooldown_and_reviews_
         hot_budget_bytes: 20 * block_bytes,
         warm_below: 0.0,
         adapt: false,
+        stage: false,
         ..TierPolicy::default()
     };
     let r = e.tier_cycle(&mut budget, &[]).unwrap();
@@ -608,6 +713,7 @@ fn the_bridge_demotes_prefix_closed_within_a_budget_with_a_cooldown_and_reviews_
         hot_target: 0.0,
         warm_below: 0.0,
         adapt: false,
+        stage: false,
         ..TierPolicy::default()
     };
     assert_eq!(e.tier_cycle(&mut empty, &[]).unwrap().spilled, 12);
@@ -675,6 +781,7 @@ fn cold_blocks_over_the_cold_budget_leave_each_chain_from_its_end() {
         cold_budget_bytes: 10 * block_bytes,
         cooldown_cycles: 0,
         adapt: false,
+        stage: false,
         ..TierPolicy::default()
     };
     let r = e.tier_cycle(&mut p, &[]).unwrap();

@@ -699,6 +699,8 @@ pub struct TierTotals {
     pub warmed: u64,
     /// Blocks removed.
     pub removed: u64,
+    /// Blocks staged (copied to the cold tier ahead of their spill, left hot).
+    pub staged: u64,
 }
 /// The tier bridge: its policy now, totals, and the last cycles (observation, suggestion,
 /// actions).
@@ -732,6 +734,7 @@ pub async fn admin_tiers(
             spilled: totals[1],
             warmed: totals[2],
             removed: totals[3],
+            staged: totals[4],
         },
         cycles,
     }))

@@ -197,6 +197,21 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
             counter(s.quick_moves),
         );
         reg.register(
+            "engram_tier_staged_spills",
+            "Spills that took a copy the tier bridge staged ahead (nothing copied at spill time)",
+            counter(s.staged.used),
+        );
+        reg.register(
+            "engram_tier_staged_dropped",
+            "Staged copies dropped unused (their cold slots wanted, or the block written, removed or freed)",
+            counter(s.staged.dropped),
+        );
+        reg.register(
+            "engram_tier_staged_blocks",
+            "Hot blocks staged now (with a copy in the cold tier)",
+            gauge(s.staged.staged as u64),
+        );
+        reg.register(
             "engram_admission_evictions",
             "Hot blocks spilled or dropped at admission because the hot tier was full",
             counter(c.admission_evictions),
@@ -389,7 +404,12 @@ fn register_shadow_and_tiers(state: &AppState, reg: &mut prometheus_client::regi
         "Blocks the tier bridge moved, by action",
         counters(
             "action",
-            [("spill", t[1]), ("warm", t[2]), ("remove", t[3])],
+            [
+                ("spill", t[1]),
+                ("warm", t[2]),
+                ("remove", t[3]),
+                ("stage", t[4]),
+            ],
         ),
     );
 }
