@@ -36,6 +36,14 @@ pub(crate) struct Staged {
     dropped: u64,
 }
 
+/// The staged blocks of one spill, their copies held apart: `(hot slot, block, copy's cold
+/// slot)`, and each copy's stage order.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    pub(super) blocks: Vec<(u32, BlockId, u32)>,
+    orders: Vec<u64>,
+}
+
 /// What staging has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -52,6 +60,33 @@ pub struct StageStats {
 impl Staged {
     pub(crate) fn len(&self) -> usize {
         self.copies.len()
+    }
+
+    /// Takes the staged blocks out of a spill's `(hot slot, block)` list, holding their copies
+    /// apart until the spill is done ([`Self::put_back`] when it fails).
+    pub(super) fn hold(&mut self, order: &mut Vec<(u32, BlockId)>) -> Held {
+        let mut held = Held::default();
+        order.retain(|&(hot, id)| match self.copies.remove(&id) {
+            Some(copy) => {
+                held.orders.push(copy.0);
+                held.blocks.push((hot, id, copy.1));
+                false
+            }
+            None => true,
+        });
+        held
+    }
+
+    /// Returns held copies (a spill that failed).
+    pub(super) fn put_back(&mut self, held: Held) {
+        for (&order, &(_, id, slot)) in held.orders.iter().zip(&held.blocks) {
+            self.copies.insert(id, (order, slot));
+        }
+    }
+
+    /// Counts `n` spills served by a copy.
+    pub(super) fn note_used(&mut self, n: u64) {
+        self.used += n;
     }
 
     /// Drops the copies of `ids` (those staged), giving their slots to `free`.
@@ -119,13 +154,6 @@ impl BlockStore {
     /// Drops the copies of `ids` (those staged), freeing their cold slots.
     pub fn unstage(&mut self, ids: &[BlockId]) {
         self.staged.drop_copies(ids, &mut self.cold_free);
-    }
-
-    /// Takes the copy of a staged block for its spill: its cold slot, or `None`.
-    pub(super) fn take_copy(&mut self, id: BlockId) -> Option<u32> {
-        let (_, slot) = self.staged.copies.remove(&id)?;
-        self.staged.used += 1;
-        Some(slot)
     }
 
     /// Drops the oldest copies until `n` cold slots are truly free (or no copy is left).

@@ -17,10 +17,10 @@
 //!   and a protected later block protects it), and ties go to the later position first: every
 //!   demotion is prefix-closed — a chain never keeps a later block in a faster tier than an
 //!   earlier one because of the bridge.
-//! - **Decide**: hot fill (of its budget) above `hot_high` → stage the least valuable hot blocks
-//!   (copy them to free cold slots, keeping them hot: admission's spill then takes the copy) until
-//!   the hot blocks not staged are at `hot_target`, or with `stage` off spill them until the hot
-//!   tier is at `hot_target`; otherwise, hot fill below `warm_below` → warm the cold
+//! - **Decide**: hot fill (of its budget) above `hot_high` → spill the least valuable hot blocks
+//!   over the budget, then stage the next ones (copy them to free cold slots, keeping them hot:
+//!   admission's spill then takes the copy) until the hot blocks not staged are at
+//!   `hot_target`; with `stage` off, spill them until the hot tier is at `hot_target`; otherwise, hot fill below `warm_below` → warm the cold
 //!   blocks of the sessions the caller names active (their recorded chains, leading blocks first,
 //!   a chain stopping at its first block in cooldown) while the hot tier stays under
 //!   `hot_target`; cold fill above `cold_high` → remove the least valuable cold blocks until it is
@@ -121,8 +121,9 @@ pub struct TierPolicy {
     pub costs: TierCosts,
     /// Spill ahead by staging: above `hot_high` the least valuable hot blocks are copied to
     /// free cold slots and stay hot until admission wants their room (then their spill takes
-    /// the copy, nothing copied); off, they are spilled (the turns that need them find them
-    /// cold). See `engram_kvcore::BlockStore::stage`.
+    /// the copy, nothing copied); only blocks over the hot budget itself are spilled. Off, they
+    /// are spilled down to `hot_target` (the turns that need them find them cold). See
+    /// `engram_kvcore::BlockStore::stage`.
     pub stage: bool,
 }
 
@@ -598,46 +599,55 @@ impl EngineCore {
         // Decide and act.
         let hot_fill = share(occ.hot_used, hot_budget);
         let target_hot = (policy.hot_target * hot_budget as f64).floor() as usize;
-        if hot_fill > policy.hot_high && policy.stage {
-            // Copies ahead, into free cold slots only (a cold block is worth more than a copy).
-            let staged = self.store.stage_stats().staged;
-            let want = occ
-                .hot_used
-                .saturating_sub(staged)
-                .saturating_sub(target_hot)
-                .min(policy.max_moves);
-            let victims: Vec<BlockId> = hot_order
-                .into_iter()
-                .filter(|&id| !self.store.is_staged(id))
-                .take(want)
-                .collect();
-            report.staged = self.store.stage(&victims)?.len();
-        } else if hot_fill > policy.hot_high {
-            let want = occ
-                .hot_used
-                .saturating_sub(target_hot)
-                .min(policy.max_moves);
-            let victims: Vec<BlockId> = hot_order.into_iter().take(want).collect();
-            // Cold room for them, out of the least valuable cold blocks (prefix-closed too).
-            let short = victims
-                .len()
-                .saturating_sub(self.store.free_blocks(Tier::Cold));
-            if short > 0 {
-                let cold = self.removable_cold(&value, &chains, &busy);
-                report.removed += self.remove_cold(cold, short)?;
-            }
-            let room = self.store.free_blocks(Tier::Cold).min(victims.len());
-            // The victims come latest position first: any leading part keeps chains
-            // prefix-closed.
-            self.store.spill(&victims[..room])?;
-            for &id in &victims[..room] {
-                if let Some(m) = self.store.metadata().get(id) {
-                    *self.counters.spilled.entry(m.source()).or_default() += 1;
+        if hot_fill > policy.hot_high {
+            // Staging spills now only what is over the budget itself; spilling ahead, down to
+            // the target.
+            let floor = if policy.stage {
+                hot_budget.max(target_hot)
+            } else {
+                target_hot
+            };
+            let want = occ.hot_used.saturating_sub(floor).min(policy.max_moves);
+            let victims: Vec<BlockId> = hot_order.iter().copied().take(want).collect();
+            if !victims.is_empty() {
+                // Cold room for them, out of the least valuable cold blocks (prefix-closed too).
+                let short = victims
+                    .len()
+                    .saturating_sub(self.store.free_blocks(Tier::Cold));
+                if short > 0 {
+                    let cold = self.removable_cold(&value, &chains, &busy);
+                    report.removed += self.remove_cold(cold, short)?;
                 }
+                let room = self.store.free_blocks(Tier::Cold).min(victims.len());
+                // The victims come latest position first: any leading part keeps chains
+                // prefix-closed.
+                self.store.spill(&victims[..room])?;
+                for &id in &victims[..room] {
+                    if let Some(m) = self.store.metadata().get(id) {
+                        *self.counters.spilled.entry(m.source()).or_default() += 1;
+                    }
+                }
+                self.note_bridge_moves(&victims[..room], cycle, false);
+                report.spilled = room;
+                self.enforce_cold_quotas()?;
             }
-            self.note_bridge_moves(&victims[..room], cycle, false);
-            report.spilled = room;
-            self.enforce_cold_quotas()?;
+            if policy.stage {
+                // Copies ahead, into free cold slots only (a cold block is worth more than a
+                // copy), until the hot blocks not staged are at the target.
+                let hot = occ.hot_used.saturating_sub(report.spilled);
+                let want = hot
+                    .saturating_sub(self.store.stage_stats().staged)
+                    .saturating_sub(target_hot)
+                    .min(policy.max_moves.saturating_sub(report.spilled));
+                let meta = self.store.metadata();
+                let victims: Vec<BlockId> = hot_order
+                    .into_iter()
+                    .filter(|&id| meta.get(id).is_some_and(|m| m.tier() == Tier::Hot))
+                    .filter(|&id| !self.store.is_staged(id))
+                    .take(want)
+                    .collect();
+                report.staged = self.store.stage(&victims)?.len();
+            }
         } else if hot_fill < policy.warm_below && !active_cold.is_empty() {
             let room = target_hot
                 .saturating_sub(occ.hot_used)

@@ -564,9 +564,17 @@ fn the_bridge_stages_ahead_and_admission_spills_onto_the_copies() {
     let text = license_tokens(700);
     let block_bytes = core_with(EngineConfig::default()).store().block_bytes() as u64;
     let sessions = [(1u64, 100usize), (2, 250), (3, 400)];
-    // The smallest hot tier the engine accepts (512 blocks) and a 20-block budget, as in the
-    // spilling test below: over 90 % of it, the bridge acts down to 75 % (15 blocks).
-    let bridged = |stage: bool| {
+    // The smallest hot tier the engine accepts (512 blocks); 27 blocks used: over 4 % of it
+    // (20 blocks), the bridge acts down to 3 % (15 blocks).
+    let act = |stage: bool| TierPolicy {
+        hot_high: 0.04,
+        hot_target: 0.03,
+        warm_below: 0.0,
+        adapt: false,
+        stage,
+        ..TierPolicy::default()
+    };
+    let fresh = || {
         let mut e = core_with(EngineConfig {
             hot_bytes: 512 * block_bytes,
             ..EngineConfig::default()
@@ -574,14 +582,11 @@ fn the_bridge_stages_ahead_and_admission_spills_onto_the_copies() {
         for (s, at) in sessions {
             run(&mut e, spec(&text, at, 140, s));
         }
-        let mut p = TierPolicy {
-            hot_budget_bytes: 20 * block_bytes,
-            warm_below: 0.0,
-            adapt: false,
-            stage,
-            ..TierPolicy::default()
-        };
-        let r = e.tier_cycle(&mut p, &[]).unwrap();
+        e
+    };
+    let bridged = |stage: bool| {
+        let mut e = fresh();
+        let r = e.tier_cycle(&mut act(stage), &[]).unwrap();
         (e, r)
     };
     let (mut e, r) = bridged(true);
@@ -614,13 +619,7 @@ fn the_bridge_stages_ahead_and_admission_spills_onto_the_copies() {
         .collect();
     assert_eq!(staged, cold);
     // A second cycle stages no more: the blocks not staged are at the target.
-    let mut p = TierPolicy {
-        hot_budget_bytes: 20 * block_bytes,
-        warm_below: 0.0,
-        adapt: false,
-        ..TierPolicy::default()
-    };
-    assert_eq!(e.tier_cycle(&mut p, &[]).unwrap().staged, 0);
+    assert_eq!(e.tier_cycle(&mut act(true), &[]).unwrap().staged, 0);
 
     // The sessions again: the staged blocks are hot hits, where the spilling bridge's turns
     // warm back all 12 it spilled; the logits are the same.
@@ -655,6 +654,23 @@ fn the_bridge_stages_ahead_and_admission_spills_onto_the_copies() {
         let m = e.store().metadata().get(id).unwrap();
         assert_eq!(m.tier(), Tier::Cold);
         assert_eq!(e.store().block_bytes_of(id).unwrap(), bytes);
+    }
+
+    // A hot budget still holds: over a 20-block budget, the 7 blocks above it are spilled and
+    // the next 5 staged (down to 15 not staged).
+    let mut e = fresh();
+    let mut budget = TierPolicy {
+        hot_budget_bytes: 20 * block_bytes,
+        ..act(true)
+    };
+    budget.hot_high = 0.9;
+    budget.hot_target = 0.75;
+    let r = e.tier_cycle(&mut budget, &[]).unwrap();
+    assert_eq!((r.spilled, r.staged), (7, 5), "{r:?}");
+    assert_eq!(e.occupancy().hot_used, 20);
+    assert_eq!(e.stage_stats().staged, 5);
+    for s in 1..=3 {
+        assert!(prefix_closed(&e, s), "session {s}: {:?}", tiers_of(&e, s));
     }
 }
 
