@@ -159,7 +159,7 @@ fn release_and_removal_free_the_copy() {
     );
     // Every cold slot truly free again: four cold blocks fit.
     store
-        .allocate(Tier::Cold, &vec![tags(SourceLayer::Neurons); 4])
+        .allocate(Tier::Cold, &[tags(SourceLayer::Neurons); 4])
         .unwrap();
 }
 
