@@ -88,6 +88,8 @@ pub struct PolicyFigures {
     pub misses: u64,
     /// Hot blocks admission evicted.
     pub admission_evictions: u64,
+    /// Of those, spills onto a staged copy.
+    pub admission_staged: u64,
     /// Staged spills (`[tiers] stage`): spills that took a staged copy, copies dropped unused.
     pub staged_used_dropped: [u64; 2],
     /// Prompt tokens reused over prompt tokens.
@@ -367,6 +369,7 @@ async fn run(
         cold_hits,
         misses,
         admission_evictions: e.admission_evictions - b.admission_evictions,
+        admission_staged: e.admission_staged - b.admission_staged,
         staged_used_dropped: [
             after.staged.used - before.staged.used,
             after.staged.dropped - before.staged.dropped,

@@ -587,6 +587,7 @@ fn a_session_cache_saves_loads_exports_and_imports() {
     );
     assert!(m.contains("engram_tier_moves_total "), "{m}");
     assert!(m.contains("engram_admission_evictions_total "), "{m}");
+    assert!(m.contains("engram_admission_staged_spills_total "), "{m}");
     for staged in [
         "engram_tier_staged_spills_total ",
         "engram_tier_staged_dropped_total ",

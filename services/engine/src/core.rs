@@ -378,6 +378,10 @@ pub struct CacheCounters {
     /// bridge left too little room): the bridge's signal to demote sooner.
     #[serde(default)]
     pub admission_evictions: u64,
+    /// Of those, spills onto a copy the bridge staged (`TierPolicy::stage`): nothing copied on
+    /// the turn's path, so not the bridge's signal to demote sooner.
+    #[serde(default)]
+    pub admission_staged: u64,
     /// Prompts that reused a segment cached at another position ([`EngineConfig::relocation`]).
     #[serde(default)]
     pub relocated_runs: u64,

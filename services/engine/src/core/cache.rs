@@ -9,7 +9,7 @@ use engram_kvcore::{
 
 use serde::{Deserialize, Serialize};
 
-use super::evict::{EvictionMode, HotRanking};
+use super::evict::HotRanking;
 use super::{EngineConfig, EngineCore, PUBLIC_TENANT, PrefixReuse, SeqId, block_salt};
 use crate::calibrate::KvProfile;
 use crate::error::{EngineError, EngineResult};
@@ -185,43 +185,33 @@ impl EngineCore {
             return Ok(());
         }
         self.trim_cold_for(n - free, Some(tenants))?;
-        let busy: HashSet<BlockId> = self
-            .seqs
-            .values()
-            .flat_map(|s| s.blocks.iter().copied())
-            .chain(self.relocating.iter().copied())
-            .collect();
+        let busy = self.busy_blocks();
         let removable = self.hot_removable(tenants, &busy);
-        let ev = match self.config.eviction.mode {
-            EvictionMode::Priority => {
+        let HotRanking { order, demoted } = self.admission_ranking(&busy);
+        let used = self.store.stage_stats().used;
+        // Demoted blocks are spilled, not dropped — unless nothing else can make room.
+        let ev = self
+            .store
+            .make_room_ordered(n, order.clone(), |id| {
+                removable.contains(&id) && !demoted.contains(&id)
+            })
+            .or_else(|_| {
                 self.store
-                    .make_room_for(n, |id| busy.contains(&id), |id| removable.contains(&id))
-            }
-            EvictionMode::Attention => {
-                let HotRanking { order, demoted } = self.rank_hot(&busy);
-                // Demoted blocks are spilled, not dropped — unless nothing else can make room.
-                self.store
-                    .make_room_ordered(n, order.clone(), |id| {
-                        removable.contains(&id) && !demoted.contains(&id)
-                    })
-                    .or_else(|_| {
-                        self.store
-                            .make_room_ordered(n, order, |id| removable.contains(&id))
-                    })
-            }
-        }
-        .map_err(|e| match e {
-            KvError::TierExhausted {
-                tier: Tier::Hot,
-                requested,
-                available,
-            } => EngineError::NoHotRoom {
-                needed: requested,
-                available,
-            },
-            other => other.into(),
-        })?;
+                    .make_room_ordered(n, order, |id| removable.contains(&id))
+            })
+            .map_err(|e| match e {
+                KvError::TierExhausted {
+                    tier: Tier::Hot,
+                    requested,
+                    available,
+                } => EngineError::NoHotRoom {
+                    needed: requested,
+                    available,
+                },
+                other => other.into(),
+            })?;
         self.counters.admission_evictions += ev.freed() as u64;
+        self.counters.admission_staged += self.store.stage_stats().used.saturating_sub(used);
         for &id in &ev.spilled {
             if let Some(m) = self.store.metadata().get(id) {
                 *self.counters.spilled.entry(m.source()).or_default() += 1;

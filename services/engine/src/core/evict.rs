@@ -260,6 +260,39 @@ impl EngineCore {
         ranked.into_iter().map(|(_, _, _, _, id)| id).collect()
     }
 
+    /// The idle hot blocks (not in `busy`) in the order admission evicts them under the
+    /// configured mode: kvcore's [`engram_kvcore::BlockStore::eviction_order`] (nothing
+    /// demoted) or [`Self::rank_hot`].
+    pub(super) fn admission_ranking(&self, busy: &HashSet<BlockId>) -> HotRanking {
+        match self.config.eviction.mode {
+            EvictionMode::Priority => {
+                let mut order = self.store.eviction_order();
+                order.retain(|id| !busy.contains(id));
+                HotRanking {
+                    order,
+                    demoted: HashSet::new(),
+                }
+            }
+            EvictionMode::Attention => self.rank_hot(busy),
+        }
+    }
+
+    /// The blocks running sequences attend or a relocation reads: admission never evicts them.
+    pub(super) fn busy_blocks(&self) -> HashSet<BlockId> {
+        self.seqs
+            .values()
+            .flat_map(|s| s.blocks.iter().copied())
+            .chain(self.relocating.iter().copied())
+            .collect()
+    }
+
+    /// The idle hot blocks in the order the next admission that needs hot room evicts them
+    /// (first = evicted first), under the configured [`EvictionMode`]. The tier bridge stages
+    /// copies in this order (`TierPolicy::stage`), so an admission's spills find them.
+    pub fn admission_order(&self) -> Vec<BlockId> {
+        self.admission_ranking(&self.busy_blocks()).order
+    }
+
     /// Ranks the idle hot blocks (not in `busy`) by the attention-aware rule (module docs).
     pub(super) fn rank_hot(&self, busy: &HashSet<BlockId>) -> HotRanking {
         let meta = self.store.metadata();

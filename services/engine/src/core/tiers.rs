@@ -20,8 +20,10 @@
 //! - **Decide**: hot fill (of its budget) above `hot_high` → spill the least valuable hot blocks
 //!   over the budget, then stage the next ones (copy them to free cold slots, keeping them hot:
 //!   admission's spill then takes the copy) until the hot blocks not staged are at
-//!   `hot_target`; with `stage` off, spill them until the hot tier is at `hot_target`; otherwise, hot fill below `warm_below` → warm the cold
-//!   blocks of the sessions the caller names active (their recorded chains, leading blocks first,
+//!   `hot_target`. It stages in admission's own eviction order
+//!   ([`EngineCore::admission_order`]), so that the blocks the next admissions evict are the
+//!   ones with a copy. With `stage` off, it spills them until the hot tier is at `hot_target`.
+//!   Otherwise, hot fill below `warm_below` → warm the cold blocks of the sessions the caller names active (their recorded chains, leading blocks first,
 //!   a chain stopping at its first block in cooldown) while the hot tier stays under
 //!   `hot_target`; cold fill above `cold_high` → remove the least valuable cold blocks until it is
 //!   at `cold_target` (the shadow still holds them on disk; with down-tiering on they are
@@ -33,7 +35,8 @@
 //! Feedback moves the thresholds both ways, from what the bridge's own moves turned out to be
 //! worth within [`REVIEW_CYCLES`]: a spilled block that a turn needed again (warmed back) is a
 //! regret → demote later (`hot_high` up); admissions that found the hot tier full and had to
-//! evict → demote sooner (`hot_high` down); a crowded cold tier (> 80 %) also demotes later.
+//! evict, other than onto a staged copy (which costs the turn nothing) → demote sooner
+//! (`hot_high` down); a crowded cold tier (> 80 %) also demotes later.
 //! Warmed blocks a turn then read → promote sooner (`warm_below` up); warmed blocks left unread
 //! or moved away → promote later (`warm_below` down); an emptier cold tier (< 50 %) with no
 //! wasted warm promotes sooner. With `adapt` on they are applied, clamped to the bounds.
@@ -260,6 +263,9 @@ pub struct MoveReview {
     pub warms_wasted: usize,
     /// Hot blocks evicted at admission since the last cycle.
     pub admission_evictions: u64,
+    /// Of those, spills onto a copy the bridge had staged (nothing copied on the turn's path).
+    #[serde(default)]
+    pub admission_staged: u64,
 }
 
 /// What a cycle did.
@@ -310,6 +316,7 @@ pub(super) struct BridgeState {
     cycle: u64,
     under_review: HashMap<BlockId, BridgeMove>,
     admission_evictions_seen: u64,
+    admission_staged_seen: u64,
 }
 
 /// Blocks that may not be demoted at all.
@@ -320,7 +327,10 @@ const PROTECTED: f64 = f64::INFINITY;
 fn suggest(review: &MoveReview, cold_fill: Option<f64>) -> Vec<String> {
     let crowded = cold_fill.is_some_and(|f| f > 0.8);
     let roomy = cold_fill.is_some_and(|f| f < 0.5);
-    let (regrets, pressure) = (review.spill_regrets, review.admission_evictions);
+    let pressure = review
+        .admission_evictions
+        .saturating_sub(review.admission_staged);
+    let regrets = review.spill_regrets;
     let mut out = Vec::new();
     if (regrets > 0 || crowded) && pressure == 0 {
         out.push("demote_later".to_owned());
@@ -406,6 +416,9 @@ impl EngineCore {
         let evictions = self.counters.admission_evictions;
         review.admission_evictions = evictions - self.bridge.admission_evictions_seen;
         self.bridge.admission_evictions_seen = evictions;
+        let staged = self.counters.admission_staged;
+        review.admission_staged = staged - self.bridge.admission_staged_seen;
+        self.bridge.admission_staged_seen = staged;
         review
     }
 
@@ -639,10 +652,10 @@ impl EngineCore {
                     .saturating_sub(self.store.stage_stats().staged)
                     .saturating_sub(target_hot)
                     .min(policy.max_moves.saturating_sub(report.spilled));
-                let meta = self.store.metadata();
-                let victims: Vec<BlockId> = hot_order
+                // In admission's eviction order: the copies are what its next spills take.
+                let victims: Vec<BlockId> = self
+                    .admission_order()
                     .into_iter()
-                    .filter(|&id| meta.get(id).is_some_and(|m| m.tier() == Tier::Hot))
                     .filter(|&id| !self.store.is_staged(id))
                     .take(want)
                     .collect();
@@ -778,6 +791,7 @@ mod tests {
             warms_used: used,
             warms_wasted: wasted,
             admission_evictions: evictions,
+            admission_staged: 0,
         }
     }
 
@@ -796,6 +810,17 @@ mod tests {
         adapt(&mut p, &s);
         adapt(&mut p, &s);
         assert!(p.hot_high < high);
+        // Evictions that all spilled onto staged copies are no pressure.
+        let staged = MoveReview {
+            admission_staged: 5,
+            ..review(0, 0, 0, 5)
+        };
+        assert!(suggest(&staged, Some(0.6)).is_empty());
+        let partly = MoveReview {
+            admission_staged: 3,
+            ..review(0, 0, 0, 5)
+        };
+        assert_eq!(suggest(&partly, Some(0.6)), ["demote_sooner"]);
         // Both signals at once cancel out.
         assert!(suggest(&review(2, 0, 0, 2), Some(0.6)).is_empty());
         // A crowded cold tier demotes later even without a regret.

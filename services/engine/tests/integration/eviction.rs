@@ -1,10 +1,11 @@
 //! Attention-aware eviction: a block the model has not read for the window loses its priority
 //! band (spilled, not dropped); priority-only eviction keeps it; pinned blocks never move; the
 //! chain that runs often stays hot under the use weight; counts outlive a block; the bytes a
-//! turn reads back are the same either way.
+//! turn reads back are the same either way; the tier bridge stages copies of the blocks
+//! admission evicts next, and admission spilling onto them is no pressure on the bridge.
 
 use engram_engine::{
-    EngineConfig, EngineCore, EvictionMode, EvictionPolicy, PromptSegment, SequenceSpec,
+    EngineConfig, EngineCore, EvictionMode, EvictionPolicy, PromptSegment, SequenceSpec, TierPolicy,
 };
 use engram_kvcore::{BlockId, BlockMeta, SessionId, SourceLayer, TenantId, Tier};
 
@@ -369,4 +370,74 @@ fn a_recomputed_block_carries_the_reads_of_the_one_it_replaces() {
     let (again, _) = turn(&mut plain, spec(prefix, SourceLayer::Identity, 2), 0);
     assert_eq!(attended(&plain, &again), baseline_attended);
     assert_eq!(reads(&plain, &again), baseline);
+}
+
+/// Two turns fill 8 of 16 hot blocks; a bridge cycle over 30 % stages down to 25 % (4 blocks);
+/// then a prompt of 10 blocks must evict 2. Under `mode`: the staged blocks are the first of
+/// admission's order, the admission's spills all take their copies, and the next review sees
+/// evictions but no pressure.
+fn staged_scenario(mode: EvictionMode) {
+    let text = license_tokens(400);
+    let mut core = engine(mode);
+    turn(&mut core, spec(&text[..65], SourceLayer::Memories, 1), 0);
+    turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        12,
+    );
+    assert_eq!(core.occupancy().hot_used, 8, "{mode:?}");
+    let next = core.admission_order();
+    assert_eq!(next.len(), 8, "{mode:?}");
+    let mut policy = TierPolicy {
+        hot_high: 0.3,
+        hot_target: 0.25,
+        warm_below: 0.0,
+        adapt: false,
+        ..TierPolicy::default()
+    };
+    let r = core.tier_cycle(&mut policy, &[]).unwrap();
+    assert_eq!((r.staged, r.spilled), (4, 0), "{mode:?} {r:?}");
+    let mut staged: Vec<BlockId> = next
+        .iter()
+        .copied()
+        .filter(|&id| core.store().is_staged(id))
+        .collect();
+    assert_eq!(staged, next[..4], "{mode:?}: staged in admission's order");
+    let used = core.stage_stats().used;
+    turn(
+        &mut core,
+        spec(&text[200..360], SourceLayer::UserTurn, 3),
+        0,
+    );
+    let c = core.counters().clone();
+    assert!(
+        (2..=4).contains(&c.admission_evictions),
+        "{mode:?} {}",
+        c.admission_evictions
+    );
+    assert_eq!(c.admission_staged, c.admission_evictions, "{mode:?}");
+    assert_eq!(
+        core.stage_stats().used - used,
+        c.admission_evictions,
+        "{mode:?}"
+    );
+    // The evicted ones are cold now, the copies they took gone.
+    staged.truncate(c.admission_evictions as usize);
+    assert!(
+        tiers(&core, &staged).iter().all(|&t| t == Tier::Cold),
+        "{mode:?}"
+    );
+    let r = core.tier_cycle(&mut policy, &[]).unwrap();
+    assert_eq!(r.review.admission_evictions, c.admission_evictions);
+    assert_eq!(r.review.admission_staged, c.admission_evictions);
+    assert!(
+        !r.suggestions.iter().any(|s| s == "demote_sooner"),
+        "{mode:?} {r:?}"
+    );
+}
+
+#[test]
+fn the_bridge_stages_what_admission_evicts_next_under_either_mode() {
+    staged_scenario(EvictionMode::Attention);
+    staged_scenario(EvictionMode::Priority);
 }

@@ -217,6 +217,11 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
             counter(c.admission_evictions),
         );
         reg.register(
+            "engram_admission_staged_spills",
+            "Of the admission evictions, spills onto a copy the tier bridge had staged (nothing copied on the turn's path)",
+            counter(c.admission_staged),
+        );
+        reg.register(
             "engram_relocated_runs",
             "Prompts that reused a segment cached at another position (model.relocate_segments)",
             counter(c.relocated_runs),
