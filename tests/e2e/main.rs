@@ -6,6 +6,7 @@
 mod admin_page;
 mod archive;
 mod bad_input;
+mod cache_files;
 mod deletion;
 mod deploy;
 mod ecosystem;
