@@ -195,7 +195,10 @@ impl EngineCore {
             .make_room_ordered(n, order.clone(), |id| {
                 removable.contains(&id) && !demoted.contains(&id)
             })
-            .or_else(|_| {
+            .or_else(|e| {
+                if demoted.is_empty() {
+                    return Err(e);
+                }
                 self.store
                     .make_room_ordered(n, order, |id| removable.contains(&id))
             })

@@ -23,7 +23,8 @@
 //!   `hot_target`. It stages in admission's own eviction order
 //!   ([`EngineCore::admission_order`]), so that the blocks the next admissions evict are the
 //!   ones with a copy. With `stage` off, it spills them until the hot tier is at `hot_target`.
-//!   Otherwise, hot fill below `warm_below` → warm the cold blocks of the sessions the caller names active (their recorded chains, leading blocks first,
+//!   Otherwise, hot fill below `warm_below` → warm the cold blocks of the sessions the caller
+//!   names active (their recorded chains, leading blocks first,
 //!   a chain stopping at its first block in cooldown) while the hot tier stays under
 //!   `hot_target`; cold fill above `cold_high` → remove the least valuable cold blocks until it is
 //!   at `cold_target` (the shadow still holds them on disk; with down-tiering on they are
@@ -621,7 +622,7 @@ impl EngineCore {
                 target_hot
             };
             let want = occ.hot_used.saturating_sub(floor).min(policy.max_moves);
-            let victims: Vec<BlockId> = hot_order.iter().copied().take(want).collect();
+            let victims: Vec<BlockId> = hot_order.into_iter().take(want).collect();
             if !victims.is_empty() {
                 // Cold room for them, out of the least valuable cold blocks (prefix-closed too).
                 let short = victims
@@ -652,14 +653,16 @@ impl EngineCore {
                     .saturating_sub(self.store.stage_stats().staged)
                     .saturating_sub(target_hot)
                     .min(policy.max_moves.saturating_sub(report.spilled));
-                // In admission's eviction order: the copies are what its next spills take.
-                let victims: Vec<BlockId> = self
-                    .admission_order()
-                    .into_iter()
-                    .filter(|&id| !self.store.is_staged(id))
-                    .take(want)
-                    .collect();
-                report.staged = self.store.stage(&victims)?.len();
+                if want > 0 {
+                    // In admission's eviction order: the copies are what its next spills take.
+                    let victims: Vec<BlockId> = self
+                        .admission_order()
+                        .into_iter()
+                        .filter(|&id| !self.store.is_staged(id))
+                        .take(want)
+                        .collect();
+                    report.staged = self.store.stage(&victims)?.len();
+                }
             }
         } else if hot_fill < policy.warm_below && !active_cold.is_empty() {
             let room = target_hot
