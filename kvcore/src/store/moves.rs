@@ -96,7 +96,7 @@ impl BlockStore {
             return Err(e);
         }
         let spent = own.blocks.len() as u64;
-        for (old, id, new) in own.blocks {
+        for (old, id, new, _) in own.blocks {
             self.hot_free.give(old);
             if let Some(meta) = self.meta.get_mut(id) {
                 meta.tier = Tier::Cold;

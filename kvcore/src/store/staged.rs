@@ -37,11 +37,10 @@ pub(crate) struct Staged {
 }
 
 /// The staged blocks of one spill, their copies held apart: `(hot slot, block, copy's cold
-/// slot)`, and each copy's stage order.
+/// slot, copy's stage order)`.
 #[derive(Debug, Default)]
 pub(super) struct Held {
-    pub(super) blocks: Vec<(u32, BlockId, u32)>,
-    orders: Vec<u64>,
+    pub(super) blocks: Vec<(u32, BlockId, u32, u64)>,
 }
 
 /// What staging has done so far.
@@ -67,9 +66,8 @@ impl Staged {
     pub(super) fn hold(&mut self, order: &mut Vec<(u32, BlockId)>) -> Held {
         let mut held = Held::default();
         order.retain(|&(hot, id)| match self.copies.remove(&id) {
-            Some(copy) => {
-                held.orders.push(copy.0);
-                held.blocks.push((hot, id, copy.1));
+            Some((order, slot)) => {
+                held.blocks.push((hot, id, slot, order));
                 false
             }
             None => true,
@@ -79,7 +77,7 @@ impl Staged {
 
     /// Returns held copies (a spill that failed).
     pub(super) fn put_back(&mut self, held: Held) {
-        for (&order, &(_, id, slot)) in held.orders.iter().zip(&held.blocks) {
+        for (_, id, slot, order) in held.blocks {
             self.copies.insert(id, (order, slot));
         }
     }
