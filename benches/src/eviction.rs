@@ -102,6 +102,32 @@ pub struct PolicyFigures {
     pub replies_identical: bool,
     /// Wall seconds of the steady phase.
     pub wall_s: f64,
+    /// Repetition of the run (0-based; see [`compare`]).
+    pub repetition: usize,
+    /// Each steady turn's TTFT (ms), in turn order: turn `i` is the same agent and message
+    /// under every policy and repetition.
+    pub turn_ttft_ms: Vec<f64>,
+}
+
+/// TTFT of one policy against the first, over every repetition: paired by turn (the same
+/// agent and message, so the same prompt), the ratios with 95 % bootstrap intervals.
+#[derive(Debug, Clone, Serialize)]
+pub struct TtftComparison {
+    /// `[eviction]` settings of the compared policy.
+    pub eviction: serde_json::Value,
+    /// Paired turns (repetitions × steady turns).
+    pub pairs: usize,
+    /// TTFT p50 over every repetition's turns: the first policy, this one (ms).
+    pub p50_ms: [f64; 2],
+    /// This policy's p50 over the first's, and its 95 % bootstrap interval (pairs resampled).
+    pub p50_ratio: [f64; 3],
+    /// Median over the pairs of this policy's TTFT over the first's (the same turn, the same
+    /// repetition), and its 95 % bootstrap interval.
+    pub paired_median_ratio: [f64; 3],
+    /// Share of pairs where this policy's TTFT is lower.
+    pub lower_share: f64,
+    /// Per repetition: this policy's p50 over the first's.
+    pub p50_ratio_per_repetition: Vec<f64>,
 }
 
 /// Everything the bench measured.
@@ -117,8 +143,11 @@ pub struct EvictionFigures {
     pub hot_mib: u64,
     /// The cold tier of the measured runs when bounded (MiB).
     pub cold_mib: Option<u64>,
-    /// Per policy, in run order.
+    /// Per repetition, per policy, in run order (a repetition runs the policies in the given
+    /// order when even, reversed when odd, so that drift over the run weighs on both).
     pub policies: Vec<PolicyFigures>,
+    /// Every policy after the first against the first, over every repetition.
+    pub ttft: Vec<TtftComparison>,
 }
 
 /// The eviction settings compared (`[eviction]` as JSON): priority-only, attention-aware
@@ -335,7 +364,11 @@ async fn run(
         let (st, v) = app_call!(&app, "POST", &path, &key, body);
         anyhow::ensure!(st == 200, "turn: {v}");
         said[a] += 1;
-        ttft.push(v["ttft_ms"].as_f64().unwrap_or(0.0));
+        ttft.push(
+            v["ttft_ms"]
+                .as_f64()
+                .ok_or_else(|| anyhow::anyhow!("turn without ttft_ms: {v}"))?,
+        );
         cached += v["usage"]["cached_tokens"].as_u64().unwrap_or(0);
         prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
         replies.push(v["text"].as_str().unwrap_or_default().to_string());
@@ -358,6 +391,7 @@ async fn run(
     let cold_hits = e.cold_hits - b.cold_hits;
     let misses = e.misses - b.misses;
     let mean = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
+    let turn_ttft_ms = ttft.clone();
     ttft.sort_by(f64::total_cmp);
     let figures = PolicyFigures {
         eviction: eviction.clone(),
@@ -379,17 +413,21 @@ async fn run(
         mean_ttft_ms: mean,
         replies_identical: true,
         wall_s,
+        repetition: 0,
+        turn_ttft_ms,
     };
     Ok((0, 0, Some((figures, replies))))
 }
 
 /// Measures the working set, then every policy (`[eviction]` as JSON; [`policies`] by default)
-/// at `hot_share` of it; replies are compared with the first policy's.
+/// at `hot_share` of it, `repeat` times: in the given order in even repetitions, reversed in odd
+/// ones (each run a fresh state); replies are compared with the first policy's first run.
 pub async fn compare(
     model: &Path,
     dir: &Path,
     load: Load,
     policies: &[serde_json::Value],
+    repeat: usize,
 ) -> anyhow::Result<EvictionFigures> {
     let none = json!({});
     let (blocks, bytes, _) = run(model, &dir.join("ws"), load, None, &none).await?;
@@ -398,26 +436,39 @@ pub async fn compare(
         .then(|| (((bytes as f64 * load.cold_share) / (1u64 << 20) as f64).ceil() as u64).max(1));
     let mut out = Vec::new();
     let mut first: Option<Vec<String>> = None;
-    for (i, policy) in policies.iter().enumerate() {
-        let (_, _, steady) = run(
-            model,
-            &dir.join(format!("p{i}")),
-            load,
-            Some((hot_mib.max(1), cold_mib)),
-            policy,
-        )
-        .await?;
-        let (mut f, replies) = steady.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;
-        match &first {
-            None => first = Some(replies),
-            Some(r) => f.replies_identical = *r == replies,
+    for r in 0..repeat.max(1) {
+        let mut order: Vec<usize> = (0..policies.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
         }
-        eprintln!(
-            "engram-bench eviction: {} hot hit rate {:.3} (turns' prompts {:.3}), TTFT p50 {:.1} ms",
-            f.eviction, f.hot_hit_rate, f.turn_hot_hit_rate, f.ttft_ms[0]
-        );
-        out.push(f);
+        for i in order {
+            let policy = &policies[i];
+            let (_, _, steady) = run(
+                model,
+                &dir.join(format!("r{r}p{i}")),
+                load,
+                Some((hot_mib.max(1), cold_mib)),
+                policy,
+            )
+            .await?;
+            let (mut f, replies) = steady.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;
+            f.repetition = r;
+            if i == 0 && first.is_none() {
+                first = Some(replies);
+            } else if let Some(reference) = &first {
+                f.replies_identical = *reference == replies;
+            } else {
+                // The first policy runs last in odd repetitions; the first repetition is even.
+                anyhow::bail!("no reference replies");
+            }
+            eprintln!(
+                "engram-bench eviction: repetition {r}, {} hot hit rate {:.3} (turns' prompts {:.3}), TTFT p50 {:.1} ms",
+                f.eviction, f.hot_hit_rate, f.turn_hot_hit_rate, f.ttft_ms[0]
+            );
+            out.push(f);
+        }
     }
+    let ttft = compare_ttft(&out, policies);
     Ok(EvictionFigures {
         load,
         working_set_blocks: blocks,
@@ -425,5 +476,170 @@ pub async fn compare(
         hot_mib,
         cold_mib,
         policies: out,
+        ttft,
     })
+}
+
+/// Bootstrap resamples of [`compare_ttft`]'s intervals.
+const RESAMPLES: usize = 2000;
+
+/// Every policy after the first against the first ([`TtftComparison`]).
+pub fn compare_ttft(runs: &[PolicyFigures], policies: &[serde_json::Value]) -> Vec<TtftComparison> {
+    let of = |policy: &serde_json::Value| -> Vec<&PolicyFigures> {
+        let mut v: Vec<_> = runs.iter().filter(|f| f.eviction == *policy).collect();
+        v.sort_by_key(|f| f.repetition);
+        v
+    };
+    let Some(reference) = policies.first() else {
+        return Vec::new();
+    };
+    let base = of(reference);
+    policies[1..]
+        .iter()
+        .map(|policy| {
+            let other = of(policy);
+            let mut pairs = Vec::new();
+            let mut per_rep = Vec::new();
+            for (a, b) in base.iter().zip(&other) {
+                pairs.extend(
+                    a.turn_ttft_ms
+                        .iter()
+                        .copied()
+                        .zip(b.turn_ttft_ms.iter().copied()),
+                );
+                per_rep.push(b.ttft_ms[0] / a.ttft_ms[0].max(f64::MIN_POSITIVE));
+            }
+            ttft_pairs(policy.clone(), &pairs, per_rep)
+        })
+        .collect()
+}
+
+/// Figures of `pairs` (the first policy's TTFT, this one's), with intervals from
+/// [`RESAMPLES`] resamples of the pairs (seeded: the same pairs give the same intervals).
+fn ttft_pairs(
+    eviction: serde_json::Value,
+    pairs: &[(f64, f64)],
+    p50_ratio_per_repetition: Vec<f64>,
+) -> TtftComparison {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        p(&v, 0.5)
+    };
+    let p50_ratio = |s: &[(f64, f64)]| {
+        let a = median(s.iter().map(|x| x.0).collect());
+        let b = median(s.iter().map(|x| x.1).collect());
+        b / a.max(f64::MIN_POSITIVE)
+    };
+    let paired =
+        |s: &[(f64, f64)]| median(s.iter().map(|x| x.1 / x.0.max(f64::MIN_POSITIVE)).collect());
+    let mut rng = SplitMix64::new(0x7747_f7);
+    let (mut r1, mut r2) = (Vec::with_capacity(RESAMPLES), Vec::with_capacity(RESAMPLES));
+    if !pairs.is_empty() {
+        let mut s = vec![(0.0, 0.0); pairs.len()];
+        for _ in 0..RESAMPLES {
+            for x in s.iter_mut() {
+                *x = pairs[(rng.next_u64() % pairs.len() as u64) as usize];
+            }
+            r1.push(p50_ratio(&s));
+            r2.push(paired(&s));
+        }
+    }
+    r1.sort_by(f64::total_cmp);
+    r2.sort_by(f64::total_cmp);
+    TtftComparison {
+        eviction,
+        pairs: pairs.len(),
+        p50_ms: [
+            median(pairs.iter().map(|x| x.0).collect()),
+            median(pairs.iter().map(|x| x.1).collect()),
+        ],
+        p50_ratio: [p50_ratio(pairs), p(&r1, 0.025), p(&r1, 0.975)],
+        paired_median_ratio: [paired(pairs), p(&r2, 0.025), p(&r2, 0.975)],
+        lower_share: pairs.iter().filter(|x| x.1 < x.0).count() as f64 / pairs.len().max(1) as f64,
+        p50_ratio_per_repetition,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PolicyFigures, SplitMix64, compare_ttft, json, ttft_pairs};
+
+    #[test]
+    fn ttft_ratios_pair_turns_and_bracket_the_estimate() {
+        // This policy takes 0.9× the first's time on every turn, whatever the turn costs.
+        let pairs: Vec<(f64, f64)> = (0..200)
+            .map(|i| {
+                let a = 100.0 + f64::from(i % 37) * 7.0;
+                (a, a * 0.9)
+            })
+            .collect();
+        let c = ttft_pairs(json!({"mode": "attention"}), &pairs, vec![0.9]);
+        assert_eq!(c.pairs, 200);
+        assert!((c.paired_median_ratio[0] - 0.9).abs() < 1e-12, "{c:?}");
+        // Every resample's paired ratio is 0.9: the interval is a point.
+        assert!((c.paired_median_ratio[1] - 0.9).abs() < 1e-12, "{c:?}");
+        assert!((c.paired_median_ratio[2] - 0.9).abs() < 1e-12, "{c:?}");
+        assert!((c.p50_ratio[0] - 0.9).abs() < 0.02, "{c:?}");
+        assert!(
+            c.p50_ratio[1] <= c.p50_ratio[0] && c.p50_ratio[0] <= c.p50_ratio[2],
+            "{c:?}"
+        );
+        assert_eq!(c.lower_share, 1.0);
+        // Noise around no difference: the paired interval holds 1.
+        let mut rng = SplitMix64::new(3);
+        let pairs: Vec<(f64, f64)> = (0..400)
+            .map(|_| {
+                let a = 100.0 + rng.next_open01() * 50.0;
+                (a, a * (0.95 + 0.1 * rng.next_open01()))
+            })
+            .collect();
+        let c = ttft_pairs(json!({}), &pairs, vec![]);
+        assert!(
+            c.paired_median_ratio[1] < 1.0 && c.paired_median_ratio[2] > 1.0,
+            "{c:?}"
+        );
+        assert!(
+            c.paired_median_ratio[2] - c.paired_median_ratio[1] < 0.02,
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn repetitions_pair_with_the_first_policy_of_the_same_repetition() {
+        let run = |policy: &serde_json::Value, rep: usize, scale: f64| PolicyFigures {
+            eviction: policy.clone(),
+            turns: 3,
+            hot_hit_rate: 0.0,
+            turn_hot_hit_rate: 0.0,
+            turn_blocks: [0; 3],
+            hot_hits: 0,
+            cold_hits: 0,
+            misses: 0,
+            admission_evictions: 0,
+            admission_staged: 0,
+            staged_used_dropped: [0; 2],
+            cached_share: 0.0,
+            ttft_ms: [200.0 * scale, 0.0],
+            mean_ttft_ms: 0.0,
+            replies_identical: true,
+            wall_s: 0.0,
+            repetition: rep,
+            turn_ttft_ms: vec![100.0 * scale, 200.0 * scale, 300.0 * scale],
+        };
+        let (a, b) = (json!({"mode": "priority"}), json!({"mode": "attention"}));
+        // Repetition 1 ran reversed and slower (drift): pairs stay within a repetition.
+        let runs = vec![
+            run(&a, 0, 1.0),
+            run(&b, 0, 0.8),
+            run(&b, 1, 1.6),
+            run(&a, 1, 2.0),
+        ];
+        let c = compare_ttft(&runs, &[a, b.clone()]);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].eviction, b);
+        assert_eq!(c[0].pairs, 6);
+        assert!((c[0].paired_median_ratio[0] - 0.8).abs() < 1e-12, "{c:?}");
+        assert_eq!(c[0].p50_ratio_per_repetition, vec![0.8, 0.8]);
+        assert_eq!(c[0].lower_share, 1.0);
+    }
 }

@@ -218,6 +218,10 @@ struct EvictionBenchArgs {
     /// attention-aware with a 64-step idle window.
     #[arg(long = "policy", value_parser = parse_json)]
     policies: Vec<serde_json::Value>,
+    /// Runs of every policy: repetition `r` runs them in the given order when `r` is even,
+    /// reversed when odd; TTFT is compared over all of them, paired by turn.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    repeat: u64,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-eviction")]
     dir: PathBuf,
@@ -618,6 +622,7 @@ fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
         &args.dir,
         load,
         &policies,
+        usize::try_from(args.repeat)?,
     ))?;
     println!("{}", serde_json::json!({"bench": "eviction", "figures": f}));
     let _ = std::fs::remove_dir_all(&args.dir);
