@@ -139,12 +139,13 @@ pub struct EvictionFigures {
     pub working_set_blocks: usize,
     /// Bytes of the working set.
     pub working_set_bytes: u64,
-    /// The hot tier of the steady runs, MiB.
+    /// The hot tier of the steady runs, MiB (unless a policy sets its own `hot_share`).
     pub hot_mib: u64,
     /// The cold tier of the measured runs when bounded (MiB).
     pub cold_mib: Option<u64>,
-    /// Per repetition, per policy, in run order (a repetition runs the policies in the given
-    /// order when even, reversed when odd, so that drift over the run weighs on both).
+    /// Whether the policies ran interleaved turn by turn (see [`compare`]).
+    pub interleaved: bool,
+    /// Per repetition, per policy, in run order (see [`compare`]).
     pub policies: Vec<PolicyFigures>,
     /// Every policy after the first against the first, over every repetition.
     pub ttft: Vec<TtftComparison>,
@@ -278,35 +279,52 @@ fn p(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-/// What one run returns: working set (blocks, bytes), and with a hot limit the steady figures
-/// and replies.
-type RunOut = (usize, u64, Option<(PolicyFigures, Vec<String>)>);
+/// One policy of a run: `[eviction]` as JSON and the tiers (hot MiB, cold MiB when bounded;
+/// none: unlimited, the working-set run).
+type Arm = (serde_json::Value, Option<(u64, Option<u64>)>);
 
+/// What one run returns: working set (blocks, bytes) of its first policy, and with a hot limit
+/// each policy's steady figures and replies.
+type RunOut = (usize, u64, Vec<(PolicyFigures, Vec<String>)>);
+
+/// One fresh server state per arm (each in its own directory under `dir`), the same warm-up
+/// for each, then the steady turns: every turn goes to every arm before the next, in the arms'
+/// order on even turns and reversed on odd ones (`flip` swaps the two), so that machine drift
+/// weighs on every arm alike.
 async fn run(
     model: &Path,
     dir: &Path,
     load: Load,
-    tiers: Option<(u64, Option<u64>)>,
-    eviction: &serde_json::Value,
+    arms: &[Arm],
+    flip: bool,
 ) -> anyhow::Result<RunOut> {
-    std::fs::create_dir_all(dir)?;
-    let hot_mib = tiers.map(|t| t.0);
-    let state =
-        web::Data::new(build_state(config(model, dir, tiers, eviction, load.tier_loop)).await?);
-    anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
-    spawn_background(state.clone());
-    let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
-    // The tenant (and an unused agent `bot`, which the bench's agents sit beside).
-    let key = tenant!(&app, "platform");
-    for a in 0..load.agents {
-        let (s, v) = app_call!(
-            &app,
-            "POST",
-            "/v1/agents",
-            &key,
-            json!({"name": format!("agent{a}"), "layers": layers(a, load.layer_lines)}),
+    let mut states = Vec::new();
+    let mut apps = Vec::new();
+    let mut keys = Vec::new();
+    for (k, (eviction, tiers)) in arms.iter().enumerate() {
+        let dir = dir.join(format!("a{k}"));
+        std::fs::create_dir_all(&dir)?;
+        let state = web::Data::new(
+            build_state(config(model, &dir, *tiers, eviction, load.tier_loop)).await?,
         );
-        anyhow::ensure!(s == 201, "agent: {v}");
+        anyhow::ensure!(state.engine.is_some(), "no model: run `make models`");
+        spawn_background(state.clone());
+        let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
+        // The tenant (and an unused agent `bot`, which the bench's agents sit beside).
+        let key = tenant!(&app, "platform");
+        for a in 0..load.agents {
+            let (s, v) = app_call!(
+                &app,
+                "POST",
+                "/v1/agents",
+                &key,
+                json!({"name": format!("agent{a}"), "layers": layers(a, load.layer_lines)}),
+            );
+            anyhow::ensure!(s == 201, "agent: {v}");
+        }
+        states.push(state);
+        apps.push(app);
+        keys.push(key);
     }
     let turn = |a: usize, generation: usize, i: usize| {
         (
@@ -314,158 +332,216 @@ async fn run(
             json!({"message": message(a, i), "max_tokens": load.max_tokens}),
         )
     };
-    let mut said = vec![0usize; load.agents];
-    for i in 0..load.warm_turns {
-        for (a, n) in said.iter_mut().enumerate() {
-            let (path, body) = turn(a, 0, i);
-            let (st, v) = app_call!(&app, "POST", &path, &key, body);
-            anyhow::ensure!(st == 200, "turn: {v}");
-            *n += 1;
+    for (app, key) in apps.iter().zip(&keys) {
+        for i in 0..load.warm_turns {
+            for a in 0..load.agents {
+                let (path, body) = turn(a, 0, i);
+                let (st, v) = app_call!(app, "POST", &path, key, body);
+                anyhow::ensure!(st == 200, "turn: {v}");
+            }
         }
     }
-    let engine = state.engine().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let snapshot = || async {
-        engine
-            .snapshot()
+    let mut said = vec![load.warm_turns; load.agents];
+    let snapshot = |state: &web::Data<engram_server::AppState>| -> anyhow::Result<_> {
+        state
+            .engine()
             .map_err(|e| anyhow::anyhow!("{e}"))?
-            .recv_async()
-            .await
+            .snapshot()
             .map_err(|e| anyhow::anyhow!("{e}"))
     };
-    let before = snapshot().await?;
-    if hot_mib.is_none() {
-        let blocks = before.occupancy.hot_used + before.occupancy.cold_used;
-        let bytes = blocks as u64 * before.occupancy.block_bytes as u64;
-        drop(app);
-        state.store.close().await;
-        return Ok((blocks, bytes, None));
+    let mut before = Vec::new();
+    for state in &states {
+        let rx = snapshot(state)?;
+        before.push(rx.recv_async().await.map_err(|e| anyhow::anyhow!("{e}"))?);
     }
+    if arms[0].1.is_none() {
+        let o = &before[0].occupancy;
+        let blocks = o.hot_used + o.cold_used;
+        let bytes = blocks as u64 * o.block_bytes as u64;
+        drop(apps);
+        for state in &states {
+            state.store.close().await;
+        }
+        return Ok((blocks, bytes, Vec::new()));
+    }
+    /// One arm's steady turns.
+    #[derive(Default)]
+    struct Steady {
+        ttft: Vec<f64>,
+        replies: Vec<String>,
+        cached: u64,
+        prompt: u64,
+        turn_blocks: [u64; 3],
+        wall: std::time::Duration,
+    }
+    let mut steady: Vec<Steady> = arms.iter().map(|_| Steady::default()).collect();
     let mut rng = SplitMix64::new(load.seed);
     let mut generation = vec![0usize; load.agents];
-    let (mut ttft, mut replies) = (Vec::new(), Vec::new());
-    let (mut cached, mut prompt) = (0u64, 0u64);
-    let mut turn_blocks = [0u64; 3];
-    let started = std::time::Instant::now();
-    for _ in 0..load.turns {
+    for t in 0..load.turns {
         let a = zipf(&mut rng, load.agents, load.zipf_s);
-        if said[a] >= 2 * load.warm_turns {
-            let (st, v) = app_call!(
-                &app,
-                "DELETE",
-                &format!("/v1/agents/agent{a}/sessions/c{}", generation[a]),
-                &key,
-                serde_json::Value::Null,
+        let ended = said[a] >= 2 * load.warm_turns;
+        let mut order: Vec<usize> = (0..arms.len()).collect();
+        if (t % 2 == 1) != flip {
+            order.reverse();
+        }
+        for k in order {
+            let (app, key, s) = (&apps[k], &keys[k], &mut steady[k]);
+            let started = std::time::Instant::now();
+            if ended {
+                let (st, v) = app_call!(
+                    app,
+                    "DELETE",
+                    &format!("/v1/agents/agent{a}/sessions/c{}", generation[a]),
+                    key,
+                    serde_json::Value::Null,
+                );
+                anyhow::ensure!(st == 200 || st == 204, "delete: {v}");
+            }
+            let (path, body) = turn(
+                a,
+                generation[a] + usize::from(ended),
+                if ended { 0 } else { said[a] },
             );
-            anyhow::ensure!(st == 200 || st == 204, "delete: {v}");
+            let (st, v) = app_call!(app, "POST", &path, key, body);
+            anyhow::ensure!(st == 200, "turn: {v}");
+            s.wall += started.elapsed();
+            s.ttft.push(
+                v["ttft_ms"]
+                    .as_f64()
+                    .ok_or_else(|| anyhow::anyhow!("turn without ttft_ms: {v}"))?,
+            );
+            s.cached += v["usage"]["cached_tokens"].as_u64().unwrap_or(0);
+            s.prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            s.replies
+                .push(v["text"].as_str().unwrap_or_default().to_string());
+            for (n, k) in
+                s.turn_blocks
+                    .iter_mut()
+                    .zip(["hot_blocks", "warmed_blocks", "computed_blocks"])
+            {
+                *n += v["cache"][k]
+                    .as_u64()
+                    .ok_or_else(|| anyhow::anyhow!("turn without cache.{k}: {v}"))?;
+            }
+        }
+        if ended {
             generation[a] += 1;
             said[a] = 0;
         }
-        let (path, body) = turn(a, generation[a], said[a]);
-        let (st, v) = app_call!(&app, "POST", &path, &key, body);
-        anyhow::ensure!(st == 200, "turn: {v}");
         said[a] += 1;
-        ttft.push(
-            v["ttft_ms"]
-                .as_f64()
-                .ok_or_else(|| anyhow::anyhow!("turn without ttft_ms: {v}"))?,
-        );
-        cached += v["usage"]["cached_tokens"].as_u64().unwrap_or(0);
-        prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-        replies.push(v["text"].as_str().unwrap_or_default().to_string());
-        for (n, k) in turn_blocks
-            .iter_mut()
-            .zip(["hot_blocks", "warmed_blocks", "computed_blocks"])
-        {
-            *n += v["cache"][k]
-                .as_u64()
-                .ok_or_else(|| anyhow::anyhow!("turn without cache.{k}: {v}"))?;
-        }
     }
-    let wall_s = started.elapsed().as_secs_f64();
-    let after = snapshot().await?;
-    drop(app);
-    state.store.close().await;
+    let mut after = Vec::new();
+    for state in &states {
+        let rx = snapshot(state)?;
+        after.push(rx.recv_async().await.map_err(|e| anyhow::anyhow!("{e}"))?);
+    }
+    drop(apps);
+    for state in &states {
+        state.store.close().await;
+    }
     actix_web::rt::time::sleep(std::time::Duration::from_millis(50)).await;
-    let (b, e) = (&before.counters, &after.counters);
-    let hot_hits = e.hot_hits - b.hot_hits;
-    let cold_hits = e.cold_hits - b.cold_hits;
-    let misses = e.misses - b.misses;
-    let mean = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
-    let turn_ttft_ms = ttft.clone();
-    ttft.sort_by(f64::total_cmp);
-    let figures = PolicyFigures {
-        eviction: eviction.clone(),
-        turns: load.turns,
-        hot_hit_rate: hot_hits as f64 / (hot_hits + cold_hits + misses).max(1) as f64,
-        turn_hot_hit_rate: turn_blocks[0] as f64 / turn_blocks.iter().sum::<u64>().max(1) as f64,
-        turn_blocks,
-        hot_hits,
-        cold_hits,
-        misses,
-        admission_evictions: e.admission_evictions - b.admission_evictions,
-        admission_staged: e.admission_staged - b.admission_staged,
-        staged_used_dropped: [
-            after.staged.used - before.staged.used,
-            after.staged.dropped - before.staged.dropped,
-        ],
-        cached_share: cached as f64 / prompt.max(1) as f64,
-        ttft_ms: [p(&ttft, 0.5), p(&ttft, 0.95)],
-        mean_ttft_ms: mean,
-        replies_identical: true,
-        wall_s,
-        repetition: 0,
-        turn_ttft_ms,
-    };
-    Ok((0, 0, Some((figures, replies))))
+    let mut out = Vec::new();
+    for (((arm, s), before), after) in arms.iter().zip(steady).zip(&before).zip(&after) {
+        let (b, e) = (&before.counters, &after.counters);
+        let hot_hits = e.hot_hits - b.hot_hits;
+        let cold_hits = e.cold_hits - b.cold_hits;
+        let misses = e.misses - b.misses;
+        let mut ttft = s.ttft.clone();
+        let mean = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
+        ttft.sort_by(f64::total_cmp);
+        let tb = s.turn_blocks;
+        let figures = PolicyFigures {
+            eviction: arm.0.clone(),
+            turns: load.turns,
+            hot_hit_rate: hot_hits as f64 / (hot_hits + cold_hits + misses).max(1) as f64,
+            turn_hot_hit_rate: tb[0] as f64 / tb.iter().sum::<u64>().max(1) as f64,
+            turn_blocks: tb,
+            hot_hits,
+            cold_hits,
+            misses,
+            admission_evictions: e.admission_evictions - b.admission_evictions,
+            admission_staged: e.admission_staged - b.admission_staged,
+            staged_used_dropped: [
+                after.staged.used - before.staged.used,
+                after.staged.dropped - before.staged.dropped,
+            ],
+            cached_share: s.cached as f64 / s.prompt.max(1) as f64,
+            ttft_ms: [p(&ttft, 0.5), p(&ttft, 0.95)],
+            mean_ttft_ms: mean,
+            replies_identical: true,
+            wall_s: s.wall.as_secs_f64(),
+            repetition: 0,
+            turn_ttft_ms: s.ttft,
+        };
+        out.push((figures, s.replies));
+    }
+    Ok((0, 0, out))
 }
 
 /// Measures the working set, then every policy (`[eviction]` as JSON; [`policies`] by default)
-/// at `hot_share` of it, `repeat` times: in the given order in even repetitions, reversed in odd
-/// ones (each run a fresh state); replies are compared with the first policy's first run.
+/// at `hot_share` of it, `repeat` times. Each run is a fresh state per policy. Sequential: one
+/// policy per run, in the given order in even repetitions and reversed in odd ones.
+/// Interleaved: every policy in one run, each turn sent to every policy before the next turn
+/// (the order flipping from turn to turn and from repetition to repetition), so that the
+/// machine's drift over minutes weighs on every policy alike. Replies are compared with the
+/// first policy's in the first repetition.
 pub async fn compare(
     model: &Path,
     dir: &Path,
     load: Load,
     policies: &[serde_json::Value],
     repeat: usize,
+    interleave: bool,
 ) -> anyhow::Result<EvictionFigures> {
-    let none = json!({});
-    let (blocks, bytes, _) = run(model, &dir.join("ws"), load, None, &none).await?;
-    let hot_mib = ((bytes as f64 * load.hot_share) / (1u64 << 20) as f64).ceil() as u64;
-    let cold_mib = (load.cold_share > 0.0)
-        .then(|| (((bytes as f64 * load.cold_share) / (1u64 << 20) as f64).ceil() as u64).max(1));
-    let mut out = Vec::new();
+    let none: Arm = (json!({}), None);
+    let (blocks, bytes, _) = run(model, &dir.join("ws"), load, &[none], false).await?;
+    let mib = |share: f64| ((bytes as f64 * share) / (1u64 << 20) as f64).ceil() as u64;
+    let hot_mib = mib(load.hot_share);
+    let cold_mib = (load.cold_share > 0.0).then(|| mib(load.cold_share).max(1));
+    // Not an `[eviction]` key: a policy's own hot share (1.0: every block hot, the bound no
+    // eviction can beat).
+    let arm = |policy: &serde_json::Value| -> Arm {
+        let hot = policy["hot_share"].as_f64().map_or(hot_mib, mib).max(1);
+        (policy.clone(), Some((hot, cold_mib)))
+    };
+    let mut out: Vec<PolicyFigures> = Vec::new();
     let mut first: Option<Vec<String>> = None;
     for r in 0..repeat.max(1) {
-        let mut order: Vec<usize> = (0..policies.len()).collect();
-        if r % 2 == 1 {
-            order.reverse();
+        let mut runs: Vec<Vec<usize>> = if interleave {
+            vec![(0..policies.len()).collect()]
+        } else {
+            (0..policies.len()).map(|i| vec![i]).collect()
+        };
+        if r % 2 == 1 && !interleave {
+            runs.reverse();
         }
-        for i in order {
-            let policy = &policies[i];
-            let (_, _, steady) = run(
+        for (n, run_of) in runs.iter().enumerate() {
+            let arms: Vec<Arm> = run_of.iter().map(|&i| arm(&policies[i])).collect();
+            let (_, _, got) = run(
                 model,
-                &dir.join(format!("r{r}p{i}")),
+                &dir.join(format!("r{r}n{n}")),
                 load,
-                Some((hot_mib.max(1), cold_mib)),
-                policy,
+                &arms,
+                r % 2 == 1,
             )
             .await?;
-            let (mut f, replies) = steady.ok_or_else(|| anyhow::anyhow!("no steady figures"))?;
-            f.repetition = r;
-            if i == 0 && first.is_none() {
-                first = Some(replies);
-            } else if let Some(reference) = &first {
-                f.replies_identical = *reference == replies;
-            } else {
-                // The first policy runs last in odd repetitions; the first repetition is even.
-                anyhow::bail!("no reference replies");
+            anyhow::ensure!(got.len() == run_of.len(), "no steady figures");
+            for (&i, (mut f, replies)) in run_of.iter().zip(got) {
+                f.repetition = r;
+                if i == 0 && first.is_none() {
+                    first = Some(replies);
+                } else if let Some(reference) = &first {
+                    f.replies_identical = *reference == replies;
+                } else {
+                    // The first policy runs first in the first repetition.
+                    anyhow::bail!("no reference replies");
+                }
+                eprintln!(
+                    "engram-bench eviction: repetition {r}, {} hot hit rate {:.3} (turns' prompts {:.3}), TTFT p50 {:.1} ms",
+                    f.eviction, f.hot_hit_rate, f.turn_hot_hit_rate, f.ttft_ms[0]
+                );
+                out.push(f);
             }
-            eprintln!(
-                "engram-bench eviction: repetition {r}, {} hot hit rate {:.3} (turns' prompts {:.3}), TTFT p50 {:.1} ms",
-                f.eviction, f.hot_hit_rate, f.turn_hot_hit_rate, f.ttft_ms[0]
-            );
-            out.push(f);
         }
     }
     let ttft = compare_ttft(&out, policies);
@@ -475,6 +551,7 @@ pub async fn compare(
         working_set_bytes: bytes,
         hot_mib,
         cold_mib,
+        interleaved: interleave,
         policies: out,
         ttft,
     })

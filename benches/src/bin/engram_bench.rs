@@ -214,7 +214,8 @@ struct EvictionBenchArgs {
     no_tier_loop: bool,
     /// An `[eviction]` setting to measure, as JSON (repeatable; the first is the reference the
     /// replies are compared with), which may also carry `"stage": false` (`[tiers] stage`: the
-    /// bridge spills ahead instead of staging). Default: priority-only, attention-aware,
+    /// bridge spills ahead instead of staging) and `"hot_share"` (that run's hot tier as a share
+    /// of the working set: 1.0 gives the bound no eviction beats). Default: priority-only, attention-aware,
     /// attention-aware with a 64-step idle window.
     #[arg(long = "policy", value_parser = parse_json)]
     policies: Vec<serde_json::Value>,
@@ -222,6 +223,11 @@ struct EvictionBenchArgs {
     /// reversed when odd; TTFT is compared over all of them, paired by turn.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     repeat: u64,
+    /// Run every policy in one run, each turn sent to every policy before the next (order
+    /// flipping turn by turn), instead of one policy after the other: machine drift over
+    /// minutes then weighs on every policy alike.
+    #[arg(long)]
+    interleave: bool,
     /// Scratch directory.
     #[arg(long, default_value = "data/bench-eviction")]
     dir: PathBuf,
@@ -623,6 +629,7 @@ fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
         load,
         &policies,
         usize::try_from(args.repeat)?,
+        args.interleave,
     ))?;
     println!("{}", serde_json::json!({"bench": "eviction", "figures": f}));
     let _ = std::fs::remove_dir_all(&args.dir);
