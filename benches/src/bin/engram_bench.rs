@@ -813,8 +813,23 @@ mod tests {
             panic!("not the eviction bench");
         };
         assert!(args.policies.is_empty());
+        assert_eq!(args.repeat, 1);
+        assert!(!args.interleave);
         let err =
             Cli::try_parse_from(["engram-bench", "eviction", "--policy", "{mode"]).unwrap_err();
         assert!(err.to_string().contains("not JSON"), "{err}");
+    }
+
+    #[test]
+    fn eviction_repetitions_are_at_least_one_and_interleaving_is_a_flag() {
+        let cli =
+            Cli::try_parse_from(["engram-bench", "eviction", "--repeat", "4", "--interleave"])
+                .unwrap();
+        let BenchCommand::Eviction(args) = cli.command else {
+            panic!("not the eviction bench");
+        };
+        assert_eq!(args.repeat, 4);
+        assert!(args.interleave);
+        assert!(Cli::try_parse_from(["engram-bench", "eviction", "--repeat", "0"]).is_err());
     }
 }
