@@ -609,7 +609,7 @@ fn ttft_pairs(
     };
     let paired =
         |s: &[(f64, f64)]| median(s.iter().map(|x| x.1 / x.0.max(f64::MIN_POSITIVE)).collect());
-    let mut rng = SplitMix64::new(0x7747_f7);
+    let mut rng = SplitMix64::new(0x0077_47f7);
     let (mut r1, mut r2) = (Vec::with_capacity(RESAMPLES), Vec::with_capacity(RESAMPLES));
     if !pairs.is_empty() {
         let mut s = vec![(0.0, 0.0); pairs.len()];
