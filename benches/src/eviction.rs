@@ -602,9 +602,14 @@ fn ttft_pairs(
         v.sort_by(f64::total_cmp);
         p(&v, 0.5)
     };
+    let p50s = |s: &[(f64, f64)]| {
+        [
+            median(s.iter().map(|x| x.0).collect()),
+            median(s.iter().map(|x| x.1).collect()),
+        ]
+    };
     let p50_ratio = |s: &[(f64, f64)]| {
-        let a = median(s.iter().map(|x| x.0).collect());
-        let b = median(s.iter().map(|x| x.1).collect());
+        let [a, b] = p50s(s);
         b / a.max(f64::MIN_POSITIVE)
     };
     let paired =
@@ -626,10 +631,7 @@ fn ttft_pairs(
     TtftComparison {
         eviction,
         pairs: pairs.len(),
-        p50_ms: [
-            median(pairs.iter().map(|x| x.0).collect()),
-            median(pairs.iter().map(|x| x.1).collect()),
-        ],
+        p50_ms: p50s(pairs),
         p50_ratio: [p50_ratio(pairs), p(&r1, 0.025), p(&r1, 0.975)],
         paired_median_ratio: [paired(pairs), p(&r2, 0.025), p(&r2, 0.975)],
         lower_share: pairs.iter().filter(|x| x.1 < x.0).count() as f64 / pairs.len().max(1) as f64,
