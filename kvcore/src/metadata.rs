@@ -489,6 +489,11 @@ impl BlockMetadataTable {
         self.blocks.get_mut(&id)
     }
 
+    /// Every live block's metadata, mutably.
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut BlockMeta> {
+        self.blocks.values_mut()
+    }
+
     /// Live blocks with ids in `lo..=hi`, in id order.
     pub(crate) fn range(
         &self,

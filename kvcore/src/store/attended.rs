@@ -60,6 +60,18 @@ impl BlockStore {
         })
     }
 
+    /// Halves every live block's `reads` and `attended` (rounding down): the counts' aging, so
+    /// that what a block was used for long ago weighs half as much as what it is used for now
+    /// after each halving. An engine halves them every so many forward steps; the order of the
+    /// blocks' counts is kept (ties may appear), and uses after it weigh double against those
+    /// before it. Masses, ticks and steps are untouched.
+    pub fn halve_counts(&mut self) {
+        for meta in self.meta.values_mut() {
+            meta.reads /= 2;
+            meta.attended /= 2;
+        }
+    }
+
     /// Adds earlier lives' counts to a live block's: `reads` to [`crate::BlockMeta::reads`]
     /// and `attended` to [`crate::BlockMeta::attended`]. A block recomputed with the same
     /// content (same chained hash) carries how often the model read that content, and how many

@@ -384,3 +384,49 @@ fn read_steps_count_sampled_steps_and_move_only_above_the_threshold() {
     let late = filled(&mut store, 1, SourceLayer::UserTurn, 2)[0];
     assert_eq!(store.metadata().get(late).unwrap().read_step(), 2);
 }
+
+/// Halving ages both counts of every live block (rounding down) and nothing else: the blocks'
+/// order by count stays, and a use after it weighs as much as two before it.
+#[test]
+fn halving_ages_the_counts_and_keeps_everything_else() {
+    let mut store = small_store(CodecKind::TQ4, 3, 0);
+    let ids = filled(&mut store, 3, SourceLayer::UserTurn, 1);
+    for _ in 0..6 {
+        store.touch(&ids[..1]).unwrap();
+    }
+    store.touch(&ids[1..2]).unwrap();
+    store.carry_counts(ids[0], 9, 0).unwrap();
+    let count = |s: &engram_kvcore::BlockStore, id: BlockId| {
+        let m = s.metadata().get(id).unwrap();
+        (m.attended(), m.reads())
+    };
+    // Allocation counts one use.
+    assert_eq!(count(&store, ids[0]), (7, 9));
+    assert_eq!(count(&store, ids[1]), (2, 0));
+    assert_eq!(count(&store, ids[2]), (1, 0));
+    let before: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let m = store.metadata().get(id).unwrap();
+            (m.last_attended(), m.mass(), m.read_step(), m.tier())
+        })
+        .collect();
+    store.halve_counts();
+    assert_eq!(count(&store, ids[0]), (3, 4));
+    assert_eq!(count(&store, ids[1]), (1, 0));
+    assert_eq!(count(&store, ids[2]), (0, 0));
+    let after: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let m = store.metadata().get(id).unwrap();
+            (m.last_attended(), m.mass(), m.read_step(), m.tier())
+        })
+        .collect();
+    assert_eq!(before, after);
+    // Uses after it weigh double: the second block's two before and three after now outweigh
+    // the first block's seven before.
+    store.touch(&ids[1..2]).unwrap();
+    store.touch(&ids[1..2]).unwrap();
+    store.touch(&ids[1..2]).unwrap();
+    assert!(count(&store, ids[1]).0 > count(&store, ids[0]).0);
+}

@@ -928,6 +928,10 @@ mod tests {
                     "ENGRAM__EVICTION__USE_WEIGHT".to_string(),
                     "0.7".to_string(),
                 ),
+                (
+                    "ENGRAM__EVICTION__USE_HALF_LIFE".to_string(),
+                    "4096".to_string(),
+                ),
             ],
         )
         .unwrap();
@@ -935,6 +939,7 @@ mod tests {
         assert_eq!(p.mode, engram_engine::EvictionMode::Priority);
         assert_eq!(p.idle_steps, 64);
         assert_eq!(p.use_weight, 0.7);
+        assert_eq!(p.use_half_life, 4096);
         let d = Config::default().eviction.policy().unwrap();
         assert_eq!(d, engram_engine::EvictionPolicy::default());
     }

@@ -96,6 +96,9 @@ pub struct EvictionSection {
     /// Sampled decode steps without a read after which an unpinned block loses its priority
     /// band (spilled first, never dropped for room while anything else can go); 0: never.
     pub idle_steps: u64,
+    /// Sampled steps after which the counts the ranking weighs (reads, uses; live and carried)
+    /// are halved, so that old use fades; 0: never.
+    pub use_half_life: u64,
 }
 
 impl Default for EvictionSection {
@@ -108,6 +111,7 @@ impl Default for EvictionSection {
             frequency_weight: p.frequency_weight,
             use_weight: p.use_weight,
             idle_steps: p.idle_steps,
+            use_half_life: p.use_half_life,
         }
     }
 }
@@ -122,6 +126,7 @@ impl EvictionSection {
             frequency_weight: self.frequency_weight,
             use_weight: self.use_weight,
             idle_steps: self.idle_steps,
+            use_half_life: self.use_half_life,
         };
         p.validate()?;
         Ok(p)

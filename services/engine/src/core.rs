@@ -597,6 +597,8 @@ pub struct EngineCore {
     cache: PrefixCache,
     /// Read counts of dropped blocks by hash, carried to their recomputed successors.
     history: ReadHistory,
+    /// The sampled step at which the counts were last halved (`eviction.use_half_life`).
+    aged_at: u64,
     pins: PrefixPinManager,
     config: EngineConfig,
     fingerprint: [u8; 32],
@@ -761,6 +763,7 @@ impl EngineCore {
             store,
             cache: PrefixCache::default(),
             history: ReadHistory::new(history_capacity),
+            aged_at: 0,
             pins,
             config,
             seqs: BTreeMap::new(),

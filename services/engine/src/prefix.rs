@@ -218,6 +218,16 @@ impl ReadHistory {
         Ok(())
     }
 
+    /// Halves every remembered count (rounding down), as [`BlockStore::halve_counts`] does for
+    /// live blocks, and forgets the entries left with nothing.
+    pub fn halve(&mut self) {
+        self.entries.retain(|_, r| {
+            r.counts.reads /= 2;
+            r.counts.attended /= 2;
+            r.counts != Carried::default()
+        });
+    }
+
     /// Forgets every entry of `tenant`.
     pub fn forget_tenant(&mut self, tenant: TenantId) {
         self.entries.retain(|_, r| r.tenant != tenant);
@@ -413,6 +423,34 @@ mod tests {
         h.forget_tenant(a);
         assert_eq!(h.take(&hash(3), a), None);
         assert_eq!(h.take(&hash(4), b), Some(reads(5)));
+    }
+
+    #[test]
+    fn halving_the_history_ages_its_counts_and_forgets_what_reaches_nothing() {
+        let t = TenantId(1);
+        let mut h = ReadHistory::new(16);
+        h.remember(hash(1), t, reads(5)); // 5 reads, 10 uses
+        h.remember(
+            hash(2),
+            t,
+            Carried {
+                reads: 0,
+                attended: 1,
+            },
+        );
+        h.halve();
+        assert_eq!(
+            h.len(),
+            1,
+            "a single use halves to nothing and is forgotten"
+        );
+        assert_eq!(
+            h.take(&hash(1), t),
+            Some(Carried {
+                reads: 2,
+                attended: 5
+            })
+        );
     }
 
     #[test]

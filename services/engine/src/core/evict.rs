@@ -87,6 +87,10 @@ pub struct EvictionPolicy {
     /// Sampled decode steps without a read after which an unpinned block is demoted to the
     /// lowest band (0: never).
     pub idle_steps: u64,
+    /// Sampled steps after which every count the ranking weighs (`reads`, `attended`, live
+    /// and carried) is halved (0: never): an agent that was busy long ago and is idle now does
+    /// not keep its chain hot on old counts against one that is busy now.
+    pub use_half_life: u64,
 }
 
 impl Default for EvictionPolicy {
@@ -101,6 +105,8 @@ impl Default for EvictionPolicy {
             frequency_weight: 0.0,
             use_weight: 0.8,
             idle_steps: 512,
+            // Long beside a turn (tens of sampled steps): counts age over thousands of turns.
+            use_half_life: 65_536,
         }
     }
 }
@@ -150,6 +156,23 @@ pub(super) struct HotRanking {
 }
 
 impl EngineCore {
+    /// Halves the ranking's counts (live blocks' and the carried history's) once
+    /// `use_half_life` sampled steps have passed since the last halving; attention-aware
+    /// eviction only (priority-only weighs no counts and carries none). Called after every
+    /// forward pass.
+    pub(super) fn age_counts(&mut self) {
+        let half_life = self.config.eviction.use_half_life;
+        if half_life == 0 || self.config.eviction.mode != EvictionMode::Attention {
+            return;
+        }
+        let steps = self.store.metadata().steps();
+        if steps.saturating_sub(self.aged_at) >= half_life {
+            self.store.halve_counts();
+            self.history.halve();
+            self.aged_at = steps;
+        }
+    }
+
     /// Whether `m` has gone unread for the policy's window (never a pinned block).
     pub(super) fn unread(&self, m: &engram_kvcore::BlockMeta) -> bool {
         let p = &self.config.eviction;

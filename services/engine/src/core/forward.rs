@@ -205,6 +205,7 @@ impl EngineCore {
             }
             self.register(id)?;
         }
+        self.age_counts();
         crate::model::add_forward_times(|t| t.register += registered.elapsed().as_secs_f64() * 1e3);
         // On a GPU the registration above ran while the card finished the step; this waits.
         if logits.device().is_cpu() {

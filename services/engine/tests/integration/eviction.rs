@@ -1,6 +1,7 @@
 //! Attention-aware eviction: a block the model has not read for the window loses its priority
 //! band (spilled, not dropped); priority-only eviction keeps it; pinned blocks never move; the
-//! chain that runs often stays hot under the use weight; counts outlive a block; the bytes a
+//! chain that runs often stays hot under the use weight, and the one busy now outranks the one
+//! busy before once counts are halved; counts outlive a block; the bytes a
 //! turn reads back are the same either way; the tier bridge stages copies of the blocks
 //! admission evicts next, and admission spilling onto them is no pressure on the bridge.
 
@@ -130,6 +131,7 @@ fn use_engine(mode: EvictionMode) -> EngineCore {
         frequency_weight: 0.0,
         use_weight: 1.0,
         idle_steps: 0,
+        use_half_life: 0,
     })
 }
 
@@ -172,6 +174,66 @@ fn the_use_weight_keeps_the_chain_that_runs_often() {
     let (busy, once) = use_scenario(EvictionMode::Attention);
     assert_eq!(busy, vec![Hot; 4]);
     assert_eq!(once, vec![Hot, Hot, Cold, Cold]);
+}
+
+/// A chain run six times, then another run three times, then a third prompt of 10 blocks that
+/// needs room (8 free, two must go), ranked by use alone with the counts halved every
+/// `half_life` sampled steps (0: never). The tiers of the chain that was busy first and of the
+/// one busy last.
+fn aging_scenario(half_life: u64) -> (Vec<Tier>, Vec<Tier>) {
+    let text = license_tokens(400);
+    let mut core = engine_with(EvictionPolicy {
+        mode: EvictionMode::Attention,
+        mass_weight: 0.0,
+        recency_weight: 0.0,
+        frequency_weight: 0.0,
+        use_weight: 1.0,
+        idle_steps: 0,
+        use_half_life: half_life,
+    });
+    let (earlier, _) = turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
+    for _ in 0..5 {
+        turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
+    }
+    let (now, _) = turn(
+        &mut core,
+        spec(&text[100..165], SourceLayer::UserTurn, 2),
+        0,
+    );
+    for _ in 0..2 {
+        turn(
+            &mut core,
+            spec(&text[100..165], SourceLayer::UserTurn, 2),
+            0,
+        );
+    }
+    let (e, n) = (attended(&core, &earlier), attended(&core, &now));
+    if half_life == 0 {
+        assert!(e.iter().zip(&n).all(|(e, n)| e > n), "{e:?} vs {n:?}");
+    } else {
+        assert!(e.iter().zip(&n).all(|(e, n)| e < n), "{e:?} vs {n:?}");
+    }
+    turn(
+        &mut core,
+        spec(&text[200..360], SourceLayer::UserTurn, 3),
+        0,
+    );
+    assert!(core.counters().admission_evictions >= 2);
+    (tiers(&core, &earlier), tiers(&core, &now))
+}
+
+/// Without aging, a chain that ran often long ago keeps its place against one that runs now;
+/// with the counts halved every two sampled steps, the chain busy now stays hot and the one
+/// busy before loses its last two blocks.
+#[test]
+fn halving_the_counts_lets_the_chain_busy_now_outrank_the_one_busy_before() {
+    use Tier::{Cold, Hot};
+    let (earlier, now) = aging_scenario(0);
+    assert_eq!(earlier, vec![Hot; 4]);
+    assert_eq!(now, vec![Hot, Hot, Cold, Cold]);
+    let (earlier, now) = aging_scenario(2);
+    assert_eq!(earlier, vec![Hot, Hot, Cold, Cold]);
+    assert_eq!(now, vec![Hot; 4]);
 }
 
 #[test]
