@@ -14,6 +14,10 @@
 //! shadow is off, so blocks the cold tier drops are recomputed on their next use: the policy then
 //! decides misses, not only which cached blocks are hot.
 //!
+//! With `shift_at` > 0 the popularity shifts at that steady turn: the busy agents become
+//! occasional ones and the other way round (how fast a ranking by use forgets, `[eviction]
+//! use_half_life`, decides the turns after it).
+//!
 //! Figures per policy, over the steady turns: the hot hit rate (prompt blocks found hot at
 //! admission over the prompt blocks a turn could reuse: hot + cold hits + misses) over every
 //! admission the engine counted and over the turns' own prompts (the server also prefills the
@@ -58,6 +62,11 @@ pub struct Load {
     /// Run the tier loop (off: only admissions move blocks, so what stays hot is the eviction
     /// ranking's choice alone).
     pub tier_loop: bool,
+    /// From this steady turn on (0: never), popularity shifts: the agent drawn at Zipf rank `k`
+    /// is agent `(k + agents / 2) mod agents`, so the busy agents become occasional ones and
+    /// the other way round (what aging the use counts is for).
+    #[serde(default)]
+    pub shift_at: usize,
 }
 
 /// The steady turns' seed unless `--seed` says otherwise (every run before the option existed
@@ -107,6 +116,10 @@ pub struct PolicyFigures {
     /// Each steady turn's TTFT (ms), in turn order: turn `i` is the same agent and message
     /// under every policy and repetition.
     pub turn_ttft_ms: Vec<f64>,
+    /// Each steady turn's prompt blocks found hot, warmed, computed, in turn order.
+    pub turn_cache_blocks: Vec<[u64; 3]>,
+    /// [`Self::turn_hot_hit_rate`] over the turns from the load's `shift_at` on (with a shift).
+    pub shifted_turn_hot_hit_rate: Option<f64>,
 }
 
 /// TTFT of one policy against the first, over every repetition: paired by turn (the same
@@ -201,6 +214,9 @@ fn config(
     if let Some(n) = eviction["idle_steps"].as_u64() {
         c.eviction.idle_steps = n;
     }
+    if let Some(n) = eviction["use_half_life"].as_u64() {
+        c.eviction.use_half_life = n;
+    }
     // Not an `[eviction]` key: `[tiers] stage`, so that one run can compare the bridge's
     // spill-ahead with its staging.
     if let Some(stage) = eviction["stage"].as_bool() {
@@ -270,6 +286,19 @@ fn zipf(rng: &mut SplitMix64, n: usize, s: f64) -> usize {
         }
     }
     n - 1
+}
+
+/// The agent a Zipf rank `k` draws: `k`, or with the popularity shifted `(k + agents / 2) mod
+/// agents`.
+fn shifted(k: usize, agents: usize, shift: bool) -> usize {
+    if shift { (k + agents / 2) % agents } else { k }
+}
+
+/// Hot, warmed and computed blocks summed over turns.
+fn sum_blocks(turns: &[[u64; 3]]) -> [u64; 3] {
+    turns.iter().fold([0; 3], |acc, b| {
+        [acc[0] + b[0], acc[1] + b[1], acc[2] + b[2]]
+    })
 }
 
 fn p(sorted: &[f64], q: f64) -> f64 {
@@ -371,14 +400,18 @@ async fn run(
         replies: Vec<String>,
         cached: u64,
         prompt: u64,
-        turn_blocks: [u64; 3],
+        turn_blocks: Vec<[u64; 3]>,
         wall: std::time::Duration,
     }
     let mut steady: Vec<Steady> = arms.iter().map(|_| Steady::default()).collect();
     let mut rng = SplitMix64::new(load.seed);
     let mut generation = vec![0usize; load.agents];
     for t in 0..load.turns {
-        let a = zipf(&mut rng, load.agents, load.zipf_s);
+        let a = shifted(
+            zipf(&mut rng, load.agents, load.zipf_s),
+            load.agents,
+            load.shift_at > 0 && t >= load.shift_at,
+        );
         let ended = said[a] >= 2 * load.warm_turns;
         let mut order: Vec<usize> = (0..arms.len()).collect();
         if (t % 2 == 1) != flip {
@@ -414,15 +447,16 @@ async fn run(
             s.prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
             s.replies
                 .push(v["text"].as_str().unwrap_or_default().to_string());
-            for (n, k) in
-                s.turn_blocks
-                    .iter_mut()
-                    .zip(["hot_blocks", "warmed_blocks", "computed_blocks"])
+            let mut blocks = [0u64; 3];
+            for (n, k) in blocks
+                .iter_mut()
+                .zip(["hot_blocks", "warmed_blocks", "computed_blocks"])
             {
-                *n += v["cache"][k]
+                *n = v["cache"][k]
                     .as_u64()
                     .ok_or_else(|| anyhow::anyhow!("turn without cache.{k}: {v}"))?;
             }
+            s.turn_blocks.push(blocks);
         }
         if ended {
             generation[a] += 1;
@@ -449,7 +483,11 @@ async fn run(
         let mut ttft = s.ttft.clone();
         let mean = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
         ttft.sort_by(f64::total_cmp);
-        let tb = s.turn_blocks;
+        let tb = sum_blocks(&s.turn_blocks);
+        let shifted_rate = (load.shift_at > 0).then(|| {
+            let after = sum_blocks(s.turn_blocks.get(load.shift_at..).unwrap_or_default());
+            after[0] as f64 / after.iter().sum::<u64>().max(1) as f64
+        });
         let figures = PolicyFigures {
             eviction: arm.0.clone(),
             turns: load.turns,
@@ -472,6 +510,8 @@ async fn run(
             wall_s: s.wall.as_secs_f64(),
             repetition: 0,
             turn_ttft_ms: s.ttft,
+            turn_cache_blocks: s.turn_blocks,
+            shifted_turn_hot_hit_rate: shifted_rate,
         };
         out.push((figures, s.replies));
     }
@@ -641,7 +681,21 @@ fn ttft_pairs(
 
 #[cfg(test)]
 mod tests {
-    use super::{PolicyFigures, SplitMix64, compare_ttft, json, ttft_pairs};
+    use super::{PolicyFigures, SplitMix64, compare_ttft, json, shifted, sum_blocks, ttft_pairs};
+
+    #[test]
+    fn a_shift_swaps_busy_and_occasional_agents_and_blocks_sum_per_kind() {
+        // Unshifted, rank k is agent k; shifted, the busiest rank draws agent 6 of 12 and the
+        // ranks keep distinct agents.
+        assert_eq!(shifted(0, 12, false), 0);
+        assert_eq!(shifted(0, 12, true), 6);
+        assert_eq!(shifted(7, 12, true), 1);
+        let mut agents: Vec<usize> = (0..12).map(|k| shifted(k, 12, true)).collect();
+        agents.sort_unstable();
+        assert_eq!(agents, (0..12).collect::<Vec<_>>());
+        assert_eq!(sum_blocks(&[[1, 2, 3], [10, 0, 5]]), [11, 2, 8]);
+        assert_eq!(sum_blocks(&[]), [0, 0, 0]);
+    }
 
     #[test]
     fn ttft_ratios_pair_turns_and_bracket_the_estimate() {
@@ -704,6 +758,8 @@ mod tests {
             wall_s: 0.0,
             repetition: rep,
             turn_ttft_ms: vec![100.0 * scale, 200.0 * scale, 300.0 * scale],
+            turn_cache_blocks: Vec::new(),
+            shifted_turn_hot_hit_rate: None,
         };
         let (a, b) = (json!({"mode": "priority"}), json!({"mode": "attention"}));
         // Repetition 1 ran reversed and slower (drift): pairs stay within a repetition.

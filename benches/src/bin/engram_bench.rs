@@ -212,6 +212,10 @@ struct EvictionBenchArgs {
     /// ranking's choice alone).
     #[arg(long)]
     no_tier_loop: bool,
+    /// From this steady turn on, popularity shifts: Zipf rank k draws agent (k + agents/2) mod
+    /// agents, so busy agents become occasional and the other way round (0: never).
+    #[arg(long, default_value_t = 0)]
+    shift_at: usize,
     /// An `[eviction]` setting to measure, as JSON (repeatable; the first is the reference the
     /// replies are compared with), which may also carry `"stage": false` (`[tiers] stage`: the
     /// bridge spills ahead instead of staging) and `"hot_share"` (that run's hot tier as a share
@@ -617,6 +621,7 @@ fn bench_eviction(args: EvictionBenchArgs) -> Result<()> {
         zipf_s: args.zipf_s,
         seed: args.seed,
         tier_loop: !args.no_tier_loop,
+        shift_at: args.shift_at,
     };
     let policies = if args.policies.is_empty() {
         engram_benches::eviction::policies()
