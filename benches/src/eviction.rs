@@ -217,6 +217,9 @@ fn config(
     if let Some(n) = eviction["use_half_life"].as_u64() {
         c.eviction.use_half_life = n;
     }
+    if let Some(b) = eviction["whole_chains"].as_bool() {
+        c.eviction.whole_chains = b;
+    }
     // Not an `[eviction]` key: `[tiers] stage`, so that one run can compare the bridge's
     // spill-ahead with its staging.
     if let Some(stage) = eviction["stage"].as_bool() {

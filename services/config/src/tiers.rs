@@ -99,6 +99,10 @@ pub struct EvictionSection {
     /// Sampled steps after which the counts the ranking weighs (reads, uses; live and carried)
     /// are halved, so that old use fades; 0: never.
     pub use_half_life: u64,
+    /// Rank whole session chains: a conversation's blocks are worth what its chain's most
+    /// valuable unpinned block (its agent's prefix, as a rule) is worth, so the least valuable
+    /// chains lose blocks first, from their ends.
+    pub whole_chains: bool,
 }
 
 impl Default for EvictionSection {
@@ -112,6 +116,7 @@ impl Default for EvictionSection {
             use_weight: p.use_weight,
             idle_steps: p.idle_steps,
             use_half_life: p.use_half_life,
+            whole_chains: p.whole_chains,
         }
     }
 }
@@ -127,6 +132,7 @@ impl EvictionSection {
             use_weight: self.use_weight,
             idle_steps: self.idle_steps,
             use_half_life: self.use_half_life,
+            whole_chains: self.whole_chains,
         };
         p.validate()?;
         Ok(p)

@@ -27,6 +27,10 @@
 //! what any later hot block of its chain is worth: a running sequence's blocks are worth the
 //! most), so the chain loses its hot blocks from the end and a prefix never has a hole because
 //! of eviction. Victims go in ascending key order, later positions first among equals.
+//! With `whole_chains`, every block of a chain is also worth at least what the chain's most
+//! valuable block is worth (a pinned block in its priority's band, not the pinned one): chains
+//! rank as wholes (by their prefix, as a rule), and the least valuable ones lose blocks first,
+//! from their ends.
 //!
 //! The same keys order the cold tier's drops when it must make room ([`EngineCore::rank_cold`]:
 //! heat normalized over every resident block, lifted along the chains, over-quota tenants'
@@ -91,6 +95,14 @@ pub struct EvictionPolicy {
     /// and carried) is halved (0: never): an agent that was busy long ago and is idle now does
     /// not keep its chain hot on old counts against one that is busy now.
     pub use_half_life: u64,
+    /// Rank whole chains: every block of a cached session chain is worth at least what the
+    /// chain's most valuable block is worth (its stable prefix, as a rule; a pinned block
+    /// counted in its priority's band, not the pinned one),
+    /// so a conversation's blocks rank with its agent's prefix instead of below every prefix,
+    /// and the least valuable chains lose blocks first, from their ends, before a busier
+    /// chain loses any. Off: a block is worth at least what later blocks of its chain are
+    /// worth, no more.
+    pub whole_chains: bool,
 }
 
 impl Default for EvictionPolicy {
@@ -107,6 +119,7 @@ impl Default for EvictionPolicy {
             idle_steps: 512,
             // Long beside a turn (tens of sampled steps): counts age over thousands of turns.
             use_half_life: 65_536,
+            whole_chains: false,
         }
     }
 }
@@ -232,19 +245,43 @@ impl EngineCore {
     }
 
     /// `own` keys made monotone along every cached session chain: a block is worth at least
-    /// what `key_of` says any later block of its chain is worth.
+    /// what `key_of` says any later block of its chain is worth; with `whole_chains`, at least
+    /// what the chain's most valuable block is worth too (a pinned one in its priority's band).
     fn lift_along_chains(
         &self,
         own: &HashMap<BlockId, Key>,
         key_of: impl Fn(&BlockId) -> Key,
     ) -> HashMap<BlockId, Key> {
         let mut effective = own.clone();
+        let whole = self.config.eviction.whole_chains;
         for chain in self.cached_chains() {
             let mut later = Key::LOWEST;
             for id in chain.iter().rev() {
                 later = later.max(key_of(id));
                 if let Some(e) = effective.get_mut(id) {
                     *e = e.max(later);
+                }
+            }
+            if whole {
+                // The chain's worth: its most valuable block's own key, a pinned block counted
+                // in its priority's band (the pinned band would lift a whole conversation
+                // above every unpinned block).
+                let meta = self.store.metadata();
+                let worth = chain
+                    .iter()
+                    .filter_map(|id| {
+                        let k = *own.get(id)?;
+                        if k.0 < PINNED_PRIORITY {
+                            return Some(k);
+                        }
+                        let band = meta.get(*id)?.priority().min(PINNED_PRIORITY - 1);
+                        Some(Key(band, k.1))
+                    })
+                    .fold(Key::LOWEST, Key::max);
+                for id in &chain {
+                    if let Some(e) = effective.get_mut(id) {
+                        *e = e.max(worth);
+                    }
                 }
             }
         }

@@ -132,6 +132,7 @@ fn use_engine(mode: EvictionMode) -> EngineCore {
         use_weight: 1.0,
         idle_steps: 0,
         use_half_life: 0,
+        whole_chains: false,
     })
 }
 
@@ -190,6 +191,7 @@ fn aging_scenario(half_life: u64) -> (Vec<Tier>, Vec<Tier>) {
         use_weight: 1.0,
         idle_steps: 0,
         use_half_life: half_life,
+        whole_chains: false,
     });
     let (earlier, _) = turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
     for _ in 0..5 {
@@ -234,6 +236,75 @@ fn halving_the_counts_lets_the_chain_busy_now_outrank_the_one_busy_before() {
     let (earlier, now) = aging_scenario(2);
     assert_eq!(earlier, vec![Hot, Hot, Cold, Cold]);
     assert_eq!(now, vec![Hot; 4]);
+}
+
+/// A prompt of an agent's prefix (memories: a higher band than the conversation's, and not
+/// pinned) and a conversation (user turn).
+fn agent_spec(prefix: &[u32], conversation: &[u32], session: u64) -> SequenceSpec {
+    let segment = |tokens: &[u32], source| PromptSegment {
+        tokens: tokens.to_vec(),
+        source,
+        importance: 0.5,
+    };
+    SequenceSpec {
+        segments: vec![
+            segment(prefix, SourceLayer::Memories),
+            segment(conversation, SourceLayer::UserTurn),
+        ],
+        session: Some(SessionId(session)),
+        ..SequenceSpec::plain(Vec::new(), TenantId(3))
+    }
+}
+
+/// Two agents' chains of two prefix and two conversation blocks, the first run four times,
+/// the second once; then a prompt of 12 blocks needs room (8 free, four must go), ranked by
+/// use alone, chains whole or not. The tiers of the busy chain and of the occasional one.
+fn chain_scenario(whole_chains: bool) -> (Vec<Tier>, Vec<Tier>) {
+    let text = license_tokens(400);
+    let mut core = engine_with(EvictionPolicy {
+        mode: EvictionMode::Attention,
+        mass_weight: 0.0,
+        recency_weight: 0.0,
+        frequency_weight: 0.0,
+        use_weight: 1.0,
+        idle_steps: 0,
+        use_half_life: 0,
+        whole_chains,
+    });
+    let busy_spec = || agent_spec(&text[..32], &text[32..65], 1);
+    let (busy, _) = turn(&mut core, busy_spec(), 0);
+    assert_eq!(busy.len(), 4);
+    for _ in 0..3 {
+        turn(&mut core, busy_spec(), 0);
+    }
+    let (occasional, _) = turn(
+        &mut core,
+        agent_spec(&text[100..132], &text[132..165], 2),
+        0,
+    );
+    assert_eq!(occasional.len(), 4);
+    turn(
+        &mut core,
+        spec(&text[200..392], SourceLayer::UserTurn, 3),
+        0,
+    );
+    assert!(core.counters().admission_evictions >= 4);
+    (tiers(&core, &busy), tiers(&core, &occasional))
+}
+
+/// Ranked block by block, every conversation block (a lower band) goes before any prefix
+/// block, so the busy agent loses its conversation's end too (its next turn recomputes it);
+/// ranked as whole chains, the occasional agent's chain goes whole, from its end, and the busy
+/// one stays hot.
+#[test]
+fn whole_chains_keep_the_busy_agents_conversation_and_drop_the_occasional_chain() {
+    use Tier::{Cold, Hot};
+    let (busy, occasional) = chain_scenario(false);
+    assert_eq!(busy, vec![Hot, Hot, Cold, Cold]);
+    assert_eq!(occasional, vec![Hot, Hot, Cold, Cold]);
+    let (busy, occasional) = chain_scenario(true);
+    assert_eq!(busy, vec![Hot; 4]);
+    assert_eq!(occasional, vec![Cold; 4]);
 }
 
 #[test]
