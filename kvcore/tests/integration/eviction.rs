@@ -404,25 +404,21 @@ fn halving_ages_the_counts_and_keeps_everything_else() {
     assert_eq!(count(&store, ids[0]), (7, 9));
     assert_eq!(count(&store, ids[1]), (2, 0));
     assert_eq!(count(&store, ids[2]), (1, 0));
-    let before: Vec<_> = ids
-        .iter()
-        .map(|&id| {
-            let m = store.metadata().get(id).unwrap();
-            (m.last_attended(), m.mass(), m.read_step(), m.tier())
-        })
-        .collect();
+    // Everything but the counts.
+    let rest = |s: &engram_kvcore::BlockStore| -> Vec<_> {
+        ids.iter()
+            .map(|&id| {
+                let m = s.metadata().get(id).unwrap();
+                (m.last_attended(), m.mass(), m.read_step(), m.tier())
+            })
+            .collect()
+    };
+    let before = rest(&store);
     store.halve_counts();
     assert_eq!(count(&store, ids[0]), (3, 4));
     assert_eq!(count(&store, ids[1]), (1, 0));
     assert_eq!(count(&store, ids[2]), (0, 0));
-    let after: Vec<_> = ids
-        .iter()
-        .map(|&id| {
-            let m = store.metadata().get(id).unwrap();
-            (m.last_attended(), m.mass(), m.read_step(), m.tier())
-        })
-        .collect();
-    assert_eq!(before, after);
+    assert_eq!(before, rest(&store));
     // Uses after it weigh double: the second block's two before and three after now outweigh
     // the first block's seven before.
     store.touch(&ids[1..2]).unwrap();

@@ -121,19 +121,24 @@ fn scenario(mode: EvictionMode) -> (Vec<Tier>, Vec<Tier>, Vec<f32>) {
     (memories, user, again)
 }
 
-/// A core ranking by how often a chain runs alone (use weight 1, no idle window), or
-/// priority-only.
-fn use_engine(mode: EvictionMode) -> EngineCore {
-    engine_with(EvictionPolicy {
+/// Ranking by how often a chain runs alone (use weight 1, no idle window), or priority-only;
+/// the counts halved every `use_half_life` sampled steps (0: never), chains whole or not.
+fn use_policy(mode: EvictionMode, use_half_life: u64, whole_chains: bool) -> EvictionPolicy {
+    EvictionPolicy {
         mode,
         mass_weight: 0.0,
         recency_weight: 0.0,
         frequency_weight: 0.0,
         use_weight: 1.0,
         idle_steps: 0,
-        use_half_life: 0,
-        whole_chains: false,
-    })
+        use_half_life,
+        whole_chains,
+    }
+}
+
+/// A core ranking by [`use_policy`] under `mode`, no halving, block by block.
+fn use_engine(mode: EvictionMode) -> EngineCore {
+    engine_with(use_policy(mode, 0, false))
 }
 
 /// Two conversations' prompts of one layer (one band): the first run four times, the second
@@ -183,16 +188,7 @@ fn the_use_weight_keeps_the_chain_that_runs_often() {
 /// one busy last.
 fn aging_scenario(half_life: u64) -> (Vec<Tier>, Vec<Tier>) {
     let text = license_tokens(400);
-    let mut core = engine_with(EvictionPolicy {
-        mode: EvictionMode::Attention,
-        mass_weight: 0.0,
-        recency_weight: 0.0,
-        frequency_weight: 0.0,
-        use_weight: 1.0,
-        idle_steps: 0,
-        use_half_life: half_life,
-        whole_chains: false,
-    });
+    let mut core = engine_with(use_policy(EvictionMode::Attention, half_life, false));
     let (earlier, _) = turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
     for _ in 0..5 {
         turn(&mut core, spec(&text[..65], SourceLayer::UserTurn, 1), 0);
@@ -261,16 +257,7 @@ fn agent_spec(prefix: &[u32], conversation: &[u32], session: u64) -> SequenceSpe
 /// use alone, chains whole or not. The tiers of the busy chain and of the occasional one.
 fn chain_scenario(whole_chains: bool) -> (Vec<Tier>, Vec<Tier>) {
     let text = license_tokens(400);
-    let mut core = engine_with(EvictionPolicy {
-        mode: EvictionMode::Attention,
-        mass_weight: 0.0,
-        recency_weight: 0.0,
-        frequency_weight: 0.0,
-        use_weight: 1.0,
-        idle_steps: 0,
-        use_half_life: 0,
-        whole_chains,
-    });
+    let mut core = engine_with(use_policy(EvictionMode::Attention, 0, whole_chains));
     let busy_spec = || agent_spec(&text[..32], &text[32..65], 1);
     let (busy, _) = turn(&mut core, busy_spec(), 0);
     assert_eq!(busy.len(), 4);
