@@ -297,6 +297,11 @@ fn shifted(k: usize, agents: usize, shift: bool) -> usize {
     if shift { (k + agents / 2) % agents } else { k }
 }
 
+/// The share of `blocks` (hot, warmed, computed) found hot.
+fn hot_share(blocks: [u64; 3]) -> f64 {
+    blocks[0] as f64 / blocks.iter().sum::<u64>().max(1) as f64
+}
+
 /// Hot, warmed and computed blocks summed over turns.
 fn sum_blocks(turns: &[[u64; 3]]) -> [u64; 3] {
     turns.iter().fold([0; 3], |acc, b| {
@@ -488,14 +493,15 @@ async fn run(
         ttft.sort_by(f64::total_cmp);
         let tb = sum_blocks(&s.turn_blocks);
         let shifted_rate = (load.shift_at > 0).then(|| {
-            let after = sum_blocks(s.turn_blocks.get(load.shift_at..).unwrap_or_default());
-            after[0] as f64 / after.iter().sum::<u64>().max(1) as f64
+            hot_share(sum_blocks(
+                s.turn_blocks.get(load.shift_at..).unwrap_or_default(),
+            ))
         });
         let figures = PolicyFigures {
             eviction: arm.0.clone(),
             turns: load.turns,
             hot_hit_rate: hot_hits as f64 / (hot_hits + cold_hits + misses).max(1) as f64,
-            turn_hot_hit_rate: tb[0] as f64 / tb.iter().sum::<u64>().max(1) as f64,
+            turn_hot_hit_rate: hot_share(tb),
             turn_blocks: tb,
             hot_hits,
             cold_hits,

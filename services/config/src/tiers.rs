@@ -100,8 +100,8 @@ pub struct EvictionSection {
     /// are halved, so that old use fades; 0: never.
     pub use_half_life: u64,
     /// Rank whole session chains: a conversation's blocks are worth what its chain's most
-    /// valuable unpinned block (its agent's prefix, as a rule) is worth, so the least valuable
-    /// chains lose blocks first, from their ends.
+    /// valuable block (its agent's prefix, as a rule; a pinned one in its priority's band) is
+    /// worth, so the least valuable chains lose blocks first, from their ends.
     pub whole_chains: bool,
 }
 

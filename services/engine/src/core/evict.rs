@@ -97,11 +97,10 @@ pub struct EvictionPolicy {
     pub use_half_life: u64,
     /// Rank whole chains: every block of a cached session chain is worth at least what the
     /// chain's most valuable block is worth (its stable prefix, as a rule; a pinned block
-    /// counted in its priority's band, not the pinned one),
-    /// so a conversation's blocks rank with its agent's prefix instead of below every prefix,
-    /// and the least valuable chains lose blocks first, from their ends, before a busier
-    /// chain loses any. Off: a block is worth at least what later blocks of its chain are
-    /// worth, no more.
+    /// counted in its priority's band, not the pinned one), so a conversation's blocks rank
+    /// with its agent's prefix instead of below every prefix, and the least valuable chains
+    /// lose blocks first, from their ends, before a busier chain loses any. Off: a block is
+    /// worth at least what later blocks of its chain are worth, no more.
     pub whole_chains: bool,
 }
 
@@ -254,6 +253,7 @@ impl EngineCore {
     ) -> HashMap<BlockId, Key> {
         let mut effective = own.clone();
         let whole = self.config.eviction.whole_chains;
+        let meta = self.store.metadata();
         for chain in self.cached_chains() {
             let mut later = Key::LOWEST;
             for id in chain.iter().rev() {
@@ -266,7 +266,6 @@ impl EngineCore {
                 // The chain's worth: its most valuable block's own key, a pinned block counted
                 // in its priority's band (the pinned band would lift a whole conversation
                 // above every unpinned block).
-                let meta = self.store.metadata();
                 let worth = chain
                     .iter()
                     .filter_map(|id| {
