@@ -89,6 +89,13 @@ pub struct PolicyFigures {
     pub turn_hot_hit_rate: f64,
     /// The turns' prompt blocks found hot, warmed from the cold tier, computed.
     pub turn_blocks: [u64; 3],
+    /// Of the same blocks, the share that was hot when each turn *arrived* (its `cache.arrival`),
+    /// before the server replayed the turns whose blocks the cache had lost: a replay
+    /// recomputes them into the hot tier, where the turn's admission then finds them, so
+    /// [`Self::turn_hot_hit_rate`] credits a policy with blocks it had lost.
+    pub arrival_hot_hit_rate: f64,
+    /// The turns' prompt blocks hot and cold when the turns arrived.
+    pub arrival_blocks: [u64; 2],
     /// Prompt blocks found hot, cold, and missed (recomputed).
     pub hot_hits: u64,
     /// Found in the cold tier (warmed by the turn).
@@ -118,6 +125,8 @@ pub struct PolicyFigures {
     pub turn_ttft_ms: Vec<f64>,
     /// Each steady turn's prompt blocks found hot, warmed, computed, in turn order.
     pub turn_cache_blocks: Vec<[u64; 3]>,
+    /// Each steady turn's prompt blocks hot and cold when it arrived, in turn order.
+    pub turn_arrival_blocks: Vec<[u64; 2]>,
     /// [`Self::turn_hot_hit_rate`] over the turns from the load's `shift_at` on (with a shift).
     pub shifted_turn_hot_hit_rate: Option<f64>,
 }
@@ -409,6 +418,7 @@ async fn run(
         cached: u64,
         prompt: u64,
         turn_blocks: Vec<[u64; 3]>,
+        arrival: Vec<[u64; 2]>,
         wall: std::time::Duration,
     }
     let mut steady: Vec<Steady> = arms.iter().map(|_| Steady::default()).collect();
@@ -465,6 +475,13 @@ async fn run(
                     .ok_or_else(|| anyhow::anyhow!("turn without cache.{k}: {v}"))?;
             }
             s.turn_blocks.push(blocks);
+            let mut found = [0u64; 2];
+            for (n, k) in found.iter_mut().zip(["hot_blocks", "cold_blocks"]) {
+                *n = v["cache"]["arrival"][k]
+                    .as_u64()
+                    .ok_or_else(|| anyhow::anyhow!("turn without cache.arrival.{k}: {v}"))?;
+            }
+            s.arrival.push(found);
         }
         if ended {
             generation[a] += 1;
@@ -497,12 +514,18 @@ async fn run(
                 s.turn_blocks.get(load.shift_at..).unwrap_or_default(),
             ))
         });
+        let arrived = s
+            .arrival
+            .iter()
+            .fold([0; 2], |acc, b| [acc[0] + b[0], acc[1] + b[1]]);
         let figures = PolicyFigures {
             eviction: arm.0.clone(),
             turns: load.turns,
             hot_hit_rate: hot_hits as f64 / (hot_hits + cold_hits + misses).max(1) as f64,
             turn_hot_hit_rate: hot_share(tb),
             turn_blocks: tb,
+            arrival_hot_hit_rate: arrived[0] as f64 / tb.iter().sum::<u64>().max(1) as f64,
+            arrival_blocks: arrived,
             hot_hits,
             cold_hits,
             misses,
@@ -520,6 +543,7 @@ async fn run(
             repetition: 0,
             turn_ttft_ms: s.ttft,
             turn_cache_blocks: s.turn_blocks,
+            turn_arrival_blocks: s.arrival,
             shifted_turn_hot_hit_rate: shifted_rate,
         };
         out.push((figures, s.replies));
@@ -586,8 +610,12 @@ pub async fn compare(
                     anyhow::bail!("no reference replies");
                 }
                 eprintln!(
-                    "engram-bench eviction: repetition {r}, {} hot hit rate {:.3} (turns' prompts {:.3}), TTFT p50 {:.1} ms",
-                    f.eviction, f.hot_hit_rate, f.turn_hot_hit_rate, f.ttft_ms[0]
+                    "engram-bench eviction: repetition {r}, {} hot hit rate {:.3} (turns' prompts {:.3}, on arrival {:.3}), TTFT p50 {:.1} ms",
+                    f.eviction,
+                    f.hot_hit_rate,
+                    f.turn_hot_hit_rate,
+                    f.arrival_hot_hit_rate,
+                    f.ttft_ms[0]
                 );
                 out.push(f);
             }
@@ -754,6 +782,8 @@ mod tests {
             hot_hit_rate: 0.0,
             turn_hot_hit_rate: 0.0,
             turn_blocks: [0; 3],
+            arrival_hot_hit_rate: 0.0,
+            arrival_blocks: [0; 2],
             hot_hits: 0,
             cold_hits: 0,
             misses: 0,
@@ -768,6 +798,7 @@ mod tests {
             repetition: rep,
             turn_ttft_ms: vec![100.0 * scale, 200.0 * scale, 300.0 * scale],
             turn_cache_blocks: Vec::new(),
+            turn_arrival_blocks: Vec::new(),
             shifted_turn_hot_hit_rate: None,
         };
         let (a, b) = (json!({"mode": "priority"}), json!({"mode": "attention"}));

@@ -102,6 +102,21 @@ fn turn_cache(v: &Value) -> [u64; 3] {
     n
 }
 
+/// A turn's `cache.arrival` figures: the prompt's leading blocks hot and cold when the turn
+/// arrived, before any replay; never more than the prompt's full blocks.
+fn turn_arrival(v: &Value) -> [u64; 2] {
+    let a = &v["cache"]["arrival"];
+    let n = ["hot_blocks", "cold_blocks"].map(|k| {
+        a[k].as_u64()
+            .unwrap_or_else(|| panic!("no cache.arrival.{k}: {v}"))
+    });
+    assert!(
+        (n[0] + n[1]) * 16 <= v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{v}"
+    );
+    n
+}
+
 /// Where a test's shadow lives.
 enum Backend {
     Local(PathBuf),
@@ -561,7 +576,13 @@ fn an_evicted_session_is_read_back_from_disk_on_a_miss_and_answers_like_a_hot_on
     );
     // The turn's answer says so: the blocks read back were warmed from the cold tier, the
     // session that kept its cache found its blocks hot; both computed the same new blocks.
+    // When they arrived, the evicted session had only its pinned prefix (the read came
+    // after); the other had every block admission then found.
+    let (got_arrival, want_arrival) = (turn_arrival(&got), turn_arrival(&want));
     let (got, want) = (turn_cache(&got), turn_cache(&want));
+    let pinned = ev["pinned"].as_u64().unwrap();
+    assert_eq!(got_arrival, [pinned, 0], "{got:?}");
+    assert_eq!(want_arrival, [want[0], want[1]]);
     assert!(got[1] >= disk_hits, "{got:?}, {disk_hits} read back");
     assert!(want[0] > got[0], "{want:?} against {got:?}");
     assert_eq!(got[2], want[2]);
@@ -654,8 +675,13 @@ fn an_evicted_session_is_read_back_from_disk_on_a_miss_and_answers_like_a_hot_on
     );
     assert_eq!((s, ev["saved"].as_u64()), (200, Some(0)), "{ev}");
     assert!(ev["dropped"].as_u64().unwrap() > 0, "{ev}");
-    turn(&srv, &key, "s", &message(1));
+    let v = turn_answer(&srv, &key, "s", &message(1));
     assert_eq!(metric(&srv, "engram_replayed_turns_total"), 2);
+    // The replay recomputed the lost blocks into the hot tier before the turn was admitted:
+    // admission found them hot, the turn's arrival figures say they were gone.
+    let (arrival, cache) = (turn_arrival(&v), turn_cache(&v));
+    assert_eq!(arrival, [ev["pinned"].as_u64().unwrap(), 0], "{v}");
+    assert!(cache[0] > arrival[0], "{v}");
     srv.stop();
 }
 

@@ -3,7 +3,7 @@
 //! these handlers only read the request and write the answer.
 
 use actix_web::{HttpRequest, HttpResponse, get, post, web};
-use engram_engine::{Admission, FinishReason, SamplingParams, SequenceSpec, Usage};
+use engram_engine::{Admission, FinishReason, PrefixLookup, SamplingParams, SequenceSpec, Usage};
 use engram_kvcore::{SourceLayer, TenantId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -78,14 +78,33 @@ pub struct TurnCache {
     pub warmed_blocks: usize,
     /// Blocks computed.
     pub computed_blocks: usize,
+    /// Where the prompt's leading blocks were when the turn arrived, before the server
+    /// replayed the earlier turns whose blocks the cache had lost: a replay recomputes them
+    /// into the hot tier, where admission then finds them. Absent for a stateless turn and
+    /// with the memory graph on (the prompt is built after the recall).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<TurnArrival>,
+}
+
+/// Leading blocks of a turn's prompt cached when the turn arrived.
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+pub struct TurnArrival {
+    /// In the hot tier.
+    pub hot_blocks: usize,
+    /// In the cold tier.
+    pub cold_blocks: usize,
 }
 
 impl TurnCache {
-    fn of(a: &Admission) -> Self {
+    fn of(a: &Admission, arrival: Option<PrefixLookup>) -> Self {
         Self {
             hot_blocks: a.hot_blocks,
             warmed_blocks: a.warmed_blocks,
             computed_blocks: a.computed_blocks,
+            arrival: arrival.map(|l| TurnArrival {
+                hot_blocks: l.hot,
+                cold_blocks: l.cold,
+            }),
         }
     }
 }
@@ -275,7 +294,10 @@ impl Native {
             ttft_ms: g.ttft_ms + self.prepare_ms,
             stable_prefix_hash: self.hash.clone(),
             budgets: self.budgets,
-            cache: g.admission.as_ref().map(TurnCache::of),
+            cache: g
+                .admission
+                .as_ref()
+                .map(|a| TurnCache::of(a, self.turned.arrival)),
         }
     }
 }

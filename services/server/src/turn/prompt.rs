@@ -9,8 +9,9 @@ use engram_context::{
 };
 use engram_store::{Agent, LayerRow, Role};
 
-use super::{Turn, TurnError};
+use super::{Answer, Turn, TurnError};
 use crate::state::AppState;
+use engram_engine::PrefixLookup;
 use engram_memory::{Neighbourhood, RecallQuery, now_ms, render};
 
 /// A layer kind by name (`system_state`, …).
@@ -180,6 +181,10 @@ pub struct Turned {
     pub since: Option<i64>,
     /// When the turn started (a delete after it wins over its record).
     pub started: Instant,
+    /// Where the prompt's leading blocks were when the turn arrived, before the replay of what
+    /// the cache lost recomputed any (see [`Turn::prepare`]); `None` for a stateless turn, with
+    /// the memory graph on (the prompt is built after the recall) and without an engine.
+    pub arrival: Option<PrefixLookup>,
 }
 
 impl Turn {
@@ -389,12 +394,36 @@ impl Turn {
     ) -> Result<Turned, TurnError> {
         let started = Instant::now();
         let since = self.window_since(&log, message)?;
+        // Without the memory graph the prompt does not wait on a recall: it is built now, and
+        // the engine is asked where its blocks are before the replay's prefills are sent (the
+        // engine answers its commands in order), so the answer is the cache as the turn found
+        // it.
+        let (prebuilt, arrival) = match (&self.state.memory, &self.session, self.state.engine()) {
+            (None, Some(_), Ok(engine)) => {
+                let built = self.build(&log.said, message, None)?;
+                let asked = engine.lookup(self.spec(&built, |_| true)?)?;
+                (Some(built), Some(asked))
+            }
+            _ => (None, None),
+        };
         let (replayed, memories) = tokio::join!(
             self.replay_lost(replay.unwrap_or(&log)),
             self.neighbourhood(self.session.as_deref(), since, message),
         );
         replayed?;
-        let turned = self.turned(log, message, since, memories?, started)?;
+        let arrival = match arrival {
+            Some(asked) => Some(asked.answer().await?),
+            None => None,
+        };
+        let memories = memories?;
+        let mut turned = match prebuilt {
+            Some(built) => {
+                self.settle_prefetch(None);
+                self.turned_as(log, built, since, memories, started)
+            }
+            None => self.turned(log, message, since, memories, started)?,
+        };
+        turned.arrival = arrival;
         self.prepare_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(turned)
     }
@@ -409,13 +438,26 @@ impl Turn {
     ) -> Result<Turned, TurnError> {
         self.settle_prefetch(memories.as_ref());
         let built = self.build(&log.said, message, memories.as_ref())?;
-        Ok(Turned {
+        Ok(self.turned_as(log, built, since, memories, started))
+    }
+
+    /// [`Turn::turned`] over a prompt built already.
+    fn turned_as(
+        &self,
+        log: Log,
+        built: BuiltContext,
+        since: Option<i64>,
+        memories: Option<Neighbourhood>,
+        started: Instant,
+    ) -> Turned {
+        Turned {
             built,
             history: log.said,
             memories,
             since,
             started,
-        })
+            arrival: None,
+        }
     }
 
     /// When the part of the conversation this turn's prompt shows was logged: the first entry
