@@ -174,13 +174,12 @@ pub struct EvictionFigures {
 }
 
 /// The eviction settings compared (`[eviction]` as JSON): priority-only, attention-aware
-/// (defaults), and attention-aware with a short idle window (64 sampled steps: an occasional
-/// agent's unread prefix loses its band between two of its turns).
+/// (defaults: whole chains), and attention-aware block by block (`whole_chains` off).
 pub fn policies() -> Vec<serde_json::Value> {
     vec![
         json!({"mode": "priority"}),
         json!({"mode": "attention"}),
-        json!({"mode": "attention", "idle_steps": 64}),
+        json!({"mode": "attention", "whole_chains": false}),
     ]
 }
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Whole chains (issue 25, `[eviction] whole_chains`): issue 25's load (hot tier 40 % of the working
-# set), priority-only, attention-aware (defaults) and attention-aware ranking whole chains,
+# set), priority-only, attention-aware (the defaults then: block by block) and attention-aware ranking whole chains,
 # interleaved turn by turn in one run.
 #   cold:    the cold tier bounded to 30 % of the working set, shadow off (a dropped block is
 #            recomputed; a turn whose conversation lost blocks replays them first)
@@ -17,6 +17,6 @@ rm -rf /tmp/ev/whole-$M
 EXTRA=()
 [ "$M" = cold ] && EXTRA=(--cold-share 0.3)
 $B eviction --turns 120 "${EXTRA[@]}" --interleave \
-    --policy '{"mode":"priority"}' --policy '{"mode":"attention"}' \
+    --policy '{"mode":"priority"}' --policy '{"mode":"attention","whole_chains":false}' \
     --policy '{"mode":"attention","whole_chains":true}' --dir /tmp/ev/whole-$M \
     > $R/$M.json 2> $R/$M.err

@@ -118,7 +118,10 @@ impl Default for EvictionPolicy {
             idle_steps: 512,
             // Long beside a turn (tens of sampled steps): counts age over thousands of turns.
             use_half_life: 65_536,
-            whole_chains: false,
+            // Chosen by `engram-bench eviction` (benches/results/2026-11-29-eviction-on-arrival/,
+            // `…-whole-chains/`): with a bounded cold tier, TTFT p50 0.17× priority-only's and
+            // more blocks hot on arrival; with the default cold tier, the best hot hit rate.
+            whole_chains: true,
         }
     }
 }

@@ -12,12 +12,14 @@ use engram_kvcore::{BlockId, BlockMeta, SessionId, SourceLayer, TenantId, Tier};
 
 use crate::common::license_tokens;
 
-/// A core of 256 tokens of context with 16 hot and 16 cold blocks, ranking by `mode`, a
-/// block unread for 8 sampled steps demoted.
+/// A core of 256 tokens of context with 16 hot and 16 cold blocks, ranking by `mode` block by
+/// block (not whole chains: these scenarios check the order of one chain's blocks), a block
+/// unread for 8 sampled steps demoted.
 fn engine(mode: EvictionMode) -> EngineCore {
     engine_with(EvictionPolicy {
         mode,
         idle_steps: 8,
+        whole_chains: false,
         ..EvictionPolicy::default()
     })
 }
