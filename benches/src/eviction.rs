@@ -310,10 +310,11 @@ fn hot_share(blocks: [u64; 3]) -> f64 {
     blocks[0] as f64 / blocks.iter().sum::<u64>().max(1) as f64
 }
 
-/// Hot, warmed and computed blocks summed over turns.
-fn sum_blocks(turns: &[[u64; 3]]) -> [u64; 3] {
-    turns.iter().fold([0; 3], |acc, b| {
-        [acc[0] + b[0], acc[1] + b[1], acc[2] + b[2]]
+/// Per-turn block counts (hot, warmed, computed; or hot, cold on arrival) summed over turns.
+fn sum_blocks<const N: usize>(turns: &[[u64; N]]) -> [u64; N] {
+    turns.iter().fold([0; N], |mut acc, b| {
+        acc.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        acc
     })
 }
 
@@ -513,10 +514,7 @@ async fn run(
                 s.turn_blocks.get(load.shift_at..).unwrap_or_default(),
             ))
         });
-        let arrived = s
-            .arrival
-            .iter()
-            .fold([0; 2], |acc, b| [acc[0] + b[0], acc[1] + b[1]]);
+        let arrived = sum_blocks(&s.arrival);
         let figures = PolicyFigures {
             eviction: arm.0.clone(),
             turns: load.turns,

@@ -376,7 +376,7 @@ impl Turn {
         let memories = self
             .neighbourhood(self.session.as_deref(), since, message)
             .await?;
-        self.turned(log, message, since, memories, started)
+        self.turned(log, message, since, memories, started, None)
     }
 
     /// Steps 4 and 5 at once, for a turn of a stored session: the replay of what the cache
@@ -415,19 +415,14 @@ impl Turn {
             Some(asked) => Some(asked.answer().await?),
             None => None,
         };
-        let memories = memories?;
-        let mut turned = match prebuilt {
-            Some(built) => {
-                self.settle_prefetch(None);
-                self.turned_as(log, built, since, memories, started)
-            }
-            None => self.turned(log, message, since, memories, started)?,
-        };
+        let mut turned = self.turned(log, message, since, memories?, started, prebuilt)?;
         turned.arrival = arrival;
         self.prepare_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(turned)
     }
 
+    /// The turn's [`Turned`], over `prebuilt` when the prompt was built already (only without
+    /// memories: then the build does not depend on the recall).
     fn turned(
         &self,
         log: Log,
@@ -435,29 +430,21 @@ impl Turn {
         since: Option<i64>,
         memories: Option<Neighbourhood>,
         started: Instant,
+        prebuilt: Option<BuiltContext>,
     ) -> Result<Turned, TurnError> {
         self.settle_prefetch(memories.as_ref());
-        let built = self.build(&log.said, message, memories.as_ref())?;
-        Ok(self.turned_as(log, built, since, memories, started))
-    }
-
-    /// [`Turn::turned`] over a prompt built already.
-    fn turned_as(
-        &self,
-        log: Log,
-        built: BuiltContext,
-        since: Option<i64>,
-        memories: Option<Neighbourhood>,
-        started: Instant,
-    ) -> Turned {
-        Turned {
+        let built = match prebuilt {
+            Some(built) => built,
+            None => self.build(&log.said, message, memories.as_ref())?,
+        };
+        Ok(Turned {
             built,
             history: log.said,
             memories,
             since,
             started,
             arrival: None,
-        }
+        })
     }
 
     /// When the part of the conversation this turn's prompt shows was logged: the first entry
