@@ -98,6 +98,9 @@ clippy:
 unit:
 	$(CARGO) test --workspace --lib --bins --tests --examples $(FEATURES)
 	$(CARGO) test --workspace --doc $(FEATURES)
+	# The configuration as a release binary has it: without the test-only `fault-injection`
+	# feature the e2e suite turns on above (workspace features unify), so `model.fault` is refused.
+	$(CARGO) test -p engram-config --lib
 
 bench:
 	$(CARGO) bench -p engram-benches

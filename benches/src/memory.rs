@@ -122,6 +122,7 @@ pub fn scale(
             tenant: tenant.into(),
             agent: "a".into(),
             kind: kind.as_str().into(),
+            scope: String::new(),
         });
         if batch.len() == 1024 {
             let w = Instant::now();
@@ -180,6 +181,7 @@ pub fn scale(
         tenant: "t1".into(),
         agent: Some("a".into()),
         kinds: None,
+        scopes: None,
     };
     let qfilter = QueryFilter {
         tenant: "t1".into(),

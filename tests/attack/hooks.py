@@ -1,13 +1,25 @@
-"""Schemathesis hooks for the attack suite: keep generation cheap on a CPU.
+"""Schemathesis hooks for the attack suite: keep generation cheap on a CPU, and look for
+cross-tenant reads and scope escapes.
 
 Only values the spec allows are shrunk (a negative case stays negative): `max_tokens` above 2
 becomes 2, and texts within their documented limit are cut to a few hundred characters, so every
 generated turn is a short prefill and at most two decoded tokens.
+
+`ATTACK_ROLE` (set by run.sh per run) says who is calling: `tenant` (the attacker tenant on its
+own resources), `cross` (the attacker, with path parameters naming the victim tenant's agent id,
+node ids and tenant id), `read` or `metrics` (operator keys of those scopes on the operator
+routes). `ATTACK_SEED` is seed.py's JSON. Two checks of this suite's own: no answer to the
+attacker holds the victim's marker, and no operator key does what its scope does not allow.
 """
 
+import json
+import os
 import zlib
 
 import schemathesis
+
+ROLE = os.environ.get("ATTACK_ROLE", "tenant")
+SEED = json.loads(os.environ.get("ATTACK_SEED", "{}"))
 
 CHEAP_TOKENS = 2
 SHORT_TEXT = 300
@@ -41,10 +53,48 @@ def map_body(ctx, body):
 SEEDED = {"agent": "bot", "session": "s", "kind": "axioms"}
 
 
+def _victim(params):
+    """The victim's resources under the attacker's key: its agent by id, its nodes, itself."""
+    nodes = SEED.get("victim_nodes") or [0]
+    out = dict(params)
+    for k in out:
+        if k == "agent":
+            out[k] = SEED.get("victim_agent", out[k])
+        elif k == "id":
+            out[k] = nodes[zlib.crc32(repr(out).encode()) % len(nodes)]
+        elif k == "tenant":
+            out[k] = SEED.get("victim_tenant", out[k])
+        elif k in SEEDED:
+            out[k] = SEEDED[k]
+    return out
+
+
 @schemathesis.hook
 def map_path_parameters(ctx, params):
     if not params:
         return params
     if zlib.crc32(repr(sorted(params.items())).encode()) % 2 == 0:
+        if ROLE == "cross":
+            return _victim(params)
         return {k: SEEDED.get(k, v) for k, v in params.items()}
     return params
+
+
+@schemathesis.check
+def no_cross_tenant_read(ctx, response, case):
+    """The attacker's answers never hold the victim's marker."""
+    marker = SEED.get("marker")
+    if ROLE in ("tenant", "cross") and marker and marker in (response.text or ""):
+        raise AssertionError(
+            f"cross-tenant read: {case.method} {case.formatted_path} answered the victim's text")
+
+
+@schemathesis.check
+def scope_respected(ctx, response, case):
+    """A `read` key changes nothing; a `metrics` key reads no operator view."""
+    if response.status_code >= 400 or not case.path.startswith("/v1/admin"):
+        return
+    if ROLE == "read" and case.method.upper() != "GET":
+        raise AssertionError(f"a read key did {case.method} {case.formatted_path}")
+    if ROLE == "metrics":
+        raise AssertionError(f"a metrics key did {case.method} {case.formatted_path}")

@@ -174,6 +174,8 @@ fn bad_input_on_every_write_route_is_a_4xx_with_a_stable_code_and_changes_nothin
                     json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -2}),
                     json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}], "user": "a\u{0}b"}),
                     json!({"model": "bot", "messages": [{"role": "user", "content": "hi"}], "stop": 5}),
+                    // More messages than a request may carry.
+                    json!({"model": "bot", "messages": vec![json!({"role": "user", "content": "hi"}); 1025]}),
                 ],
             ),
             (

@@ -1,7 +1,7 @@
 //! The memory graph through the API, on both backends: a fixed fixture recalled with the
 //! expected neighbours, superseded facts hidden, tenants isolated (graph and vector index),
-//! answers equal across a restart, turns ingested as linked episodes and recalled into other
-//! sessions' prompts, and a neighbourhood reserved in the cold tier and used by a turn.
+//! answers equal across a restart, turns ingested as linked episodes (kept out of other
+//! sessions' prompts), and a neighbourhood reserved in the cold tier and used by a turn.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -322,7 +322,8 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
         assert!(!shown.contains(&episodes[0]), "{t2}");
         assert!(!shown.contains(&f.paris), "{t2}");
 
-        // Another session recalls the first session's episodes.
+        // Another session does not recall the first session's episodes (the agent's memory is
+        // session-scoped by default; `privacy.rs` tests the agent-wide scope).
         let (_, p) = srv.call(
             "POST",
             "/v1/agents/bot/context",
@@ -335,7 +336,11 @@ fn recall_supersession_isolation_restart_ingest_and_reservation() {
             .iter()
             .map(|v| v.as_i64().unwrap())
             .collect();
-        assert!(recalled.iter().any(|id| episodes.contains(id)), "{p}");
+        assert!(recalled.iter().all(|id| !episodes.contains(id)), "{p}");
+        assert!(
+            recalled.contains(&f.berlin),
+            "the agent's own facts still come: {p}"
+        );
 
         // Reservation: wait until the turns' background reservations settled, then reserve the
         // neighbourhood of a question explicitly and ask it in a new session.

@@ -330,9 +330,24 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         ("GET", "/metrics".into()),
         ("POST", format!("/v1/admin/tenants/{ta}/keys")),
         ("DELETE", format!("/v1/admin/tenants/{ta}")),
+        ("GET", "/v1/admin/keys".into()),
+        ("DELETE", "/v1/admin/keys/akey_0000000000000000".into()),
     ] {
         probe(m, p, Value::Null, &[401]);
     }
+    probe(
+        "POST",
+        "/v1/admin/keys".into(),
+        json!({"name": "mine", "scopes": ["admin"]}),
+        &[401],
+    );
+    // A's memory through B's agent, recalled as A's session would: B's own, empty.
+    probe(
+        "POST",
+        "/v1/agents/bot/memory/query".into(),
+        json!({"text": "When does the vault open?", "session": "secret"}),
+        &[200, 503],
+    );
     probe(
         "PUT",
         format!("/v1/admin/tenants/{ta}/agents/bot/layers/axioms/public"),

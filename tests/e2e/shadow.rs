@@ -118,7 +118,7 @@ fn turn_arrival(v: &Value) -> [u64; 2] {
 }
 
 /// Where a test's shadow lives.
-enum Backend {
+pub(crate) enum Backend {
     Local(PathBuf),
     #[cfg(feature = "s3")]
     S3(crate::storage::S3Server),
@@ -152,7 +152,7 @@ impl Backend {
     }
 
     /// The directory holding the shadow's files as plain files (the S3 server's bucket).
-    fn files(&self) -> PathBuf {
+    pub(crate) fn files(&self) -> PathBuf {
         match self {
             Backend::Local(dir) => dir.clone(),
             #[cfg(feature = "s3")]
@@ -168,7 +168,7 @@ pub(crate) fn config(url: &str, shadow: Option<&Path>) -> Config {
     )
 }
 
-fn config_with(url: &str, shadow: Option<&Backend>) -> Config {
+pub(crate) fn config_with(url: &str, shadow: Option<&Backend>) -> Config {
     let mut c = Config::default();
     c.database.url = url.to_string();
     c.auth.admin_key.0 = ADMIN.into();

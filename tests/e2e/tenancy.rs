@@ -379,6 +379,49 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
         &file,
     );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    // An imported session is a session: it counts against the quota, and an import past it
+    // is refused with nothing stored (the attacker holds s, t, w; its quota is 10).
+    for i in 3..10 {
+        let (s, b) = srv.raw(
+            "POST",
+            &format!("/v1/agents/bot/sessions/fill{i}/cache/import"),
+            Some(&kx),
+            &file,
+        );
+        assert_eq!(s, 200, "{i}: {}", String::from_utf8_lossy(&b));
+    }
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/one-too-many/cache/import",
+        Some(&kx),
+        &file,
+    );
+    let e: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (429, Some("quota_exceeded")),
+        "{e}"
+    );
+    // No session row was stored: a turn there is still a new session, over the quota.
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/one-too-many/turns",
+        Some(&kx),
+        json!({"message": "Hello?", "max_tokens": 2}),
+    );
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (429, Some("quota_exceeded")),
+        "{v}"
+    );
+    // Re-importing a session it holds needs no room.
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/w/cache/import",
+        Some(&kx),
+        &file,
+    );
+    assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
     srv.stop();
 
     // Imported pins are filed under the importer's own prefix key: on a node with an empty

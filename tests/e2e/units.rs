@@ -3,7 +3,7 @@
 
 use actix_web::ResponseError;
 use actix_web::http::StatusCode;
-use engram_config::LimitsSection;
+use engram_config::{AuthSection, LimitsSection};
 use engram_engine::EngineError;
 use engram_server::ApiError;
 use engram_server::limits::Limits;
@@ -38,12 +38,15 @@ fn the_committed_openapi_spec_matches_the_code() {
 
 #[test]
 fn a_tenant_over_its_rate_or_slots_is_refused_and_others_are_not() {
-    let l = Limits::new(&LimitsSection {
-        requests_per_sec: 1,
-        burst: 3,
-        concurrent_generations: 2,
-        session_wait_ms: 0,
-    });
+    let l = Limits::new(
+        &LimitsSection {
+            requests_per_sec: 1,
+            burst: 3,
+            concurrent_generations: 2,
+            session_wait_ms: 0,
+        },
+        &AuthSection::default(),
+    );
     for _ in 0..3 {
         l.check_rate("a").unwrap();
     }
@@ -58,18 +61,51 @@ fn a_tenant_over_its_rate_or_slots_is_refused_and_others_are_not() {
     let _b = l.begin_generation("b").unwrap();
     drop(s1);
     let _s3 = l.begin_generation("a").unwrap();
-    let off = Limits::new(&LimitsSection {
-        requests_per_sec: 0,
-        burst: 0,
-        concurrent_generations: 0,
-        session_wait_ms: 0,
-    });
+    let off = Limits::new(
+        &LimitsSection {
+            requests_per_sec: 0,
+            burst: 0,
+            concurrent_generations: 0,
+            session_wait_ms: 0,
+        },
+        &AuthSection::default(),
+    );
     for _ in 0..1000 {
         off.check_rate("a").unwrap();
     }
     let _slots: Vec<_> = (0..100)
         .map(|_| off.begin_generation("a").unwrap())
         .collect();
+}
+
+#[test]
+fn key_lookups_are_throttled_per_client_ip_and_not_without_one() {
+    let auth = AuthSection {
+        lookups_per_ip_per_sec: 1,
+        lookup_burst: 4,
+        ..AuthSection::default()
+    };
+    let l = Limits::new(&LimitsSection::default(), &auth);
+    let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+        ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    for _ in 0..4 {
+        l.check_lookup(Some(a)).unwrap();
+    }
+    let e = ApiError::from(l.check_lookup(Some(a)).unwrap_err());
+    assert_eq!((e.status.as_u16(), e.code), (429, "rate_limited"));
+    assert!(e.retry_after.is_some_and(|s| (1..=2).contains(&s)), "{e:?}");
+    l.check_lookup(Some(b)).unwrap();
+    l.check_lookup(None).unwrap();
+    let off = Limits::new(
+        &LimitsSection::default(),
+        &AuthSection {
+            lookups_per_ip_per_sec: 0,
+            ..AuthSection::default()
+        },
+    );
+    for _ in 0..1000 {
+        off.check_lookup(Some(a)).unwrap();
+    }
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Shadow segments: blocks survive a trip through a safetensors file byte for byte, in the
 //! tiers' layout, and a file of another layout or a damaged one is refused.
 
-use engram_kvcore::shadow::{checksum, decode_segment, encode_segment};
+use engram_kvcore::shadow::{
+    SegmentReader, checksum, decode_segment, encode_segment, segment_data_len, segment_header,
+};
 use engram_kvcore::{BlockStream, CodecKind, KvError, LayerCodecs, SourceLayer, StoreConfig, Tier};
 
 use crate::common::{filled, small_store, stream_store, tags};
@@ -65,6 +67,67 @@ fn blocks_round_trip_through_a_segment_into_cold_blocks_byte_for_byte() {
             assert!(decode_segment(&swapped.block_parts(), &file).is_err());
         }
     }
+}
+
+#[test]
+fn a_streamed_segment_is_the_encoded_one_and_reads_back_a_block_at_a_time() {
+    let split = CodecKind::TurboQuantSplit {
+        bits: 6,
+        outliers: 1,
+    };
+    let mut a = stream_store(split, CodecKind::TurboQuant { bits: 5 }, 8, 8);
+    let ids = filled(&mut a, 5, SourceLayer::UserTurn, 9);
+    let parts = a.block_parts();
+    let bytes: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|&id| a.block_bytes_of(id).unwrap())
+        .collect();
+    let meta = std::collections::HashMap::from([("engram".to_string(), "x".repeat(13))]);
+    // Header, then each part of every block in turn: what a streaming writer sends.
+    let mut streamed = segment_header(&parts, bytes.len(), Some(meta.clone())).unwrap();
+    let head = streamed.len();
+    for p in &parts {
+        for b in &bytes {
+            streamed.extend_from_slice(&b[p.offset..p.offset + p.len()]);
+        }
+    }
+    assert_eq!(
+        (streamed.len() - head) as u64,
+        segment_data_len(&parts, bytes.len())
+    );
+    let seg = decode_segment(&parts, &streamed).unwrap();
+    assert_eq!((seg.blocks, seg.metadata), (bytes.clone(), meta.clone()));
+    // The encoder's own file reads back block by block, in any order.
+    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let file = encode_segment(&parts, &refs, Some(meta.clone())).unwrap();
+    for f in [&file, &streamed] {
+        let mut r = SegmentReader::open(&parts, std::io::Cursor::new(f.as_slice()), f.len() as u64)
+            .unwrap();
+        assert_eq!((r.len(), r.metadata()), (5, &meta));
+        for i in [4, 0, 2, 1, 3] {
+            assert_eq!(r.block(i).unwrap(), bytes[i]);
+        }
+        assert!(r.block(5).is_err());
+        // Truncated, or of another layout: refused at open.
+        let cut = &f[..f.len() - 1];
+        assert!(SegmentReader::open(&parts, std::io::Cursor::new(cut), cut.len() as u64).is_err());
+        let other = small_store(CodecKind::TurboQuant { bits: 3 }, 8, 8).block_parts();
+        assert!(
+            SegmentReader::open(&other, std::io::Cursor::new(f.as_slice()), f.len() as u64)
+                .is_err()
+        );
+    }
+    // A header length past the file is refused without allocating it.
+    let mut huge = streamed.clone();
+    huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(
+        SegmentReader::open(
+            &parts,
+            std::io::Cursor::new(huge.as_slice()),
+            huge.len() as u64
+        )
+        .is_err()
+    );
 }
 
 #[test]

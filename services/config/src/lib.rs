@@ -159,7 +159,9 @@ pub struct ShadowSection {
     /// Read a session's blocks back from the shadow (and the peers') when a turn misses them in
     /// memory, instead of recomputing them (on by default; off, a miss replays or prefills).
     pub read_on_miss: bool,
-    /// Bytes of segments the shadow may hold, MiB (0: no limit). Over it, after a flush, the
+    /// Bytes of segments the shadow may hold, MiB (0, the default: half the disk space free
+    /// under the shadow's directory when the service starts; no limit on S3, whose bucket has
+    /// its own). Over it, after a flush, the
     /// least recently written sessions with no turn within `tiers.active_window_secs` are
     /// archived: their KV deleted from memory and disk, their chain kept as a marker; their
     /// next turn replays them from the turn log.
@@ -247,6 +249,16 @@ pub struct AuthSection {
     /// A key revoked or a tenant deleted through this node is forgotten at once; through
     /// another node sharing the database, within this time.
     pub key_cache_ms: u64,
+    /// How long an unknown key is remembered as unknown, ms (0: not at all): a client retrying
+    /// a wrong key costs no database query meanwhile. A key created on another node works on
+    /// this one after at most this time if it was tried here before it existed.
+    pub unknown_key_cache_ms: u64,
+    /// Database lookups of keys neither cache holds, per second per client IP, sustained (0:
+    /// unlimited); over it, 429 `rate_limited` before the key is looked up. Keys in use are
+    /// cached, so this bounds what a stream of made-up keys costs, not a busy client.
+    pub lookups_per_ip_per_sec: u32,
+    /// Lookups one IP may make at once above the sustained rate.
+    pub lookup_burst: u32,
 }
 
 impl Default for AuthSection {
@@ -254,6 +266,9 @@ impl Default for AuthSection {
         Self {
             admin_key: Secret::default(),
             key_cache_ms: 5_000,
+            unknown_key_cache_ms: 2_000,
+            lookups_per_ip_per_sec: 20,
+            lookup_burst: 50,
         }
     }
 }
@@ -341,8 +356,9 @@ pub struct ModelSection {
     /// most it, at least 256): the layers' budgets and the conversation's window follow it.
     pub context_tokens: usize,
     /// Fault injection for the supervision tests, `panic:MARKER` or `stop:MARKER` (a prompt
-    /// holding MARKER makes the engine panic, or its thread end). Empty, and never set in
-    /// production.
+    /// holding MARKER makes the engine panic, or its thread end). Only in builds with the
+    /// test-only feature `fault-injection`: a release binary refuses the key.
+    #[cfg(feature = "fault-injection")]
     pub fault: String,
 }
 
@@ -416,6 +432,7 @@ impl ModelSection {
                 tenant_share: self.pin_tenant_share,
                 ..engram_kvcore::PinPolicy::default()
             },
+            #[cfg(feature = "fault-injection")]
             fault: (!self.fault.is_empty())
                 .then(|| engram_engine::EngineFault::parse(&self.fault))
                 .transpose()?,
@@ -449,6 +466,7 @@ impl Default for ModelSection {
             device_weights: "bf16".into(),
             pin_tenant_share: 0.5,
             context_tokens: 0,
+            #[cfg(feature = "fault-injection")]
             fault: String::new(),
         }
     }
@@ -554,6 +572,18 @@ impl Config {
         if self.auth.key_cache_ms > 600_000 {
             return bad("auth.key_cache_ms", "must be at most 600000 (10 minutes)");
         }
+        if self.auth.unknown_key_cache_ms > 60_000 {
+            return bad(
+                "auth.unknown_key_cache_ms",
+                "must be at most 60000 (1 minute)",
+            );
+        }
+        if self.auth.lookups_per_ip_per_sec > 0 && self.auth.lookup_burst == 0 {
+            return bad(
+                "auth.lookup_burst",
+                "must be at least 1 when lookups_per_ip_per_sec is set",
+            );
+        }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return bad("log.format", "must be text or json");
         }
@@ -611,6 +641,7 @@ impl Config {
                 );
             }
         }
+        #[cfg(feature = "fault-injection")]
         if !self.model.fault.is_empty()
             && engram_engine::EngineFault::parse(&self.model.fault).is_err()
         {
@@ -753,6 +784,28 @@ fn merge(base: &mut toml::Value, patch: toml::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The build `make test` runs this crate's tests in alone (`cargo test -p engram-config`),
+    /// as the release binary is built: without the test-only feature, so the key is unknown.
+    #[cfg(not(feature = "fault-injection"))]
+    #[test]
+    fn a_release_build_refuses_fault_injection() {
+        let dir = std::env::temp_dir().join(format!("engram-cfg-fault-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("engram.toml");
+        std::fs::write(&file, "[model]\nfault = \"panic:X\"\n").unwrap();
+        let e = Config::load(Some(&file), Vec::new())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fault"), "{e}");
+        let e = Config::load(
+            None,
+            vec![("ENGRAM__MODEL__FAULT".to_string(), "panic:X".to_string())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("fault"), "{e}");
+    }
 
     #[test]
     fn layers_apply_in_order_and_secrets_stay_hidden() {

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use engram_kvcore::{BlockId, BlockStore, TenantId};
+use engram_kvcore::{BlockId, BlockStore, SessionId, TenantId};
 use sha2::{Digest, Sha256};
 
 use crate::error::EngineResult;
@@ -151,11 +151,12 @@ impl Carried {
     }
 }
 
-/// One dropped block's counts, its tenant, and when they were remembered.
+/// One dropped block's counts, its tenant and session, and when they were remembered.
 #[derive(Debug, Clone, Copy)]
 struct Remembered {
     counts: Carried,
     tenant: TenantId,
+    session: Option<SessionId>,
     at: u64,
 }
 
@@ -170,8 +171,15 @@ impl ReadHistory {
     }
 
     /// Remembers the counts of the block cached under `hash` for `tenant` (replacing what was
-    /// remembered under `hash`); a block never read nor attended is not remembered.
-    pub fn remember(&mut self, hash: BlockHash, tenant: TenantId, counts: Carried) {
+    /// remembered under `hash`), computed by `session`; a block never read nor attended is not
+    /// remembered.
+    pub fn remember(
+        &mut self,
+        hash: BlockHash,
+        tenant: TenantId,
+        session: Option<SessionId>,
+        counts: Carried,
+    ) {
         if counts == Carried::default() || self.capacity == 0 {
             return;
         }
@@ -181,6 +189,7 @@ impl ReadHistory {
             Remembered {
                 counts,
                 tenant,
+                session,
                 at: self.clock,
             },
         );
@@ -228,9 +237,12 @@ impl ReadHistory {
         });
     }
 
-    /// Forgets every entry of `tenant`.
-    pub fn forget_tenant(&mut self, tenant: TenantId) {
-        self.entries.retain(|_, r| r.tenant != tenant);
+    /// Forgets the entries of `tenant`'s sessions with `session & mask == value` (a mask of 0:
+    /// every entry of the tenant), as a delete of those sessions forgets their blocks.
+    pub fn forget(&mut self, tenant: TenantId, mask: u64, value: u64) {
+        self.entries.retain(|_, r| {
+            r.tenant != tenant || (mask != 0 && !r.session.is_some_and(|s| s.0 & mask == value))
+        });
     }
 
     /// Entries held.
@@ -404,8 +416,8 @@ mod tests {
     fn read_history_hands_reads_to_the_same_tenant_once() {
         let (a, b) = (TenantId(1), TenantId(2));
         let mut h = ReadHistory::new(16);
-        h.remember(hash(1), a, reads(7));
-        h.remember(hash(2), a, Carried::default()); // never read nor attended: not remembered
+        h.remember(hash(1), a, None, reads(7));
+        h.remember(hash(2), a, None, Carried::default()); // never read nor attended: not remembered
         assert_eq!(h.len(), 1);
         assert_eq!(h.take(&hash(1), b), None, "another tenant gets nothing");
         assert_eq!(h.take(&hash(2), a), None);
@@ -415,24 +427,45 @@ mod tests {
             reads: 0,
             attended: 3,
         };
-        h.remember(hash(6), a, attended_only); // attended, never above the threshold
+        h.remember(hash(6), a, None, attended_only); // attended, never above the threshold
         assert_eq!(h.take(&hash(6), a), Some(attended_only));
-        h.remember(hash(3), a, reads(4));
-        h.remember(hash(3), a, reads(9)); // the later count replaces the earlier
-        h.remember(hash(4), b, reads(5));
-        h.forget_tenant(a);
+        h.remember(hash(3), a, None, reads(4));
+        h.remember(hash(3), a, None, reads(9)); // the later count replaces the earlier
+        h.remember(hash(4), b, None, reads(5));
+        h.forget(a, 0, 0);
         assert_eq!(h.take(&hash(3), a), None);
         assert_eq!(h.take(&hash(4), b), Some(reads(5)));
+    }
+
+    #[test]
+    fn a_deleted_session_s_read_counts_are_forgotten_and_no_one_else_s() {
+        let (a, b) = (TenantId(1), TenantId(2));
+        let mut h = ReadHistory::new(16);
+        let (s1, s2) = (SessionId(0x10), SessionId(0x20));
+        h.remember(hash(1), a, Some(s1), reads(3));
+        h.remember(hash(2), a, Some(s2), reads(4));
+        h.remember(hash(3), a, None, reads(5));
+        h.remember(hash(4), b, Some(s1), reads(6));
+        h.forget(a, u64::MAX, s1.0);
+        assert_eq!(h.take(&hash(1), a), None, "the deleted session's entry");
+        assert_eq!(h.take(&hash(2), a), Some(reads(4)));
+        assert_eq!(h.take(&hash(3), a), Some(reads(5)));
+        assert_eq!(
+            h.take(&hash(4), b),
+            Some(reads(6)),
+            "another tenant's same key"
+        );
     }
 
     #[test]
     fn halving_the_history_ages_its_counts_and_forgets_what_reaches_nothing() {
         let t = TenantId(1);
         let mut h = ReadHistory::new(16);
-        h.remember(hash(1), t, reads(5)); // 5 reads, 10 uses
+        h.remember(hash(1), t, None, reads(5)); // 5 reads, 10 uses
         h.remember(
             hash(2),
             t,
+            None,
             Carried {
                 reads: 0,
                 attended: 1,
@@ -458,7 +491,7 @@ mod tests {
         let t = TenantId(1);
         let mut h = ReadHistory::new(8);
         for i in 0..9u8 {
-            h.remember(hash(i), t, reads(u32::from(i) + 1));
+            h.remember(hash(i), t, None, reads(u32::from(i) + 1));
         }
         assert_eq!(h.len(), 4);
         for i in 0..5u8 {
@@ -468,7 +501,7 @@ mod tests {
             assert_eq!(h.take(&hash(i), t), Some(reads(u32::from(i) + 1)));
         }
         let mut off = ReadHistory::new(0);
-        off.remember(hash(1), t, reads(3));
+        off.remember(hash(1), t, None, reads(3));
         assert!(off.is_empty());
     }
 }

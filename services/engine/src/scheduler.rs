@@ -227,6 +227,11 @@ pub struct BlockInfo {
     /// fusion, `model.fuse_blocks`; 0: never fused, or the group's founder).
     #[serde(default)]
     pub fused_layers: u16,
+    /// The chained hash the prefix cache files it under (64 hex digits: tenant salt, parent,
+    /// tokens, model): what another tenant would have to match to share it. None for a block
+    /// not in the cache (a running sequence's own tail, a reservation's).
+    #[serde(default)]
+    pub hash: Option<String>,
 }
 
 /// A page of blocks and the total that matched.
@@ -797,6 +802,11 @@ impl Worker {
                 relocations: m.relocations(),
                 shift: m.shift(),
                 fused_layers: m.fused_layers(),
+                hash: self
+                    .core
+                    .cache()
+                    .hash_of(m.id())
+                    .map(|h| crate::Hex32(*h).to_hex()),
             })
             .collect();
         BlockPage { total, blocks }

@@ -339,6 +339,31 @@ pub struct QueryFilter {
     /// be recalled. `None`: all of them are left out.
     #[serde(default)]
     pub exclude_since_ms: Option<i64>,
+    /// Which sessions' nodes the query may see at all (returned, seeded or relayed through).
+    #[serde(default)]
+    pub sessions: SessionScope,
+}
+
+/// Which session-bound nodes (`session: Some`) a query sees. Nodes of no session (the agent's
+/// own facts) are seen by every query of their agent.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionScope {
+    /// Every session's (an agent whose memory is agent-wide, or the tenant's own memory API).
+    #[default]
+    Every,
+    /// Only this session's (`None`: a stateless turn, which sees no session's nodes).
+    Only(Option<String>),
+}
+
+impl SessionScope {
+    /// Whether a node of `session` is within the scope.
+    pub fn sees(&self, session: Option<&str>) -> bool {
+        match (self, session) {
+            (Self::Every, _) | (_, None) => true,
+            (Self::Only(own), Some(s)) => own.as_deref() == Some(s),
+        }
+    }
 }
 
 impl QueryFilter {
@@ -348,6 +373,7 @@ impl QueryFilter {
             && n.session == self.exclude_session
             && self.exclude_since_ms.is_none_or(|t| n.created_ms >= t);
         n.tenant == self.tenant
+            && self.sessions.sees(n.session.as_deref())
             && self.agent.as_ref().is_none_or(|a| *a == n.agent)
             && self.kinds.as_ref().is_none_or(|k| k.contains(&n.kind))
             && !excluded
@@ -565,7 +591,9 @@ impl MemoryGraph {
         let mut sims: HashMap<NodeIndex, f32> = HashMap::new();
         let usable = |i: NodeIndex| {
             let n = &self.graph[i];
-            n.tenant == filter.tenant && !self.superseded(i, now_ms)
+            n.tenant == filter.tenant
+                && filter.sessions.sees(n.session.as_deref())
+                && !self.superseded(i, now_ms)
         };
         for &(id, sim) in seeds {
             let Some(&i) = self.nodes.get(&id) else {

@@ -150,6 +150,7 @@ fn filters_scoring_terms_and_order_are_as_documented() {
         kinds: Some(vec![NodeKind::Fact]),
         exclude_session: None,
         exclude_since_ms: None,
+        sessions: SessionScope::Every,
     };
     let r = g.hybrid_query(&[(NodeId(1), 0.9)], 10, 3, &facts, &s, NOW);
     assert_eq!(ids(&r), vec![5]);
@@ -396,4 +397,43 @@ fn the_current_sessions_episodes_relay_proximity_but_do_not_surface() {
         "{:?}",
         ids(&r)
     );
+}
+
+#[test]
+fn a_session_scoped_query_never_sees_nor_walks_through_another_session_s_nodes() {
+    let mut g = fixture();
+    for id in [1, 2] {
+        let mut n = g.node(NodeId(id)).unwrap().clone();
+        n.session = Some("alice".into());
+        g.update_node(n).unwrap();
+    }
+    let s = Scoring::default();
+    let every = g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &tenant(1), &s, NOW);
+    assert!(ids(&every).contains(&2) && ids(&every).contains(&3));
+    let alice = QueryFilter {
+        sessions: SessionScope::Only(Some("alice".into())),
+        ..tenant(1)
+    };
+    // Her own session sees what the unscoped query sees.
+    assert_eq!(
+        ids(&g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &alice, &s, NOW)),
+        ids(&every)
+    );
+    // Bob's neither returns her nodes nor reaches a node through them: seeded only by her
+    // episode, his query finds nothing at all.
+    for bob in [
+        SessionScope::Only(Some("bob".into())),
+        SessionScope::Only(None),
+    ] {
+        let f = QueryFilter {
+            sessions: bob.clone(),
+            ..tenant(1)
+        };
+        let r = g.hybrid_query(&[(NodeId(2), 0.9)], 10, 2, &f, &s, NOW);
+        assert!(r.is_empty(), "{bob:?}: {:?}", ids(&r));
+        // Seeded by a node of no session, he gets the agent's nodes, never hers.
+        let r = g.hybrid_query(&[(NodeId(3), 0.9)], 10, 2, &f, &s, NOW);
+        assert!(ids(&r).contains(&3), "{:?}", ids(&r));
+        assert!(!ids(&r).contains(&1) && !ids(&r).contains(&2));
+    }
 }

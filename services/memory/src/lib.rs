@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use engram_engine::embed::Embedder;
 use engram_graph::{
     Edge, EdgeId, EdgeKind, MemoryGraph, Node, NodeId, NodeKind, QueryFilter, Recall, Scoring,
-    canonical_order,
+    SessionScope, canonical_order,
 };
 use engram_store::{MemoryEdgeRow, MemoryNodeRow, Store};
 use engram_vector::{EdgeStore, VectorFilter, VectorPoint, VectorStore};
@@ -227,6 +227,9 @@ pub struct RecallQuery<'a> {
     pub exclude_since_ms: Option<i64>,
     /// Evaluate recency at this time (ms); now by default.
     pub at_ms: i64,
+    /// Which sessions' nodes it may see (see [`SessionScope`]): a turn of an agent whose
+    /// memory is session-scoped sees only its own session's and the agent's own.
+    pub sessions: SessionScope,
 }
 
 /// Bytes of query embeddings (and their texts) kept.
@@ -238,9 +241,10 @@ pub struct MemoryService {
     graph: RwLock<MemoryGraph>,
     vectors: Box<dyn VectorStore>,
     embedder: Arc<Embedder>,
-    /// Query embeddings by text (moka, least recently used leave first): a session's recalls
-    /// and a tenant's repeated questions embed once.
-    queries: moka::sync::Cache<String, Arc<Vec<f32>>>,
+    /// Query embeddings by (tenant, text) (moka, least recently used leave first): a session's
+    /// recalls and a tenant's repeated questions embed once. The tenant is in the key, so no
+    /// tenant's query is ever faster because another asked it.
+    queries: moka::sync::Cache<(String, String), Arc<Vec<f32>>>,
     config: MemorySection,
     /// Newest episode per (agent, session): the predecessor the next turn follows.
     last_episode: Mutex<HashMap<(String, String), NodeId>>,
@@ -320,6 +324,7 @@ fn point(n: &Node, vector: Vec<f32>) -> VectorPoint {
         tenant: n.tenant.clone(),
         agent: n.agent.clone(),
         kind: n.kind.as_str().to_string(),
+        scope: n.session.clone().unwrap_or_default(),
     }
 }
 
@@ -400,7 +405,12 @@ impl MemoryService {
         for e in &edges {
             graph.add_edge(edge_of(e)?)?;
         }
-        let fingerprint = hex(&embedder.fingerprint());
+        // The payload's layout is part of what the index must match.
+        let fingerprint = format!(
+            "{}:payload{}",
+            hex(&embedder.fingerprint()),
+            engram_vector::PAYLOAD_VERSION
+        );
         let current = store.memory_meta(FINGERPRINT_KEY).await?.as_deref() == Some(&fingerprint)
             && vectors.count()? == rows.len();
         let embedder = Arc::new(embedder);
@@ -432,8 +442,8 @@ impl MemoryService {
             embedder,
             queries: moka::sync::Cache::builder()
                 .max_capacity(QUERY_CACHE_BYTES)
-                .weigher(|k: &String, v: &Arc<Vec<f32>>| {
-                    u32::try_from(k.len() + v.len() * 4).unwrap_or(u32::MAX)
+                .weigher(|k: &(String, String), v: &Arc<Vec<f32>>| {
+                    u32::try_from(k.0.len() + k.1.len() + v.len() * 4).unwrap_or(u32::MAX)
                 })
                 .build(),
             config: config.clone(),
@@ -552,6 +562,29 @@ impl MemoryService {
         Ok(())
     }
 
+    /// Forgets `tenant`'s cached query embeddings of `texts` (a deleted session's messages).
+    pub fn forget_queries<'t>(&self, tenant: &str, texts: impl IntoIterator<Item = &'t str>) {
+        for t in texts {
+            self.queries
+                .invalidate(&(tenant.to_string(), t.to_string()));
+        }
+    }
+
+    /// Forgets every cached query embedding of `tenant` (the tenant was deleted).
+    pub fn forget_tenant_queries(&self, tenant: &str) {
+        let tenant = tenant.to_string();
+        // Invalidation by predicate needs moka's support for it; a scan does the same here.
+        let keys: Vec<(String, String)> = self
+            .queries
+            .iter()
+            .filter(|(k, _)| k.0 == tenant)
+            .map(|(k, _)| (*k).clone())
+            .collect();
+        for k in keys {
+            self.queries.invalidate(&k);
+        }
+    }
+
     /// Adds a stored edge to the graph.
     pub fn add_edge(&self, row: &MemoryEdgeRow) -> Result<Edge, MemoryError> {
         let e = edge_of(row)?;
@@ -585,7 +618,8 @@ impl MemoryService {
         if q.k == 0 {
             return Ok(Vec::new());
         }
-        let query = match self.queries.get(q.text) {
+        let key = (q.tenant.to_string(), q.text.to_string());
+        let query = match self.queries.get(&key) {
             Some(v) => v,
             None => {
                 let v = self.embed(vec![q.text.to_string()]).await?;
@@ -593,7 +627,7 @@ impl MemoryService {
                     return Ok(Vec::new());
                 };
                 let v = Arc::new(v);
-                self.queries.insert(q.text.to_string(), v.clone());
+                self.queries.insert(key, v.clone());
                 v
             }
         };
@@ -610,6 +644,12 @@ impl MemoryService {
                 tenant: q.tenant.to_string(),
                 agent: Some(q.agent.to_string()),
                 kinds,
+                scopes: match &q.sessions {
+                    SessionScope::Every => None,
+                    SessionScope::Only(s) => {
+                        Some(std::iter::once(String::new()).chain(s.clone()).collect())
+                    }
+                },
             },
         )?;
         let seeds: Vec<(NodeId, f32)> = hits.iter().map(|h| (NodeId(h.id), h.score)).collect();
@@ -619,6 +659,7 @@ impl MemoryService {
             kinds: q.kinds.clone(),
             exclude_session: q.exclude_session.map(str::to_string),
             exclude_since_ms: q.exclude_since_ms,
+            sessions: q.sessions.clone(),
         };
         let g = self.graph_read()?;
         let recalls = g.hybrid_query(&seeds, q.k, q.hops, &filter, &Scoring::default(), q.at_ms);

@@ -12,6 +12,7 @@ pub mod error;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;
+pub mod pages;
 pub mod request_id;
 pub mod state;
 pub mod telemetry;
@@ -85,9 +86,59 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
         Some(engine) if config.shadow.enabled => Some(open_shadow(&config, engine, &store).await?),
         _ => None,
     };
+    let shadow_budget = match &shadow {
+        Some(_) => shadow_budget(&config),
+        None => 0,
+    };
     let mut state = AppState::new(store, engine, memory, config);
     state.shadow = shadow;
+    state.shadow_budget = shadow_budget;
     Ok(state)
+}
+
+/// The shadow's byte budget: `shadow.budget_mib` when set; else half the space free under a
+/// local shadow directory now (logged), so a shadow never fills its disk by default; none on
+/// S3, whose bucket has its own quota.
+pub fn shadow_budget(config: &Config) -> u64 {
+    let s = &config.shadow;
+    if s.budget_mib > 0 {
+        return s.budget_mib << 20;
+    }
+    if !s.url.is_empty() {
+        return 0;
+    }
+    let dir = shadow_dir(config);
+    match fs4::available_space(&dir) {
+        Ok(free) => {
+            let budget = free / 2;
+            tracing::info!(
+                "shadow budget: {} MiB (half the {} MiB free under {}; set shadow.budget_mib \
+                 to choose)",
+                budget >> 20,
+                free >> 20,
+                dir.display()
+            );
+            budget
+        }
+        Err(e) => {
+            // Without a figure the shadow still needs a bound: 1 GiB, stated.
+            tracing::warn!(
+                "shadow budget: free space under {} unknown ({e}); 1024 MiB",
+                dir.display()
+            );
+            1 << 30
+        }
+    }
+}
+
+/// The shadow's local directory: `shadow.dir`, or its default beside the database.
+fn shadow_dir(config: &Config) -> std::path::PathBuf {
+    let s = &config.shadow;
+    if s.dir.as_os_str().is_empty() {
+        engram_memory::default_data_dir(&config.database.url, "shadow")
+    } else {
+        s.dir.clone()
+    }
 }
 
 /// The shadow's store as configured: `shadow.url` (S3-compatible) or the local directory.
@@ -95,11 +146,7 @@ pub fn shadow_storage(
     config: &Config,
 ) -> Result<Arc<dyn engram_shadow::Storage>, engram_shadow::ShadowError> {
     let s = &config.shadow;
-    let dir = if s.dir.as_os_str().is_empty() {
-        engram_memory::default_data_dir(&config.database.url, "shadow")
-    } else {
-        s.dir.clone()
-    };
+    let dir = shadow_dir(config);
     let s3 = (!s.url.is_empty()).then(|| s.s3_settings());
     engram_shadow::open_storage(s3.as_ref(), &dir)
 }
@@ -209,15 +256,15 @@ pub fn spawn_background(state: web::Data<AppState>) {
     }
 }
 
-/// Archives the least recently written sessions while the shadow is over `shadow.budget_mib`
-/// less `headroom` bytes (see [`budget_target`]; sessions with a turn within
+/// Archives the least recently written sessions while the shadow is over its budget
+/// ([`shadow_budget`]) less `headroom` bytes (see [`budget_target`]; sessions with a turn within
 /// `tiers.active_window_secs` are kept); errors are logged.
 pub async fn enforce_shadow_budget(
     state: &AppState,
     shadow: &engram_shadow::Shadow,
     headroom: u64,
 ) {
-    let budget = budget_target(state.config.shadow.budget_mib << 20, headroom);
+    let budget = budget_target(state.shadow_budget, headroom);
     if budget == 0 {
         return;
     }

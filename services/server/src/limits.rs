@@ -34,10 +34,18 @@ type Keyed = RateLimiter<
     governor::middleware::NoOpMiddleware,
 >;
 
+type ByIp = RateLimiter<
+    std::net::IpAddr,
+    governor::state::keyed::HashMapStateStore<std::net::IpAddr>,
+    DefaultClock,
+    governor::middleware::NoOpMiddleware,
+>;
+
 /// The limits in force.
 #[derive(Debug)]
 pub struct Limits {
     rate: Option<Keyed>,
+    lookups: Option<ByIp>,
     clock: DefaultClock,
     concurrent: u32,
     running: Arc<Mutex<HashMap<String, u32>>>,
@@ -64,14 +72,19 @@ impl Drop for GenerationSlot {
 }
 
 impl Limits {
-    /// Limits as configured.
-    pub fn new(c: &LimitsSection) -> Self {
+    /// Limits as configured: the tenants' (`limits`) and the key lookups' per IP (`auth`).
+    pub fn new(c: &LimitsSection, auth: &engram_config::AuthSection) -> Self {
         let rate = NonZeroU32::new(c.requests_per_sec).map(|per_sec| {
             let burst = NonZeroU32::new(c.burst).unwrap_or(per_sec);
             RateLimiter::hashmap(Quota::per_second(per_sec).allow_burst(burst))
         });
+        let lookups = NonZeroU32::new(auth.lookups_per_ip_per_sec).map(|per_sec| {
+            let burst = NonZeroU32::new(auth.lookup_burst).unwrap_or(per_sec);
+            RateLimiter::hashmap(Quota::per_second(per_sec).allow_burst(burst))
+        });
         Self {
             rate,
+            lookups,
             clock: DefaultClock::default(),
             concurrent: c.concurrent_generations,
             running: Arc::default(),
@@ -83,12 +96,29 @@ impl Limits {
         let Some(rate) = &self.rate else {
             return Ok(());
         };
-        rate.check_key(&tenant.to_string()).map_err(|not_until| {
-            let wait = not_until.wait_time_from(self.clock.now());
-            LimitError::Rate {
-                retry_after_secs: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-            }
-        })
+        rate.check_key(&tenant.to_string())
+            .map_err(|not_until| self.refused(&not_until))
+    }
+
+    /// Counts one database lookup of a key for a client at `ip` (none known: not counted);
+    /// 429 when the IP is over `auth.lookups_per_ip_per_sec`.
+    pub fn check_lookup(&self, ip: Option<std::net::IpAddr>) -> Result<(), LimitError> {
+        let (Some(lookups), Some(ip)) = (&self.lookups, ip) else {
+            return Ok(());
+        };
+        lookups
+            .check_key(&ip)
+            .map_err(|not_until| self.refused(&not_until))
+    }
+
+    fn refused(
+        &self,
+        not_until: &governor::NotUntil<<DefaultClock as Clock>::Instant>,
+    ) -> LimitError {
+        let wait = not_until.wait_time_from(self.clock.now());
+        LimitError::Rate {
+            retry_after_secs: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+        }
     }
 
     /// Takes one of `tenant`'s generation slots; 429 when all are in use.
@@ -109,6 +139,9 @@ impl Limits {
     pub fn shrink(&self) {
         if let Some(rate) = &self.rate {
             rate.retain_recent();
+        }
+        if let Some(lookups) = &self.lookups {
+            lookups.retain_recent();
         }
     }
 }

@@ -41,7 +41,8 @@ impl Modify for BearerAuth {
 /// The error answers every operation can give, declared from what the code does: a request
 /// body can be malformed (400), over the limit (413) or not JSON (415); a path or query can be
 /// invalid (400) or name nothing (404); a tenant route can be over the tenant's rate (429);
-/// every authenticated route answers 401 without a valid key. Binary bodies are declared as
+/// every authenticated route answers 401 without a valid key and 429 over the client's key
+/// lookups; an operator route answers 403 to a key without its scope. Binary bodies are declared as
 /// `string`/`binary` (not as arrays of integers), untyped JSON answers as objects.
 #[derive(Debug)]
 struct StandardResponses;
@@ -113,8 +114,15 @@ fn standardize(path: &str, method: &str, op: &mut Operation) {
     if tenant_route {
         add(
             "429",
-            "Over the tenant's request rate or generation slots (`Retry-After`)",
+            "Over the tenant's request rate or generation slots, or the client's key lookups \
+             (`Retry-After`)",
         );
+    } else if authenticated {
+        add(
+            "403",
+            "The key lacks the scope the operation needs, or no admin key is configured",
+        );
+        add("429", "Over the client's key lookups (`Retry-After`)");
     }
     // What reaches the engine, the memory graph or the shadow can find them off, stopped or
     // full; so can a delete (it forgets the cache).

@@ -17,31 +17,32 @@ use engram_engine::TierBridge;
 use engram_memory::MemoryService;
 use engram_shadow::Shadow;
 
-/// Tenants with a cache import running (at most one each).
+/// Tenants with a cache import (or an agent export) running: at most one each.
 #[derive(Debug, Default)]
-pub struct ImportSlots(Mutex<std::collections::HashSet<String>>);
+pub struct ImportSlots(Arc<Mutex<std::collections::HashSet<String>>>);
 
-/// A running import's slot; dropping it frees the tenant's slot.
+/// A running import's (or export's) slot; dropping it frees the tenant's slot. It owns its
+/// share of the set, so a streaming answer can hold it until its last byte.
 #[derive(Debug)]
-pub struct ImportSlot<'a> {
-    slots: &'a ImportSlots,
+pub struct ImportSlot {
+    slots: Arc<Mutex<std::collections::HashSet<String>>>,
     tenant: String,
 }
 
 impl ImportSlots {
-    /// Takes `tenant`'s slot, or `None` while another of its imports runs.
-    pub fn begin(&self, tenant: &str) -> Option<ImportSlot<'_>> {
+    /// Takes `tenant`'s slot, or `None` while another of its imports (exports) runs.
+    pub fn begin(&self, tenant: &str) -> Option<ImportSlot> {
         let mut s = self.0.lock().ok()?;
         s.insert(tenant.to_string()).then(|| ImportSlot {
-            slots: self,
+            slots: self.0.clone(),
             tenant: tenant.to_string(),
         })
     }
 }
 
-impl Drop for ImportSlot<'_> {
+impl Drop for ImportSlot {
     fn drop(&mut self) {
-        if let Ok(mut s) = self.slots.0.lock() {
+        if let Ok(mut s) = self.slots.lock() {
             s.remove(&self.tenant);
         }
     }
@@ -163,6 +164,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// API-key lookups remembered for a short time.
     pub keys: crate::auth::KeyCache,
+    /// Operator-key lookups remembered for a short time.
+    pub operators: crate::auth::OperatorKeys,
     /// Turns' agent and layer reads remembered for a short time.
     pub agents: AgentCache,
     /// The memory graph; `None` when disabled or its embedding model is missing (the memory API
@@ -174,6 +177,8 @@ pub struct AppState {
     pub tiers: TierBridge,
     /// Cache imports running, per tenant.
     pub imports: ImportSlots,
+    /// Agent exports running, per tenant.
+    pub exports: ImportSlots,
     /// Per-tenant request rates and generation slots.
     pub limits: crate::limits::Limits,
     /// Deletes in progress and recent ones, against turns that ran meanwhile.
@@ -184,6 +189,13 @@ pub struct AppState {
     pub tokens: crate::tokens::TokenCache,
     /// The neighbourhood each session's last prefetch reserved, for the prefetch hit rate.
     pub prefetched: Prefetched,
+    /// `/readyz`'s last database ping.
+    pub ready: crate::api::health::ReadyCache,
+    /// When the state was built (the clock `/readyz` ages its answer by).
+    pub started: Instant,
+    /// The shadow's byte budget in force (`shadow.budget_mib`, or half the free disk under the
+    /// shadow at start when that is 0; 0: none).
+    pub shadow_budget: u64,
 }
 
 impl AppState {
@@ -201,9 +213,14 @@ impl AppState {
             policy.costs.disk_ns_per_byte = 0.0;
         }
         let tiers = TierBridge::new(policy);
-        let limits = crate::limits::Limits::new(&config.limits);
+        let limits = crate::limits::Limits::new(&config.limits, &config.auth);
         let metrics = Metrics::new(config.metrics.tenant_labels);
-        let keys = crate::auth::KeyCache::new(config.auth.key_cache_ms);
+        let keys =
+            crate::auth::KeyCache::new(config.auth.key_cache_ms, config.auth.unknown_key_cache_ms);
+        let operators = crate::auth::OperatorKeys::new(
+            config.auth.key_cache_ms,
+            config.auth.unknown_key_cache_ms,
+        );
         let agents = AgentCache::new(config.server.agent_cache_ms);
         let admin_key_hash = (!key.is_empty()).then(|| Sha256::digest(key.as_bytes()).into());
         Self {
@@ -213,16 +230,21 @@ impl AppState {
             admin_key_hash,
             metrics,
             keys,
+            operators,
             agents,
             memory,
             shadow: None,
             tiers,
             imports: ImportSlots::default(),
+            exports: ImportSlots::default(),
             limits,
             deletions: Deletions::default(),
             sessions: SessionSlots::default(),
             tokens: crate::tokens::TokenCache::default(),
             prefetched: Prefetched::new(),
+            ready: crate::api::health::ReadyCache::default(),
+            started: Instant::now(),
+            shadow_budget: 0,
         }
     }
 

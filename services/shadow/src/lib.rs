@@ -56,9 +56,9 @@ pub use manifest::{
 };
 use manifest::{Index, entry_files, entry_key, now_ms, read_checked_json};
 pub use offline::{
-    AGENT_EXPORT_KEY, AgentExportHeader, AgentExportSession, AgentSession, EXPORT_KEY, ExportBlock,
-    ExportHeader, MAX_AGENT_SESSIONS, VerifyReport, export_agent_file, export_file,
-    import_agent_file, import_file, verify,
+    AGENT_EXPORT_KEY, AgentExportFile, AgentExportHeader, AgentExportSession, AgentExportWriter,
+    AgentImportFile, AgentSession, EXPORT_KEY, ExportBlock, ExportHeader, MAX_AGENT_SESSIONS,
+    VerifyReport, export_file, import_file, open_agent_import, verify,
 };
 #[cfg(feature = "s3")]
 pub use storage::ObjectStorage;

@@ -19,7 +19,8 @@ mod repo;
 
 pub use error::{StoreError, StoreResult};
 pub use model::{
-    Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow, NewEntry, NewMemoryEdge,
-    NewMemoryNode, Quotas, Role, Tenant, TurnRow, WorkingLine,
+    AdminKey, AdminScope, Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow,
+    MemoryScope, NewEntry, NewMemoryEdge, NewMemoryNode, Quotas, Role, Tenant, TurnRow,
+    WorkingLine,
 };
 pub use repo::{Store, WORKING_MEMORY_LINES};

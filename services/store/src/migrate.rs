@@ -41,6 +41,16 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "turn_memories",
         include_str!("../../../migrations/sqlite/0006_turn_memories.sql"),
     ),
+    (
+        7,
+        "memory_scope",
+        include_str!("../../../migrations/sqlite/0007_memory_scope.sql"),
+    ),
+    (
+        8,
+        "admin_keys",
+        include_str!("../../../migrations/sqlite/0008_admin_keys.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -73,6 +83,16 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         6,
         "turn_memories",
         include_str!("../../../migrations/postgres/0006_turn_memories.sql"),
+    ),
+    (
+        7,
+        "memory_scope",
+        include_str!("../../../migrations/postgres/0007_memory_scope.sql"),
+    ),
+    (
+        8,
+        "admin_keys",
+        include_str!("../../../migrations/postgres/0008_admin_keys.sql"),
     ),
 ];
 

@@ -55,6 +55,64 @@ pub struct ApiKey {
     pub revoked_at: Option<i64>,
 }
 
+/// What an operator key may do. Each scope includes the ones before it: `read` can scrape
+/// metrics, `admin` can do everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AdminScope {
+    /// Prometheus scraping (`GET /metrics`).
+    Metrics,
+    /// The operator's views (cache, blocks, tenants, memory, reservations, the admin page).
+    Read,
+    /// Every operator action: tenants, keys, public layers, cache operations.
+    Admin,
+}
+
+impl AdminScope {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Metrics => "metrics",
+            Self::Read => "read",
+            Self::Admin => "admin",
+        }
+    }
+
+    /// The scope of a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "metrics" => Some(Self::Metrics),
+            "read" => Some(Self::Read),
+            "admin" => Some(Self::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// An operator key's public part (the secret is shown once, at creation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdminKey {
+    /// Id.
+    pub id: String,
+    /// A name for people (what it is for).
+    pub name: String,
+    /// What it may do (the widest scope counts: see [`AdminScope`]).
+    pub scopes: Vec<AdminScope>,
+    /// Creation time.
+    pub created_at: i64,
+    /// Revocation time, if revoked.
+    pub revoked_at: Option<i64>,
+}
+
+impl AdminKey {
+    /// Whether the key may act with `scope`.
+    pub fn allows(&self, scope: AdminScope) -> bool {
+        self.revoked_at.is_none() && self.scopes.iter().any(|&s| s >= scope)
+    }
+}
+
 /// An agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -67,6 +125,42 @@ pub struct Agent {
     pub name: String,
     /// Creation time.
     pub created_at: i64,
+    /// Who recalls what the agent's sessions bring (their episodes, the request text that
+    /// spilled over a layer's budget, tool results).
+    pub memory_scope: MemoryScope,
+}
+
+/// Whose turns recall what a session brought into an agent's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryScope {
+    /// Only that session's own turns (the default): one end user's text never reaches another
+    /// session of the agent. The agent's own memory (nodes of no session, its layers' spill)
+    /// is recalled everywhere.
+    #[default]
+    Session,
+    /// Every session of the agent: what one session said can be recalled in all of them.
+    Agent,
+}
+
+impl MemoryScope {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Agent => "agent",
+        }
+    }
+
+    /// The scope of a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "session" => Some(Self::Session),
+            "agent" => Some(Self::Agent),
+            _ => None,
+        }
+    }
 }
 
 /// One version of a layer.

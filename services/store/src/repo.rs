@@ -16,7 +16,8 @@ mod memory;
 use lifecycle::commit_if_found;
 
 use crate::model::{
-    Agent, ApiKey, Backend, LayerRow, NewEntry, Quotas, Role, Tenant, TurnRow, WorkingLine,
+    AdminKey, AdminScope, Agent, ApiKey, Backend, LayerRow, MemoryScope, NewEntry, Quotas, Role,
+    Tenant, TurnRow, WorkingLine,
 };
 
 /// Lines a session's working memory keeps at most (the newest).
@@ -237,6 +238,28 @@ impl Store {
             .collect()
     }
 
+    /// At most `limit` tenants after `after` (a `(created_at, id)` of the previous page), in
+    /// creation order.
+    pub async fn tenants_page(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> StoreResult<Vec<Tenant>> {
+        let (at, id) = after.unwrap_or((i64::MIN, ""));
+        sqlx::query(
+            "SELECT * FROM tenants WHERE (created_at > $1 OR (created_at = $1 AND id > $2)) \
+             ORDER BY created_at, id LIMIT $3",
+        )
+        .bind(at)
+        .bind(id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(Self::tenant_of)
+        .collect()
+    }
+
     /// Issues an API key; returns its record and the secret (shown once; only its hash is kept).
     pub async fn create_key(&self, tenant_id: &str) -> StoreResult<(ApiKey, String)> {
         self.tenant(tenant_id).await?;
@@ -291,24 +314,139 @@ impl Store {
         Ok(())
     }
 
+    // ---- operator keys ----
+
+    /// Issues an operator key with `scopes`; returns its record and the secret (shown once;
+    /// only its hash is kept).
+    pub async fn create_admin_key(
+        &self,
+        name: &str,
+        scopes: &[AdminScope],
+    ) -> StoreResult<(AdminKey, String)> {
+        let secret = format!("eka_{}", random_hex(24)?);
+        let mut scopes = scopes.to_vec();
+        scopes.sort_unstable();
+        scopes.dedup();
+        let key = AdminKey {
+            id: format!("akey_{}", random_hex(8)?),
+            name: name.to_string(),
+            scopes,
+            created_at: now_ms(),
+            revoked_at: None,
+        };
+        sqlx::query(
+            "INSERT INTO admin_keys (id, key_hash, name, scopes, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&key.id)
+        .bind(hash_secret(&secret))
+        .bind(name)
+        .bind(scopes_text(&key.scopes))
+        .bind(key.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok((key, secret))
+    }
+
+    fn admin_key_of(row: &AnyRow) -> StoreResult<AdminKey> {
+        let text: String = row.try_get("scopes")?;
+        let scopes = text
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                AdminScope::parse(s).ok_or_else(|| StoreError::Corrupt {
+                    entity: "admin_keys",
+                    reason: format!("scope `{s}`"),
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(AdminKey {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            scopes,
+            created_at: row.try_get("created_at")?,
+            revoked_at: row.try_get("revoked_at")?,
+        })
+    }
+
+    /// The operator key a secret belongs to, if it exists and is not revoked.
+    pub async fn admin_key_of_secret(&self, secret: &str) -> StoreResult<Option<AdminKey>> {
+        let row =
+            sqlx::query("SELECT * FROM admin_keys WHERE key_hash = $1 AND revoked_at IS NULL")
+                .bind(hash_secret(secret))
+                .fetch_optional(&self.pool)
+                .await?;
+        row.as_ref().map(Self::admin_key_of).transpose()
+    }
+
+    /// At most `limit` operator keys, revoked ones too, after `after` (a `(created_at, id)` of
+    /// the previous page), oldest first.
+    pub async fn admin_keys(
+        &self,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> StoreResult<Vec<AdminKey>> {
+        let (at, id) = after.unwrap_or((i64::MIN, ""));
+        sqlx::query(
+            "SELECT * FROM admin_keys WHERE (created_at > $1 OR (created_at = $1 AND id > $2)) \
+             ORDER BY created_at, id LIMIT $3",
+        )
+        .bind(at)
+        .bind(id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(Self::admin_key_of)
+        .collect()
+    }
+
+    /// Revokes an operator key.
+    pub async fn revoke_admin_key(&self, key_id: &str) -> StoreResult<()> {
+        let done = sqlx::query(
+            "UPDATE admin_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL",
+        )
+        .bind(now_ms())
+        .bind(key_id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                entity: "admin key",
+                id: key_id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     // ---- agents and layers ----
 
     /// Creates an agent; names are unique per tenant.
-    pub async fn create_agent(&self, tenant_id: &str, name: &str) -> StoreResult<Agent> {
+    pub async fn create_agent(
+        &self,
+        tenant_id: &str,
+        name: &str,
+        memory_scope: MemoryScope,
+    ) -> StoreResult<Agent> {
         let agent = Agent {
             id: format!("ag_{}", random_hex(8)?),
             tenant_id: tenant_id.to_string(),
             name: name.to_string(),
             created_at: now_ms(),
+            memory_scope,
         };
-        sqlx::query("INSERT INTO agents (id, tenant_id, name, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(&agent.id)
-            .bind(tenant_id)
-            .bind(name)
-            .bind(agent.created_at)
-            .execute(&self.pool)
-            .await
-            .map_err(conflict("agent", name))?;
+        sqlx::query(
+            "INSERT INTO agents (id, tenant_id, name, created_at, memory_scope) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&agent.id)
+        .bind(tenant_id)
+        .bind(name)
+        .bind(agent.created_at)
+        .bind(memory_scope.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(conflict("agent", name))?;
         Ok(agent)
     }
 
@@ -318,6 +456,13 @@ impl Store {
             tenant_id: row.try_get("tenant_id")?,
             name: row.try_get("name")?,
             created_at: row.try_get("created_at")?,
+            memory_scope: {
+                let s: String = row.try_get("memory_scope")?;
+                MemoryScope::parse(&s).ok_or_else(|| StoreError::Corrupt {
+                    entity: "agents",
+                    reason: format!("memory_scope `{s}`"),
+                })?
+            },
         })
     }
 
@@ -335,6 +480,31 @@ impl Store {
                     id: id_or_name.to_string(),
                 })?;
         Self::agent_of(&row)
+    }
+
+    /// At most `limit` of a tenant's agents after `after` (a `(created_at, id)` of the previous
+    /// page), oldest first.
+    pub async fn agents_page(
+        &self,
+        tenant_id: &str,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> StoreResult<Vec<Agent>> {
+        let (at, id) = after.unwrap_or((i64::MIN, ""));
+        sqlx::query(
+            "SELECT * FROM agents WHERE tenant_id = $1 \
+             AND (created_at > $2 OR (created_at = $2 AND id > $3)) \
+             ORDER BY created_at, id LIMIT $4",
+        )
+        .bind(tenant_id)
+        .bind(at)
+        .bind(id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(Self::agent_of)
+        .collect()
     }
 
     /// A tenant's agents, oldest first.
@@ -812,4 +982,13 @@ impl Store {
 fn token_list(tokens: &[u32]) -> String {
     let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
     format!("[{}]", ids.join(","))
+}
+
+/// Scopes as stored: comma-separated names.
+fn scopes_text(scopes: &[AdminScope]) -> String {
+    scopes
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
 }

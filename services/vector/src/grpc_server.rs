@@ -77,6 +77,7 @@ fn filter_of(f: Option<&q::Filter>) -> Result<VectorFilter, Status> {
             ("tenant", [t]) => tenant = Some(t.clone()),
             ("agent", [a]) => out.agent = Some(a.clone()),
             ("kind", _) => out.kinds = Some(values),
+            ("scope", _) => out.scopes = Some(values),
             _ => {
                 return Err(Status::invalid_argument(format!(
                     "unsupported condition on {key}"
@@ -243,6 +244,7 @@ impl Service {
                     tenant: payload_str(&p.payload, "tenant")?,
                     agent: payload_str(&p.payload, "agent")?,
                     kind: payload_str(&p.payload, "kind")?,
+                    scope: payload_str(&p.payload, "scope")?,
                 })
             })
             .collect::<Result<Vec<_>, Status>>()?;

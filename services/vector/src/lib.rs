@@ -1,7 +1,8 @@
 //! Vector stores for the memory graph, behind one trait ([`VectorStore`]).
 //!
 //! - [`EdgeStore`]: qdrant-edge, embedded in the process and persisted in a directory under the
-//!   data dir (the default). Cosine distance, payload indexes on `tenant`, `agent` and `kind`.
+//!   data dir (the default). Cosine distance, payload indexes on `tenant`, `agent`, `kind` and
+//!   `scope` (the session a node is private to, `""` for none).
 //! - `RemoteStore` (feature `qdrant`): a collection of a remote Qdrant through `qdrant-client`,
 //!   so Engram nodes sharing a database share the index.
 //! - `grpc_server` (feature `qdrant-server`, for tests): a server speaking Qdrant's gRPC
@@ -24,11 +25,16 @@ use qdrant_edge::{
 };
 
 /// The payload fields every point carries.
-pub(crate) const FIELDS: [(&str, PayloadSchemaType); 3] = [
+pub(crate) const FIELDS: [(&str, PayloadSchemaType); 4] = [
     ("tenant", PayloadSchemaType::Keyword),
     ("agent", PayloadSchemaType::Keyword),
     ("kind", PayloadSchemaType::Keyword),
+    ("scope", PayloadSchemaType::Keyword),
 ];
+
+/// What the payload of a point holds: [`VectorPoint`]'s owner fields. A store written before a
+/// field existed lacks it; the memory service re-indexes when this changes.
+pub const PAYLOAD_VERSION: u32 = 2;
 
 /// A vector-store failure.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +96,8 @@ pub struct VectorPoint {
     pub agent: String,
     /// Node kind (`episode`, `fact`, …).
     pub kind: String,
+    /// The session the node belongs to (`""`: none, the agent's own).
+    pub scope: String,
 }
 
 /// What a search may return.
@@ -101,6 +109,8 @@ pub struct VectorFilter {
     pub agent: Option<String>,
     /// Only these kinds (`None`: all).
     pub kinds: Option<Vec<String>>,
+    /// Only points of these scopes (`None`: all; `""` is the agent's own, of no session).
+    pub scopes: Option<Vec<String>>,
 }
 
 /// A search hit.
@@ -168,13 +178,15 @@ impl VectorFilter {
         if let Some(a) = &self.agent {
             must.push(matches("agent", ValueVariants::String(a.clone()))?);
         }
-        if let Some(kinds) = &self.kinds {
-            must.push(Condition::Field(FieldCondition::new_match(
-                key("kind")?,
-                Match::Any(MatchAny {
-                    any: qdrant_edge::AnyVariants::Strings(kinds.iter().cloned().collect()),
-                }),
-            )));
+        for (name, values) in [("kind", &self.kinds), ("scope", &self.scopes)] {
+            if let Some(values) = values {
+                must.push(Condition::Field(FieldCondition::new_match(
+                    key(name)?,
+                    Match::Any(MatchAny {
+                        any: qdrant_edge::AnyVariants::Strings(values.iter().cloned().collect()),
+                    }),
+                )));
+            }
         }
         Ok(Filter {
             should: None,
@@ -274,6 +286,7 @@ impl VectorStore for EdgeStore {
                 payload.insert("tenant".into(), p.tenant.clone().into());
                 payload.insert("agent".into(), p.agent.clone().into());
                 payload.insert("kind".into(), p.kind.clone().into());
+                payload.insert("scope".into(), p.scope.clone().into());
                 Ok(PointStructPersisted {
                     id: PointId::NumId(p.id),
                     vector: VectorStructPersisted::Single(p.vector.clone()),

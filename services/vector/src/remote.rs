@@ -161,7 +161,7 @@ impl Drop for RemoteStore {
     }
 }
 
-/// Qdrant's filter for `f`: the tenant always, the agent and kinds when given.
+/// Qdrant's filter for `f`: the tenant always, the agent, kinds and scopes when given.
 fn filter_of(f: &VectorFilter) -> Filter {
     let mut must = vec![Condition::matches("tenant", f.tenant.clone())];
     if let Some(a) = &f.agent {
@@ -169,6 +169,9 @@ fn filter_of(f: &VectorFilter) -> Filter {
     }
     if let Some(kinds) = &f.kinds {
         must.push(Condition::matches("kind", kinds.clone()));
+    }
+    if let Some(scopes) = &f.scopes {
+        must.push(Condition::matches("scope", scopes.clone()));
     }
     Filter::must(must)
 }
@@ -192,6 +195,7 @@ impl VectorStore for RemoteStore {
                     ("tenant".to_string(), Value::from(p.tenant.clone())),
                     ("agent".to_string(), Value::from(p.agent.clone())),
                     ("kind".to_string(), Value::from(p.kind.clone())),
+                    ("scope".to_string(), Value::from(p.scope.clone())),
                 ]
                 .into_iter()
                 .collect();

@@ -22,6 +22,7 @@ fn point(id: u64, tenant: u64, agent: u64, kind: &str, v: Vec<f32>) -> VectorPoi
         tenant: format!("t{tenant}"),
         agent: format!("a{agent}"),
         kind: kind.into(),
+        scope: String::new(),
     }
 }
 
@@ -71,6 +72,7 @@ fn search_is_tenant_scoped_filtered_ordered_and_survives_reopening() {
         tenant: "t1".into(),
         agent: Some("a10".into()),
         kinds: Some(vec!["fact".into()]),
+        scopes: None,
     };
     let hits = store.search(&q, 10, &facts_of_10).unwrap();
     assert_eq!(hits.iter().map(|h| h.id).collect::<Vec<_>>(), vec![1]);
@@ -97,6 +99,45 @@ fn search_is_tenant_scoped_filtered_ordered_and_survives_reopening() {
     // qdrant-edge flushes on drop (and panics if its directory is gone): drop it first.
     drop(store);
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A search names the scopes it may see; a session's private point is found only by a search
+/// that names that session, in the embedded store and through the remote protocol.
+fn check_scopes(store: &dyn VectorStore, dim: usize) {
+    let scoped = |id, scope: &str, tilt| VectorPoint {
+        scope: scope.into(),
+        ..point(id, 7, 70, "fact", unit(dim, 0, tilt))
+    };
+    store
+        .upsert(&[
+            scoped(71, "", 0.3),
+            scoped(72, "alice", 0.0),
+            scoped(73, "bob", 0.1),
+        ])
+        .unwrap();
+    let q = unit(dim, 0, 0.0);
+    let found = |scopes: Option<Vec<&str>>| -> Vec<u64> {
+        let f = VectorFilter {
+            scopes: scopes.map(|s| s.into_iter().map(String::from).collect()),
+            ..filter(7)
+        };
+        store
+            .search(&q, 10, &f)
+            .unwrap()
+            .iter()
+            .map(|h| h.id)
+            .collect()
+    };
+    assert_eq!(found(None), vec![72, 73, 71]);
+    assert_eq!(found(Some(vec!["", "bob"])), vec![73, 71]);
+    assert_eq!(found(Some(vec!["", "alice"])), vec![72, 71]);
+    assert_eq!(found(Some(vec![""])), vec![71]);
+}
+
+#[test]
+fn a_session_s_private_points_are_found_only_by_its_own_searches() {
+    let dim = 8;
+    check_scopes(&EdgeStore::open(&dir("scopes"), dim).unwrap(), dim);
 }
 
 #[test]
@@ -184,6 +225,8 @@ mod remote {
         let server = TestServer::start(&d, local()).unwrap();
         let dim = 8;
         let store = RemoteStore::open(&server.url(), None, "memory", dim).unwrap();
+        check_scopes(&store, dim);
+        store.clear().unwrap();
         // The same direction stored by two tenants; tenant 2's copy is the exact match.
         store
             .upsert(&[

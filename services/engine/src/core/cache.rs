@@ -505,7 +505,7 @@ impl EngineCore {
             *self.counters.dropped.entry(m.source()).or_default() += 1;
             if let Some(&h) = self.cache.hash_of(id) {
                 self.history
-                    .remember(h, m.tenant(), crate::prefix::Carried::of(m));
+                    .remember(h, m.tenant(), m.session(), crate::prefix::Carried::of(m));
             }
         }
         if self.cache.remove_block(id) {
@@ -621,8 +621,9 @@ impl EngineCore {
             .retain(|k, _| !(k.0 == tenant && k.1.0 & mask == value));
         report.chains = before - self.chains.by_key.len();
         self.index.forget(tenant, mask, value);
+        // The blocks just dropped left their counts in the history: those go too.
+        self.history.forget(tenant, mask, value);
         if mask == 0 {
-            self.history.forget_tenant(tenant);
             self.cold_quotas.remove(&tenant);
         }
         Ok(report)

@@ -1,11 +1,11 @@
-//! Operator endpoints: tenants and their API keys.
+//! Operator endpoints: tenants and their API keys, and the operator keys with their scopes.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, delete, get, post, put, web};
-use engram_store::Quotas;
+use engram_store::{AdminKey, AdminScope, Quotas};
 use serde::Deserialize;
 
-use crate::auth::AdminCaller;
+use crate::auth::{AdminCaller, ReadCaller};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::turn::{build_context, check_name, parse_kind, pin_key, public_pin_key, unpin};
@@ -41,11 +41,13 @@ pub struct CreatedKey {
     pub api_key: String,
 }
 
-/// Every tenant.
+/// A page of the tenants.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct TenantList {
-    /// Tenants.
+    /// Tenants, oldest first.
     pub tenants: Vec<engram_store::Tenant>,
+    /// The `cursor` of the next page (null on the last).
+    pub next_cursor: Option<String>,
 }
 
 /// A layer version and the KV blocks a change released.
@@ -92,22 +94,33 @@ pub async fn create_tenant(
     }))
 }
 
-/// Lists tenants.
+/// Lists tenants, a page at a time (`limit`, `cursor`).
 #[utoipa::path(
     tag = "admin",
+    params(crate::pages::ListPage),
     responses(
-        (status = 200, description = "Every tenant", body = TenantList),
+        (status = 200, description = "A page of the tenants", body = TenantList),
+        (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 403, description = "The key lacks the `read` scope", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
 )]
 #[get("/v1/admin/tenants")]
 pub async fn list_tenants(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
+    page: web::Query<crate::pages::ListPage>,
 ) -> Result<HttpResponse, ApiError> {
+    let (after, limit) = page.bounds()?;
+    let rows = state
+        .store
+        .tenants_page(after.as_ref().map(|(t, id)| (*t, id.as_str())), limit + 1)
+        .await?;
+    let (tenants, next_cursor) = crate::pages::cut(rows, limit, |t| (t.created_at, &t.id));
     Ok(HttpResponse::Ok().json(TenantList {
-        tenants: state.store.tenants().await?,
+        tenants,
+        next_cursor,
     }))
 }
 
@@ -222,4 +235,120 @@ pub async fn mark_layer_public(
         layer: row,
         unpinned_blocks: unpinned,
     }))
+}
+
+/// Body of `POST /v1/admin/keys`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewAdminKey {
+    /// What the key is for (1–64 characters of letters, digits, `-`, `_`).
+    pub name: String,
+    /// What it may do: `metrics` (scrape `/metrics`), `read` (the operator views too),
+    /// `admin` (everything). At least one.
+    pub scopes: Vec<AdminScope>,
+}
+
+/// A new operator key.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct CreatedAdminKey {
+    /// The key's public part.
+    pub key: AdminKey,
+    /// The key's secret, shown once: `Authorization: Bearer <admin_key>`.
+    pub admin_key: String,
+}
+
+/// A page of the stored operator keys (the bootstrap key of the configuration is not among
+/// them).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AdminKeyList {
+    /// Keys, revoked ones too, oldest first.
+    pub keys: Vec<AdminKey>,
+    /// The `cursor` of the next page (null on the last).
+    pub next_cursor: Option<String>,
+}
+
+/// Issues an operator key with scopes; it works at once on every node sharing the database,
+/// with no restart. The secret is shown once.
+#[utoipa::path(
+    tag = "admin",
+    request_body = NewAdminKey,
+    responses(
+        (status = 201, description = "The new key; `admin_key` is shown once", body = CreatedAdminKey),
+        (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 403, description = "The key lacks the `admin` scope", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[post("/v1/admin/keys")]
+pub async fn create_admin_key(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+    body: web::Json<NewAdminKey>,
+) -> Result<HttpResponse, ApiError> {
+    check_name("name", &body.name)?;
+    if body.scopes.is_empty() {
+        return Err(ApiError::invalid(
+            "scopes must name at least one of metrics, read, admin",
+        ));
+    }
+    let (key, secret) = state
+        .store
+        .create_admin_key(&body.name, &body.scopes)
+        .await?;
+    state.operators.clear();
+    Ok(HttpResponse::Created().json(CreatedAdminKey {
+        key,
+        admin_key: secret,
+    }))
+}
+
+/// Lists the stored operator keys (no secrets), a page at a time (`limit`, `cursor`).
+#[utoipa::path(
+    tag = "admin",
+    params(crate::pages::ListPage),
+    responses(
+        (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
+        (status = 200, description = "The operator keys", body = AdminKeyList),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 403, description = "The key lacks the `admin` scope", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/admin/keys")]
+pub async fn list_admin_keys(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+    page: web::Query<crate::pages::ListPage>,
+) -> Result<HttpResponse, ApiError> {
+    let (after, limit) = page.bounds()?;
+    let rows = state
+        .store
+        .admin_keys(after.as_ref().map(|(t, id)| (*t, id.as_str())), limit + 1)
+        .await?;
+    let (keys, next_cursor) = crate::pages::cut(rows, limit, |k| (k.created_at, &k.id));
+    Ok(HttpResponse::Ok().json(AdminKeyList { keys, next_cursor }))
+}
+
+/// Revokes an operator key: it stops working on this node at once, on the others within
+/// `auth.key_cache_ms`.
+#[utoipa::path(
+    tag = "admin",
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 403, description = "The key lacks the `admin` scope", body = crate::error::ErrorSchema),
+        (status = 404, description = "No such key, or revoked already", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[delete("/v1/admin/keys/{key}")]
+pub async fn revoke_admin_key(
+    _: AdminCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    state.store.revoke_admin_key(&path).await?;
+    state.operators.clear();
+    Ok(HttpResponse::NoContent().finish())
 }

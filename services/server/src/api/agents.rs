@@ -2,7 +2,7 @@
 
 use actix_web::{HttpResponse, get, post, put, web};
 use engram_context::{Budgets, Layer, LayerKind, TokenCounter, Volatility};
-use engram_store::{Agent, LayerRow};
+use engram_store::{Agent, LayerRow, MemoryScope};
 use serde::Deserialize;
 
 use crate::auth::TenantCaller;
@@ -21,6 +21,10 @@ pub struct NewAgent {
     /// Initial layers.
     #[serde(default)]
     pub layers: Vec<LayerInput>,
+    /// Whose turns recall what a session brought into the agent's memory: `session` (the
+    /// default: only that session's own turns) or `agent` (every session of the agent).
+    #[serde(default)]
+    pub memory_scope: MemoryScope,
 }
 
 /// A layer as written by a client.
@@ -128,11 +132,13 @@ pub struct AgentView {
     pub layers: Vec<engram_store::LayerRow>,
 }
 
-/// The caller's agents.
+/// A page of the caller's agents.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct AgentList {
-    /// Agents.
+    /// Agents, oldest first.
     pub agents: Vec<engram_store::Agent>,
+    /// The `cursor` of the next page (null on the last).
+    pub next_cursor: Option<String>,
 }
 
 /// An agent's current layers.
@@ -175,7 +181,10 @@ pub async fn create_agent(
         kinds.push(kind);
     }
     // Every layer is checked before anything is stored: a refused request leaves no agent.
-    let agent = state.store.create_agent(&caller.0.id, &body.name).await?;
+    let agent = state
+        .store
+        .create_agent(&caller.0.id, &body.name, body.memory_scope)
+        .await?;
     let mut layers = Vec::new();
     for (l, kind) in body.layers.iter().zip(kinds) {
         layers.push(store_layer(&state, &agent, kind, l).await?);
@@ -183,11 +192,13 @@ pub async fn create_agent(
     Ok(HttpResponse::Created().json(AgentView { agent, layers }))
 }
 
-/// Lists the caller's agents.
+/// Lists the caller's agents, a page at a time (`limit`, `cursor`).
 #[utoipa::path(
     tag = "agents",
+    params(crate::pages::ListPage),
     responses(
-        (status = 200, description = "The caller's agents", body = AgentList),
+        (status = 200, description = "A page of the caller's agents", body = AgentList),
+        (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -196,9 +207,21 @@ pub async fn create_agent(
 pub async fn list_agents(
     caller: TenantCaller,
     state: web::Data<AppState>,
+    page: web::Query<crate::pages::ListPage>,
 ) -> Result<HttpResponse, ApiError> {
+    let (after, limit) = page.bounds()?;
+    let rows = state
+        .store
+        .agents_page(
+            &caller.0.id,
+            after.as_ref().map(|(t, id)| (*t, id.as_str())),
+            limit + 1,
+        )
+        .await?;
+    let (agents, next_cursor) = crate::pages::cut(rows, limit, |a| (a.created_at, &a.id));
     Ok(HttpResponse::Ok().json(AgentList {
-        agents: state.store.agents(&caller.0.id).await?,
+        agents,
+        next_cursor,
     }))
 }
 

@@ -9,17 +9,17 @@ use actix_web::{HttpResponse, get, post, web};
 use engram_engine::{ChainKey, CollectRequest, CollectedBytes, RestoreChain};
 use engram_kvcore::TenantId;
 use engram_shadow::{
-    ChainBlocks, ShadowError, engine_restore, export_agent_file, export_file, import_agent_file,
-    import_file,
+    AgentExportWriter, ChainBlocks, ShadowError, engine_restore, export_file, import_file,
+    open_agent_import,
 };
 use futures_util::StreamExt;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::auth::{AdminCaller, TenantCaller};
+use crate::auth::{AdminCaller, ReadCaller, TenantCaller};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Answer, build_context, check_name, pin_key, session_key};
+use crate::turn::{Answer, TurnError, build_context, check_name, pin_key, session_key};
 
 /// What a save, load or import did.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -375,11 +375,14 @@ pub async fn import(
     body: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let (agent_name, session) = path.into_inner();
+    check_name("session", &session)?;
     let agent = state.store.agent(&caller.0.id, &agent_name).await?;
     let key = (TenantId(caller.0.cache_salt), session_key(&agent, &session));
     let engine = state.engine()?;
     let started = Instant::now();
     let (_slot, file) = receive(&state, &caller, &req, body).await?;
+    // An imported session is a session: it counts against the quota like one a turn made.
+    room_for(&state, &caller, &agent, std::slice::from_ref(&session)).await?;
     // Pins go under the caller's own key for the agent's stable prefix as it is now, so the
     // agent's next layer edit releases them like any pin its turns made.
     let built = build_context(&state, &agent, None, ".").await?;
@@ -387,8 +390,8 @@ pub async fn import(
     let kv = engine.kv_format().clone();
     let tenant = key.0;
     let (stable_blocks, blocks) = web::block(move || {
-        let bytes = read_spooled(file)?;
-        import_file(&kv, tenant, &bytes)
+        let (file, len) = rewound(file)?;
+        import_file(&kv, tenant, file, len)
     })
     .await
     .map_err(ApiError::internal)??;
@@ -407,6 +410,10 @@ pub async fn import(
         },
     )
     .await?;
+    state
+        .store
+        .ensure_session(&caller.0.id, &agent.id, &session)
+        .await?;
     if let Some(shadow) = &state.shadow {
         shadow.flush(engine, Some(key)).await?;
     }
@@ -438,12 +445,16 @@ pub struct AgentImportResponse {
 /// sessions share their stable prefix), each session's chain as rows of the file, with the
 /// sessions' names and the KV format in its header. A session is taken as its per-session
 /// export is (resident blocks, the rest from the shadow); sessions with no cache are left out.
+/// The file is built through a temporary file a session at a time and streamed, so an export
+/// takes the memory of one session whatever the agent holds; one agent export per tenant runs
+/// at a time.
 #[utoipa::path(
     tag = "agents",
     responses(
         (status = 200, description = "A safetensors file", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
         (status = 404, description = "Unknown agent, or no session of it has a cache", body = crate::error::ErrorSchema),
+        (status = 429, description = "Another agent export of this tenant is running", body = crate::error::ErrorSchema),
         (status = 503, description = "No model", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -456,29 +467,46 @@ pub async fn export_agent(
 ) -> Result<HttpResponse, ApiError> {
     let agent = state.store.agent(&caller.0.id, &path.into_inner()).await?;
     let engine = state.engine()?;
-    let mut sessions = Vec::new();
+    let slot = state.exports.begin(&caller.0.id).ok_or_else(|| {
+        ApiError::rate_limited("another agent export of this tenant is running", 1)
+    })?;
+    // A session at a time: its blocks are read, the new ones spooled to a temporary file, and
+    // dropped before the next session is read.
+    let spool = web::block(tempfile::tempfile)
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::internal(format!("export: temporary file: {e}")))?;
+    let mut writer = AgentExportWriter::new(engine.kv_format(), spool);
     for name in state.store.sessions(&agent.id).await? {
         let key = (TenantId(caller.0.cache_salt), session_key(&agent, &name));
         match session_blocks(&state, key).await {
-            Ok((stable, blocks)) => sessions.push((name, stable, blocks)),
+            Ok((stable, blocks)) => {
+                writer = web::block(move || {
+                    writer.add_session(name, stable, &blocks)?;
+                    Ok::<_, ShadowError>(writer)
+                })
+                .await
+                .map_err(ApiError::internal)??;
+            }
             Err(e) if e.status == StatusCode::NOT_FOUND => {}
             Err(e) => return Err(e),
         }
     }
-    if sessions.is_empty() {
+    if writer.sessions() == 0 {
         return Err(ApiError::not_found("no session of this agent has a cache"));
     }
-    let kv = engine.kv_format().clone();
-    let bytes = web::block(move || export_agent_file(&kv, &sessions))
+    let file = web::block(move || writer.finish())
         .await
         .map_err(ApiError::internal)??;
+    let len = file.len();
     Ok(HttpResponse::Ok()
         .content_type("application/octet-stream")
         .insert_header((
             "Content-Disposition",
             format!("attachment; filename=\"{}.safetensors\"", agent.name),
         ))
-        .body(bytes))
+        .no_chunking(len)
+        .streaming(stream_reader(file, slot)))
 }
 
 /// Loads an exported agent file into this agent's sessions (cold tier and shadow), each under
@@ -517,20 +545,33 @@ pub async fn import_agent(
     let pin_key = pin_key(&caller.0, &built);
     let kv = engine.kv_format().clone();
     let tenant = TenantId(caller.0.cache_salt);
-    let sessions = web::block(move || {
-        let bytes = read_spooled(file)?;
-        import_agent_file(&kv, tenant, &bytes, |n| check_name("session", n).is_ok())
+    // Every block's CRC is checked, a block at a time, before anything is loaded; then each
+    // session is read from the spool and loaded in turn (the memory of one session).
+    let mut opened = web::block(move || {
+        let (file, len) = rewound(file)?;
+        open_agent_import(&kv, file, len, |n| check_name("session", n).is_ok())
     })
     .await
     .map_err(ApiError::internal)??;
+    let names = opened.names();
+    room_for(&state, &caller, &agent, &names).await?;
     let mut out = AgentImportResponse {
-        sessions: sessions.len(),
+        sessions: names.len(),
         blocks: 0,
         moved: 0,
         tokens: 0,
         ms: 0.0,
     };
-    for (name, stable_blocks, blocks) in sessions {
+    for i in 0..names.len() {
+        let kv = engine.kv_format().clone();
+        let (file, session) = web::block(move || {
+            let s = opened.session(&kv, tenant, i);
+            (opened, s)
+        })
+        .await
+        .map_err(ApiError::internal)?;
+        opened = file;
+        let (name, stable_blocks, blocks) = session?;
         let key = (tenant, session_key(&agent, &name));
         out.blocks += blocks.len();
         let report = engine_restore(
@@ -549,6 +590,10 @@ pub async fn import_agent(
         .await?;
         out.moved += report.loaded;
         out.tokens += report.tokens;
+        state
+            .store
+            .ensure_session(&caller.0.id, &agent.id, &name)
+            .await?;
         if let Some(shadow) = &state.shadow {
             shadow.flush(engine, Some(key)).await?;
         }
@@ -557,15 +602,36 @@ pub async fn import_agent(
     Ok(HttpResponse::Ok().json(out))
 }
 
+/// [`TurnError::SessionQuota`] unless the tenant's session quota has room for those of `names`
+/// the agent does not have yet (nothing is loaded then).
+async fn room_for(
+    state: &AppState,
+    caller: &TenantCaller,
+    agent: &engram_store::Agent,
+    names: &[String],
+) -> Result<(), ApiError> {
+    let mut new = 0u64;
+    for n in names {
+        if !state.store.session_exists(&agent.id, n).await? {
+            new += 1;
+        }
+    }
+    let limit = caller.0.quotas.sessions;
+    if new > 0 && state.store.session_count(&caller.0.id).await? + new > limit {
+        return Err(TurnError::SessionQuota { limit }.into());
+    }
+    Ok(())
+}
+
 /// An import's body: refused over `server.import_limit_mib` (declared or streamed) and while
 /// another import of the tenant runs (the slot is held until it drops), else spooled to a
 /// temporary file.
-async fn receive<'a>(
-    state: &'a AppState,
+async fn receive(
+    state: &AppState,
     caller: &TenantCaller,
     req: &actix_web::HttpRequest,
     body: web::Payload,
-) -> Result<(crate::state::ImportSlot<'a>, std::fs::File), ApiError> {
+) -> Result<(crate::state::ImportSlot, std::fs::File), ApiError> {
     let limit = state.config.server.import_limit_mib << 20;
     let too_large = || {
         ApiError::new(
@@ -618,17 +684,62 @@ async fn spool(mut body: web::Payload, limit: u64) -> Result<Option<std::fs::Fil
     Ok(Some(out.into_std().await))
 }
 
-/// Reads a spooled body back from its start.
-fn read_spooled(mut file: std::fs::File) -> Result<Vec<u8>, ShadowError> {
-    use std::io::{Read, Seek};
+/// A spooled body from its start, and its length.
+fn rewound(mut file: std::fs::File) -> Result<(std::fs::File, u64), ShadowError> {
+    use std::io::Seek;
     let io = |source| ShadowError::Io {
         path: "import spool".into(),
         source,
     };
+    let len = file.seek(std::io::SeekFrom::End(0)).map_err(io)?;
     file.rewind().map_err(io)?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(io)?;
-    Ok(bytes)
+    Ok((file, len))
+}
+
+/// Chunks a response streams at most at once (each is at most this many bytes).
+const STREAM_CHUNKS: usize = 4;
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// `reader`'s bytes as a response body, read on a blocking thread [`STREAM_CHUNKS`] chunks
+/// ahead of the client at most (constant memory, whatever the size), holding `slot` until the
+/// last chunk is sent or the client goes.
+fn stream_reader<R: std::io::Read + Send + 'static>(
+    mut reader: R,
+    slot: crate::state::ImportSlot,
+) -> impl futures_util::Stream<Item = Result<web::Bytes, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<web::Bytes, std::io::Error>>(STREAM_CHUNKS);
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        loop {
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            let mut filled = 0;
+            let mut failed = None;
+            while filled < buf.len() {
+                match reader.read(&mut buf[filled..]) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+            if filled == 0 {
+                return;
+            }
+            buf.truncate(filled);
+            // The client went away: stop reading.
+            if tx.blocking_send(Ok(web::Bytes::from(buf))).is_err() {
+                return;
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
 }
 
 /// The shadow's status: last write, bytes, entries, failures, and what the recovery at start
@@ -644,7 +755,7 @@ fn read_spooled(mut file: std::fs::File) -> Result<Vec<u8>, ShadowError> {
 )]
 #[get("/v1/admin/shadow")]
 pub async fn admin_shadow(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(state.shadow()?.status()))
@@ -714,7 +825,7 @@ pub struct TierTotals {
 )]
 #[get("/v1/admin/tiers")]
 pub async fn admin_tiers(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let t = &state.tiers;

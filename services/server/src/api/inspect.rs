@@ -6,7 +6,7 @@ use engram_kvcore::{BlockFilter, SessionId, SourceLayer, TenantId, Tier};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::auth::AdminCaller;
+use crate::auth::{MetricsCaller, ReadCaller};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::turn::{Answer, session_key};
@@ -26,7 +26,7 @@ async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
     security(("bearer" = []))
 )]
 #[get("/v1/admin/cache")]
-pub async fn cache(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn cache(_: ReadCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(snapshot(&state).await?))
 }
 
@@ -93,7 +93,7 @@ pub struct BlockParams {
 )]
 #[get("/v1/admin/blocks")]
 pub async fn blocks(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
     params: web::Query<BlockParams>,
 ) -> Result<HttpResponse, ApiError> {
@@ -179,7 +179,10 @@ pub async fn blocks(
     security(("bearer" = []))
 )]
 #[get("/metrics")]
-pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn metrics(
+    _: MetricsCaller,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     use crate::metrics::{counter, counters, gauge, gauge_f64, gauges, labels};
     let mut reg = prometheus_client::registry::Registry::default();
     if let Some(engine) = &state.engine {
@@ -344,6 +347,18 @@ pub async fn metrics(_: AdminCaller, state: web::Data<AppState>) -> Result<HttpR
     register_shadow_and_tiers(&state, &mut reg);
     state.metrics.register(&mut reg);
     state.tokens.register(&mut reg);
+    reg.register(
+        "engram_readiness_pings",
+        "Database pings /readyz sent (at most one a second, whatever its request rate)",
+        crate::metrics::counters("result", [("sent", state.ready.pings())]),
+    );
+    if state.shadow.is_some() {
+        reg.register(
+            "engram_shadow_budget_bytes",
+            "The shadow's byte budget in force (0: none)",
+            gauge(state.shadow_budget),
+        );
+    }
     Ok(HttpResponse::Ok()
         .content_type(crate::metrics::CONTENT_TYPE)
         .body(crate::metrics::render(&reg)))

@@ -5,7 +5,9 @@
 //! tenant's ready reservations), then the shadow (the sessions' entries on disk or in the
 //! object store, and prefix entries no session names any more: a restart recovers nothing of
 //! them), then the database (turn log, working memory, layers, memory nodes and edges, keys, in
-//! one transaction), then the memory graph and its vector index. Each step is idempotent, so a
+//! one transaction), then the memory graph and its vector index, and the texts cached from them
+//! (token ids of the prompts only they used, the embeddings of their messages, the read
+//! counts their dropped blocks left behind). Each step is idempotent, so a
 //! delete that failed half-way can be repeated. Public blocks belong to no tenant and stay; a
 //! public prefix the deleted agents used is released (its pins go when no other tenant uses it).
 
@@ -50,6 +52,7 @@ async fn forget_cache(
         out.shadow_entries = shadow.forget(salt, mask, value).await?;
     }
     state.tiers.forget(|k| k.0 == salt && k.1.0 & mask == value);
+    state.tokens.forget(salt, mask, value);
     Ok(out)
 }
 
@@ -89,10 +92,23 @@ pub async fn delete_session(
         .begin(TenantId(tenant.cache_salt), u64::MAX, key)
         .await;
     let mut out = forget_cache(&state, &tenant, u64::MAX, key).await?;
+    // The messages the session's recalls embedded, read before the log goes.
+    let asked: Vec<String> = match &state.memory {
+        Some(_) => state
+            .store
+            .turns(&agent.id, &session)
+            .await?
+            .into_iter()
+            .filter(|t| t.role != engram_store::Role::Assistant)
+            .map(|t| t.text)
+            .collect(),
+        None => Vec::new(),
+    };
     let nodes = state.store.delete_session(&agent.id, &session).await?;
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, Some(&agent.id), Some(&session))?;
+        memory.forget_queries(&tenant.id, asked.iter().map(String::as_str));
     }
     Ok(HttpResponse::Ok().json(out))
 }
@@ -138,6 +154,8 @@ async fn delete_agent_data(
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, Some(&agent.id), None)?;
+        // Which of the tenant's cached queries were this agent's is not recorded: all go.
+        memory.forget_tenant_queries(&tenant.id);
     }
     Ok(out)
 }
@@ -175,6 +193,7 @@ pub async fn delete_tenant(
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, None, None)?;
+        memory.forget_tenant_queries(&tenant.id);
     }
     Ok(HttpResponse::Ok().json(out))
 }

@@ -9,10 +9,10 @@ use engram_kvcore::TenantId;
 use engram_store::{Agent, NewMemoryEdge, NewMemoryNode};
 use serde::Deserialize;
 
-use crate::auth::{AdminCaller, TenantCaller};
+use crate::auth::{ReadCaller, TenantCaller};
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Answer, Turn, check_name};
+use crate::turn::{Answer, Turn, check_name, recall_scope};
 use engram_context::TokenCounter;
 use engram_memory::{RecallQuery, now_ms, render};
 
@@ -76,6 +76,10 @@ pub struct QueryRequest {
     pub kinds: Option<Vec<String>>,
     /// Leave this session's episodes out.
     pub exclude_session: Option<String>,
+    /// Recall as a turn of this session would: with the agent's memory scoped to sessions,
+    /// only this session's nodes and the agent's own (default: every session's, the tenant's
+    /// own view of its agent).
+    pub session: Option<String>,
     /// Evaluate recency at this time (ms since the epoch; default now).
     pub at_ms: Option<i64>,
     /// Also reserve cold-tier blocks for the neighbourhood as the memories layer would show it
@@ -501,6 +505,9 @@ pub async fn query(
 ) -> Result<HttpResponse, ApiError> {
     let (agent, memory) = scope(&state, &caller, &path).await?;
     check_text(&body.text)?;
+    if let Some(s) = &body.session {
+        check_name("session", s)?;
+    }
     let k = body.k.unwrap_or(memory.config().recall_k);
     if k == 0 || k > MAX_K {
         return Err(ApiError::invalid(format!("k must be 1 to {MAX_K}")));
@@ -531,10 +538,14 @@ pub async fn query(
             exclude_session: body.exclude_session.as_deref(),
             exclude_since_ms: None,
             at_ms: body.at_ms.unwrap_or_else(now_ms),
+            sessions: match &body.session {
+                Some(s) => recall_scope(&agent, Some(s)),
+                None => engram_graph::SessionScope::Every,
+            },
         })
         .await?;
     let reservation = if body.reserve {
-        let turn = Turn::of(state.into_inner(), caller.0, agent, None).await?;
+        let turn = Turn::of(state.into_inner(), caller.0, agent, body.session.as_deref()).await?;
         match turn
             .neighbourhood(body.exclude_session.as_deref(), None, &body.text)
             .await?
@@ -660,7 +671,7 @@ pub async fn warm_reservation(
 )]
 #[get("/v1/admin/reservations")]
 pub async fn admin_reservations(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let engine = state.engine()?;
@@ -687,7 +698,7 @@ pub async fn admin_reservations(
 )]
 #[get("/v1/admin/memory")]
 pub async fn admin_memory(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let memory = state.memory()?;
@@ -777,7 +788,7 @@ pub struct Neighbourhood {
 )]
 #[get("/v1/admin/tenants/{tenant}/memory/nodes/{id}")]
 pub async fn admin_node(
-    _: AdminCaller,
+    _: ReadCaller,
     state: web::Data<AppState>,
     path: web::Path<(String, i64)>,
 ) -> Result<HttpResponse, ApiError> {

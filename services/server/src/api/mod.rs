@@ -35,7 +35,8 @@ macro_rules! routes {
 #[rustfmt::skip]
 routes!(
     health::healthz, health::readyz, admin::create_tenant, admin::list_tenants,
-    admin::create_key, admin::revoke_key, admin::mark_layer_public, agents::create_agent,
+    admin::create_key, admin::revoke_key, admin::mark_layer_public, admin::create_admin_key,
+    admin::list_admin_keys, admin::revoke_admin_key, agents::create_agent,
     agents::list_agents, agents::get_agent, agents::put_layer, agents::list_layers,
     agents::preview_context, turns::create_turn, sessions::inject_context, sessions::fork_session, sessions::prefetch,
     turns::working_memory, turns::session_cache,

@@ -186,6 +186,8 @@ pub struct ModelList {
     pub object: &'static str,
     /// One per agent.
     pub data: Vec<ModelEntry>,
+    /// The `cursor` of the next page (null on the last).
+    pub next_cursor: Option<String>,
 }
 
 /// One agent as an OpenAI model.
@@ -201,10 +203,14 @@ pub struct ModelEntry {
     pub owned_by: &'static str,
 }
 
+/// The caller's agents as models, oldest first: the first 1,000 unless `limit` says otherwise,
+/// the rest through `cursor` (the answer's `next_cursor`).
 #[utoipa::path(
     tag = "openai",
+    params(crate::pages::ListPage),
     responses(
         (status = 200, description = "The caller's agents as models", body = ModelList),
+        (status = 400, description = "Invalid paging", body = crate::error::ErrorSchema),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -213,11 +219,21 @@ pub struct ModelEntry {
 pub async fn list_models(
     caller: TenantCaller,
     state: web::Data<AppState>,
+    page: web::Query<crate::pages::ListPage>,
 ) -> Result<HttpResponse, ApiError> {
-    let data: Vec<ModelEntry> = state
+    let mut page = page.into_inner();
+    page.limit = page.limit.or(Some(crate::pages::MAX_LIMIT));
+    let (after, limit) = page.bounds()?;
+    let rows = state
         .store
-        .agents(&caller.0.id)
-        .await?
+        .agents_page(
+            &caller.0.id,
+            after.as_ref().map(|(t, id)| (*t, id.as_str())),
+            limit + 1,
+        )
+        .await?;
+    let (agents, next_cursor) = crate::pages::cut(rows, limit, |a| (a.created_at, &a.id));
+    let data: Vec<ModelEntry> = agents
         .into_iter()
         .map(|a| ModelEntry {
             id: a.name,
@@ -229,7 +245,34 @@ pub async fn list_models(
     Ok(HttpResponse::Ok().json(ModelList {
         object: "list",
         data,
+        next_cursor,
     }))
+}
+
+/// Messages a chat request may carry at most.
+pub const MAX_MESSAGES: usize = 1024;
+/// Bytes of text one message may carry at most (a system prompt included).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// 400 unless `messages` has at most [`MAX_MESSAGES`] messages of at most
+/// [`MAX_MESSAGE_BYTES`] each: what one request may ask the service to tokenize and hold.
+fn check_messages(messages: &[Message]) -> Result<(), ApiError> {
+    if messages.len() > MAX_MESSAGES {
+        return Err(ApiError::invalid(format!(
+            "`messages` may hold at most {MAX_MESSAGES} messages"
+        )));
+    }
+    if messages.iter().any(|m| {
+        m.content
+            .as_ref()
+            .is_some_and(|c| c.len() > MAX_MESSAGE_BYTES)
+    }) {
+        return Err(ApiError::invalid(format!(
+            "a message may hold at most {} KiB of text",
+            MAX_MESSAGE_BYTES / 1024
+        )));
+    }
+    Ok(())
 }
 
 /// A chat completion through an agent (see the module docs).
@@ -254,6 +297,7 @@ pub async fn chat_completions(
     body: web::Json<ChatRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let req = body.into_inner();
+    check_messages(&req.messages)?;
     let mut turn = Turn::open(
         state.into_inner(),
         caller.0,

@@ -141,6 +141,18 @@ impl<T> Answer<T> for flume::Receiver<T> {
     }
 }
 
+/// Which sessions' memory nodes a recall in `session` of `agent` may see: with the agent's
+/// memory scoped to sessions (the default), only that session's and the agent's own (a
+/// stateless turn: only the agent's own); otherwise every session's.
+pub fn recall_scope(agent: &Agent, session: Option<&str>) -> engram_graph::SessionScope {
+    match agent.memory_scope {
+        engram_store::MemoryScope::Session => {
+            engram_graph::SessionScope::Only(session.map(str::to_string))
+        }
+        engram_store::MemoryScope::Agent => engram_graph::SessionScope::Every,
+    }
+}
+
 /// One turn of an agent: the values every step needs, computed once.
 #[derive(Debug, Clone)]
 pub struct Turn {
@@ -177,6 +189,9 @@ pub struct Turn {
     pub prepare_ms: f64,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
+    /// The lines of the request's own system text ([`Turn::add_system_text`]): what of them
+    /// spills over the `rules` budget is the session's memory, not the agent's.
+    request_lines: std::collections::HashSet<String>,
     /// The layers use DESIGN §2's expanded budgets (decided when the turn opened).
     expanded: bool,
 }
@@ -217,6 +232,7 @@ impl Turn {
             tenant,
             agent,
             layers,
+            request_lines: Default::default(),
             expanded: false,
         };
         turn.expanded = turn.expanded_fit()?;
@@ -228,6 +244,11 @@ impl Turn {
         &self.layers
     }
 
+    /// Which sessions' memory nodes this turn's recalls may see ([`recall_scope`]).
+    pub fn recall_scope(&self) -> engram_graph::SessionScope {
+        recall_scope(&self.agent, self.session.as_deref())
+    }
+
     /// Adds a request's system text (OpenAI `system` and `developer` messages) to the agent's
     /// `rules` layer for this turn only: a stable layer, so it is cached and pinned with the
     /// stable prefix, and a request that repeats it reuses it.
@@ -235,6 +256,19 @@ impl Turn {
         if text.trim().is_empty() {
             return;
         }
+        let own: std::collections::HashSet<&str> = self
+            .layers
+            .iter()
+            .filter(|r| r.kind == "rules")
+            .flat_map(|r| r.content.lines().map(str::trim))
+            .collect();
+        let carried: Vec<String> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !own.contains(l))
+            .map(str::to_string)
+            .collect();
+        self.request_lines.extend(carried);
         let mut rows = self.layers.to_vec();
         match rows.iter_mut().find(|r| r.kind == "rules") {
             Some(r) => r.content = format!("{}\n{}", r.content.trim_end(), text.trim()),

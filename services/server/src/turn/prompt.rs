@@ -339,7 +339,8 @@ impl Turn {
     /// The memory graph's neighbourhood of `text` as the memories layer would show it; `None`
     /// without the memory graph or when nothing was recalled. `exclude_session`'s own episodes
     /// are left out (the conversation already shows them) — those since `exclude_since_ms`
-    /// when given (older ones left the conversation's window and may be recalled).
+    /// when given (older ones left the conversation's window and may be recalled). Only the
+    /// nodes the turn's session may see are recalled ([`Turn::recall_scope`]).
     pub async fn neighbourhood(
         &self,
         exclude_session: Option<&str>,
@@ -361,6 +362,7 @@ impl Turn {
                 exclude_session,
                 exclude_since_ms,
                 at_ms: now_ms(),
+                sessions: self.recall_scope(),
             })
             .await?;
         let n = render(recalled, self.recall_budget());

@@ -16,7 +16,12 @@ impl Turn {
     /// `crate::tokens`).
     pub(super) fn tokens(&self, text: &str) -> Result<Arc<[u32]>, TurnError> {
         let tok = self.state.engine()?.tokenizer();
-        Ok(self.state.tokens.get_or_encode(text, |t| tok.encode(t))?)
+        Ok(self.state.tokens.get_or_encode(
+            self.kv_tenant,
+            self.kv_session.map(|s| s.0),
+            text,
+            |t| tok.encode(t),
+        )?)
     }
 
     /// `built` as a sequence filed under the turn's session key, with the segments `keep`

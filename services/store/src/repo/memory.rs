@@ -167,22 +167,27 @@ impl Store {
         }
     }
 
-    /// The id of an agent's node of `kind` whose text is `text`, if there is one (the oldest).
+    /// The id of an agent's node of `kind` whose text is `text` in session `session_id` (`None`:
+    /// of no session, the agent's own), if there is one (the oldest).
     pub async fn memory_node_with_text(
         &self,
         tenant_id: &str,
         agent_id: &str,
+        session_id: Option<&str>,
         kind: &str,
         text: &str,
     ) -> StoreResult<Option<i64>> {
+        // `session_id IS NULL` when none is given: the agent's own node, not a session's.
         let row = sqlx::query(
             "SELECT id FROM memory_nodes WHERE tenant_id = $1 AND agent_id = $2 AND kind = $3 \
-             AND text = $4 ORDER BY created_at LIMIT 1",
+             AND text = $4 AND (session_id = $5 OR ($5 IS NULL AND session_id IS NULL)) \
+             ORDER BY created_at LIMIT 1",
         )
         .bind(tenant_id)
         .bind(agent_id)
         .bind(kind)
         .bind(text)
+        .bind(session_id)
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|r| r.try_get("id")).transpose()?)

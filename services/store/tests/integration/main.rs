@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use engram_store::{Backend, NewEntry, Quotas, Role, Store, StoreError};
+use engram_store::{AdminScope, Backend, MemoryScope, NewEntry, Quotas, Role, Store, StoreError};
 use sqlx::Executor;
 
 static N: AtomicUsize = AtomicUsize::new(0);
@@ -77,6 +77,52 @@ async fn stores() -> (Vec<Store>, String) {
 }
 
 #[tokio::test]
+async fn operator_keys_carry_their_scopes_and_stop_when_revoked() {
+    for_each_backend(|s| async move {
+        let (scraper, secret) = s
+            .create_admin_key("prometheus", &[AdminScope::Metrics, AdminScope::Metrics])
+            .await
+            .unwrap();
+        assert_eq!(scraper.scopes, vec![AdminScope::Metrics]);
+        assert!(scraper.allows(AdminScope::Metrics));
+        assert!(!scraper.allows(AdminScope::Read) && !scraper.allows(AdminScope::Admin));
+        let found = s.admin_key_of_secret(&secret).await.unwrap().unwrap();
+        assert_eq!(found, scraper);
+        let (ops, ops_secret) = s
+            .create_admin_key("ops", &[AdminScope::Admin])
+            .await
+            .unwrap();
+        assert!(ops.allows(AdminScope::Read) && ops.allows(AdminScope::Metrics));
+        assert!(
+            s.admin_key_of_secret("eka_made_up")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        s.revoke_admin_key(&scraper.id).await.unwrap();
+        assert!(s.admin_key_of_secret(&secret).await.unwrap().is_none());
+        assert!(matches!(
+            s.revoke_admin_key(&scraper.id).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        let all = s.admin_keys(None, 10).await.unwrap();
+        assert_eq!(
+            s.admin_keys(Some((all[0].created_at, &all[0].id)), 10)
+                .await
+                .unwrap(),
+            all[1..]
+        );
+        assert_eq!(all.len(), 2);
+        assert!(
+            all.iter()
+                .any(|k| k.id == scraper.id && k.revoked_at.is_some())
+        );
+        assert!(s.admin_key_of_secret(&ops_secret).await.unwrap().is_some());
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn tenants_keys_and_isolation() {
     for_each_backend(|s| async move {
         let a = s.create_tenant("acme", QUOTAS).await.unwrap();
@@ -99,7 +145,10 @@ async fn tenants_keys_and_isolation() {
         s.revoke_key(&a.id, &key.id).await.unwrap();
         assert!(s.authenticate(&secret).await.unwrap().is_none());
 
-        let agent = s.create_agent(&a.id, "helper").await.unwrap();
+        let agent = s
+            .create_agent(&a.id, "helper", MemoryScope::Session)
+            .await
+            .unwrap();
         assert_eq!(s.agent(&a.id, "helper").await.unwrap(), agent);
         assert_eq!(s.agent(&a.id, &agent.id).await.unwrap(), agent);
         assert!(matches!(
@@ -107,9 +156,18 @@ async fn tenants_keys_and_isolation() {
             Err(StoreError::NotFound { .. })
         ));
         // Names are unique per tenant, not globally.
-        s.create_agent(&b.id, "helper").await.unwrap();
+        let other = s
+            .create_agent(&b.id, "helper", MemoryScope::Agent)
+            .await
+            .unwrap();
+        // The scope is stored and read back.
+        assert_eq!(
+            s.agent(&b.id, "helper").await.unwrap().memory_scope,
+            MemoryScope::Agent
+        );
+        assert_eq!(other.memory_scope, MemoryScope::Agent);
         assert!(matches!(
-            s.create_agent(&a.id, "helper").await,
+            s.create_agent(&a.id, "helper", MemoryScope::Session).await,
             Err(StoreError::Conflict { .. })
         ));
         assert_eq!(s.agents(&a.id).await.unwrap().len(), 1);
@@ -121,7 +179,10 @@ async fn tenants_keys_and_isolation() {
 async fn layers_are_versioned() {
     for_each_backend(|s| async move {
         let t = s.create_tenant("t", QUOTAS).await.unwrap();
-        let a = s.create_agent(&t.id, "a").await.unwrap();
+        let a = s
+            .create_agent(&t.id, "a", MemoryScope::Session)
+            .await
+            .unwrap();
         s.put_layer(&a.id, "axioms", "be honest", 200, true, 1.0)
             .await
             .unwrap();
@@ -178,7 +239,10 @@ async fn layers_are_versioned() {
 async fn the_turn_log_and_working_memory_persist() {
     for_each_backend(|s| async move {
         let t = s.create_tenant("t", QUOTAS).await.unwrap();
-        let a = s.create_agent(&t.id, "a").await.unwrap();
+        let a = s
+            .create_agent(&t.id, "a", MemoryScope::Session)
+            .await
+            .unwrap();
         assert!(s.ensure_session(&t.id, &a.id, "s1").await.unwrap());
         assert!(!s.ensure_session(&t.id, &a.id, "s1").await.unwrap());
         assert_eq!(s.session_count(&t.id).await.unwrap(), 1);
@@ -246,7 +310,10 @@ async fn the_turn_log_and_working_memory_persist() {
 async fn injected_entries_keep_their_role_name_and_prefill_steps_and_a_fork_copies_the_log() {
     for_each_backend(|s| async move {
         let t = s.create_tenant("t", QUOTAS).await.unwrap();
-        let a = s.create_agent(&t.id, "a").await.unwrap();
+        let a = s
+            .create_agent(&t.id, "a", MemoryScope::Session)
+            .await
+            .unwrap();
         s.ensure_session(&t.id, &a.id, "p").await.unwrap();
         s.append_turns(
             &a.id,
@@ -369,8 +436,12 @@ async fn memory_nodes_and_edges_persist_per_tenant() {
             s.create_tenant("mem-b", QUOTAS).await.unwrap(),
         );
         let (aa, ab) = (
-            s.create_agent(&a.id, "bot").await.unwrap(),
-            s.create_agent(&b.id, "bot").await.unwrap(),
+            s.create_agent(&a.id, "bot", MemoryScope::Session)
+                .await
+                .unwrap(),
+            s.create_agent(&b.id, "bot", MemoryScope::Session)
+                .await
+                .unwrap(),
         );
         let node = |t: &str, ag: &str, kind: &str, text: &str| NewMemoryNode {
             tenant_id: t.into(),
@@ -488,7 +559,10 @@ async fn memory_nodes_and_edges_persist_per_tenant() {
 async fn concurrent_writers_of_one_agent_all_land() {
     for_each_backend(|s| async move {
         let t = s.create_tenant("busy", QUOTAS).await.unwrap();
-        let agent = s.create_agent(&t.id, "bot").await.unwrap();
+        let agent = s
+            .create_agent(&t.id, "bot", MemoryScope::Session)
+            .await
+            .unwrap();
         s.ensure_session(&t.id, &agent.id, "s").await.unwrap();
         // Each writer reads the latest version or sequence number, then inserts the next one:
         // on SQLite a deferred transaction doing that fails with "database is locked" when
