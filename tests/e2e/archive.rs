@@ -165,3 +165,75 @@ fn a_shadow_over_its_byte_budget_archives_sessions_until_it_fits() {
     assert!(metric(&srv, "engram_archive_sessions_total{event=\"thawed\"}") >= 1);
     srv.stop();
 }
+
+/// A tenant over its own shadow quota (`quotas.shadow_mib`) has its least recently written
+/// sessions archived, and only its own: a tenant with no quota of its own keeps every session.
+#[test]
+fn a_tenant_over_its_shadow_quota_loses_its_own_oldest_sessions_only() {
+    let dir = fresh_dir("tenant-quota");
+    let mut c = config(&sqlite_url(), Some(&dir));
+    c.tiers.active_window_secs = 0;
+    let srv = Server::start_with(c);
+    let (_, tight) = srv.tenant(
+        "tight",
+        json!({"hot_blocks": 4096, "cold_blocks": 16384, "sessions": 100, "shadow_mib": 1}),
+    );
+    let (_, free) = srv.tenant("free", Value::Null);
+    for key in [&tight, &free] {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents",
+            Some(key),
+            json!({"name": "bot", "layers": [{"kind": "axioms", "content": AXIOMS}]}),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    let sessions = ["q0", "q1", "q2", "q3", "q4", "q5"];
+    for (i, s) in sessions.iter().enumerate() {
+        for key in [&tight, &free] {
+            turn(&srv, key, s, &message(i));
+        }
+    }
+    let (s, f) = srv.call("POST", "/v1/admin/shadow/flush", Some(ADMIN), Value::Null);
+    assert_eq!(s, 200, "{f}");
+    let (_, list) = srv.call("GET", "/v1/admin/tenants", Some(ADMIN), Value::Null);
+    let salt = |name: &str| {
+        list["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap()["cache_salt"]
+            .as_u64()
+            .unwrap()
+    };
+    // The archive's markers, by tenant salt.
+    let marked = |salt: u64| -> usize {
+        std::fs::read_dir(dir.join("archive"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                        text.contains(&format!("\"tenant\":{salt},"))
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let (tight_archived, free_archived) = (marked(salt("tight")), marked(salt("free")));
+    assert!(
+        tight_archived >= 1,
+        "nothing of the tight tenant was archived"
+    );
+    assert!(tight_archived < sessions.len(), "all of it was");
+    assert_eq!(free_archived, 0, "another tenant paid for it");
+    // The tight tenant's sessions still answer (the archived ones replay).
+    let (s, v) = srv.call(
+        "POST",
+        "/v1/agents/bot/sessions/q0/turns",
+        Some(&tight),
+        json!({"message": message(9), "max_tokens": 4}),
+    );
+    assert_eq!(s, 200, "{v}");
+    srv.stop();
+}

@@ -91,12 +91,17 @@ fn deleting_a_session_an_agent_and_a_tenant_leaves_nothing_and_a_restart_brings_
             );
             assert_eq!(s, 200, "{v}");
         };
-        let long = "My favourite colour is teal and I live near the old harbour. ".repeat(12);
+        let long = |s: &str| {
+            format!("In session {s}: my favourite colour is teal and I live near the old harbour. ")
+                .repeat(12)
+        };
+        // Each session says its own text, so each computes (and owns) blocks of its own: with the
+        // agent's memory scoped to sessions, two sessions saying the same would share them all.
         for s in ["s1", "s2"] {
-            turn(&ka, s, &long);
+            turn(&ka, s, &long(s));
             turn(&ka, s, "What did I just say?");
         }
-        turn(&kb, "s1", &long);
+        turn(&kb, "s1", &long("s1"));
         assert!(session_blocks(&srv, &ta, "s1") > 0);
         assert!(session_blocks(&srv, &ta, "s2") > 0);
         assert!(nodes(&srv, &ka).iter().any(|n| n["session_id"] == "s1"));
@@ -300,8 +305,12 @@ fn a_session_deleted_while_its_turn_runs_stays_deleted() {
         let srv = Server::start_with(config(&url, &dir));
         let (key, _) = srv.tenant_with_bot("racer", "Remember what the user says.");
         let tenant = tenant_id(&srv, &key);
-        let long = "My favourite colour is teal and I live near the old harbour. ".repeat(12);
         for s in ["s1", "s2"] {
+            // Each session its own text, so each owns blocks (see the test above).
+            let long = format!(
+                "In session {s}: my favourite colour is teal and I live near the old harbour. "
+            )
+            .repeat(12);
             let (st, v) = srv.call(
                 "POST",
                 &format!("/v1/agents/bot/sessions/{s}/turns"),

@@ -60,7 +60,9 @@ fn file_keys(dir: &Path, part: &str) -> BTreeMap<u64, BTreeSet<String>> {
             } else if p.to_string_lossy().contains(part)
                 && p.extension().is_some_and(|x| x == "json")
                 && let Ok(text) = std::fs::read_to_string(&p)
-                && let Ok(v) = serde_json::from_str::<Value>(&text)
+                // A checksum line may come before the JSON.
+                && let Some(at) = text.find('{')
+                && let Ok(v) = serde_json::from_str::<Value>(&text[at..])
                 && let Some(t) = tenant_in(&v)
             {
                 hashes_in(&v, out.entry(t).or_default());

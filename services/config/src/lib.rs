@@ -372,6 +372,8 @@ pub struct TenantSection {
     pub cold_blocks: u64,
     /// Sessions per tenant.
     pub sessions: u64,
+    /// Shadow MiB per tenant (0: no bound of its own; `shadow.budget_mib` still applies).
+    pub shadow_mib: u64,
 }
 
 impl Default for ServerSection {
@@ -478,6 +480,7 @@ impl Default for TenantSection {
             hot_blocks: 4096,
             cold_blocks: 16_384,
             sessions: 1000,
+            shadow_mib: 0,
         }
     }
 }

@@ -12,6 +12,9 @@ use std::pin::Pin;
 use actix_web::http::StatusCode;
 use actix_web::{FromRequest, HttpRequest, web};
 use engram_store::{AdminScope, Tenant};
+
+use crate::keys::KeyError;
+use crate::limits::LimitError;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
@@ -55,7 +58,8 @@ impl FromRequest for TenantCaller {
         Box::pin(async move {
             let (key, state) = (key?, state?);
             let lookup = || state.limits.check_lookup(ip);
-            match state.keys.authenticate(&state.store, &key, lookup).await? {
+            let found = state.keys.authenticate(&state.store, &key, lookup).await;
+            match found.map_err(ApiError::from)? {
                 Some(t) => {
                     crate::telemetry::record_tenant(&t.id);
                     state.limits.check_rate(&t.id)?;
@@ -64,126 +68,6 @@ impl FromRequest for TenantCaller {
                 None => Err(unauthorized("unknown or revoked API key")),
             }
         })
-    }
-}
-
-/// API-key lookups remembered (moka, keyed by the key's SHA-256, so no secret is held): a
-/// found key for `auth.key_cache_ms`, so a busy tenant's requests do not each ask the
-/// database; an unknown key for `auth.unknown_key_cache_ms`, so a client retrying a wrong key
-/// does not either. Revocations and tenant deletions through this node clear both.
-#[derive(Debug)]
-pub struct KeyCache {
-    cache: Option<moka::sync::Cache<[u8; 32], Tenant>>,
-    unknown: Option<moka::sync::Cache<[u8; 32], ()>>,
-}
-
-fn cache_of<V: Clone + Send + Sync + 'static>(
-    ttl_ms: u64,
-) -> Option<moka::sync::Cache<[u8; 32], V>> {
-    (ttl_ms > 0).then(|| {
-        moka::sync::Cache::builder()
-            .max_capacity(100_000)
-            .time_to_live(std::time::Duration::from_millis(ttl_ms))
-            .build()
-    })
-}
-
-impl KeyCache {
-    /// A cache whose found keys live `ttl_ms` and unknown ones `unknown_ms` (none when 0).
-    pub fn new(ttl_ms: u64, unknown_ms: u64) -> Self {
-        Self {
-            cache: cache_of(ttl_ms),
-            unknown: cache_of(unknown_ms),
-        }
-    }
-
-    /// The key's tenant: remembered, or — when `lookup` allows it (the caller's lookup rate) —
-    /// asked of the store, and remembered either way.
-    pub async fn authenticate<E>(
-        &self,
-        store: &engram_store::Store,
-        key: &str,
-        lookup: impl FnOnce() -> Result<(), E>,
-    ) -> Result<Option<Tenant>, ApiError>
-    where
-        ApiError: From<E>,
-    {
-        let h: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if let Some(t) = self.cache.as_ref().and_then(|c| c.get(&h)) {
-            return Ok(Some(t));
-        }
-        if self.unknown.as_ref().is_some_and(|c| c.contains_key(&h)) {
-            return Ok(None);
-        }
-        lookup()?;
-        let found = store.authenticate(key).await?;
-        match (&found, &self.cache, &self.unknown) {
-            (Some(t), Some(c), _) => c.insert(h, t.clone()),
-            (None, _, Some(u)) => u.insert(h, ()),
-            _ => {}
-        }
-        Ok(found)
-    }
-
-    /// Forgets every lookup (a key was revoked or created, or a tenant deleted).
-    pub fn clear(&self) {
-        if let Some(c) = &self.cache {
-            c.invalidate_all();
-        }
-        if let Some(u) = &self.unknown {
-            u.invalidate_all();
-        }
-    }
-}
-
-/// Operator keys remembered like tenant keys ([`KeyCache`]'s two caches): the stored keys of
-/// `POST /v1/admin/keys`, keyed by the secret's SHA-256.
-#[derive(Debug)]
-pub struct OperatorKeys {
-    found: Option<moka::sync::Cache<[u8; 32], engram_store::AdminKey>>,
-    unknown: Option<moka::sync::Cache<[u8; 32], ()>>,
-}
-
-impl OperatorKeys {
-    /// Found keys live `ttl_ms`, unknown ones `unknown_ms` (none when 0).
-    pub fn new(ttl_ms: u64, unknown_ms: u64) -> Self {
-        Self {
-            found: cache_of(ttl_ms),
-            unknown: cache_of(unknown_ms),
-        }
-    }
-
-    /// Forgets every lookup (a key was issued or revoked).
-    pub fn clear(&self) {
-        if let Some(c) = &self.found {
-            c.invalidate_all();
-        }
-        if let Some(u) = &self.unknown {
-            u.invalidate_all();
-        }
-    }
-
-    async fn find(
-        &self,
-        state: &AppState,
-        key: &str,
-        ip: Option<std::net::IpAddr>,
-    ) -> Result<Option<engram_store::AdminKey>, ApiError> {
-        let h: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if let Some(k) = self.found.as_ref().and_then(|c| c.get(&h)) {
-            return Ok(Some(k));
-        }
-        if self.unknown.as_ref().is_some_and(|c| c.contains_key(&h)) {
-            return Ok(None);
-        }
-        state.limits.check_lookup(ip)?;
-        let found = state.store.admin_key_of_secret(key).await?;
-        match (&found, &self.found, &self.unknown) {
-            (Some(k), Some(c), _) => c.insert(h, k.clone()),
-            (None, _, Some(u)) => u.insert(h, ()),
-            _ => {}
-        }
-        Ok(found)
     }
 }
 
@@ -241,7 +125,9 @@ impl<N: Demands + 'static> FromRequest for Operator<N> {
             if state.admin_key_hash == Some(given) {
                 return Ok(Self(std::marker::PhantomData));
             }
-            match state.operators.find(&state, &key, ip).await? {
+            let lookup = || state.limits.check_lookup(ip);
+            let found = state.operators.find(&state.store, &key, lookup).await;
+            match found.map_err(ApiError::from)? {
                 Some(k) if k.allows(N::SCOPE) => Ok(Self(std::marker::PhantomData)),
                 Some(_) => Err(ApiError::new(
                     StatusCode::FORBIDDEN,
@@ -256,5 +142,14 @@ impl<N: Demands + 'static> FromRequest for Operator<N> {
                 None => Err(unauthorized("wrong admin key")),
             }
         })
+    }
+}
+
+impl From<KeyError<LimitError>> for ApiError {
+    fn from(e: KeyError<LimitError>) -> Self {
+        match e {
+            KeyError::Throttled(l) => l.into(),
+            KeyError::Store(s) => s.into(),
+        }
     }
 }

@@ -9,10 +9,12 @@ pub mod admin_page;
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod pages;
+pub mod readiness;
 pub mod request_id;
 pub mod state;
 pub mod telemetry;
@@ -256,7 +258,8 @@ pub fn spawn_background(state: web::Data<AppState>) {
     }
 }
 
-/// Archives the least recently written sessions while the shadow is over its budget
+/// Archives the least recently written sessions of each tenant over its own shadow quota
+/// (`quotas.shadow_mib`), then of any tenant while the shadow is over its budget
 /// ([`shadow_budget`]) less `headroom` bytes (see [`budget_target`]; sessions with a turn within
 /// `tiers.active_window_secs` are kept); errors are logged.
 pub async fn enforce_shadow_budget(
@@ -264,13 +267,32 @@ pub async fn enforce_shadow_budget(
     shadow: &engram_shadow::Shadow,
     headroom: u64,
 ) {
-    let budget = budget_target(state.shadow_budget, headroom);
-    if budget == 0 {
-        return;
-    }
     let window = std::time::Duration::from_secs(state.config.tiers.active_window_secs);
     let active: std::collections::HashSet<_> = state.tiers.active(window).into_iter().collect();
-    for key in shadow.over_budget(budget, |k| active.contains(&k)).await {
+    // Each tenant within its own quota first, then the whole shadow within its budget.
+    let quotas: std::collections::HashMap<u64, u64> = match state.store.tenants().await {
+        Ok(ts) => ts
+            .iter()
+            .map(|t| (t.cache_salt, t.quotas.shadow_mib << 20))
+            .collect(),
+        Err(e) => {
+            tracing::warn!("shadow: tenants' quotas unreadable: {e}");
+            Default::default()
+        }
+    };
+    let over_quota = shadow
+        .over_tenant_budgets(
+            |t| quotas.get(&t.0).copied().unwrap_or(0),
+            |k| active.contains(&k),
+        )
+        .await;
+    let budget = budget_target(state.shadow_budget, headroom);
+    let over_budget = if budget == 0 {
+        Vec::new()
+    } else {
+        shadow.over_budget(budget, |k| active.contains(&k)).await
+    };
+    for key in over_quota.into_iter().chain(over_budget) {
         if let Err(e) = api::cache::archive_session(state, key, false).await {
             tracing::warn!("shadow: archiving a session over the budget failed: {e}");
             return;

@@ -163,9 +163,9 @@ pub struct AppState {
     /// Server-side metrics.
     pub metrics: Metrics,
     /// API-key lookups remembered for a short time.
-    pub keys: crate::auth::KeyCache,
+    pub keys: crate::keys::KeyCache,
     /// Operator-key lookups remembered for a short time.
-    pub operators: crate::auth::OperatorKeys,
+    pub operators: crate::keys::OperatorKeys,
     /// Turns' agent and layer reads remembered for a short time.
     pub agents: AgentCache,
     /// The memory graph; `None` when disabled or its embedding model is missing (the memory API
@@ -190,7 +190,7 @@ pub struct AppState {
     /// The neighbourhood each session's last prefetch reserved, for the prefetch hit rate.
     pub prefetched: Prefetched,
     /// `/readyz`'s last database ping.
-    pub ready: crate::api::health::ReadyCache,
+    pub ready: crate::readiness::ReadyCache,
     /// When the state was built (the clock `/readyz` ages its answer by).
     pub started: Instant,
     /// The shadow's byte budget in force (`shadow.budget_mib`, or half the free disk under the
@@ -216,8 +216,8 @@ impl AppState {
         let limits = crate::limits::Limits::new(&config.limits, &config.auth);
         let metrics = Metrics::new(config.metrics.tenant_labels);
         let keys =
-            crate::auth::KeyCache::new(config.auth.key_cache_ms, config.auth.unknown_key_cache_ms);
-        let operators = crate::auth::OperatorKeys::new(
+            crate::keys::KeyCache::new(config.auth.key_cache_ms, config.auth.unknown_key_cache_ms);
+        let operators = crate::keys::OperatorKeys::new(
             config.auth.key_cache_ms,
             config.auth.unknown_key_cache_ms,
         );
@@ -242,7 +242,7 @@ impl AppState {
             sessions: SessionSlots::default(),
             tokens: crate::tokens::TokenCache::default(),
             prefetched: Prefetched::new(),
-            ready: crate::api::health::ReadyCache::default(),
+            ready: crate::readiness::ReadyCache::default(),
             started: Instant::now(),
             shadow_budget: 0,
         }

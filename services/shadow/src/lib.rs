@@ -350,6 +350,52 @@ impl Shadow {
         out
     }
 
+    /// The sessions to archive for every tenant to fit in its own budget (`budget_of` its
+    /// salt, in bytes; 0: none): each tenant over it loses its least recently written sessions
+    /// first, skipping those `keep` names, until what it holds (its session and prefix
+    /// entries) fits. Empty when every tenant fits.
+    pub async fn over_tenant_budgets(
+        &self,
+        budget_of: impl Fn(TenantId) -> u64,
+        keep: impl Fn(ChainKey) -> bool,
+    ) -> Vec<ChainKey> {
+        let state = self.state.lock().await;
+        let mut held: HashMap<TenantId, u64> = HashMap::new();
+        let mut sessions: HashMap<TenantId, Vec<(u64, ChainKey, u64)>> = HashMap::new();
+        for m in state.manifests.values() {
+            let tenant = TenantId(m.tenant);
+            let size = entry_bytes(&state, m);
+            *held.entry(tenant).or_default() += size;
+            if let (EntryKind::Session, Some(s)) = (m.kind, m.session) {
+                let key = (tenant, SessionId(s));
+                if !keep(key) {
+                    sessions
+                        .entry(tenant)
+                        .or_default()
+                        .push((m.updated_unix_ms, key, size));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (tenant, mut bytes) in held {
+            let budget = budget_of(tenant);
+            if budget == 0 || bytes <= budget {
+                continue;
+            }
+            let mut list = sessions.remove(&tenant).unwrap_or_default();
+            list.sort_unstable();
+            for (_, key, size) in list {
+                if bytes <= budget {
+                    break;
+                }
+                bytes = bytes.saturating_sub(size);
+                out.push(key);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     /// A session's thaw: its next turn replayed it, so its marker goes (the next flush writes
     /// it again). Answers whether it was archived.
     pub async fn thawed(&self, key: ChainKey) -> Result<bool> {

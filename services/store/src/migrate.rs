@@ -51,6 +51,11 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "admin_keys",
         include_str!("../../../migrations/sqlite/0008_admin_keys.sql"),
     ),
+    (
+        9,
+        "shadow_quota",
+        include_str!("../../../migrations/sqlite/0009_shadow_quota.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -93,6 +98,11 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         8,
         "admin_keys",
         include_str!("../../../migrations/postgres/0008_admin_keys.sql"),
+    ),
+    (
+        9,
+        "shadow_quota",
+        include_str!("../../../migrations/postgres/0009_shadow_quota.sql"),
     ),
 ];
 

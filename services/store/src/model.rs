@@ -23,6 +23,10 @@ pub struct Quotas {
     pub cold_blocks: u64,
     /// Sessions.
     pub sessions: u64,
+    /// Bytes of the shadow its sessions may hold, MiB (0: no bound of its own; the shadow's
+    /// budget still applies): over it, its least recently written sessions are archived.
+    #[serde(default)]
+    pub shadow_mib: u64,
 }
 
 /// A tenant.

@@ -186,7 +186,7 @@ impl Store {
         };
         sqlx::query(
             "INSERT INTO tenants (id, name, cache_salt, quota_hot_blocks, quota_cold_blocks, \
-             quota_sessions, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             quota_sessions, quota_shadow_mib, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(&t.id)
         .bind(&t.name)
@@ -194,6 +194,7 @@ impl Store {
         .bind(quotas.hot_blocks as i64)
         .bind(quotas.cold_blocks as i64)
         .bind(quotas.sessions as i64)
+        .bind(quotas.shadow_mib as i64)
         .bind(t.created_at)
         .execute(&self.pool)
         .await
@@ -210,6 +211,7 @@ impl Store {
                 hot_blocks: u64_of(row.try_get("quota_hot_blocks")?, "tenant")?,
                 cold_blocks: u64_of(row.try_get("quota_cold_blocks")?, "tenant")?,
                 sessions: u64_of(row.try_get("quota_sessions")?, "tenant")?,
+                shadow_mib: u64_of(row.try_get("quota_shadow_mib")?, "tenant")?,
             },
             created_at: row.try_get("created_at")?,
         })

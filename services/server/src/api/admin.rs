@@ -84,6 +84,7 @@ pub async fn create_tenant(
         hot_blocks: d.hot_blocks,
         cold_blocks: d.cold_blocks,
         sessions: d.sessions,
+        shadow_mib: d.shadow_mib,
     });
     let tenant = state.store.create_tenant(&body.name, quotas).await?;
     let (key, secret) = state.store.create_key(&tenant.id).await?;

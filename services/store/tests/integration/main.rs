@@ -14,6 +14,7 @@ const QUOTAS: Quotas = Quotas {
     hot_blocks: 100,
     cold_blocks: 200,
     sessions: 3,
+    shadow_mib: 5,
 };
 
 fn admin_url() -> String {
