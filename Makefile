@@ -100,7 +100,8 @@ unit:
 	$(CARGO) test --workspace --doc $(FEATURES)
 	# The configuration as a release binary has it: without the test-only `fault-injection`
 	# feature the e2e suite turns on above (workspace features unify), so `model.fault` is refused.
-	$(CARGO) test -p engram-config --lib
+	# The other features as above, so only these two crates build again.
+	$(CARGO) test -p engram-config -p engram-server --lib --features engram-server/s3,engram-server/qdrant,engram-vector/qdrant-server
 
 bench:
 	$(CARGO) bench -p engram-benches

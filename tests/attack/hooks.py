@@ -84,7 +84,8 @@ def map_path_parameters(ctx, params):
 def no_cross_tenant_read(ctx, response, case):
     """The attacker's answers never hold the victim's marker."""
     marker = SEED.get("marker")
-    if ROLE in ("tenant", "cross") and marker and marker in (response.text or ""):
+    # Bytes, not text: an exported cache file is binary.
+    if ROLE in ("tenant", "cross") and marker and marker.encode() in (response.content or b""):
         raise AssertionError(
             f"cross-tenant read: {case.method} {case.formatted_path} answered the victim's text")
 

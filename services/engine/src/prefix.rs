@@ -241,7 +241,7 @@ impl ReadHistory {
     /// every entry of the tenant), as a delete of those sessions forgets their blocks.
     pub fn forget(&mut self, tenant: TenantId, mask: u64, value: u64) {
         self.entries.retain(|_, r| {
-            r.tenant != tenant || (mask != 0 && !r.session.is_some_and(|s| s.0 & mask == value))
+            r.tenant != tenant || (mask != 0 && r.session.is_none_or(|s| s.0 & mask != value))
         });
     }
 
