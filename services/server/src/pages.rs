@@ -76,6 +76,23 @@ pub fn cut<T>(
     (rows, next)
 }
 
+/// A page of `tenant`'s agents (`/v1/agents`, `/v1/models`) and the next page's cursor.
+pub async fn agents(
+    store: &engram_store::Store,
+    tenant: &str,
+    page: &ListPage,
+) -> Result<(Vec<engram_store::Agent>, Option<String>), ApiError> {
+    let (after, limit) = page.bounds()?;
+    let rows = store
+        .agents_page(
+            tenant,
+            after.as_ref().map(|(t, id)| (*t, id.as_str())),
+            limit + 1,
+        )
+        .await?;
+    Ok(cut(rows, limit, |a| (a.created_at, &a.id)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

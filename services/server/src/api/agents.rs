@@ -209,16 +209,7 @@ pub async fn list_agents(
     state: web::Data<AppState>,
     page: web::Query<crate::pages::ListPage>,
 ) -> Result<HttpResponse, ApiError> {
-    let (after, limit) = page.bounds()?;
-    let rows = state
-        .store
-        .agents_page(
-            &caller.0.id,
-            after.as_ref().map(|(t, id)| (*t, id.as_str())),
-            limit + 1,
-        )
-        .await?;
-    let (agents, next_cursor) = crate::pages::cut(rows, limit, |a| (a.created_at, &a.id));
+    let (agents, next_cursor) = crate::pages::agents(&state.store, &caller.0.id, &page).await?;
     Ok(HttpResponse::Ok().json(AgentList {
         agents,
         next_cursor,

@@ -223,16 +223,7 @@ pub async fn list_models(
 ) -> Result<HttpResponse, ApiError> {
     let mut page = page.into_inner();
     page.limit = page.limit.or(Some(crate::pages::MAX_LIMIT));
-    let (after, limit) = page.bounds()?;
-    let rows = state
-        .store
-        .agents_page(
-            &caller.0.id,
-            after.as_ref().map(|(t, id)| (*t, id.as_str())),
-            limit + 1,
-        )
-        .await?;
-    let (agents, next_cursor) = crate::pages::cut(rows, limit, |a| (a.created_at, &a.id));
+    let (agents, next_cursor) = crate::pages::agents(&state.store, &caller.0.id, &page).await?;
     let data: Vec<ModelEntry> = agents
         .into_iter()
         .map(|a| ModelEntry {
