@@ -58,7 +58,10 @@ impl FromRequest for TenantCaller {
         Box::pin(async move {
             let (key, state) = (key?, state?);
             let lookup = || state.limits.check_lookup(ip);
-            let found = state.keys.authenticate(&state.store, &key, lookup).await;
+            let found = state
+                .keys
+                .get(&key, lookup, || state.store.authenticate(&key))
+                .await;
             match found.map_err(ApiError::from)? {
                 Some(t) => {
                     crate::telemetry::record_tenant(&t.id);
@@ -126,7 +129,10 @@ impl<N: Demands + 'static> FromRequest for Operator<N> {
                 return Ok(Self(std::marker::PhantomData));
             }
             let lookup = || state.limits.check_lookup(ip);
-            let found = state.operators.find(&state.store, &key, lookup).await;
+            let found = state
+                .operators
+                .get(&key, lookup, || state.store.admin_key_of_secret(&key))
+                .await;
             match found.map_err(ApiError::from)? {
                 Some(k) if k.allows(N::SCOPE) => Ok(Self(std::marker::PhantomData)),
                 Some(_) => Err(ApiError::new(

@@ -1,0 +1,255 @@
+//! The configuration's own tests: layering, validation, secrets, the release build.
+
+use super::*;
+
+/// The build `make test` runs this crate's tests in alone (`cargo test -p engram-config`),
+/// as the release binary is built: without the test-only feature, so the key is unknown.
+#[cfg(not(feature = "fault-injection"))]
+#[test]
+fn a_release_build_refuses_fault_injection() {
+    let dir = std::env::temp_dir().join(format!("engram-cfg-fault-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("engram.toml");
+    std::fs::write(&file, "[model]\nfault = \"panic:X\"\n").unwrap();
+    let e = Config::load(Some(&file), Vec::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fault"), "{e}");
+    let e = Config::load(
+        None,
+        vec![("ENGRAM__MODEL__FAULT".to_string(), "panic:X".to_string())],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("fault"), "{e}");
+}
+
+#[test]
+fn layers_apply_in_order_and_secrets_stay_hidden() {
+    let dir = std::env::temp_dir().join(format!("engram-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("engram.toml");
+    std::fs::write(
+        &file,
+        "[server]\nbind = \"0.0.0.0:9000\"\n[model]\ncodec = \"q8\"\n",
+    )
+    .unwrap();
+    let env = vec![
+        ("ENGRAM__MODEL__CODEC".to_string(), "f16".to_string()),
+        (
+            "ENGRAM__AUTH__ADMIN_KEY".to_string(),
+            "a-very-long-admin-key".to_string(),
+        ),
+        ("ENGRAM__TENANTS__SESSIONS".to_string(), "7".to_string()),
+        ("UNRELATED".to_string(), "x".to_string()),
+    ];
+    let c = Config::load(Some(&file), env).unwrap();
+    assert_eq!(c.server.bind, "0.0.0.0:9000");
+    assert_eq!(c.model.codec, "f16", "env beats file");
+    let per_stream = Config::load(
+        None,
+        vec![("ENGRAM__MODEL__CODEC".to_string(), "q8/tq5".to_string())],
+    )
+    .unwrap()
+    .model
+    .engine_config()
+    .unwrap();
+    assert_eq!(per_stream.kv_profile, None);
+    assert_eq!(
+        (per_stream.codec, per_stream.value_codec),
+        (
+            engram_kvcore::CodecKind::Q8,
+            Some(engram_kvcore::CodecKind::TurboQuant { bits: 5 })
+        )
+    );
+    assert_eq!(c.tenants.sessions, 7);
+    assert_eq!(c.database.url, DatabaseSection::default().url);
+    assert!(!format!("{c:?}").contains("a-very-long-admin-key"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn without_a_codec_each_device_takes_its_built_in_default() {
+    use engram_kvcore::CodecKind;
+    let engine = |env: Vec<(&str, &str)>| {
+        let env: Vec<(String, String)> = env
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(None, env)
+            .unwrap()
+            .model
+            .engine_config()
+            .unwrap()
+    };
+    let cpu = engine(vec![]);
+    assert_eq!(
+        (cpu.codec, cpu.value_codec),
+        (
+            CodecKind::TurboQuantSplit {
+                bits: 6,
+                outliers: 1
+            },
+            Some(CodecKind::TurboQuant { bits: 5 })
+        )
+    );
+    // The CUDA kernel reads TurboQuant-4 only: that is its default.
+    let cuda = engine(vec![("ENGRAM__MODEL__DEVICE", "cuda")]);
+    assert_eq!((cuda.codec, cuda.value_codec), (CodecKind::TQ4, None));
+    // A codec named in the configuration wins on either device.
+    let named = engine(vec![
+        ("ENGRAM__MODEL__DEVICE", "cuda:1"),
+        ("ENGRAM__MODEL__CODEC", "tq4"),
+    ]);
+    assert_eq!((named.codec, named.value_codec), (CodecKind::TQ4, None));
+    let q8 = engine(vec![("ENGRAM__MODEL__CODEC", "q8")]);
+    assert_eq!((q8.codec, q8.value_codec), (CodecKind::Q8, None));
+    // Device weights: bf16 unless the configuration asks for f32.
+    use engram_engine::DeviceWeights;
+    assert_eq!(cpu.device_weights, DeviceWeights::Bf16);
+    let f32_products = engine(vec![
+        ("ENGRAM__MODEL__DEVICE", "cuda"),
+        ("ENGRAM__MODEL__DEVICE_WEIGHTS", "f32"),
+    ]);
+    assert_eq!(f32_products.device_weights, DeviceWeights::F32);
+}
+
+#[test]
+fn bad_values_are_named() {
+    let load = |k: &str, v: &str| Config::load(None, vec![(k.to_string(), v.to_string())]);
+    for (k, v, key) in [
+        ("ENGRAM__SERVER__BIND", "nowhere", "server.bind"),
+        ("ENGRAM__AUTH__ADMIN_KEY", "short", "auth.admin_key"),
+        ("ENGRAM__DATABASE__URL", "mysql://x", "database.url"),
+        ("ENGRAM__MODEL__CODEC", "tq9", "model.codec"),
+        ("ENGRAM__MODEL__CODEC", "q8/tq9", "model.codec"),
+        // An outlier split is a key codec: not for both streams, not for the values.
+        ("ENGRAM__MODEL__CODEC", "tq6o1", "model.codec"),
+        ("ENGRAM__MODEL__CODEC", "tq5/tq6o1", "model.codec"),
+        (
+            "ENGRAM__MODEL__KV_PROFILE",
+            "/no/such/profile.json",
+            "model.kv_profile",
+        ),
+        ("ENGRAM__MODEL__WEIGHTS", "int4", "model.weights"),
+        (
+            "ENGRAM__MODEL__DEVICE_WEIGHTS",
+            "fp8",
+            "model.device_weights",
+        ),
+        ("ENGRAM__MODEL__DOWN_TIER_KL", "-1", "model.down_tier_kl"),
+        // Without a profile there is no sensitivity to pick the narrower codecs by.
+        ("ENGRAM__MODEL__DOWN_TIER_KL", "0.05", "model.down_tier_kl"),
+        ("ENGRAM__SHADOW__URL", "gs://bucket", "shadow.url"),
+        (
+            "ENGRAM__SHADOW__PEERS",
+            "s3://b/n2, gs://bucket",
+            "shadow.peers",
+        ),
+        ("ENGRAM__SHADOW__PEERS", "s3://Bad_Bucket", "shadow.peers"),
+        (
+            "ENGRAM__MODEL__CHAINS_PER_TENANT",
+            "0",
+            "model.chains_per_tenant",
+        ),
+        ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
+        ("ENGRAM__EVICTION__MODE", "lru", "eviction.mode"),
+        (
+            "ENGRAM__EVICTION__MASS_WEIGHT",
+            "-0.5",
+            "eviction.mass_weight",
+        ),
+        (
+            "ENGRAM__EVICTION__RECENCY_WEIGHT",
+            "-1",
+            "eviction.recency_weight",
+        ),
+        ("ENGRAM__EVICTION__USE_WEIGHT", "-2", "eviction.use_weight"),
+    ] {
+        match load(k, v) {
+            Err(ConfigError::Invalid { key: got, .. }) => assert_eq!(got, key),
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        load("ENGRAM__SERVER__NOPE", "1"),
+        Err(ConfigError::Parse(_))
+    ));
+    for (k, v) in [
+        ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "lots"),
+        ("ENGRAM__SHADOW__ENABLED", "maybe"),
+        ("ENGRAM__TIERS__HOT_HIGH", "high"),
+    ] {
+        match load(k, v) {
+            Err(ConfigError::Parse(m)) => assert!(m.contains(k), "{m}"),
+            other => panic!("{k}={v}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn eviction_settings_reach_the_engine_policy() {
+    let c = Config::load(
+        None,
+        vec![
+            ("ENGRAM__EVICTION__MODE".to_string(), "priority".to_string()),
+            ("ENGRAM__EVICTION__IDLE_STEPS".to_string(), "64".to_string()),
+            (
+                "ENGRAM__EVICTION__USE_WEIGHT".to_string(),
+                "0.7".to_string(),
+            ),
+            (
+                "ENGRAM__EVICTION__USE_HALF_LIFE".to_string(),
+                "4096".to_string(),
+            ),
+        ],
+    )
+    .unwrap();
+    let p = c.eviction.policy().unwrap();
+    assert_eq!(p.mode, engram_engine::EvictionMode::Priority);
+    assert_eq!(p.idle_steps, 64);
+    assert_eq!(p.use_weight, 0.7);
+    assert_eq!(p.use_half_life, 4096);
+    let d = Config::default().eviction.policy().unwrap();
+    assert_eq!(d, engram_engine::EvictionPolicy::default());
+}
+
+#[test]
+fn environment_values_take_the_type_of_their_field() {
+    let env = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+    };
+    // Strings stay strings however they look: a numeric admin key, a boolean-looking
+    // device name, a float-looking bucket prefix.
+    let c = Config::load(
+        None,
+        env(&[
+            ("ENGRAM__AUTH__ADMIN_KEY", "1234567890123456"),
+            ("ENGRAM__MODEL__DEVICE", "cpu"),
+            ("ENGRAM__SHADOW__S3_REGION", "1.5"),
+            ("ENGRAM__SHADOW__S3_ACCESS_KEY_ID", "true"),
+            ("ENGRAM__MODEL__PATH", "42"),
+            // Numbers and booleans are parsed as their field's type.
+            ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "4096"),
+            ("ENGRAM__TIERS__HOT_HIGH", "1"),
+            ("ENGRAM__TIERS__STAGE", "false"),
+            ("ENGRAM__SHADOW__ENABLED", "false"),
+            ("ENGRAM__MEMORY__RESERVE", "0"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.auth.admin_key.0, "1234567890123456");
+    assert_eq!(c.shadow.s3_region, "1.5");
+    assert_eq!(c.shadow.s3_access_key_id, "true");
+    assert_eq!(c.model.path, PathBuf::from("42"));
+    assert_eq!(c.server.body_limit_bytes, 4096);
+    assert!((c.tiers.hot_high - 1.0).abs() < f64::EPSILON);
+    // The bridge spills ahead instead of staging (the policy's default is on).
+    assert!(engram_engine::TierPolicy::default().stage);
+    assert!(!c.tiers.stage && !c.tiers.policy().stage);
+    assert!(!c.shadow.enabled);
+    assert!(!c.memory.reserve);
+}
