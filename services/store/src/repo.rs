@@ -240,6 +240,33 @@ impl Store {
             .collect()
     }
 
+    /// At most `limit` rows of `table` (of `tenant` when given) after `after`, a
+    /// `(created_at, id)` of the previous page, in creation order: the keyset page every
+    /// creation-ordered listing uses.
+    async fn keyset(
+        &self,
+        table: &'static str,
+        tenant: Option<&str>,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> StoreResult<Vec<AnyRow>> {
+        let (at, id) = after.unwrap_or((i64::MIN, ""));
+        let scope = if tenant.is_some() {
+            "tenant_id = $4 AND "
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT * FROM {table} WHERE {scope}(created_at > $1 OR (created_at = $1 AND id > $2)) \
+             ORDER BY created_at, id LIMIT $3"
+        );
+        let mut q = sqlx::query(&sql).bind(at).bind(id).bind(limit);
+        if let Some(t) = tenant {
+            q = q.bind(t);
+        }
+        Ok(q.fetch_all(&self.pool).await?)
+    }
+
     /// At most `limit` tenants after `after` (a `(created_at, id)` of the previous page), in
     /// creation order.
     pub async fn tenants_page(
@@ -247,19 +274,11 @@ impl Store {
         after: Option<(i64, &str)>,
         limit: i64,
     ) -> StoreResult<Vec<Tenant>> {
-        let (at, id) = after.unwrap_or((i64::MIN, ""));
-        sqlx::query(
-            "SELECT * FROM tenants WHERE (created_at > $1 OR (created_at = $1 AND id > $2)) \
-             ORDER BY created_at, id LIMIT $3",
-        )
-        .bind(at)
-        .bind(id)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(Self::tenant_of)
-        .collect()
+        self.keyset("tenants", None, after, limit)
+            .await?
+            .iter()
+            .map(Self::tenant_of)
+            .collect()
     }
 
     /// Issues an API key; returns its record and the secret (shown once; only its hash is kept).
@@ -388,19 +407,11 @@ impl Store {
         after: Option<(i64, &str)>,
         limit: i64,
     ) -> StoreResult<Vec<AdminKey>> {
-        let (at, id) = after.unwrap_or((i64::MIN, ""));
-        sqlx::query(
-            "SELECT * FROM admin_keys WHERE (created_at > $1 OR (created_at = $1 AND id > $2)) \
-             ORDER BY created_at, id LIMIT $3",
-        )
-        .bind(at)
-        .bind(id)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(Self::admin_key_of)
-        .collect()
+        self.keyset("admin_keys", None, after, limit)
+            .await?
+            .iter()
+            .map(Self::admin_key_of)
+            .collect()
     }
 
     /// Revokes an operator key.
@@ -492,21 +503,11 @@ impl Store {
         after: Option<(i64, &str)>,
         limit: i64,
     ) -> StoreResult<Vec<Agent>> {
-        let (at, id) = after.unwrap_or((i64::MIN, ""));
-        sqlx::query(
-            "SELECT * FROM agents WHERE tenant_id = $1 \
-             AND (created_at > $2 OR (created_at = $2 AND id > $3)) \
-             ORDER BY created_at, id LIMIT $4",
-        )
-        .bind(tenant_id)
-        .bind(at)
-        .bind(id)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(Self::agent_of)
-        .collect()
+        self.keyset("agents", Some(tenant_id), after, limit)
+            .await?
+            .iter()
+            .map(Self::agent_of)
+            .collect()
     }
 
     /// A tenant's agents, oldest first.
