@@ -8,7 +8,10 @@ generated turn is a short prefill and at most two decoded tokens.
 `ATTACK_ROLE` (set by run.sh per run) says who is calling: `tenant` (the attacker tenant on its
 own resources), `cross` (the attacker, with path parameters naming the victim tenant's agent id,
 node ids and tenant id), `read` or `metrics` (operator keys of those scopes on the operator
-routes). `ATTACK_SEED` is seed.py's JSON. Two checks of this suite's own: no answer to the
+routes), `stateful` (schemathesis's stateful phase, following the spec's links: the operations
+that create a resource — agents, sessions by their turns, forks, nodes, edges — run as the
+victim, with the victim's marker in their texts, and the operations the links lead to run as the
+attacker on what the victim just made). `ATTACK_SEED` is seed.py's JSON. Two checks of this suite's own: no answer to the
 attacker holds the victim's marker, and no operator key does what its scope does not allow.
 """
 
@@ -27,7 +30,7 @@ TEXT_FIELDS = {"message", "content", "text"}
 TEXT_LIMIT = 64 * 1024
 
 
-def _shrink(value):
+def _shrink(value, mark=False):
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -36,16 +39,53 @@ def _shrink(value):
                 v = CHEAP_TOKENS
             elif k in TEXT_FIELDS and isinstance(v, str) and SHORT_TEXT < len(v) <= TEXT_LIMIT:
                 v = v[:SHORT_TEXT]
-            out[k] = _shrink(v)
+            # The victim's texts carry its marker (valid texts only: a negative case stays one).
+            if mark and k in TEXT_FIELDS and isinstance(v, str) and v.strip() \
+                    and len(v) <= SHORT_TEXT:
+                v = v + " " + SEED.get("marker", "")
+            out[k] = _shrink(v, mark)
         return out
     if isinstance(value, list):
-        return [_shrink(v) for v in value]
+        return [_shrink(v, mark) for v in value]
     return value
+
+
+# The operations that create what the links lead from: in the `stateful` role, the victim's.
+PRODUCERS = {
+    ("POST", "/v1/agents"),
+    ("POST", "/v1/agents/{agent}/sessions/{session}/turns"),
+    ("POST", "/v1/agents/{agent}/sessions/{session}/fork"),
+    ("POST", "/v1/agents/{agent}/memory/nodes"),
+    ("POST", "/v1/agents/{agent}/memory/edges"),
+}
+
+
+def _as_victim(operation):
+    return ROLE == "stateful" and (operation.method.upper(), operation.path) in PRODUCERS
 
 
 @schemathesis.hook
 def map_body(ctx, body):
-    return _shrink(body)
+    return _shrink(body, mark=ctx.operation is not None and _as_victim(ctx.operation))
+
+
+@schemathesis.hook
+def before_call(ctx, case, kwargs):
+    """In the `stateful` role each call carries the victim's or the attacker's key."""
+    if ROLE != "stateful":
+        return
+    key = SEED["victim"] if _as_victim(case.operation) else SEED["attacker"]
+    headers = dict(case.headers or {})
+    headers["Authorization"] = "Bearer " + key
+    case.headers = headers
+
+
+def _by_attacker(case):
+    if ROLE in ("tenant", "cross"):
+        return True
+    if ROLE == "stateful":
+        return (case.headers or {}).get("Authorization") == "Bearer " + SEED.get("attacker", "")
+    return False
 
 
 # Half of the generated path parameters name the seeded resources (agent `bot`, session `s`),
@@ -85,7 +125,7 @@ def no_cross_tenant_read(ctx, response, case):
     """The attacker's answers never hold the victim's marker."""
     marker = SEED.get("marker")
     # Bytes, not text: an exported cache file is binary.
-    if ROLE in ("tenant", "cross") and marker and marker.encode() in (response.content or b""):
+    if _by_attacker(case) and marker and marker.encode() in (response.content or b""):
         raise AssertionError(
             f"cross-tenant read: {case.method} {case.formatted_path} answered the victim's text")
 

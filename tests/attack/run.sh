@@ -8,6 +8,7 @@
 # its scope (tests/attack/hooks.py), or fewer cases than ATTACK_MIN_CASES.
 #
 #   ATTACK_EXAMPLES   examples per operation and phase (default 25)
+#   ATTACK_STATEFUL_EXAMPLES  the stateful phase's scenarios (default 100)
 #   ATTACK_MIN_CASES  cases the runs must reach together (default 2000)
 #   ENGRAM_BIN        the binary (default: built here with --features s3)
 set -euo pipefail
@@ -15,6 +16,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 target="${CARGO_TARGET_DIR:-$root/target}"
 examples="${ATTACK_EXAMPLES:-25}"
+stateful_examples="${ATTACK_STATEFUL_EXAMPLES:-100}"
 min_cases="${ATTACK_MIN_CASES:-2000}"
 venv="$root/.venv-attack"
 st="$venv/bin/schemathesis"
@@ -64,12 +66,19 @@ run() {
         --report ndjson --report-ndjson-path "$work/$name.ndjson" "$@"
 }
 status=0
-run tenant "$key" --exclude-tag admin || status=$?
-run cross "$key" --exclude-tag admin || status=$?
+run tenant "$key" --exclude-tag admin --phases examples,coverage,fuzzing || status=$?
+run cross "$key" --exclude-tag admin --phases examples,coverage,fuzzing || status=$?
+# Sequences along the spec's links: the victim creates, the attacker follows (hooks.py sets the
+# key per call, so no -H here).
+ATTACK_ROLE=stateful "$st" run "$root/openapi/openapi.json" --url "$base" \
+    --checks "$checks" --max-examples "$stateful_examples" --seed 4471 --no-shrink \
+    --workers 1 --request-timeout 60 --phases stateful --exclude-tag admin \
+    --suppress-health-check all --warnings off \
+    --report ndjson --report-ndjson-path "$work/stateful.ndjson" || status=$?
 run admin "$admin" --include-tag admin || status=$?
 run read "$(field read)" --include-tag admin || status=$?
 run metrics "$(field metrics)" --include-tag admin || status=$?
-cases="$(python3 - "$work"/{tenant,cross,admin,read,metrics}.ndjson <<'PY'
+cases="$(python3 - "$work"/{tenant,cross,stateful,admin,read,metrics}.ndjson <<'PY'
 import collections, json, sys
 n = 0
 statuses = collections.Counter()

@@ -182,3 +182,72 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
     assert_eq!(s, 404);
     srv.stop();
 }
+
+/// Query embeddings cached now (all tenants').
+fn cached_queries(srv: &Server) -> u64 {
+    let (s, stats) = srv.call(
+        "GET",
+        "/v1/admin/memory",
+        Some(crate::harness::ADMIN),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{stats}");
+    stats["cached_queries"].as_u64().unwrap()
+}
+
+/// Deleting a session forgets every text its requests embedded — its messages, its prefetches,
+/// memory queries asked as the session — and leaves the agent's own and other sessions' cached.
+#[test]
+fn deleting_a_session_forgets_the_texts_its_requests_embedded() {
+    let mut config = test_config(&sqlite_url(), 256 * 1024);
+    config.limits.requests_per_sec = 0;
+    // The reserver recalls after a turn in the background (asked as the session, forgotten
+    // with it): off, so that the counts below do not depend on when it ran.
+    config.memory.reserve = false;
+    let srv = Server::start_with(config);
+    let (key, _) = srv.tenant_with_bot("embedder", "You are a helpful assistant.");
+    let call = |path: &str, body: Value| {
+        let (s, v) = srv.call("POST", path, Some(&key), body);
+        assert_eq!(s, 200, "{path}: {v}");
+    };
+    // The agent's own query (no session) and another session's turn stay cached.
+    call(
+        "/v1/agents/bot/memory/query",
+        json!({"text": "What does the agent know about tea?"}),
+    );
+    call(
+        "/v1/agents/bot/sessions/keep/turns",
+        json!({"message": "My cat is called Miso.", "max_tokens": 2}),
+    );
+    let before = cached_queries(&srv);
+    call(
+        "/v1/agents/bot/sessions/gone/turns",
+        json!({"message": "My locker code is 5521.", "max_tokens": 2}),
+    );
+    call(
+        "/v1/agents/bot/sessions/gone/prefetch",
+        json!({"text": "Next I will ask about my locker code 5521."}),
+    );
+    call(
+        "/v1/agents/bot/memory/query",
+        json!({"text": "Which locker code did I give?", "session": "gone"}),
+    );
+    let during = cached_queries(&srv);
+    assert!(
+        during >= before + 3,
+        "the session's texts were embedded: {before} -> {during}"
+    );
+    let (s, v) = srv.call(
+        "DELETE",
+        "/v1/agents/bot/sessions/gone",
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        cached_queries(&srv),
+        before,
+        "every text the deleted session embedded is forgotten, nothing else"
+    );
+    srv.stop();
+}

@@ -218,19 +218,14 @@ fn axioms_tokens(srv: &Server, key: &str) -> usize {
         .unwrap() as usize
 }
 
-/// Flips `public` on the first `n` blocks of an exported session's header (no byte of a block
-/// changes, so every CRC still holds): the crafted file of a tenant trying to write KV under
-/// the public hash of an operator-marked prefix.
-fn flip_public(file: &[u8], n: usize) -> Vec<u8> {
+/// An exported session's file with its header's `engram.session` entry edited by `edit` (no
+/// byte of a block changes, so every CRC still holds): a crafted file.
+fn edit_header(file: &[u8], edit: impl FnOnce(&mut Vec<Value>)) -> Vec<u8> {
     let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
     let mut header: Value = serde_json::from_slice(&file[8..8 + len]).unwrap();
     let mut meta: Value =
         serde_json::from_str(header["__metadata__"]["engram.session"].as_str().unwrap()).unwrap();
-    let blocks = meta["blocks"].as_array_mut().unwrap();
-    assert!(blocks.len() >= n, "{} blocks", blocks.len());
-    for b in blocks.iter_mut().take(n) {
-        b["public"] = json!(true);
-    }
+    edit(meta["blocks"].as_array_mut().unwrap());
     header["__metadata__"]["engram.session"] = json!(meta.to_string());
     let mut text = header.to_string();
     while !text.len().is_multiple_of(8) {
@@ -240,6 +235,17 @@ fn flip_public(file: &[u8], n: usize) -> Vec<u8> {
     out.extend_from_slice(text.as_bytes());
     out.extend_from_slice(&file[8 + len..]);
     out
+}
+
+/// Flips `public` on the first `n` blocks of an exported session's header: the crafted file of
+/// a tenant trying to write KV under the public hash of an operator-marked prefix.
+fn flip_public(file: &[u8], n: usize) -> Vec<u8> {
+    edit_header(file, |blocks| {
+        assert!(blocks.len() >= n, "{} blocks", blocks.len());
+        for b in blocks.iter_mut().take(n) {
+            b["public"] = json!(true);
+        }
+    })
 }
 
 #[test]
@@ -422,6 +428,32 @@ fn a_crafted_import_never_reaches_another_tenant_and_imports_are_bounded() {
         &file,
     );
     assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    // A chain longer than the model's context is refused (422) before a block is read: its
+    // last block claims 100,000 tokens.
+    let endless = edit_header(&file, |blocks| {
+        let last = blocks.last_mut().unwrap();
+        let token = last["tokens"][0].clone();
+        last["tokens"] = json!(vec![token; 100_000]);
+    });
+    let (s, b) = srv.raw(
+        "POST",
+        "/v1/agents/bot/sessions/w/cache/import",
+        Some(&kx),
+        &endless,
+    );
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (422, Some("invalid_cache_file")),
+        "{v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("longer than the model's context"),
+        "{v}"
+    );
     srv.stop();
 
     // Imported pins are filed under the importer's own prefix key: on a node with an empty

@@ -4,12 +4,14 @@
 //! whichever direction separates better) is scored by ROC AUC over 300 trials per route. Every
 //! cache a text can land in is keyed by tenant, so the AUC stays near 0.5; before the fix the
 //! query-embedding cache, keyed by text alone, answered the victim's texts faster (AUC ≈ 1).
+//! A public layer (operator-marked) is shared on purpose: the second test measures what it
+//! reveals.
 
 use std::time::Instant;
 
 use serde_json::json;
 
-use crate::harness::{Server, sqlite_url, test_config};
+use crate::harness::{ADMIN, Server, sqlite_url, test_config};
 
 /// Texts per class (sent by the victim, or not): 2 × 150 = 300 trials per route.
 const PER_CLASS: usize = 150;
@@ -171,4 +173,130 @@ fn the_auc_of_a_perfect_and_of_a_useless_classifier() {
     assert_eq!(best_auc(&reversed), 1.0);
     let useless: Vec<(f64, bool)> = (0..10).map(|i| (0.0, i % 2 == 0)).collect();
     assert_eq!(best_auc(&useless), 0.5);
+}
+
+/// A public charter no other test holds: distinct from its first words, about 90 tokens.
+fn charter(i: usize) -> String {
+    const W: [&str; 10] = [
+        "Arctic",
+        "Boreal",
+        "Coastal",
+        "Desert",
+        "Equatorial",
+        "Forest",
+        "Glacial",
+        "Highland",
+        "Island",
+        "Jungle",
+    ];
+    let head = format!("{} {} charter {i}.", W[i % 10], W[(i / 10) % 10]);
+    let rules = (0..4)
+        .map(|r| format!("Clause {r} of charter {i}: answer plainly and cite clause {r}."))
+        .collect::<Vec<_>>()
+        .join("\n");
+    format!("{head}\n{rules}")
+}
+
+/// What an operator-marked public layer reveals (issue 64, item 3): a victim tenant uses half of
+/// 80 public charters (marked public by the operator, one turn each); the attacker, whose agent
+/// carries the same charter marked public, learns from `cached_tokens` exactly which ones some
+/// tenant computed (AUC 1, printed with the latency's AUC), and nothing of the private message
+/// that followed it: the victim's own long message, sent again by the attacker, is never found.
+#[test]
+fn a_public_layer_reveals_one_bit_per_prefix_and_no_private_text() {
+    const CHARTERS: usize = 40;
+    let mut config = test_config(&sqlite_url(), 64 * 1024);
+    config.limits.requests_per_sec = 0;
+    config.tiers.enabled = false;
+    config.memory.reserve = false;
+    let srv = Server::start_with(config);
+    let quotas = json!({"hot_blocks": 4096, "cold_blocks": 16384, "sessions": 5000});
+    let (victim_id, victim) = srv.tenant("victim", quotas.clone());
+    let (attacker_id, attacker) = srv.tenant("attacker", quotas);
+    for key in [&victim, &attacker] {
+        let (s, v) = srv.call(
+            "POST",
+            "/v1/agents",
+            Some(key),
+            json!({"name": "bot", "layers": [{"kind": "axioms", "content": charter(9999)}]}),
+        );
+        assert_eq!(s, 201, "{v}");
+    }
+    // The private message after the charter: long enough (~150 tokens) that a shared block of
+    // it would show in `cached_tokens`.
+    let message = |i: usize| {
+        format!(
+            "Private request {i}: {}",
+            (0..10)
+                .map(|k| format!("detail {k} of my account {i} is confidential."))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    };
+    // One charter: the tenant's axioms become it, the operator marks that version public, and
+    // a turn of the tenant's own session runs over it: (prompt tokens, cached tokens, seconds).
+    let probe = |tenant: &str, key: &str, session: &str, i: usize| {
+        let (s, v) = srv.call(
+            "PUT",
+            "/v1/agents/bot/layers/axioms",
+            Some(key),
+            json!({"content": charter(i)}),
+        );
+        assert_eq!(s, 200, "{v}");
+        let (s, v) = srv.call(
+            "PUT",
+            &format!("/v1/admin/tenants/{tenant}/agents/bot/layers/axioms/public"),
+            Some(ADMIN),
+            json!({"public": true}),
+        );
+        assert_eq!(s, 200, "{v}");
+        let started = Instant::now();
+        let (s, v) = srv.call(
+            "POST",
+            &format!("/v1/agents/bot/sessions/{session}/turns"),
+            Some(key),
+            json!({"message": message(i), "max_tokens": 1}),
+        );
+        let seconds = started.elapsed().as_secs_f64();
+        assert_eq!(s, 200, "{v}");
+        let (prompt, cached) = (
+            v["usage"]["prompt_tokens"].as_u64().unwrap(),
+            v["usage"]["cached_tokens"].as_u64().unwrap(),
+        );
+        (prompt, cached, seconds)
+    };
+    probe(&victim_id, &victim, "warm", 9998);
+    probe(&attacker_id, &attacker, "warm", 9997);
+    for i in 0..CHARTERS {
+        probe(&victim_id, &victim, &format!("v{i}"), i);
+    }
+    let (mut by_cached, mut by_time) = (Vec::new(), Vec::new());
+    let mut most_found_of_sent = 0u64;
+    for (trial, i) in shuffled(2 * CHARTERS).into_iter().enumerate() {
+        let sent = i < CHARTERS;
+        let (prompt, cached, seconds) = probe(&attacker_id, &attacker, &format!("a{trial}"), i);
+        // The message is over 100 of the prompt's tokens: a cached block of it would leave
+        // fewer than 100 computed.
+        assert!(
+            prompt - cached >= 100,
+            "charter {i}: {cached} of {prompt} prompt tokens cached: private text was shared"
+        );
+        if sent {
+            most_found_of_sent = most_found_of_sent.max(cached);
+        }
+        by_cached.push((cached as f64, sent));
+        by_time.push((-seconds, sent));
+    }
+    let (auc_cached, auc_time) = (best_auc(&by_cached), best_auc(&by_time));
+    println!(
+        "public layer, {} trials: ROC AUC by cached_tokens {auc_cached:.3}, by latency {auc_time:.3} \
+         (the bit it reveals: whether any tenant computed the public prefix); at most \
+         {most_found_of_sent} cached tokens on a charter the victim used (the charter's blocks)",
+        2 * CHARTERS
+    );
+    assert_eq!(
+        auc_cached, 1.0,
+        "a public prefix is shared: its use shows in cached_tokens"
+    );
+    srv.stop();
 }

@@ -36,6 +36,84 @@ fn the_committed_openapi_spec_matches_the_code() {
     }
 }
 
+/// Every OpenAPI link names an operation that exists, fills some of that operation's path
+/// parameters and nothing else (the others, a new session's name, are generated), and reads its values from the request's path parameters or from a field the
+/// linked answer's schema has — so schemathesis's stateful phase can follow every one.
+#[test]
+fn every_openapi_link_reaches_its_operation_with_its_parameters() {
+    use serde_json::Value;
+    let spec: Value = serde_json::from_str(&engram_server::openapi::spec_json()).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    let resolve = |s: &Value| -> Value {
+        match s["$ref"].as_str() {
+            Some(r) => schemas[r.rsplit('/').next().unwrap()].clone(),
+            None => s.clone(),
+        }
+    };
+    let path_params = |op: &Value| -> Vec<String> {
+        let mut p: Vec<String> = op["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["in"] == "path")
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .collect();
+        p.sort();
+        p
+    };
+    let mut ops = std::collections::HashMap::new();
+    for (_, item) in spec["paths"].as_object().unwrap() {
+        for (_, op) in item.as_object().unwrap() {
+            if let Some(id) = op["operationId"].as_str() {
+                ops.insert(id.to_string(), op.clone());
+            }
+        }
+    }
+    let mut links = 0;
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for (status, response) in op["responses"].as_object().unwrap() {
+                let Some(ls) = response["links"].as_object() else {
+                    continue;
+                };
+                let body = resolve(&response["content"]["application/json"]["schema"]);
+                for (name, link) in ls {
+                    links += 1;
+                    let at = format!("{method} {path} {status} {name}");
+                    let target = &ops[link["operationId"].as_str().unwrap()];
+                    let mut filled: Vec<String> = link["parameters"]
+                        .as_object()
+                        .unwrap()
+                        .keys()
+                        .cloned()
+                        .collect();
+                    filled.sort();
+                    let wanted = path_params(target);
+                    assert!(
+                        !filled.is_empty() && filled.iter().all(|p| wanted.contains(p)),
+                        "{at}: {filled:?} of {wanted:?}"
+                    );
+                    for (_, expr) in link["parameters"].as_object().unwrap() {
+                        let expr = expr.as_str().unwrap();
+                        if let Some(p) = expr.strip_prefix("$request.path.") {
+                            assert!(path_params(op).iter().any(|x| x == p), "{at}: {expr}");
+                        } else {
+                            let pointer = expr.strip_prefix("$response.body#").unwrap();
+                            let mut schema = body.clone();
+                            for field in pointer.trim_start_matches('/').split('/') {
+                                let next = resolve(&schema["properties"][field]);
+                                assert!(!next.is_null(), "{at}: {expr} names no field");
+                                schema = next;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(links >= 30, "{links} links");
+}
+
 #[test]
 fn a_tenant_over_its_rate_or_slots_is_refused_and_others_are_not() {
     let l = Limits::new(

@@ -230,6 +230,18 @@ pub struct RecallQuery<'a> {
     /// Which sessions' nodes it may see (see [`SessionScope`]): a turn of an agent whose
     /// memory is session-scoped sees only its own session's and the agent's own.
     pub sessions: SessionScope,
+    /// The session whose request carries the text (`None`: the agent's own, a memory query
+    /// without a session): its cached embedding is forgotten with that session.
+    pub asker: Option<&'a str>,
+}
+
+/// A cached query embedding's key: who asked, and the text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct QueryKey {
+    tenant: String,
+    agent: String,
+    asker: Option<String>,
+    text: String,
 }
 
 /// Bytes of query embeddings (and their texts) kept.
@@ -241,10 +253,11 @@ pub struct MemoryService {
     graph: RwLock<MemoryGraph>,
     vectors: Box<dyn VectorStore>,
     embedder: Arc<Embedder>,
-    /// Query embeddings by (tenant, text) (moka, least recently used leave first): a session's
-    /// recalls and a tenant's repeated questions embed once. The tenant is in the key, so no
-    /// tenant's query is ever faster because another asked it.
-    queries: moka::sync::Cache<(String, String), Arc<Vec<f32>>>,
+    /// Query embeddings by who asked and the text (moka, least recently used leave first): a
+    /// session's recalls embed a text once. The tenant is in the key, so no tenant's query is
+    /// ever faster because another asked it; so are the agent and the asking session, so
+    /// deleting a session (or an agent) forgets every text its requests had embedded.
+    queries: moka::sync::Cache<QueryKey, Arc<Vec<f32>>>,
     config: MemorySection,
     /// Newest episode per (agent, session): the predecessor the next turn follows.
     last_episode: Mutex<HashMap<(String, String), NodeId>>,
@@ -442,8 +455,12 @@ impl MemoryService {
             embedder,
             queries: moka::sync::Cache::builder()
                 .max_capacity(QUERY_CACHE_BYTES)
-                .weigher(|k: &(String, String), v: &Arc<Vec<f32>>| {
-                    u32::try_from(k.0.len() + k.1.len() + v.len() * 4).unwrap_or(u32::MAX)
+                .weigher(|k: &QueryKey, v: &Arc<Vec<f32>>| {
+                    let asker = k.asker.as_ref().map_or(0, String::len);
+                    u32::try_from(
+                        k.tenant.len() + k.agent.len() + asker + k.text.len() + v.len() * 4,
+                    )
+                    .unwrap_or(u32::MAX)
                 })
                 .build(),
             config: config.clone(),
@@ -562,22 +579,24 @@ impl MemoryService {
         Ok(())
     }
 
-    /// Forgets `tenant`'s cached query embeddings of `texts` (a deleted session's messages).
-    pub fn forget_queries<'t>(&self, tenant: &str, texts: impl IntoIterator<Item = &'t str>) {
-        for t in texts {
-            self.queries
-                .invalidate(&(tenant.to_string(), t.to_string()));
-        }
+    /// Query embeddings cached (all tenants').
+    pub fn cached_queries(&self) -> usize {
+        self.queries.iter().count()
     }
 
-    /// Forgets every cached query embedding of `tenant` (the tenant was deleted).
-    pub fn forget_tenant_queries(&self, tenant: &str) {
-        let tenant = tenant.to_string();
-        // Invalidation by predicate needs moka's support for it; a scan does the same here.
-        let keys: Vec<(String, String)> = self
+    /// Forgets the cached query embeddings that match: those `tenant`'s requests embedded, of
+    /// `agent` when given, asked by `session` when given (a deleted session, agent or tenant).
+    pub fn forget_queries(&self, tenant: &str, agent: Option<&str>, session: Option<&str>) {
+        // Invalidation by predicate needs moka's support for it; a scan does the same here
+        // (the cache holds at most a few MiB).
+        let keys: Vec<QueryKey> = self
             .queries
             .iter()
-            .filter(|(k, _)| k.0 == tenant)
+            .filter(|(k, _)| {
+                k.tenant == tenant
+                    && agent.is_none_or(|a| k.agent == a)
+                    && session.is_none_or(|s| k.asker.as_deref() == Some(s))
+            })
             .map(|(k, _)| (*k).clone())
             .collect();
         for k in keys {
@@ -618,7 +637,12 @@ impl MemoryService {
         if q.k == 0 {
             return Ok(Vec::new());
         }
-        let key = (q.tenant.to_string(), q.text.to_string());
+        let key = QueryKey {
+            tenant: q.tenant.to_string(),
+            agent: q.agent.to_string(),
+            asker: q.asker.map(str::to_string),
+            text: q.text.to_string(),
+        };
         let query = match self.queries.get(&key) {
             Some(v) => v,
             None => {

@@ -358,7 +358,7 @@ pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::Servic
                     .configure(admin_page::configure)
                     .service(
                         utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}")
-                            .url("/openapi.json", openapi::spec()),
+                            .external_url_unchecked("/openapi.json", openapi::document()),
                     )
                     .default_service(web::to(|| async {
                         HttpResponse::NotFound().json(

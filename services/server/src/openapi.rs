@@ -2,6 +2,7 @@
 //! assets are compiled in, so it works offline). `openapi/openapi.json` in the repository is
 //! this document; a test fails when they differ (`make openapi` rewrites the file).
 
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaFormat, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -180,6 +181,164 @@ impl Modify for StandardResponses {
     }
 }
 
+/// OpenAPI links between operations: what a created resource's answer names, and the operations
+/// that take it (schemathesis's stateful phase follows them, so the attack suite's generated
+/// sequences create a resource as one tenant and use it as the other).
+#[derive(Debug)]
+struct Links;
+
+/// A link: (name, target operation id, its parameters as runtime expressions).
+type LinkRow = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+const AGENT_FROM_BODY: &[(&str, &str)] = &[("agent", "$response.body#/agent/name")];
+const SESSION_FROM_PATH: &[(&str, &str)] = &[
+    ("agent", "$request.path.agent"),
+    ("session", "$request.path.session"),
+];
+const FORKED: &[(&str, &str)] = &[
+    ("agent", "$request.path.agent"),
+    ("session", "$response.body#/session"),
+];
+const NODE_FROM_BODY: &[(&str, &str)] = &[
+    ("agent", "$request.path.agent"),
+    ("id", "$response.body#/id"),
+];
+const TENANT_FROM_BODY: &[(&str, &str)] = &[("tenant", "$response.body#/tenant/id")];
+const TENANT_KEY: &[(&str, &str)] = &[
+    ("tenant", "$response.body#/tenant/id"),
+    ("key", "$response.body#/key/id"),
+];
+const KEY_OF_TENANT: &[(&str, &str)] = &[
+    ("tenant", "$request.path.tenant"),
+    ("key", "$response.body#/key/id"),
+];
+
+/// (path, method, status, links).
+const LINKS: &[(&str, &str, &str, &[LinkRow])] = &[
+    (
+        "/v1/agents",
+        "post",
+        "201",
+        &[
+            ("GetAgent", "get_agent", AGENT_FROM_BODY),
+            ("ListLayers", "list_layers", AGENT_FROM_BODY),
+            ("PutLayer", "put_layer", AGENT_FROM_BODY),
+            ("PreviewContext", "preview_context", AGENT_FROM_BODY),
+            ("CreateNode", "create_node", AGENT_FROM_BODY),
+            ("ListNodes", "list_nodes", AGENT_FROM_BODY),
+            ("Query", "query", AGENT_FROM_BODY),
+            ("CreateTurn", "create_turn", AGENT_FROM_BODY),
+            ("ExportAgent", "export_agent", AGENT_FROM_BODY),
+            ("DeleteAgent", "delete_agent", AGENT_FROM_BODY),
+        ],
+    ),
+    (
+        "/v1/agents/{agent}/sessions/{session}/turns",
+        "post",
+        "200",
+        &[
+            ("SessionCache", "session_cache", SESSION_FROM_PATH),
+            ("WorkingMemory", "working_memory", SESSION_FROM_PATH),
+            ("Export", "export", SESSION_FROM_PATH),
+            ("Save", "save", SESSION_FROM_PATH),
+            ("Evict", "evict", SESSION_FROM_PATH),
+            ("Archive", "archive", SESSION_FROM_PATH),
+            ("Fork", "fork_session", SESSION_FROM_PATH),
+            ("Prefetch", "prefetch", SESSION_FROM_PATH),
+            ("InjectContext", "inject_context", SESSION_FROM_PATH),
+            ("DeleteSession", "delete_session", SESSION_FROM_PATH),
+        ],
+    ),
+    (
+        "/v1/agents/{agent}/sessions/{session}/fork",
+        "post",
+        "201",
+        &[
+            ("CreateTurn", "create_turn", FORKED),
+            ("WorkingMemory", "working_memory", FORKED),
+            ("DeleteSession", "delete_session", FORKED),
+        ],
+    ),
+    (
+        "/v1/agents/{agent}/memory/nodes",
+        "post",
+        "201",
+        &[
+            ("GetNode", "get_node", NODE_FROM_BODY),
+            ("UpdateNode", "update_node", NODE_FROM_BODY),
+            ("DeleteNode", "delete_node", NODE_FROM_BODY),
+        ],
+    ),
+    (
+        "/v1/agents/{agent}/memory/edges",
+        "post",
+        "201",
+        &[("DeleteEdge", "delete_edge", NODE_FROM_BODY)],
+    ),
+    (
+        "/v1/admin/tenants",
+        "post",
+        "201",
+        &[
+            ("CreateKey", "create_key", TENANT_FROM_BODY),
+            ("RevokeKey", "revoke_key", TENANT_KEY),
+            ("DeleteTenant", "delete_tenant", TENANT_FROM_BODY),
+        ],
+    ),
+    (
+        "/v1/admin/tenants/{tenant}/keys",
+        "post",
+        "201",
+        &[("RevokeKey", "revoke_key", KEY_OF_TENANT)],
+    ),
+    (
+        "/v1/admin/keys",
+        "post",
+        "201",
+        &[(
+            "RevokeAdminKey",
+            "revoke_admin_key",
+            &[("key", "$response.body#/key/id")],
+        )],
+    ),
+];
+
+impl Modify for Links {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, method, status, links) in LINKS {
+            let Some(item) = openapi.paths.paths.get_mut(*path) else {
+                continue;
+            };
+            let op = match *method {
+                "get" => &mut item.get,
+                "put" => &mut item.put,
+                "post" => &mut item.post,
+                "delete" => &mut item.delete,
+                _ => &mut item.patch,
+            };
+            let Some(RefOr::T(response)) = op
+                .as_mut()
+                .and_then(|op| op.responses.responses.get_mut(*status))
+            else {
+                continue;
+            };
+            for (name, target, params) in *links {
+                let mut link = LinkBuilder::new().operation_id(*target);
+                for (param, expr) in *params {
+                    link = link.parameter(*param, *expr);
+                }
+                response
+                    .links
+                    .insert((*name).to_string(), RefOr::T(link.build()));
+            }
+        }
+    }
+}
+
 /// The Engram API.
 #[derive(Debug, OpenApi)]
 #[openapi(
@@ -207,10 +366,41 @@ pub fn spec() -> utoipa::openapi::OpenApi {
     doc.merge(api::Paths::openapi());
     BearerAuth.modify(&mut doc);
     StandardResponses.modify(&mut doc);
+    Links.modify(&mut doc);
+    doc
+}
+
+/// The document as served: [`spec`] as JSON, with each link's fields named as OpenAPI names
+/// them (utoipa 5 writes `Link`'s fields in snake case: `operation_id` for `operationId`).
+pub fn document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(spec()).unwrap_or_default();
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return doc;
+    };
+    let links = paths
+        .values_mut()
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut())
+        .filter_map(|op| op.get_mut("responses").and_then(|r| r.as_object_mut()))
+        .flat_map(|responses| responses.values_mut())
+        .filter_map(|r| r.get_mut("links").and_then(|l| l.as_object_mut()))
+        .flat_map(|links| links.values_mut())
+        .filter_map(|link| link.as_object_mut());
+    for link in links {
+        for (from, to) in [
+            ("operation_id", "operationId"),
+            ("operation_ref", "operationRef"),
+            ("request_body", "requestBody"),
+        ] {
+            if let Some(v) = link.remove(from) {
+                link.insert(to.to_string(), v);
+            }
+        }
+    }
     doc
 }
 
 /// The document as pretty JSON (what `openapi/openapi.json` holds).
 pub fn spec_json() -> String {
-    spec().to_pretty_json().unwrap_or_default()
+    serde_json::to_string_pretty(&document()).unwrap_or_default()
 }

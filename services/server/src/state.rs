@@ -352,6 +352,11 @@ impl Prefetched {
         self.0.remove(&(tenant.0, session))
     }
 
+    /// Forgets the session's last prefetch (the session was deleted).
+    pub fn forget(&self, tenant: TenantId, session: u64) {
+        self.0.invalidate(&(tenant.0, session));
+    }
+
     /// The session's last prefetch, left in place.
     pub fn get(&self, tenant: TenantId, session: u64) -> Option<std::sync::Arc<[u64]>> {
         self.0.get(&(tenant.0, session))

@@ -151,11 +151,14 @@ pub fn export_file(
 /// Every block is hashed with the caller's salt, whatever the file says: an import never
 /// creates a public block (public blocks are computed by the engine from an operator-marked
 /// layer, never supplied by a tenant), so a crafted file can only ever reach its own tenant.
+/// A chain of more than `max_tokens` tokens (the model's context) is refused before any block
+/// is read: no turn could attend it.
 pub fn import_file<R: Read + Seek>(
     kv: &KvFormat,
     tenant: TenantId,
     reader: R,
     len: u64,
+    max_tokens: usize,
 ) -> Result<(usize, ChainBlocks)> {
     let mut seg = SegmentReader::open(&kv.parts, reader, len)
         .map_err(|e| invalid("import", e.to_string()))?;
@@ -171,6 +174,10 @@ pub fn import_file<R: Read + Seek>(
     if let Some(reason) = header.kv.mismatch(kv) {
         return Err(invalid("import", reason));
     }
+    let tokens: usize = header.blocks.iter().map(|b| b.block.tokens.len()).sum();
+    if tokens > max_tokens {
+        return Err(too_long(tokens, max_tokens));
+    }
     let mut parent: Option<[u8; 32]> = None;
     let mut out = Vec::with_capacity(seg.len());
     for (i, b) in header.blocks.into_iter().enumerate() {
@@ -179,6 +186,14 @@ pub fn import_file<R: Read + Seek>(
         out.push((block, bytes));
     }
     Ok((header.stable_blocks, out))
+}
+
+/// A chain longer than the model's context.
+fn too_long(tokens: usize, max_tokens: usize) -> ShadowError {
+    invalid(
+        "import",
+        format!("a chain of {tokens} tokens is longer than the model's context ({max_tokens})"),
+    )
 }
 
 /// Block `i` of `seg`, refused unless its CRC is `crc`.
@@ -422,6 +437,7 @@ pub fn open_agent_import<R: Read + Seek>(
     kv: &KvFormat,
     reader: R,
     len: u64,
+    max_tokens: usize,
     valid_name: impl Fn(&str) -> bool,
 ) -> Result<AgentImportFile<R>> {
     let mut seg = SegmentReader::open(&kv.parts, reader, len)
@@ -451,6 +467,14 @@ pub fn open_agent_import<R: Read + Seek>(
         }
         if s.rows.iter().any(|&r| r >= header.blocks.len()) {
             return Err(invalid("import", "format: a session names a missing block"));
+        }
+        let tokens: usize = s
+            .rows
+            .iter()
+            .map(|&r| header.blocks[r].block.tokens.len())
+            .sum();
+        if tokens > max_tokens {
+            return Err(too_long(tokens, max_tokens));
         }
     }
     for (i, b) in header.blocks.iter().enumerate() {

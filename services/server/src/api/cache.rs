@@ -389,9 +389,10 @@ pub async fn import(
     let pin_key = pin_key(&caller.0, &built);
     let kv = engine.kv_format().clone();
     let tenant = key.0;
+    let context = engine.model_config().context_length;
     let (stable_blocks, blocks) = web::block(move || {
         let (file, len) = rewound(file)?;
-        import_file(&kv, tenant, file, len)
+        import_file(&kv, tenant, file, len, context)
     })
     .await
     .map_err(ApiError::internal)??;
@@ -545,11 +546,14 @@ pub async fn import_agent(
     let pin_key = pin_key(&caller.0, &built);
     let kv = engine.kv_format().clone();
     let tenant = TenantId(caller.0.cache_salt);
+    let context = engine.model_config().context_length;
     // Every block's CRC is checked, a block at a time, before anything is loaded; then each
     // session is read from the spool and loaded in turn (the memory of one session).
     let mut opened = web::block(move || {
         let (file, len) = rewound(file)?;
-        open_agent_import(&kv, file, len, |n| check_name("session", n).is_ok())
+        open_agent_import(&kv, file, len, context, |n| {
+            check_name("session", n).is_ok()
+        })
     })
     .await
     .map_err(ApiError::internal)??;

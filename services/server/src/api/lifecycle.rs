@@ -92,23 +92,13 @@ pub async fn delete_session(
         .begin(TenantId(tenant.cache_salt), u64::MAX, key)
         .await;
     let mut out = forget_cache(&state, &tenant, u64::MAX, key).await?;
-    // The messages the session's recalls embedded, read before the log goes.
-    let asked: Vec<String> = match &state.memory {
-        Some(_) => state
-            .store
-            .turns(&agent.id, &session)
-            .await?
-            .into_iter()
-            .filter(|t| t.role != engram_store::Role::Assistant)
-            .map(|t| t.text)
-            .collect(),
-        None => Vec::new(),
-    };
+    state.prefetched.forget(TenantId(tenant.cache_salt), key);
     let nodes = state.store.delete_session(&agent.id, &session).await?;
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, Some(&agent.id), Some(&session))?;
-        memory.forget_queries(&tenant.id, asked.iter().map(String::as_str));
+        // Every text its requests embedded: messages, prefetches, session memory queries.
+        memory.forget_queries(&tenant.id, Some(&agent.id), Some(&session));
     }
     Ok(HttpResponse::Ok().json(out))
 }
@@ -154,8 +144,7 @@ async fn delete_agent_data(
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, Some(&agent.id), None)?;
-        // Which of the tenant's cached queries were this agent's is not recorded: all go.
-        memory.forget_tenant_queries(&tenant.id);
+        memory.forget_queries(&tenant.id, Some(&agent.id), None);
     }
     Ok(out)
 }
@@ -193,7 +182,7 @@ pub async fn delete_tenant(
     out.memory_nodes = nodes.len();
     if let Some(memory) = &state.memory {
         memory.forget(&nodes, None, None)?;
-        memory.forget_tenant_queries(&tenant.id);
+        memory.forget_queries(&tenant.id, None, None);
     }
     Ok(HttpResponse::Ok().json(out))
 }

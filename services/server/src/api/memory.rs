@@ -542,6 +542,7 @@ pub async fn query(
                 Some(s) => recall_scope(&agent, Some(s)),
                 None => engram_graph::SessionScope::Every,
             },
+            asker: body.session.as_deref(),
         })
         .await?;
     let reservation = if body.reserve {
@@ -707,6 +708,7 @@ pub async fn admin_memory(
         nodes,
         edges,
         vectors,
+        cached_queries: memory.cached_queries(),
         startup: memory.startup(),
     }))
 }
@@ -733,6 +735,9 @@ pub struct MemoryStats {
     pub edges: usize,
     /// Vectors in the index.
     pub vectors: usize,
+    /// Query embeddings cached (the texts of recent recalls, each under its tenant, agent and
+    /// asking session; a deleted session's go with it).
+    pub cached_queries: usize,
     /// The last start.
     pub startup: engram_memory::Startup,
 }

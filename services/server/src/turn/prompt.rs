@@ -363,6 +363,7 @@ impl Turn {
                 exclude_since_ms,
                 at_ms: now_ms(),
                 sessions: self.recall_scope(),
+                asker: self.session.as_deref(),
             })
             .await?;
         let n = render(recalled, self.recall_budget());
