@@ -34,7 +34,7 @@ pub struct TenantId(pub u64);
 #[serde(transparent)]
 pub struct SessionId(pub u64);
 
-/// The prompt layer a block's tokens came from (shared/DESIGN.md §2).
+/// The prompt layer a block's tokens came from (docs/design.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]

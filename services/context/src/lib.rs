@@ -1,6 +1,6 @@
 //! # engram-context
 //!
-//! The layered prompt builder of DESIGN.md §2 step 2, free of I/O: an agent's layers
+//! The layered prompt builder of docs/design.md §2 step 2, free of I/O: an agent's layers
 //! ([`Layer`]) are fitted to their token budgets by the [`synthesize`] extractive synthesizer and
 //! ordered by volatility by [`build`], which returns tagged [`Segment`]s for the engine, the
 //! stable prefix's hash, tokens per layer and the lines spilled to working memory.

@@ -108,7 +108,7 @@ impl Default for EvictionPolicy {
     fn default() -> Self {
         Self {
             mode: EvictionMode::Attention,
-            // Chosen by `engram-bench eviction` (benches/results/2026-11-29-eviction-use/): with
+            // Chosen by `engram-bench eviction` (benches/results/2026-11-29-eviction-use/ in git history, f74a4d2): with
             // counts carried across a block's lives, how often a chain runs decides best; the
             // mass-threshold read count adds nothing beside it.
             mass_weight: 0.1,
