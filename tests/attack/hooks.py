@@ -80,6 +80,30 @@ def before_call(ctx, case, kwargs):
     case.headers = headers
 
 
+# In the `stateful` role: the agents the victim created in this run (names from their 201
+# answers), and a line per attacker call on one of them in ATTACK_TRACE (run.sh counts them: the
+# sequences must cross tenants, not only exist).
+VICTIM_AGENTS = set()
+TRACE = os.environ.get("ATTACK_TRACE")
+
+
+@schemathesis.hook
+def after_call(ctx, case, response):
+    if ROLE != "stateful":
+        return
+    if _as_victim(case.operation):
+        if case.path == "/v1/agents" and response.status_code == 201:
+            try:
+                VICTIM_AGENTS.add(json.loads(response.content)["agent"]["name"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        return
+    agent = (case.path_parameters or {}).get("agent")
+    if TRACE and agent in VICTIM_AGENTS:
+        with open(TRACE, "a") as f:
+            f.write(f"{case.method} {case.path} {response.status_code}\n")
+
+
 def _by_attacker(case):
     if ROLE in ("tenant", "cross"):
         return True

@@ -25,10 +25,6 @@ fn archive_restart_thaw(memory: bool) {
         c.memory.enabled = true;
         c.memory.embedder_path = embedder_path();
         c.memory.vector_dir = fresh_dir("archive-vectors");
-        // The reserver prefills a guess at the next turn's prompt in the background; a turn
-        // that reuses it or not sees logits that differ in the last bits (CPU prefill is not
-        // batch-invariant), so with it on two tenants' answers depend on its timing.
-        c.memory.reserve = false;
     }
     let srv = Server::start_with(c.clone());
     let (kept, _) = srv.tenant_with_bot("kept", AXIOMS);

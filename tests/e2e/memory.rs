@@ -418,7 +418,6 @@ fn a_turn_the_window_left_out_is_recalled_into_its_own_session() {
     let vectors = vector_dir();
     let mut c = config(&crate::harness::sqlite_url(), &vectors);
     c.model.context_tokens = 1024;
-    c.memory.reserve = false;
     let srv = Server::start_with(c);
     let (key, _) = srv.tenant_with_bot("t", "Answer in one short sentence.");
     let turn = |msg: &str| {

@@ -201,9 +201,9 @@ fn cached_queries(srv: &Server) -> u64 {
 fn deleting_a_session_forgets_the_texts_its_requests_embedded() {
     let mut config = test_config(&sqlite_url(), 256 * 1024);
     config.limits.requests_per_sec = 0;
-    // The reserver recalls after a turn in the background (asked as the session, forgotten
-    // with it): off, so that the counts below do not depend on when it ran.
-    config.memory.reserve = false;
+    // The reserver (off by default) would recall after a turn in the background, asked as the
+    // session and forgotten with it; off, the counts below do not depend on when it ran.
+    assert!(!config.memory.reserve);
     let srv = Server::start_with(config);
     let (key, _) = srv.tenant_with_bot("embedder", "You are a helpful assistant.");
     let call = |path: &str, body: Value| {

@@ -73,7 +73,6 @@ fn an_attacker_cannot_tell_a_victim_s_texts_by_timing() {
     let mut config = test_config(&sqlite_url(), 64 * 1024);
     config.limits.requests_per_sec = 0;
     config.tiers.enabled = false;
-    config.memory.reserve = false;
     let srv = Server::start_with(config);
     let quotas = json!({"hot_blocks": 4096, "cold_blocks": 16384, "sessions": 5000});
     let agent = |key: &str| {
@@ -208,7 +207,6 @@ fn a_public_layer_reveals_one_bit_per_prefix_and_no_private_text() {
     let mut config = test_config(&sqlite_url(), 64 * 1024);
     config.limits.requests_per_sec = 0;
     config.tiers.enabled = false;
-    config.memory.reserve = false;
     let srv = Server::start_with(config);
     let quotas = json!({"hot_blocks": 4096, "cold_blocks": 16384, "sessions": 5000});
     let (victim_id, victim) = srv.tenant("victim", quotas.clone());

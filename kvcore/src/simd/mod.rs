@@ -13,9 +13,12 @@
 
 use std::sync::OnceLock;
 
+mod scalar_codes;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86;
+
+pub(crate) use scalar_codes::CodesJob;
 
 // exp(x) = 2^n · e^r with r = x − n·ln2 (ln2 split in two for precision) and e^r from a degree-7
 // polynomial (Cephes' expf coefficients): relative error about 1e-7 on the reduced range.
@@ -251,9 +254,9 @@ pub(crate) struct Tq4Rows<'a> {
 }
 
 /// Attention over the codes of any codec pair on one KV head's key range
-/// ([`crate::attention::codes_partial`]), compiled for `isa` (lowered to what this CPU runs):
+/// ([`scalar_codes::codes_partial`]), compiled for `isa` (lowered to what this CPU runs):
 /// the path of every layer whose keys and values are not both TurboQuant-4.
-pub(crate) fn codes_partial(isa: Isa, job: &crate::attention::CodesJob<'_>) -> Partial {
+pub(crate) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
     #[cfg(target_arch = "x86_64")]
     {
         x86::codes_partial(isa.min(Isa::detected()), job)
@@ -261,7 +264,7 @@ pub(crate) fn codes_partial(isa: Isa, job: &crate::attention::CodesJob<'_>) -> P
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
-        crate::attention::codes_partial(job)
+        scalar_codes::codes_partial(job)
     }
 }
 

@@ -10,8 +10,9 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
+use super::CodesJob;
+use super::scalar_codes::codes_partial as reference;
 use super::{CausalCodes, Isa, KeyRange, Partial, Tq4Rows, to_kernel_order};
-use crate::attention::CodesJob;
 
 /// Keys per softmax tile.
 const TILE: usize = super::SIMD_TILE;
@@ -51,15 +52,15 @@ pub(super) fn tq4_attend(
 
 /// Attention over the codes of any codec pair for `isa` (the caller lowered it to what this CPU
 /// runs): the kernel of [`codes`] (AVX-512) or [`codes_avx2`] where it takes the geometry;
-/// otherwise [`crate::attention::codes_partial`] compiled for the tier.
+/// otherwise [`super::scalar_codes::codes_partial`] compiled for the tier.
 pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
     #[target_feature(enable = "avx512f")]
     fn on_avx512(job: &CodesJob<'_>) -> Partial {
-        crate::attention::codes_partial(job)
+        reference(job)
     }
     #[target_feature(enable = "avx2,fma")]
     fn on_avx2(job: &CodesJob<'_>) -> Partial {
-        crate::attention::codes_partial(job)
+        reference(job)
     }
     match isa {
         // SAFETY: the caller lowered `isa` to `Isa::detected()`, which is `Avx512` only when
@@ -72,7 +73,7 @@ pub(super) fn codes_partial(isa: Isa, job: &CodesJob<'_>) -> Partial {
         Isa::Avx2 if codes_avx2::supports(job) => unsafe { codes_avx2::attend(job) },
         // SAFETY: as above; `Avx2` is detected only with AVX2 and FMA.
         Isa::Avx2 => unsafe { on_avx2(job) },
-        Isa::Scalar => crate::attention::codes_partial(job),
+        Isa::Scalar => reference(job),
     }
 }
 

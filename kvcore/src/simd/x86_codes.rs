@@ -30,8 +30,8 @@ use super::{
     CausalTile, MAX_D, TILE, TileApart, causal_tile, load512, store512, transpose_stage,
     transpose16,
 };
-use crate::attention::CodesJob;
 use crate::codec::{Codec, CodecKind};
+use crate::simd::CodesJob;
 use crate::simd::{CausalCodes, Partial, to_kernel_order};
 use crate::store::host::LayerBytes;
 

@@ -14,8 +14,8 @@
 use std::arch::x86_64::*;
 
 use super::{MAX_D, MAX_GROUP, TILE, exp256, hsum256, load256, lookup256, norm_at, store256};
-use crate::attention::CodesJob;
 use crate::codec::{Codec, CodecKind};
+use crate::simd::CodesJob;
 use crate::simd::{Partial, to_kernel_order};
 
 const W: usize = 8;

@@ -634,7 +634,7 @@ impl EngineCore {
     pub fn new(model: Llama, tokenizer: TextTokenizer, config: EngineConfig) -> EngineResult<Self> {
         let shape = model.kv_shape(config.block_size)?;
         let profile = match &config.kv_profile {
-            Some(path) => Some(crate::calibrate::KvProfile::load(path, &model)?),
+            Some(path) => Some(crate::profile::KvProfile::load(path, &model)?),
             None => None,
         };
         let codecs = match &profile {

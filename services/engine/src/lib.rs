@@ -21,9 +21,11 @@ mod error;
 pub mod eval;
 pub mod fusion;
 mod gguf;
+mod hex;
 mod model;
 mod prefix;
 mod probe;
+pub mod profile;
 pub mod relocation;
 mod sampling;
 mod scheduler;
@@ -50,9 +52,7 @@ pub use error::{EngineError, EngineResult};
 pub use model::{
     ForwardTimes, KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows, take_forward_times,
 };
-pub use prefix::{
-    BlockHash, PARTIAL_SHARE, PrefixCache, SessionText, TextMatch, chain_hash, match_text,
-};
+pub use prefix::{BlockHash, PrefixCache, chain_hash};
 pub use probe::{CODEC_NAMES, KvProbe, StreamCodecs, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{

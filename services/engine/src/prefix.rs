@@ -1,5 +1,4 @@
-//! Prefix reuse: chained block hashes → cached blocks, and a text matcher for sessions whose text
-//! grows turn by turn.
+//! Prefix reuse: chained block hashes → cached blocks, and the read history of dropped blocks.
 //!
 //! **Block hashes.** Block `b` of a token sequence hashes
 //! `SHA-256("engram-block-v1" ‖ fingerprint ‖ salt ‖ hash(b − 1) ‖ tokens of b)`, where the
@@ -7,21 +6,6 @@
 //! size) and the salt separates tenants. A block's hash therefore names the whole prefix up to its
 //! end: equal hashes mean equal KV, and a lookup walks the chain until the first miss. Only full
 //! blocks are hashed; a sequence's partial last block is always recomputed.
-//!
-//! **Text matcher.** [`SessionText`] remembers the last text of a session and its tokens, and
-//! classifies the next text before tokenizing it:
-//! - `Exact`: the same text — every token is reused as is;
-//! - `Extend`: the old text is a prefix of the new one (the usual next turn) — the old tokens are
-//!   kept but the last one, and only the text from that token's start is tokenized, so a BPE merge
-//!   across the old end is still found;
-//! - `Partial`: the texts share at least 80 % of the old text — tokens ending inside the common
-//!   prefix are kept (again but the last), the rest is tokenized;
-//! - `Diverge`: less in common — the whole text is tokenized.
-//!
-//! Keeping old token ids keeps their block hashes, so the prefix cache hits for every block the
-//! texts share; the engine then reuses hot blocks, warms cold ones and prefills the rest. The
-//! matcher only saves tokenizer work and keeps ids stable; correctness never depends on it,
-//! because the cache is keyed by tokens.
 
 use std::collections::HashMap;
 
@@ -29,7 +13,6 @@ use engram_kvcore::{BlockId, BlockStore, SessionId, TenantId};
 use sha2::{Digest, Sha256};
 
 use crate::error::EngineResult;
-use crate::tokenizer::TextTokenizer;
 
 /// A chained block hash.
 pub type BlockHash = [u8; 32];
@@ -258,115 +241,9 @@ impl ReadHistory {
     }
 }
 
-/// How a session's new text relates to its previous text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TextMatch {
-    /// Identical.
-    Exact,
-    /// The old text is a prefix of the new.
-    Extend,
-    /// A common prefix of at least [`PARTIAL_SHARE`] of the old text.
-    Partial,
-    /// Less in common.
-    Diverge,
-}
-
-/// The least share of the old text a `Partial` match keeps.
-pub const PARTIAL_SHARE: f64 = 0.8;
-
-/// Classifies `new` against `old`; returns the match and the common prefix in bytes (on a char
-/// boundary).
-pub fn match_text(old: &str, new: &str) -> (TextMatch, usize) {
-    if old == new {
-        return (TextMatch::Exact, old.len());
-    }
-    if new.starts_with(old) {
-        return (TextMatch::Extend, old.len());
-    }
-    let mut common = 0;
-    for ((i, a), b) in old.char_indices().zip(new.chars()) {
-        if a != b {
-            break;
-        }
-        common = i + a.len_utf8();
-    }
-    if !old.is_empty() && common as f64 >= PARTIAL_SHARE * old.len() as f64 {
-        (TextMatch::Partial, common)
-    } else {
-        (TextMatch::Diverge, common)
-    }
-}
-
-/// A session's last text and its tokens (see the module docs).
-#[derive(Debug, Clone, Default)]
-pub struct SessionText {
-    text: String,
-    tokens: Vec<u32>,
-    offsets: Vec<(usize, usize)>,
-}
-
-impl SessionText {
-    /// The current text.
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
-    /// The current tokens.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Moves the session to `new`: returns the match and how many old tokens were kept.
-    pub fn update(&mut self, tok: &TextTokenizer, new: &str) -> EngineResult<(TextMatch, usize)> {
-        let (kind, common) = match_text(&self.text, new);
-        let keep = match kind {
-            TextMatch::Exact => return Ok((kind, self.tokens.len())),
-            TextMatch::Diverge => 0,
-            // Tokens that end within the common prefix, less the last one.
-            TextMatch::Extend | TextMatch::Partial => self
-                .offsets
-                .iter()
-                .take_while(|&&(_, end)| end <= common)
-                .count()
-                .saturating_sub(1),
-        };
-        // Tokenize from the end of the last kept token (offsets may omit a token's leading space).
-        let from = match keep {
-            0 => 0,
-            k => self.offsets[k - 1].1,
-        };
-        let (ids, offs) = tok.encode_with_offsets(&new[from..])?;
-        self.tokens.truncate(keep);
-        self.offsets.truncate(keep);
-        self.tokens.extend(ids);
-        self.offsets
-            .extend(offs.into_iter().map(|(s, e)| (s + from, e + from)));
-        self.text = new.to_string();
-        Ok((kind, keep))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn matches_are_classified() {
-        assert_eq!(match_text("abc", "abc"), (TextMatch::Exact, 3));
-        assert_eq!(match_text("abc", "abcdef"), (TextMatch::Extend, 3));
-        assert_eq!(
-            match_text("abcdefghij", "abcdefghXY"),
-            (TextMatch::Partial, 8)
-        );
-        assert_eq!(
-            match_text("abcdefghij", "abcXXXXXXX"),
-            (TextMatch::Diverge, 3)
-        );
-        assert_eq!(match_text("", "new"), (TextMatch::Extend, 0));
-        // Multi-byte characters: the common prefix ends on a char boundary.
-        assert_eq!(match_text("aé", "aè"), (TextMatch::Diverge, 1));
-    }
 
     #[test]
     fn hashes_chain_and_separate_tenants() {

@@ -59,6 +59,10 @@ pub struct MemorySection {
     /// spilled over its budget (but the memories layer's own) a fact node of the agent, once.
     pub ingest_turns: bool,
     /// After each turn, reserve cold-tier blocks for the neighbourhood of what was just said.
+    /// Off by default: on the conversation bench its reservations were never claimed (0 blocks
+    /// served, TTFT 225 against 220 ms without, `benches/results/2026-11-25-conversation/`),
+    /// and a turn that may or may not reuse a background prefill makes answers depend on timing.
+    /// Explicit reservations (`"reserve": true` on a query, prefetch) do not need it.
     pub reserve: bool,
     /// How long an unused reservation lives, seconds.
     pub reservation_ttl_secs: u64,
@@ -77,7 +81,7 @@ impl Default for MemorySection {
             hops: 2,
             seeds: 16,
             ingest_turns: true,
-            reserve: true,
+            reserve: false,
             reservation_ttl_secs: 600,
         }
     }

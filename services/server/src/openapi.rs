@@ -71,7 +71,19 @@ fn binary() -> RefOr<utoipa::openapi::schema::Schema> {
     ))
 }
 
+/// What an agent or session name may be (`turn::check_name`): so generated requests name real
+/// resources, and a name outside it is a negative case.
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
 fn standardize(path: &str, method: &str, op: &mut Operation) {
+    for p in op.parameters.iter_mut().flatten() {
+        if matches!(p.parameter_in, ParameterIn::Path)
+            && matches!(p.name.as_str(), "agent" | "session")
+            && let Some(RefOr::T(Schema::Object(o))) = &mut p.schema
+        {
+            o.pattern = Some(NAME_PATTERN.to_string());
+        }
+    }
     let params = op.parameters.as_deref().unwrap_or_default();
     let has_path = params
         .iter()

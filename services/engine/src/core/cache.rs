@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::evict::HotRanking;
 use super::{EngineConfig, EngineCore, PUBLIC_TENANT, PrefixReuse, SeqId, block_salt};
-use crate::calibrate::KvProfile;
 use crate::error::{EngineError, EngineResult};
 use crate::prefix::chain_hash;
+use crate::profile::KvProfile;
 
 /// Down-tiering options (see [`EngineConfig::down_tier`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -59,8 +59,8 @@ pub const REVIEW_CYCLES: u64 = 10;
 pub const FLIP_WINDOW_CYCLES: u64 = 100;
 
 /// What leaving a tier costs when the block is needed again: the latencies the allocator weighs
-/// per byte (defaults measured on the 2-vCPU reference machine with SmolLM2-135M; see the
-/// README's tier section).
+/// per byte (defaults measured on the 2-vCPU reference machine with SmolLM2-135M; see
+/// docs/kv-cache.md).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]

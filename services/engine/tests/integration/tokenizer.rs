@@ -1,6 +1,6 @@
 //! The GGUF-built tokenizer, the chat template and the session text matcher.
 
-use engram_engine::{ChatMessage, Role, SessionText, TextMatch, TextTokenizer, chatml};
+use engram_engine::{ChatMessage, Role, TextTokenizer, chatml};
 
 use crate::common::model;
 
@@ -51,39 +51,6 @@ fn a_saved_tokenizer_json_gives_the_same_ids() {
     assert_eq!(reloaded.encode(&text).unwrap(), tok.encode(&text).unwrap());
     assert_eq!(reloaded.stop_ids(), tok.stop_ids());
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-#[test]
-fn session_text_keeps_old_tokens_on_extend_and_partial() {
-    let tok = &model().1;
-    let turn1 = chatml(&[ChatMessage::new(Role::User, "Name a colour.")], true);
-    let mut s = SessionText::default();
-    assert_eq!(s.update(tok, &turn1).unwrap().0, TextMatch::Extend);
-    let first = s.tokens().to_vec();
-    assert_eq!(first, tok.encode(&turn1).unwrap());
-
-    assert_eq!(
-        s.update(tok, &turn1).unwrap(),
-        (TextMatch::Exact, first.len())
-    );
-
-    let turn2 = format!("{turn1}Blue.<|im_end|>\n<|im_start|>user\nAnother one.<|im_end|>\n");
-    let (kind, kept) = s.update(tok, &turn2).unwrap();
-    assert_eq!(kind, TextMatch::Extend);
-    assert_eq!(kept, first.len() - 1);
-    assert_eq!(&s.tokens()[..kept], &first[..kept]);
-    assert_eq!(s.tokens(), tok.encode(&turn2).unwrap().as_slice());
-
-    // Editing the last words keeps most of the text: a partial match.
-    let edited = turn2.replace("Another one.", "Another colour.");
-    let (kind, kept) = s.update(tok, &edited).unwrap();
-    assert_eq!(kind, TextMatch::Partial);
-    assert!(kept > first.len());
-    assert_eq!(s.tokens(), tok.encode(&edited).unwrap().as_slice());
-
-    let (kind, kept) = s.update(tok, "Something else entirely").unwrap();
-    assert_eq!((kind, kept), (TextMatch::Diverge, 0));
-    assert_eq!(s.text(), "Something else entirely");
 }
 
 pub fn tempdir(tag: &str) -> std::path::PathBuf {

@@ -16,7 +16,8 @@ use crate::turn::{
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewAgent {
-    /// Name, unique per tenant.
+    /// Name, unique per tenant (1–64 letters, digits, `-`, `_`).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub name: String,
     /// Initial layers.
     #[serde(default)]

@@ -109,6 +109,7 @@ pub async fn inject_context(
 #[serde(deny_unknown_fields)]
 pub struct ForkRequest {
     /// The new session's name (1–64 letters, digits, `-`, `_`; must not exist).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub session: String,
 }
 
