@@ -42,6 +42,7 @@ async fn key_of(
     agent: &str,
     session: &str,
 ) -> Result<ChainKey, ApiError> {
+    crate::turn::check_name("session", session)?;
     let agent = state.store.agent(&caller.0.id, agent).await?;
     Ok((TenantId(caller.0.cache_salt), session_key(&agent, session)))
 }

@@ -84,6 +84,7 @@ pub async fn delete_session(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, session) = path.into_inner();
+    crate::turn::check_name("session", &session)?;
     let tenant = caller.0;
     let agent = state.store.agent(&tenant.id, &agent).await?;
     let key = session_key(&agent, &session).0;

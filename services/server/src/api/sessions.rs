@@ -72,6 +72,7 @@ pub async fn inject_context(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, session) = path.into_inner();
+    crate::turn::check_name("session", &session)?;
     let entries = body
         .into_inner()
         .entries

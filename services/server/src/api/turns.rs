@@ -339,6 +339,7 @@ pub async fn working_memory(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, session) = path.into_inner();
+    crate::turn::check_name("session", &session)?;
     let agent = state.store.agent(&caller.0.id, &agent).await?;
     let lines = state.store.working_memory(&agent.id, &session).await?;
     Ok(HttpResponse::Ok().json(WorkingMemory { lines }))
@@ -361,6 +362,7 @@ pub async fn session_cache(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, session) = path.into_inner();
+    crate::turn::check_name("session", &session)?;
     let agent = state.store.agent(&caller.0.id, &agent).await?;
     let filter = engram_kvcore::BlockFilter {
         tenant: Some(TenantId(caller.0.cache_salt)),
