@@ -100,9 +100,9 @@ echo "attack: schemathesis generated $cases cases (minimum $min_cases)"
 # The stateful run's sequences crossed tenants: the attacker called operations on agents the
 # victim had just created (answers by status).
 crossed="$(wc -l <"$work/crossed.txt" 2>/dev/null || echo 0)"
-echo "attack: $crossed attacker calls on agents the victim created in the same sequence (minimum 10):" \
+echo "attack: $crossed attacker calls on agents the victim created in the same sequence (minimum 5):" \
     "$(sort "$work/crossed.txt" 2>/dev/null | awk '{print $NF}' | sort | uniq -c | tr -s ' \n' ' ')"
-if [ "$crossed" -lt 10 ]; then status=1; fi
+if [ "$crossed" -lt 5 ]; then status=1; fi
 if grep -q "panicked" "$work/server.log"; then
     echo "attack: the server panicked:"; grep -n -A3 "panicked" "$work/server.log"; status=1
 fi
