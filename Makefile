@@ -22,7 +22,7 @@ help:
 	@echo "make bench         criterion micro-benchmarks (release)"
 	@echo "make codec-report  codec quality figures on the SmolLM2-135M shape (JSON lines)"
 	@echo "make openapi       rewrite openapi/openapi.json from the code"
-	@echo "make eval-kv       KV fidelity of every codec on real text (engram eval kv)"
+	@echo "make eval-kv       KV fidelity of every codec on real text (engram-lab eval kv)"
 	@echo "make bench-attention  decode attention over TQ4 codes per SIMD tier and thread count (ns per key and KV head)"
 	@echo "make bench-qmatmul    block weight products per SIMD tier, thread and row count (ms per layer, GFLOP/s)"
 	@echo "make bench-ttft    time to first token cold/hot/warm and decode tokens/s (engram-bench ttft)"
@@ -98,14 +98,21 @@ clippy:
 	$(CARGO) clippy --workspace --all-targets $(FEATURES) -- -D warnings
 
 # Libraries, binaries, integration tests, examples and doc tests. Benches are built by clippy
-# above and run by `make bench`.
+# above and run by `make bench`. The tests run under cargo-nextest where it is installed (one
+# pool of test processes across every test binary, `.config/nextest.toml`), else `cargo test`.
+NEXTEST ?= $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
+ifeq ($(NEXTEST),yes)
+TEST_RUN = $(CARGO) nextest run --profile ci
+else
+TEST_RUN = $(CARGO) test
+endif
 unit:
-	$(CARGO) test --workspace --lib --bins --tests --examples $(FEATURES)
+	$(TEST_RUN) --workspace --lib --bins --tests --examples $(FEATURES)
 	$(CARGO) test --workspace --doc $(FEATURES)
 	# The configuration as a release binary has it: without the test-only `fault-injection`
 	# feature the e2e suite turns on above (workspace features unify), so `model.fault` is refused.
 	# The other features as above, so only these two crates build again.
-	$(CARGO) test -p engram-config -p engram-server --lib --features engram-server/s3,engram-server/qdrant,engram-vector/qdrant-server
+	$(TEST_RUN) -p engram-config -p engram-server --lib --features engram-server/s3,engram-server/qdrant,engram-vector/qdrant-server
 
 bench:
 	$(CARGO) bench -p engram-benches
@@ -118,7 +125,7 @@ openapi:
 	UPDATE_OPENAPI=1 $(CARGO) test -p engram-tests --test e2e $(FEATURES) -- units::the_committed_openapi
 
 eval-kv: models
-	$(CARGO) run --release -p engram-server --bin engram -- eval kv
+	$(CARGO) run --release -p engram-lab --bin engram-lab -- eval kv
 
 # Decode attention over TQ4 codes on every SIMD tier of this CPU, one and two threads.
 bench-attention:
@@ -159,8 +166,8 @@ bench-workload: models
 CUDA_TARGET_DIR ?= $(HOME)/.cache/engram-target-cuda
 build-cuda:
 	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-kernels --features cuda --bins
-	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-server --bin engram -p engram-benches --bin engram-bench --features engram-server/cuda,engram-benches/cuda
+	. scripts/cuda-env.sh && CARGO_TARGET_DIR=$(CUDA_TARGET_DIR) $(CARGO) build --release -p engram-server --bin engram -p engram-benches --bin engram-bench -p engram-lab --bin engram-lab --features engram-server/cuda,engram-benches/cuda,engram-lab/cuda
 	rm -rf gpu-dist && mkdir -p gpu-dist
-	for b in engram engram-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && xz -T2 -6 -f gpu-dist/$$b; done
+	for b in engram engram-bench engram-lab; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && xz -T2 -6 -f gpu-dist/$$b; done
 	for b in engram-gpu-check engram-gpu-bench; do strip -o gpu-dist/$$b $(CUDA_TARGET_DIR)/release/$$b && gzip -f gpu-dist/$$b; done
 	cp benches/gpu_sdpa_baseline.py gpu-dist/

@@ -205,7 +205,7 @@ fn config(
         }
     }
     if let Some(m) = eviction["mode"].as_str() {
-        c.eviction.mode = m.into();
+        c.eviction.mode = engram_engine::EvictionMode::parse(m).unwrap_or_default();
     }
     if let Some(w) = eviction["mass_weight"].as_f64() {
         c.eviction.mass_weight = w;

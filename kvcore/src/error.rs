@@ -125,34 +125,6 @@ pub enum KvError {
         /// The id.
         id: BlockId,
     },
-    /// The block is in the fused cold pool, and the operation needs it in a cold slot of its
-    /// own (warm it first).
-    #[error("block {id} is fused; warm it first")]
-    Fused {
-        /// The id.
-        id: BlockId,
-    },
-    /// Block fusion was asked of a store built without a fused pool.
-    #[error("the store has no fused pool (block fusion is off)")]
-    NoFusedPool,
-    /// Two blocks that may not share directions (see [`crate::BlockStore::fuse`]).
-    #[error("blocks {member} and {partner} cannot be fused: {reason}")]
-    NotFusable {
-        /// The block that would take the directions.
-        member: BlockId,
-        /// The block whose directions it would take.
-        partner: BlockId,
-        /// Why not.
-        reason: &'static str,
-    },
-    /// The fused pool has no room for what a fusion would store.
-    #[error("the fused pool needs {needed} more bytes; {available} are free")]
-    FusedPoolFull {
-        /// Bytes the fusion would add.
-        needed: usize,
-        /// Bytes left in the pool.
-        available: usize,
-    },
     /// Down-tiering was asked of a store built without a reduced pool.
     #[error("the store has no reduced pool (down-tiering is off)")]
     NoReducedPool,

@@ -39,8 +39,8 @@ pub use attention::{AttentionParams, attend_dense};
 pub use block::{BlockId, BlockTags, SessionId, SourceLayer, TenantId, Tier, TokenRange};
 pub use codec::rng::SplitMix64;
 pub use codec::{
-    Codec, CodecKind, DEFAULT_ROTATION_SEED, MAX_OUTLIERS, MAX_SPLIT_HEAD_DIM, Rows,
-    TurboQuantTables,
+    CODEC_NAMES, Codec, CodecKind, DEFAULT_ROTATION_SEED, MAX_OUTLIERS, MAX_SPLIT_HEAD_DIM, Rows,
+    TurboQuantTables, UnknownCodec,
 };
 pub use error::{KvError, KvResult};
 pub use evict::Eviction;
@@ -56,4 +56,4 @@ pub use store::host::HostTier;
 #[cfg(feature = "cuda")]
 pub use store::hot::CudaLayer;
 pub use store::hot::{CudaTier, HotStorage, HotTier, HotTierKind};
-pub use store::{BlockPart, BlockStore, BlockStream, FusedStats, StageStats, StoreConfig};
+pub use store::{BlockPart, BlockStore, BlockStream, StageStats, StoreConfig};

@@ -105,19 +105,15 @@ pub enum Precision {
     Full,
     /// In the reduced cold pool, in the narrower codecs.
     Reduced,
-    /// Back in the layer's codec after a stay in the reduced pool (carries its error), or
-    /// after a stay in the fused pool as a member that shared another block's directions.
+    /// Back in the layer's codec after a stay in the reduced pool (carries its error).
     Restored,
-    /// In the fused cold pool (block fusion): its own row norms, and in some layers the codes
-    /// (row directions) of its group, which every member of the group shares.
-    Fused,
 }
 
 impl Precision {
-    /// Whether a cold block's bytes live apart from the cold tier's slots (the reduced or the
-    /// fused pool): reading them needs a re-encode or an expansion.
+    /// Whether a cold block's bytes live apart from the cold tier's slots (the reduced pool):
+    /// reading them needs a re-encode.
     pub fn stored_apart(self) -> bool {
-        matches!(self, Self::Reduced | Self::Fused)
+        matches!(self, Self::Reduced)
     }
 }
 
@@ -176,10 +172,6 @@ pub struct BlockMeta {
     /// computed (0: computed in place).
     #[serde(default)]
     pub(crate) shift: i64,
-    /// Layers whose codes the block took from its fusion group's directions the last time it
-    /// was fused (0: never fused, or the group's founder, whose codes are its own).
-    #[serde(default)]
-    pub(crate) fused_layers: u16,
 }
 
 impl BlockMeta {
@@ -281,12 +273,6 @@ impl BlockMeta {
     /// block computed in place).
     pub fn shift(&self) -> i64 {
         self.shift
-    }
-
-    /// Layers whose codes came from a fusion group's directions (block fusion); 0 for a block
-    /// never fused and for a group's founder.
-    pub fn fused_layers(&self) -> u16 {
-        self.fused_layers
     }
 }
 
@@ -480,7 +466,6 @@ impl BlockMetadataTable {
             moves: 0,
             relocations: 0,
             shift: 0,
-            fused_layers: 0,
         };
         self.blocks.insert(id, meta);
     }

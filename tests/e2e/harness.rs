@@ -96,9 +96,6 @@ pub fn test_config(database_url: &str, body_limit: usize) -> Config {
     // (issue 26), in these servers as in the child processes that read it themselves.
     config.model.relocate_segments =
         std::env::var("ENGRAM__MODEL__RELOCATE_SEGMENTS").is_ok_and(|v| v == "true");
-    // `ENGRAM__MODEL__FUSE_BLOCKS=true`: the same with block fusion on.
-    config.model.fuse_blocks =
-        std::env::var("ENGRAM__MODEL__FUSE_BLOCKS").is_ok_and(|v| v == "true");
     config
 }
 

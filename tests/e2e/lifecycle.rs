@@ -229,3 +229,48 @@ fn without_a_model_the_service_runs_and_generation_answers_503() {
     assert_eq!(s, 200, "{v}");
     assert!(v["blocks"].is_null(), "{v}");
 }
+
+/// `engram eval|calibrate|check` hand their arguments, unread (`--help` included), to
+/// `engram-lab` and exit with its status; without it they say how to build it. `/bin/echo`
+/// stands in for engram-lab here (the routing is under test, not the harness: engram-lab's own
+/// tests run it).
+#[test]
+fn the_lab_commands_are_handed_to_engram_lab() {
+    let bin = env!("CARGO_BIN_EXE_engram-under-test");
+    for (command, args) in [
+        ("eval", vec!["kv", "--help"]),
+        (
+            "calibrate",
+            vec!["kv", "--budget", "0.01", "--out", "p.json"],
+        ),
+        ("check", vec!["device", "--device", "cuda"]),
+    ] {
+        let out = Command::new(bin)
+            .arg(command)
+            .args(&args)
+            .env("ENGRAM_LAB", "/bin/echo")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{command}: {out:?}");
+        let said = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(said.trim(), format!("{command} {}", args.join(" ")));
+    }
+    let out = Command::new(bin)
+        .args(["eval", "kv"])
+        .env("ENGRAM_LAB", "/nonexistent/engram-lab")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("cargo build --release -p engram-lab"),
+        "{said}"
+    );
+    // `false` exits 1: the status comes back.
+    let out = Command::new(bin)
+        .args(["check", "device"])
+        .env("ENGRAM_LAB", "/bin/false")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}

@@ -2,19 +2,16 @@
 //! `bench-shadow`, `bench-workload`). Each prints its figures (JSON lines or a table); none
 //! asserts a speed.
 
-#[path = "../../../services/server/src/cli.rs"]
-mod cli;
-
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use cli::{DEFAULT_MODEL, ModelArgs, load, print_json};
-use engram_engine::bench::{self, TtftOptions};
-use engram_engine::eval;
 use engram_engine::{
     EngineConfig, EngineDevice, KeyCentering, Llama, ModelConfig, StreamCodecs, TextTokenizer,
 };
+use engram_lab::bench::{self, TtftOptions};
+use engram_lab::cli::{self, DEFAULT_MODEL, ModelArgs, load, print_json};
+use engram_lab::eval;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -149,6 +149,50 @@ impl std::fmt::Display for CodecKind {
     }
 }
 
+/// The codec names [`CodecKind`]'s `FromStr` knows.
+pub const CODEC_NAMES: &str = "f32, f16, q8, tq6, tq5, tq4, tq3, tq2, or tqBoN: TurboQuant at B bits with N outliers per \
+     row stored apart (B 2 to 6, N 1 to 4, such as tq6o1)";
+
+/// A codec name `CodecKind::from_str` does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown codec `{name}` ({CODEC_NAMES})")]
+pub struct UnknownCodec {
+    /// The name as given (trimmed).
+    pub name: String,
+}
+
+impl std::str::FromStr for CodecKind {
+    type Err = UnknownCodec;
+
+    /// `f32`, `f16`, `q8`, `tq2` to `tq6` (TurboQuant at 2 to 6 bits), or `tqBoN` (TurboQuant
+    /// at `B` bits with an outlier split of `N` coordinates per row, `N` 1 to
+    /// [`MAX_OUTLIERS`]): what `Display` prints, read back.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        // One decimal digit in `lo..=hi`.
+        let digit = |t: &str, lo: u8, hi: u8| match t.as_bytes() {
+            [c @ b'0'..=b'9'] => Some(c - b'0').filter(|v| (lo..=hi).contains(v)),
+            _ => None,
+        };
+        let kind = match s {
+            "f32" => Some(Self::F32),
+            "f16" => Some(Self::F16),
+            "q8" => Some(Self::Q8),
+            _ => s
+                .strip_prefix("tq")
+                .and_then(|rest| match rest.split_once('o') {
+                    None => digit(rest, 2, 6).map(|bits| Self::TurboQuant { bits }),
+                    Some((b, n)) => digit(b, 2, 6)
+                        .zip(digit(n, 1, MAX_OUTLIERS))
+                        .map(|(bits, outliers)| Self::TurboQuantSplit { bits, outliers }),
+                }),
+        };
+        kind.ok_or_else(|| UnknownCodec {
+            name: s.to_string(),
+        })
+    }
+}
+
 /// Input rows in any of the precisions a model produces.
 #[derive(Debug, Clone, Copy)]
 pub enum Rows<'a> {

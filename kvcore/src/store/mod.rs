@@ -20,7 +20,6 @@
 mod attended;
 mod buf;
 mod copy;
-mod fused;
 pub(crate) mod host;
 pub(crate) mod hot;
 mod moves;
@@ -40,8 +39,6 @@ use crate::codec::{Codec, DEFAULT_ROTATION_SEED, Rows};
 use crate::error::{KvError, KvResult};
 use crate::metadata::{BlockMeta, BlockMetadataTable, Precision, PriorityTable};
 use crate::shape::{KvShape, LayerCodecs};
-use fused::FusedPool;
-pub use fused::FusedStats;
 use host::{HostTier, Layout};
 #[cfg(feature = "cuda")]
 use hot::CudaTier;
@@ -189,8 +186,6 @@ pub struct BlockStore {
     cold_free: SlotPool,
     /// Down-tiering's pool of narrower cold slots, when on.
     reduced: Option<ReducedPool>,
-    /// Block fusion's pool of shared directions, when on.
-    fused: Option<FusedPool>,
     /// Hot blocks with a copy in the cold tier, ahead of their spill (`staged.rs`).
     staged: staged::Staged,
     meta: BlockMetadataTable,
@@ -293,7 +288,6 @@ impl BlockStore {
             hot_free: self.hot_free.clone(),
             cold_free: self.cold_free.clone(),
             reduced: self.reduced.clone(),
-            fused: self.fused.clone(),
             staged: self.staged.clone(),
             meta: self.meta.clone(),
             next_id: self.next_id,
@@ -336,7 +330,6 @@ impl BlockStore {
             hot_free: SlotPool::new(hot_blocks),
             cold_free: SlotPool::new(cold_blocks),
             reduced: None,
-            fused: None,
             staged: staged::Staged::default(),
             meta: BlockMetadataTable::new(priorities),
             next_id: 0,
@@ -544,21 +537,14 @@ impl BlockStore {
                 available: self.hot_free.available(),
             });
         }
-        let (reduced, fused): (Vec<BlockId>, Vec<BlockId>) = apart
-            .iter()
-            .partition(|&&id| self.precision_of(id) == Precision::Reduced);
+        let reduced = apart;
         let mut scratch = self
             .hot
-            .cold_tier(self.layout.clone(), apart.len() as u32)?;
-        if !reduced.is_empty() {
-            let expanded = self.expand_reduced(&reduced)?;
-            let pairs: Vec<(u32, u32)> = (0..reduced.len() as u32).map(|i| (i, i)).collect();
-            scratch.copy_from(&expanded, &pairs);
-        }
-        for (i, &id) in (reduced.len() as u32..).zip(&fused) {
-            scratch.set_block_bytes(i, &self.expand_fused_block(id)?);
-        }
-        let order: Vec<BlockId> = reduced.iter().chain(&fused).copied().collect();
+            .cold_tier(self.layout.clone(), reduced.len() as u32)?;
+        let expanded = self.expand_reduced(&reduced)?;
+        let pairs: Vec<(u32, u32)> = (0..reduced.len() as u32).map(|i| (i, i)).collect();
+        scratch.copy_from(&expanded, &pairs);
+        let order = reduced;
         self.transfer(&full, Tier::Cold, Tier::Hot)?;
         let to = self.take_slots(Tier::Hot, order.len())?;
         let pairs: Vec<(u32, u32)> = (0..).zip(to.iter().copied()).collect();
@@ -572,10 +558,7 @@ impl BlockStore {
                 continue;
             };
             let (old, was) = (meta.slot, meta.precision);
-            let back = match was {
-                Precision::Fused => self.fused_back(old),
-                _ => Precision::Restored,
-            };
+            let back = Precision::Restored;
             let Some(meta) = self.meta.get_mut(id) else {
                 continue;
             };
@@ -609,7 +592,6 @@ impl BlockStore {
                 meta.tier = Tier::Recompute;
                 // Prefill computes the bytes again, in the layer's codec.
                 meta.precision = Precision::Full;
-                meta.fused_layers = 0;
                 self.free_slot_of(tier, precision, slot);
                 self.meta.note_move(id);
             }
@@ -702,12 +684,6 @@ impl BlockStore {
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         let tiers = self.resident(blocks)?;
-        if let Some(&id) = blocks
-            .iter()
-            .find(|&&id| self.precision_of(id) == Precision::Fused)
-        {
-            return Err(KvError::Fused { id });
-        }
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
         let d = self.layout.shape.head_dim;
         let row_elems = kv_heads * d;
@@ -761,7 +737,6 @@ impl BlockStore {
             Tier::Cold if meta.precision == Precision::Reduced => {
                 Ok(self.expand_reduced(&[id])?.block_bytes(0))
             }
-            Tier::Cold if meta.precision == Precision::Fused => self.expand_fused_block(id),
             Tier::Cold => Ok(self.cold.block_bytes(meta.slot)),
             Tier::Recompute => Err(KvError::WrongTier {
                 id,

@@ -108,12 +108,6 @@ impl BlockStore {
         {
             return Err(KvError::Reduced { id });
         }
-        if let Some(&id) = ids
-            .iter()
-            .find(|&&id| self.precision_of(id) == Precision::Fused)
-        {
-            return Err(KvError::Fused { id });
-        }
         let Some(pool) = self.reduced.as_mut() else {
             return Err(KvError::NoReducedPool);
         };
@@ -177,13 +171,12 @@ impl BlockStore {
         self.meta.get(id).map_or(Precision::Full, |m| m.precision)
     }
 
-    /// Errors with [`KvError::Reduced`] if one of `ids` is down-tiered, [`KvError::Fused`] if
-    /// one is fused: their bytes are not in a slot of their own.
+    /// Errors with [`KvError::Reduced`] if one of `ids` is down-tiered: its bytes are not in a
+    /// slot of its own.
     pub(crate) fn check_not_reduced(&self, ids: &[BlockId]) -> KvResult<()> {
         for &id in ids {
             match self.precision_of(id) {
                 Precision::Reduced => return Err(KvError::Reduced { id }),
-                Precision::Fused => return Err(KvError::Fused { id }),
                 Precision::Full | Precision::Restored => {}
             }
         }
@@ -194,11 +187,6 @@ impl BlockStore {
     pub(crate) fn free_slot_of(&mut self, tier: Tier, precision: Precision, slot: u32) {
         match (tier, precision, self.reduced.as_mut()) {
             (Tier::Cold, Precision::Reduced, Some(pool)) => pool.free.give(slot),
-            (Tier::Cold, Precision::Fused, _) => {
-                if let Some(pool) = self.fused.as_mut() {
-                    pool.free(slot);
-                }
-            }
             _ => self.free_slot(tier, slot),
         }
     }

@@ -9,7 +9,6 @@ mod common;
 mod downtier;
 mod errors;
 mod eviction;
-mod fusion;
 mod pins;
 mod refcount;
 mod relocate;

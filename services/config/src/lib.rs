@@ -319,16 +319,6 @@ pub struct ModelSection {
     pub relocate_segments: bool,
     /// Tokens a relocated run reuses at least (with `relocate_segments`).
     pub relocate_min_tokens: usize,
-    /// Block fusion (off by default; CPU only): when the cold tier must make room, a cold block
-    /// whose row directions match another cached cold block's of its tenant at the same
-    /// positions shares them, keeping its own norms, instead of being dropped. Approximate: a
-    /// witness keeps the measured KL within `fuse_kl_budget` by raising the similarity
-    /// threshold; `engram eval kv --fuse` measured little to share on real text at 0.01 nats.
-    pub fuse_blocks: bool,
-    /// KL budget (nats) of block fusion's witness (with `fuse_blocks`).
-    pub fuse_kl_budget: f64,
-    /// MiB of the fused pool (with `fuse_blocks`).
-    pub fuse_mib: u64,
     /// Session chain records (what the shadow writes) the engine keeps per tenant; over it the
     /// tenant's own least recently recorded session stops being shadowed, never another
     /// tenant's. All tenants together keep at most 16,384.
@@ -413,11 +403,6 @@ impl ModelSection {
                 .then_some(engram_engine::RelocationPolicy {
                     min_tokens: self.relocate_min_tokens,
                 }),
-            fusion: self.fuse_blocks.then_some(engram_engine::FusionPolicy {
-                kl_budget: self.fuse_kl_budget,
-                pool_bytes: self.fuse_mib << 20,
-                ..engram_engine::FusionPolicy::default()
-            }),
             kv_profile: (!self.kv_profile.is_empty()).then(|| PathBuf::from(&self.kv_profile)),
             down_tier: (self.down_tier_kl > 0.0).then_some(engram_engine::DownTier {
                 budget_kl: self.down_tier_kl,
@@ -457,9 +442,6 @@ impl Default for ModelSection {
             cache_generated: false,
             relocate_segments: false,
             relocate_min_tokens: engram_engine::RelocationPolicy::default().min_tokens,
-            fuse_blocks: false,
-            fuse_kl_budget: engram_engine::FusionPolicy::default().kl_budget,
-            fuse_mib: 256,
             chains_per_tenant: engram_engine::CHAINS_PER_TENANT,
             max_running: 16,
             step_tokens: 32,
@@ -630,20 +612,6 @@ impl Config {
                 "down-tiering needs model.kv_profile (its sensitivity picks the codecs)",
             );
         }
-        if self.model.fuse_blocks {
-            if !(self.model.fuse_kl_budget.is_finite() && self.model.fuse_kl_budget > 0.0) {
-                return bad("model.fuse_kl_budget", "a KL budget in nats > 0");
-            }
-            if self.model.fuse_mib == 0 {
-                return bad("model.fuse_mib", "must be at least 1");
-            }
-            if self.model.device != "cpu" {
-                return bad(
-                    "model.fuse_blocks",
-                    "block fusion runs on the CPU engine only",
-                );
-            }
-        }
         #[cfg(feature = "fault-injection")]
         if !self.model.fault.is_empty()
             && engram_engine::EngineFault::parse(&self.model.fault).is_err()
@@ -719,18 +687,10 @@ impl Config {
         if self.tiers.interval_ms < 10 {
             return bad("tiers.interval_ms", "must be at least 10");
         }
-        if engram_engine::EvictionMode::parse(&self.eviction.mode).is_err() {
-            return bad("eviction.mode", "attention or priority");
-        }
-        for (key, w) in [
-            ("eviction.mass_weight", self.eviction.mass_weight),
-            ("eviction.recency_weight", self.eviction.recency_weight),
-            ("eviction.frequency_weight", self.eviction.frequency_weight),
-            ("eviction.use_weight", self.eviction.use_weight),
-        ] {
-            if !(w >= 0.0 && w.is_finite()) {
-                return bad(key, "must be a finite weight ≥ 0");
-            }
+        if let Err(engram_engine::EngineError::InvalidConfig { field, reason }) =
+            self.eviction.validate()
+        {
+            return bad(field, &reason);
         }
         if let Err(e) = self.tiers.policy().validate() {
             return Err(ConfigError::Invalid {

@@ -153,7 +153,6 @@ fn bad_values_are_named() {
             "model.chains_per_tenant",
         ),
         ("ENGRAM__SHADOW__URL", "s3://Bad_Bucket", "shadow.url"),
-        ("ENGRAM__EVICTION__MODE", "lru", "eviction.mode"),
         (
             "ENGRAM__EVICTION__MASS_WEIGHT",
             "-0.5",
@@ -175,6 +174,11 @@ fn bad_values_are_named() {
         load("ENGRAM__SERVER__NOPE", "1"),
         Err(ConfigError::Parse(_))
     ));
+    // An unknown eviction mode is refused by the engine's own type, naming what it takes.
+    match load("ENGRAM__EVICTION__MODE", "lru") {
+        Err(ConfigError::Parse(m)) => assert!(m.contains("lru") && m.contains("attention"), "{m}"),
+        other => panic!("mode lru: {other:?}"),
+    }
     for (k, v) in [
         ("ENGRAM__SERVER__BODY_LIMIT_BYTES", "lots"),
         ("ENGRAM__SHADOW__ENABLED", "maybe"),
@@ -205,12 +209,12 @@ fn eviction_settings_reach_the_engine_policy() {
         ],
     )
     .unwrap();
-    let p = c.eviction.policy().unwrap();
+    let p = c.eviction;
     assert_eq!(p.mode, engram_engine::EvictionMode::Priority);
     assert_eq!(p.idle_steps, 64);
     assert_eq!(p.use_weight, 0.7);
     assert_eq!(p.use_half_life, 4096);
-    let d = Config::default().eviction.policy().unwrap();
+    let d = Config::default().eviction;
     assert_eq!(d, engram_engine::EvictionPolicy::default());
 }
 

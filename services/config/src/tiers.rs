@@ -76,65 +76,7 @@ impl TiersSection {
     }
 }
 
-/// `[eviction]`: which idle hot blocks leave first when a turn needs room, and how the tier
-/// bridge weighs attention.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EvictionSection {
-    /// `attention` (the default: priority bands, blocks unread for `idle_steps` demoted, then
-    /// attention mass and read recency) or `priority` (priority, then least recently touched).
-    pub mode: String,
-    /// Weight of a block's decayed attention mass within its band.
-    pub mass_weight: f64,
-    /// Weight of how recently the model read it (a step gave it at least half a uniform share).
-    pub recency_weight: f64,
-    /// Weight of how often the model read it (log scale).
-    pub frequency_weight: f64,
-    /// Weight of how often running sequences held it, whatever its mass (log scale): how often
-    /// its chain runs.
-    pub use_weight: f64,
-    /// Sampled decode steps without a read after which an unpinned block loses its priority
-    /// band (spilled first, never dropped for room while anything else can go); 0: never.
-    pub idle_steps: u64,
-    /// Sampled steps after which the counts the ranking weighs (reads, uses; live and carried)
-    /// are halved, so that old use fades; 0: never.
-    pub use_half_life: u64,
-    /// Rank whole session chains: a conversation's blocks are worth what its chain's most
-    /// valuable block (its agent's prefix, as a rule; a pinned one in its priority's band) is
-    /// worth, so the least valuable chains lose blocks first, from their ends.
-    pub whole_chains: bool,
-}
-
-impl Default for EvictionSection {
-    fn default() -> Self {
-        let p = engram_engine::EvictionPolicy::default();
-        Self {
-            mode: "attention".into(),
-            mass_weight: p.mass_weight,
-            recency_weight: p.recency_weight,
-            frequency_weight: p.frequency_weight,
-            use_weight: p.use_weight,
-            idle_steps: p.idle_steps,
-            use_half_life: p.use_half_life,
-            whole_chains: p.whole_chains,
-        }
-    }
-}
-
-impl EvictionSection {
-    /// The engine policy these settings describe.
-    pub fn policy(&self) -> Result<engram_engine::EvictionPolicy, engram_engine::EngineError> {
-        let p = engram_engine::EvictionPolicy {
-            mode: engram_engine::EvictionMode::parse(&self.mode)?,
-            mass_weight: self.mass_weight,
-            recency_weight: self.recency_weight,
-            frequency_weight: self.frequency_weight,
-            use_weight: self.use_weight,
-            idle_steps: self.idle_steps,
-            use_half_life: self.use_half_life,
-            whole_chains: self.whole_chains,
-        };
-        p.validate()?;
-        Ok(p)
-    }
-}
+/// `[eviction]`: the engine's own policy type, read as it is (`mode` is `attention` or
+/// `priority`; the weights and counts as [`engram_engine::EvictionPolicy`] documents them), so a
+/// new knob there is a configuration key without a copy here.
+pub type EvictionSection = engram_engine::EvictionPolicy;

@@ -40,21 +40,16 @@ mod device;
 mod evict;
 mod fault;
 mod forward;
-mod fuse;
 mod relocate;
 mod reserve;
 mod shadow;
 mod tiers;
-use crate::model::Llama;
 use crate::prefix::{BlockHash, PrefixCache, ReadHistory};
-use crate::probe::KvProbe;
-use crate::tokenizer::TextTokenizer;
-use crate::weights::{DeviceWeights, WeightFormat};
 pub use cache::{DownTier, EvictReport, ForgetReport};
 pub use device::EngineDevice;
+use engram_model::{DeviceWeights, KvTap, Llama, TextTokenizer, WeightFormat};
 pub use evict::{EvictionMode, EvictionPolicy};
 pub use fault::{EngineFault, FaultKind};
-pub use fuse::{FusionPolicy, FusionStatus, MAX_PARTNERS};
 pub use relocate::{MAX_SEGMENTS, RelocationPolicy};
 pub use reserve::{
     ReservationCounters, ReservationId, ReservationInfo, ReservationState, ReserveRequest,
@@ -64,6 +59,16 @@ pub use shadow::{
     ShadowBlock, ShadowChain,
 };
 pub use tiers::{CycleReport, TierCosts, TierObservation, TierPolicy};
+
+/// A [`KvTap`] an [`EngineConfig`] carries; two configs carry the same tap when they share it.
+#[derive(Debug, Clone)]
+pub struct Tap(pub std::sync::Arc<dyn KvTap>);
+
+impl PartialEq for Tap {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// Engine options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,8 +115,10 @@ pub struct EngineConfig {
     /// Subtract each head's calibrated mean key before storing (exact for attention, lowers
     /// quantization error; part of the KV format).
     pub key_centering: KeyCentering,
-    /// A KV ablation for the fidelity harness (needs `codec: F32`); never set when serving.
-    pub probe: Option<KvProbe>,
+    /// A tap on new K/V rows for the fidelity harness (engram-lab's probes; needs `codec:
+    /// F32`); never set when serving, and not part of a config file.
+    #[serde(skip)]
+    pub probe: Option<Tap>,
     /// Where the model and the KV hot tier live.
     pub device: EngineDevice,
     /// How a CUDA device holds the projections (bf16 by default; f32 for the CPU's numerics).
@@ -143,12 +150,6 @@ pub struct EngineConfig {
     /// recomputed (see the `relocate` module docs for what it costs in fidelity).
     #[serde(default)]
     pub relocation: Option<RelocationPolicy>,
-    /// Block fusion (off by default; CPU engine only): when the cold tier must make room, a
-    /// cold block whose row directions match those of another cached cold block of its tenant
-    /// at the same positions shares them (keeping its own norms) instead of being dropped,
-    /// under a threshold a KL witness tunes (see the `fuse` module docs for what it costs).
-    #[serde(default)]
-    pub fusion: Option<FusionPolicy>,
 }
 
 fn default_chains_per_tenant() -> usize {
@@ -201,7 +202,6 @@ impl Default for EngineConfig {
             chains_per_tenant: shadow::CHAINS_PER_TENANT,
             eviction: EvictionPolicy::default(),
             relocation: None,
-            fusion: None,
         }
     }
 }
@@ -388,12 +388,6 @@ pub struct CacheCounters {
     /// Prompt blocks those runs filled by copying codes instead of computing them.
     #[serde(default)]
     pub relocated_blocks: u64,
-    /// Cold blocks fused with a partner instead of being dropped ([`EngineConfig::fusion`]).
-    #[serde(default)]
-    pub fused_blocks: u64,
-    /// Fused blocks a turn warmed back (expanded from the fused pool).
-    #[serde(default)]
-    pub fused_hits: u64,
 }
 
 /// What the prefix cache holds for a prompt (see [`EngineCore::lookup`]).
@@ -529,8 +523,9 @@ fn block_salt(tenant: TenantId, public_blocks: usize, b: usize) -> u64 {
     }
 }
 
-/// The model on `device` and a block store whose hot tier is on the same device.
-pub(crate) fn open_on(
+/// The model on `device` and a block store whose hot tier is on the same device (what
+/// [`EngineCore::new`] opens; the device checks open it alone).
+pub fn open_on(
     device: EngineDevice,
     held: DeviceWeights,
     model: Llama,
@@ -618,8 +613,6 @@ pub struct EngineCore {
     index: relocate::SegmentIndex,
     /// Source blocks of a copy under way: room-making never evicts them.
     relocating: Vec<BlockId>,
-    /// Block fusion's threshold controller ([`EngineConfig::fusion`]).
-    fusion: fuse::FusionState,
 }
 
 impl EngineCore {
@@ -690,15 +683,6 @@ impl EngineCore {
                 reason: format!("must be at least one block ({} tokens)", config.block_size),
             });
         }
-        if let Some(f) = &config.fusion {
-            if config.device != EngineDevice::Cpu {
-                return Err(EngineError::InvalidConfig {
-                    field: "fusion",
-                    reason: "block fusion runs on the CPU engine only".into(),
-                });
-            }
-            f.validate()?;
-        }
         let pins = PrefixPinManager::new(config.pin_policy.clone())?;
         let key_means = match config.key_centering {
             KeyCentering::Off => None,
@@ -723,9 +707,6 @@ impl EngineCore {
             Some((codecs, blocks)) => store.with_reduced_pool(codecs, clamp(blocks))?,
             None => store,
         };
-        if let Some(f) = &config.fusion {
-            store = store.with_fused_pool(usize::try_from(f.pool_bytes).unwrap_or(usize::MAX))?;
-        }
         store.set_move_window(tiers::FLIP_WINDOW_CYCLES);
         let mut h = Sha256::new();
         if let Some(m) = &key_means {
@@ -754,9 +735,7 @@ impl EngineCore {
             .unwrap_or(usize::MAX)
             .max(4096)
         };
-        let fusion = fuse::FusionState::new(config.fusion.as_ref());
         Ok(Self {
-            fusion,
             fingerprint: h.finalize().into(),
             model,
             tokenizer,

@@ -1,12 +1,19 @@
-//! The engine's error type: one enum, fields not formatted strings.
+//! The engine's error type: one enum, fields not formatted strings. What the model refuses
+//! arrives as [`EngineError::Model`], except a request's own mistakes (an empty prompt, a token
+//! outside the vocabulary, a prompt past the context) and tensor or KV failures, which keep
+//! their variants here: a caller tells a bad request from a broken model by variant alone.
 
 use std::path::PathBuf;
 
 use engram_kvcore::KvError;
+use engram_model::ModelError;
 
 /// Errors of the inference core.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The model could not be loaded or refused to run (see [`ModelError`]).
+    #[error(transparent)]
+    Model(ModelError),
     /// A model or tokenizer file could not be read.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -21,52 +28,6 @@ pub enum EngineError {
     /// The KV store refused an operation.
     #[error("kv store: {0}")]
     Kv(#[from] KvError),
-    /// A model file lacks a required metadata key or config field.
-    #[error("model metadata: missing or invalid `{key}`")]
-    Metadata {
-        /// The key (GGUF metadata key or config.json field).
-        key: String,
-    },
-    /// A model file lacks a tensor.
-    #[error("model weights: missing tensor `{name}`")]
-    MissingTensor {
-        /// The tensor's name in the file.
-        name: String,
-    },
-    /// A tensor's blocks do not fit its shape (a truncated or corrupt file).
-    #[error("model weights `{name}`: {source}")]
-    Blocks {
-        /// The tensor's name in the file.
-        name: String,
-        /// What did not fit.
-        source: engram_qmatmul::QError,
-    },
-    /// The file holds an architecture the engine does not run.
-    #[error("unsupported architecture `{arch}` (the engine runs Llama-family models)")]
-    UnsupportedArchitecture {
-        /// `general.architecture` or `model_type`.
-        arch: String,
-    },
-    /// The model asks for a RoPE scaling the engine does not implement: running it with plain
-    /// RoPE would load without error and answer wrongly past its original context.
-    #[error(
-        "unsupported RoPE scaling `{kind}` (the engine runs plain RoPE; Llama 3.1/3.2-style \
-         scaled checkpoints are refused rather than run with the wrong positions)"
-    )]
-    UnsupportedRopeScaling {
-        /// `rope_scaling.rope_type`/`type`, `llama.rope.scaling.type`, or `rope_freqs` (the
-        /// per-frequency factors a GGUF conversion of a scaled model carries).
-        kind: String,
-    },
-    /// The tokenizer could not be built or failed on input.
-    #[error("tokenizer: {reason}")]
-    Tokenizer {
-        /// What went wrong, from the tokenizers crate.
-        reason: String,
-    },
-    /// A device kernel or driver call failed (CUDA builds).
-    #[error("device: {0}")]
-    Device(String),
     /// An engine option is out of range.
     #[error("invalid engine config `{field}`: {reason}")]
     InvalidConfig {
@@ -162,15 +123,24 @@ pub enum EngineError {
 /// The engine's result type.
 pub type EngineResult<T> = Result<T, EngineError>;
 
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::EmptyPrompt => Self::EmptyPrompt,
+            ModelError::TokenOutOfRange { id, vocab } => Self::TokenOutOfRange { id, vocab },
+            ModelError::ContextOverflow { requested, context } => {
+                Self::ContextOverflow { requested, context }
+            }
+            ModelError::Kv(e) => Self::Kv(e),
+            ModelError::Candle(e) => Self::Candle(e),
+            other => Self::Model(other),
+        }
+    }
+}
+
 pub(crate) fn io_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
     move |source| EngineError::Io {
         path: path.to_path_buf(),
         source,
-    }
-}
-
-pub(crate) fn metadata(key: &str) -> EngineError {
-    EngineError::Metadata {
-        key: key.to_string(),
     }
 }

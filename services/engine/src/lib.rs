@@ -1,43 +1,33 @@
 //! # engram-engine
 //!
-//! Engram's inference core: a candle Llama whose KV cache lives in kvcore blocks.
+//! Engram's serving engine: the model (`engram-model`) over a KV cache in kvcore blocks.
 //!
-//! - [`Llama`] loads GGUF (dequantized to f32) or safetensors and runs ragged batches whose
-//!   attention writes and reads [`engram_kvcore::BlockStore`] blocks;
-//! - [`EngineCore`] adds the prefix cache (chained block hashes), semantic eviction and pins;
+//! - [`EngineCore`] holds the model, the prefix cache (chained block hashes), semantic
+//!   eviction, pins, the tiers and the shadow's records;
 //! - [`Engine`] runs an `EngineCore` on its own thread with continuous batching, a bounded queue
-//!   and token streams;
-//! - [`eval`] and [`bench`] are the fidelity harness and the TTFT/decode benchmark.
+//!   and token streams.
+//!
+//! The model's types are re-exported here ([`Llama`], [`TextTokenizer`], …) so that a caller
+//! of the engine needs one crate. The fidelity harness and benchmarks are `engram-lab`.
 
 #![forbid(unsafe_code)]
 
-pub mod bench;
 mod bridge;
-pub mod calibrate;
-pub mod chat_template;
+mod codecs;
 mod core;
-pub mod embed;
 mod error;
-pub mod eval;
-pub mod fusion;
-mod gguf;
 mod hex;
-mod model;
 mod prefix;
-mod probe;
 pub mod profile;
-pub mod relocation;
 mod sampling;
 mod scheduler;
-mod tokenizer;
-mod weights;
 
 pub use crate::core::{
     Admission, CacheCounters, ChunkOutput, DownTier, EngineConfig, EngineCore, EngineDevice,
     EngineFault, EvictReport, FaultKind, ForgetReport, KeyCentering, NUMERICS, Occupancy,
     PUBLIC_TENANT, PrefillStep, PrefixLookup, PrefixReuse, PromptSegment, ReservationCounters,
     ReservationId, ReservationInfo, ReservationState, ReserveRequest, SeqId, SequenceSpec,
-    StepOutput,
+    StepOutput, Tap, open_on,
 };
 pub use crate::core::{
     CHAINS_PER_TENANT, ChainKey, CollectedBytes, Hex32, MAX_CHAINS, RestoreChain, RestoreReport,
@@ -45,19 +35,18 @@ pub use crate::core::{
 };
 pub use crate::core::{CycleReport, TierCosts, TierObservation, TierPolicy};
 pub use crate::core::{EvictionMode, EvictionPolicy};
-pub use crate::core::{FusionPolicy, FusionStatus, MAX_PARTNERS};
 pub use crate::core::{MAX_SEGMENTS, RelocationPolicy};
 pub use bridge::{CycleRecord, TIER_HISTORY, TierBridge, tier_cycle};
-pub use error::{EngineError, EngineResult};
-pub use model::{
-    ForwardTimes, KvTransform, Llama, LogitRows, SeqInput, log_softmax_rows, take_forward_times,
+pub use codecs::{CODEC_NAMES, StreamCodecs, parse_codec};
+pub use engram_model::{
+    ChatMessage, DeviceWeights, ForwardTimes, KvTap, KvTransform, Llama, LogitRows, ModelConfig,
+    ModelError, Role, SeqInput, StreamDecoder, TextTokenizer, WeightFormat, chat_template, chatml,
+    embed, log_softmax_rows, take_forward_times,
 };
+pub use error::{EngineError, EngineResult};
 pub use prefix::{BlockHash, PrefixCache, chain_hash};
-pub use probe::{CODEC_NAMES, KvProbe, StreamCodecs, parse_codec};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{
     BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, EngineSnapshot, FinishReason,
     GenerateRequest, KvFormat, StreamEvent, Usage,
 };
-pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
-pub use weights::{DeviceWeights, ModelConfig, WeightFormat};

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, EngineResult, io_error};
 use crate::hex::Hex32;
-use crate::model::Llama;
+use engram_model::Llama;
 
 /// Version of the profile file.
 pub const PROFILE_FORMAT: u32 = 1;
@@ -178,14 +178,14 @@ impl KvProfile {
 
 /// One (layer, stream)'s measured options, cheapest first.
 #[derive(Debug, Clone)]
-pub(crate) struct Options {
+pub struct Options {
     /// `(bytes per row, kl, codec)`, ascending bytes.
-    pub(crate) choices: Vec<(usize, f64, CodecKind)>,
+    pub choices: Vec<(usize, f64, CodecKind)>,
 }
 
 /// Greedy distortion-per-byte allocation (module docs, step 2): the chosen index per slot and
 /// the predicted KL. Slots that cannot meet the budget end at their best choice.
-pub(crate) fn allocate(slots: &[Options], budget: f64) -> (Vec<usize>, f64) {
+pub fn allocate(slots: &[Options], budget: f64) -> (Vec<usize>, f64) {
     let mut pick = vec![0usize; slots.len()];
     let mut total: f64 = slots.iter().map(|s| s.choices[0].1).sum();
     while total > budget {

@@ -33,8 +33,8 @@ use crate::core::{
 };
 use crate::error::{EngineError, EngineResult};
 use crate::sampling::{Sampler, SamplingParams};
-use crate::tokenizer::{StreamDecoder, TextTokenizer};
-use crate::weights::ModelConfig;
+use engram_model::ModelConfig;
+use engram_model::{StreamDecoder, TextTokenizer};
 
 mod step;
 mod supervise;
@@ -193,9 +193,7 @@ pub struct BlockInfo {
     /// Tier.
     pub tier: Tier,
     /// How faithful its bytes are: `full`, `reduced` (down-tiered to narrower codecs in the cold
-    /// tier), `fused` (in the fused pool: its own norms and, in `fused_layers` layers, another
-    /// block's row directions — `model.fuse_blocks`) or `restored` (warmed back from either;
-    /// carries their error).
+    /// tier) or `restored` (warmed back from there; carries their error).
     pub precision: Precision,
     /// Pin state.
     pub pin: PinState,
@@ -223,10 +221,6 @@ pub struct BlockInfo {
     /// computed in place).
     #[serde(default)]
     pub shift: i64,
-    /// Layers whose codes it took from a fusion group's directions when last fused (block
-    /// fusion, `model.fuse_blocks`; 0: never fused, or the group's founder).
-    #[serde(default)]
-    pub fused_layers: u16,
     /// The chained hash the prefix cache files it under (64 hex digits: tenant salt, parent,
     /// tokens, model): what another tenant would have to match to share it. None for a block
     /// not in the cache (a running sequence's own tail, a reservation's).
@@ -801,7 +795,6 @@ impl Worker {
                 unread_steps: steps.saturating_sub(m.read_step()),
                 relocations: m.relocations(),
                 shift: m.shift(),
-                fused_layers: m.fused_layers(),
                 hash: self
                     .core
                     .cache()
@@ -828,7 +821,7 @@ impl Worker {
             match a.decoder.push(self.core.tokenizer(), tok) {
                 Ok(piece) => a.text.push_str(&piece),
                 Err(e) => {
-                    self.fail(i, e);
+                    self.fail(i, e.into());
                     return;
                 }
             }
@@ -846,7 +839,7 @@ impl Worker {
             match a.decoder.flush(self.core.tokenizer()) {
                 Ok(rest) => a.text.push_str(&rest),
                 Err(e) => {
-                    self.fail(i, e);
+                    self.fail(i, e.into());
                     return;
                 }
             }

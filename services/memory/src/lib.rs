@@ -18,11 +18,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
-use engram_engine::embed::Embedder;
 use engram_graph::{
     Edge, EdgeId, EdgeKind, MemoryGraph, Node, NodeId, NodeKind, QueryFilter, Recall, Scoring,
     SessionScope, canonical_order,
 };
+use engram_model::embed::Embedder;
 use engram_store::{MemoryEdgeRow, MemoryNodeRow, Store};
 use engram_vector::{EdgeStore, VectorFilter, VectorPoint, VectorStore};
 use sha2::{Digest, Sha256};
@@ -125,7 +125,7 @@ pub enum MemoryError {
         /// Its directory.
         path: PathBuf,
         /// Why.
-        source: engram_engine::EngineError,
+        source: engram_model::ModelError,
     },
     /// The vector index failed.
     #[error("vector index: {0}")]
@@ -138,7 +138,7 @@ pub enum MemoryError {
     Graph(#[from] engram_graph::GraphError),
     /// Embedding failed.
     #[error("embedding: {0}")]
-    Embed(engram_engine::EngineError),
+    Embed(engram_model::ModelError),
     /// The index's directory could not be made.
     #[error("{path}: {source}")]
     Io {
@@ -753,7 +753,7 @@ async fn embed_blocking(
     })
     .await
     .map_err(|_| {
-        MemoryError::Embed(engram_engine::EngineError::InvalidConfig {
+        MemoryError::Embed(engram_model::ModelError::InvalidConfig {
             field: "embedder",
             reason: "the embedding thread failed".into(),
         })

@@ -202,13 +202,7 @@ impl From<EngineError> for ApiError {
             EngineError::Io { .. }
             | EngineError::Candle(_)
             | EngineError::Kv(_)
-            | EngineError::Metadata { .. }
-            | EngineError::MissingTensor { .. }
-            | EngineError::Blocks { .. }
-            | EngineError::Device(_)
-            | EngineError::UnsupportedArchitecture { .. }
-            | EngineError::UnsupportedRopeScaling { .. }
-            | EngineError::Tokenizer { .. }
+            | EngineError::Model(_)
             | EngineError::InvalidConfig { .. } => Self::internal(e),
         }
     }

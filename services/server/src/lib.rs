@@ -72,7 +72,7 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
     let store = Store::connect(&config.database.url).await?;
     let engine = if config.model.path.exists() {
         let mut engine_config = config.model.engine_config()?;
-        engine_config.eviction = config.eviction.policy()?;
+        engine_config.eviction = config.eviction;
         let core = EngineCore::load(&config.model.path, engine_config)?;
         Some(Engine::spawn(core)?)
     } else {

@@ -561,7 +561,6 @@ mod tests {
                     source: SourceLayer::UserTurn,
                     importance: 0.5,
                     pinned: false,
-                    fused: false,
                 })
                 .collect(),
             bytes: ids

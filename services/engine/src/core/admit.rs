@@ -225,12 +225,6 @@ impl EngineCore {
                 self.store.metadata().get(b).map(|m| m.precision()) == Some(Precision::Reduced)
             })
             .count() as u64;
-        let fused = cold
-            .iter()
-            .filter(|&&b| {
-                self.store.metadata().get(b).map(|m| m.precision()) == Some(Precision::Fused)
-            })
-            .count() as u64;
         // The copy's sources are held (and never chosen to make room) until it is done.
         if let Some(p) = &plan {
             self.store.retain(&p.source_blocks)?;
@@ -276,7 +270,6 @@ impl EngineCore {
             return Err(e);
         }
         self.counters.down_tier_hits += down_tiered;
-        self.counters.fused_hits += fused;
         if plan.is_some() {
             self.counters.relocated_runs += 1;
             self.counters.relocated_blocks += copies as u64;

@@ -322,23 +322,7 @@ impl EngineCore {
         if free >= n || self.store.capacity(Tier::Cold) == 0 {
             return Ok(());
         }
-        let mut victims = self.cold_victims(tenants);
-        let mut free = free;
-        if self.config.fusion.is_some() {
-            self.fuse_victims(&victims, n - free)?;
-            free = self.store.free_blocks(Tier::Cold);
-            if free >= n {
-                return Ok(());
-            }
-            // The order stands for what is left; a fused block holds no cold slot, so dropping
-            // it makes no room, and a block dropped for the pool's room is gone.
-            victims.retain(|&id| {
-                self.store
-                    .metadata()
-                    .get(id)
-                    .is_some_and(|m| m.precision() != Precision::Fused)
-            });
-        }
+        let victims = self.cold_victims(tenants);
         if self.store.reduced_capacity() == 0 {
             for id in victims.into_iter().take(n - free) {
                 self.drop_cached(id)?;

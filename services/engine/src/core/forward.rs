@@ -8,7 +8,7 @@ use engram_kvcore::Tier;
 
 use super::{ChunkOutput, EngineCore, PrefillStep, SeqId, StepOutput, block_tags};
 use crate::error::{EngineError, EngineResult};
-use crate::model::{KvTransform, LogitRows, SeqInput};
+use engram_model::{KvTransform, LogitRows, SeqInput};
 
 impl EngineCore {
     /// Computes the next prefill chunk (at most `prefill_chunk` tokens) of one sequence.
@@ -166,7 +166,7 @@ impl EngineCore {
                 seq.blocks.extend(ids);
             }
         }
-        crate::model::add_forward_times(|t| t.room += started.elapsed().as_secs_f64() * 1e3);
+        engram_model::add_forward_times(|t| t.room += started.elapsed().as_secs_f64() * 1e3);
         let seqs = &self.seqs;
         let inputs = work
             .iter()
@@ -187,7 +187,7 @@ impl EngineCore {
             .collect::<EngineResult<Vec<_>>>()?;
         let transform = KvTransform {
             key_means: self.key_means.as_deref(),
-            probe: self.config.probe.as_ref(),
+            probe: self.config.probe.as_ref().map(|t| &*t.0),
         };
         let logits = self
             .model
@@ -206,14 +206,14 @@ impl EngineCore {
             self.register(id)?;
         }
         self.age_counts();
-        crate::model::add_forward_times(|t| t.register += registered.elapsed().as_secs_f64() * 1e3);
+        engram_model::add_forward_times(|t| t.register += registered.elapsed().as_secs_f64() * 1e3);
         // On a GPU the registration above ran while the card finished the step; this waits.
         if logits.device().is_cpu() {
             return Ok(logits);
         }
         let synced = std::time::Instant::now();
         let logits = logits.to_device(&candle_core::Device::Cpu)?;
-        crate::model::add_forward_times(|t| t.sync += synced.elapsed().as_secs_f64() * 1e3);
+        engram_model::add_forward_times(|t| t.sync += synced.elapsed().as_secs_f64() * 1e3);
         Ok(logits)
     }
 }

@@ -58,10 +58,6 @@ pub struct ShadowBlock {
     pub importance: f32,
     /// Pinned when it was recorded.
     pub pinned: bool,
-    /// Fused when it was recorded (block fusion): the cache held it as shared directions and
-    /// its own norms; the bytes the shadow keeps are the ones prefill computed.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub fused: bool,
 }
 
 /// Where the bytes of a collected block are.
@@ -157,13 +153,6 @@ pub(super) struct Chains {
     per_tenant: usize,
     /// Records at most, all tenants together.
     total: usize,
-}
-
-impl Chain {
-    /// The tokens of the chain's full blocks.
-    pub(super) fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
 }
 
 impl Chains {
@@ -278,8 +267,6 @@ impl EngineCore {
                     source: meta.map_or(SourceLayer::UserTurn, |m| m.source()),
                     importance: meta.map_or(0.5, |m| m.importance()),
                     pinned: meta.is_some_and(|m| m.pin() == PinState::Pinned),
-                    fused: meta
-                        .is_some_and(|m| m.precision() == Precision::Fused || m.fused_layers() > 0),
                 });
                 bytes.push(if known.contains(hash) {
                     CollectedBytes::Known

@@ -4,7 +4,7 @@
 
 use super::{Phase, Worker, clone_error, injected_panic};
 use crate::core::{FaultKind, SeqId};
-use crate::model::LogitRows;
+use engram_model::LogitRows;
 
 impl Worker {
     /// One forward pass ([`EngineCore::step`]): a token of every decoding sequence and a

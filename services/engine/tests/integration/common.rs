@@ -105,3 +105,11 @@ pub fn mean_kl(p: &[f32], q: &[f32]) -> f64 {
         .collect();
     rows.iter().sum::<f64>() / rows.len() as f64
 }
+
+/// A fresh directory under the system's temp dir, named by `tag` and the process.
+pub fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("engram-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -54,8 +54,5 @@ fn embeddings_match_sentence_transformers() {
 #[test]
 fn a_missing_model_directory_is_a_typed_error() {
     let err = Embedder::load(Path::new("/nonexistent/minilm"), &Device::Cpu).unwrap_err();
-    assert!(
-        matches!(err, engram_engine::EngineError::Io { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, engram_engine::ModelError::Io { .. }), "{err}");
 }

@@ -7,8 +7,8 @@ use candle_core::{Device, Tensor};
 use engram_engine::{EngineConfig, EngineCore, EngineError, Llama, SequenceSpec, TextTokenizer};
 use engram_kvcore::{CodecKind, TenantId};
 
+use crate::common::tempdir;
 use crate::common::{chat, model, model_path, rel_l2};
-use crate::tokenizer::tempdir;
 
 /// Writes the GGUF as a Hugging Face directory: dequantized weights under HF names with q/k
 /// rows in HF order (llama.cpp interleaves each head's RoPE pairs), config.json, tokenizer.json.
@@ -111,7 +111,10 @@ fn a_safetensors_directory_runs_like_the_gguf() {
 
     // A directory without weights is a clear error, not a panic.
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    assert!(matches!(Llama::load(&dir), Err(EngineError::Io { .. })));
+    assert!(matches!(
+        Llama::load(&dir),
+        Err(engram_engine::ModelError::Io { .. })
+    ));
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -2,7 +2,7 @@
 
 use engram_engine::{ChatMessage, Role, TextTokenizer, chatml};
 
-use crate::common::model;
+use crate::common::{model, tempdir};
 
 #[test]
 fn text_round_trips_exactly() {
@@ -51,13 +51,6 @@ fn a_saved_tokenizer_json_gives_the_same_ids() {
     assert_eq!(reloaded.encode(&text).unwrap(), tok.encode(&text).unwrap());
     assert_eq!(reloaded.stop_ids(), tok.stop_ids());
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-pub fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("engram-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// A stream cut inside a character: `push` holds the incomplete bytes back, `flush` sends them

@@ -230,16 +230,6 @@ pub async fn metrics(
             counter(c.relocated_runs),
         );
         reg.register(
-            "engram_fused_blocks",
-            "Cold blocks fused with a partner's row directions instead of being dropped (model.fuse_blocks)",
-            counter(c.fused_blocks),
-        );
-        reg.register(
-            "engram_fused_hits",
-            "Fused blocks a turn warmed back (expanded from the fused pool)",
-            counter(c.fused_hits),
-        );
-        reg.register(
             "engram_relocated_blocks",
             "Prompt blocks filled by copying a segment's codes from another position instead of computing them",
             counter(c.relocated_blocks),

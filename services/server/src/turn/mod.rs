@@ -118,6 +118,14 @@ pub enum TurnError {
     StreamClosed,
 }
 
+/// The tokenizer's and template's errors, as the engine reports them (a request's own mistakes
+/// keep their engine variants).
+impl From<engram_engine::ModelError> for TurnError {
+    fn from(e: engram_engine::ModelError) -> Self {
+        Self::Engine(e.into())
+    }
+}
+
 impl TurnError {
     /// A full cold tier or engine queue: capacity, not a fault of the request (a reservation
     /// after a turn is skipped on it).

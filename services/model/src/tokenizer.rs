@@ -23,7 +23,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, Tokenizer};
 
-use crate::error::{EngineError, EngineResult, io_error, metadata};
+use crate::error::{ModelError, ModelResult, io_error, metadata};
 
 /// Llama 3's pre-tokenizer split (contractions, letters, 1–3 digits, punctuation, newlines,
 /// spaces), as its `tokenizer.json` writes it.
@@ -34,10 +34,10 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 
 /// The pre-tokenizer a GGUF's `tokenizer.ggml.pre` names (byte-level BPE models); another
 /// name is refused rather than tokenized with the wrong split.
-pub(crate) fn pre_tokenizer(name: &str) -> EngineResult<PreTokenizerWrapper> {
+pub(crate) fn pre_tokenizer(name: &str) -> ModelResult<PreTokenizerWrapper> {
     // Untrimmed offsets: a token's byte range covers its leading space.
     let byte_level = |regex: bool| ByteLevel::new(false, false, regex);
-    let split = |pattern: &str| -> EngineResult<PreTokenizerWrapper> {
+    let split = |pattern: &str| -> ModelResult<PreTokenizerWrapper> {
         Ok(Split::new(
             SplitPattern::Regex(pattern.to_string()),
             SplitDelimiterBehavior::Isolated,
@@ -55,7 +55,7 @@ pub(crate) fn pre_tokenizer(name: &str) -> EngineResult<PreTokenizerWrapper> {
         }
         "qwen2" => Sequence::new(vec![split(QWEN2_SPLIT)?, byte_level(false).into()]).into(),
         other => {
-            return Err(EngineError::Tokenizer {
+            return Err(ModelError::Tokenizer {
                 reason: format!(
                     "GGUF pre-tokenizer `{other}` (tokenizer.ggml.pre) is not supported \
                      (smollm, gpt2, default, llama-bpe, qwen2); add a tokenizer.json beside \
@@ -91,12 +91,12 @@ fn gguf_template(ct: &Content) -> (Option<String>, String, String) {
 
 /// `tokenizer_config.json`'s chat template (a string, or the entry named `default` of a list)
 /// and its BOS and EOS texts (strings or `{"content": …}`); nothing when there is no file.
-fn config_template(path: &Path) -> EngineResult<(Option<String>, String, String)> {
+fn config_template(path: &Path) -> ModelResult<(Option<String>, String, String)> {
     if !path.is_file() {
         return Ok((None, String::new(), String::new()));
     }
     let text = std::fs::read_to_string(path).map_err(io_error(path))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::Tokenizer {
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Tokenizer {
         reason: format!("{}: {e}", path.display()),
     })?;
     let template = match &v["chat_template"] {
@@ -129,8 +129,8 @@ pub struct TextTokenizer {
     format: Arc<ChatFormat>,
 }
 
-fn tok_err(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Tokenizer {
+fn tok_err(e: impl std::fmt::Display) -> ModelError {
+    ModelError::Tokenizer {
         reason: e.to_string(),
     }
 }
@@ -145,7 +145,7 @@ impl TextTokenizer {
     /// The chat template comes from the GGUF metadata (`tokenizer.chat_template`) or the
     /// directory's `tokenizer_config.json`; a model without one, or whose template cannot be
     /// split into per-message pieces (logged as a warning), is framed with ChatML.
-    pub fn for_model(path: &Path) -> EngineResult<Self> {
+    pub fn for_model(path: &Path) -> ModelResult<Self> {
         let beside = if path.is_dir() {
             path.join("tokenizer.json")
         } else {
@@ -179,9 +179,9 @@ impl TextTokenizer {
     }
 
     /// Reads a Hugging Face `tokenizer.json`.
-    pub fn from_json_file(path: &Path) -> EngineResult<Self> {
+    pub fn from_json_file(path: &Path) -> ModelResult<Self> {
         if !path.is_file() {
-            return Err(EngineError::Io {
+            return Err(ModelError::Io {
                 path: path.to_path_buf(),
                 source: std::io::Error::from(std::io::ErrorKind::NotFound),
             });
@@ -191,14 +191,14 @@ impl TextTokenizer {
     }
 
     /// Builds the tokenizer from a GGUF file's metadata.
-    pub fn from_gguf(path: &Path) -> EngineResult<Self> {
+    pub fn from_gguf(path: &Path) -> ModelResult<Self> {
         let mut f = BufReader::new(File::open(path).map_err(io_error(path))?);
         let ct = Content::read(&mut f)?;
         Self::from_gguf_content(&ct)
     }
 
-    fn from_gguf_content(ct: &Content) -> EngineResult<Self> {
-        let strings = |key: &str| -> EngineResult<Vec<String>> {
+    fn from_gguf_content(ct: &Content) -> ModelResult<Self> {
+        let strings = |key: &str| -> ModelResult<Vec<String>> {
             match ct.metadata.get(key) {
                 Some(Value::Array(items)) => items
                     .iter()
@@ -212,7 +212,7 @@ impl TextTokenizer {
         };
         let model = crate::gguf::md_string(ct, "tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(EngineError::Tokenizer {
+            return Err(ModelError::Tokenizer {
                 reason: format!("GGUF tokenizer model `{model}` (only byte-level BPE `gpt2`)"),
             });
         }
@@ -224,7 +224,7 @@ impl TextTokenizer {
                     .map(|(a, b)| (a.to_string(), b.to_string()))
                     .ok_or_else(|| metadata("tokenizer.ggml.merges"))
             })
-            .collect::<EngineResult<_>>()?;
+            .collect::<ModelResult<_>>()?;
         let types: Vec<i32> = match ct.metadata.get("tokenizer.ggml.token_type") {
             Some(Value::Array(items)) => items.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
             _ => vec![1; tokens.len()],
@@ -275,18 +275,18 @@ impl TextTokenizer {
     }
 
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are recognized.
-    pub fn encode(&self, text: &str) -> EngineResult<Vec<u32>> {
+    pub fn encode(&self, text: &str) -> ModelResult<Vec<u32>> {
         Ok(self.encode_with_offsets(text)?.0)
     }
 
     /// Token ids of `text` and each token's byte range in it.
-    pub fn encode_with_offsets(&self, text: &str) -> EngineResult<(Vec<u32>, Vec<ByteSpan>)> {
+    pub fn encode_with_offsets(&self, text: &str) -> ModelResult<(Vec<u32>, Vec<ByteSpan>)> {
         let enc = self.inner.encode(text, false).map_err(tok_err)?;
         Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }
 
     /// Text of `ids`, special tokens included.
-    pub fn decode(&self, ids: &[u32]) -> EngineResult<String> {
+    pub fn decode(&self, ids: &[u32]) -> ModelResult<String> {
         self.inner.decode(ids, false).map_err(tok_err)
     }
 
@@ -301,7 +301,7 @@ impl TextTokenizer {
     }
 
     /// Writes the tokenizer as a Hugging Face `tokenizer.json`.
-    pub fn save_json(&self, path: &Path) -> EngineResult<()> {
+    pub fn save_json(&self, path: &Path) -> ModelResult<()> {
         self.inner.save(path, false).map_err(tok_err)
     }
 }
@@ -380,7 +380,7 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     /// Adds one id; returns the new complete text, if any.
-    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> EngineResult<String> {
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> ModelResult<String> {
         self.ids.push(id);
         let window = tok.decode(&self.ids[self.start..])?;
         if window.ends_with('\u{FFFD}') || window.len() <= self.prefix.len() {
@@ -395,7 +395,7 @@ impl StreamDecoder {
 
     /// At the end of a generation: the text held back so far (an incomplete UTF-8 sequence,
     /// decoded lossily), so that everything streamed equals the decode of every id.
-    pub fn flush(&mut self, tok: &TextTokenizer) -> EngineResult<String> {
+    pub fn flush(&mut self, tok: &TextTokenizer) -> ModelResult<String> {
         let window = tok.decode(&self.ids[self.start..])?;
         let piece = self.after_prefix(tok, &window)?;
         self.start = self.ids.len();
@@ -406,7 +406,7 @@ impl StreamDecoder {
 
     /// What `window` (the decode of `ids[start..]`) adds to the emitted prefix — or, should it
     /// not extend it, what the decode of every id adds to everything emitted; counted emitted.
-    fn after_prefix(&mut self, tok: &TextTokenizer, window: &str) -> EngineResult<String> {
+    fn after_prefix(&mut self, tok: &TextTokenizer, window: &str) -> ModelResult<String> {
         let piece = match window.strip_prefix(self.prefix.as_str()) {
             Some(new) => new.to_string(),
             None => {
@@ -425,7 +425,7 @@ impl StreamDecoder {
     }
 
     /// All text so far.
-    pub fn text(&self, tok: &TextTokenizer) -> EngineResult<String> {
+    pub fn text(&self, tok: &TextTokenizer) -> ModelResult<String> {
         tok.decode(&self.ids)
     }
 }

@@ -1,6 +1,5 @@
 //! What the command-line tools share: the model arguments, loading the model with its
-//! tokenizer, JSON-lines output. A module of the `engram` binary, and of `engram-bench`
-//! (`benches/src/bin/engram_bench.rs` includes this file), not of the library.
+//! tokenizer, progress on a terminal, JSON-lines output (`engram-lab` and `engram-bench`).
 
 use std::path::PathBuf;
 

@@ -27,11 +27,11 @@ use engram_kvcore::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EngineError, EngineResult};
 use crate::eval::{DEFAULT_CORPUS, Sums, read_corpus, score};
-use crate::model::{KvTransform, Llama, LogitRows, SeqInput};
-use crate::probe::StreamCodecs;
-use crate::tokenizer::TextTokenizer;
+use engram_engine::StreamCodecs;
+use engram_engine::TextTokenizer;
+use engram_engine::{EngineError, EngineResult};
+use engram_engine::{KvTransform, Llama, LogitRows, SeqInput};
 
 /// Prefill chunk of every run.
 pub(crate) const CHUNK: usize = 256;
@@ -365,7 +365,7 @@ pub(crate) struct Placement<'a> {
 }
 
 /// Prefills `tokens` at `at.start` in chunks of [`CHUNK`]; the last chunk's logits (`rows`).
-/// The relocation and fusion harnesses share it.
+/// The relocation harness's.
 pub(crate) fn prefill_chunks(
     model: &Llama,
     transform: KvTransform<'_>,
@@ -404,7 +404,7 @@ pub(crate) fn greedy_after(
 ) -> EngineResult<Vec<u32>> {
     let last = logits.dim(0)?.saturating_sub(1);
     let row: Vec<f32> = logits.get(last)?.to_vec1()?;
-    let mut next = crate::sampling::argmax(&row);
+    let mut next = engram_engine::argmax(&row);
     let mut out = vec![next];
     while out.len() < n {
         let l = model.forward_with(
@@ -419,7 +419,7 @@ pub(crate) fn greedy_after(
             }],
             transform,
         )?;
-        next = crate::sampling::argmax(&l.flatten_all()?.to_vec1::<f32>()?);
+        next = engram_engine::argmax(&l.flatten_all()?.to_vec1::<f32>()?);
         out.push(next);
     }
     out.truncate(n);

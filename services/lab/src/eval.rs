@@ -24,11 +24,13 @@ use candle_core::{D, Tensor};
 use engram_kvcore::{CodecKind, LayerCodecs, TenantId};
 use serde::{Deserialize, Serialize};
 
-use crate::core::{EngineConfig, EngineCore, KeyCentering, PrefixReuse, SequenceSpec};
-use crate::error::{EngineResult, io_error};
-use crate::model::{Llama, LogitRows};
-use crate::probe::{KvProbe, StreamCodecs};
-use crate::tokenizer::TextTokenizer;
+use crate::io_error;
+use crate::probe::KvProbe;
+use engram_engine::EngineResult;
+use engram_engine::StreamCodecs;
+use engram_engine::TextTokenizer;
+use engram_engine::{EngineConfig, EngineCore, KeyCentering, PrefixReuse, SequenceSpec};
+use engram_engine::{Llama, LogitRows};
 
 /// Where the default corpus lives on Debian and Ubuntu.
 pub const DEFAULT_CORPUS: &str = "/usr/share/common-licenses";
@@ -209,7 +211,7 @@ pub fn evaluate_with(
         }))
         .chain(opts.probes.iter().map(|p| {
             let config = EngineConfig {
-                probe: Some(p.clone()),
+                probe: Some(engram_engine::Tap(std::sync::Arc::new(p.clone()))),
                 ..with(StreamCodecs::both(CodecKind::F32))
             };
             (p.label(), p.bits_per_element(head_dim), config, model)
@@ -291,12 +293,12 @@ fn greedy_agreement(
             let mut spec = SequenceSpec::plain(prompt.to_vec(), TenantId(0));
             spec.reuse = PrefixReuse::Disabled;
             let (id, _) = core.start(spec)?;
-            let mut next = crate::sampling::argmax(&core.prefill(id)?);
+            let mut next = engram_engine::argmax(&core.prefill(id)?);
             let mut out = Vec::with_capacity(steps);
             out.push(next);
             while out.len() < steps {
                 let logits = core.decode(&[(id, next)])?;
-                next = crate::sampling::argmax(logits.first().map_or(&[][..], Vec::as_slice));
+                next = engram_engine::argmax(logits.first().map_or(&[][..], Vec::as_slice));
                 out.push(next);
             }
             core.finish(id)?;

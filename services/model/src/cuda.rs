@@ -36,15 +36,15 @@ use engram_kernels::gpu::{
 use engram_kernels::{DEFAULT_CHUNK, KernelError, PAGE, PageLayout};
 use engram_kvcore::{BlockStore, CodecKind};
 
-use super::{KvTransform, Llama, SeqInput, attend_rows, causal_mask_on, rope};
-use crate::error::{EngineError, EngineResult};
+use super::{KvTransform, Llama, SeqInput, attend_rows, causal_mask_on};
+use crate::error::{ModelError, ModelResult};
 use crate::weights::{Layer, Linear};
 
-fn dev_err(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Device(e.to_string())
+fn dev_err(e: impl std::fmt::Display) -> ModelError {
+    ModelError::Device(e.to_string())
 }
 
-impl From<KernelError> for EngineError {
+impl From<KernelError> for ModelError {
     fn from(e: KernelError) -> Self {
         dev_err(e)
     }
@@ -75,24 +75,21 @@ pub(crate) struct KernelCache {
 type DeviceMeans = (Vec<f32>, Tensor);
 
 /// Locks one of the [`KernelCache`]'s parts (`what` names it in the error).
-fn lock<'m, T>(m: &'m Mutex<T>, what: &str) -> EngineResult<std::sync::MutexGuard<'m, T>> {
+fn lock<'m, T>(m: &'m Mutex<T>, what: &str) -> ModelResult<std::sync::MutexGuard<'m, T>> {
     m.lock()
         .map_err(|_| dev_err(format!("the lock of {what} is poisoned")))
 }
 
 /// Runs `f` over the device memory of `t` (f32, made contiguous first).
-fn with_view<R>(
-    t: &Tensor,
-    f: impl FnOnce(CudaView<'_, f32>) -> EngineResult<R>,
-) -> EngineResult<R> {
+fn with_view<R>(t: &Tensor, f: impl FnOnce(CudaView<'_, f32>) -> ModelResult<R>) -> ModelResult<R> {
     with_view_of::<f32, R>(t, f)
 }
 
 /// Runs `f` over the device memory of `t` as `T` (made contiguous first).
 fn with_view_of<T: CudaDType + DeviceRepr, R>(
     t: &Tensor,
-    f: impl FnOnce(CudaView<'_, T>) -> EngineResult<R>,
-) -> EngineResult<R> {
+    f: impl FnOnce(CudaView<'_, T>) -> ModelResult<R>,
+) -> ModelResult<R> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cuda(cs) = &*storage else {
@@ -129,12 +126,7 @@ const _: () = assert!(
 
 /// `x · wᵀ` (`x` `[n, k]`, `w` `[m, k]`): a decode step of at most [`GEMV_ROWS`] rows with bf16
 /// operands takes the few-row kernel, anything else candle's matmul (cuBLAS).
-fn product(
-    kernels: &Tq4Kernels,
-    cuda: &CudaDevice,
-    x: &Tensor,
-    w: &Tensor,
-) -> EngineResult<Tensor> {
+fn product(kernels: &Tq4Kernels, cuda: &CudaDevice, x: &Tensor, w: &Tensor) -> ModelResult<Tensor> {
     // `ENGRAM_CUDA_GEMV=off`: cuBLAS for every product (a diagnostic switch, read once).
     static GEMV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *GEMV_OFF.get_or_init(|| std::env::var("ENGRAM_CUDA_GEMV").is_ok_and(|v| v == "off"));
@@ -197,7 +189,7 @@ struct Held<'t> {
 
 /// Holds `t`'s storage; `t` must be contiguous (every tensor the glue reads is: products,
 /// tables and its own outputs).
-fn hold(t: &Tensor) -> EngineResult<Held<'_>> {
+fn hold(t: &Tensor) -> ModelResult<Held<'_>> {
     if !t.is_contiguous() {
         return Err(dev_err("the CUDA glue reads contiguous tensors only"));
     }
@@ -211,7 +203,7 @@ fn hold(t: &Tensor) -> EngineResult<Held<'_>> {
 }
 
 impl Held<'_> {
-    fn view<T: CudaDType + DeviceRepr>(&self) -> EngineResult<CudaView<'_, T>> {
+    fn view<T: CudaDType + DeviceRepr>(&self) -> ModelResult<CudaView<'_, T>> {
         let Storage::Cuda(cs) = &**self.storage else {
             return Err(dev_err("a tensor of the CUDA forward is not on the device"));
         };
@@ -220,7 +212,7 @@ impl Held<'_> {
             .slice(self.off..self.off + self.len))
     }
 
-    fn act(&self) -> EngineResult<Act<'_>> {
+    fn act(&self) -> ModelResult<Act<'_>> {
         match self.dtype {
             DType::BF16 => Ok(Act::Bf16(self.view()?)),
             DType::F32 => Ok(Act::F32(self.view()?)),
@@ -241,7 +233,7 @@ fn glue_norm(
     delta: Option<&Tensor>,
     w: Option<&Tensor>,
     eps: f32,
-) -> EngineResult<Option<Tensor>> {
+) -> ModelResult<Option<Tensor>> {
     let delta_h = delta.map(hold).transpose()?;
     let delta_a = delta_h.as_ref().map(Held::act).transpose()?;
     let w_h = w.map(hold).transpose()?;
@@ -259,7 +251,7 @@ fn glue_norm(
 /// Stacks every layer's q/k/v and gate/up weights (dense on the device); the layers' weights
 /// become views of the stacks. Layers whose weights are not all dense are left as they are, and
 /// then no layer is stacked.
-pub(crate) fn stack_layers(layers: Vec<Layer>) -> EngineResult<(Vec<Layer>, Vec<DeviceStack>)> {
+pub(crate) fn stack_layers(layers: Vec<Layer>) -> ModelResult<(Vec<Layer>, Vec<DeviceStack>)> {
     if !layers.iter().all(|l| {
         [&l.wq, &l.wk, &l.wv, &l.w_gate, &l.w_up]
             .into_iter()
@@ -346,9 +338,9 @@ impl Llama {
         &self,
         store: &BlockStore,
         stream: &Arc<CudaStream>,
-    ) -> EngineResult<Arc<Tq4Kernels>> {
+    ) -> ModelResult<Arc<Tq4Kernels>> {
         if store.codec_kinds().single() != Some(CodecKind::TurboQuant { bits: 4 }) {
-            return Err(EngineError::InvalidConfig {
+            return Err(ModelError::InvalidConfig {
                 field: "codec",
                 reason: "the CUDA engine stores KV as TurboQuant-4 (codec tq4) in every layer, \
                          keys and values alike"
@@ -382,7 +374,7 @@ impl Llama {
         &self,
         stream: &Arc<CudaStream>,
         mass: &CudaSlice<f32>,
-    ) -> EngineResult<PinnedF32> {
+    ) -> ModelResult<PinnedF32> {
         let len = mass.len();
         let pooled = lock(&self.kernels.mass_host, "the mass buffers")?
             .pop()
@@ -398,7 +390,7 @@ impl Llama {
     /// The key means `[layers, kv_heads, head_dim]` on the device: uploaded once and reused
     /// while the caller passes the same values (a step compares them on the host instead of
     /// copying them again).
-    fn device_means(&self, means: &[f32]) -> EngineResult<Tensor> {
+    fn device_means(&self, means: &[f32]) -> ModelResult<Tensor> {
         let cfg = &self.config;
         let shape = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
         let mut cache = lock(&self.kernels.means, "the key means")?;
@@ -420,7 +412,7 @@ impl Llama {
         host: PinnedF32,
         stride: usize,
         tables: impl Iterator<Item = &'t [engram_kvcore::BlockId]>,
-    ) -> EngineResult<()> {
+    ) -> ModelResult<()> {
         let mass = host.read()?;
         for (k, blocks) in tables.enumerate() {
             let row = mass
@@ -471,7 +463,7 @@ impl Llama {
         means: Option<&Tensor>,
         dst: &CudaSlice<i32>,
         n: usize,
-    ) -> EngineResult<Tensor> {
+    ) -> ModelResult<Tensor> {
         let cfg = &self.config;
         let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let h = candle_nn::ops::rms_norm(x, &layer.attn_norm, cfg.rms_eps as f32)?;
@@ -524,15 +516,15 @@ impl Llama {
         store: &mut BlockStore,
         batch: &[SeqInput<'_>],
         transform: KvTransform<'_>,
-    ) -> EngineResult<Tensor> {
+    ) -> ModelResult<Tensor> {
         if transform.probe.is_some() {
-            return Err(EngineError::InvalidConfig {
+            return Err(ModelError::InvalidConfig {
                 field: "probe",
                 reason: "the fidelity probe runs on the CPU engine".into(),
             });
         }
         let Device::Cuda(cuda) = &self.device else {
-            return Err(EngineError::InvalidConfig {
+            return Err(ModelError::InvalidConfig {
                 field: "device",
                 reason: "the KV hot tier is in VRAM but the model is on the CPU".into(),
             });
@@ -977,4 +969,64 @@ impl Llama {
         super::add_forward_times(|t| t.mass += ms(mass_at));
         Ok(logits)
     }
+}
+
+impl Layer {
+    /// The rest of a decoder layer once attention is done: output projection and residual, then
+    /// the SwiGLU MLP and its residual (the device path's).
+    fn finish(
+        &self,
+        x: &Tensor,
+        attn: &Tensor,
+        eps: f32,
+        threads: usize,
+    ) -> candle_core::Result<Tensor> {
+        let x = (x + self.wo.forward(attn, threads)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)?;
+        let gate = candle_nn::ops::silu(&self.w_gate.forward(&h, threads)?)?;
+        let up = self.w_up.forward(&h, threads)?;
+        x + self.w_down.forward(&(gate * up)?, threads)?
+    }
+}
+
+impl Llama {
+    /// The final norm of the rows whose logits `batch` asks for (the device path's).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn final_norm(
+        &self,
+        x: &Tensor,
+        batch: &[SeqInput<'_>],
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let rows = Self::logit_rows(batch);
+        // Every row asked for, in order (a decode batch): no gather (on a device, an upload
+        // and a launch saved).
+        let every =
+            rows.len() == x.dim(0)? && rows.iter().enumerate().all(|(i, &r)| i == r as usize);
+        let x = if every {
+            x.clone()
+        } else {
+            let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
+            x.index_select(&rows, 0)?
+        };
+        candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)
+    }
+}
+
+/// Applies half-split RoPE to `x: [rows, heads·d]` at the rows' positions; returns
+/// `[rows, heads, d]`, contiguous (the CPU path's own is checked against candle's too).
+fn rope(
+    x: &Tensor,
+    heads: usize,
+    d: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let rows = x.dim(0)?;
+    let x = x
+        .reshape((1, rows, heads, d))?
+        .transpose(1, 2)?
+        .contiguous()?;
+    let y = candle_nn::rotary_emb::rope(&x, cos, sin)?;
+    y.squeeze(0)?.transpose(0, 1)?.contiguous()
 }

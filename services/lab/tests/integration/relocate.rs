@@ -3,15 +3,15 @@
 //! stand; the harness ranks the variants on real text.
 
 use candle_core::Tensor;
-use engram_engine::relocation::{RelocateOptions, Variant, evaluate_relocation};
 use engram_engine::{KvTransform, Llama, LogitRows, SeqInput, StreamCodecs};
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, CodecKind, KvShape, Relocated, Rope, Rows, SourceLayer,
     StoreConfig, TenantId, Tier, TokenRange,
 };
+use engram_lab::relocation::{RelocateOptions, Variant, evaluate_relocation};
 
+use crate::common::tempdir;
 use crate::common::{license_tokens, model, rel_l2};
-use crate::tokenizer::tempdir;
 
 fn blocks(store: &mut BlockStore, n: usize) -> Vec<BlockId> {
     let tags = BlockTags {

@@ -24,13 +24,13 @@ use engram_kvcore::{CodecKind, LayerCodecs};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::core::{EngineConfig, Hex32, KeyCentering};
-use crate::error::{EngineError, EngineResult};
 use crate::eval::{read_corpus, score_configs};
-use crate::model::Llama;
-pub use crate::profile::{CalibrationText, KvProfile, PROFILE_FORMAT, Sensitivity, Stream};
-use crate::profile::{Options, allocate};
-use crate::tokenizer::TextTokenizer;
+use engram_engine::Llama;
+use engram_engine::TextTokenizer;
+pub use engram_engine::profile::{CalibrationText, KvProfile, PROFILE_FORMAT, Sensitivity, Stream};
+use engram_engine::profile::{Options, allocate};
+use engram_engine::{EngineConfig, Hex32, KeyCentering};
+use engram_engine::{EngineError, EngineResult};
 
 /// The calibration text used when none is given: the first 14 KB of this project's README as
 /// of 2026-11-25 (d6449c1), frozen — technical English with commands, tables and code, unlike the

@@ -18,7 +18,8 @@ use engram_qmatmul::{Activations, GgufBlock, QMatrix};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{EngineError, EngineResult, io_error, metadata};
+use crate::arch::Arch;
+use crate::error::{ModelError, ModelResult, io_error, metadata};
 use crate::gguf::{md_f64, md_string, md_usize};
 
 /// A Llama model's hyper-parameters.
@@ -194,11 +195,11 @@ impl ModelConfig {
 
     /// A known shape by name: `smollm2-135m` or `llama3-8b` (random-weight speed runs and the
     /// device checks).
-    pub fn named(name: &str) -> EngineResult<Self> {
+    pub fn named(name: &str) -> ModelResult<Self> {
         match name.trim() {
             "smollm2-135m" => Ok(Self::smollm2_135m()),
             "llama3-8b" => Ok(Self::llama3_8b()),
-            other => Err(EngineError::InvalidConfig {
+            other => Err(ModelError::InvalidConfig {
                 field: "shape",
                 reason: format!("unknown shape `{other}` (smollm2-135m, llama3-8b)"),
             }),
@@ -210,7 +211,7 @@ impl Linear {
     /// The projection on `device`. A CUDA device holds it as `held` says (bf16 by default: GGUF
     /// blocks and f32 matrices alike are dequantized and rounded once, at load), multiplied by
     /// cuBLAS with f32 accumulation; the CPU keeps blocks as they are and dense matrices in f32.
-    pub fn to_device(&self, device: &Device, held: DeviceWeights) -> EngineResult<Self> {
+    pub fn to_device(&self, device: &Device, held: DeviceWeights) -> ModelResult<Self> {
         let dense = match self {
             Self::Blocks(_) if device.is_cpu() => return Ok(self.clone()),
             Self::Blocks(q) => {
@@ -231,7 +232,7 @@ impl Linear {
     /// [`DEVICE_WEIGHTS`], multiplied as a device multiplies them (activations rounded to bf16,
     /// f32 accumulation, products rounded to bf16): the CPU reference of `engram check device`
     /// computes what the device computes. Blocks unchanged.
-    pub fn rounded_for_device(&self, held: DeviceWeights) -> EngineResult<Self> {
+    pub fn rounded_for_device(&self, held: DeviceWeights) -> ModelResult<Self> {
         match self {
             Self::Dense(w) => Ok(Self::Dense(w.to_dtype(held.dtype())?)),
             Self::Blocks(_) => Ok(self.clone()),
@@ -328,7 +329,7 @@ impl Weights {
     /// values for the same `seed` in every run (on the CPU from one SplitMix64 stream, layer by
     /// layer, then the embedding and the LM head; on a CUDA device from its seeded generator).
     /// candle's CPU `randn` cannot be seeded, so it is not used there.
-    pub fn random(config: ModelConfig, device: &Device, seed: u64) -> EngineResult<Self> {
+    pub fn random(config: ModelConfig, device: &Device, seed: u64) -> ModelResult<Self> {
         if !device.is_cpu() {
             device.set_seed(seed)?;
         }
@@ -366,7 +367,7 @@ impl Weights {
                     w_down: Linear::Dense(randn(h, ff)?),
                 })
             })
-            .collect::<EngineResult<Vec<_>>>()?;
+            .collect::<ModelResult<Vec<_>>>()?;
         let mut hash = Sha256::new();
         hash.update(serde_json::to_vec(&config).unwrap_or_default());
         hash.update(seed.to_le_bytes());
@@ -386,59 +387,59 @@ impl Weights {
         })
     }
 
-    pub fn from_gguf(path: &Path, format: WeightFormat) -> EngineResult<Self> {
+    pub fn from_gguf(path: &Path, format: WeightFormat) -> ModelResult<Self> {
         let fingerprint = hash_files(&[path.to_path_buf()])?;
         let mut f = BufReader::new(File::open(path).map_err(io_error(path))?);
         let ct = Content::read(&mut f)?;
-        let arch = md_string(&ct, "general.architecture")?;
-        if arch != "llama" {
-            return Err(EngineError::UnsupportedArchitecture { arch });
-        }
-        gguf_rope_scaling(&ct)?;
-        let heads = md_usize(&ct, "llama.attention.head_count")?;
-        let hidden = md_usize(&ct, "llama.embedding_length")?;
-        let head_dim = match md_usize(&ct, "llama.rope.dimension_count") {
+        let arch = Arch::by_gguf(&md_string(&ct, "general.architecture")?)?;
+        arch.check()?;
+        let key = |suffix: &str| arch.key(suffix);
+        gguf_rope_scaling(&ct, arch)?;
+        let heads = md_usize(&ct, &key("attention.head_count"))?;
+        let hidden = md_usize(&ct, &key("embedding_length"))?;
+        let head_dim = match md_usize(&ct, &key("rope.dimension_count")) {
             Ok(d) => d,
             Err(_) => hidden / heads.max(1),
         };
         let dev = Device::Cpu;
-        let mut raw = |name: &str| -> EngineResult<QTensor> {
+        let mut raw = |name: &str| -> ModelResult<QTensor> {
             if !ct.tensor_infos.contains_key(name) {
-                return Err(EngineError::MissingTensor {
+                return Err(ModelError::MissingTensor {
                     name: name.to_string(),
                 });
             }
             Ok(ct.tensor(&mut f, name, &dev)?)
         };
-        let mut load = |name: &str| -> EngineResult<Tensor> { Ok(raw(name)?.dequantize(&dev)?) };
+        let mut load = |name: &str| -> ModelResult<Tensor> { Ok(raw(name)?.dequantize(&dev)?) };
         let embed = load("token_embd.weight")?;
         let norm = load("output_norm.weight")?;
         let lm_head = match raw("output.weight") {
             Ok(t) => linear("output.weight", t, format, None)?,
-            Err(EngineError::MissingTensor { .. }) => {
+            Err(ModelError::MissingTensor { .. }) => {
                 linear("token_embd.weight", raw("token_embd.weight")?, format, None)?
             }
             Err(e) => return Err(e),
         };
-        let num_layers = md_usize(&ct, "llama.block_count")?;
-        let kv_heads = md_usize(&ct, "llama.attention.head_count_kv").unwrap_or(heads);
+        let num_layers = md_usize(&ct, &key("block_count"))?;
+        let kv_heads = md_usize(&ct, &key("attention.head_count_kv")).unwrap_or(heads);
+        let permuted = |heads: usize| arch.gguf_qk_interleaved.then_some((heads, head_dim));
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {
             let mut t = |suffix: &str| raw(&format!("blk.{i}.{suffix}.weight"));
-            let dense = |q: QTensor| -> EngineResult<Tensor> { Ok(q.dequantize(&dev)?) };
+            let dense = |q: QTensor| -> ModelResult<Tensor> { Ok(q.dequantize(&dev)?) };
             layers.push(Layer {
                 attn_norm: dense(t("attn_norm")?)?,
                 wq: linear(
                     &format!("blk.{i}.attn_q"),
                     t("attn_q")?,
                     format,
-                    Some((heads, head_dim)),
+                    permuted(heads),
                 )?,
                 wk: linear(
                     &format!("blk.{i}.attn_k"),
                     t("attn_k")?,
                     format,
-                    Some((kv_heads, head_dim)),
+                    permuted(kv_heads),
                 )?,
                 wv: linear(&format!("blk.{i}.attn_v"), t("attn_v")?, format, None)?,
                 wo: linear(
@@ -456,14 +457,14 @@ impl Weights {
         let config = ModelConfig {
             vocab_size: embed.dim(0)?,
             hidden_size: hidden,
-            intermediate_size: md_usize(&ct, "llama.feed_forward_length")?,
+            intermediate_size: md_usize(&ct, &key("feed_forward_length"))?,
             num_layers,
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim,
-            rope_theta: md_f64(&ct, "llama.rope.freq_base").unwrap_or(10_000.0),
-            rms_eps: md_f64(&ct, "llama.attention.layer_norm_rms_epsilon")?,
-            context_length: md_usize(&ct, "llama.context_length")?,
+            rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(10_000.0),
+            rms_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon"))?,
+            context_length: md_usize(&ct, &key("context_length"))?,
         };
         validate(&config)?;
         Ok(Self {
@@ -476,23 +477,19 @@ impl Weights {
         })
     }
 
-    pub fn from_safetensors_dir(dir: &Path) -> EngineResult<Self> {
+    pub fn from_safetensors_dir(dir: &Path) -> ModelResult<Self> {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path).map_err(io_error(&config_path))?;
         let hf: HfConfig = serde_json::from_str(&text).map_err(|_| metadata("config.json"))?;
-        if hf.model_type.as_deref().is_some_and(|t| t != "llama") {
-            return Err(EngineError::UnsupportedArchitecture {
-                arch: hf.model_type.unwrap_or_default(),
-            });
-        }
+        Arch::by_hf(hf.model_type.as_deref())?.check()?;
         hf_rope_scaling(hf.rope_scaling.as_ref())?;
         let files = safetensors_files(dir)?;
         let mut all = HashMap::new();
         for f in &files {
             all.extend(candle_core::safetensors::load(f, &Device::Cpu)?);
         }
-        let mut take = |name: &str| -> EngineResult<Tensor> {
-            let t = all.remove(name).ok_or_else(|| EngineError::MissingTensor {
+        let mut take = |name: &str| -> ModelResult<Tensor> {
+            let t = all.remove(name).ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
             })?;
             Ok(t.to_dtype(DType::F32)?)
@@ -567,7 +564,7 @@ struct HfConfig {
 
 /// Refuses a `config.json` `rope_scaling` other than none (`null`, absent, or a type of
 /// `default`).
-fn hf_rope_scaling(scaling: Option<&serde_json::Value>) -> EngineResult<()> {
+fn hf_rope_scaling(scaling: Option<&serde_json::Value>) -> ModelResult<()> {
     let Some(v) = scaling.filter(|v| !v.is_null()) else {
         return Ok(());
     };
@@ -578,21 +575,21 @@ fn hf_rope_scaling(scaling: Option<&serde_json::Value>) -> EngineResult<()> {
     if kind == "default" {
         return Ok(());
     }
-    Err(EngineError::UnsupportedRopeScaling {
+    Err(ModelError::UnsupportedRopeScaling {
         kind: kind.to_string(),
     })
 }
 
-/// Refuses a GGUF whose `llama.rope.scaling.type` is set to anything but `none`, or that
+/// Refuses a GGUF whose `<arch>.rope.scaling.type` is set to anything but `none`, or that
 /// carries `rope_freqs.weight` (how llama.cpp stores Llama 3.1-style frequency factors).
-fn gguf_rope_scaling(ct: &Content) -> EngineResult<()> {
-    if let Ok(kind) = md_string(ct, "llama.rope.scaling.type")
+fn gguf_rope_scaling(ct: &Content, arch: &Arch) -> ModelResult<()> {
+    if let Ok(kind) = md_string(ct, &arch.key("rope.scaling.type"))
         && kind != "none"
     {
-        return Err(EngineError::UnsupportedRopeScaling { kind });
+        return Err(ModelError::UnsupportedRopeScaling { kind });
     }
     if ct.tensor_infos.contains_key("rope_freqs.weight") {
-        return Err(EngineError::UnsupportedRopeScaling {
+        return Err(ModelError::UnsupportedRopeScaling {
             kind: "rope_freqs".into(),
         });
     }
@@ -603,7 +600,7 @@ fn default_theta() -> f64 {
     10_000.0
 }
 
-fn validate(c: &ModelConfig) -> EngineResult<()> {
+fn validate(c: &ModelConfig) -> ModelResult<()> {
     let bad = |key: &str| Err(metadata(key));
     if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
         return bad("num_kv_heads");
@@ -619,7 +616,7 @@ fn validate(c: &ModelConfig) -> EngineResult<()> {
 }
 
 /// `model.safetensors`, or every file named by `model.safetensors.index.json`, sorted.
-fn safetensors_files(dir: &Path) -> EngineResult<Vec<PathBuf>> {
+fn safetensors_files(dir: &Path) -> ModelResult<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
         return Ok(vec![single]);
@@ -648,7 +645,7 @@ fn linear(
     q: QTensor,
     format: WeightFormat,
     unpermute: Option<(usize, usize)>,
-) -> EngineResult<Linear> {
+) -> ModelResult<Linear> {
     let block = match q.dtype() {
         GgmlDType::Q4_0 => Some(GgufBlock::Q4_0),
         GgmlDType::Q4_1 => Some(GgufBlock::Q4_1),
@@ -662,7 +659,7 @@ fn linear(
         (format, block)
     {
         let m = QMatrix::from_gguf(block, rows, cols, &q.data()?).map_err(|source| {
-            EngineError::Blocks {
+            ModelError::Blocks {
                 name: name.to_string(),
                 source,
             }
@@ -670,7 +667,7 @@ fn linear(
         let m = match unpermute {
             Some((heads, d)) => m
                 .permute_rows(&unpermuted_order(heads, d))
-                .map_err(|source| EngineError::Blocks {
+                .map_err(|source| ModelError::Blocks {
                     name: name.to_string(),
                     source,
                 })?,
@@ -694,7 +691,7 @@ fn unpermuted_order(heads: usize, d: usize) -> Vec<usize> {
 }
 
 /// Inverts llama.cpp's q/k row permutation: `[heads, 2, d/2]` rows from `[heads, d/2, 2]`.
-fn unpermute_dense(w: &Tensor, heads: usize, head_dim: usize) -> EngineResult<Tensor> {
+fn unpermute_dense(w: &Tensor, heads: usize, head_dim: usize) -> ModelResult<Tensor> {
     let (out, inp) = w.dims2()?;
     Ok(w.reshape((heads, head_dim / 2, 2, inp))?
         .transpose(1, 2)?
@@ -703,7 +700,7 @@ fn unpermute_dense(w: &Tensor, heads: usize, head_dim: usize) -> EngineResult<Te
 }
 
 /// SHA-256 over the files' bytes, in order.
-fn hash_files(files: &[PathBuf]) -> EngineResult<[u8; 32]> {
+fn hash_files(files: &[PathBuf]) -> ModelResult<[u8; 32]> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for path in files {
@@ -744,7 +741,7 @@ mod tests {
         )
         .unwrap();
         match Weights::from_safetensors_dir(&dir) {
-            Err(EngineError::UnsupportedRopeScaling { kind }) => assert_eq!(kind, "llama3"),
+            Err(ModelError::UnsupportedRopeScaling { kind }) => assert_eq!(kind, "llama3"),
             other => panic!("{:?}", other.map(|_| ())),
         }
         // Plain RoPE passes the check (and stops at the missing weights).
@@ -752,7 +749,7 @@ mod tests {
             std::fs::write(dir.join("config.json"), config(plain)).unwrap();
             assert!(matches!(
                 Weights::from_safetensors_dir(&dir),
-                Err(EngineError::Io { .. })
+                Err(ModelError::Io { .. })
             ));
         }
         // GGUF: a scaling type, or the frequency factors' tensor.
@@ -786,9 +783,9 @@ mod tests {
             (None, false, None),
         ] {
             match (gguf(scaling, freqs), want) {
-                (Err(EngineError::UnsupportedRopeScaling { kind }), Some(w)) => assert_eq!(kind, w),
+                (Err(ModelError::UnsupportedRopeScaling { kind }), Some(w)) => assert_eq!(kind, w),
                 // Plain: refused later, for the head count it lacks.
-                (Err(EngineError::Metadata { .. }), None) => {}
+                (Err(ModelError::Metadata { .. }), None) => {}
                 (other, _) => panic!("{scaling:?} {freqs}: {:?}", other.map(|_| ())),
             }
         }

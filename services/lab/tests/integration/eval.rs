@@ -1,11 +1,11 @@
 //! The fidelity harness on a small corpus.
 
-use engram_engine::eval::{EvalOptions, evaluate, evaluate_with, read_corpus};
 use engram_engine::{Llama, StreamCodecs, WeightFormat};
 use engram_kvcore::CodecKind;
+use engram_lab::eval::{EvalOptions, evaluate, evaluate_with, read_corpus};
 
 use crate::common::model;
-use crate::tokenizer::tempdir;
+use crate::common::tempdir;
 
 #[test]
 fn codecs_are_ranked_by_their_error() {
@@ -47,7 +47,7 @@ fn codecs_are_ranked_by_their_error() {
     // Greedy continuations: the reference agrees with itself; f16 keeps (nearly) every token,
     // 2-bit KV fewer.
     assert_eq!(reference.greedy_agreement, Some(1.0));
-    let greedy = |r: &engram_engine::eval::CodecReport| r.greedy_agreement.unwrap();
+    let greedy = |r: &engram_lab::eval::CodecReport| r.greedy_agreement.unwrap();
     assert!(greedy(f16) >= 0.9, "{}", greedy(f16));
     assert!(
         greedy(tq2) < greedy(f16),
@@ -79,7 +79,7 @@ fn the_built_in_default_meets_the_kl_budget() {
     let dir = tempdir("eval-default");
     std::fs::write(
         dir.join("calibration.md"),
-        engram_engine::calibrate::BUILTIN_TEXT,
+        engram_lab::calibrate::BUILTIN_TEXT,
     )
     .unwrap();
     let engine = EngineConfig::default();
@@ -166,7 +166,7 @@ fn other_weight_numerics_are_scored_against_the_reference() {
 
 #[test]
 fn the_ttft_bench_reuses_the_prefix_it_times() {
-    use engram_engine::bench::{TtftOptions, decode, ttft};
+    use engram_lab::bench::{TtftOptions, decode, ttft};
     let (m, t) = model();
     let corpus = crate::common::license_tokens(700);
     let opts = TtftOptions {
@@ -204,8 +204,8 @@ fn the_ttft_bench_reuses_the_prefix_it_times() {
 
 #[test]
 fn the_e2e_bench_times_every_sequence_and_step_and_finishes_them() {
-    use engram_engine::bench::{E2eOptions, e2e};
     use engram_engine::{EngineConfig, EngineCore, KeyCentering};
+    use engram_lab::bench::{E2eOptions, e2e};
     let (m, t) = model();
     let config = EngineConfig {
         key_centering: KeyCentering::Off,
@@ -283,7 +283,7 @@ fn bf16_device_weights_get_their_own_kv_fingerprint() {
 
 #[test]
 fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
-    use engram_engine::{EngineError, KeyCentering, ModelConfig};
+    use engram_engine::{EngineError, KeyCentering, ModelConfig, ModelError};
     assert_eq!(
         ModelConfig::named("smollm2-135m").unwrap(),
         ModelConfig::smollm2_135m()
@@ -294,7 +294,7 @@ fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
     );
     let bad = ModelConfig::named("gpt-2").unwrap_err();
     assert!(
-        matches!(bad, EngineError::InvalidConfig { field: "shape", .. }),
+        matches!(bad, ModelError::InvalidConfig { field: "shape", .. }),
         "{bad}"
     );
     assert_eq!(KeyCentering::parse("off").unwrap(), KeyCentering::Off);
@@ -318,7 +318,7 @@ fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
     assert!(
         matches!(
             bad,
-            EngineError::InvalidConfig {
+            ModelError::InvalidConfig {
                 field: "weights",
                 ..
             }

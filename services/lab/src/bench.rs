@@ -17,12 +17,12 @@ use std::time::Instant;
 use engram_kvcore::{CodecKind, TenantId};
 use serde::{Deserialize, Serialize};
 
-use crate::core::{EngineConfig, EngineCore, SeqId, SequenceSpec};
-use crate::error::{EngineError, EngineResult};
-use crate::model::Llama;
-use crate::probe::StreamCodecs;
-use crate::sampling::argmax;
-use crate::tokenizer::TextTokenizer;
+use engram_engine::Llama;
+use engram_engine::StreamCodecs;
+use engram_engine::TextTokenizer;
+use engram_engine::argmax;
+use engram_engine::{EngineConfig, EngineCore, SeqId, SequenceSpec};
+use engram_engine::{EngineError, EngineResult};
 
 /// Benchmark options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -307,7 +307,7 @@ pub struct E2eRow {
     pub steps: usize,
     /// Where a decode step's time went on the host, ms a step (means over the steps).
     #[serde(default)]
-    pub step_ms: crate::ForwardTimes,
+    pub step_ms: engram_engine::ForwardTimes,
 }
 
 /// The `q`-quantile of `v` (sorted in place), nearest rank.
@@ -356,7 +356,7 @@ pub fn e2e(
             }
             let mut gaps = Vec::with_capacity(opts.steps);
             let mut last = Instant::now();
-            crate::take_forward_times();
+            engram_engine::take_forward_times();
             for _ in 0..opts.steps {
                 let logits = core.decode(&seqs)?;
                 for (s, l) in seqs.iter_mut().zip(&logits) {
@@ -366,7 +366,7 @@ pub fn e2e(
                 gaps.push((now - last).as_secs_f64() * 1e3);
                 last = now;
             }
-            let mut step_ms = crate::take_forward_times();
+            let mut step_ms = engram_engine::take_forward_times();
             let per = opts.steps.max(1) as f64;
             for v in [
                 &mut step_ms.room,
@@ -454,9 +454,9 @@ fn logits_digest(rows: &[Vec<f32>]) -> String {
 /// sequences of `prompt` and `prompt / 2 + 7` random tokens prefilled in 256-token chunks
 /// through TurboQuant-4 blocks, then `steps` batched decode steps fed the CPU's greedy tokens.
 pub fn device_parity(
-    device: crate::core::EngineDevice,
-    held: crate::weights::DeviceWeights,
-    shape: crate::weights::ModelConfig,
+    device: engram_engine::EngineDevice,
+    held: engram_engine::DeviceWeights,
+    shape: engram_engine::ModelConfig,
     prompt: usize,
     steps: usize,
 ) -> EngineResult<Vec<ParityRow>> {
@@ -464,14 +464,14 @@ pub fn device_parity(
         BlockStore, BlockTags, KvShape, SourceLayer, SplitMix64, StoreConfig, Tier, TokenRange,
     };
 
-    use crate::model::{LogitRows, SeqInput};
+    use engram_engine::{LogitRows, SeqInput};
 
     // The reference multiplies as the device does (bf16 weights and matmul operands on a
     // GPU), so the comparison checks the device's kernels, not the choice of bf16 numerics.
     let cpu = Llama::random(shape.clone(), &candle_core::Device::Cpu, 7)?;
     let cpu = match device {
-        crate::core::EngineDevice::Cpu => cpu,
-        crate::core::EngineDevice::Cuda { .. } => cpu.rounded_for_device(held)?,
+        engram_engine::EngineDevice::Cpu => cpu,
+        engram_engine::EngineDevice::Cuda { .. } => cpu.rounded_for_device(held)?,
     };
     let kv = KvShape::with_block_size(
         shape.num_layers,
@@ -483,7 +483,7 @@ pub fn device_parity(
     let blocks_per = (prompt + steps).div_ceil(kv.block_size) + 1;
     let config = StoreConfig::new(kv, CodecKind::TQ4, (3 * blocks_per) as u32, 0);
     let (dev_model, mut dev_store) =
-        crate::core::open_on(device, held, cpu.clone(), config.clone())?;
+        engram_engine::open_on(device, held, cpu.clone(), config.clone())?;
     let mut cpu_store = BlockStore::new(config)?;
     let tags = vec![
         BlockTags {

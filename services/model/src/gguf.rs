@@ -2,16 +2,16 @@
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::error::{EngineResult, metadata};
+use crate::error::{ModelResult, metadata};
 
-pub(crate) fn md_string(ct: &Content, key: &str) -> EngineResult<String> {
+pub(crate) fn md_string(ct: &Content, key: &str) -> ModelResult<String> {
     match ct.metadata.get(key) {
         Some(Value::String(s)) => Ok(s.clone()),
         _ => Err(metadata(key)),
     }
 }
 
-pub(crate) fn md_usize(ct: &Content, key: &str) -> EngineResult<usize> {
+pub(crate) fn md_usize(ct: &Content, key: &str) -> ModelResult<usize> {
     let v = match ct.metadata.get(key) {
         Some(Value::U8(v)) => u64::from(*v),
         Some(Value::U16(v)) => u64::from(*v),
@@ -24,7 +24,7 @@ pub(crate) fn md_usize(ct: &Content, key: &str) -> EngineResult<usize> {
     usize::try_from(v).map_err(|_| metadata(key))
 }
 
-pub(crate) fn md_f64(ct: &Content, key: &str) -> EngineResult<f64> {
+pub(crate) fn md_f64(ct: &Content, key: &str) -> ModelResult<f64> {
     match ct.metadata.get(key) {
         Some(Value::F32(v)) => Ok(f64::from(*v)),
         Some(Value::F64(v)) => Ok(*v),

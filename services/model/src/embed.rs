@@ -14,7 +14,7 @@ use candle_transformers::models::bert::{BertModel, Config};
 use sha2::{Digest, Sha256};
 use tokenizers::{Tokenizer, TruncationParams};
 
-use crate::error::{EngineError, EngineResult, io_error};
+use crate::error::{ModelError, ModelResult, io_error};
 
 /// Tokens per text at most (all-MiniLM-L6-v2's `max_seq_length`).
 pub const MAX_TOKENS: usize = 256;
@@ -39,14 +39,14 @@ impl std::fmt::Debug for Embedder {
 
 impl Embedder {
     /// Loads `config.json`, `model.safetensors` and `tokenizer.json` from `dir` onto `device`.
-    pub fn load(dir: &Path, device: &Device) -> EngineResult<Self> {
+    pub fn load(dir: &Path, device: &Device) -> ModelResult<Self> {
         let read = |name: &str| {
             let p = dir.join(name);
             std::fs::read(&p).map_err(io_error(&p))
         };
         let (config_bytes, tok_bytes) = (read("config.json")?, read("tokenizer.json")?);
         let config: Config =
-            serde_json::from_slice(&config_bytes).map_err(|e| EngineError::Metadata {
+            serde_json::from_slice(&config_bytes).map_err(|e| ModelError::Metadata {
                 key: format!("config.json: {e}"),
             })?;
         let weights = read("model.safetensors")?;
@@ -58,7 +58,7 @@ impl Embedder {
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)?;
         let model = BertModel::load(vb, &config)?;
         let mut tokenizer =
-            Tokenizer::from_bytes(&tok_bytes).map_err(|e| EngineError::Tokenizer {
+            Tokenizer::from_bytes(&tok_bytes).map_err(|e| ModelError::Tokenizer {
                 reason: e.to_string(),
             })?;
         tokenizer.with_padding(None);
@@ -67,7 +67,7 @@ impl Embedder {
                 max_length: MAX_TOKENS,
                 ..TruncationParams::default()
             }))
-            .map_err(|e| EngineError::Tokenizer {
+            .map_err(|e| ModelError::Tokenizer {
                 reason: e.to_string(),
             })?;
         Ok(Self {
@@ -90,14 +90,14 @@ impl Embedder {
     }
 
     /// Unit vectors of `texts`, in order (an empty slice gives none).
-    pub fn embed(&self, texts: &[&str]) -> EngineResult<Vec<Vec<f32>>> {
+    pub fn embed(&self, texts: &[&str]) -> ModelResult<Vec<Vec<f32>>> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
         let encs = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)
-            .map_err(|e| EngineError::Tokenizer {
+            .map_err(|e| ModelError::Tokenizer {
                 reason: e.to_string(),
             })?;
         let len = encs

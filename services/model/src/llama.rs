@@ -27,47 +27,31 @@ use std::sync::{Arc, OnceLock};
 
 use engram_kvcore::{BlockId, BlockStore, BlockTags, CodecKind, KvShape, StoreConfig, Tier};
 
-use crate::error::{EngineError, EngineResult};
-use crate::probe::KvProbe;
+use crate::error::{ModelError, ModelResult};
+use crate::tap::KvTap;
 use crate::tokenizer::TextTokenizer;
 use crate::weights::{DeviceWeights, Layer, Linear, ModelConfig, WeightFormat, Weights};
 use engram_qmatmul::Activations;
 
+// The CUDA forward, or without the `cuda` feature a stand-in whose types are empty and whose
+// forward is never reached (no CUDA hot tier can exist): the rest of the model has no `cfg`.
 #[cfg(feature = "cuda")]
-#[path = "model_cuda.rs"]
+#[path = "cuda.rs"]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
 mod cuda;
 
-#[path = "model_cpu.rs"]
+#[path = "cpu.rs"]
 mod cpu;
-
-impl Layer {
-    /// The rest of a decoder layer once attention is done: output projection and residual, then
-    /// the SwiGLU MLP and its residual (the device path's).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fn finish(
-        &self,
-        x: &Tensor,
-        attn: &Tensor,
-        eps: f32,
-        threads: usize,
-    ) -> candle_core::Result<Tensor> {
-        let x = (x + self.wo.forward(attn, threads)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &self.ffn_norm, eps)?;
-        let gate = candle_nn::ops::silu(&self.w_gate.forward(&h, threads)?)?;
-        let up = self.w_up.forward(&h, threads)?;
-        x + self.w_down.forward(&(gate * up)?, threads)?
-    }
-}
 
 /// A loaded model.
 #[derive(Debug, Clone)]
 pub struct Llama {
     device: Device,
-    #[cfg(feature = "cuda")]
     kernels: cuda::KernelCache,
     /// Per layer on a CUDA device, its projections that read one input stacked (empty on the
     /// CPU).
-    #[cfg(feature = "cuda")]
     device_stacks: Arc<Vec<cuda::DeviceStack>>,
     config: ModelConfig,
     embed: Tensor,
@@ -132,7 +116,7 @@ pub struct KvTransform<'a> {
     /// Per-(layer, KV head) key means to subtract, `[layers, kv_heads, head_dim]`.
     pub key_means: Option<&'a [f32]>,
     /// A fidelity probe.
-    pub probe: Option<&'a KvProbe>,
+    pub probe: Option<&'a dyn KvTap>,
 }
 
 /// One sequence's part of a forward batch.
@@ -187,7 +171,7 @@ thread_local! {
 }
 
 /// Adds to this thread's [`ForwardTimes`].
-pub(crate) fn add_forward_times(f: impl FnOnce(&mut ForwardTimes)) {
+pub fn add_forward_times(f: impl FnOnce(&mut ForwardTimes)) {
     FORWARD_TIMES.with(|c| {
         let mut t = c.get();
         f(&mut t);
@@ -211,12 +195,12 @@ pub enum LogitRows {
 
 impl Llama {
     /// Loads a GGUF file (weights kept in their blocks where the kernels read them).
-    pub fn from_gguf(path: &Path) -> EngineResult<Self> {
+    pub fn from_gguf(path: &Path) -> ModelResult<Self> {
         Self::from_gguf_as(path, WeightFormat::default())
     }
 
     /// Loads a GGUF file with its weights held as `format`.
-    pub fn from_gguf_as(path: &Path, format: WeightFormat) -> EngineResult<Self> {
+    pub fn from_gguf_as(path: &Path, format: WeightFormat) -> ModelResult<Self> {
         let model = Self::from_weights(Weights::from_gguf(path, format)?)?;
         Ok(model.with_activations(format.activations()))
     }
@@ -262,18 +246,18 @@ impl Llama {
     }
 
     /// Loads a Hugging Face directory (`config.json` + `model.safetensors` or its index).
-    pub fn from_safetensors_dir(dir: &Path) -> EngineResult<Self> {
+    pub fn from_safetensors_dir(dir: &Path) -> ModelResult<Self> {
         Self::from_weights(Weights::from_safetensors_dir(dir)?)
     }
 
     /// Loads a GGUF file or a safetensors directory, whichever `path` is (GGUF weights in the
     /// default [`WeightFormat`]).
-    pub fn load(path: &Path) -> EngineResult<Self> {
+    pub fn load(path: &Path) -> ModelResult<Self> {
         Self::load_as(path, WeightFormat::default())
     }
 
     /// [`Self::load`] with GGUF weights held as `format` (safetensors are always dense).
-    pub fn load_as(path: &Path, format: WeightFormat) -> EngineResult<Self> {
+    pub fn load_as(path: &Path, format: WeightFormat) -> ModelResult<Self> {
         if path.is_dir() {
             Self::from_safetensors_dir(path)
         } else {
@@ -283,8 +267,8 @@ impl Llama {
 
     /// [`Self::load_as`] with the format named (`int16`, `int8`, `quantized`, `f32`), and the
     /// model's tokenizer: what the command-line tools load.
-    pub fn load_named(path: &Path, weights: &str) -> EngineResult<(Self, TextTokenizer)> {
-        let format = WeightFormat::parse(weights).ok_or_else(|| EngineError::InvalidConfig {
+    pub fn load_named(path: &Path, weights: &str) -> ModelResult<(Self, TextTokenizer)> {
+        let format = WeightFormat::parse(weights).ok_or_else(|| ModelError::InvalidConfig {
             field: "weights",
             reason: format!("unknown weight format `{weights}` (int16, int8, quantized, f32)"),
         })?;
@@ -294,7 +278,7 @@ impl Llama {
         ))
     }
 
-    fn from_weights(w: Weights) -> EngineResult<Self> {
+    fn from_weights(w: Weights) -> ModelResult<Self> {
         let config = w.config;
         let half = config.head_dim / 2;
         let inv: Vec<f32> = (0..half)
@@ -313,9 +297,7 @@ impl Llama {
         let stacked = w.layers.iter().map(Stacked::of).collect();
         Ok(Self {
             device: Device::Cpu,
-            #[cfg(feature = "cuda")]
             kernels: cuda::KernelCache::default(),
-            #[cfg(feature = "cuda")]
             device_stacks: Arc::default(),
             cos: angles.cos()?,
             sin: angles.sin()?,
@@ -334,7 +316,7 @@ impl Llama {
     /// A model of the given shape with random weights (normal, σ 0.02; norms 1) built on
     /// `device`: for speed work where a real checkpoint cannot travel (the fingerprint covers the
     /// shape and the seed).
-    pub fn random(config: ModelConfig, device: &Device, seed: u64) -> EngineResult<Self> {
+    pub fn random(config: ModelConfig, device: &Device, seed: u64) -> ModelResult<Self> {
         let w = Weights::random(config, device, seed)?;
         let mut m = Self::from_weights(w)?;
         m.cos = m.cos.to_device(device)?;
@@ -345,12 +327,12 @@ impl Llama {
 
     /// The same model with its weights on `device` (dense weights only; bf16 projections on a
     /// CUDA device). Key means already calibrated come along.
-    pub fn to_device(&self, device: &Device) -> EngineResult<Self> {
+    pub fn to_device(&self, device: &Device) -> ModelResult<Self> {
         self.to_device_as(device, DeviceWeights::default())
     }
 
     /// [`Self::to_device`] with the projections held as `held` says on a CUDA device.
-    pub fn to_device_as(&self, device: &Device, held: DeviceWeights) -> EngineResult<Self> {
+    pub fn to_device_as(&self, device: &Device, held: DeviceWeights) -> ModelResult<Self> {
         let mv = |t: &Tensor| t.to_device(device);
         let layers = self
             .layers
@@ -368,8 +350,7 @@ impl Llama {
                     w_down: l.w_down.to_device(device, held)?,
                 })
             })
-            .collect::<EngineResult<Vec<_>>>()?;
-        #[cfg(feature = "cuda")]
+            .collect::<ModelResult<Vec<_>>>()?;
         let (layers, device_stacks) = if device.is_cuda() {
             cuda::stack_layers(layers)?
         } else {
@@ -377,9 +358,7 @@ impl Llama {
         };
         Ok(Self {
             device: device.clone(),
-            #[cfg(feature = "cuda")]
             kernels: cuda::KernelCache::default(),
-            #[cfg(feature = "cuda")]
             device_stacks: Arc::new(device_stacks),
             config: self.config.clone(),
             embed: mv(&self.embed)?,
@@ -402,7 +381,7 @@ impl Llama {
     /// The same model on the CPU holding and multiplying its dense projections as a CUDA
     /// device holding them as `held` does (bf16: bf16-rounded activations and products) (embedding, norms and RoPE tables stay f32, as on the device). The CPU
     /// reference of `engram check device`.
-    pub fn rounded_for_device(&self, held: DeviceWeights) -> EngineResult<Self> {
+    pub fn rounded_for_device(&self, held: DeviceWeights) -> ModelResult<Self> {
         let layers = self
             .layers
             .iter()
@@ -419,7 +398,7 @@ impl Llama {
                     w_down: l.w_down.rounded_for_device(held)?,
                 })
             })
-            .collect::<EngineResult<Vec<_>>>()?;
+            .collect::<ModelResult<Vec<_>>>()?;
         Ok(Self {
             layers,
             lm_head: self.lm_head.rounded_for_device(held)?,
@@ -454,7 +433,7 @@ impl Llama {
     /// amount, so attention is unchanged exactly; but keys carry a large common component (on
     /// SmolLM2-135M about 60 % of their energy), and removing it before quantization lowers the
     /// codec's error, which is relative to the row norm.
-    pub fn key_means(&self, tokenizer: &TextTokenizer) -> EngineResult<&[f32]> {
+    pub fn key_means(&self, tokenizer: &TextTokenizer) -> ModelResult<&[f32]> {
         if let Some(m) = self.key_means.get() {
             return Ok(m);
         }
@@ -462,7 +441,7 @@ impl Llama {
         Ok(self.key_means.get_or_init(|| m))
     }
 
-    fn calibrate_key_means(&self, tokenizer: &TextTokenizer) -> EngineResult<Vec<f32>> {
+    fn calibrate_key_means(&self, tokenizer: &TextTokenizer) -> ModelResult<Vec<f32>> {
         let tokens = tokenizer.encode(CALIBRATION_TEXT)?;
         let cfg = &self.config;
         let shape = self.kv_shape(engram_kvcore::DEFAULT_BLOCK_SIZE)?;
@@ -556,9 +535,9 @@ impl Llama {
 
     /// The model serving at most `tokens` of context (at least 1, at most the model's own):
     /// sequences longer than that are refused, and an engine's hot tier need only hold that.
-    pub fn with_context_length(mut self, tokens: usize) -> EngineResult<Self> {
+    pub fn with_context_length(mut self, tokens: usize) -> ModelResult<Self> {
         if tokens == 0 || tokens > self.config.context_length {
-            return Err(EngineError::InvalidConfig {
+            return Err(ModelError::InvalidConfig {
                 field: "context_length",
                 reason: format!("{tokens} is not in 1..={}", self.config.context_length),
             });
@@ -575,7 +554,7 @@ impl Llama {
     }
 
     /// The KV geometry a store needs for this model (block size as given).
-    pub fn kv_shape(&self, block_size: usize) -> EngineResult<KvShape> {
+    pub fn kv_shape(&self, block_size: usize) -> ModelResult<KvShape> {
         Ok(KvShape::with_block_size(
             self.config.num_layers,
             self.config.num_kv_heads,
@@ -586,7 +565,7 @@ impl Llama {
 
     /// Runs one ragged batch; writes every new token's K/V into its blocks and returns the
     /// requested logits, `[rows, vocab]`, sequence by sequence in batch order.
-    pub fn forward(&self, store: &mut BlockStore, batch: &[SeqInput<'_>]) -> EngineResult<Tensor> {
+    pub fn forward(&self, store: &mut BlockStore, batch: &[SeqInput<'_>]) -> ModelResult<Tensor> {
         self.forward_with(store, batch, KvTransform::default())
     }
 
@@ -597,7 +576,7 @@ impl Llama {
         store: &mut BlockStore,
         batch: &[SeqInput<'_>],
         transform: KvTransform<'_>,
-    ) -> EngineResult<Tensor> {
+    ) -> ModelResult<Tensor> {
         Ok(self
             .forward_unsynced(store, batch, transform)?
             .to_device(&Device::Cpu)?)
@@ -606,16 +585,15 @@ impl Llama {
     /// [`Self::forward_with`] whose logits may still be on the model's device, being computed:
     /// on a GPU the host can do its bookkeeping for the step (registering the blocks) while the
     /// card finishes, and then copy them (`to_device`, which waits for the card).
-    pub(crate) fn forward_unsynced(
+    pub fn forward_unsynced(
         &self,
         store: &mut BlockStore,
         batch: &[SeqInput<'_>],
         transform: KvTransform<'_>,
-    ) -> EngineResult<Tensor> {
-        #[cfg(feature = "cuda")]
+    ) -> ModelResult<Tensor> {
         if store.hot().cuda().is_some() {
             if batch.iter().any(|s| !s.relocated.is_empty()) {
-                return Err(EngineError::InvalidConfig {
+                return Err(ModelError::InvalidConfig {
                     field: "relocated",
                     reason: "the CUDA forward does not read relocated runs".into(),
                 });
@@ -623,7 +601,7 @@ impl Llama {
             return self.forward_cuda(store, batch, transform);
         }
         if !self.device.is_cpu() {
-            return Err(EngineError::InvalidConfig {
+            return Err(ModelError::InvalidConfig {
                 field: "device",
                 reason: "the model is on a device but the KV hot tier is in host memory".into(),
             });
@@ -638,7 +616,7 @@ impl Llama {
         &self,
         store: &BlockStore,
         batch: &[SeqInput<'_>],
-    ) -> EngineResult<(Vec<u32>, Vec<u32>)> {
+    ) -> ModelResult<(Vec<u32>, Vec<u32>)> {
         let cfg = &self.config;
         let bs = store.shape().block_size;
         let mut ids = Vec::new();
@@ -646,22 +624,22 @@ impl Llama {
         for s in batch {
             let end = s.start + s.tokens.len();
             if s.tokens.is_empty() {
-                return Err(EngineError::EmptyPrompt);
+                return Err(ModelError::EmptyPrompt);
             }
             if end > cfg.context_length {
-                return Err(EngineError::ContextOverflow {
+                return Err(ModelError::ContextOverflow {
                     requested: end,
                     context: cfg.context_length,
                 });
             }
             if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(EngineError::TokenOutOfRange {
+                return Err(ModelError::TokenOutOfRange {
                     id,
                     vocab: cfg.vocab_size,
                 });
             }
             if s.blocks.len() < end.div_ceil(bs) {
-                return Err(EngineError::InvalidConfig {
+                return Err(ModelError::InvalidConfig {
                     field: "blocks",
                     reason: format!(
                         "a block table of {} blocks cannot hold {end} tokens",
@@ -679,7 +657,7 @@ impl Llama {
                     || r.start % bs != 0
                     || r.end % bs != 0
                 {
-                    return Err(EngineError::InvalidConfig {
+                    return Err(ModelError::InvalidConfig {
                         field: "relocated",
                         reason: format!(
                             "run {}..{} must be whole blocks of {bs}, in order, before position {}",
@@ -693,28 +671,6 @@ impl Llama {
             positions.extend((s.start..end).map(|p| p as u32));
         }
         Ok((ids, positions))
-    }
-
-    /// The final norm of the rows whose logits `batch` asks for (the device path's).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fn final_norm(
-        &self,
-        x: &Tensor,
-        batch: &[SeqInput<'_>],
-        dev: &Device,
-    ) -> candle_core::Result<Tensor> {
-        let rows = Self::logit_rows(batch);
-        // Every row asked for, in order (a decode batch): no gather (on a device, an upload
-        // and a launch saved).
-        let every =
-            rows.len() == x.dim(0)? && rows.iter().enumerate().all(|(i, &r)| i == r as usize);
-        let x = if every {
-            x.clone()
-        } else {
-            let rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
-            x.index_select(&rows, 0)?
-        };
-        candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)
     }
 
     /// The logit rows `batch` asks for, as indices into its concatenated new tokens.
@@ -733,33 +689,14 @@ impl Llama {
     }
 }
 
-/// Applies half-split RoPE to `x: [rows, heads·d]` at the rows' positions; returns
-/// `[rows, heads, d]`, contiguous (the device path's; the CPU path's own is checked against it).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn rope(
-    x: &Tensor,
-    heads: usize,
-    d: usize,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> candle_core::Result<Tensor> {
-    let rows = x.dim(0)?;
-    let x = x
-        .reshape((1, rows, heads, d))?
-        .transpose(1, 2)?
-        .contiguous()?;
-    let y = candle_nn::rotary_emb::rope(&x, cos, sin)?;
-    y.squeeze(0)?.transpose(0, 1)?.contiguous()
-}
-
 /// Additive causal mask `[new, start + new]`: token `i` (position `start + i`) sees positions
 /// `≤ start + i`. `None` for a single token, which sees everything.
-fn causal_mask(start: usize, new: usize) -> EngineResult<Option<Tensor>> {
+fn causal_mask(start: usize, new: usize) -> ModelResult<Option<Tensor>> {
     causal_mask_on(start, new, &Device::Cpu)
 }
 
 /// [`causal_mask`] on `dev`.
-fn causal_mask_on(start: usize, new: usize, dev: &Device) -> EngineResult<Option<Tensor>> {
+fn causal_mask_on(start: usize, new: usize, dev: &Device) -> ModelResult<Option<Tensor>> {
     if new == 1 {
         return Ok(None);
     }
@@ -781,7 +718,7 @@ fn dense_attention(
     q: &Tensor,
     mask: &Option<Tensor>,
     cfg: &ModelConfig,
-) -> EngineResult<Tensor> {
+) -> ModelResult<Tensor> {
     let (kv_heads, d) = (cfg.num_kv_heads, cfg.head_dim);
     let n = total * kv_heads * d;
     let (mut kb, mut vb) = (vec![0.0f32; n], vec![0.0f32; n]);
@@ -800,7 +737,7 @@ pub(crate) fn attend_rows(
     q: &Tensor,
     mask: &Option<Tensor>,
     cfg: &ModelConfig,
-) -> EngineResult<Tensor> {
+) -> ModelResult<Tensor> {
     let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let group = heads / kv_heads;
     let new = q.dim(0)?;
@@ -832,7 +769,7 @@ pub(crate) fn attend_rows(
 }
 
 /// Row-wise log-softmax of `[rows, vocab]` logits, as f32 vectors.
-pub fn log_softmax_rows(logits: &Tensor) -> EngineResult<Vec<Vec<f32>>> {
+pub fn log_softmax_rows(logits: &Tensor) -> ModelResult<Vec<Vec<f32>>> {
     let l = logits.to_dtype(DType::F32)?;
     let max = l.max_keepdim(D::Minus1)?;
     let shifted = l.broadcast_sub(&max)?;

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 
 use super::{KvTransform, Llama, SeqInput, dense_attention};
-use crate::error::EngineResult;
+use crate::error::ModelResult;
 use crate::weights::block_product as matmul;
 use candle_core::{Device, Tensor};
 use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
@@ -77,7 +77,7 @@ pub(super) fn fold_mass(
     store: &mut BlockStore,
     blocks: &[engram_kvcore::BlockId],
     mass: &[f32],
-) -> EngineResult<()> {
+) -> ModelResult<()> {
     let threshold = MASS_SHARE / blocks.len() as f32;
     store.record_mass(blocks, mass, MASS_WEIGHT, threshold)?;
     Ok(())
@@ -100,7 +100,7 @@ impl Llama {
         total: usize,
         q: &[f32],
         params: &AttentionParams,
-    ) -> EngineResult<()> {
+    ) -> ModelResult<()> {
         if !self.samples_mass(l, blocks) {
             return Ok(());
         }
@@ -121,7 +121,7 @@ impl Llama {
         qs: &[f32],
         params: &AttentionParams,
         out: &mut [f32],
-    ) -> EngineResult<()> {
+    ) -> ModelResult<()> {
         let width = self.config.num_heads * self.config.head_dim;
         let bs = store.shape().block_size;
         let rope = engram_kvcore::Rope {
@@ -188,7 +188,7 @@ impl Llama {
         transform: KvTransform<'_>,
         ids: Vec<u32>,
         positions: Vec<u32>,
-    ) -> EngineResult<Tensor> {
+    ) -> ModelResult<Tensor> {
         let cfg = &self.config;
         let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let (hidden, half) = (cfg.hidden_size, d / 2);
@@ -357,18 +357,25 @@ mod tests {
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         let dev = Device::Cpu;
         let t = |v: &[f32], s: (usize, usize)| Tensor::from_slice(v, s, &dev).unwrap();
-        let want: Vec<f32> = super::super::rope(
-            &t(&x, (rows, heads * d)),
-            heads,
-            d,
-            &t(&cos, (rows, d / 2)),
-            &t(&sin, (rows, d / 2)),
-        )
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+        // candle's half-split rotation over `[1, heads, rows, d]`, back to `[rows, heads, d]`.
+        let xt = t(&x, (rows, heads * d))
+            .reshape((1, rows, heads, d))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        let want: Vec<f32> =
+            candle_nn::rotary_emb::rope(&xt, &t(&cos, (rows, d / 2)), &t(&sin, (rows, d / 2)))
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
         let mut ours = x.clone();
         rope(&mut ours, heads, d, &cos, &sin);
         for (a, b) in ours.iter().zip(&want) {

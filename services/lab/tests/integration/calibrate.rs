@@ -1,11 +1,11 @@
 //! The precision allocator on the real model: a short calibration and its profile on disk.
 
-use engram_engine::calibrate::{CalibrateOptions, KvProfile, Stream, calibrate};
 use engram_engine::{EngineConfig, EngineCore, EngineError};
 use engram_kvcore::CodecKind;
+use engram_lab::calibrate::{CalibrateOptions, KvProfile, Stream, calibrate};
 
 use crate::common::model;
-use crate::tokenizer::tempdir;
+use crate::common::tempdir;
 
 #[test]
 fn a_short_calibration_meets_its_budget_and_its_profile_loads_only_for_its_model() {
@@ -53,13 +53,13 @@ fn a_short_calibration_meets_its_budget_and_its_profile_loads_only_for_its_model
     );
     assert!(
         profile.measured_kl <= opts.budget_kl
-            || profile.rounds == engram_engine::calibrate::MAX_ROUNDS,
+            || profile.rounds == engram_lab::calibrate::MAX_ROUNDS,
         "{profile:?}"
     );
     assert!(profile.bits_per_element < 8.25 && profile.bits_per_element > 3.25);
     assert_eq!(
         profile.calibration.path,
-        engram_engine::calibrate::BUILTIN_NAME
+        engram_lab::calibrate::BUILTIN_NAME
     );
 
     // Another budget from the same measurements: nothing measured again, fewer bytes.

@@ -4,14 +4,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use engram_engine::calibrate::{CalibrateOptions, calibrate};
 use engram_engine::{
     CollectedBytes, DownTier, EngineConfig, EngineCore, LogitRows, SeqId, SequenceSpec, TierPolicy,
 };
 use engram_kvcore::{CodecKind, Precision, SessionId, TenantId, Tier};
+use engram_lab::calibrate::{CalibrateOptions, calibrate};
 
+use crate::common::tempdir;
 use crate::common::{license_tokens, mean_kl, model};
-use crate::tokenizer::tempdir;
 
 const LOOSER_KL: f64 = 0.05;
 
