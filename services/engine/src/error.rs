@@ -138,7 +138,8 @@ impl From<ModelError> for EngineError {
     }
 }
 
-pub(crate) fn io_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
+/// `std::fs` errors of `path` as [`EngineError::Io`] (for `map_err`).
+pub fn io_error(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
     move |source| EngineError::Io {
         path: path.to_path_buf(),
         source,

@@ -43,7 +43,7 @@ pub use engram_model::{
     ModelError, Role, SeqInput, StreamDecoder, TextTokenizer, WeightFormat, chat_template, chatml,
     embed, log_softmax_rows, take_forward_times,
 };
-pub use error::{EngineError, EngineResult};
+pub use error::{EngineError, EngineResult, io_error};
 pub use prefix::{BlockHash, PrefixCache, chain_hash};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use scheduler::{

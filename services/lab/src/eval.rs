@@ -24,12 +24,11 @@ use candle_core::{D, Tensor};
 use engram_kvcore::{CodecKind, LayerCodecs, TenantId};
 use serde::{Deserialize, Serialize};
 
-use crate::io_error;
 use crate::probe::KvProbe;
-use engram_engine::EngineResult;
 use engram_engine::StreamCodecs;
 use engram_engine::TextTokenizer;
 use engram_engine::{EngineConfig, EngineCore, KeyCentering, PrefixReuse, SequenceSpec};
+use engram_engine::{EngineResult, io_error};
 use engram_engine::{Llama, LogitRows};
 
 /// Where the default corpus lives on Debian and Ubuntu.

@@ -17,13 +17,3 @@ pub mod probe;
 pub mod relocation;
 
 pub use probe::KvProbe;
-
-/// `std::fs` errors of `path` as the engine's.
-pub(crate) fn io_error(
-    path: &std::path::Path,
-) -> impl FnOnce(std::io::Error) -> engram_engine::EngineError + '_ {
-    move |source| engram_engine::EngineError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
