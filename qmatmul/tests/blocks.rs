@@ -8,10 +8,11 @@ use candle_core::{Device, Tensor};
 use engram_qmatmul::{GgufBlock, Isa, QError, QMatrix};
 use proptest::prelude::*;
 
-const ALL: [(GgufBlock, GgmlDType); 5] = [
+const ALL: [(GgufBlock, GgmlDType); 6] = [
     (GgufBlock::Q4_0, GgmlDType::Q4_0),
     (GgufBlock::Q4_1, GgmlDType::Q4_1),
     (GgufBlock::Q8_0, GgmlDType::Q8_0),
+    (GgufBlock::Q5_0, GgmlDType::Q5_0),
     (GgufBlock::Q4K, GgmlDType::Q4K),
     (GgufBlock::Q6K, GgmlDType::Q6K),
 ];
@@ -131,7 +132,7 @@ proptest! {
 
     #[test]
     fn any_shape_and_thread_count_matches_the_reference(
-        which in 0usize..5,
+        which in 0usize..ALL.len(),
         rows in 1usize..80,
         blocks in 1usize..4,
         rows_x in 1usize..12,

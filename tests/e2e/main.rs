@@ -17,6 +17,7 @@ mod fairness;
 mod harness;
 mod lifecycle;
 mod memory;
+mod models;
 mod openai;
 mod operators;
 mod phases;

@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 
 use super::{KvTransform, Llama, SeqInput, dense_attention};
+use crate::arch::Activation;
 use crate::error::ModelResult;
 use crate::weights::block_product as matmul;
 use candle_core::{Device, Tensor};
@@ -57,8 +58,25 @@ fn rope(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
 
 /// `gate ← silu(gate) · up`, on up to `threads` threads above [`PAR_MIN`] elements (each element
 /// is computed alike on any thread).
+#[cfg(test)]
 fn swiglu(gate: &mut [f32], up: &[f32], threads: usize) {
-    let f = |(g, u): (&mut f32, &f32)| *g = *g / (1.0 + (-*g).exp()) * u;
+    gated(gate, up, threads, Activation::Silu);
+}
+
+/// GELU, tanh approximation: `x/2 · (1 + tanh(√(2/π) · x · (1 + 0.044715 x²)))`.
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_TWO_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// `gate ← act(gate) · up` (see [`swiglu`]).
+fn gated(gate: &mut [f32], up: &[f32], threads: usize, act: Activation) {
+    let f = move |(g, u): (&mut f32, &f32)| {
+        *g = match act {
+            Activation::Silu => *g / (1.0 + (-*g).exp()) * u,
+            Activation::GeluTanh => gelu_tanh(*g) * u,
+        }
+    };
     if gate.len() < PAR_MIN || threads < 2 {
         gate.iter_mut().zip(up).for_each(f);
         return;
@@ -85,6 +103,48 @@ pub(super) fn fold_mass(
 
 fn add(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+}
+
+/// Adds `bias` to every row of `x: [rows, bias.len()]`.
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add(row, bias);
+    }
+}
+
+/// Causal attention over a sliding window: query row `r` (position `start + r`) sees the
+/// `window` positions ending at its own. Reads only the positions the chunk's rows see, decoded
+/// once, and attends densely with the window's mask. Returns `[new, heads·d]`.
+#[allow(clippy::too_many_arguments)]
+fn window_attention(
+    store: &BlockStore,
+    l: usize,
+    blocks: &[engram_kvcore::BlockId],
+    start: usize,
+    qs: &[f32],
+    window: usize,
+    cfg: &crate::weights::ModelConfig,
+) -> ModelResult<Vec<f32>> {
+    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let new = qs.len() / (heads * d);
+    let total = start + new;
+    let lo = (start + 1).saturating_sub(window);
+    let n = total - lo;
+    let (mut kb, mut vb) = (vec![0f32; n * kv_heads * d], vec![0f32; n * kv_heads * d]);
+    store.read(l, blocks, lo, &mut kb, &mut vb)?;
+    let dev = Device::Cpu;
+    let mut mask = vec![f32::NEG_INFINITY; new * n];
+    for r in 0..new {
+        let p = start + r;
+        let first = (p + 1).saturating_sub(window).max(lo);
+        mask[r * n + (first - lo)..r * n + (p - lo) + 1].fill(0.0);
+    }
+    let mask = Some(Tensor::from_vec(mask, (new, n), &dev)?);
+    let k = Tensor::from_vec(kb, (n, kv_heads, d), &dev)?;
+    let v = Tensor::from_vec(vb, (n, kv_heads, d), &dev)?;
+    let q = Tensor::from_slice(qs, (new, heads, d), &dev)?;
+    let out = super::attend_rows(&k, &v, &q, &mask, cfg)?;
+    Ok(out.flatten_all()?.to_vec1()?)
 }
 
 impl Llama {
@@ -174,9 +234,16 @@ impl Llama {
         }
     }
 
-    /// Whether layer `l` samples the attention mass over `blocks` (the middle layer).
+    /// Whether layer `l` samples the attention mass over `blocks`: the middle layer, or where
+    /// the middle is a window layer, the first global layer after it (one that sees every
+    /// block).
     fn samples_mass(&self, l: usize, blocks: &[engram_kvcore::BlockId]) -> bool {
-        l == self.layers.len() / 2 && !blocks.is_empty()
+        let middle = self.layers.len() / 2;
+        let layer = (middle..self.layers.len())
+            .chain(0..middle)
+            .find(|&i| self.layers[i].extra.window.is_none())
+            .unwrap_or(middle);
+        l == layer && !blocks.is_empty()
     }
 
     /// The CPU layers for a validated batch: `ids` and `positions` of its concatenated new
@@ -200,14 +267,26 @@ impl Llama {
         let pos_list: Vec<usize> = positions.iter().map(|&p| p as usize).collect();
         // The RoPE angles of the batch's positions, as the model's tables hold them.
         let pos = Tensor::from_vec(positions, n, &dev)?;
-        let cos: Vec<f32> = self.cos.index_select(&pos, 0)?.flatten_all()?.to_vec1()?;
-        let sin: Vec<f32> = self.sin.index_select(&pos, 0)?.flatten_all()?.to_vec1()?;
+        let angles = |table: &Tensor| -> ModelResult<Vec<f32>> {
+            Ok(table.index_select(&pos, 0)?.flatten_all()?.to_vec1()?)
+        };
+        let (cos, sin) = (angles(&self.cos)?, angles(&self.sin)?);
+        // The window layers' own RoPE base (Gemma 3).
+        let local = match &self.local_rope {
+            Some((c, s)) => Some((angles(c)?, angles(s)?)),
+            None => None,
+        };
         let params = AttentionParams::new(heads, d).with_threads(t);
         let ids = Tensor::from_vec(ids, n, &dev)?;
         let mut x: Vec<f32> = self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?;
+        if self.arch.embed_scale {
+            let scale = (hidden as f64).sqrt() as f32;
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         debug_assert_eq!(cos.len(), n * half);
 
         for (l, layer) in self.layers.iter().enumerate() {
+            let extra = &layer.extra;
             let norm: Vec<f32> = layer.attn_norm.to_vec1()?;
             let h = rms_norm(&x, &norm, eps);
             let stacked = self.stacked.get(l).and_then(Option::as_ref);
@@ -228,8 +307,21 @@ impl Llama {
                     layer.wv.apply(&h, n, t)?,
                 ),
             };
-            rope(&mut q, heads, d, &cos, &sin);
-            rope(&mut k, kv_heads, d, &cos, &sin);
+            if let Some([bq, bk, bv]) = &extra.qkv_bias {
+                add_rows(&mut q, bq);
+                add_rows(&mut k, bk);
+                add_rows(&mut v, bv);
+            }
+            if let Some([qn, kn]) = &extra.qk_norm {
+                q = rms_norm(&q, qn, eps);
+                k = rms_norm(&k, kn, eps);
+            }
+            let (c, sn) = match (&local, extra.window) {
+                (Some((c, s)), Some(_)) => (c, s),
+                _ => (&cos, &sin),
+            };
+            rope(&mut q, heads, d, c, sn);
+            rope(&mut k, kv_heads, d, c, sn);
             if let Some(means) = transform.key_means {
                 let m = &means[l * kv_heads * d..(l + 1) * kv_heads * d];
                 for row in k.chunks_exact_mut(kv_heads * d) {
@@ -260,7 +352,10 @@ impl Llama {
                 let blocks = &s.blocks[..total.div_ceil(bs)];
                 let qs = &q[off * heads * d..(off + m) * heads * d];
                 let o = &mut attn[off * heads * d..(off + m) * heads * d];
-                if !s.relocated.is_empty() {
+                if let Some(w) = extra.window.filter(|&w| total > w) {
+                    // Past the window, a window layer reads only the positions its rows see.
+                    o.copy_from_slice(&window_attention(store, l, blocks, s.start, qs, w, cfg)?);
+                } else if !s.relocated.is_empty() {
                     // Relocated runs (issue 26): row by row, each run read with the query
                     // turned back by its shift and the key-mean correction.
                     let mean = transform
@@ -295,7 +390,11 @@ impl Llama {
                 }
                 off += m;
             }
-            add(&mut x, &layer.wo.apply(&attn, n, t)?);
+            let mut o = layer.wo.apply(&attn, n, t)?;
+            if let Some([post_attn, _]) = &extra.post_norms {
+                o = rms_norm(&o, post_attn, eps);
+            }
+            add(&mut x, &o);
             let norm: Vec<f32> = layer.ffn_norm.to_vec1()?;
             let h = rms_norm(&x, &norm, eps);
             let ff = cfg.intermediate_size;
@@ -308,16 +407,25 @@ impl Llama {
                         gate.extend_from_slice(&r[..ff]);
                         up.extend_from_slice(&r[ff..]);
                     }
-                    swiglu(&mut gate, &up, t);
+                    gated(&mut gate, &up, t, self.arch.activation);
                     gate
                 }
                 None => {
                     let mut gate = layer.w_gate.apply(&h, n, t)?;
-                    swiglu(&mut gate, &layer.w_up.apply(&h, n, t)?, t);
+                    gated(
+                        &mut gate,
+                        &layer.w_up.apply(&h, n, t)?,
+                        t,
+                        self.arch.activation,
+                    );
                     gate
                 }
             };
-            add(&mut x, &layer.w_down.apply(&gate, n, t)?);
+            let mut down = layer.w_down.apply(&gate, n, t)?;
+            if let Some([_, post_ffn]) = &extra.post_norms {
+                down = rms_norm(&down, post_ffn, eps);
+            }
+            add(&mut x, &down);
         }
         let rows = Self::logit_rows(batch);
         let mut last = Vec::with_capacity(rows.len() * hidden);
@@ -409,6 +517,84 @@ mod tests {
                 .collect();
             swiglu(&mut g, &u, 2);
             assert_eq!(g, want);
+        }
+    }
+
+    #[test]
+    fn a_window_layer_sees_exactly_the_window_ending_at_each_row() {
+        use engram_kvcore::{BlockTags, CodecKind, KvShape, StoreConfig, Tier};
+        let (heads, d, bs, window) = (2, 8, 4, 5);
+        let shape = KvShape::with_block_size(1, 1, d, bs).unwrap();
+        let total = 20;
+        let mut store = BlockStore::new(StoreConfig::new(
+            shape,
+            CodecKind::F32,
+            (total / bs) as u32,
+            0,
+        ))
+        .unwrap();
+        let tags = BlockTags {
+            source: engram_kvcore::SourceLayer::SystemState,
+            importance: 0.0,
+            tenant: engram_kvcore::TenantId(0),
+            session: None,
+            tokens: engram_kvcore::TokenRange::new(0, bs as u32),
+        };
+        let blocks = store.allocate(Tier::Hot, &vec![tags; total / bs]).unwrap();
+        let (k, v) = (floats(total * d, 21), floats(total * d, 22));
+        store
+            .write(0, &blocks, 0, Rows::F32(&k), Rows::F32(&v))
+            .unwrap();
+        let mut cfg = crate::weights::ModelConfig::smollm2_135m();
+        (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) = (heads, 1, d);
+        // Rows at positions 12..20 (a chunk), then one decode row at 19.
+        for (start, new) in [(12, 8), (19, 1), (2, 3)] {
+            let q = floats(new * heads * d, 23 + start as u32);
+            let ours = window_attention(&store, 0, &blocks, start, &q, window, &cfg).unwrap();
+            for r in 0..new {
+                let p = start + r;
+                let seen = p.saturating_sub(window - 1)..=p;
+                for h in 0..heads {
+                    let q = &q[(r * heads + h) * d..][..d];
+                    let scores: Vec<f64> = seen
+                        .clone()
+                        .map(|j| {
+                            let kj = &k[j * d..][..d];
+                            q.iter().zip(kj).map(|(a, b)| f64::from(a * b)).sum::<f64>()
+                                / (d as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+                    let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f64 = w.iter().sum();
+                    for c in 0..d {
+                        let want: f64 = seen
+                            .clone()
+                            .zip(&w)
+                            .map(|(j, w)| w / sum * f64::from(v[j * d + c]))
+                            .sum();
+                        let got = f64::from(ours[(r * heads + h) * d + c]);
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "row {p} head {h}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_is_candles() {
+        let x: Vec<f32> = floats(64, 31).iter().map(|v| v * 8.0).collect();
+        let want: Vec<f32> = Tensor::from_slice(&x, 64, &Device::Cpu)
+            .unwrap()
+            .gelu()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for (a, b) in x.iter().map(|&v| gelu_tanh(v)).zip(want) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
         }
     }
 

@@ -33,6 +33,25 @@ pub enum ModelError {
         /// The tensor's name in the file.
         name: String,
     },
+    /// A tensor whose shape is not the one the model's metadata implies.
+    #[error("model weights: tensor `{name}` has shape {got:?}, expected {expected}")]
+    TensorShape {
+        /// The tensor's name in the file.
+        name: String,
+        /// The shape the metadata implies (`*`: any length).
+        expected: String,
+        /// The file's shape.
+        got: Vec<usize>,
+    },
+    /// A model file that cannot be run, with the file named.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The model file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<ModelError>,
+    },
     /// A tensor's blocks do not fit its shape (a truncated or corrupt file).
     #[error("model weights `{name}`: {source}")]
     Blocks {
@@ -52,8 +71,9 @@ pub enum ModelError {
     /// The model asks for a RoPE scaling the engine does not implement: running it with plain
     /// RoPE would load without error and answer wrongly past its original context.
     #[error(
-        "unsupported RoPE scaling `{kind}` (the engine runs plain RoPE; Llama 3.1/3.2-style \
-         scaled checkpoints are refused rather than run with the wrong positions)"
+        "unsupported RoPE scaling `{kind}` (the engine runs plain, linear and Llama 3-style \
+         RoPE, each where its family uses it; others are refused rather than run with the wrong \
+         positions)"
     )]
     UnsupportedRopeScaling {
         /// `rope_scaling.rope_type`/`type`, `llama.rope.scaling.type`, or `rope_freqs` (the

@@ -22,7 +22,9 @@ mod tap;
 mod tokenizer;
 mod weights;
 
-pub use arch::{ARCHES, Activation, Arch, LLAMA, Norm, Rope, RopeScaling, Tied};
+pub use arch::{
+    ARCHES, Activation, Arch, GEMMA3, LLAMA, Norm, QWEN2, Rope, RopeScaling, Sliding, Tied,
+};
 pub use error::{ModelError, ModelResult};
 pub use llama::{
     ForwardTimes, KvTransform, Llama, LogitRows, SeqInput, add_forward_times, log_softmax_rows,

@@ -27,6 +27,7 @@ use std::sync::{Arc, OnceLock};
 
 use engram_kvcore::{BlockId, BlockStore, BlockTags, CodecKind, KvShape, StoreConfig, Tier};
 
+use crate::arch::Arch;
 use crate::error::{ModelError, ModelResult};
 use crate::tap::KvTap;
 use crate::tokenizer::TextTokenizer;
@@ -48,6 +49,8 @@ mod cpu;
 /// A loaded model.
 #[derive(Debug, Clone)]
 pub struct Llama {
+    /// The family (what the forward adds to Llama's layer is in each layer's `extra`).
+    arch: &'static Arch,
     device: Device,
     kernels: cuda::KernelCache,
     /// Per layer on a CUDA device, its projections that read one input stacked (empty on the
@@ -60,6 +63,8 @@ pub struct Llama {
     lm_head: Linear,
     cos: Tensor,
     sin: Tensor,
+    /// The window layers' RoPE tables, when their base differs ([`ModelConfig::rope_local_theta`]).
+    local_rope: Option<(Tensor, Tensor)>,
     fingerprint: [u8; 32],
     key_means: Arc<OnceLock<Vec<f32>>>,
     /// Per layer, its block projections stacked where they share an input (CPU only).
@@ -280,27 +285,20 @@ impl Llama {
 
     fn from_weights(w: Weights) -> ModelResult<Self> {
         let config = w.config;
-        let half = config.head_dim / 2;
-        let inv: Vec<f32> = (0..half)
-            .map(|i| {
-                1.0 / config
-                    .rope_theta
-                    .powf(2.0 * i as f64 / config.head_dim as f64) as f32
-            })
-            .collect();
-        let ctx = config.context_length;
-        let mut angles = Vec::with_capacity(ctx * half);
-        for p in 0..ctx {
-            angles.extend(inv.iter().map(|f| p as f32 * f));
-        }
-        let angles = Tensor::from_vec(angles, (ctx, half), &Device::Cpu)?;
+        let (cos, sin) = rope_tables(&config, config.rope_theta)?;
+        let local_rope = match config.rope_local_theta {
+            Some(theta) if theta != config.rope_theta => Some(rope_tables(&config, theta)?),
+            _ => None,
+        };
         let stacked = w.layers.iter().map(Stacked::of).collect();
         Ok(Self {
+            arch: w.arch,
             device: Device::Cpu,
             kernels: cuda::KernelCache::default(),
             device_stacks: Arc::default(),
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            cos,
+            sin,
+            local_rope,
             config,
             embed: w.embed,
             layers: w.layers,
@@ -333,6 +331,15 @@ impl Llama {
 
     /// [`Self::to_device`] with the projections held as `held` says on a CUDA device.
     pub fn to_device_as(&self, device: &Device, held: DeviceWeights) -> ModelResult<Self> {
+        if device.is_cuda() && !self.arch.is_plain() {
+            return Err(ModelError::InvalidConfig {
+                field: "device",
+                reason: format!(
+                    "the CUDA forward runs Llama's layer only; `{}` models run on the CPU",
+                    self.arch.gguf
+                ),
+            });
+        }
         let mv = |t: &Tensor| t.to_device(device);
         let layers = self
             .layers
@@ -348,6 +355,7 @@ impl Llama {
                     w_gate: l.w_gate.to_device(device, held)?,
                     w_up: l.w_up.to_device(device, held)?,
                     w_down: l.w_down.to_device(device, held)?,
+                    extra: l.extra.clone(),
                 })
             })
             .collect::<ModelResult<Vec<_>>>()?;
@@ -357,6 +365,7 @@ impl Llama {
             (layers, Vec::new())
         };
         Ok(Self {
+            arch: self.arch,
             device: device.clone(),
             kernels: cuda::KernelCache::default(),
             device_stacks: Arc::new(device_stacks),
@@ -367,6 +376,7 @@ impl Llama {
             lm_head: self.lm_head.to_device(device, held)?,
             cos: mv(&self.cos)?,
             sin: mv(&self.sin)?,
+            local_rope: self.local_rope.clone(),
             fingerprint: self.fingerprint,
             key_means: self.key_means.clone(),
             stacked: if device.is_cpu() {
@@ -396,6 +406,7 @@ impl Llama {
                     w_gate: l.w_gate.rounded_for_device(held)?,
                     w_up: l.w_up.rounded_for_device(held)?,
                     w_down: l.w_down.rounded_for_device(held)?,
+                    extra: l.extra.clone(),
                 })
             })
             .collect::<ModelResult<Vec<_>>>()?;
@@ -497,6 +508,11 @@ impl Llama {
         &self.config
     }
 
+    /// The model's family.
+    pub fn arch(&self) -> &'static Arch {
+        self.arch
+    }
+
     /// The model with its CPU kernels split over `threads` threads (at least 1). The split
     /// decides the summation order, so results are the same for a given value.
     pub fn with_threads(mut self, threads: usize) -> Self {
@@ -544,6 +560,9 @@ impl Llama {
         }
         self.cos = self.cos.narrow(0, 0, tokens)?;
         self.sin = self.sin.narrow(0, 0, tokens)?;
+        if let Some((cos, sin)) = &self.local_rope {
+            self.local_rope = Some((cos.narrow(0, 0, tokens)?, sin.narrow(0, 0, tokens)?));
+        }
         self.config.context_length = tokens;
         Ok(self)
     }
@@ -647,6 +666,13 @@ impl Llama {
                     ),
                 });
             }
+            // Relocation turns keys by the model's one RoPE base over the whole context.
+            if !s.relocated.is_empty() && !self.arch.is_plain() {
+                return Err(ModelError::InvalidConfig {
+                    field: "relocated",
+                    reason: format!("`{}` models do not read relocated runs", self.arch.gguf),
+                });
+            }
             // Relocated runs cover whole blocks already computed, in order: a run over the
             // positions this batch writes would read their fresh keys shifted.
             let mut at = 0;
@@ -687,6 +713,26 @@ impl Llama {
         }
         rows
     }
+}
+
+/// The `[context, head_dim / 2]` cosine and sine tables of RoPE with base `theta`, each inverse
+/// frequency divided by the model's scaling factor where it has one.
+fn rope_tables(config: &ModelConfig, theta: f64) -> ModelResult<(Tensor, Tensor)> {
+    let half = config.head_dim / 2;
+    let factors = config.rope_freq_factors.as_deref();
+    let inv: Vec<f32> = (0..half)
+        .map(|i| {
+            let f = 1.0 / theta.powf(2.0 * i as f64 / config.head_dim as f64) as f32;
+            factors.map_or(f, |d| f / d[i])
+        })
+        .collect();
+    let ctx = config.context_length;
+    let mut angles = Vec::with_capacity(ctx * half);
+    for p in 0..ctx {
+        angles.extend(inv.iter().map(|f| p as f32 * f));
+    }
+    let angles = Tensor::from_vec(angles, (ctx, half), &Device::Cpu)?;
+    Ok((angles.cos()?, angles.sin()?))
 }
 
 /// Additive causal mask `[new, start + new]`: token `i` (position `start + i`) sees positions

@@ -127,6 +127,8 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     stop_ids: Vec<u32>,
     format: Arc<ChatFormat>,
+    /// Prepended to a text by the callers that frame whole texts (see [`Self::bos`]).
+    bos: Option<u32>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
@@ -161,10 +163,17 @@ impl TextTokenizer {
             Some(ct) if !beside.is_file() => Self::from_gguf_content(ct)?,
             _ => Self::from_json_file(&beside)?,
         };
-        let (template, bos, eos) = match &gguf {
+        let (mut template, bos, eos) = match &gguf {
             Some(ct) => gguf_template(ct),
             None => config_template(&path.join("tokenizer_config.json"))?,
         };
+        if template.is_none()
+            && let Some(ct) = &gguf
+            && let Ok(name) = crate::gguf::md_string(ct, "general.architecture")
+            && let Ok(arch) = crate::arch::Arch::by_gguf(&name)
+        {
+            template = arch.fallback_template.map(str::to_string);
+        }
         let (format, why) = crate::chat_template::format_for(template.as_deref(), &bos, &eos);
         if let Some(why) = why {
             tracing::warn!("{}: {why}; messages are framed with ChatML", path.display());
@@ -211,9 +220,15 @@ impl TextTokenizer {
             }
         };
         let model = crate::gguf::md_string(ct, "tokenizer.ggml.model")?;
+        if model == "llama" {
+            return Self::sentencepiece(ct, &strings("tokenizer.ggml.tokens")?);
+        }
         if model != "gpt2" {
             return Err(ModelError::Tokenizer {
-                reason: format!("GGUF tokenizer model `{model}` (only byte-level BPE `gpt2`)"),
+                reason: format!(
+                    "GGUF tokenizer model `{model}` (byte-level BPE `gpt2` and SentencePiece \
+                     `llama` are supported)"
+                ),
             });
         }
         let tokens = strings("tokenizer.ggml.tokens")?;
@@ -262,6 +277,123 @@ impl TextTokenizer {
         Ok(me)
     }
 
+    /// A SentencePiece model as GGUF stores it (`tokenizer.ggml.model = llama`: pieces with
+    /// `▁` for spaces, their scores, byte pieces `<0xNN>`): a BPE whose merges are every split
+    /// of a piece into two pieces, ranked by the whole piece's score (highest first, as
+    /// SentencePiece's and llama.cpp's merging picks the best-scoring pair), with byte fallback;
+    /// spaces become `▁` (and one is prepended when `add_space_prefix` says so); control and
+    /// user-defined pieces are special tokens. The BOS is prepended by [`Self::bos`]'s users.
+    fn sentencepiece(ct: &Content, tokens: &[String]) -> ModelResult<Self> {
+        let n = tokens.len();
+        let scores: Vec<f32> = match ct.metadata.get("tokenizer.ggml.scores") {
+            Some(Value::Array(items)) => items.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect(),
+            _ => return Err(metadata("tokenizer.ggml.scores")),
+        };
+        let types: Vec<i32> = match ct.metadata.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(items)) => items.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
+            _ => vec![1; n],
+        };
+        if scores.len() != n || types.len() != n {
+            return Err(metadata("tokenizer.ggml.scores"));
+        }
+        // Type 1 is a normal piece, 6 a byte; only those take part in merges.
+        let mergeable = |i: usize| types[i] == 1 || types[i] == 6;
+        let vocab: Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+        for (i, piece) in tokens.iter().enumerate() {
+            if !mergeable(i) || piece.chars().nth(1).is_none() {
+                continue;
+            }
+            for (k, _) in piece.char_indices().skip(1) {
+                let (a, b) = (&piece[..k], &piece[k..]);
+                if let (Some(&ia), Some(&ib)) = (vocab.get(a), vocab.get(b))
+                    && mergeable(ia as usize)
+                    && mergeable(ib as usize)
+                {
+                    ranked.push((scores[i], i as u32, ia, ib));
+                }
+            }
+        }
+        // Highest score first; for one piece, the split with the better-ranked left part.
+        ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+        let merges: Merges = ranked
+            .iter()
+            .map(|&(_, _, a, b)| (tokens[a as usize].clone(), tokens[b as usize].clone()))
+            .collect();
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .byte_fallback(true)
+            .fuse_unk(true);
+        if let Ok(unk) = crate::gguf::md_usize(ct, "tokenizer.ggml.unknown_token_id")
+            && let Some(t) = tokens.get(unk)
+        {
+            builder = builder.unk_token(t.clone());
+        }
+        let mut inner = Tokenizer::new(builder.build().map_err(tok_err)?);
+        let space =
+            tokenizers::normalizers::replace::Replace::new(" ", "\u{2581}").map_err(tok_err)?;
+        let prefix = matches!(
+            ct.metadata.get("tokenizer.ggml.add_space_prefix"),
+            Some(Value::Bool(true))
+        );
+        let normalizer: tokenizers::NormalizerWrapper = if prefix {
+            tokenizers::normalizers::Sequence::new(vec![
+                tokenizers::normalizers::prepend::Prepend::new("\u{2581}".into()).into(),
+                space.into(),
+            ])
+            .into()
+        } else {
+            space.into()
+        };
+        inner.with_normalizer(Some(normalizer)).map_err(tok_err)?;
+        let unspace =
+            tokenizers::normalizers::replace::Replace::new("\u{2581}", " ").map_err(tok_err)?;
+        inner.with_decoder(Some(tokenizers::decoders::sequence::Sequence::new(vec![
+            tokenizers::DecoderWrapper::Replace(unspace),
+            tokenizers::decoders::byte_fallback::ByteFallback::new().into(),
+            tokenizers::decoders::fuse::Fuse::new().into(),
+        ])));
+        let special: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| SPECIAL_TOKEN_TYPES.contains(t))
+            .map(|(s, _)| AddedToken::from(s.clone(), true))
+            .collect();
+        inner.add_special_tokens(special).map_err(tok_err)?;
+        let mut me = Self::with_stops(inner);
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+            if let Ok(id) = crate::gguf::md_usize(ct, key)
+                && !me.stop_ids.contains(&(id as u32))
+            {
+                me.stop_ids.push(id as u32);
+            }
+        }
+        if let Some(id) = me.inner.token_to_id("<end_of_turn>")
+            && !me.stop_ids.contains(&id)
+        {
+            me.stop_ids.push(id);
+        }
+        if matches!(
+            ct.metadata.get("tokenizer.ggml.add_bos_token"),
+            Some(Value::Bool(true))
+        ) {
+            me.bos = crate::gguf::md_usize(ct, "tokenizer.ggml.bos_token_id")
+                .ok()
+                .map(|id| id as u32);
+        }
+        Ok(me)
+    }
+
+    /// The id a model's text starts with when its tokenizer says to add one (SentencePiece
+    /// models such as Gemma: `<bos>`); `None` when the template or nothing adds it.
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
     fn with_stops(inner: Tokenizer) -> Self {
         let stop_ids = ["<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"]
             .iter()
@@ -271,6 +403,7 @@ impl TextTokenizer {
             inner,
             stop_ids,
             format: Arc::new(ChatFormat::chatml()),
+            bos: None,
         }
     }
 

@@ -18,7 +18,7 @@ use engram_qmatmul::{Activations, GgufBlock, QMatrix};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::arch::Arch;
+use crate::arch::{Arch, Norm, RopeScaling};
 use crate::error::{ModelError, ModelResult, io_error, metadata};
 use crate::gguf::{md_f64, md_string, md_usize};
 
@@ -45,6 +45,17 @@ pub struct ModelConfig {
     pub rms_eps: f64,
     /// Context length the model was trained for.
     pub context_length: usize,
+    /// Per RoPE frequency (`head_dim / 2` values), the divisor of its plain inverse frequency:
+    /// how linear and Llama 3-style scalings reach the forward (`None`: plain RoPE).
+    #[serde(default)]
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// Positions a sliding-window layer sees, itself included (`None`: none has a window; which
+    /// layers do is the family's [`Arch::sliding`]).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// RoPE base of the sliding-window layers.
+    #[serde(default)]
+    pub rope_local_theta: Option<f64>,
 }
 
 /// One layer's weights.
@@ -59,6 +70,21 @@ pub(crate) struct Layer {
     pub w_gate: Linear,
     pub w_up: Linear,
     pub w_down: Linear,
+    /// What a family adds to Llama's layer ([`Arch`]); all `None` for Llama.
+    pub extra: LayerExtra,
+}
+
+/// The weights and settings of a layer beyond Llama's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LayerExtra {
+    /// q, k, v biases (`[heads·d]`, `[kv_heads·d]`, `[kv_heads·d]`).
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorm weights of q and k (`[d]` each).
+    pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// Norms of the attention's and the MLP's outputs before their residuals (`[hidden]`).
+    pub post_norms: Option<[Vec<f32>; 2]>,
+    /// Positions this layer's queries see, themselves included (`None`: all before them).
+    pub window: Option<usize>,
 }
 
 /// How GGUF weights are held in memory.
@@ -173,6 +199,9 @@ impl ModelConfig {
             rope_theta: 100_000.0,
             rms_eps: 1e-5,
             context_length: 8192,
+            rope_freq_factors: None,
+            sliding_window: None,
+            rope_local_theta: None,
         }
     }
 
@@ -190,6 +219,9 @@ impl ModelConfig {
             rope_theta: 500_000.0,
             rms_eps: 1e-5,
             context_length: 32_768,
+            rope_freq_factors: None,
+            sliding_window: None,
+            rope_local_theta: None,
         }
     }
 
@@ -297,6 +329,7 @@ pub(crate) fn block_product(
 
 /// Weights as loaded, before the model builds its RoPE tables.
 pub(crate) struct Weights {
+    pub arch: &'static Arch,
     pub config: ModelConfig,
     pub embed: Tensor,
     pub layers: Vec<Layer>,
@@ -365,6 +398,7 @@ impl Weights {
                     w_gate: Linear::Dense(randn(ff, h)?),
                     w_up: Linear::Dense(randn(ff, h)?),
                     w_down: Linear::Dense(randn(h, ff)?),
+                    extra: LayerExtra::default(),
                 })
             })
             .collect::<ModelResult<Vec<_>>>()?;
@@ -378,6 +412,7 @@ impl Weights {
             b"device-randn".as_slice()
         });
         Ok(Self {
+            arch: &crate::arch::LLAMA,
             embed: randn(c.vocab_size, h)?,
             lm_head: Linear::Dense(randn(c.vocab_size, h)?),
             norm: ones()?,
@@ -387,77 +422,152 @@ impl Weights {
         })
     }
 
+    /// Reads a GGUF file; any error but the file's own I/O names the file
+    /// ([`ModelError::InFile`]).
     pub fn from_gguf(path: &Path, format: WeightFormat) -> ModelResult<Self> {
+        Self::read_gguf(path, format).map_err(|e| in_file(path, e))
+    }
+
+    fn read_gguf(path: &Path, format: WeightFormat) -> ModelResult<Self> {
         let fingerprint = hash_files(&[path.to_path_buf()])?;
         let mut f = BufReader::new(File::open(path).map_err(io_error(path))?);
         let ct = Content::read(&mut f)?;
         let arch = Arch::by_gguf(&md_string(&ct, "general.architecture")?)?;
-        arch.check()?;
         let key = |suffix: &str| arch.key(suffix);
-        gguf_rope_scaling(&ct, arch)?;
         let heads = md_usize(&ct, &key("attention.head_count"))?;
         let hidden = md_usize(&ct, &key("embedding_length"))?;
-        let head_dim = match md_usize(&ct, &key("rope.dimension_count")) {
-            Ok(d) => d,
-            Err(_) => hidden / heads.max(1),
-        };
+        let head_dim = md_usize(&ct, &key("attention.key_length"))
+            .or_else(|_| md_usize(&ct, &key("rope.dimension_count")))
+            .unwrap_or(hidden / heads.max(1));
+        let rope_freq_factors = gguf_rope_scaling(&ct, arch, head_dim, &mut f)?;
+        let num_layers = md_usize(&ct, &key("block_count"))?;
+        let kv_heads = md_usize(&ct, &key("attention.head_count_kv")).unwrap_or(heads);
+        let ff = md_usize(&ct, &key("feed_forward_length"))?;
+        let (q_rows, kv_rows) = (heads * head_dim, kv_heads * head_dim);
         let dev = Device::Cpu;
-        let mut raw = |name: &str| -> ModelResult<QTensor> {
-            if !ct.tensor_infos.contains_key(name) {
+        // A tensor read with its shape checked (`None`: any length on that axis).
+        let mut raw = |name: &str, want: &[Option<usize>]| -> ModelResult<QTensor> {
+            let Some(info) = ct.tensor_infos.get(name) else {
                 return Err(ModelError::MissingTensor {
                     name: name.to_string(),
+                });
+            };
+            let got = info.shape.dims().to_vec();
+            let fits = got.len() == want.len()
+                && got.iter().zip(want).all(|(g, w)| w.is_none_or(|w| w == *g));
+            if !fits {
+                return Err(ModelError::TensorShape {
+                    name: name.to_string(),
+                    expected: want
+                        .iter()
+                        .map(|w| w.map_or_else(|| "*".to_string(), |w| w.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(" × "),
+                    got,
                 });
             }
             Ok(ct.tensor(&mut f, name, &dev)?)
         };
-        let mut load = |name: &str| -> ModelResult<Tensor> { Ok(raw(name)?.dequantize(&dev)?) };
-        let embed = load("token_embd.weight")?;
-        let norm = load("output_norm.weight")?;
-        let lm_head = match raw("output.weight") {
+        let embed = raw("token_embd.weight", &[None, Some(hidden)])?.dequantize(&dev)?;
+        let vocab = embed.dim(0)?;
+        let norm = raw("output_norm.weight", &[Some(hidden)])?.dequantize(&dev)?;
+        let lm_head = match raw("output.weight", &[Some(vocab), Some(hidden)]) {
             Ok(t) => linear("output.weight", t, format, None)?,
-            Err(ModelError::MissingTensor { .. }) => {
-                linear("token_embd.weight", raw("token_embd.weight")?, format, None)?
-            }
+            Err(ModelError::MissingTensor { .. }) => linear(
+                "token_embd.weight",
+                raw("token_embd.weight", &[None, Some(hidden)])?,
+                format,
+                None,
+            )?,
             Err(e) => return Err(e),
         };
-        let num_layers = md_usize(&ct, &key("block_count"))?;
-        let kv_heads = md_usize(&ct, &key("attention.head_count_kv")).unwrap_or(heads);
         let permuted = |heads: usize| arch.gguf_qk_interleaved.then_some((heads, head_dim));
+        let window = arch
+            .sliding
+            .map(|s| md_usize(&ct, &key("attention.sliding_window")).unwrap_or(s.default_window));
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {
-            let mut t = |suffix: &str| raw(&format!("blk.{i}.{suffix}.weight"));
-            let dense = |q: QTensor| -> ModelResult<Tensor> { Ok(q.dequantize(&dev)?) };
+            let name = |suffix: &str| format!("blk.{i}.{suffix}");
+            let w = |suffix: &str| format!("blk.{i}.{suffix}.weight");
+            let vector =
+                |q: QTensor| -> ModelResult<Vec<f32>> { Ok(q.dequantize(&dev)?.to_vec1::<f32>()?) };
+            let (h, q, kv, ffs) = (Some(hidden), Some(q_rows), Some(kv_rows), Some(ff));
+            let attn_norm = raw(&w("attn_norm"), &[h])?.dequantize(&dev)?;
+            let wq = linear(
+                &name("attn_q"),
+                raw(&w("attn_q"), &[q, h])?,
+                format,
+                permuted(heads),
+            )?;
+            let wk = linear(
+                &name("attn_k"),
+                raw(&w("attn_k"), &[kv, h])?,
+                format,
+                permuted(kv_heads),
+            )?;
+            let wv = linear(&name("attn_v"), raw(&w("attn_v"), &[kv, h])?, format, None)?;
+            let wo = linear(
+                &name("attn_output"),
+                raw(&w("attn_output"), &[h, q])?,
+                format,
+                None,
+            )?;
+            let ffn_norm = raw(&w("ffn_norm"), &[h])?.dequantize(&dev)?;
+            let w_gate = linear(
+                &name("ffn_gate"),
+                raw(&w("ffn_gate"), &[ffs, h])?,
+                format,
+                None,
+            )?;
+            let w_up = linear(&name("ffn_up"), raw(&w("ffn_up"), &[ffs, h])?, format, None)?;
+            let w_down = linear(
+                &name("ffn_down"),
+                raw(&w("ffn_down"), &[h, ffs])?,
+                format,
+                None,
+            )?;
+            let mut extra = LayerExtra {
+                window: window.filter(|_| arch.is_window_layer(i)),
+                ..LayerExtra::default()
+            };
+            if arch.qkv_bias {
+                let b = |p: &str| format!("blk.{i}.{p}.bias");
+                extra.qkv_bias = Some([
+                    vector(raw(&b("attn_q"), &[q])?)?,
+                    vector(raw(&b("attn_k"), &[kv])?)?,
+                    vector(raw(&b("attn_v"), &[kv])?)?,
+                ]);
+            }
+            if arch.qk_norm {
+                let d = Some(head_dim);
+                extra.qk_norm = Some([
+                    vector(raw(&w("attn_q_norm"), &[d])?)?,
+                    vector(raw(&w("attn_k_norm"), &[d])?)?,
+                ]);
+            }
+            if arch.post_norms {
+                extra.post_norms = Some([
+                    vector(raw(&w("post_attention_norm"), &[h])?)?,
+                    vector(raw(&w("post_ffw_norm"), &[h])?)?,
+                ]);
+            }
             layers.push(Layer {
-                attn_norm: dense(t("attn_norm")?)?,
-                wq: linear(
-                    &format!("blk.{i}.attn_q"),
-                    t("attn_q")?,
-                    format,
-                    permuted(heads),
-                )?,
-                wk: linear(
-                    &format!("blk.{i}.attn_k"),
-                    t("attn_k")?,
-                    format,
-                    permuted(kv_heads),
-                )?,
-                wv: linear(&format!("blk.{i}.attn_v"), t("attn_v")?, format, None)?,
-                wo: linear(
-                    &format!("blk.{i}.attn_output"),
-                    t("attn_output")?,
-                    format,
-                    None,
-                )?,
-                ffn_norm: dense(t("ffn_norm")?)?,
-                w_gate: linear(&format!("blk.{i}.ffn_gate"), t("ffn_gate")?, format, None)?,
-                w_up: linear(&format!("blk.{i}.ffn_up"), t("ffn_up")?, format, None)?,
-                w_down: linear(&format!("blk.{i}.ffn_down"), t("ffn_down")?, format, None)?,
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                ffn_norm,
+                w_gate,
+                w_up,
+                w_down,
+                extra,
             });
         }
         let config = ModelConfig {
-            vocab_size: embed.dim(0)?,
+            vocab_size: vocab,
             hidden_size: hidden,
-            intermediate_size: md_usize(&ct, &key("feed_forward_length"))?,
+            intermediate_size: ff,
             num_layers,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -465,9 +575,13 @@ impl Weights {
             rope_theta: md_f64(&ct, &key("rope.freq_base")).unwrap_or(10_000.0),
             rms_eps: md_f64(&ct, &key("attention.layer_norm_rms_epsilon"))?,
             context_length: md_usize(&ct, &key("context_length"))?,
+            rope_freq_factors,
+            sliding_window: window,
+            rope_local_theta: arch.sliding.map(|s| s.local_theta),
         };
         validate(&config)?;
         Ok(Self {
+            arch,
             config,
             embed,
             layers,
@@ -477,60 +591,143 @@ impl Weights {
         })
     }
 
+    /// Reads a Hugging Face directory; errors but I/O name the directory.
     pub fn from_safetensors_dir(dir: &Path) -> ModelResult<Self> {
+        Self::read_safetensors_dir(dir).map_err(|e| in_file(dir, e))
+    }
+
+    fn read_safetensors_dir(dir: &Path) -> ModelResult<Self> {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path).map_err(io_error(&config_path))?;
         let hf: HfConfig = serde_json::from_str(&text).map_err(|_| metadata("config.json"))?;
-        Arch::by_hf(hf.model_type.as_deref())?.check()?;
-        hf_rope_scaling(hf.rope_scaling.as_ref())?;
+        let arch = Arch::by_hf(hf.model_type.as_deref())?;
+        let heads = hf.num_attention_heads;
+        let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / heads.max(1));
+        let rope_freq_factors =
+            hf_rope_scaling(hf.rope_scaling.as_ref(), arch, head_dim, hf.rope_theta)?;
+        let kv_heads = hf.num_key_value_heads.unwrap_or(heads);
         let files = safetensors_files(dir)?;
         let mut all = HashMap::new();
         for f in &files {
             all.extend(candle_core::safetensors::load(f, &Device::Cpu)?);
         }
-        let mut take = |name: &str| -> ModelResult<Tensor> {
+        let (hidden, ff) = (hf.hidden_size, hf.intermediate_size);
+        let (q_rows, kv_rows) = (heads * head_dim, kv_heads * head_dim);
+        // A tensor with its shape checked, as f32 (norm weights with Gemma's one added).
+        let mut take = |name: &str, want: &[Option<usize>]| -> ModelResult<Tensor> {
             let t = all.remove(name).ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
             })?;
+            let got = t.dims().to_vec();
+            let fits = got.len() == want.len()
+                && got.iter().zip(want).all(|(g, w)| w.is_none_or(|w| w == *g));
+            if !fits {
+                return Err(ModelError::TensorShape {
+                    name: name.to_string(),
+                    expected: want
+                        .iter()
+                        .map(|w| w.map_or_else(|| "*".to_string(), |w| w.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(" × "),
+                    got,
+                });
+            }
             Ok(t.to_dtype(DType::F32)?)
         };
-        let embed = take("model.embed_tokens.weight")?;
-        let norm = take("model.norm.weight")?;
-        let lm_head = Linear::Dense(if hf.tie_word_embeddings {
+        let plus_one = |t: Tensor| -> ModelResult<Tensor> {
+            Ok(match arch.norm {
+                Norm::Rms => t,
+                Norm::RmsPlusOne => (t + 1.0)?,
+            })
+        };
+        let vector = |t: Tensor| -> ModelResult<Vec<f32>> { Ok(t.to_vec1::<f32>()?) };
+        let (h, q, kv, ffs) = (Some(hidden), Some(q_rows), Some(kv_rows), Some(ff));
+        let embed = take("model.embed_tokens.weight", &[None, h])?;
+        let vocab = embed.dim(0)?;
+        let norm = plus_one(take("model.norm.weight", &[h])?)?;
+        let tied = hf
+            .tie_word_embeddings
+            .unwrap_or(arch.tied == crate::arch::Tied::ByDefault);
+        let lm_head = Linear::Dense(if tied {
             embed.clone()
         } else {
-            take("lm_head.weight")?
+            take("lm_head.weight", &[Some(vocab), h])?
         });
+        let window = arch
+            .sliding
+            .map(|s| hf.sliding_window.unwrap_or(s.default_window));
         let mut layers = Vec::with_capacity(hf.num_hidden_layers);
         for i in 0..hf.num_hidden_layers {
-            let mut t = |suffix: &str| take(&format!("model.layers.{i}.{suffix}.weight"));
+            let w = |suffix: &str| format!("model.layers.{i}.{suffix}.weight");
+            let b = |suffix: &str| format!("model.layers.{i}.{suffix}.bias");
+            // Gemma names the MLP's pre-norm `pre_feedforward_layernorm` and uses
+            // `post_attention_layernorm` for the attention's output; Llama's MLP pre-norm is
+            // `post_attention_layernorm`.
+            let (ffn_norm_name, post_attn_name) = if arch.post_norms {
+                (
+                    "pre_feedforward_layernorm",
+                    Some("post_attention_layernorm"),
+                )
+            } else {
+                ("post_attention_layernorm", None)
+            };
+            let mut extra = LayerExtra {
+                window: window.filter(|_| arch.is_window_layer(i)),
+                ..LayerExtra::default()
+            };
+            if arch.qkv_bias {
+                extra.qkv_bias = Some([
+                    vector(take(&b("self_attn.q_proj"), &[q])?)?,
+                    vector(take(&b("self_attn.k_proj"), &[kv])?)?,
+                    vector(take(&b("self_attn.v_proj"), &[kv])?)?,
+                ]);
+            }
+            if arch.qk_norm {
+                let d = Some(head_dim);
+                extra.qk_norm = Some([
+                    vector(plus_one(take(&w("self_attn.q_norm"), &[d])?)?)?,
+                    vector(plus_one(take(&w("self_attn.k_norm"), &[d])?)?)?,
+                ]);
+            }
+            if let Some(post_attn) = post_attn_name {
+                extra.post_norms = Some([
+                    vector(plus_one(take(&w(post_attn), &[h])?)?)?,
+                    vector(plus_one(take(&w("post_feedforward_layernorm"), &[h])?)?)?,
+                ]);
+            }
             layers.push(Layer {
-                attn_norm: t("input_layernorm")?,
-                wq: Linear::Dense(t("self_attn.q_proj")?),
-                wk: Linear::Dense(t("self_attn.k_proj")?),
-                wv: Linear::Dense(t("self_attn.v_proj")?),
-                wo: Linear::Dense(t("self_attn.o_proj")?),
-                ffn_norm: t("post_attention_layernorm")?,
-                w_gate: Linear::Dense(t("mlp.gate_proj")?),
-                w_up: Linear::Dense(t("mlp.up_proj")?),
-                w_down: Linear::Dense(t("mlp.down_proj")?),
+                attn_norm: plus_one(take(&w("input_layernorm"), &[h])?)?,
+                wq: Linear::Dense(take(&w("self_attn.q_proj"), &[q, h])?),
+                wk: Linear::Dense(take(&w("self_attn.k_proj"), &[kv, h])?),
+                wv: Linear::Dense(take(&w("self_attn.v_proj"), &[kv, h])?),
+                wo: Linear::Dense(take(&w("self_attn.o_proj"), &[h, q])?),
+                ffn_norm: plus_one(take(&w(ffn_norm_name), &[h])?)?,
+                w_gate: Linear::Dense(take(&w("mlp.gate_proj"), &[ffs, h])?),
+                w_up: Linear::Dense(take(&w("mlp.up_proj"), &[ffs, h])?),
+                w_down: Linear::Dense(take(&w("mlp.down_proj"), &[h, ffs])?),
+                extra,
             });
         }
-        let heads = hf.num_attention_heads;
         let config = ModelConfig {
-            vocab_size: embed.dim(0)?,
-            hidden_size: hf.hidden_size,
-            intermediate_size: hf.intermediate_size,
+            vocab_size: vocab,
+            hidden_size: hidden,
+            intermediate_size: ff,
             num_layers: hf.num_hidden_layers,
             num_heads: heads,
-            num_kv_heads: hf.num_key_value_heads.unwrap_or(heads),
-            head_dim: hf.head_dim.unwrap_or(hf.hidden_size / heads.max(1)),
+            num_kv_heads: kv_heads,
+            head_dim,
             rope_theta: hf.rope_theta,
             rms_eps: hf.rms_norm_eps,
             context_length: hf.max_position_embeddings,
+            rope_freq_factors,
+            sliding_window: window,
+            rope_local_theta: arch
+                .sliding
+                .map(|s| hf.rope_local_base_freq.unwrap_or(s.local_theta)),
         };
         validate(&config)?;
         Ok(Self {
+            arch,
             fingerprint: hash_files(&files)?,
             config,
             embed,
@@ -555,45 +752,145 @@ struct HfConfig {
     rope_theta: f64,
     rms_norm_eps: f64,
     max_position_embeddings: usize,
+    /// Absent: the family's default (Gemma ties, Llama and Qwen2 export `false`).
     #[serde(default)]
-    tie_word_embeddings: bool,
+    tie_word_embeddings: Option<bool>,
     /// Absent or `null` for plain RoPE.
     #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
+    /// Positions a window layer sees (families with [`Arch::sliding`]).
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    /// RoPE base of the window layers (Gemma 3).
+    #[serde(default)]
+    rope_local_base_freq: Option<f64>,
 }
 
-/// Refuses a `config.json` `rope_scaling` other than none (`null`, absent, or a type of
-/// `default`).
-fn hf_rope_scaling(scaling: Option<&serde_json::Value>) -> ModelResult<()> {
+/// A `config.json` `rope_scaling` as per-frequency divisors (`None`: plain RoPE, for `null`,
+/// absent, or a type of `default`); a kind the family does not run is refused.
+fn hf_rope_scaling(
+    scaling: Option<&serde_json::Value>,
+    arch: &Arch,
+    head_dim: usize,
+    theta: f64,
+) -> ModelResult<Option<Vec<f32>>> {
     let Some(v) = scaling.filter(|v| !v.is_null()) else {
-        return Ok(());
+        return Ok(None);
     };
     let kind = ["rope_type", "type"]
         .iter()
         .find_map(|k| v.get(k).and_then(|t| t.as_str()))
         .unwrap_or("unknown");
-    if kind == "default" {
-        return Ok(());
-    }
-    Err(ModelError::UnsupportedRopeScaling {
+    let num = |key: &str| -> ModelResult<f64> {
+        v.get(key)
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| metadata(&format!("rope_scaling.{key}")))
+    };
+    let refused = || ModelError::UnsupportedRopeScaling {
         kind: kind.to_string(),
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" if arch.runs(RopeScaling::Linear) => {
+            Ok(Some(vec![num("factor")? as f32; head_dim / 2]))
+        }
+        "llama3" if arch.runs(RopeScaling::Llama3) => Ok(Some(llama3_factors(
+            head_dim,
+            theta,
+            num("factor")?,
+            num("low_freq_factor")?,
+            num("high_freq_factor")?,
+            num("original_max_position_embeddings")?,
+        ))),
+        _ => Err(refused()),
+    }
+}
+
+/// Llama 3.1's RoPE scaling as divisors of the plain inverse frequencies: wavelengths shorter
+/// than `original / high` keep theirs, longer than `original / low` are divided by `factor`, and
+/// between them the inverse frequency is the blend `(1 − s)·f/factor + s·f` with
+/// `s = (original / wavelength − low) / (high − low)`.
+pub(crate) fn llama3_factors(
+    head_dim: usize,
+    theta: f64,
+    factor: f64,
+    low: f64,
+    high: f64,
+    original: f64,
+) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| {
+            let inv = theta.powf(-2.0 * i as f64 / head_dim as f64);
+            let wavelength = std::f64::consts::TAU / inv;
+            let divisor = if wavelength < original / high {
+                1.0
+            } else if wavelength > original / low {
+                factor
+            } else {
+                let s = (original / wavelength - low) / (high - low);
+                1.0 / ((1.0 - s) / factor + s)
+            };
+            divisor as f32
+        })
+        .collect()
+}
+
+/// A GGUF's RoPE scaling as per-frequency divisors: `<arch>.rope.scaling.type` `linear` (with
+/// its `factor`), or the divisors llama.cpp stores for Llama 3.1-style models
+/// (`rope_freqs.weight`, `head_dim / 2` values); `none` or absent is plain RoPE. A kind the
+/// family does not run (`yarn`) is refused.
+fn gguf_rope_scaling(
+    ct: &Content,
+    arch: &Arch,
+    head_dim: usize,
+    f: &mut BufReader<File>,
+) -> ModelResult<Option<Vec<f32>>> {
+    let kind = md_string(ct, &arch.key("rope.scaling.type")).unwrap_or_else(|_| "none".into());
+    let refused = |kind: &str| ModelError::UnsupportedRopeScaling {
+        kind: kind.to_string(),
+    };
+    let linear = match kind.as_str() {
+        "none" => None,
+        "linear" if arch.runs(RopeScaling::Linear) => {
+            let key = arch.key("rope.scaling.factor");
+            Some(md_f64(ct, &key)? as f32)
+        }
+        other => return Err(refused(other)),
+    };
+    let freqs = match ct.tensor_infos.get("rope_freqs.weight") {
+        None => None,
+        Some(_) if !arch.runs(RopeScaling::Llama3) => return Err(refused("rope_freqs")),
+        Some(info) => {
+            if info.shape.dims() != [head_dim / 2] {
+                return Err(ModelError::TensorShape {
+                    name: "rope_freqs.weight".into(),
+                    expected: (head_dim / 2).to_string(),
+                    got: info.shape.dims().to_vec(),
+                });
+            }
+            let t = ct.tensor(f, "rope_freqs.weight", &Device::Cpu)?;
+            Some(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?)
+        }
+    };
+    Ok(match (linear, freqs) {
+        (Some(l), Some(mut f)) => {
+            f.iter_mut().for_each(|x| *x *= l);
+            Some(f)
+        }
+        (Some(l), None) => Some(vec![l; head_dim / 2]),
+        (None, f) => f,
     })
 }
 
-/// Refuses a GGUF whose `<arch>.rope.scaling.type` is set to anything but `none`, or that
-/// carries `rope_freqs.weight` (how llama.cpp stores Llama 3.1-style frequency factors).
-fn gguf_rope_scaling(ct: &Content, arch: &Arch) -> ModelResult<()> {
-    if let Ok(kind) = md_string(ct, &arch.key("rope.scaling.type"))
-        && kind != "none"
-    {
-        return Err(ModelError::UnsupportedRopeScaling { kind });
+/// `e` with the file it came from, unless it already names it.
+fn in_file(path: &Path, e: ModelError) -> ModelError {
+    match e {
+        ModelError::Io { .. } | ModelError::InFile { .. } => e,
+        other => ModelError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(other),
+        },
     }
-    if ct.tensor_infos.contains_key("rope_freqs.weight") {
-        return Err(ModelError::UnsupportedRopeScaling {
-            kind: "rope_freqs".into(),
-        });
-    }
-    Ok(())
 }
 
 fn default_theta() -> f64 {
@@ -605,9 +902,18 @@ fn validate(c: &ModelConfig) -> ModelResult<()> {
     if c.num_heads == 0 || c.num_kv_heads == 0 || !c.num_heads.is_multiple_of(c.num_kv_heads) {
         return bad("num_kv_heads");
     }
-    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) || c.num_heads * c.head_dim != c.hidden_size
-    {
+    // `head_dim` need not be `hidden / heads` (Gemma 3): the projections' shapes are checked
+    // against it as they load.
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
         return bad("head_dim");
+    }
+    if let Some(f) = &c.rope_freq_factors
+        && (f.len() != c.head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0))
+    {
+        return bad("rope_freq_factors");
+    }
+    if c.sliding_window == Some(0) {
+        return bad("sliding_window");
     }
     if c.num_layers == 0 || c.context_length == 0 || c.vocab_size == 0 {
         return bad("num_layers");
@@ -650,6 +956,7 @@ fn linear(
         GgmlDType::Q4_0 => Some(GgufBlock::Q4_0),
         GgmlDType::Q4_1 => Some(GgufBlock::Q4_1),
         GgmlDType::Q8_0 => Some(GgufBlock::Q8_0),
+        GgmlDType::Q5_0 => Some(GgufBlock::Q5_0),
         GgmlDType::Q4K => Some(GgufBlock::Q4K),
         GgmlDType::Q6K => Some(GgufBlock::Q6K),
         _ => None,
@@ -720,76 +1027,256 @@ fn hash_files(files: &[PathBuf]) -> ModelResult<[u8; 32]> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_scaled_rope_is_refused_not_run_as_plain_rope() {
-        let dir = std::env::temp_dir().join(format!("engram-rope-{}", std::process::id()));
+    use candle_core::quantized::gguf_file::{self, Value};
+
+    /// A one-layer model of `arch`'s layout with f32 tensors (hidden 16, 2 heads of 8, one KV
+    /// head, FFN 24, vocabulary 32), its metadata plus `extra`, written to `path`; `shape`
+    /// may change a tensor's `[rows, cols]` (or `[len]`), `skip` leave one out.
+    fn tiny_gguf(
+        path: &Path,
+        arch: &str,
+        extra: &[(&str, Value)],
+        shape: &dyn Fn(&str, Vec<usize>) -> Vec<usize>,
+        skip: Option<&str>,
+    ) {
+        let k = |s: &str| format!("{arch}.{s}");
+        let mut md: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String(arch.into())),
+            (k("attention.head_count"), Value::U32(2)),
+            (k("attention.head_count_kv"), Value::U32(1)),
+            (k("embedding_length"), Value::U32(16)),
+            (k("block_count"), Value::U32(1)),
+            (k("feed_forward_length"), Value::U32(24)),
+            (k("context_length"), Value::U32(64)),
+            (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+            (k("rope.freq_base"), Value::F32(10_000.0)),
+        ];
+        md.extend(extra.iter().map(|(a, v)| (a.to_string(), v.clone())));
+        let mut names: Vec<(&str, Vec<usize>)> = vec![
+            ("token_embd.weight", vec![32, 16]),
+            ("output_norm.weight", vec![16]),
+            ("blk.0.attn_norm.weight", vec![16]),
+            ("blk.0.attn_q.weight", vec![16, 16]),
+            ("blk.0.attn_k.weight", vec![8, 16]),
+            ("blk.0.attn_v.weight", vec![8, 16]),
+            ("blk.0.attn_output.weight", vec![16, 16]),
+            ("blk.0.ffn_norm.weight", vec![16]),
+            ("blk.0.ffn_gate.weight", vec![24, 16]),
+            ("blk.0.ffn_up.weight", vec![24, 16]),
+            ("blk.0.ffn_down.weight", vec![16, 24]),
+        ];
+        if arch == "qwen2" {
+            names.extend([
+                ("blk.0.attn_q.bias", vec![16]),
+                ("blk.0.attn_k.bias", vec![8]),
+                ("blk.0.attn_v.bias", vec![8]),
+            ]);
+        }
+        let tensors: Vec<(String, QTensor)> = names
+            .into_iter()
+            .filter(|(n, _)| Some(*n) != skip)
+            .enumerate()
+            .map(|(i, (n, dims))| {
+                let dims = shape(n, dims);
+                let len: usize = dims.iter().product();
+                let v: Vec<f32> = (0..len)
+                    .map(|j| (((i * 131 + j * 71) % 97) as f32 / 97.0 - 0.5) * 0.2 + 0.02)
+                    .collect();
+                let t = Tensor::from_vec(v, dims.as_slice(), &Device::Cpu).unwrap();
+                (
+                    n.to_string(),
+                    QTensor::quantize(&t, GgmlDType::F32).unwrap(),
+                )
+            })
+            .collect();
+        let mdr: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let tr: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let mut f = File::create(path).unwrap();
+        gguf_file::write(&mut f, &mdr, &tr).unwrap();
+    }
+
+    fn same(_: &str, d: Vec<usize>) -> Vec<usize> {
+        d
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        // A directory per file: the tests run in parallel and each removes its own.
+        let dir =
+            std::env::temp_dir().join(format!("engram-weights-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let config = |scaling: &str| {
+        dir.join(name)
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_short_wavelengths_divides_long_ones_and_ramps_between() {
+        // Llama 3.1 8B's: θ 500k, head_dim 128, factor 8, low 1, high 4, original 8,192.
+        let f = llama3_factors(128, 500_000.0, 8.0, 1.0, 4.0, 8192.0);
+        assert_eq!(f.len(), 64);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[63], 8.0);
+        // i = 32: wavelength 2π·√500000 = 4,442.9, s = (8192/4442.9 − 1)/3 = 0.28128,
+        // divisor 1/((1 − s)/8 + s) = 2.6945 (by hand).
+        assert!((f[32] - 2.6945).abs() < 1e-3, "{}", f[32]);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]));
+        // The ramp covers i = 29..=34 (wavelengths between 2,048 and 8,192).
+        let ramp: Vec<usize> = (0..64).filter(|&i| f[i] > 1.0 && f[i] < 8.0).collect();
+        assert_eq!(ramp, (29..=34).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn rope_scalings_reach_the_frequencies_or_are_refused() {
+        let path = temp("rope.gguf");
+        let load = |extra: &[(&str, Value)], freqs: Option<Vec<f32>>| {
+            tiny_gguf(&path, "llama", extra, &same, None);
+            if let Some(freqs) = freqs {
+                // Rewrite with the frequency factors' tensor added.
+                let mut f = File::open(&path).unwrap();
+                let ct = Content::read(&mut f).unwrap();
+                let mut tensors: Vec<(String, QTensor)> = ct
+                    .tensor_infos
+                    .keys()
+                    .map(|n| (n.clone(), ct.tensor(&mut f, n, &Device::Cpu).unwrap()))
+                    .collect();
+                let t = Tensor::from_vec(freqs, 4, &Device::Cpu).unwrap();
+                tensors.push((
+                    "rope_freqs.weight".into(),
+                    QTensor::quantize(&t, GgmlDType::F32).unwrap(),
+                ));
+                let md: Vec<(&str, &Value)> =
+                    ct.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+                let tr: Vec<(&str, &QTensor)> =
+                    tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+                let mut out = File::create(&path).unwrap();
+                gguf_file::write(&mut out, &md, &tr).unwrap();
+            }
+            Weights::from_gguf(&path, WeightFormat::F32)
+        };
+        let plain = load(&[], None).unwrap();
+        assert_eq!(plain.config.rope_freq_factors, None);
+        let linear = load(
+            &[
+                ("llama.rope.scaling.type", Value::String("linear".into())),
+                ("llama.rope.scaling.factor", Value::F32(4.0)),
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(linear.config.rope_freq_factors, Some(vec![4.0; 4]));
+        let freqs = load(&[], Some(vec![1.0, 1.5, 3.0, 8.0])).unwrap();
+        assert_eq!(
+            freqs.config.rope_freq_factors,
+            Some(vec![1.0, 1.5, 3.0, 8.0])
+        );
+        // YaRN also scales attention: refused, naming the file.
+        match load(
+            &[("llama.rope.scaling.type", Value::String("yarn".into()))],
+            None,
+        ) {
+            Err(ModelError::InFile { path: p, source }) => {
+                assert_eq!(p, path);
+                assert!(
+                    matches!(*source, ModelError::UnsupportedRopeScaling { ref kind } if kind == "yarn")
+                );
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // Qwen2 does not run Llama 3's scaling.
+        tiny_gguf(
+            &path,
+            "qwen2",
+            &[("qwen2.rope.scaling.type", Value::String("linear".into()))],
+            &same,
+            None,
+        );
+        let err = Weights::from_gguf(&path, WeightFormat::F32)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.to_string().contains("linear"), "{err}");
+
+        // Hugging Face: Llama 3.1's own rope_scaling, and refusals.
+        let dir = temp("hf-rope").parent().unwrap().to_path_buf();
+        let config = |model: &str, scaling: &str| {
             format!(
-                r#"{{"model_type": "llama", "hidden_size": 16, "intermediate_size": 24,
+                r#"{{"model_type": "{model}", "hidden_size": 16, "intermediate_size": 24,
                 "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": 1e-5,
                 "max_position_embeddings": 64, "rope_scaling": {scaling}}}"#
             )
         };
-        // Llama 3.1's own config: refused before any weight is read.
-        std::fs::write(
-            dir.join("config.json"),
-            config(
-                r#"{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
-            ),
-        )
-        .unwrap();
-        match Weights::from_safetensors_dir(&dir) {
-            Err(ModelError::UnsupportedRopeScaling { kind }) => assert_eq!(kind, "llama3"),
-            other => panic!("{:?}", other.map(|_| ())),
-        }
-        // Plain RoPE passes the check (and stops at the missing weights).
-        for plain in ["null", r#"{"rope_type": "default"}"#] {
-            std::fs::write(dir.join("config.json"), config(plain)).unwrap();
-            assert!(matches!(
-                Weights::from_safetensors_dir(&dir),
-                Err(ModelError::Io { .. })
-            ));
-        }
-        // GGUF: a scaling type, or the frequency factors' tensor.
-        use candle_core::quantized::gguf_file::{self, Value};
-        let gguf = |scaling: Option<&str>, freqs: bool| {
-            let path = dir.join("m.gguf");
-            let mut md = vec![("general.architecture", Value::String("llama".into()))];
-            if let Some(s) = scaling {
-                md.push(("llama.rope.scaling.type", Value::String(s.into())));
-            }
-            let t = QTensor::quantize(
-                &Tensor::ones(32, DType::F32, &Device::Cpu).unwrap(),
-                candle_core::quantized::GgmlDType::F32,
-            )
-            .unwrap();
-            let tensors: Vec<(&str, &QTensor)> = if freqs {
-                vec![("rope_freqs.weight", &t)]
-            } else {
-                vec![("output_norm.weight", &t)]
-            };
-            let mdr: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (*k, v)).collect();
-            let mut f = File::create(&path).unwrap();
-            gguf_file::write(&mut f, &mdr, &tensors).unwrap();
-            Weights::from_gguf(&path, WeightFormat::default())
-        };
-        for (scaling, freqs, want) in [
-            (Some("linear"), false, Some("linear")),
-            (Some("yarn"), false, Some("yarn")),
-            (None, true, Some("rope_freqs")),
-            (Some("none"), false, None),
-            (None, false, None),
+        let llama3 = r#"{"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#;
+        for (model, scaling, refused) in [
+            ("llama", llama3, None),
+            ("llama", "null", None),
+            ("llama", r#"{"rope_type": "default"}"#, None),
+            ("llama", r#"{"type": "yarn", "factor": 4.0}"#, Some("yarn")),
+            ("qwen2", llama3, Some("llama3")),
         ] {
-            match (gguf(scaling, freqs), want) {
-                (Err(ModelError::UnsupportedRopeScaling { kind }), Some(w)) => assert_eq!(kind, w),
-                // Plain: refused later, for the head count it lacks.
-                (Err(ModelError::Metadata { .. }), None) => {}
-                (other, _) => panic!("{scaling:?} {freqs}: {:?}", other.map(|_| ())),
+            std::fs::write(dir.join("config.json"), config(model, scaling)).unwrap();
+            match (Weights::from_safetensors_dir(&dir), refused) {
+                (Err(ModelError::InFile { source, .. }), Some(kind)) => assert!(
+                    matches!(*source, ModelError::UnsupportedRopeScaling { kind: ref k } if k == kind),
+                    "{model} {scaling}: {source}"
+                ),
+                // Accepted: stops at the missing weights.
+                (Err(ModelError::Io { .. }), None) => {}
+                (other, _) => panic!("{model} {scaling}: {:?}", other.map(|_| ())),
             }
         }
-        std::fs::remove_dir_all(dir).unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).ok();
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_tensor_of_the_wrong_shape_or_a_missing_one_is_refused_naming_it_and_the_file() {
+        let path = temp("shape.gguf");
+        let wide_k = |n: &str, d: Vec<usize>| {
+            if n == "blk.0.attn_k.weight" {
+                vec![16, 16]
+            } else {
+                d
+            }
+        };
+        tiny_gguf(&path, "llama", &[], &wide_k, None);
+        let err = Weights::from_gguf(&path, WeightFormat::F32)
+            .map(|_| ())
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("blk.0.attn_k.weight") && text.contains(&path.display().to_string()),
+            "{text}"
+        );
+        assert!(matches!(
+            err,
+            ModelError::InFile { ref source, .. } if matches!(**source, ModelError::TensorShape { .. })
+        ));
+        // Qwen2 without its biases.
+        tiny_gguf(&path, "qwen2", &[], &same, Some("blk.0.attn_v.bias"));
+        let err = Weights::from_gguf(&path, WeightFormat::F32)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.to_string().contains("blk.0.attn_v.bias"), "{err}");
+        // With them it loads, the biases in the layer.
+        tiny_gguf(&path, "qwen2", &[], &same, None);
+        let w = Weights::from_gguf(&path, WeightFormat::F32).unwrap();
+        assert!(w.layers[0].extra.qkv_bias.is_some());
+        assert_eq!(w.arch.gguf, "qwen2");
+        // A truncated file: refused with the file named, never a panic.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+        let err = Weights::from_gguf(&path, WeightFormat::F32)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+        // An unknown architecture.
+        tiny_gguf(&path, "phi3", &[], &same, None);
+        let err = Weights::from_gguf(&path, WeightFormat::F32)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.to_string().contains("`phi3`"), "{err}");
+        std::fs::remove_dir_all(path.parent().unwrap()).ok();
     }
 
     #[test]
