@@ -109,6 +109,8 @@ pub fn calibrate(
     };
     let tokens = tokenizer.encode(&text)?;
     let window = opts.window.clamp(2, model.config().context_length);
+    // The engines hold one window, not the model's own context (see `eval`).
+    let model = &model.clone().with_context_length(window)?;
     let shape = model.kv_shape(engram_kvcore::DEFAULT_BLOCK_SIZE)?;
     let d = shape.head_dim;
     let exact = vec![CodecKind::F32; shape.layers];

@@ -178,6 +178,20 @@ pub fn evaluate_with(
     let text = read_corpus(&opts.corpus)?;
     let tokens = tokenizer.encode(&text)?;
     let window = opts.window.clamp(2, model.config().context_length);
+    // The engines hold what the longest sequence scored needs, not the model's own context
+    // (a 32K-context model's f32 reference would need gigabytes of hot tier per engine).
+    let needed = window.max(opts.greedy_prompt_tokens + opts.greedy_tokens);
+    let scoped = |m: &Llama| {
+        let tokens = needed.min(m.config().context_length);
+        m.clone().with_context_length(tokens)
+    };
+    let model = &scoped(model)?;
+    let scoped_others = others
+        .iter()
+        .map(|&(label, m)| Ok((label, scoped(m)?)))
+        .collect::<EngineResult<Vec<_>>>()?;
+    let others: Vec<(&str, &Llama)> = scoped_others.iter().map(|(l, m)| (*l, m)).collect();
+    let others = others.as_slice();
     let head_dim = model.config().head_dim;
     let base = EngineConfig {
         key_centering: opts.key_centering,

@@ -365,6 +365,9 @@ impl TextTokenizer {
             .collect();
         inner.add_special_tokens(special).map_err(tok_err)?;
         let mut me = Self::with_stops(inner);
+        // Only the model's own ends: ChatML's names are ordinary pieces here (Gemma's `</s>` is
+        // an HTML tag).
+        me.stop_ids.clear();
         for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
             if let Ok(id) = crate::gguf::md_usize(ct, key)
                 && !me.stop_ids.contains(&(id as u32))

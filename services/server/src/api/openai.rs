@@ -201,6 +201,9 @@ pub struct ModelEntry {
     pub created: i64,
     /// `engram`.
     pub owned_by: &'static str,
+    /// The checkpoint every agent is served by: its file (or directory) name, as `model.path`
+    /// names it (vLLM's field for the underlying model).
+    pub root: String,
 }
 
 /// The caller's agents as models, oldest first: the first 1,000 unless `limit` says otherwise,
@@ -224,6 +227,13 @@ pub async fn list_models(
     let mut page = page.into_inner();
     page.limit = page.limit.or(Some(crate::pages::MAX_LIMIT));
     let (agents, next_cursor) = crate::pages::agents(&state.store, &caller.0.id, &page).await?;
+    let root = state
+        .config
+        .model
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let data: Vec<ModelEntry> = agents
         .into_iter()
         .map(|a| ModelEntry {
@@ -231,6 +241,7 @@ pub async fn list_models(
             object: "model",
             created: a.created_at / 1000,
             owned_by: "engram",
+            root: root.clone(),
         })
         .collect();
     Ok(HttpResponse::Ok().json(ModelList {
