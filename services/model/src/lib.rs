@@ -18,6 +18,7 @@ pub mod embed;
 mod error;
 mod gguf;
 mod llama;
+mod rope_scaling;
 mod tap;
 mod tokenizer;
 mod weights;

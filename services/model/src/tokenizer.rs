@@ -140,6 +140,26 @@ fn tok_err(e: impl std::fmt::Display) -> ModelError {
 /// GGUF token types that are special (control and user-defined).
 const SPECIAL_TOKEN_TYPES: [i32; 2] = [3, 4];
 
+/// `tokenizer.ggml.token_type` (all normal, type 1, when absent).
+fn token_types(ct: &Content, n: usize) -> Vec<i32> {
+    match ct.metadata.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(items)) => items.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
+        _ => vec![1; n],
+    }
+}
+
+/// Registers the pieces of the special types ([`SPECIAL_TOKEN_TYPES`]) as special tokens.
+fn add_special_tokens(inner: &mut Tokenizer, tokens: &[String], types: &[i32]) -> ModelResult<()> {
+    let special: Vec<AddedToken> = tokens
+        .iter()
+        .zip(types)
+        .filter(|(_, t)| SPECIAL_TOKEN_TYPES.contains(t))
+        .map(|(s, _)| AddedToken::from(s.clone(), true))
+        .collect();
+    inner.add_special_tokens(special).map_err(tok_err)?;
+    Ok(())
+}
+
 impl TextTokenizer {
     /// The tokenizer for a model path: `tokenizer.json` inside a directory, a `tokenizer.json`
     /// beside a GGUF file, else the GGUF metadata.
@@ -240,10 +260,7 @@ impl TextTokenizer {
                     .ok_or_else(|| metadata("tokenizer.ggml.merges"))
             })
             .collect::<ModelResult<_>>()?;
-        let types: Vec<i32> = match ct.metadata.get("tokenizer.ggml.token_type") {
-            Some(Value::Array(items)) => items.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
-            _ => vec![1; tokens.len()],
-        };
+        let types = token_types(ct, tokens.len());
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
@@ -260,13 +277,7 @@ impl TextTokenizer {
         };
         inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
-        let special: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, t)| SPECIAL_TOKEN_TYPES.contains(t))
-            .map(|(s, _)| AddedToken::from(s.clone(), true))
-            .collect();
-        inner.add_special_tokens(special).map_err(tok_err)?;
+        add_special_tokens(&mut inner, &tokens, &types)?;
         let mut me = Self::with_stops(inner);
         if let Ok(eos) = crate::gguf::md_usize(ct, "tokenizer.ggml.eos_token_id") {
             let eos = eos as u32;
@@ -289,10 +300,7 @@ impl TextTokenizer {
             Some(Value::Array(items)) => items.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect(),
             _ => return Err(metadata("tokenizer.ggml.scores")),
         };
-        let types: Vec<i32> = match ct.metadata.get("tokenizer.ggml.token_type") {
-            Some(Value::Array(items)) => items.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
-            _ => vec![1; n],
-        };
+        let types = token_types(ct, n);
         if scores.len() != n || types.len() != n {
             return Err(metadata("tokenizer.ggml.scores"));
         }
@@ -357,13 +365,7 @@ impl TextTokenizer {
             tokenizers::decoders::byte_fallback::ByteFallback::new().into(),
             tokenizers::decoders::fuse::Fuse::new().into(),
         ])));
-        let special: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, t)| SPECIAL_TOKEN_TYPES.contains(t))
-            .map(|(s, _)| AddedToken::from(s.clone(), true))
-            .collect();
-        inner.add_special_tokens(special).map_err(tok_err)?;
+        add_special_tokens(&mut inner, tokens, &types)?;
         let mut me = Self::with_stops(inner);
         // Only the model's own ends: ChatML's names are ordinary pieces here (Gemma's `</s>` is
         // an HTML tag).
