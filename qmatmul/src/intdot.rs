@@ -105,6 +105,37 @@ impl Panels {
         Some(p)
     }
 
+    /// Row `r`'s groups back in the nibble form's row layout (the panels are the matrix's only
+    /// copy once [`QMatrix::with_activations`] built them): `scales`, `offsets` and `codes` are
+    /// cleared and refilled.
+    pub(crate) fn row_into(
+        &self,
+        r: usize,
+        scales: &mut Vec<f32>,
+        offsets: &mut Vec<f32>,
+        codes: &mut Vec<u8>,
+    ) {
+        let (panel, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+        scales.clear();
+        offsets.clear();
+        codes.clear();
+        for g in 0..self.groups {
+            let at = panel * self.groups + g;
+            scales.push(self.scales[at * PANEL_ROWS + lane]);
+            offsets.push(self.offsets[at * PANEL_ROWS + lane]);
+            let src = &self.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let mut q = [0u8; GROUP];
+            for v in 0..4 {
+                for t in 0..4 {
+                    let b = src[64 * v + 4 * lane + t];
+                    q[8 * v + t] = b & 0xF;
+                    q[8 * v + t + 4] = b >> 4;
+                }
+            }
+            codes.extend((0..16).map(|k| q[k] | (q[k + 16] << 4)));
+        }
+    }
+
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.codes.len() + 4 * (self.scales.len() + self.offsets.len())
@@ -354,16 +385,23 @@ fn panel(
             }
         }
         _ => {
+            let (mut scales, mut offsets, mut codes) = (Vec::new(), Vec::new(), Vec::new());
             for r in r0..r0 + live {
+                pan.row_into(r, &mut scales, &mut offsets, &mut codes);
+                let row = Row {
+                    scales: &scales,
+                    offsets: &offsets,
+                    codes: &codes,
+                };
                 for i in 0..m {
-                    out.put(i, r, scalar(mat.row(r), a, i));
+                    out.put(i, r, scalar(row, a, i));
                 }
             }
         }
     }
 }
 
-/// The reference: one output from the row's own nibble codes (not the panels).
+/// The reference: one output from a row's nibble codes in the row layout.
 pub(crate) fn scalar(row: Row<'_>, a: &Quantized, i: usize) -> f32 {
     let mut acc = 0f32;
     for g in 0..a.groups {

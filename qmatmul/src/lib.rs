@@ -178,7 +178,8 @@ pub struct QMatrix {
     /// Nibbles: 16 bytes per group; bytes: one per weight.
     codes: Vec<u8>,
     /// The weights repacked for integer activations, when [`QMatrix::with_activations`] asked
-    /// for them.
+    /// for them: then the panels are the only copy (`scales`, `offsets` and `codes` are empty;
+    /// a row is read back from the panels where one is needed).
     int: Option<(Activations, intdot::Panels)>,
 }
 
@@ -361,12 +362,58 @@ impl QMatrix {
 
     /// The matrix multiplying with `acts` from now on (see the crate doc), when its form has
     /// integer kernels (nibbles); a byte matrix stays f32.
-    pub fn with_activations(mut self, acts: Activations) -> Self {
-        self.int = match acts {
+    ///
+    /// The weights are held once: in the panels of the integer kernels, or in rows.
+    pub fn with_activations(self, acts: Activations) -> Self {
+        let mut m = self.into_rows();
+        m.int = match acts {
             Activations::F32 => None,
-            a => intdot::Panels::of(&self).map(|p| (a, p)),
+            a => intdot::Panels::of(&m).map(|p| (a, p)),
         };
-        self
+        if m.int.is_some() {
+            m.scales = Vec::new();
+            m.offsets = Vec::new();
+            m.codes = Vec::new();
+        }
+        m
+    }
+
+    /// Whether the weights are held in rows (not only in integer panels).
+    fn has_rows(&self) -> bool {
+        self.int.is_none()
+    }
+
+    /// The matrix with its weights in rows and f32 activations (panels read back).
+    fn into_rows(self) -> Self {
+        let Some((_, p)) = &self.int else {
+            return self;
+        };
+        let (mut scales, mut offsets, mut codes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut m = Self {
+            form: self.form,
+            rows: self.rows,
+            cols: self.cols,
+            scales: Vec::with_capacity(self.rows * self.groups_per_row()),
+            offsets: Vec::with_capacity(self.rows * self.groups_per_row()),
+            codes: Vec::with_capacity(self.rows * self.code_bytes_per_row()),
+            int: None,
+        };
+        for r in 0..self.rows {
+            p.row_into(r, &mut scales, &mut offsets, &mut codes);
+            m.scales.extend_from_slice(&scales);
+            m.offsets.extend_from_slice(&offsets);
+            m.codes.extend_from_slice(&codes);
+        }
+        m
+    }
+
+    /// This matrix with its weights in rows: itself, or a copy read back from its panels.
+    fn in_rows(&self) -> std::borrow::Cow<'_, Self> {
+        if self.has_rows() {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            std::borrow::Cow::Owned(self.clone().into_rows())
+        }
     }
 
     /// What products multiply the activations as.
@@ -396,6 +443,9 @@ impl QMatrix {
         {
             return Err(QError::Stack);
         }
+        let acts = first.activations();
+        let same_acts = parts.iter().all(|p| p.activations() == acts);
+        let parts: Vec<_> = parts.iter().map(|p| p.in_rows()).collect();
         let stacked = Self {
             form: first.form,
             rows: parts.iter().map(|p| p.rows).sum(),
@@ -411,8 +461,7 @@ impl QMatrix {
             codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
             int: None,
         };
-        let acts = first.activations();
-        Ok(if parts.iter().all(|p| p.activations() == acts) {
+        Ok(if same_acts {
             stacked.with_activations(acts)
         } else {
             stacked
@@ -433,13 +482,14 @@ impl QMatrix {
             });
         }
         let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
+        let rows = self.in_rows();
         let moved = Self {
             form: self.form,
             rows: self.rows,
             cols: self.cols,
-            scales: pick_rows(&self.scales, order, g),
-            offsets: pick_rows(&self.offsets, order, g),
-            codes: pick_rows(&self.codes, order, c),
+            scales: pick_rows(&rows.scales, order, g),
+            offsets: pick_rows(&rows.offsets, order, g),
+            codes: pick_rows(&rows.codes, order, c),
             int: None,
         };
         Ok(moved.with_activations(self.activations()))
@@ -461,7 +511,19 @@ impl QMatrix {
                 got: out.len(),
             });
         }
-        kernel::dequant_row(Isa::active(), self.form, self.row(r), out);
+        match &self.int {
+            Some((_, p)) => {
+                let (mut scales, mut offsets, mut codes) = (Vec::new(), Vec::new(), Vec::new());
+                p.row_into(r, &mut scales, &mut offsets, &mut codes);
+                let row = Row {
+                    scales: &scales,
+                    offsets: &offsets,
+                    codes: &codes,
+                };
+                kernel::dequant_row(Isa::active(), self.form, row, out);
+            }
+            None => kernel::dequant_row(Isa::active(), self.form, self.row(r), out),
+        }
         Ok(())
     }
 

@@ -209,3 +209,32 @@ fn zero_rows_and_huge_values_quantize_without_nan() {
         assert!(quantized_activations(&x, 48, acts).is_err());
     }
 }
+
+#[test]
+fn integer_panels_are_the_only_copy_and_give_the_weights_back() {
+    for (block, dtype) in NIBBLES {
+        // 40 rows: the last panel is partly empty.
+        let rows_form = matrix(block, dtype, 40, 512, 9);
+        for acts in INTS {
+            let panels = rows_form.clone().with_activations(acts);
+            // Codes, scales and offsets once (the panels pad rows to 16), not twice.
+            assert!(
+                panels.bytes() <= rows_form.bytes() * 49 / 40,
+                "{block:?}: {} bytes in panels for {} in rows",
+                panels.bytes(),
+                rows_form.bytes()
+            );
+            // Every weight read back from the panels, row by row and whole.
+            assert_eq!(panels.dequantize(), rows_form.dequantize(), "{block:?}");
+            let mut row = vec![0f32; 512];
+            panels.dequantize_row(39, &mut row).unwrap();
+            assert_eq!(row[..], rows_form.dequantize()[39 * 512..]);
+            // Back to f32 activations: the rows again, the same matrix.
+            assert_eq!(
+                panels.with_activations(Activations::F32),
+                rows_form,
+                "{block:?}"
+            );
+        }
+    }
+}

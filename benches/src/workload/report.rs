@@ -219,6 +219,37 @@ fn ratio(
     }))
 }
 
+/// With two peers or more (two builds of llama.cpp, say), one more line: on each measure, the
+/// ratio against the peer that did best there (the smallest mean ratio), so a result is never
+/// read against the slower build of a peer. Its prompt-token ratio is the one furthest from 1.
+fn with_best_peer(mut ratios: Vec<Ratio>) -> Vec<Ratio> {
+    if ratios.len() < 2 {
+        return ratios;
+    }
+    let best = |f: fn(&Ratio) -> Option<Spread>| {
+        ratios
+            .iter()
+            .filter_map(f)
+            .min_by(|a, b| a.mean.total_cmp(&b.mean))
+    };
+    let peers: Vec<&str> = ratios.iter().map(|r| r.peer.as_str()).collect();
+    let line = Ratio {
+        of: ratios[0].of.clone(),
+        peer: format!("the better of {} on each measure", peers.join(" and ")),
+        ttft_p50: best(|r| r.ttft_p50),
+        ttft_p95: best(|r| r.ttft_p95),
+        wall: best(|r| r.wall),
+        tpot: best(|r| r.tpot),
+        after_restart_ttft_p50: best(|r| r.after_restart_ttft_p50),
+        prompt_tokens: ratios
+            .iter()
+            .filter_map(|r| r.prompt_tokens)
+            .max_by(|a, b| (a.mean - 1.0).abs().total_cmp(&(b.mean - 1.0).abs())),
+    };
+    ratios.push(line);
+    ratios
+}
+
 /// Summarizes runs (any number of scenarios, servers and repetitions).
 pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
     let mut order: Vec<String> = Vec::new();
@@ -289,6 +320,7 @@ pub fn summarize(runs: &[RunResult], engram_label: &str) -> Report {
                     .collect(),
                 None => Vec::new(),
             };
+            let ratios = with_best_peer(ratios);
             let first = runs.iter().find(|r| &r.workload == w);
             ScenarioSummary {
                 workload: w.clone(),
@@ -669,6 +701,33 @@ mod tests {
         // The ratios name what they compare (a run may use another reference label).
         assert!(md.contains("\nengram against peer: TTFT p50"), "{md}");
         assert!(md.contains("(> 1: engram better)"), "{md}");
+    }
+
+    #[test]
+    fn two_peers_give_a_line_against_the_better_one_on_each_measure() {
+        // Peer `fast` has the shorter TTFT, peer `lean` the shorter token gaps.
+        let mut lean = run("lean", 1, &[60.0, 100.0]);
+        for q in &mut lean.requests {
+            q.itl_ms = Some(5.0);
+        }
+        let runs = vec![
+            run("engram", 1, &[10.0, 20.0]),
+            run("fast", 1, &[30.0, 50.0]),
+            lean,
+        ];
+        let r = summarize(&runs, "engram");
+        let ratios = &r.scenarios[0].ratios;
+        assert_eq!(ratios.len(), 3);
+        let best = &ratios[2];
+        assert_eq!(best.peer, "the better of fast and lean on each measure");
+        // TTFT against `fast` (40 / 15), time per token against `lean` (5 / 10).
+        assert!((best.ttft_p50.unwrap().mean - 40.0 / 15.0).abs() < 1e-9);
+        assert!((best.tpot.unwrap().mean - 0.5).abs() < 1e-9);
+        let md = markdown(&r, "test");
+        assert!(
+            md.contains("engram against the better of fast and lean"),
+            "{md}"
+        );
     }
 
     #[test]

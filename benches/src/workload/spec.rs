@@ -141,8 +141,8 @@ pub struct Workload {
 /// The built-in scenarios: (a) multi-agent round-robin, (b) shared prefix, (c) restart, (d) cold
 /// 4K prefills and decode at 4K, one stream, (e) the same with two streams, (f) session openers
 /// of agents sharing a platform base and a bot base around their own identities (relocated
-/// segment reuse), (g) the same with a follow-up turn.
-pub const BUILTIN: [(&str, &str); 7] = [
+/// segment reuse), (g) the same with a follow-up turn, (h) a cold 16K prefill and decode at 16K.
+pub const BUILTIN: [(&str, &str); 8] = [
     (
         "multi-agent",
         include_str!("../../workload/multi-agent.json"),
@@ -165,12 +165,13 @@ pub const BUILTIN: [(&str, &str); 7] = [
         "shared-bases-followup",
         include_str!("../../workload/shared-bases-followup.json"),
     ),
+    ("decode-16k", include_str!("../../workload/decode-16k.json")),
 ];
 
 impl Workload {
     /// A built-in scenario (`a`/`multi-agent`, `b`/`shared-prefix`, `c`/`restart`,
-    /// `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`, `g`/`shared-bases-followup`) or a
-    /// file.
+    /// `d`/`decode-4k`, `e`/`decode-4k-2`, `f`/`shared-bases`, `g`/`shared-bases-followup`,
+    /// `h`/`decode-16k`) or a file.
     pub fn load(name_or_path: &str) -> Result<Self> {
         let builtin = match name_or_path {
             "a" => Some(BUILTIN[0].1),
@@ -180,6 +181,7 @@ impl Workload {
             "e" => Some(BUILTIN[4].1),
             "f" => Some(BUILTIN[5].1),
             "g" => Some(BUILTIN[6].1),
+            "h" => Some(BUILTIN[7].1),
             n => BUILTIN.iter().find(|(b, _)| *b == n).map(|(_, t)| *t),
         };
         let text = match builtin {

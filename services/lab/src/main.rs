@@ -117,8 +117,10 @@ struct CalibrateKvArgs {
         default_value = "tq3,tq4,tq5,tq6,tq5o1,tq6o1,q8"
     )]
     candidates: Vec<String>,
-    /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
-    #[arg(long, default_value = "calibrated")]
+    /// Keys stored relative to their calibrated basis: `calibrated` (each head's mean key
+    /// subtracted), `scaled` (also each channel divided by its key scale, queries multiplied
+    /// by it) or `off`.
+    #[arg(long, default_value = "scaled")]
     key_centering: String,
     /// Where to write the profile.
     #[arg(long)]
@@ -164,8 +166,10 @@ struct EvalKvArgs {
     /// `k=tq4,v=tq4,exact_first=16`; repeat for more.
     #[arg(long)]
     probe: Vec<String>,
-    /// Subtract each head's calibrated mean key before storing: `calibrated` or `off`.
-    #[arg(long, default_value = "calibrated")]
+    /// Keys stored relative to their calibrated basis: `calibrated` (each head's mean key
+    /// subtracted), `scaled` (also each channel divided by its key scale, queries multiplied
+    /// by it) or `off`.
+    #[arg(long, default_value = "scaled")]
     key_centering: String,
     /// Prompts of the greedy-continuation check (0: off): each run generates `--greedy-tokens`
     /// tokens greedily from each; the figure is the share equal to the reference's.
@@ -215,7 +219,7 @@ fn eval_relocate(args: EvalKvArgs) -> Result<()> {
             .iter()
             .map(|c| StreamCodecs::parse(c))
             .collect::<Result<_, _>>()?,
-        key_centering: KeyCentering::parse(&args.key_centering)? == KeyCentering::Calibrated,
+        key_centering: KeyCentering::parse(&args.key_centering)? != KeyCentering::Off,
     };
     let progress = cli::Progress::new("eval kv --relocate", args.model.json);
     let rows = relocation::evaluate_relocation(&model, &tok, &opts, |m| progress.say(m))?;

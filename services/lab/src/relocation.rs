@@ -165,13 +165,18 @@ pub fn evaluate_relocation(
             span + lb + 1
         )));
     }
-    let means = if opts.key_centering {
-        Some(model.key_means(tokenizer)?.to_vec())
+    // Keys stored as the engine stores them by default: centered and scaled.
+    let (means, scales) = if opts.key_centering {
+        (
+            Some(model.key_means(tokenizer)?.to_vec()),
+            Some(model.key_scales(tokenizer)?.to_vec()),
+        )
     } else {
-        None
+        (None, None)
     };
     let transform = KvTransform {
         key_means: means.as_deref(),
+        key_scales: scales.as_deref(),
         probe: None,
     };
     // Every core of the machine, as an engine would run.

@@ -56,6 +56,28 @@ fn rope(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// Keys `[rows, kv_heads, d]` divided by the layer's key scales `[kv_heads, d]`, queries
+/// `[rows, heads, d]` multiplied by their KV head's: every score is unchanged.
+fn scale_keys_and_queries(
+    k: &mut [f32],
+    q: &mut [f32],
+    scales: &[f32],
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+) {
+    for row in k.chunks_exact_mut(kv_heads * d) {
+        row.iter_mut().zip(scales).for_each(|(x, s)| *x /= s);
+    }
+    let group = (heads / kv_heads.max(1)).max(1);
+    for row in q.chunks_exact_mut(heads * d) {
+        for (h, qh) in row.chunks_exact_mut(d).enumerate() {
+            let s = &scales[(h / group) * d..][..d];
+            qh.iter_mut().zip(s).for_each(|(x, s)| *x *= s);
+        }
+    }
+}
+
 /// `gate ← silu(gate) · up`, on up to `threads` threads above [`PAR_MIN`] elements (each element
 /// is computed alike on any thread).
 #[cfg(test)]
@@ -277,8 +299,7 @@ impl Llama {
             None => None,
         };
         let params = AttentionParams::new(heads, d).with_threads(t);
-        let ids = Tensor::from_vec(ids, n, &dev)?;
-        let mut x: Vec<f32> = self.embed.index_select(&ids, 0)?.flatten_all()?.to_vec1()?;
+        let mut x: Vec<f32> = self.embed.lookup(&ids)?;
         if self.arch.embed_scale {
             let scale = (hidden as f64).sqrt() as f32;
             x.iter_mut().for_each(|v| *v *= scale);
@@ -322,11 +343,20 @@ impl Llama {
             };
             rope(&mut q, heads, d, c, sn);
             rope(&mut k, kv_heads, d, c, sn);
+            if let Some(p) = transform.probe {
+                p.queries(l, &pos_list, &q)?;
+            }
             if let Some(means) = transform.key_means {
                 let m = &means[l * kv_heads * d..(l + 1) * kv_heads * d];
                 for row in k.chunks_exact_mut(kv_heads * d) {
                     row.iter_mut().zip(m).for_each(|(x, c)| *x -= c);
                 }
+            }
+            let scales = transform
+                .key_scales
+                .map(|s| &s[l * kv_heads * d..(l + 1) * kv_heads * d]);
+            if let Some(s) = scales {
+                scale_keys_and_queries(&mut k, &mut q, s, heads, kv_heads, d);
             }
             if let Some(p) = transform.probe {
                 p.apply(l, &pos_list, d, &mut k, &mut v)?;
@@ -358,10 +388,16 @@ impl Llama {
                 } else if !s.relocated.is_empty() {
                     // Relocated runs (issue 26): row by row, each run read with the query
                     // turned back by its shift and the key-mean correction.
-                    let mean = transform
-                        .key_means
-                        .map(|m| &m[l * kv_heads * d..(l + 1) * kv_heads * d]);
-                    self.attend_relocated(store, l, s, mean, qs, &params, o)?;
+                    // With key scales the stored mean is the mean over the scales (the
+                    // queries carry the scales).
+                    let mean = transform.key_means.map(|m| {
+                        let m = &m[l * kv_heads * d..(l + 1) * kv_heads * d];
+                        match scales {
+                            Some(sc) => m.iter().zip(sc).map(|(m, s)| m / s).collect(),
+                            None => m.to_vec(),
+                        }
+                    });
+                    self.attend_relocated(store, l, s, mean.as_deref(), qs, &params, o)?;
                 } else if m == 1 && !s.prompt && self.samples_mass(l, blocks) {
                     // A decode step's mass comes from the attention kernels' own per-block
                     // softmax states: no second pass over the keys.

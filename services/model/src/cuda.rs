@@ -155,7 +155,7 @@ fn product(kernels: &Tq4Kernels, cuda: &CudaDevice, x: &Tensor, w: &Tensor) -> M
 fn dense(w: &Linear) -> Option<&Tensor> {
     match w {
         Linear::Dense(t) => Some(t),
-        Linear::Blocks(_) => None,
+        Linear::Blocks(_) | Linear::Part { .. } => None,
     }
 }
 
@@ -658,7 +658,7 @@ impl Llama {
         let hidden = cfg.hidden_size;
         let mut decode = decode;
         let ids = Tensor::from_vec(ids, n, dev)?;
-        let mut x = self.embed.index_select(&ids, 0)?;
+        let mut x = self.embed.dense()?.index_select(&ids, 0)?;
 
         // The fused glue (four launches a layer around the products and attention) where every
         // projection is dense on the device; candle ops otherwise.

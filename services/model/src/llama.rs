@@ -31,7 +31,7 @@ use crate::arch::Arch;
 use crate::error::{ModelError, ModelResult};
 use crate::tap::KvTap;
 use crate::tokenizer::TextTokenizer;
-use crate::weights::{DeviceWeights, Layer, Linear, ModelConfig, WeightFormat, Weights};
+use crate::weights::{DeviceWeights, Embedding, Layer, Linear, ModelConfig, WeightFormat, Weights};
 use engram_qmatmul::Activations;
 
 // The CUDA forward, or without the `cuda` feature a stand-in whose types are empty and whose
@@ -57,7 +57,7 @@ pub struct Llama {
     /// CPU).
     device_stacks: Arc<Vec<cuda::DeviceStack>>,
     config: ModelConfig,
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
@@ -66,7 +66,7 @@ pub struct Llama {
     /// The window layers' RoPE tables, when their base differs ([`ModelConfig::rope_local_theta`]).
     local_rope: Option<(Tensor, Tensor)>,
     fingerprint: [u8; 32],
-    key_means: Arc<OnceLock<Vec<f32>>>,
+    key_means: Arc<OnceLock<KeyBasis>>,
     /// Per layer, its block projections stacked where they share an input (CPU only).
     stacked: Vec<Option<Stacked>>,
     /// Threads the CPU kernels split work over.
@@ -82,24 +82,151 @@ pub(crate) struct Stacked {
     pub qkv: Arc<engram_qmatmul::QMatrix>,
     /// `[w_gate; w_up]`.
     pub gate_up: Arc<engram_qmatmul::QMatrix>,
+    /// Rows of `wq` and `wk` in `qkv`.
+    qkv_rows: [usize; 2],
+    /// Rows of `w_gate` in `gate_up`.
+    gate_rows: usize,
 }
 
 impl Stacked {
-    /// The stacks of `layer`, when all five projections are blocks of one form and width.
-    fn of(layer: &Layer) -> Option<Self> {
+    /// The stacks of `layer`, when all five projections are blocks of one form and width; the
+    /// layer's projections then become parts of the stacks (the weights are held once).
+    fn of(layer: &mut Layer) -> Option<Self> {
         let blocks = |w: &Linear| match w {
             Linear::Blocks(q) => Some(q.clone()),
-            Linear::Dense(_) => None,
+            Linear::Dense(_) | Linear::Part { .. } => None,
         };
         let (q, k, v) = (blocks(&layer.wq)?, blocks(&layer.wk)?, blocks(&layer.wv)?);
         let (g, u) = (blocks(&layer.w_gate)?, blocks(&layer.w_up)?);
         let qkv = engram_qmatmul::QMatrix::stack(&[&q, &k, &v]).ok()?;
         let gate_up = engram_qmatmul::QMatrix::stack(&[&g, &u]).ok()?;
-        Some(Self {
+        let s = Self {
             qkv: Arc::new(qkv),
             gate_up: Arc::new(gate_up),
-        })
+            qkv_rows: [q.rows(), k.rows()],
+            gate_rows: g.rows(),
+        };
+        s.point(layer);
+        Some(s)
     }
+
+    /// Makes `layer`'s stacked projections parts of these stacks.
+    fn point(&self, layer: &mut Layer) {
+        let [nq, nk] = self.qkv_rows;
+        let part = |stack: &Arc<engram_qmatmul::QMatrix>, rows| Linear::Part {
+            stack: stack.clone(),
+            rows,
+        };
+        layer.wq = part(&self.qkv, 0..nq);
+        layer.wk = part(&self.qkv, nq..nq + nk);
+        layer.wv = part(&self.qkv, nq + nk..self.qkv.rows());
+        layer.w_gate = part(&self.gate_up, 0..self.gate_rows);
+        layer.w_up = part(&self.gate_up, self.gate_rows..self.gate_up.rows());
+    }
+}
+
+/// What a model's keys are stored relative to: per-(layer, KV head) means (subtracted) and
+/// per-channel scales (divided by), both `[layers, kv_heads, head_dim]`, calibrated once.
+#[derive(Debug, Clone, PartialEq)]
+struct KeyBasis {
+    means: Vec<f32>,
+    scales: Vec<f32>,
+}
+
+/// Sums of squared queries per (layer, KV head, channel) over a forward (each query head
+/// added to its group's KV head), the first position left out; the calibration's tap.
+#[derive(Debug)]
+struct QueryEnergy {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    sums: std::sync::Mutex<Vec<f64>>,
+}
+
+impl QueryEnergy {
+    fn new(cfg: &ModelConfig) -> Self {
+        Self {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            sums: std::sync::Mutex::new(vec![
+                0.0;
+                cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+            ]),
+        }
+    }
+
+    fn energy(&self) -> Vec<f64> {
+        self.sums
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+}
+
+impl KvTap for QueryEnergy {
+    fn apply(
+        &self,
+        _: usize,
+        _: &[usize],
+        _: usize,
+        _: &mut [f32],
+        _: &mut [f32],
+    ) -> ModelResult<()> {
+        Ok(())
+    }
+
+    fn queries(&self, layer: usize, positions: &[usize], q: &[f32]) -> ModelResult<()> {
+        let (d, width) = (self.head_dim, self.kv_heads * self.head_dim);
+        let group = (self.heads / self.kv_heads.max(1)).max(1);
+        let mut sums = self.sums.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(acc) = sums.get_mut(layer * width..(layer + 1) * width) else {
+            return Ok(());
+        };
+        for (row, &pos) in q.chunks_exact(self.heads * d).zip(positions) {
+            if pos == 0 {
+                continue;
+            }
+            for (h, qh) in row.chunks_exact(d).enumerate() {
+                let a = &mut acc[(h / group) * d..][..d];
+                a.iter_mut()
+                    .zip(qh)
+                    .for_each(|(a, &x)| *a += f64::from(x) * f64::from(x));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The key scales of [`Llama::key_scales`] from the centered keys' and the queries' energies
+/// per channel (`[layers, kv_heads, head_dim]` each).
+fn key_scales_from(keys: &[f64], queries: &[f64], head_dim: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut scales = vec![1.0f32; keys.len()];
+    for ((s, k), q) in scales
+        .chunks_exact_mut(head_dim)
+        .zip(keys.chunks_exact(head_dim))
+        .zip(queries.chunks_exact(head_dim))
+    {
+        // One scale per RoPE pair (j, j + half): s² = √(E_k / E_q), in logs.
+        let mut logs = vec![0.0f64; half];
+        for (j, l) in logs.iter_mut().enumerate() {
+            let (ek, eq) = (k[j] + k[j + half], q[j] + q[j + half]);
+            *l = if ek > 0.0 && eq > 0.0 && ek.is_finite() && eq.is_finite() {
+                0.25 * (ek / eq).ln()
+            } else {
+                0.0
+            };
+        }
+        let centre = logs.iter().sum::<f64>() / half.max(1) as f64;
+        let limit = 64f64.ln();
+        for (j, l) in logs.iter().enumerate() {
+            let v = (l - centre).clamp(-limit, limit).exp() as f32;
+            s[j] = v;
+            s[j + half] = v;
+        }
+    }
+    scales
 }
 
 /// The fixed text key means are calibrated on (part of the KV format: changing it changes the
@@ -120,6 +247,10 @@ live in the sea like fish.<|im_end|>\n";
 pub struct KvTransform<'a> {
     /// Per-(layer, KV head) key means to subtract, `[layers, kv_heads, head_dim]`.
     pub key_means: Option<&'a [f32]>,
+    /// Per-(layer, KV head, channel) key scales, `[layers, kv_heads, head_dim]`: a stored key is
+    /// divided by them (after centering) and each query multiplied by them, so every score is
+    /// unchanged (see [`Llama::key_scales`]).
+    pub key_scales: Option<&'a [f32]>,
     /// A fidelity probe.
     pub probe: Option<&'a dyn KvTap>,
 }
@@ -217,8 +348,12 @@ impl Llama {
         if acts == Activations::F32 {
             return self;
         }
+        // Byte matrices have no integer kernels: they stay as they are (and shared, as a tied
+        // embedding shares the output projection's).
         let convert = |q: &mut Arc<engram_qmatmul::QMatrix>| {
-            *q = Arc::new((**q).clone().with_activations(acts));
+            if q.form() == engram_qmatmul::Form::Nibbles {
+                *q = Arc::new((**q).clone().with_activations(acts));
+            }
         };
         let convert_linear = |w: &mut Linear| {
             if let Linear::Blocks(q) = w {
@@ -231,6 +366,7 @@ impl Llama {
                 Some(s) => {
                     convert(&mut s.qkv);
                     convert(&mut s.gate_up);
+                    s.point(layer);
                     convert_linear(&mut layer.wo);
                     convert_linear(&mut layer.w_down);
                 }
@@ -290,7 +426,8 @@ impl Llama {
             Some(theta) if theta != config.rope_theta => Some(rope_tables(&config, theta)?),
             _ => None,
         };
-        let stacked = w.layers.iter().map(Stacked::of).collect();
+        let mut layers = w.layers;
+        let stacked = layers.iter_mut().map(Stacked::of).collect();
         Ok(Self {
             arch: w.arch,
             device: Device::Cpu,
@@ -301,7 +438,7 @@ impl Llama {
             local_rope,
             config,
             embed: w.embed,
-            layers: w.layers,
+            layers,
             norm: w.norm,
             lm_head: w.lm_head,
             fingerprint: w.fingerprint,
@@ -370,7 +507,11 @@ impl Llama {
             kernels: cuda::KernelCache::default(),
             device_stacks: Arc::new(device_stacks),
             config: self.config.clone(),
-            embed: mv(&self.embed)?,
+            embed: if device.is_cpu() {
+                self.embed.clone()
+            } else {
+                self.embed.to_device(device)?
+            },
             layers,
             norm: mv(&self.norm)?,
             lm_head: self.lm_head.to_device(device, held)?,
@@ -445,14 +586,34 @@ impl Llama {
     /// SmolLM2-135M about 60 % of their energy), and removing it before quantization lowers the
     /// codec's error, which is relative to the row norm.
     pub fn key_means(&self, tokenizer: &TextTokenizer) -> ModelResult<&[f32]> {
+        Ok(&self.key_basis(tokenizer)?.means)
+    }
+
+    /// Per-channel key scales of every (layer, KV head) from the same calibration text,
+    /// `[layers, kv_heads, head_dim]`.
+    ///
+    /// A stored key divided by `s` and each query multiplied by `s` leave every score
+    /// unchanged; a codec's error on the stored key is spread over its channels (TurboQuant
+    /// rotates before it quantizes), so its effect on a score grows with `‖q ⊙ s‖ · ‖k ⊘ s‖`.
+    /// Over the calibration text that product is smallest at `s_c² = rms(k_c) / rms(q_c)`
+    /// (keys centered, queries over the head's group): channels where keys are large and
+    /// queries small (Qwen's outlier key channels, Gemma's normed keys) stop taking the codec's
+    /// levels from those the scores read. A channel pair that RoPE rotates together shares one
+    /// scale (so the scales commute with every rotation), clamped to 1/64…64, geometric mean 1
+    /// per head.
+    pub fn key_scales(&self, tokenizer: &TextTokenizer) -> ModelResult<&[f32]> {
+        Ok(&self.key_basis(tokenizer)?.scales)
+    }
+
+    fn key_basis(&self, tokenizer: &TextTokenizer) -> ModelResult<&KeyBasis> {
         if let Some(m) = self.key_means.get() {
             return Ok(m);
         }
-        let m = self.calibrate_key_means(tokenizer)?;
+        let m = self.calibrate_key_basis(tokenizer)?;
         Ok(self.key_means.get_or_init(|| m))
     }
 
-    fn calibrate_key_means(&self, tokenizer: &TextTokenizer) -> ModelResult<Vec<f32>> {
+    fn calibrate_key_basis(&self, tokenizer: &TextTokenizer) -> ModelResult<KeyBasis> {
         let tokens = tokenizer.encode(CALIBRATION_TEXT)?;
         let cfg = &self.config;
         let shape = self.kv_shape(engram_kvcore::DEFAULT_BLOCK_SIZE)?;
@@ -472,7 +633,8 @@ impl Llama {
             tokens: engram_kvcore::TokenRange::new(0, shape.block_size as u32),
         };
         let blocks = store.allocate(Tier::Hot, &vec![tags; blocks_needed])?;
-        self.forward(
+        let queries = QueryEnergy::new(cfg);
+        self.forward_with(
             &mut store,
             &[SeqInput {
                 tokens: &tokens[..n],
@@ -482,13 +644,22 @@ impl Llama {
                 prompt: true,
                 relocated: &[],
             }],
+            KvTransform {
+                probe: Some(&queries),
+                ..KvTransform::default()
+            },
         )?;
         let width = cfg.num_kv_heads * cfg.head_dim;
         let mut means = vec![0.0f32; cfg.num_layers * width];
+        let mut key_energy = vec![0.0f64; cfg.num_layers * width];
         let (mut k, mut v) = (vec![0.0f32; n * width], vec![0.0f32; n * width]);
         // Position 0 (an attention sink with an unusual key) is left out of the mean.
         let counted = (n - 1).max(1) as f64;
-        for (l, mean) in means.chunks_exact_mut(width).enumerate() {
+        for (l, (mean, energy)) in means
+            .chunks_exact_mut(width)
+            .zip(key_energy.chunks_exact_mut(width))
+            .enumerate()
+        {
             store.read(l, &blocks, 0, &mut k, &mut v)?;
             let mut acc = vec![0.0f64; width];
             for row in k.chunks_exact(width).skip(1) {
@@ -499,8 +670,15 @@ impl Llama {
             mean.iter_mut()
                 .zip(&acc)
                 .for_each(|(m, a)| *m = (a / counted) as f32);
+            // The centered keys' energy per channel (what a codec stores).
+            for row in k.chunks_exact(width).skip(1) {
+                for ((e, &x), &m) in energy.iter_mut().zip(row).zip(mean.iter()) {
+                    *e += f64::from(x - m).powi(2);
+                }
+            }
         }
-        Ok(means)
+        let scales = key_scales_from(&key_energy, &queries.energy(), cfg.head_dim);
+        Ok(KeyBasis { means, scales })
     }
 
     /// The model's hyper-parameters.
@@ -531,8 +709,9 @@ impl Llama {
                     .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
             )
         };
-        let blocks = |w: &&Linear| matches!(w, Linear::Blocks(_));
-        let acts = |a: Activations| move |w: &&Linear| matches!(w, Linear::Blocks(q) if q.activations() == a);
+        let blocks = |w: &&Linear| w.blocks().is_some();
+        let acts =
+            |a: Activations| move |w: &&Linear| w.blocks().is_some_and(|q| q.activations() == a);
         if linears().any(|w| acts(Activations::Int8)(&w)) {
             WeightFormat::Int8
         } else if linears().any(|w| acts(Activations::Int16)(&w)) {
@@ -611,6 +790,12 @@ impl Llama {
         transform: KvTransform<'_>,
     ) -> ModelResult<Tensor> {
         if store.hot().cuda().is_some() {
+            if transform.key_scales.is_some() {
+                return Err(ModelError::InvalidConfig {
+                    field: "key_scales",
+                    reason: "the CUDA forward does not scale keys".into(),
+                });
+            }
             if batch.iter().any(|s| !s.relocated.is_empty()) {
                 return Err(ModelError::InvalidConfig {
                     field: "relocated",
@@ -821,4 +1006,34 @@ pub fn log_softmax_rows(logits: &Tensor) -> ModelResult<Vec<Vec<f32>>> {
     let shifted = l.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
     Ok(shifted.broadcast_sub(&lse)?.to_vec2()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_scales_from;
+
+    #[test]
+    fn key_scales_share_a_rope_pair_balance_keys_against_queries_and_keep_a_unit_mean() {
+        // One head of 4 channels (pairs (0, 2) and (1, 3)): pair 0 has 16× the key energy of
+        // pair 1 at equal query energy.
+        let keys = [8.0, 0.5, 8.0, 0.5];
+        let queries = [1.0, 1.0, 1.0, 1.0];
+        let s = key_scales_from(&keys, &queries, 4);
+        assert_eq!(s[0], s[2]);
+        assert_eq!(s[1], s[3]);
+        // s² ∝ √(E_k / E_q): s0 / s1 = 16^(1/4) = 2, geometric mean 1.
+        assert!((s[0] / s[1] - 2.0).abs() < 1e-6, "{s:?}");
+        assert!((s[0] * s[1] - 1.0).abs() < 1e-6, "{s:?}");
+        // Queries as unbalanced as the keys cancel them: no scaling.
+        let s = key_scales_from(&keys, &keys, 4);
+        assert!(s.iter().all(|&x| (x - 1.0).abs() < 1e-6), "{s:?}");
+        // A dead channel pair keeps scale 1 before centering; extremes are clamped.
+        let s = key_scales_from(&[0.0, 1e30, 0.0, 1e30], &[1.0, 1e-30, 1.0, 1e-30], 4);
+        assert!(
+            s.iter()
+                .all(|x| (1.0 / 64.0 - 1e-6..=64.0 + 1e-4).contains(x)),
+            "{s:?}"
+        );
+        assert!(s[1] > s[0], "{s:?}");
+    }
 }

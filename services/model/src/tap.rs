@@ -16,4 +16,11 @@ pub trait KvTap: std::fmt::Debug + Send + Sync {
         k: &mut [f32],
         v: &mut [f32],
     ) -> ModelResult<()>;
+
+    /// One layer's queries after RoPE, `[rows, heads, head_dim]`, at `positions` (read only;
+    /// the key calibration measures them).
+    fn queries(&self, layer: usize, positions: &[usize], q: &[f32]) -> ModelResult<()> {
+        let _ = (layer, positions, q);
+        Ok(())
+    }
 }

@@ -186,6 +186,77 @@ impl DeviceWeights {
 pub(crate) enum Linear {
     Dense(Tensor),
     Blocks(Arc<QMatrix>),
+    /// Rows `rows` of a block matrix that stacks several projections reading one input (a
+    /// layer's q/k/v or gate/up): the weights are held once, in the stack the forward reads.
+    Part {
+        stack: Arc<QMatrix>,
+        rows: std::ops::Range<usize>,
+    },
+}
+
+/// The token embedding: a dense `[vocab, hidden]` matrix, or kept in the file's blocks with
+/// each looked-up row expanded (a 1.5B model's 151,936 × 1,536 embedding is 933 MB in f32 and
+/// 131 MB in `Q4_K`). Tied to the output projection, it is the same matrix.
+#[derive(Debug, Clone)]
+pub(crate) enum Embedding {
+    Dense(Tensor),
+    Blocks(Arc<QMatrix>),
+}
+
+impl Embedding {
+    /// Rows (the vocabulary).
+    pub fn rows(&self) -> ModelResult<usize> {
+        Ok(match self {
+            Self::Dense(t) => t.dim(0)?,
+            Self::Blocks(q) => q.rows(),
+        })
+    }
+
+    /// The rows of `ids`, `[ids.len(), hidden]` row-major in f32, on the CPU.
+    pub fn lookup(&self, ids: &[u32]) -> ModelResult<Vec<f32>> {
+        match self {
+            Self::Dense(t) => {
+                let ids = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+                Ok(t.index_select(&ids, 0)?.flatten_all()?.to_vec1()?)
+            }
+            Self::Blocks(q) => {
+                let cols = q.cols();
+                let mut out = vec![0f32; ids.len() * cols];
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(cols)) {
+                    q.dequantize_row(id as usize, row).map_err(|_| {
+                        ModelError::TokenOutOfRange {
+                            id,
+                            vocab: q.rows(),
+                        }
+                    })?;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// The embedding as a dense f32 matrix on `device` (a device looks rows up itself).
+    pub fn to_device(&self, device: &Device) -> ModelResult<Self> {
+        Ok(Self::Dense(match self {
+            Self::Dense(t) => t.to_device(device)?,
+            Self::Blocks(q) => {
+                Tensor::from_vec(q.dequantize(), (q.rows(), q.cols()), &Device::Cpu)?
+                    .to_device(device)?
+            }
+        }))
+    }
+
+    /// The dense matrix (a device model's form).
+    #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+    pub fn dense(&self) -> ModelResult<&Tensor> {
+        match self {
+            Self::Dense(t) => Ok(t),
+            Self::Blocks(_) => Err(ModelError::InvalidConfig {
+                field: "device",
+                reason: "the embedding is still in blocks on this device".to_string(),
+            }),
+        }
+    }
 }
 
 impl ModelConfig {
@@ -248,9 +319,19 @@ impl Linear {
     /// cuBLAS with f32 accumulation; the CPU keeps blocks as they are and dense matrices in f32.
     pub fn to_device(&self, device: &Device, held: DeviceWeights) -> ModelResult<Self> {
         let dense = match self {
-            Self::Blocks(_) if device.is_cpu() => return Ok(self.clone()),
+            Self::Blocks(_) | Self::Part { .. } if device.is_cpu() => return Ok(self.clone()),
             Self::Blocks(q) => {
                 Tensor::from_vec(q.dequantize(), (q.rows(), q.cols()), &Device::Cpu)?
+            }
+            Self::Part { stack, rows } => {
+                let cols = stack.cols();
+                let mut w = vec![0f32; rows.len() * cols];
+                for (r, out) in rows.clone().zip(w.chunks_exact_mut(cols)) {
+                    stack
+                        .dequantize_row(r, out)
+                        .map_err(candle_core::Error::wrap)?;
+                }
+                Tensor::from_vec(w, (rows.len(), cols), &Device::Cpu)?
             }
             Self::Dense(w) => w.clone(),
         };
@@ -270,7 +351,7 @@ impl Linear {
     pub fn rounded_for_device(&self, held: DeviceWeights) -> ModelResult<Self> {
         match self {
             Self::Dense(w) => Ok(Self::Dense(w.to_dtype(held.dtype())?)),
-            Self::Blocks(_) => Ok(self.clone()),
+            Self::Blocks(_) | Self::Part { .. } => Ok(self.clone()),
         }
     }
 
@@ -283,6 +364,13 @@ impl Linear {
     pub fn apply(&self, x: &[f32], m: usize, threads: usize) -> candle_core::Result<Vec<f32>> {
         match self {
             Self::Blocks(q) => block_product(q, x, m, threads),
+            Self::Part { stack, rows } => {
+                let all = block_product(stack, x, m, threads)?;
+                Ok(all
+                    .chunks_exact(stack.rows())
+                    .flat_map(|y| y[rows.clone()].iter().copied())
+                    .collect())
+            }
             Self::Dense(w) => {
                 let x = Tensor::from_slice(x, (m, w.dim(1)?), &Device::Cpu)?;
                 self.forward(&x, threads)?.flatten_all()?.to_vec1()
@@ -313,6 +401,19 @@ impl Linear {
                 let y = block_product(q, &x.flatten_all()?.to_vec1()?, m, threads)?;
                 Tensor::from_vec(y, (m, q.rows()), x.device())
             }
+            Self::Part { rows, .. } => {
+                let m = x.dim(0)?;
+                let y = self.apply(&x.flatten_all()?.to_vec1()?, m, threads)?;
+                Tensor::from_vec(y, (m, rows.len()), x.device())
+            }
+        }
+    }
+
+    /// The block matrix the projection is read from (for a part, its stack).
+    pub fn blocks(&self) -> Option<&Arc<QMatrix>> {
+        match self {
+            Self::Blocks(q) | Self::Part { stack: q, .. } => Some(q),
+            Self::Dense(_) => None,
         }
     }
 }
@@ -334,7 +435,7 @@ pub(crate) fn block_product(
 pub(crate) struct Weights {
     pub arch: &'static Arch,
     pub config: ModelConfig,
-    pub embed: Tensor,
+    pub embed: Embedding,
     pub layers: Vec<Layer>,
     pub norm: Tensor,
     pub lm_head: Linear,
@@ -416,7 +517,7 @@ impl Weights {
         });
         Ok(Self {
             arch: &crate::arch::LLAMA,
-            embed: randn(c.vocab_size, h)?,
+            embed: Embedding::Dense(randn(c.vocab_size, h)?),
             lm_head: Linear::Dense(randn(c.vocab_size, h)?),
             norm: ones()?,
             layers,
@@ -458,17 +559,24 @@ impl Weights {
             check_shape(name, info.shape.dims(), want)?;
             Ok(ct.tensor(&mut f, name, &dev)?)
         };
-        let embed = raw("token_embd.weight", &[None, Some(hidden)])?.dequantize(&dev)?;
-        let vocab = embed.dim(0)?;
+        // The embedding stays in its blocks where the kernels read them (one matrix with the
+        // output projection when tied).
+        let embed_weights = linear(
+            "token_embd.weight",
+            raw("token_embd.weight", &[None, Some(hidden)])?,
+            format,
+            None,
+        )?;
+        let embed = match &embed_weights {
+            Linear::Blocks(q) => Embedding::Blocks(q.clone()),
+            Linear::Dense(t) => Embedding::Dense(t.clone()),
+            Linear::Part { .. } => return Err(metadata("token_embd.weight")),
+        };
+        let vocab = embed.rows()?;
         let norm = raw("output_norm.weight", &[Some(hidden)])?.dequantize(&dev)?;
         let lm_head = match raw("output.weight", &[Some(vocab), Some(hidden)]) {
             Ok(t) => linear("output.weight", t, format, None)?,
-            Err(ModelError::MissingTensor { .. }) => linear(
-                "token_embd.weight",
-                raw("token_embd.weight", &[None, Some(hidden)])?,
-                format,
-                None,
-            )?,
+            Err(ModelError::MissingTensor { .. }) => embed_weights,
             Err(e) => return Err(e),
         };
         let permuted = |heads: usize| arch.gguf_qk_interleaved.then_some((heads, head_dim));
@@ -707,7 +815,7 @@ impl Weights {
             arch,
             fingerprint: hash_files(&files)?,
             config,
-            embed,
+            embed: Embedding::Dense(embed),
             layers,
             norm,
             lm_head,

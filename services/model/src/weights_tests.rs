@@ -269,7 +269,7 @@ fn random_weights_are_the_seeds_in_every_run() {
         let Linear::Dense(wq) = &w.layers[1].wq else {
             panic!("random weights are dense")
         };
-        [wq, &w.embed]
+        [wq, w.embed.dense().unwrap()]
             .iter()
             .flat_map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
             .collect()

@@ -187,6 +187,7 @@ impl EngineCore {
             .collect::<EngineResult<Vec<_>>>()?;
         let transform = KvTransform {
             key_means: self.key_means.as_deref(),
+            key_scales: self.key_scales.as_deref(),
             probe: self.config.probe.as_ref().map(|t| &*t.0),
         };
         let logits = self

@@ -288,7 +288,7 @@ fn bad_prompts_are_rejected_without_side_effects() {
 }
 
 #[test]
-fn key_centering_is_exact_for_attention_and_lowers_codec_error() {
+fn key_centering_and_key_scales_are_exact_for_attention_and_centering_lowers_codec_error() {
     use engram_engine::{KeyCentering, LogitRows};
     let text = license_tokens(256);
     // f32 activations: centering's effect alone, not int16 rounding of shifted keys.
@@ -313,6 +313,13 @@ fn key_centering_is_exact_for_attention_and_lowers_codec_error() {
     let centered = logits(CodecKind::F32, KeyCentering::Calibrated);
     let err = rel_l2(&centered, &exact);
     assert!(err < 1e-4, "centering changed exact attention by {err:.2e}");
+    // Scaled keys (the default) with the queries scaled back: the same scores.
+    let scaled = logits(CodecKind::F32, KeyCentering::Scaled);
+    let err = rel_l2(&scaled, &exact);
+    assert!(
+        err < 1e-4,
+        "key scales changed exact attention by {err:.2e}"
+    );
     let tq4_off = mean_kl(&exact, &logits(CodecKind::TQ4, KeyCentering::Off));
     let tq4_on = mean_kl(&exact, &logits(CodecKind::TQ4, KeyCentering::Calibrated));
     assert!(

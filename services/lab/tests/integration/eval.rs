@@ -302,6 +302,8 @@ fn the_command_line_names_parse_and_unknown_ones_are_typed_errors() {
         KeyCentering::parse("calibrated").unwrap(),
         KeyCentering::Calibrated
     );
+    assert_eq!(KeyCentering::parse("scaled").unwrap(), KeyCentering::Scaled);
+    assert_eq!(KeyCentering::default(), KeyCentering::Scaled);
     let bad = KeyCentering::parse("on").unwrap_err();
     assert!(
         matches!(

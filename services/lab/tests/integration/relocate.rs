@@ -58,6 +58,7 @@ fn a_relocated_segment_reads_as_keys_rotated_to_where_it_stands() {
     let (m, means, shape, mut store) = setup(64);
     let transform = KvTransform {
         key_means: Some(means),
+        key_scales: None,
         probe: None,
     };
     let text = license_tokens(400);
@@ -181,6 +182,7 @@ fn rope_shift_moves_layer_zero_keys_as_the_model_places_them() {
     let (m, means, shape, mut store) = setup(16);
     let transform = KvTransform {
         key_means: Some(means),
+        key_scales: None,
         probe: None,
     };
     let text = license_tokens(300);

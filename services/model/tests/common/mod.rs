@@ -6,9 +6,10 @@
 use std::path::PathBuf;
 
 use engram_kvcore::{
-    BlockId, BlockStore, BlockTags, CodecKind, SourceLayer, StoreConfig, TenantId, Tier, TokenRange,
+    BlockId, BlockStore, BlockTags, CodecKind, LayerCodecs, SourceLayer, StoreConfig, TenantId,
+    Tier, TokenRange,
 };
-use engram_model::{Llama, LogitRows, SeqInput, TextTokenizer};
+use engram_model::{KvTransform, Llama, LogitRows, SeqInput, TextTokenizer};
 
 /// A checkpoint in `models/` (`make models-extra`); missing, the test fails.
 pub fn checkpoint(file: &str) -> PathBuf {
@@ -38,6 +39,11 @@ pub struct Ours {
     pub model: Llama,
     pub tokenizer: TextTokenizer,
     codec: CodecKind,
+    /// The values' codec, when not `codec`.
+    value_codec: Option<CodecKind>,
+    /// Key means (and scales) the keys are stored relative to; none by default.
+    means: Option<Vec<f32>>,
+    scales: Option<Vec<f32>>,
 }
 
 impl Ours {
@@ -47,6 +53,30 @@ impl Ours {
             model: model.with_threads(2),
             tokenizer,
             codec,
+            value_codec: None,
+            means: None,
+            scales: None,
+        }
+    }
+
+    /// The same model storing keys in `codec` and values in `value_codec`, keys centered on the calibrated means and, if
+    /// `scaled`, divided by the calibrated key scales.
+    pub fn relative(&self, codec: CodecKind, value_codec: CodecKind, scaled: bool) -> Self {
+        Self {
+            model: self.model.clone(),
+            tokenizer: self.tokenizer.clone(),
+            codec,
+            value_codec: Some(value_codec),
+            means: Some(self.model.key_means(&self.tokenizer).unwrap().to_vec()),
+            scales: scaled.then(|| self.model.key_scales(&self.tokenizer).unwrap().to_vec()),
+        }
+    }
+
+    fn transform(&self) -> KvTransform<'_> {
+        KvTransform {
+            key_means: self.means.as_deref(),
+            key_scales: self.scales.as_deref(),
+            probe: None,
         }
     }
 
@@ -56,7 +86,11 @@ impl Ours {
             .kv_shape(engram_kvcore::DEFAULT_BLOCK_SIZE)
             .unwrap();
         let n = tokens.div_ceil(shape.block_size);
-        let mut store = BlockStore::new(StoreConfig::new(shape, self.codec, n as u32, 0)).unwrap();
+        let mut config = StoreConfig::new(shape, self.codec, n as u32, 0);
+        if let Some(v) = self.value_codec {
+            config.codecs = LayerCodecs::streams(&shape, self.codec, v);
+        }
+        let mut store = BlockStore::new(config).unwrap();
         let tags = BlockTags {
             source: SourceLayer::SystemState,
             importance: 0.0,
@@ -77,7 +111,7 @@ impl Ours {
             let end = (start + chunk).min(tokens.len());
             let logits = self
                 .model
-                .forward(
+                .forward_with(
                     &mut store,
                     &[SeqInput {
                         tokens: &tokens[start..end],
@@ -87,6 +121,7 @@ impl Ours {
                         prompt: true,
                         relocated: &[],
                     }],
+                    self.transform(),
                 )
                 .unwrap();
             out.extend(logits.to_vec2::<f32>().unwrap());
@@ -101,7 +136,7 @@ impl Ours {
         let mut step = |tokens: &[u32], start: usize, prompt: bool| -> u32 {
             let logits = self
                 .model
-                .forward(
+                .forward_with(
                     &mut store,
                     &[SeqInput {
                         tokens,
@@ -111,6 +146,7 @@ impl Ours {
                         prompt,
                         relocated: &[],
                     }],
+                    self.transform(),
                 )
                 .unwrap();
             argmax(&logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap())
