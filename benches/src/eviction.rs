@@ -198,9 +198,9 @@ fn config(
     c.memory.enabled = false;
     c.shadow.dir = dir.join("shadow");
     if let Some((hot, cold)) = tiers {
-        c.model.hot_mib = hot;
+        c.model.hot_mib = Some(hot);
         if let Some(cold) = cold {
-            c.model.cold_mib = cold;
+            c.model.cold_mib = Some(cold);
             c.shadow.enabled = false;
         }
     }

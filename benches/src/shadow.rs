@@ -361,7 +361,7 @@ pub async fn recovery_memory(
         let d = dir.join(format!("recovery-{n}"));
         std::fs::create_dir_all(&d)?;
         let mut c = config(model, &d, true, true);
-        c.model.cold_mib = cold_mib;
+        c.model.cold_mib = Some(cold_mib);
         let state = web::Data::new(build_state(c.clone()).await?);
         let app = test::init_service(App::new().configure(configure_app(state.clone()))).await;
         let key = tenant!(&app, "recovery");

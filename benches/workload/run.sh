@@ -136,6 +136,7 @@ $CARGO build -p engram-server --bin engram -p engram-benches --bin engram-bench 
 
 mkdir -p "$OUT"
 lscpu >"$OUT/lscpu.txt"
+rm -f "$OUT/rss.tsv"
 trap 'stop_pid "$STATE/peer.pid"; stop_pid "$STATE/engram.pid"' EXIT
 results=()
 for scenario in $SCENARIOS; do

@@ -134,7 +134,7 @@ fn four_tenants_export_agents_of_a_thousand_sessions_in_bounded_memory() {
     // No shadow: the cold tier holds every tenant's agent (its pages are resident at idle),
     // and an export reads them from the engine a session at a time.
     let mut c = config(&sqlite_url(), None);
-    c.model.cold_mib = 1024;
+    c.model.cold_mib = Some(1024);
     c.server.import_limit_mib = 1024;
     c.limits.requests_per_sec = 0;
     let srv = Server::start_with(c);

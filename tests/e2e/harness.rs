@@ -87,8 +87,8 @@ pub fn test_config(database_url: &str, body_limit: usize) -> Config {
     config.database.url = database_url.to_string();
     config.auth.admin_key.0 = ADMIN.into();
     config.model.path = model_path();
-    config.model.hot_mib = 256;
-    config.model.cold_mib = 256;
+    config.model.hot_mib = Some(256);
+    config.model.cold_mib = Some(256);
     config.server.body_limit_bytes = body_limit;
     config.memory.embedder_path = embedder_path();
     config.memory.vector_dir = vector_dir();

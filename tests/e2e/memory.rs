@@ -16,8 +16,8 @@ fn config(url: &str, vectors: &std::path::Path) -> Config {
     c.database.url = url.to_string();
     c.auth.admin_key.0 = ADMIN.into();
     c.model.path = model_path();
-    c.model.hot_mib = 256;
-    c.model.cold_mib = 256;
+    c.model.hot_mib = Some(256);
+    c.model.cold_mib = Some(256);
     c.memory.embedder_path = embedder_path();
     c.memory.vector_dir = vectors.to_path_buf();
     c

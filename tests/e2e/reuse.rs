@@ -198,7 +198,7 @@ fn expanded_budgets_are_used_when_the_tiered_cache_has_room() {
         let mut c = crate::harness::test_config(&sqlite_url(), 1 << 20);
         c.memory.enabled = false;
         c.tiers.enabled = tiers;
-        c.model.cold_mib = cold_mib;
+        c.model.cold_mib = Some(cold_mib);
         let srv = Server::start_with(c);
         let (key, _) = srv.tenant_with_bot("t", "Answer in one short sentence.");
         for (kind, content, budget) in [

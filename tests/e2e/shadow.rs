@@ -173,8 +173,8 @@ pub(crate) fn config_with(url: &str, shadow: Option<&Backend>) -> Config {
     c.database.url = url.to_string();
     c.auth.admin_key.0 = ADMIN.into();
     c.model.path = model_path();
-    c.model.hot_mib = 128;
-    c.model.cold_mib = 128;
+    c.model.hot_mib = Some(128);
+    c.model.cold_mib = Some(128);
     c.memory.enabled = false;
     c.tiers.enabled = false;
     match shadow {
@@ -706,7 +706,7 @@ fn a_shadow_larger_than_the_cold_tier_recovers_what_fits_and_the_rest_on_a_miss(
 
     // A node whose cold tier holds under half of the shadow.
     let mut small = config(&url, Some(&dir));
-    small.model.cold_mib = ((on_disk_bytes / 3) >> 20).max(1);
+    small.model.cold_mib = Some(((on_disk_bytes / 3) >> 20).max(1));
     let srv = Server::start_with(small);
     let status = shadow_status(&srv);
     let counts = &status["recovery_counts"];

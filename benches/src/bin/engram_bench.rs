@@ -425,6 +425,27 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
     let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| progress.say(m))?;
     let decode = bench::decode(&model, &tok, &corpus, &opts, |m| progress.say(m))?;
     drop(progress);
+    // Decode against the memory it must read: the weights' bytes a step, this machine's read
+    // bandwidth on the engine's threads, and the share of it one sequence's decode uses.
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let weight_bytes = model.decode_weight_bytes();
+    let read_gb_s = bench::read_bandwidth(threads);
+    let bandwidth: Vec<serde_json::Value> = decode
+        .iter()
+        .filter(|r| r.batch == 1)
+        .map(|r| {
+            let gb_s = weight_bytes as f64 / (r.ms_per_token / 1e3) / 1e9;
+            serde_json::json!({
+                "decode_weight_bytes": weight_bytes,
+                "read_gb_s": read_gb_s,
+                "threads": threads,
+                "context_tokens": r.context_tokens,
+                "ms_per_token": r.ms_per_token,
+                "weights_gb_s": gb_s,
+                "share_of_read_bandwidth": gb_s / read_gb_s,
+            })
+        })
+        .collect();
     if args.model.json {
         print_json(ttft.iter().map(|r| {
             serde_json::json!({
@@ -438,6 +459,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
             })
         }));
         print_json(decode.iter().map(|r| serde_json::json!(r)));
+        print_json(bandwidth);
     } else {
         println!(
             "{:>8} {:>7} {:>10} {:>10} {:>10} {:>9} {:>10}",
@@ -459,6 +481,18 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
             println!(
                 "decode {:>10} batch {:>2} at {:>5} tokens: {:>8.1} tokens/s, {:>7.1} ms per token",
                 r.mode, r.batch, r.context_tokens, r.decode_tokens_per_s, r.ms_per_token
+            );
+        }
+        for b in &bandwidth {
+            println!(
+                "decode reads {:.1} MB of weights a token; this machine reads {:.1} GB/s on {} \
+                 threads; batch 1 at {} tokens: {:.1} GB/s of weights, {:.0} % of it",
+                weight_bytes as f64 / 1e6,
+                read_gb_s,
+                threads,
+                b["context_tokens"],
+                b["weights_gb_s"].as_f64().unwrap_or(0.0),
+                100.0 * b["share_of_read_bandwidth"].as_f64().unwrap_or(0.0),
             );
         }
     }

@@ -223,25 +223,37 @@ fn ratio(
 /// ratio against the peer that did best there (the smallest mean ratio), so a result is never
 /// read against the slower build of a peer. Its prompt-token ratio is the one furthest from 1.
 fn with_best_peer(mut ratios: Vec<Ratio>) -> Vec<Ratio> {
-    if ratios.len() < 2 {
+    // Peers only: Engram's own variants (`engram-relocate`, or `engram` when a variant is the
+    // reference) are not a server a user would pick instead.
+    let peers: Vec<&Ratio> = ratios
+        .iter()
+        .filter(|r| !r.peer.starts_with("engram"))
+        .collect();
+    if peers.len() < 2 {
         return ratios;
     }
     let best = |f: fn(&Ratio) -> Option<Spread>| {
-        ratios
+        peers
             .iter()
-            .filter_map(f)
+            .filter_map(|r| f(r))
             .min_by(|a, b| a.mean.total_cmp(&b.mean))
     };
-    let peers: Vec<&str> = ratios.iter().map(|r| r.peer.as_str()).collect();
     let line = Ratio {
-        of: ratios[0].of.clone(),
-        peer: format!("the better of {} on each measure", peers.join(" and ")),
+        of: peers[0].of.clone(),
+        peer: format!(
+            "the better of {} on each measure",
+            peers
+                .iter()
+                .map(|r| r.peer.as_str())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
         ttft_p50: best(|r| r.ttft_p50),
         ttft_p95: best(|r| r.ttft_p95),
         wall: best(|r| r.wall),
         tpot: best(|r| r.tpot),
         after_restart_ttft_p50: best(|r| r.after_restart_ttft_p50),
-        prompt_tokens: ratios
+        prompt_tokens: peers
             .iter()
             .filter_map(|r| r.prompt_tokens)
             .max_by(|a, b| (a.mean - 1.0).abs().total_cmp(&(b.mean - 1.0).abs())),
@@ -712,13 +724,15 @@ mod tests {
         }
         let runs = vec![
             run("engram", 1, &[10.0, 20.0]),
+            // An Engram variant is no peer: it never wins the better-peer line.
+            run("engram-relocate", 1, &[1.0, 2.0]),
             run("fast", 1, &[30.0, 50.0]),
             lean,
         ];
         let r = summarize(&runs, "engram");
         let ratios = &r.scenarios[0].ratios;
-        assert_eq!(ratios.len(), 3);
-        let best = &ratios[2];
+        assert_eq!(ratios.len(), 4);
+        let best = &ratios[3];
         assert_eq!(best.peer, "the better of fast and lean on each measure");
         // TTFT against `fast` (40 / 15), time per token against `lean` (5 / 10).
         assert!((best.ttft_p50.unwrap().mean - 40.0 / 15.0).abs() < 1e-9);

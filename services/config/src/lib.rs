@@ -301,10 +301,24 @@ pub struct ModelSection {
     pub down_tier_kl: f64,
     /// MiB of the pool of down-tiered blocks (with `down_tier_kl`).
     pub down_tier_mib: u64,
-    /// Hot-tier budget in MiB.
-    pub hot_mib: u64,
-    /// Cold-tier budget in MiB.
-    pub cold_mib: u64,
+    /// Hot-tier budget in MiB; unset (the default): `hot_tokens` tokens of the model's KV.
+    #[serde(
+        deserialize_with = "optional_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub hot_mib: Option<u64>,
+    /// Hot tier in tokens of KV at the model's KV bytes per token and codecs, when `hot_mib` is
+    /// unset: 131,072 (four 32K contexts; 1.1 GiB for SmolLM2-135M or Qwen2.5-1.5B at the
+    /// default codecs, 6 GiB for a Llama-3-8B shape). The start-up log prints the sizes.
+    pub hot_tokens: u64,
+    /// Cold-tier budget in MiB (0: no cold tier); unset (the default): `cold_tokens`.
+    #[serde(
+        deserialize_with = "optional_u64",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cold_mib: Option<u64>,
+    /// Cold tier in tokens of KV when `cold_mib` is unset: 262,144.
+    pub cold_tokens: u64,
     /// Where the engine runs: `cpu`, `cuda` or `cuda:N` (CUDA needs a build with `--features
     /// cuda`, e.g. `make build-cuda`).
     pub device: String,
@@ -394,8 +408,18 @@ impl ModelSection {
         Ok(engram_engine::EngineConfig {
             codec: codecs.key,
             value_codec: codecs.value_override(),
-            hot_bytes: self.hot_mib << 20,
-            cold_bytes: self.cold_mib << 20,
+            hot_bytes: self.hot_mib.unwrap_or(0) << 20,
+            cold_bytes: self.cold_mib.unwrap_or(0) << 20,
+            hot_tokens: if self.hot_mib.is_some() {
+                0
+            } else {
+                self.hot_tokens
+            },
+            cold_tokens: if self.cold_mib.is_some() {
+                0
+            } else {
+                self.cold_tokens
+            },
             device,
             cache_generated: self.cache_generated,
             relocation: self
@@ -436,8 +460,10 @@ impl Default for ModelSection {
             kv_profile: String::new(),
             down_tier_kl: 0.0,
             down_tier_mib: 256,
-            hot_mib: 1024,
-            cold_mib: 2048,
+            hot_mib: None,
+            hot_tokens: 131_072,
+            cold_mib: None,
+            cold_tokens: 262_144,
             device: "cpu".into(),
             cache_generated: false,
             relocate_segments: false,
@@ -651,8 +677,14 @@ impl Config {
                 "must be at least 1 when requests_per_sec is set",
             );
         }
-        if self.model.hot_mib == 0 {
+        if self.model.hot_mib == Some(0) {
             return bad("model.hot_mib", "must be positive");
+        }
+        if self.model.hot_mib.is_none() && self.model.hot_tokens == 0 {
+            return bad(
+                "model.hot_tokens",
+                "must be positive (or set model.hot_mib)",
+            );
         }
         if self.memory.recall_k > 256 {
             return bad("memory.recall_k", "must be at most 256");
@@ -726,6 +758,24 @@ fn typed_env_value(
         }
         _ => toml::Value::String(raw.to_string()),
     })
+}
+
+/// An optional count, from a number (a file) or a string of digits (an environment variable:
+/// an unset field has no type to parse the variable by).
+fn optional_u64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Number(u64),
+        Text(String),
+    }
+    match Option::<Raw>::deserialize(d)? {
+        None => Ok(None),
+        Some(Raw::Number(n)) => Ok(Some(n)),
+        Some(Raw::Text(t)) => t.trim().parse::<u64>().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!("expected a non-negative integer, got `{t}`"))
+        }),
+    }
 }
 
 fn merge(base: &mut toml::Value, patch: toml::Value) {

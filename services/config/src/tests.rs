@@ -112,6 +112,18 @@ fn without_a_codec_each_device_takes_its_built_in_default() {
         ("ENGRAM__MODEL__DEVICE_WEIGHTS", "f32"),
     ]);
     assert_eq!(f32_products.device_weights, DeviceWeights::F32);
+    // The tiers: sized in tokens of the model's KV by default, in MiB when set (from the
+    // environment too), 0 MiB of cold tier meaning none.
+    assert_eq!((cpu.hot_tokens, cpu.cold_tokens), (131_072, 262_144));
+    let mib = engine(vec![
+        ("ENGRAM__MODEL__HOT_MIB", "256"),
+        ("ENGRAM__MODEL__COLD_MIB", "0"),
+    ]);
+    assert_eq!((mib.hot_bytes, mib.hot_tokens), (256 << 20, 0));
+    assert_eq!((mib.cold_bytes, mib.cold_tokens), (0, 0));
+    // 1 KiB blocks of 16 tokens: 131,072 tokens are 8,192 blocks.
+    assert_eq!(cpu.tier_bytes(1024, 16), (8192 * 1024, 16_384 * 1024));
+    assert_eq!(mib.tier_bytes(1024, 16), (256 << 20, 0));
 }
 
 #[test]

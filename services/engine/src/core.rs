@@ -89,10 +89,15 @@ pub struct EngineConfig {
     pub kv_profile: Option<std::path::PathBuf>,
     /// Tokens per block.
     pub block_size: usize,
-    /// Hot-tier budget in bytes.
+    /// Hot-tier budget in bytes (when `hot_tokens` is 0).
     pub hot_bytes: u64,
-    /// Cold-tier budget in bytes.
+    /// Cold-tier budget in bytes (when `cold_tokens` is 0).
     pub cold_bytes: u64,
+    /// Hot-tier budget in tokens of this model's KV at its codecs (0: `hot_bytes`): the same
+    /// number of tokens whatever the model's KV bytes per token.
+    pub hot_tokens: u64,
+    /// Cold-tier budget in tokens of KV (0: `cold_bytes`).
+    pub cold_tokens: u64,
     /// TurboQuant rotation seed (part of the storage format).
     pub rotation_seed: u64,
     /// Prefill chunk in tokens.
@@ -157,6 +162,21 @@ fn default_chains_per_tenant() -> usize {
 }
 
 impl EngineConfig {
+    /// The hot and cold tiers' budgets in bytes for blocks of `block_bytes` holding
+    /// `block_size` tokens: a budget in tokens, where one is set, or the one in bytes.
+    pub fn tier_bytes(&self, block_bytes: u64, block_size: usize) -> (u64, u64) {
+        let of = |tokens: u64, bytes: u64| match tokens {
+            0 => bytes,
+            t => t
+                .div_ceil(block_size.max(1) as u64)
+                .saturating_mul(block_bytes),
+        };
+        (
+            of(self.hot_tokens, self.hot_bytes),
+            of(self.cold_tokens, self.cold_bytes),
+        )
+    }
+
     /// The codec of each layer and stream these options give a cache of `shape`.
     pub fn codecs(&self, shape: &KvShape) -> EngineResult<LayerCodecs> {
         match &self.layer_codecs {
@@ -184,6 +204,8 @@ impl Default for EngineConfig {
             block_size: engram_kvcore::DEFAULT_BLOCK_SIZE,
             hot_bytes: 1 << 30,
             cold_bytes: 2 << 30,
+            hot_tokens: 0,
+            cold_tokens: 0,
             rotation_seed: DEFAULT_ROTATION_SEED,
             prefill_chunk: 256,
             step_tokens: 32,
@@ -644,13 +666,17 @@ impl EngineCore {
         let reduced = cache::reduced_pool(&config, profile.as_ref(), &codecs, &shape)?;
         let block_bytes = shape.block_size * codecs.token_bytes(&shape);
         let per_context = model.config().context_length.div_ceil(shape.block_size);
-        let hot = config.hot_bytes / block_bytes as u64;
+        let (hot_bytes, cold_bytes) = config.tier_bytes(block_bytes as u64, shape.block_size);
+        let hot = hot_bytes / block_bytes as u64;
         if hot < per_context as u64 {
             return Err(EngineError::InvalidConfig {
-                field: "hot_bytes",
+                field: if config.hot_tokens > 0 {
+                    "hot_tokens"
+                } else {
+                    "hot_bytes"
+                },
                 reason: format!(
-                    "{} bytes hold {hot} blocks of {block_bytes} bytes; one full context needs {per_context}",
-                    config.hot_bytes
+                    "{hot_bytes} bytes hold {hot} blocks of {block_bytes} bytes; one full context needs {per_context}"
                 ),
             });
         }
@@ -708,7 +734,7 @@ impl EngineCore {
             codecs: codecs.clone(),
             hot_kind: HotTierKind::Host,
             hot_blocks: clamp(hot),
-            cold_blocks: clamp(config.cold_bytes / block_bytes as u64),
+            cold_blocks: clamp(cold_bytes / block_bytes as u64),
             rotation_seed: config.rotation_seed,
             priorities: PriorityTable::default(),
         };
@@ -748,7 +774,7 @@ impl EngineCore {
             0
         } else {
             usize::try_from(
-                hot.saturating_add(config.cold_bytes / block_bytes as u64)
+                hot.saturating_add(cold_bytes / block_bytes as u64)
                     .saturating_mul(2),
             )
             .unwrap_or(usize::MAX)

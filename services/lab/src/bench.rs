@@ -311,6 +311,33 @@ pub struct E2eRow {
 }
 
 /// The `q`-quantile of `v` (sorted in place), nearest rank.
+/// This machine's memory read bandwidth in GB/s: `threads` threads summing their shares of a
+/// 1 GiB buffer (far past any cache), the best of three passes. Decode of a model whose
+/// weights dwarf its caches cannot read faster than this.
+pub fn read_bandwidth(threads: usize) -> f64 {
+    let words = (1usize << 30) / 8;
+    // Written once, so every page is resident before the timed passes.
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let share = words.div_ceil(threads.max(1));
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let total = std::thread::scope(|sc| {
+            let parts: Vec<_> = buf
+                .chunks(share)
+                .map(|c| sc.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            parts
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
 fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {

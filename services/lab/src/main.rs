@@ -219,7 +219,7 @@ fn eval_relocate(args: EvalKvArgs) -> Result<()> {
             .iter()
             .map(|c| StreamCodecs::parse(c))
             .collect::<Result<_, _>>()?,
-        key_centering: KeyCentering::parse(&args.key_centering)? != KeyCentering::Off,
+        key_centering: KeyCentering::parse(&args.key_centering)?,
     };
     let progress = cli::Progress::new("eval kv --relocate", args.model.json);
     let rows = relocation::evaluate_relocation(&model, &tok, &opts, |m| progress.say(m))?;

@@ -31,7 +31,7 @@ use crate::eval::{DEFAULT_CORPUS, Sums, read_corpus, score};
 use engram_engine::StreamCodecs;
 use engram_engine::TextTokenizer;
 use engram_engine::{EngineError, EngineResult};
-use engram_engine::{KvTransform, Llama, LogitRows, SeqInput};
+use engram_engine::{KeyCentering, KvTransform, Llama, LogitRows, SeqInput};
 
 /// Prefill chunk of every run.
 pub(crate) const CHUNK: usize = 256;
@@ -55,8 +55,9 @@ pub struct RelocateOptions {
     pub greedy_tokens: usize,
     /// Codecs of the rows.
     pub codecs: Vec<StreamCodecs>,
-    /// Whether keys are centered by the calibrated means (the engine's default).
-    pub key_centering: bool,
+    /// How keys are stored relative to their calibrated basis (the engine's default: centered
+    /// and scaled).
+    pub key_centering: KeyCentering,
 }
 
 impl Default for RelocateOptions {
@@ -73,7 +74,7 @@ impl Default for RelocateOptions {
                 StreamCodecs::both(engram_kvcore::CodecKind::F32),
                 StreamCodecs::CPU_DEFAULT,
             ],
-            key_centering: true,
+            key_centering: KeyCentering::default(),
         }
     }
 }
@@ -165,14 +166,15 @@ pub fn evaluate_relocation(
             span + lb + 1
         )));
     }
-    // Keys stored as the engine stores them by default: centered and scaled.
-    let (means, scales) = if opts.key_centering {
-        (
-            Some(model.key_means(tokenizer)?.to_vec()),
-            Some(model.key_scales(tokenizer)?.to_vec()),
-        )
-    } else {
-        (None, None)
+    let means = match opts.key_centering {
+        KeyCentering::Off => None,
+        KeyCentering::Calibrated | KeyCentering::Scaled => {
+            Some(model.key_means(tokenizer)?.to_vec())
+        }
+    };
+    let scales = match opts.key_centering {
+        KeyCentering::Scaled => Some(model.key_scales(tokenizer)?.to_vec()),
+        KeyCentering::Off | KeyCentering::Calibrated => None,
     };
     let transform = KvTransform {
         key_means: means.as_deref(),

@@ -360,7 +360,16 @@ impl Llama {
                 convert(q);
             }
         };
+        // A tied embedding reads the output projection's converted matrix (its rows come back
+        // from the panels): the weights stay held once.
+        let tied = match (&self.embed, &self.lm_head) {
+            (Embedding::Blocks(e), Linear::Blocks(o)) => Arc::ptr_eq(e, o),
+            _ => false,
+        };
         convert_linear(&mut self.lm_head);
+        if let (true, Linear::Blocks(o)) = (tied, &self.lm_head) {
+            self.embed = Embedding::Blocks(o.clone());
+        }
         for (layer, stacked) in self.layers.iter_mut().zip(&mut self.stacked) {
             match stacked {
                 Some(s) => {
@@ -599,8 +608,8 @@ impl Llama {
     /// (keys centered, queries over the head's group): channels where keys are large and
     /// queries small (Qwen's outlier key channels, Gemma's normed keys) stop taking the codec's
     /// levels from those the scores read. A channel pair that RoPE rotates together shares one
-    /// scale (so the scales commute with every rotation), clamped to 1/64…64, geometric mean 1
-    /// per head.
+    /// scale (so the scales commute with every rotation); a head's scales are centred on a
+    /// geometric mean of 1, then clamped to 1/64…64.
     pub fn key_scales(&self, tokenizer: &TextTokenizer) -> ModelResult<&[f32]> {
         Ok(&self.key_basis(tokenizer)?.scales)
     }
@@ -749,6 +758,40 @@ impl Llama {
     /// SHA-256 of the model's files: part of every prefix-cache hash.
     pub fn fingerprint(&self) -> [u8; 32] {
         self.fingerprint
+    }
+
+    /// Bytes of weights one CPU decode step reads: each layer's projections (the stacks where
+    /// the forward reads them), its norms, the output projection and one embedding row. With
+    /// a decode step's time this is the weights' share of the memory bandwidth it used.
+    pub fn decode_weight_bytes(&self) -> usize {
+        let linear = |w: &Linear| match w {
+            Linear::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Linear::Blocks(q) => q.bytes(),
+            // Counted once, as its stack.
+            Linear::Part { .. } => 0,
+        };
+        let tensor = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let layers: usize = self
+            .layers
+            .iter()
+            .zip(&self.stacked)
+            .map(|(l, s)| {
+                let stacked = s.as_ref().map_or(0, |s| s.qkv.bytes() + s.gate_up.bytes());
+                stacked
+                    + [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                        .into_iter()
+                        .map(linear)
+                        .sum::<usize>()
+                    + tensor(&l.attn_norm)
+                    + tensor(&l.ffn_norm)
+            })
+            .sum();
+        let rows = self.embed.rows().unwrap_or(1).max(1);
+        let embed_row = match &self.embed {
+            Embedding::Dense(t) => tensor(t) / rows,
+            Embedding::Blocks(q) => q.bytes() / rows,
+        };
+        layers + linear(&self.lm_head) + tensor(&self.norm) + embed_row
     }
 
     /// The KV geometry a store needs for this model (block size as given).

@@ -73,7 +73,22 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
     let engine = if config.model.path.exists() {
         let mut engine_config = config.model.engine_config()?;
         engine_config.eviction = config.eviction;
+        let block_size = engine_config.block_size;
         let core = EngineCore::load(&config.model.path, engine_config)?;
+        let o = core.occupancy();
+        let tier = |blocks: usize| {
+            format!(
+                "{blocks} blocks, {} tokens, {} MiB",
+                blocks * block_size,
+                (blocks * o.block_bytes) >> 20
+            )
+        };
+        tracing::info!(
+            "KV tiers: hot {}; cold {} ({} bytes a block of {block_size} tokens)",
+            tier(o.hot_capacity),
+            tier(o.cold_capacity),
+            o.block_bytes
+        );
         Some(Engine::spawn(core)?)
     } else {
         tracing::warn!(

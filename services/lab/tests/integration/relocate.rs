@@ -3,7 +3,7 @@
 //! stand; the harness ranks the variants on real text.
 
 use candle_core::Tensor;
-use engram_engine::{KvTransform, Llama, LogitRows, SeqInput, StreamCodecs};
+use engram_engine::{KeyCentering, KvTransform, Llama, LogitRows, SeqInput, StreamCodecs};
 use engram_kvcore::{
     BlockId, BlockStore, BlockTags, CodecKind, KvShape, Relocated, Rope, Rows, SourceLayer,
     StoreConfig, TenantId, Tier, TokenRange,
@@ -243,7 +243,7 @@ fn the_harness_scores_shifted_reuse_above_unshifted() {
         tail: 40,
         greedy_tokens: 8,
         codecs: vec![StreamCodecs::both(CodecKind::F32)],
-        key_centering: true,
+        key_centering: KeyCentering::default(),
     };
     let (m, tok) = model();
     let mut cases = 0;
