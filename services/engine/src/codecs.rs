@@ -37,8 +37,8 @@ impl StreamCodecs {
     /// apart (`tq6o1`), values at TurboQuant-5 (5.94 bits per element at head_dim 64; on
     /// SmolLM2-135M's 16K-token corpus KL 0.0071 nats against exact KV, where `tq6/tq5` gives
     /// 0.0093 and TQ4 0.094, `docs/kv-fidelity.md`). With the default key scales it holds the
-    /// same budget on Qwen2.5-Coder-0.5B (0.0064) and Gemma-3-270M (0.0086, 5.61 bits at
-    /// head_dim 256). A test holds it to the 0.01-nat budget.
+    /// same budget on Qwen2.5-Coder-0.5B (0.0051 on the 16K corpus); Gemma-3-270M reads 0.0138
+    /// there (5.61 bits at head_dim 256), over it. A test holds SmolLM2 to the 0.01-nat budget.
     pub const CPU_DEFAULT: StreamCodecs = StreamCodecs {
         key: CodecKind::TurboQuantSplit {
             bits: 6,
