@@ -460,4 +460,26 @@ mod tests {
         assert_eq!(budget_target(100 << 20, 30 << 20), 70 << 20);
         assert_eq!(budget_target(100 << 20, 80 << 20), 50 << 20);
     }
+
+    #[test]
+    fn without_a_budget_the_local_shadow_gets_half_the_free_disk_and_s3_none() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = engram_config::Config::default();
+        config.shadow.dir = dir.path().to_path_buf();
+        config.shadow.budget_mib = 0;
+        let free = fs4::available_space(dir.path()).expect("free space");
+        let budget = super::shadow_budget(&config);
+        // Other writers move the free figure between the two reads: within 1 % of half of it.
+        let half = free / 2;
+        assert!(budget > 0, "a bounded default");
+        assert!(
+            budget.abs_diff(half) <= half / 100,
+            "budget {budget} B, half the free disk {half} B"
+        );
+        config.shadow.budget_mib = 64;
+        assert_eq!(super::shadow_budget(&config), 64 << 20, "a stated budget wins");
+        config.shadow.budget_mib = 0;
+        config.shadow.url = "http://127.0.0.1:9/bucket".into();
+        assert_eq!(super::shadow_budget(&config), 0, "an S3 shadow has no local budget");
+    }
 }
