@@ -231,7 +231,7 @@ fn config(
     // Not an `[eviction]` key: `[tiers] stage`, so that one run can compare the bridge's
     // spill-ahead with its staging.
     if let Some(stage) = eviction["stage"].as_bool() {
-        c.tiers.stage = stage;
+        c.tiers.policy.stage = stage;
     }
     c
 }

@@ -133,8 +133,8 @@ fn config(model: &Path, dir: &Path, budgets: Option<[u64; 3]>, cycle_ms: u64) ->
     // A session is active (protected from the archive, its blocks warmed) for 5 s after a turn.
     c.tiers.active_window_secs = 5;
     if let Some([hot, cold, shadow]) = budgets {
-        c.tiers.hot_budget_mib = hot.div_ceil(1 << 20);
-        c.tiers.cold_budget_mib = cold.div_ceil(1 << 20);
+        c.tiers.policy.hot_budget_bytes = hot;
+        c.tiers.policy.cold_budget_bytes = cold;
         c.shadow.budget_mib = shadow.div_ceil(1 << 20);
     }
     c

@@ -724,7 +724,7 @@ impl Config {
         {
             return bad(field, &reason);
         }
-        if let Err(e) = self.tiers.policy().validate() {
+        if let Err(e) = self.tiers.policy.validate() {
             return Err(ConfigError::Invalid {
                 key: "tiers",
                 reason: e.to_string(),

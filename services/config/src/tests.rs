@@ -231,6 +231,53 @@ fn eviction_settings_reach_the_engine_policy() {
 }
 
 #[test]
+fn tier_settings_are_the_engine_policy_itself() {
+    let dir = std::env::temp_dir().join(format!("engram-cfg-tiers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("engram.toml");
+    // Keys the section never mirrored (weights, bounds, costs) reach the policy from a file,
+    // the loop's own keys stay the section's, and the environment types a policy field.
+    std::fs::write(
+        &file,
+        "[tiers]\ninterval_ms = 250\nw_recency = 0.3\nhot_high_bounds = [0.82, 0.95]\n\
+         hot_budget_bytes = 65536\n[tiers.costs]\nrecompute_ns_per_token = 1000.0\n",
+    )
+    .unwrap();
+    let c = Config::load(
+        Some(&file),
+        vec![("ENGRAM__TIERS__MAX_MOVES".to_string(), "7".to_string())],
+    )
+    .unwrap();
+    assert_eq!(c.tiers.interval_ms, 250);
+    let p = &c.tiers.policy;
+    assert_eq!(p.w_recency, 0.3);
+    assert_eq!(p.hot_high_bounds, [0.82, 0.95]);
+    assert_eq!(p.hot_budget_bytes, 65536);
+    assert_eq!(p.costs.recompute_ns_per_token, 1000.0);
+    assert_eq!(p.max_moves, 7);
+    let d = engram_engine::TierPolicy::default();
+    assert_eq!(p.cold_budget_bytes, d.cold_budget_bytes, "unset keys keep the default");
+    assert_eq!(Config::default().tiers.policy, d);
+    // An unknown key (the old MiB budget among them) is refused, naming it.
+    for bad in ["hot_budget_mib = 64", "nope = 1"] {
+        std::fs::write(&file, format!("[tiers]\n{bad}\n")).unwrap();
+        match Config::load(Some(&file), Vec::new()) {
+            Err(ConfigError::Parse(m)) => {
+                let key = bad.split(' ').next().unwrap();
+                assert!(m.contains(key), "{m}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // A loop key of the wrong type is named too.
+    std::fs::write(&file, "[tiers]\nenabled = \"often\"\n").unwrap();
+    match Config::load(Some(&file), Vec::new()) {
+        Err(ConfigError::Parse(m)) => assert!(m.contains("tiers.enabled"), "{m}"),
+        other => panic!("enabled: {other:?}"),
+    }
+}
+
+#[test]
 fn environment_values_take_the_type_of_their_field() {
     let env = |pairs: &[(&str, &str)]| {
         pairs
@@ -262,10 +309,10 @@ fn environment_values_take_the_type_of_their_field() {
     assert_eq!(c.shadow.s3_access_key_id, "true");
     assert_eq!(c.model.path, PathBuf::from("42"));
     assert_eq!(c.server.body_limit_bytes, 4096);
-    assert!((c.tiers.hot_high - 1.0).abs() < f64::EPSILON);
+    assert!((c.tiers.policy.hot_high - 1.0).abs() < f64::EPSILON);
     // The bridge spills ahead instead of staging (the policy's default is on).
     assert!(engram_engine::TierPolicy::default().stage);
-    assert!(!c.tiers.stage && !c.tiers.policy().stage);
+    assert!(!c.tiers.policy.stage);
     assert!(!c.shadow.enabled);
     assert!(!c.memory.reserve);
 }

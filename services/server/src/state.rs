@@ -207,7 +207,7 @@ impl AppState {
         config: Config,
     ) -> Self {
         let key = &config.auth.admin_key.0;
-        let mut policy = config.tiers.policy();
+        let mut policy = config.tiers.policy.clone();
         if !(config.shadow.enabled && config.shadow.read_on_miss) {
             // No read on a miss: a block dropped from cold is recomputed.
             policy.costs.disk_ns_per_byte = 0.0;
