@@ -256,7 +256,10 @@ fn tier_settings_are_the_engine_policy_itself() {
     assert_eq!(p.costs.recompute_ns_per_token, 1000.0);
     assert_eq!(p.max_moves, 7);
     let d = engram_engine::TierPolicy::default();
-    assert_eq!(p.cold_budget_bytes, d.cold_budget_bytes, "unset keys keep the default");
+    assert_eq!(
+        p.cold_budget_bytes, d.cold_budget_bytes,
+        "unset keys keep the default"
+    );
     assert_eq!(Config::default().tiers.policy, d);
     // An unknown key (the old MiB budget among them) is refused, naming it.
     for bad in ["hot_budget_mib = 64", "nope = 1"] {

@@ -54,7 +54,11 @@ impl<'de> Deserialize<'de> for TiersSection {
         Ok(Self {
             enabled: take(&mut table, "enabled", defaults.enabled)?,
             interval_ms: take(&mut table, "interval_ms", defaults.interval_ms)?,
-            active_window_secs: take(&mut table, "active_window_secs", defaults.active_window_secs)?,
+            active_window_secs: take(
+                &mut table,
+                "active_window_secs",
+                defaults.active_window_secs,
+            )?,
             policy: toml::Value::Table(table)
                 .try_into()
                 .map_err(|e| D::Error::custom(format!("tiers: {e}")))?,

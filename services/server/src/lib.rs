@@ -477,9 +477,17 @@ mod tests {
             "budget {budget} B, half the free disk {half} B"
         );
         config.shadow.budget_mib = 64;
-        assert_eq!(super::shadow_budget(&config), 64 << 20, "a stated budget wins");
+        assert_eq!(
+            super::shadow_budget(&config),
+            64 << 20,
+            "a stated budget wins"
+        );
         config.shadow.budget_mib = 0;
         config.shadow.url = "http://127.0.0.1:9/bucket".into();
-        assert_eq!(super::shadow_budget(&config), 0, "an S3 shadow has no local budget");
+        assert_eq!(
+            super::shadow_budget(&config),
+            0,
+            "an S3 shadow has no local budget"
+        );
     }
 }
