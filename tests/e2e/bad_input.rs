@@ -276,9 +276,25 @@ fn bad_input_on_every_write_route_is_a_4xx_with_a_stable_code_and_changes_nothin
 }
 
 #[test]
-fn an_out_of_range_node_filter_is_refused() {
+fn an_out_of_range_node_filter_and_an_oversize_message_are_refused() {
     let srv = Server::start(&crate::harness::sqlite_url(), 1 << 20);
     let (key, _) = srv.tenant_with_bot("t", "Be brief.");
+    // One message past its limit, in a body under the 1 MiB body limit (so the message check,
+    // not the body limit, answers): 64 KiB on the turn route, 256 KiB on the OpenAI route.
+    for (path, body) in [
+        (
+            "/v1/agents/bot/sessions/s/turns",
+            json!({"message": "x".repeat(64 * 1024 + 1)}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "bot", "messages": [{"role": "user", "content": "x".repeat(256 * 1024 + 1)}]}),
+        ),
+    ] {
+        let (s, v) = srv.call("POST", path, Some(&key), body);
+        assert_eq!(s, 400, "{path}: {v}");
+        assert_eq!(v["code"], "invalid_request", "{path}: {v}");
+    }
     for (q, want) in [
         ("node=9223372036854775808", 400),
         ("node=-1", 400),

@@ -3,7 +3,8 @@
 //! OpenAI chat completion, a memory query — and its best classifier (the latency itself, in
 //! whichever direction separates better) is scored by ROC AUC over 300 trials per route. Every
 //! cache a text can land in is keyed by tenant, so the AUC stays near 0.5; before the fix the
-//! query-embedding cache, keyed by text alone, answered the victim's texts faster (AUC ≈ 1).
+//! query-embedding cache, keyed by text alone, answered the victim's texts faster (AUC ≈ 1 on
+//! a Xeon; 0.715 on a Zen 2 with that cache's key reverted, 2026-12-03).
 //! A public layer (operator-marked) is shared on purpose: the second test measures what it
 //! reveals.
 
@@ -13,7 +14,9 @@ use serde_json::json;
 
 use crate::harness::{ADMIN, Server, sqlite_url, test_config};
 
-/// Texts per class (sent by the victim, or not): 2 × 150 = 300 trials per route.
+/// Texts per class (sent by the victim, or not): 2 × 150 = 300 trials per route. Not fewer: with
+/// 200, a useless classifier's best AUC passes 0.6 on one of the three routes about once in 20
+/// runs (σ ≈ 0.041 per route); with 300 about once in 100 (σ ≈ 0.033).
 const PER_CLASS: usize = 150;
 /// The bound on the attacker's best AUC.
 const BOUND: f64 = 0.6;
@@ -197,13 +200,13 @@ fn charter(i: usize) -> String {
 }
 
 /// What an operator-marked public layer reveals (issue 64, item 3): a victim tenant uses half of
-/// 80 public charters (marked public by the operator, one turn each); the attacker, whose agent
+/// 50 public charters (marked public by the operator, one turn each); the attacker, whose agent
 /// carries the same charter marked public, learns from `cached_tokens` exactly which ones some
 /// tenant computed (AUC 1, printed with the latency's AUC), and nothing of the private message
 /// that followed it: the victim's own long message, sent again by the attacker, is never found.
 #[test]
 fn a_public_layer_reveals_one_bit_per_prefix_and_no_private_text() {
-    const CHARTERS: usize = 40;
+    const CHARTERS: usize = 25;
     let mut config = test_config(&sqlite_url(), 64 * 1024);
     config.limits.requests_per_sec = 0;
     config.tiers.enabled = false;
