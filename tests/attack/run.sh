@@ -10,7 +10,9 @@
 #   ATTACK_EXAMPLES   examples per operation and phase (default 25)
 #   ATTACK_STATEFUL_EXAMPLES  the stateful phase's scenarios (default 1000)
 #   ATTACK_MIN_CASES  cases the runs must reach together (default 2000)
-#   ENGRAM_BIN        the binary (default: built here with --features s3)
+#   ENGRAM_BIN        the binary (default: built here with the features of `make unit`'s last
+#                     line, the release binary's: no fault injection; that line has built
+#                     everything but the binary itself, so this links it in seconds)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -21,7 +23,8 @@ min_cases="${ATTACK_MIN_CASES:-2000}"
 venv="$root/.venv-attack"
 st="$venv/bin/schemathesis"
 if [ -z "${ENGRAM_BIN:-}" ]; then
-    cargo build --quiet -p engram-server --features s3 --bin engram
+    cargo build --quiet -p engram-server --bin engram \
+        --features engram-server/s3,engram-server/qdrant,engram-vector/qdrant-server
     ENGRAM_BIN="$target/debug/engram"
 fi
 work="$(mktemp -d)"

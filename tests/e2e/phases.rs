@@ -213,9 +213,11 @@ fn three_agents_five_phases_reuse_their_cache_and_answer_alike_after_restarts() 
             i + AGENTS.len()
         );
     }
-    // Answers depend on the agent.
+    // Answers depend on the agent: not all alike. (Not one per agent: a 135M model's short
+    // greedy answers of two agents can coincide, and which do depends on the kernel tier's
+    // summation order — on an AVX2-only Zen 3, two of the three agents answered alike.)
     let distinct: std::collections::HashSet<_> = reference.iter().map(|p| &p.answer).collect();
-    assert!(distinct.len() >= AGENTS.len(), "{reference:?}");
+    assert!(distinct.len() >= 2, "{reference:?}");
     let last = |v: &[Phase]| -> Vec<String> {
         v[v.len() - AGENTS.len()..]
             .iter()
