@@ -17,6 +17,11 @@
 //! int8, one `vpdpbusd` adds four products into each of 16 rows' sums; for int16, the low (or
 //! high) nibbles split into even and odd 16-bit words, and one `vpdpwssd` adds two products, the
 //! activations stored with columns `1` and `2` of every four swapped to match.
+//!
+//! A group's scale and offset are f32 per row, or for `Q4_K` weights the block's own form: a
+//! byte `sc` and a byte `m` per group and row, with the `d` and `−dmin` of each 256 columns, the
+//! kernels forming `d·sc` and `(−dmin)·m` as the reading of the blocks did (the same bits:
+//! 0.59 bytes a weight instead of 0.75).
 #![allow(unsafe_code)]
 
 use crate::kernel::Out;
@@ -28,6 +33,8 @@ pub const PANEL_ROWS: usize = 16;
 const GROUP: usize = 32;
 /// Code bytes of one panel's group: 16 rows × 32 nibbles.
 const PANEL_GROUP_BYTES: usize = PANEL_ROWS * GROUP / 2;
+/// Groups of a `Q4_K` block (256 columns), which share its `d` and `dmin`.
+const SUPER_GROUPS: usize = 8;
 /// The integer activations of a product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Bits {
@@ -66,9 +73,37 @@ pub(crate) struct Panels {
     groups: usize,
     /// `[panel][group][PANEL_GROUP_BYTES]`.
     codes: Vec<u8>,
-    /// `[panel][group][PANEL_ROWS]`; rows past the matrix are 0.
-    scales: Vec<f32>,
-    offsets: Vec<f32>,
+    /// The groups' scales and offsets.
+    scales: Scales,
+}
+
+/// How panels hold their groups' scales and offsets; rows past the matrix are 0.
+#[derive(Clone, PartialEq)]
+pub(crate) enum Scales {
+    /// `[panel][group][PANEL_ROWS]` each.
+    F32 { scales: Vec<f32>, offsets: Vec<f32> },
+    /// `Q4_K`'s: the scale is `d·sc` and the offset `nmin·m`, `sc` and `m` bytes
+    /// `[panel][group][PANEL_ROWS]`, `d` and `nmin` (`−dmin`) `[panel][group / 8][PANEL_ROWS]`.
+    K {
+        sc: Vec<u8>,
+        m: Vec<u8>,
+        d: Vec<f32>,
+        nmin: Vec<f32>,
+    },
+}
+
+/// The byte `k` with `base·k` exactly `v` (the same bits), if there is one.
+fn multiple_of(base: f32, v: f32) -> Option<u8> {
+    let k = if base != 0.0 && base.is_finite() {
+        (v / base).round()
+    } else {
+        0.0
+    };
+    if !(0.0..=255.0).contains(&k) {
+        return None;
+    }
+    let k = k as u8;
+    ((base * f32::from(k)).to_bits() == v.to_bits()).then_some(k)
 }
 
 impl Panels {
@@ -79,19 +114,24 @@ impl Panels {
         }
         let (rows, groups) = (m.rows(), m.cols() / GROUP);
         let panels = rows.div_ceil(PANEL_ROWS);
+        let scales = Self::k_scales(m).unwrap_or_else(|| Scales::F32 {
+            scales: vec![0.0; panels * groups * PANEL_ROWS],
+            offsets: vec![0.0; panels * groups * PANEL_ROWS],
+        });
         let mut p = Self {
             groups,
             codes: vec![0; panels * groups * PANEL_GROUP_BYTES],
-            scales: vec![0.0; panels * groups * PANEL_ROWS],
-            offsets: vec![0.0; panels * groups * PANEL_ROWS],
+            scales,
         };
         for r in 0..rows {
             let (panel, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
             let row = m.row(r);
             for g in 0..groups {
                 let at = panel * groups + g;
-                p.scales[at * PANEL_ROWS + lane] = row.scales[g];
-                p.offsets[at * PANEL_ROWS + lane] = row.offsets[g];
+                if let Scales::F32 { scales, offsets } = &mut p.scales {
+                    scales[at * PANEL_ROWS + lane] = row.scales[g];
+                    offsets[at * PANEL_ROWS + lane] = row.offsets[g];
+                }
                 let q = |k: usize| nibble(&row.codes[g * 16..][..16], k);
                 let dst = &mut p.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
                 for v in 0..4 {
@@ -103,6 +143,74 @@ impl Panels {
             }
         }
         Some(p)
+    }
+
+    /// `Q4_K`'s scales of `m` (rows held in rows, with their blocks' `d` and `dmin`) when every
+    /// group's scale and offset is exactly a byte multiple of them; else `None`.
+    fn k_scales(m: &QMatrix) -> Option<Scales> {
+        let (rows, groups) = (m.rows(), m.cols() / GROUP);
+        let supers = groups / SUPER_GROUPS;
+        if m.supers.len() != rows * supers * 2 || !groups.is_multiple_of(SUPER_GROUPS) {
+            return None;
+        }
+        let panels = rows.div_ceil(PANEL_ROWS);
+        let mut sc = vec![0; panels * groups * PANEL_ROWS];
+        let mut mins = vec![0; panels * groups * PANEL_ROWS];
+        let mut d = vec![0.0; panels * supers * PANEL_ROWS];
+        let mut nmin = vec![0.0; panels * supers * PANEL_ROWS];
+        for r in 0..rows {
+            let (panel, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+            let row = m.row(r);
+            for j in 0..supers {
+                let (dj, nj) = (
+                    m.supers[(r * supers + j) * 2],
+                    -m.supers[(r * supers + j) * 2 + 1],
+                );
+                let at = (panel * supers + j) * PANEL_ROWS + lane;
+                d[at] = dj;
+                nmin[at] = nj;
+                for g in j * SUPER_GROUPS..(j + 1) * SUPER_GROUPS {
+                    let at = (panel * groups + g) * PANEL_ROWS + lane;
+                    sc[at] = multiple_of(dj, row.scales[g])?;
+                    mins[at] = multiple_of(nj, row.offsets[g])?;
+                }
+            }
+        }
+        Some(Scales::K {
+            sc,
+            m: mins,
+            d,
+            nmin,
+        })
+    }
+
+    /// Whether the panels hold the matrix's `Q4_K` `d` and `dmin` (its rows then do not).
+    pub(crate) fn holds_supers(&self) -> bool {
+        matches!(self.scales, Scales::K { .. })
+    }
+
+    /// Appends row `r`'s `d`, `dmin` pairs when the panels hold them.
+    pub(crate) fn supers_into(&self, r: usize, out: &mut Vec<f32>) {
+        if let Scales::K { d, nmin, .. } = &self.scales {
+            let (panel, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+            let supers = self.groups / SUPER_GROUPS;
+            for j in 0..supers {
+                let at = (panel * supers + j) * PANEL_ROWS + lane;
+                out.extend([d[at], -nmin[at]]);
+            }
+        }
+    }
+
+    /// Group `g` of panel `p`'s scale and offset of `lane`.
+    fn scale_offset(&self, p: usize, g: usize, lane: usize) -> (f32, f32) {
+        let at = (p * self.groups + g) * PANEL_ROWS + lane;
+        match &self.scales {
+            Scales::F32 { scales, offsets } => (scales[at], offsets[at]),
+            Scales::K { sc, m, d, nmin } => {
+                let sup = (p * (self.groups / SUPER_GROUPS) + g / SUPER_GROUPS) * PANEL_ROWS + lane;
+                (d[sup] * f32::from(sc[at]), nmin[sup] * f32::from(m[at]))
+            }
+        }
     }
 
     /// Row `r`'s groups back in the nibble form's row layout (the panels are the matrix's only
@@ -121,8 +229,9 @@ impl Panels {
         codes.clear();
         for g in 0..self.groups {
             let at = panel * self.groups + g;
-            scales.push(self.scales[at * PANEL_ROWS + lane]);
-            offsets.push(self.offsets[at * PANEL_ROWS + lane]);
+            let (s, o) = self.scale_offset(panel, g, lane);
+            scales.push(s);
+            offsets.push(o);
             let src = &self.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
             let mut q = [0u8; GROUP];
             for v in 0..4 {
@@ -138,7 +247,11 @@ impl Panels {
 
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
-        self.codes.len() + 4 * (self.scales.len() + self.offsets.len())
+        self.codes.len()
+            + match &self.scales {
+                Scales::F32 { scales, offsets } => 4 * (scales.len() + offsets.len()),
+                Scales::K { sc, m, d, nmin } => sc.len() + m.len() + 4 * (d.len() + nmin.len()),
+            }
     }
 }
 
@@ -420,7 +533,7 @@ pub(crate) fn scalar(row: Row<'_>, a: &Quantized, i: usize) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP, PANEL_GROUP_BYTES, PANEL_ROWS, Panels, Quantized};
+    use super::{GROUP, PANEL_GROUP_BYTES, PANEL_ROWS, Panels, Quantized, SUPER_GROUPS, Scales};
     use crate::kernel::Out;
 
     /// The 32-bit lane of activations at element `at` to broadcast: four int8 ones, or two
@@ -496,12 +609,26 @@ mod x86 {
                     }
                 }
             }
-            // SAFETY: 16 floats per panel group.
-            let (s, o) = unsafe {
-                (
-                    _mm512_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS)),
-                    _mm512_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS)),
-                )
+            let (s, o) = match &pan.scales {
+                // SAFETY: 16 floats per panel group.
+                Scales::F32 { scales, offsets } => unsafe {
+                    (
+                        _mm512_loadu_ps(scales.as_ptr().add(at * PANEL_ROWS)),
+                        _mm512_loadu_ps(offsets.as_ptr().add(at * PANEL_ROWS)),
+                    )
+                },
+                // SAFETY: 16 bytes per panel group, 16 floats per panel block.
+                Scales::K { sc, m, d, nmin } => unsafe {
+                    let sup = (p * (pan.groups / SUPER_GROUPS) + g / SUPER_GROUPS) * PANEL_ROWS;
+                    let bytes = |v: &[u8]| {
+                        let b = _mm_loadu_si128(v.as_ptr().add(at * PANEL_ROWS).cast());
+                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b))
+                    };
+                    (
+                        _mm512_mul_ps(_mm512_loadu_ps(d.as_ptr().add(sup)), bytes(sc)),
+                        _mm512_mul_ps(_mm512_loadu_ps(nmin.as_ptr().add(sup)), bytes(m)),
+                    )
+                },
             };
             for i in 0..R {
                 let k = (i0 + i) * a.groups + g;
@@ -577,12 +704,28 @@ mod x86 {
                     }
                 }
             }
-            // SAFETY: 16 floats per panel group; this reads one half.
-            let (s, o) = unsafe {
-                (
-                    _mm256_loadu_ps(pan.scales.as_ptr().add(at * PANEL_ROWS + 8 * half)),
-                    _mm256_loadu_ps(pan.offsets.as_ptr().add(at * PANEL_ROWS + 8 * half)),
-                )
+            let (s, o) = match &pan.scales {
+                // SAFETY: 16 floats per panel group; this reads one half.
+                Scales::F32 { scales, offsets } => unsafe {
+                    (
+                        _mm256_loadu_ps(scales.as_ptr().add(at * PANEL_ROWS + 8 * half)),
+                        _mm256_loadu_ps(offsets.as_ptr().add(at * PANEL_ROWS + 8 * half)),
+                    )
+                },
+                // SAFETY: 16 bytes per panel group, 16 floats per panel block; this reads one
+                // half of each.
+                Scales::K { sc, m, d, nmin } => unsafe {
+                    let sup = (p * (pan.groups / SUPER_GROUPS) + g / SUPER_GROUPS) * PANEL_ROWS
+                        + 8 * half;
+                    let bytes = |v: &[u8]| {
+                        let b = _mm_loadl_epi64(v.as_ptr().add(at * PANEL_ROWS + 8 * half).cast());
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b))
+                    };
+                    (
+                        _mm256_mul_ps(_mm256_loadu_ps(d.as_ptr().add(sup)), bytes(sc)),
+                        _mm256_mul_ps(_mm256_loadu_ps(nmin.as_ptr().add(sup)), bytes(m)),
+                    )
+                },
             };
             for i in 0..R {
                 let k = (i0 + i) * a.groups + g;

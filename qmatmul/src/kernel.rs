@@ -95,13 +95,22 @@ fn span(isa: Isa, mat: &QMatrix, r0: usize, r1: usize, x: &[f32], m: usize, out:
         Isa::Avx2 => 4,
         Isa::Scalar => 1,
     };
+    let mut buf = Vec::new();
     let mut g = 0;
     while g < m {
         let mm = (m - g).min(max_m);
         let xs = &x[g * cols..(g + mm) * cols];
         for r in r0..r1 {
             let mut acc = [0f32; MAX_M];
-            rows_of(isa, mat.form(), mat.row(r), xs, mm, cols, &mut acc);
+            rows_of(
+                isa,
+                mat.form(),
+                mat.row_in(r, &mut buf),
+                xs,
+                mm,
+                cols,
+                &mut acc,
+            );
             for (i, v) in acc[..mm].iter().enumerate() {
                 out.put(g + i, r, *v);
             }
@@ -119,11 +128,12 @@ fn span(isa: Isa, mat: &QMatrix, r0: usize, r1: usize, x: &[f32], m: usize, out:
 fn span_panels(isa: Isa, mat: &QMatrix, r0: usize, r1: usize, x: &[f32], m: usize, out: Out) {
     let cols = mat.cols();
     let mut tile = vec![0f32; TILE_ROWS * cols];
+    let mut buf = Vec::new();
     let mut r = r0;
     while r < r1 {
         let n = TILE_ROWS.min(r1 - r);
         for (i, w) in tile.chunks_exact_mut(cols).take(n).enumerate() {
-            dequant_row(isa, mat.form(), mat.row(r + i), w);
+            dequant_row(isa, mat.form(), mat.row_in(r + i, &mut buf), w);
         }
         let mut g = 0;
         while g < m {

@@ -177,6 +177,15 @@ pub struct QMatrix {
     offsets: Vec<f32>,
     /// Nibbles: 16 bytes per group; bytes: one per weight.
     codes: Vec<u8>,
+    /// Per row and 256 columns, the block's own scales: for `Q4_K` its `d` and `dmin` (every
+    /// group's scale is `d·sc` and offset `−dmin·m`), so the integer panels keep a group's
+    /// scale and offset as the bytes `sc` and `m` (see the `intdot` module); for `Q6_K` its `d`
+    /// (with `sc8`). Else empty.
+    supers: Vec<f32>,
+    /// `Q6_K` only (else empty): per row and 16 columns the block's signed scale byte `sc`; the
+    /// group's scale `d·sc` is formed where a row is read ([`QMatrix::row_in`]), the same bits as
+    /// reading the block formed, so `scales` stays empty (1.08 bytes a weight instead of 1.25).
+    sc8: Vec<i8>,
     /// The weights repacked for integer activations, when [`QMatrix::with_activations`] asked
     /// for them: then the panels are the only copy (`scales`, `offsets` and `codes` are empty;
     /// a row is read back from the panels where one is needed).
@@ -252,6 +261,16 @@ impl QMatrix {
             } else {
                 weights
             }),
+            supers: Vec::with_capacity(match block {
+                GgufBlock::Q4K => weights / 128,
+                GgufBlock::Q6K => weights / 256,
+                _ => 0,
+            }),
+            sc8: Vec::with_capacity(if block == GgufBlock::Q6K {
+                weights / 16
+            } else {
+                0
+            }),
             int: None,
         };
         for b in data.chunks_exact(block.bytes()) {
@@ -300,6 +319,7 @@ impl QMatrix {
             }
             GgufBlock::Q4K => {
                 let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                self.supers.extend([d, dmin]);
                 let (sc, qs) = (&b[4..16], &b[16..144]);
                 // Four chunks of 64 weights: the low nibbles of 32 bytes, then their high ones.
                 for c in 0..4 {
@@ -319,6 +339,7 @@ impl QMatrix {
             GgufBlock::Q6K => {
                 let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
                 let d = f16_at(b, 208);
+                self.supers.push(d);
                 // Two halves of 128 weights; in each, weight `32·k + l` takes the low (k < 2) or
                 // high (k ≥ 2) nibble of ql[l + 32·(k mod 2)] and bits 2k, 2k+1 of qh[l].
                 for h in 0..2 {
@@ -330,7 +351,7 @@ impl QMatrix {
                             self.codes.push(((lo | (hi << 4)) as i8 - 32) as u8);
                         }
                         for s in 0..2 {
-                            self.scales.push(d * f32::from(sc[2 * k + s] as i8));
+                            self.sc8.push(sc[2 * k + s] as i8);
                         }
                     }
                 }
@@ -355,7 +376,8 @@ impl QMatrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        4 * (self.scales.len() + self.offsets.len())
+        4 * (self.scales.len() + self.offsets.len() + self.supers.len())
+            + self.sc8.len()
             + self.codes.len()
             + self.int.as_ref().map_or(0, |(_, p)| p.bytes())
     }
@@ -370,10 +392,13 @@ impl QMatrix {
             Activations::F32 => None,
             a => intdot::Panels::of(&m).map(|p| (a, p)),
         };
-        if m.int.is_some() {
+        if let Some((_, p)) = &m.int {
             m.scales = Vec::new();
             m.offsets = Vec::new();
             m.codes = Vec::new();
+            if p.holds_supers() {
+                m.supers = Vec::new();
+            }
         }
         m
     }
@@ -396,6 +421,12 @@ impl QMatrix {
             scales: Vec::with_capacity(self.rows * self.groups_per_row()),
             offsets: Vec::with_capacity(self.rows * self.groups_per_row()),
             codes: Vec::with_capacity(self.rows * self.code_bytes_per_row()),
+            supers: if p.holds_supers() {
+                Vec::with_capacity(self.rows * self.cols / 128)
+            } else {
+                self.supers.clone()
+            },
+            sc8: self.sc8.clone(),
             int: None,
         };
         for r in 0..self.rows {
@@ -403,6 +434,7 @@ impl QMatrix {
             m.scales.extend_from_slice(&scales);
             m.offsets.extend_from_slice(&offsets);
             m.codes.extend_from_slice(&codes);
+            p.supers_into(r, &mut m.supers);
         }
         m
     }
@@ -446,19 +478,38 @@ impl QMatrix {
         let acts = first.activations();
         let same_acts = parts.iter().all(|p| p.activations() == acts);
         let parts: Vec<_> = parts.iter().map(|p| p.in_rows()).collect();
+        // `Q6_K`'s scale bytes if every part has them, else every part's f32 scales.
+        let compact = parts.iter().all(|p| !p.sc8.is_empty());
         let stacked = Self {
             form: first.form,
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
-            scales: parts
-                .iter()
-                .flat_map(|p| p.scales.iter().copied())
-                .collect(),
+            scales: if compact {
+                Vec::new()
+            } else {
+                parts.iter().flat_map(|p| p.f32_scales()).collect()
+            },
             offsets: parts
                 .iter()
                 .flat_map(|p| p.offsets.iter().copied())
                 .collect(),
             codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
+            // `d`, `dmin` only if every part has them; `Q6_K`'s `d` with its scale bytes.
+            supers: if parts.iter().all(|p| !p.supers.is_empty())
+                && (compact || parts.iter().all(|p| p.sc8.is_empty()))
+            {
+                parts
+                    .iter()
+                    .flat_map(|p| p.supers.iter().copied())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            sc8: if compact {
+                parts.iter().flat_map(|p| p.sc8.iter().copied()).collect()
+            } else {
+                Vec::new()
+            },
             int: None,
         };
         Ok(if same_acts {
@@ -490,6 +541,8 @@ impl QMatrix {
             scales: pick_rows(&rows.scales, order, g),
             offsets: pick_rows(&rows.offsets, order, g),
             codes: pick_rows(&rows.codes, order, c),
+            supers: pick_rows(&rows.supers, order, self.supers_per_row()),
+            sc8: pick_rows(&rows.sc8, order, g),
             int: None,
         };
         Ok(moved.with_activations(self.activations()))
@@ -522,7 +575,10 @@ impl QMatrix {
                 };
                 kernel::dequant_row(Isa::active(), self.form, row, out);
             }
-            None => kernel::dequant_row(Isa::active(), self.form, self.row(r), out),
+            None => {
+                let mut buf = Vec::new();
+                kernel::dequant_row(Isa::active(), self.form, self.row_in(r, &mut buf), out);
+            }
         }
         Ok(())
     }
@@ -537,6 +593,51 @@ impl QMatrix {
         out
     }
 
+    /// The `d` (and `dmin`) floats of a row in `supers`.
+    fn supers_per_row(&self) -> usize {
+        match self.form {
+            Form::Nibbles => self.cols / 128,
+            Form::Bytes => self.cols / 256,
+        }
+    }
+
+    /// Every group's f32 scale, row-major (formed from `Q6_K`'s bytes where it holds those).
+    fn f32_scales(&self) -> Vec<f32> {
+        if self.sc8.is_empty() {
+            return self.scales.clone();
+        }
+        let mut out = Vec::with_capacity(self.sc8.len());
+        let mut buf = Vec::new();
+        for r in 0..self.rows {
+            out.extend_from_slice(self.row_in(r, &mut buf).scales);
+        }
+        out
+    }
+
+    /// Row `r`, its group scales formed in `buf` where the matrix holds `Q6_K`'s scale bytes
+    /// (`d·sc`, in f32 as reading the block did), else borrowed.
+    pub(crate) fn row_in<'a>(&'a self, r: usize, buf: &'a mut Vec<f32>) -> Row<'a> {
+        if self.sc8.is_empty() {
+            return self.row(r);
+        }
+        let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
+        let per = self.supers_per_row();
+        let d = &self.supers[r * per..(r + 1) * per];
+        buf.clear();
+        buf.extend(
+            self.sc8[r * g..(r + 1) * g]
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| d[i / 16] * f32::from(s)),
+        );
+        Row {
+            scales: buf,
+            offsets: &[],
+            codes: &self.codes[r * c..(r + 1) * c],
+        }
+    }
+
+    /// Row `r` of a matrix whose groups' scales are held as f32 (see [`Self::row_in`]).
     pub(crate) fn row(&self, r: usize) -> Row<'_> {
         let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
         Row {

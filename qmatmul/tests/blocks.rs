@@ -276,3 +276,51 @@ fn an_output_is_the_same_bits_whatever_rows_share_the_product() {
         }
     }
 }
+
+#[test]
+fn q6_k_keeps_its_block_scales_and_stacks_and_permutes_exactly() {
+    let (rows, cols) = (24, 512);
+    let (k, _) = quantized(GgufBlock::Q6K, GgmlDType::Q6K, rows, cols, 5);
+    // A byte a weight, a scale byte per 16 and one f32 `d` per 256: not an f32 per 16.
+    assert_eq!(
+        k.bytes(),
+        rows * cols + rows * cols / 16 + 4 * rows * cols / 256
+    );
+    let (k2, _) = quantized(GgufBlock::Q6K, GgmlDType::Q6K, 8, cols, 6);
+    let (q8, _) = quantized(GgufBlock::Q8_0, GgmlDType::Q8_0, 8, cols, 7);
+    let both = QMatrix::stack(&[&k, &k2]).unwrap();
+    assert_eq!(
+        both.bytes(),
+        k.bytes() + k2.bytes(),
+        "a stack of Q6_K keeps its bytes"
+    );
+    // A stack with another byte form holds f32 scales, and every output keeps its bits.
+    let mixed = QMatrix::stack(&[&k, &q8]).unwrap();
+    for m in [1, 3, 9] {
+        let x = floats(m * cols, 8);
+        let product = |w: &QMatrix| {
+            let mut y = vec![0f32; m * w.rows()];
+            w.matmul(&x, m, &mut y, 2).unwrap();
+            y
+        };
+        let (yk, yk2, y8) = (product(&k), product(&k2), product(&q8));
+        let (yb, ym) = (product(&both), product(&mixed));
+        for i in 0..m {
+            let (b, mx) = (&yb[i * 32..(i + 1) * 32], &ym[i * 32..(i + 1) * 32]);
+            assert_eq!(b[..rows], yk[i * rows..(i + 1) * rows], "m={m}");
+            assert_eq!(b[rows..], yk2[i * 8..(i + 1) * 8], "m={m}");
+            assert_eq!(mx[..rows], yk[i * rows..(i + 1) * rows], "m={m}");
+            assert_eq!(mx[rows..], y8[i * 8..(i + 1) * 8], "m={m}");
+        }
+    }
+    assert_eq!(both.dequantize()[..rows * cols], k.dequantize()[..]);
+    assert_eq!(mixed.dequantize()[rows * cols..], q8.dequantize()[..]);
+    let order: Vec<usize> = (0..rows).rev().collect();
+    let (a, p) = (k.dequantize(), k.permute_rows(&order).unwrap().dequantize());
+    for (r, &from) in order.iter().enumerate() {
+        assert_eq!(
+            p[r * cols..(r + 1) * cols],
+            a[from * cols..(from + 1) * cols]
+        );
+    }
+}

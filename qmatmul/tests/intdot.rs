@@ -238,3 +238,55 @@ fn integer_panels_are_the_only_copy_and_give_the_weights_back() {
         }
     }
 }
+
+#[test]
+fn q4_k_panels_keep_the_blocks_own_scales_and_compute_the_same_bits() {
+    // 64 rows (whole panels) of 1,024 columns: per weight half a byte of codes, per 32 the
+    // bytes `sc` and `m`, per 256 the f32 `d` and `−dmin`: 0.59375 bytes.
+    let (rows, cols) = (64, 1024);
+    let q4k = matrix(GgufBlock::Q4K, GgmlDType::Q4K, rows, cols, 21);
+    let q41 = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, rows, cols, 21);
+    for acts in INTS {
+        let k = q4k.clone().with_activations(acts);
+        assert_eq!(k.bytes() * 32, rows * cols * 19, "Q4_K panels");
+        assert_eq!(
+            q41.clone().with_activations(acts).bytes() * 4,
+            rows * cols * 3
+        );
+        // A stack of Q4_K parts keeps the form; a stack with another block type falls back to
+        // f32 scales, and computes each part alike either way.
+        let half = matrix(GgufBlock::Q4K, GgmlDType::Q4K, 16, cols, 22).with_activations(acts);
+        let other = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 16, cols, 23).with_activations(acts);
+        let same = QMatrix::stack(&[&k, &half]).unwrap();
+        assert_eq!(same.bytes() * 32, (rows + 16) * cols * 19);
+        let mixed = QMatrix::stack(&[&k, &other]).unwrap();
+        assert!(mixed.bytes() * 4 >= (rows + 16) * cols * 3, "f32 scales");
+        let x = floats(3 * cols, 24);
+        for isa in Isa::available() {
+            let yk = product(&k, isa, &x, 3, 2);
+            let yh = product(&half, isa, &x, 3, 2);
+            let yo = product(&other, isa, &x, 3, 2);
+            for (s, tail) in [(&same, &yh), (&mixed, &yo)] {
+                let ys = product(s, isa, &x, 3, 2);
+                for i in 0..3 {
+                    let at = i * (rows + 16);
+                    assert_eq!(ys[at..at + rows], yk[i * rows..(i + 1) * rows], "{isa:?}");
+                    assert_eq!(ys[at + rows..at + rows + 16], tail[i * 16..(i + 1) * 16]);
+                }
+            }
+            // Permuted rows keep the form and move the outputs.
+            let order: Vec<usize> = (0..rows).rev().collect();
+            let p = k.permute_rows(&order).unwrap();
+            assert_eq!(p.bytes(), k.bytes());
+            let yp = product(&p, isa, &x, 3, 2);
+            for i in 0..3 {
+                for r in 0..rows {
+                    assert_eq!(yp[i * rows + r], yk[i * rows + rows - 1 - r], "{isa:?}");
+                }
+            }
+        }
+        // The rows read back are the rows read from the blocks.
+        assert_eq!(k.dequantize(), q4k.dequantize());
+        assert_eq!(k.with_activations(Activations::F32), q4k);
+    }
+}

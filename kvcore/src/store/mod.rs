@@ -617,8 +617,10 @@ impl BlockStore {
     /// Encodes K and V rows of one layer into the token positions `token_start..` of the block
     /// table `blocks` (position `t` is row `t % block_size` of block `blocks[t / block_size]`).
     ///
-    /// `k` and `v` hold `[tokens, kv_heads, head_dim]` elements. The blocks must be in a tier the
-    /// CPU can write (the host hot tier or the cold tier). Nothing is written on error.
+    /// `k` and `v` hold `[tokens, kv_heads, head_dim]` elements. The blocks the rows land in must
+    /// be live, distinct and in a tier the CPU can write (the host hot tier or the cold tier);
+    /// the rest of the table is not looked at (a decode step writes one row of a long table, on
+    /// every layer). Nothing is written on error.
     pub fn write(
         &mut self,
         layer: usize,
@@ -627,7 +629,13 @@ impl BlockStore {
         k: Rows<'_>,
         v: Rows<'_>,
     ) -> KvResult<()> {
-        let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
+        let bs = self.layout.shape.block_size;
+        let tokens = self.check_range(layer, blocks, token_start, k.len(), v.len())?;
+        // From here on, the touched blocks only: the first is `blocks[first]`.
+        let first = token_start / bs;
+        let blocks = &blocks[first..(token_start + tokens).div_ceil(bs)];
+        let token_start = token_start - first * bs;
+        self.check_unique_live(blocks)?;
         let tiers = self.resident(blocks)?;
         self.check_not_reduced(blocks)?;
         let (kc, vc) = (&self.k_codecs[layer], &self.v_codecs[layer]);
@@ -823,6 +831,20 @@ impl BlockStore {
         k_len: usize,
         v_len: usize,
     ) -> KvResult<usize> {
+        let tokens = self.check_range(layer, blocks, token_start, k_len, v_len)?;
+        self.check_unique_live(blocks)?;
+        Ok(tokens)
+    }
+
+    /// [`Self::check_rows`] without looking at the blocks themselves.
+    fn check_range(
+        &self,
+        layer: usize,
+        blocks: &[BlockId],
+        token_start: usize,
+        k_len: usize,
+        v_len: usize,
+    ) -> KvResult<usize> {
         let shape = &self.layout.shape;
         if layer >= shape.layers {
             return Err(KvError::UnknownLayer {
@@ -852,7 +874,6 @@ impl BlockStore {
                 capacity,
             });
         }
-        self.check_unique_live(blocks)?;
         Ok(tokens)
     }
 
