@@ -733,3 +733,21 @@ pub fn quantized_activations(
         None => x.to_vec(),
     })
 }
+
+/// Hands the allocator's freed pages back to the system (glibc's `malloc_trim`; elsewhere
+/// nothing): loading a model reads its blocks into rows that the integer panels then replace,
+/// and glibc keeps most of what that frees (144 MB of a 1.5B model's start-up, measured). Call
+/// it once start-up is done; it returns whether memory was released.
+pub fn release_freed_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `malloc_trim` only walks and trims glibc's own heaps; any thread may call it.
+        #[allow(unsafe_code)]
+        let released = unsafe { libc::malloc_trim(0) };
+        released == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}

@@ -99,6 +99,9 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
     };
     let memory =
         engram_memory::MemoryService::start(&config.memory, &store, &config.database.url).await?;
+    // Start-up's temporaries (a model's blocks read into rows before its integer panels, the
+    // embedder's load) go back to the system rather than stay in the allocator's heap.
+    engram_qmatmul::release_freed_memory();
     let shadow = match &engine {
         Some(engine) if config.shadow.enabled => Some(open_shadow(&config, engine, &store).await?),
         _ => None,
