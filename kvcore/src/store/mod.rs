@@ -630,7 +630,7 @@ impl BlockStore {
         v: Rows<'_>,
     ) -> KvResult<()> {
         let bs = self.layout.shape.block_size;
-        let tokens = self.check_range(layer, blocks, token_start, k.len(), v.len())?;
+        let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
         // From here on, the touched blocks only: the first is `blocks[first]`.
         let first = token_start / bs;
         let blocks = &blocks[first..(token_start + tokens).div_ceil(bs)];
@@ -691,6 +691,7 @@ impl BlockStore {
         v: &mut [f32],
     ) -> KvResult<()> {
         let tokens = self.check_rows(layer, blocks, token_start, k.len(), v.len())?;
+        self.check_unique_live(blocks)?;
         let tiers = self.resident(blocks)?;
         let (kv_heads, bs) = (self.layout.shape.kv_heads, self.layout.shape.block_size);
         let d = self.layout.shape.head_dim;
@@ -822,22 +823,9 @@ impl BlockStore {
         Ok(())
     }
 
-    /// Validates a row transfer and returns its token count.
+    /// Validates a row transfer's layer, widths and token range (not the blocks themselves) and
+    /// returns its token count.
     fn check_rows(
-        &self,
-        layer: usize,
-        blocks: &[BlockId],
-        token_start: usize,
-        k_len: usize,
-        v_len: usize,
-    ) -> KvResult<usize> {
-        let tokens = self.check_range(layer, blocks, token_start, k_len, v_len)?;
-        self.check_unique_live(blocks)?;
-        Ok(tokens)
-    }
-
-    /// [`Self::check_rows`] without looking at the blocks themselves.
-    fn check_range(
         &self,
         layer: usize,
         blocks: &[BlockId],
