@@ -121,6 +121,9 @@ TEST_RUN = $(CARGO) nextest run --profile ci
 else
 TEST_RUN = $(CARGO) test
 endif
+# One compute thread per test process: nextest runs a process per core (docs/operating.md).
+unit: export ENGRAM_THREADS = 1
+unit: export RAYON_NUM_THREADS = 1
 unit:
 	$(TEST_RUN) --workspace --lib --bins --tests --examples $(FEATURES)
 	$(CARGO) test --workspace --doc $(FEATURES)

@@ -81,6 +81,24 @@ fn team() -> &'static Team {
     })
 }
 
+/// The variable that sets [`default_threads`]: a count of threads, at least 1.
+pub const THREADS_VAR: &str = "ENGRAM_THREADS";
+
+/// Threads a forward splits its work over when its configuration says 0: `ENGRAM_THREADS` where
+/// set to a count of at least 1, else one per CPU. Several processes sharing a machine (`make
+/// test` runs one test process per core) set it to 1, so that no region waits on a worker the
+/// other process has taken the core from.
+pub fn default_threads() -> usize {
+    threads_from(std::env::var(THREADS_VAR).ok().as_deref())
+}
+
+fn threads_from(var: Option<&str>) -> usize {
+    match var.map(str::trim).and_then(|v| v.parse::<usize>().ok()) {
+        Some(n) if n >= 1 => n.min(MAX_UNITS),
+        _ => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+    }
+}
+
 /// Runs `f(i)` for every `i` in `0..units`, unit `i` on the team's thread `i` (unit 0 on the
 /// calling thread), and returns when all are done. `units` above [`MAX_UNITS`] are clamped
 /// into runs of the same function on the last thread. Runs serially where the team cannot be
@@ -226,6 +244,17 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    #[test]
+    fn the_variable_sets_the_default_thread_count_within_bounds() {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(threads_from(Some("1")), 1);
+        assert_eq!(threads_from(Some(" 3 ")), 3);
+        assert_eq!(threads_from(Some("100000")), MAX_UNITS);
+        for bad in [None, Some(""), Some("0"), Some("-2"), Some("two")] {
+            assert_eq!(threads_from(bad), cpus, "{bad:?}");
+        }
+    }
 
     #[test]
     fn every_unit_runs_once_on_its_own_thread_whatever_the_count() {

@@ -343,7 +343,7 @@ pub struct ModelSection {
     /// Tokens one engine step computes at most while sequences decode: their next tokens and a
     /// prompt chunk of a new request in the same forward pass (see `EngineConfig::step_tokens`).
     pub step_tokens: usize,
-    /// Threads the CPU kernels split work over (0: one per CPU).
+    /// Threads the CPU kernels split work over (0: `ENGRAM_THREADS` where set, else one per CPU).
     pub threads: usize,
     /// How GGUF weights are held and multiplied on the CPU: `int16` (the default: kept in their
     /// blocks, the 4-bit ones multiplied by int16 activations; the answers of f32 activations

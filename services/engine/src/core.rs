@@ -107,7 +107,7 @@ pub struct EngineConfig {
     /// so a prefill arriving bounds the running streams' time per token instead of stalling
     /// it. A prefill with nothing decoding takes `prefill_chunk`.
     pub step_tokens: usize,
-    /// Threads the CPU kernels split work over (0: one per CPU).
+    /// Threads the CPU kernels split work over (0: `ENGRAM_THREADS` where set, else one per CPU).
     pub threads: usize,
     /// Sequences decoded together at most.
     pub max_running: usize,
@@ -739,7 +739,7 @@ impl EngineCore {
             priorities: PriorityTable::default(),
         };
         let threads = match config.threads {
-            0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            0 => engram_kvcore::team::default_threads(),
             n => n,
         };
         let model = model.with_threads(threads);

@@ -181,8 +181,8 @@ pub fn evaluate_relocation(
         key_scales: scales.as_deref(),
         probe: None,
     };
-    // Every core of the machine, as an engine would run.
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    // The threads an engine would run with.
+    let threads = engram_kvcore::team::default_threads();
     let model = &model.clone().with_threads(threads);
     let stride = ((tokens.len() - span) / opts.cases).max(1);
     let mut rows = Vec::new();

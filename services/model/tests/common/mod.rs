@@ -50,7 +50,7 @@ impl Ours {
     pub fn load(path: &std::path::Path, codec: CodecKind) -> Self {
         let (model, tokenizer) = Llama::load_named(path, "int16").unwrap();
         Self {
-            model: model.with_threads(2),
+            model: model.with_threads(engram_kvcore::team::default_threads()),
             tokenizer,
             codec,
             value_codec: None,
