@@ -200,13 +200,13 @@ fn charter(i: usize) -> String {
 }
 
 /// What an operator-marked public layer reveals (issue 64, item 3): a victim tenant uses half of
-/// 50 public charters (marked public by the operator, one turn each); the attacker, whose agent
+/// 24 public charters (marked public by the operator, one turn each); the attacker, whose agent
 /// carries the same charter marked public, learns from `cached_tokens` exactly which ones some
 /// tenant computed (AUC 1, printed with the latency's AUC), and nothing of the private message
 /// that followed it: the victim's own long message, sent again by the attacker, is never found.
 #[test]
 fn a_public_layer_reveals_one_bit_per_prefix_and_no_private_text() {
-    const CHARTERS: usize = 25;
+    const CHARTERS: usize = 12;
     let mut config = test_config(&sqlite_url(), 64 * 1024);
     config.limits.requests_per_sec = 0;
     config.tiers.enabled = false;
