@@ -118,8 +118,10 @@ clippy:
 NEXTEST ?= $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
 ifeq ($(NEXTEST),yes)
 TEST_RUN = $(CARGO) nextest run --profile ci
+TEST_RUN_RELEASE = $(CARGO) nextest run --profile ci-release
 else
 TEST_RUN = $(CARGO) test
+TEST_RUN_RELEASE = $(CARGO) test
 endif
 # One compute thread per test process: nextest runs a process per core (docs/operating.md).
 unit: export ENGRAM_THREADS = 1
@@ -130,7 +132,7 @@ unit:
 	# The configuration as a release binary has it: without the test-only `fault-injection`
 	# feature the e2e suite turns on above (workspace features unify), so `model.fault` is refused.
 	# The other features as above, so only these two crates build again.
-	$(TEST_RUN) -p engram-config -p engram-server --lib --features engram-server/s3,engram-server/qdrant,engram-vector/qdrant-server
+	$(TEST_RUN_RELEASE) -p engram-config -p engram-server --lib --features engram-server/s3,engram-server/qdrant,engram-vector/qdrant-server
 
 bench:
 	$(CARGO) bench -p engram-benches
