@@ -82,7 +82,7 @@ fn team() -> &'static Team {
 }
 
 /// The variable that sets [`default_threads`]: a count of threads, at least 1.
-pub const THREADS_VAR: &str = "ENGRAM_THREADS";
+const THREADS_VAR: &str = "ENGRAM_THREADS";
 
 /// Threads a forward splits its work over when its configuration says 0: `ENGRAM_THREADS` where
 /// set to a count of at least 1, else one per CPU. Several processes sharing a machine (`make

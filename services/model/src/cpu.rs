@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use super::{KvTransform, Llama, SeqInput, dense_attention};
 use crate::arch::Activation;
 use crate::error::ModelResult;
-use crate::weights::block_product as matmul;
+use crate::held::block_product as matmul;
 use candle_core::{Device, Tensor};
 use engram_kvcore::{AttentionParams, BlockStore, Isa, Rows};
 

@@ -38,7 +38,8 @@ use engram_kvcore::{BlockStore, CodecKind};
 
 use super::{KvTransform, Llama, SeqInput, attend_rows, causal_mask_on};
 use crate::error::{ModelError, ModelResult};
-use crate::weights::{Layer, Linear};
+use crate::held::Linear;
+use crate::weights::Layer;
 
 #[path = "cuda_ops.rs"]
 mod ops;

@@ -17,6 +17,7 @@ pub mod chat_template;
 pub mod embed;
 mod error;
 mod gguf;
+mod held;
 mod llama;
 mod rope_scaling;
 mod tap;
@@ -27,10 +28,11 @@ pub use arch::{
     ARCHES, Activation, Arch, GEMMA3, LLAMA, Norm, QWEN2, Rope, RopeScaling, Sliding, Tied,
 };
 pub use error::{ModelError, ModelResult};
+pub use held::{DEVICE_WEIGHTS, DeviceWeights};
 pub use llama::{
     ForwardTimes, KvTransform, Llama, LogitRows, SeqInput, add_forward_times, log_softmax_rows,
     take_forward_times,
 };
 pub use tap::KvTap;
 pub use tokenizer::{ChatMessage, Role, StreamDecoder, TextTokenizer, chatml};
-pub use weights::{DEVICE_WEIGHTS, DeviceWeights, ModelConfig, WeightFormat};
+pub use weights::{ModelConfig, WeightFormat};

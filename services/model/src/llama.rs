@@ -29,9 +29,10 @@ use engram_kvcore::{BlockId, BlockStore, BlockTags, CodecKind, KvShape, StoreCon
 
 use crate::arch::Arch;
 use crate::error::{ModelError, ModelResult};
+use crate::held::{DeviceWeights, Embedding, Linear};
 use crate::tap::KvTap;
 use crate::tokenizer::TextTokenizer;
-use crate::weights::{DeviceWeights, Embedding, Layer, Linear, ModelConfig, WeightFormat, Weights};
+use crate::weights::{Layer, ModelConfig, WeightFormat, Weights};
 use engram_qmatmul::Activations;
 
 // The CUDA forward, or without the `cuda` feature a stand-in whose types are empty and whose

@@ -1,6 +1,7 @@
 //! Tests of the weight loaders.
 
 use super::*;
+use crate::held::{DEVICE_WEIGHTS, DeviceWeights};
 
 use candle_core::quantized::gguf_file::{self, Value};
 
