@@ -312,6 +312,7 @@ mod tests {
     #[test]
     fn a_small_synthetic_graph_answers_every_query_within_its_tenant() {
         let dir = std::env::temp_dir().join(format!("engram-bench-mem-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         let r = scale(2_000, 20, &dir, 3, true).unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(r.nodes, 2_000);

@@ -25,9 +25,15 @@ fn pg_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// A name no other test process of this run or an earlier one has used: the process id alone
+/// repeats across runs on a machine whose temp dir outlives them (a CI runner).
 fn tag() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!(
-        "{}_{}",
+        "{}_{}_{nanos}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
@@ -46,6 +52,7 @@ pub fn served_at(line: &str) -> Option<SocketAddr> {
 
 pub fn sqlite_url() -> String {
     let dir = std::env::temp_dir().join(format!("engram-e2e-{}", tag()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     format!("sqlite://{}/engram.db?mode=rwc", dir.display())
 }
@@ -77,6 +84,7 @@ pub fn embedder_path() -> PathBuf {
 /// A fresh directory for a server's vector index.
 pub fn vector_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("engram-e2e-vectors-{}", tag()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

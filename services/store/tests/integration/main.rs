@@ -50,6 +50,8 @@ async fn stores() -> (Vec<Store>, String) {
     let n = N.fetch_add(1, Ordering::Relaxed);
     let tag = format!("{}_{n}", std::process::id());
     let dir = std::env::temp_dir().join(format!("engram-store-{tag}"));
+    // A directory left by an earlier run whose process had this id would hold its rows.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let sqlite = Store::connect(&format!("sqlite://{}/db.sqlite?mode=rwc", dir.display()))
         .await
