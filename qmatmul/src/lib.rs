@@ -15,7 +15,7 @@
 //! rows, each block is expanded to f32 in registers once and used by up to eight activation rows;
 //! from 16 rows (prefill, AVX-512) a thread expands four weight rows at a time into an L1 tile
 //! and runs every activation row against it. Both add in the same order, so an output is the
-//! same bits whatever the number of rows in the product. Nothing quantizes the activations. The weight rows are split over threads in fixed ranges, and each
+//! same bits whatever the number of rows in the product. These kernels do not quantize the activations. The weight rows are split over threads in fixed ranges, and each
 //! output is one thread's sum in a fixed order, so results are deterministic for a given ISA (the
 //! ISAs differ from each other in summation order only). The kernel tier is
 //! [`Isa::active`]: AVX-512 F, AVX2 + FMA or portable Rust,
@@ -25,7 +25,9 @@
 //! module): int16 (W4A16) or int8 (W4A8), quantized per 32 columns and multiplied with integer
 //! dot products (AVX-512 VNNI, AVX2, scalar), bit-identical on every tier, any row count and
 //! thread count. Int16 rounds below the model's f32 noise and is about 1.5× the f32 activations'
-//! prefill speed; int8 about 2.3×, and it moves answers.
+//! prefill speed; int8 about 2.3×, and it moves answers. A byte matrix whose width is whole
+//! 256-column blocks takes int16 activations too (W8A16, the `bytedot` module), with the same
+//! guarantees; int8 leaves it on f32 activations.
 #![deny(unsafe_code)]
 
 use half::f16;
@@ -33,6 +35,7 @@ use thiserror::Error;
 
 pub use engram_kvcore::Isa;
 
+mod bytedot;
 mod intdot;
 mod kernel;
 
@@ -189,7 +192,25 @@ pub struct QMatrix {
     /// The weights repacked for integer activations, when [`QMatrix::with_activations`] asked
     /// for them: then the panels are the only copy (`scales`, `offsets` and `codes` are empty;
     /// a row is read back from the panels where one is needed).
-    int: Option<(Activations, intdot::Panels)>,
+    int: Option<(Activations, Panels)>,
+}
+
+/// A matrix's weights repacked for integer activations.
+#[derive(Clone, PartialEq)]
+enum Panels {
+    /// Nibbles in panels of 16 rows, with their scales (`intdot`).
+    Nibbles(intdot::Panels),
+    /// Bytes repacked per row; the scales stay in the matrix (`bytedot`).
+    Bytes(bytedot::Panels),
+}
+
+impl Panels {
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Nibbles(p) => p.bytes(),
+            Self::Bytes(p) => p.bytes(),
+        }
+    }
 }
 
 impl std::fmt::Debug for QMatrix {
@@ -383,22 +404,31 @@ impl QMatrix {
     }
 
     /// The matrix multiplying with `acts` from now on (see the crate doc), when its form has
-    /// integer kernels (nibbles); a byte matrix stays f32.
+    /// integer kernels (nibbles; bytes of whole 256-column widths with int16), else f32.
     ///
     /// The weights are held once: in the panels of the integer kernels, or in rows.
     pub fn with_activations(self, acts: Activations) -> Self {
         let mut m = self.into_rows();
-        m.int = match acts {
-            Activations::F32 => None,
-            a => intdot::Panels::of(&m).map(|p| (a, p)),
-        };
-        if let Some((_, p)) = &m.int {
-            m.scales = Vec::new();
-            m.offsets = Vec::new();
-            m.codes = Vec::new();
-            if p.holds_supers() {
-                m.supers = Vec::new();
+        m.int = match (acts, m.form) {
+            (Activations::F32, _) => None,
+            (a, Form::Nibbles) => intdot::Panels::of(&m).map(|p| (a, Panels::Nibbles(p))),
+            (Activations::Int16, Form::Bytes) => {
+                bytedot::Panels::of(&m).map(|p| (Activations::Int16, Panels::Bytes(p)))
             }
+            (_, Form::Bytes) => None,
+        };
+        match &m.int {
+            Some((_, Panels::Nibbles(p))) => {
+                m.scales = Vec::new();
+                m.offsets = Vec::new();
+                m.codes = Vec::new();
+                if p.holds_supers() {
+                    m.supers = Vec::new();
+                }
+            }
+            // The scales stay in rows; the codes are the panels'.
+            Some((_, Panels::Bytes(_))) => m.codes = Vec::new(),
+            None => {}
         }
         m
     }
@@ -410,8 +440,20 @@ impl QMatrix {
 
     /// The matrix with its weights in rows and f32 activations (panels read back).
     fn into_rows(self) -> Self {
-        let Some((_, p)) = &self.int else {
-            return self;
+        let p = match &self.int {
+            None => return self,
+            Some((_, Panels::Bytes(p))) => {
+                let mut codes = Vec::with_capacity(self.rows * self.cols);
+                for r in 0..self.rows {
+                    p.row_into(r, &mut codes);
+                }
+                return Self {
+                    codes,
+                    int: None,
+                    ..self
+                };
+            }
+            Some((_, Panels::Nibbles(p))) => p,
         };
         let (mut scales, mut offsets, mut codes) = (Vec::new(), Vec::new(), Vec::new());
         let mut m = Self {
@@ -565,7 +607,18 @@ impl QMatrix {
             });
         }
         match &self.int {
-            Some((_, p)) => {
+            Some((_, Panels::Bytes(p))) => {
+                let mut codes = Vec::with_capacity(self.cols);
+                p.row_into(r, &mut codes);
+                let mut buf = Vec::new();
+                let row = Row {
+                    scales: self.byte_scales(r, &mut buf),
+                    offsets: &[],
+                    codes: &codes,
+                };
+                kernel::dequant_row(Isa::active(), self.form, row, out);
+            }
+            Some((_, Panels::Nibbles(p))) => {
                 let (mut scales, mut offsets, mut codes) = (Vec::new(), Vec::new(), Vec::new());
                 p.row_into(r, &mut scales, &mut offsets, &mut codes);
                 let row = Row {
@@ -620,7 +673,21 @@ impl QMatrix {
         if self.sc8.is_empty() {
             return self.row(r);
         }
-        let (g, c) = (self.groups_per_row(), self.code_bytes_per_row());
+        let c = self.code_bytes_per_row();
+        Row {
+            scales: self.byte_scales(r, buf),
+            offsets: &[],
+            codes: &self.codes[r * c..(r + 1) * c],
+        }
+    }
+
+    /// Row `r`'s group scales of a byte matrix: formed in `buf` from `Q6_K`'s scale bytes
+    /// (`d·sc`, in f32 as reading the block did), else borrowed.
+    fn byte_scales<'a>(&'a self, r: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let g = self.groups_per_row();
+        if self.sc8.is_empty() {
+            return &self.scales[r * g..(r + 1) * g];
+        }
         let per = self.supers_per_row();
         let d = &self.supers[r * per..(r + 1) * per];
         buf.clear();
@@ -630,11 +697,7 @@ impl QMatrix {
                 .enumerate()
                 .map(|(i, &s)| d[i / 16] * f32::from(s)),
         );
-        Row {
-            scales: buf,
-            offsets: &[],
-            codes: &self.codes[r * c..(r + 1) * c],
-        }
+        buf
     }
 
     /// Row `r` of a matrix whose groups' scales are held as f32 (see [`Self::row_in`]).
@@ -685,10 +748,11 @@ impl QMatrix {
             });
         }
         match &self.int {
-            Some((a, p)) => match a.bits() {
+            Some((a, Panels::Nibbles(p))) => match a.bits() {
                 Some(bits) => intdot::product(isa, self, p, bits, x, m, y, threads.max(1)),
                 None => kernel::product(isa, self, x, m, y, threads.max(1)),
             },
+            Some((_, Panels::Bytes(p))) => bytedot::product(isa, self, p, x, m, y, threads.max(1)),
             None => kernel::product(isa, self, x, m, y, threads.max(1)),
         }
         Ok(())

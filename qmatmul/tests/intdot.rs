@@ -184,9 +184,14 @@ fn stacks_and_permutations_keep_the_activations_and_compute_each_part_alike() {
             assert_eq!(yp[i * 24 + r], ya[i * 24 + 23 - r]);
         }
     }
-    // A byte matrix has no integer kernel and stays f32; a stack of mixed activations is f32.
-    let c = matrix(GgufBlock::Q8_0, GgmlDType::Q8_0, 8, 256, 5).with_activations(int16);
-    assert_eq!(c.activations(), Activations::F32);
+    // A byte matrix has int16 kernels only (tests/bytedot.rs); a stack of mixed activations is
+    // f32.
+    let c = matrix(GgufBlock::Q8_0, GgmlDType::Q8_0, 8, 256, 5);
+    assert_eq!(c.clone().with_activations(int16).activations(), int16);
+    assert_eq!(
+        c.with_activations(Activations::Int8).activations(),
+        Activations::F32
+    );
     let d = matrix(GgufBlock::Q4_1, GgmlDType::Q4_1, 8, 256, 6).with_activations(Activations::Int8);
     assert_eq!(
         QMatrix::stack(&[&a, &d]).unwrap().activations(),

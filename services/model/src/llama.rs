@@ -249,10 +249,11 @@ impl Llama {
         if acts == Activations::F32 {
             return self;
         }
-        // Byte matrices have no integer kernels: they stay as they are (and shared, as a tied
-        // embedding shares the output projection's).
+        // Byte matrices have int16 kernels only (for widths of whole 256-column blocks): with
+        // int8 they stay as they are (and shared, as a tied embedding shares the output
+        // projection's).
         let convert = |q: &mut Arc<engram_qmatmul::QMatrix>| {
-            if q.form() == engram_qmatmul::Form::Nibbles {
+            if q.form() == engram_qmatmul::Form::Nibbles || acts == Activations::Int16 {
                 *q = Arc::new((**q).clone().with_activations(acts));
             }
         };

@@ -103,10 +103,11 @@ pub enum WeightFormat {
     /// `F32`, expanded in registers, activations in f32. Other block types, the embedding
     /// lookup and the norms are f32.
     Quantized,
-    /// As `Quantized`, with the 4-bit projections multiplied by int16 activations (W4A16,
-    /// quantized per 32 columns to 1/65,534 of the group's largest magnitude, integer dot
-    /// products); byte blocks (`Q8_0`, `Q6_K`) stay W8A32. Faster prefill at the f32
-    /// activations' answers (`engram eval kv --also-weights` measures it). The default.
+    /// As `Quantized`, with the projections multiplied by int16 activations (W4A16 and, for
+    /// byte blocks `Q8_0`, `Q6_K`, `Q5_0` of whole 256-column widths, W8A16; quantized per 32
+    /// columns to 1/65,534 of the group's largest magnitude, integer dot products; other byte
+    /// matrices stay W8A32). Faster prefill and decode at the f32 activations' answers
+    /// (`engram eval kv --also-weights` measures it). The default.
     #[default]
     Int16,
     /// As `Int16` with int8 activations (W4A8, llama.cpp's numerics for these blocks): the
@@ -120,7 +121,7 @@ impl WeightFormat {
         match self {
             Self::F32 => "weights=f32-gemm/v1",
             Self::Quantized => "weights=gguf-blocks-w4a32-w8a32/v1",
-            Self::Int16 => "weights=gguf-blocks-w4a16-w8a32/v1",
+            Self::Int16 => "weights=gguf-blocks-w4a16-w8a16/v1",
             Self::Int8 => "weights=gguf-blocks-w4a8-w8a32/v1",
         }
     }
