@@ -1,7 +1,7 @@
 //! A Llama-family decoder whose attention reads and writes kvcore blocks.
 //!
 //! Weights are in Hugging Face layout (`[out, in]`, q/k rows in the half-split RoPE order). GGUF
-//! projections stay in their blocks by default (`engram-qmatmul`'s W4A32/W8A32 kernels; the q/k
+//! projections stay in their blocks by default (`engram-qmatmul`'s integer kernels; the q/k
 //! rows un-permuted from llama.cpp's interleaved order as whole block rows), or are dequantized
 //! to f32 at load ([`WeightFormat::F32`]); safetensors directories are read as f32. The CPU
 //! forward (`model_cpu.rs`) runs on plain f32 buffers, the device forward on candle tensors.
