@@ -20,6 +20,7 @@
 //! one by one. The sums are the same integers.
 #![allow(unsafe_code)]
 
+use crate::intdot::{Kernel, kernel_for};
 use crate::kernel::Out;
 use crate::{Form, Isa, QMatrix};
 
@@ -92,9 +93,9 @@ impl Panels {
 /// Activation rows quantized to int16 and laid out as the panels.
 pub(crate) struct Acts {
     blocks: usize,
-    /// `[m][block][256]`, [`slot`] order: `xq`.
+    /// `[m][block][256]`, [`slot`] order: `xq` (the AVX2 and scalar kernels).
     q16: Vec<i16>,
-    /// The same: `xq`'s high byte `h` (signed).
+    /// The same: `xq`'s high byte `h`, signed (the VNNI kernel, as `low` and `corr`).
     high: Vec<i8>,
     /// The same: its low byte `l` (unsigned).
     low: Vec<u8>,
@@ -104,16 +105,18 @@ pub(crate) struct Acts {
     dx: Vec<f32>,
 }
 
-/// Quantizes `m` rows of `cols` (whole blocks) floats.
-pub(crate) fn prepare(x: &[f32], m: usize, cols: usize) -> Acts {
+/// Quantizes `m` rows of `cols` (whole blocks) floats into the arrays `kernel` reads.
+pub(crate) fn prepare(x: &[f32], m: usize, cols: usize, kernel: Kernel) -> Acts {
     let q = crate::intdot::quantize(x, m, cols, crate::intdot::Bits::I16);
     let blocks = cols / BLOCK;
+    let bytes = kernel == Kernel::Vnni;
+    let (n16, n8) = if bytes { (0, m * cols) } else { (m * cols, 0) };
     let mut a = Acts {
         blocks,
-        q16: vec![0; m * cols],
-        high: vec![0; m * cols],
-        low: vec![0; m * cols],
-        corr: vec![0; m * blocks * LANES],
+        q16: vec![0; n16],
+        high: vec![0; n8],
+        low: vec![0; n8],
+        corr: vec![0; if bytes { m * blocks * LANES } else { 0 }],
         dx: vec![0.0; m * blocks * LANES],
     };
     for i in 0..m {
@@ -122,11 +125,14 @@ pub(crate) fn prepare(x: &[f32], m: usize, cols: usize) -> Acts {
             for c in 0..BLOCK {
                 let v = q.value(i, b * BLOCK + c);
                 let at = base + slot(c);
-                a.q16[at] = v as i16;
-                // |v| ≤ 32,767: the high byte is in -128..128 (arithmetic shift).
-                a.high[at] = (v >> 8) as i8;
-                a.low[at] = (v & 0xFF) as u8;
-                a.corr[(i * blocks + b) * LANES + c / LANES] += 32_768 * (v >> 8);
+                if bytes {
+                    // |v| ≤ 32,767: the high byte is in -128..128 (arithmetic shift).
+                    a.high[at] = (v >> 8) as i8;
+                    a.low[at] = (v & 0xFF) as u8;
+                    a.corr[(i * blocks + b) * LANES + c / LANES] += 32_768 * (v >> 8);
+                } else {
+                    a.q16[at] = v as i16;
+                }
             }
             for j in 0..LANES {
                 a.dx[(i * blocks + b) * LANES + j] =
@@ -169,7 +175,8 @@ pub(crate) fn product(
     threads: usize,
 ) {
     let rows = mat.rows();
-    let a = prepare(x, m, mat.cols());
+    let kernel = kernel_for(isa);
+    let a = prepare(x, m, mat.cols(), kernel);
     let units = if rows * mat.cols() * m < PAR_MIN_MACS {
         1
     } else {
@@ -177,7 +184,6 @@ pub(crate) fn product(
     };
     let share = rows.div_ceil(units).next_multiple_of(ROW_ALIGN);
     let out = Out::new(y, rows);
-    let kernel = crate::intdot::kernel_for(isa);
     let run = |u: usize| {
         let (r0, r1) = ((u * share).min(rows), ((u + 1) * share).min(rows));
         for c0 in (0..m).step_by(CHUNK) {
@@ -202,7 +208,7 @@ pub(crate) fn product(
 /// Weight row `r` against activation rows `i0..i0 + n` (`n ≤ ROWS`).
 #[allow(clippy::too_many_arguments)]
 fn rows_of(
-    kernel: crate::intdot::Kernel,
+    kernel: Kernel,
     mat: &QMatrix,
     pan: &Panels,
     r: usize,
@@ -213,35 +219,28 @@ fn rows_of(
 ) {
     let mut y = [0f32; ROWS];
     let codes = &pan.codes[r * pan.blocks * BLOCK..][..pan.blocks * BLOCK];
+    // One call of `$f::<n>` for the row count (a kernel's accumulators are its registers).
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! by_n {
+        ($f:ident) => {
+            match n {
+                1 => x86::$f::<1>(mat, codes, r, a, i0, &mut y),
+                2 => x86::$f::<2>(mat, codes, r, a, i0, &mut y),
+                3 => x86::$f::<3>(mat, codes, r, a, i0, &mut y),
+                4 => x86::$f::<4>(mat, codes, r, a, i0, &mut y),
+                _ => {}
+            }
+        };
+    }
     match kernel {
+        // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports AVX-512 BW and VNNI;
+        // rows `i0..i0 + n` exist in `a`, prepared for this kernel and laid out for `pan`.
         #[cfg(target_arch = "x86_64")]
-        crate::intdot::Kernel::Vnni => {
-            macro_rules! by_n {
-                ($($k:literal)*) => {
-                    match n {
-                        // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports AVX-512
-                        // BW and VNNI; rows `i0..i0 + n` exist in `a`, laid out for `pan`.
-                        $($k => unsafe { x86::row_vnni::<$k>(mat, codes, r, a, i0, &mut y) },)*
-                        _ => {}
-                    }
-                };
-            }
-            by_n!(1 2 3 4);
-        }
+        Kernel::Vnni => unsafe { by_n!(row_vnni) },
+        // SAFETY: `kernel_for` chose `Avx2` only where the CPU reports AVX2 and FMA; rows
+        // `i0..i0 + n` exist in `a`, prepared for this kernel and laid out for `pan`.
         #[cfg(target_arch = "x86_64")]
-        crate::intdot::Kernel::Avx2 => {
-            macro_rules! by_n {
-                ($($k:literal)*) => {
-                    match n {
-                        // SAFETY: `kernel_for` chose `Avx2` only where the CPU reports AVX2 and
-                        // FMA; rows `i0..i0 + n` exist in `a`, laid out for `pan`.
-                        $($k => unsafe { x86::row_avx2::<$k>(mat, codes, r, a, i0, &mut y) },)*
-                        _ => {}
-                    }
-                };
-            }
-            by_n!(1 2 3 4);
-        }
+        Kernel::Avx2 => unsafe { by_n!(row_avx2) },
         _ => {
             for (i, yi) in y.iter_mut().enumerate().take(n) {
                 *yi = scalar(mat, codes, r, a, i0 + i);

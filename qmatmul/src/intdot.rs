@@ -14,13 +14,9 @@
 //! The weights are repacked once into panels of [`PANEL_ROWS`] rows: per 32-column group, four
 //! 64-byte vectors whose 32-bit lane `j` holds row `j`'s nibbles for 8 columns (columns `c..c+4`
 //! in the low nibbles, `c+4..c+8` in the high ones); the 4-bit memory footprint is kept. For
-//! int8, one `vpdpbusd` adds four products into each of 16 rows' sums. For int16 on AVX-512 an
-//! activation is split into its bytes, `xq = 256·h + l` with `h` signed and `l` unsigned, and
-//! two `vpdpbusd` add four products each (the nibble unsigned against `h`, `l` unsigned against
-//! the nibble read as a signed byte): `Σ q·xq = 256·Σ q·h + Σ q·l`, exact, so the same bits as
-//! one 16-bit product. On AVX2 the low (or high) nibbles split into even and odd 16-bit words
-//! for `vpmaddwd`, the activations stored with columns `1` and `2` of every four swapped to
-//! match.
+//! int8, one `vpdpbusd` adds four products into each of 16 rows' sums; for int16, the low (or
+//! high) nibbles split into even and odd 16-bit words, and one `vpdpwssd` adds two products, the
+//! activations stored with columns `1` and `2` of every four swapped to match.
 //!
 //! A group's scale and offset are f32 per row, or for `Q4_K` weights the block's own form: a
 //! byte `sc` and a byte `m` per group and row, with the `d` and `−dmin` of each 256 columns, the
@@ -276,10 +272,6 @@ pub(crate) struct Quantized {
     q: Vec<i8>,
     /// `[m][cols]`, each group in [`i16_slot`] order (int16 only).
     q16: Vec<i16>,
-    /// `[m][cols]`: each int16 activation's high byte `h`, signed, in column order (int16 only).
-    high: Vec<i8>,
-    /// `[m][cols]`: its low byte `l`, unsigned (`xq = 256·h + l`).
-    low: Vec<u8>,
     /// `[m][groups]`: the scale `dx`.
     d: Vec<f32>,
     /// `[m][groups]`: `dx·Σ xq`.
@@ -298,8 +290,6 @@ pub(crate) fn quantize(x: &[f32], m: usize, cols: usize, bits: Bits) -> Quantize
         groups,
         q: vec![0; n8],
         q16: vec![0; n16],
-        high: vec![0; n16],
-        low: vec![0; n16],
         d: vec![0.0; m * groups],
         s: vec![0.0; m * groups],
     };
@@ -332,9 +322,6 @@ pub(crate) fn quantize(x: &[f32], m: usize, cols: usize, bits: Bits) -> Quantize
                 for (k, &v) in xg.iter().enumerate() {
                     let r = round(v);
                     qg[i16_slot(k)] = r as i16;
-                    // |r| ≤ 32,767: the high byte is in -128..128 (arithmetic shift).
-                    a.high[i * GROUP + k] = (r >> 8) as i8;
-                    a.low[i * GROUP + k] = (r & 0xFF) as u8;
                     sum += r;
                 }
             }
@@ -469,8 +456,8 @@ fn panel(
                                 // to `bits`.
                                 unsafe {
                                     match bits {
-                                        Bits::I8 => x86::panel_vnni::<$k, false, { $k <= 2 }>(pan, p, a, i, r0, live, out),
-                                        Bits::I16 => x86::panel_vnni::<$k, true, { $k <= 2 }>(pan, p, a, i, r0, live, out),
+                                        Bits::I8 => x86::panel_vnni::<$k, false>(pan, p, a, i, r0, live, out),
+                                        Bits::I16 => x86::panel_vnni::<$k, true>(pan, p, a, i, r0, live, out),
                                     }
                                 }
                             })*
@@ -555,7 +542,7 @@ mod x86 {
     use crate::kernel::Out;
 
     /// The 32-bit lane of activations at element `at` to broadcast: four int8 ones, or two
-    /// int16 ones (`WIDE`) in [`super::i16_slot`] order.
+    /// int16 ones (`WIDE`).
     ///
     /// # Safety
     /// The lane's 4 bytes from element `at` are inside the activations.
@@ -571,25 +558,12 @@ mod x86 {
         }
     }
 
-    /// Four bytes of `v` from element `at`, as one 32-bit lane to broadcast.
-    ///
-    /// # Safety
-    /// `at + 4 ≤ v.len()`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn bytes4<T>(v: &[T], at: usize) -> __m512i {
-        // SAFETY: the caller's promise; the read is unaligned.
-        _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(v.as_ptr().add(at).cast::<i32>()) })
-    }
-
     /// Panel `p` against activation rows `i0..i0 + R`: 16 weight rows per register, one integer
-    /// sum per group and row, then the group's two float terms. Int8: `vpdpbusd` adds four
-    /// products a lane (the low nibbles of a vector are columns `c..c+4`, the high ones
-    /// `c+4..c+8`). Int16 (`WIDE`): two `vpdpbusd` a nibble vector, against the activations'
-    /// high bytes (signed) and low bytes (unsigned, the nibbles then the signed operand), and
-    /// the group's sum is `256·Σ q·h + Σ q·l` — exact, the bits of a 16-bit product. `SPLIT`
-    /// (few rows) keeps the high nibbles' products in their own sums, so the dependent chains
-    /// of one row are half as long.
+    /// sum per group and row, then the group's two float terms. Int8 (`vpdpbusd`, four products
+    /// a lane: the low nibbles of a vector are columns `c..c+4`, the high ones `c+4..c+8`) or
+    /// int16 (`WIDE`, `vpdpwssd`, two products a lane: the nibbles split into even and odd bytes
+    /// as words, columns `(c, c+2)`, `(c+1, c+3)`, `(c+4, c+6)`, `(c+5, c+7)`, against the
+    /// activations stored in that order).
     ///
     /// # Safety
     /// The CPU runs AVX-512 F, BW and VNNI; `p` is a panel of `pan`, rows `i0..i0 + R` exist in
@@ -597,7 +571,7 @@ mod x86 {
     /// of `out`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel_vnni<const R: usize, const WIDE: bool, const SPLIT: bool>(
+    pub(super) unsafe fn panel_vnni<const R: usize, const WIDE: bool>(
         pan: &Panels,
         p: usize,
         a: &Quantized,
@@ -607,14 +581,12 @@ mod x86 {
         out: Out,
     ) {
         let lomask = _mm512_set1_epi8(0x0F);
+        let low_byte = _mm512_set1_epi16(0x00FF);
         let mut acc = [_mm512_setzero_ps(); R];
-        let hi_sum = if SPLIT { 2 } else { 0 };
         for g in 0..pan.groups {
             let at = p * pan.groups + g;
             let codes = &pan.codes[at * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
-            // Per row: [high bytes · low nibbles, low bytes · low nibbles, the same for the
-            // high nibbles when `SPLIT`] (int8: the products in 0 and 2).
-            let mut isum = [[_mm512_setzero_si512(); 4]; R];
+            let mut isum = [_mm512_setzero_si512(); R];
             for v in 0..4 {
                 // SAFETY: `codes` holds four 64-byte vectors.
                 let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * v).cast()) };
@@ -622,43 +594,26 @@ mod x86 {
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), lomask);
                 for (i, s) in isum.iter_mut().enumerate() {
                     let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
-                    // SAFETY: row `i0 + i` exists and holds columns `x..x + 8` in the arrays
-                    // of its width.
-                    unsafe {
-                        if WIDE {
-                            let (h0, h1) = (bytes4(&a.high, x), bytes4(&a.high, x + 4));
-                            let (l0, l1) = (bytes4(&a.low, x), bytes4(&a.low, x + 4));
-                            s[0] = _mm512_dpbusd_epi32(s[0], lo, h0);
-                            s[1] = _mm512_dpbusd_epi32(s[1], l0, lo);
-                            s[hi_sum] = _mm512_dpbusd_epi32(s[hi_sum], hi, h1);
-                            s[hi_sum + 1] = _mm512_dpbusd_epi32(s[hi_sum + 1], l1, hi);
-                        } else {
-                            let (b0, b1) = (bytes4(&a.q, x), bytes4(&a.q, x + 4));
-                            s[0] = _mm512_dpbusd_epi32(s[0], lo, b0);
-                            s[hi_sum] = _mm512_dpbusd_epi32(s[hi_sum], hi, b1);
+                    if WIDE {
+                        let words = [
+                            _mm512_and_si512(lo, low_byte),
+                            _mm512_srli_epi16::<8>(lo),
+                            _mm512_and_si512(hi, low_byte),
+                            _mm512_srli_epi16::<8>(hi),
+                        ];
+                        for (h, wv) in words.iter().enumerate() {
+                            // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                            let b = unsafe { lane::<true>(a, x + 2 * h) };
+                            *s = _mm512_dpwssd_epi32(*s, *wv, _mm512_set1_epi32(b));
                         }
+                    } else {
+                        // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                        let (b0, b1) = unsafe { (lane::<false>(a, x), lane::<false>(a, x + 4)) };
+                        *s = _mm512_dpbusd_epi32(*s, lo, _mm512_set1_epi32(b0));
+                        *s = _mm512_dpbusd_epi32(*s, hi, _mm512_set1_epi32(b1));
                     }
                 }
             }
-            let isum = isum.map(|s| {
-                if WIDE {
-                    let h = if SPLIT {
-                        _mm512_add_epi32(s[0], s[2])
-                    } else {
-                        s[0]
-                    };
-                    let l = if SPLIT {
-                        _mm512_add_epi32(s[1], s[3])
-                    } else {
-                        s[1]
-                    };
-                    _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l)
-                } else if SPLIT {
-                    _mm512_add_epi32(s[0], s[2])
-                } else {
-                    s[0]
-                }
-            });
             let (s, o) = match &pan.scales {
                 // SAFETY: 16 floats per panel group.
                 Scales::F32 { scales, offsets } => unsafe {
