@@ -4,7 +4,10 @@
 //! read, per kernel tier and thread count, with the int16 activations the model uses (`f32`: the
 //! byte matrices with f32 activations, as before they had integer kernels).
 //!
-//!     cargo run --release -p engram-qmatmul --example decode_speed [-- LAYERS [f32|int16] [scalar]]
+//! `m=N` times N activation rows at once instead (a prefill chunk: the engine's is 256), printed
+//! per row and in multiply-adds a second.
+//!
+//!     cargo run --release -p engram-qmatmul --example decode_speed [-- LAYERS [f32|int16] [scalar] [m=N]]
 
 use std::time::Instant;
 
@@ -70,6 +73,10 @@ fn main() {
     } else {
         Activations::Int16
     };
+    let rows: usize = std::env::args()
+        .find_map(|a| a.strip_prefix("m=").and_then(|n| n.parse().ok()))
+        .unwrap_or(1)
+        .max(1);
     let (hidden, ffn, vocab) = (1536, 8960, 151_936);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut mats = Vec::new();
@@ -90,8 +97,17 @@ fn main() {
         };
         mats.push(random(down, hidden, ffn, &mut rng, bytes_acts));
     }
-    mats.push(random(GgufBlock::Q6K, vocab, hidden, &mut rng, bytes_acts));
+    // A prefill chunk projects only its last row to logits.
+    if rows == 1 {
+        mats.push(random(GgufBlock::Q6K, vocab, hidden, &mut rng, bytes_acts));
+    }
     let bytes: usize = mats.iter().map(QMatrix::bytes).sum();
+    let macs: usize = mats.iter().map(|m| m.rows() * m.cols() * rows).sum();
+    let nib_macs: usize = mats
+        .iter()
+        .filter(|m| m.form() == Form::Nibbles)
+        .map(|m| m.rows() * m.cols() * rows)
+        .sum();
     let nib: usize = mats
         .iter()
         .filter(|m| m.form() == Form::Nibbles)
@@ -100,12 +116,12 @@ fn main() {
     let xs: Vec<Vec<f32>> = mats
         .iter()
         .map(|m| {
-            (0..m.cols())
+            (0..m.cols() * rows)
                 .map(|_| (rng.next() % 2001) as f32 * 1e-3 - 1.0)
                 .collect()
         })
         .collect();
-    let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.rows()]).collect();
+    let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.rows() * rows]).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "{layers} layers + output: {:.1} MB of weights ({:.1} MB in nibble panels), byte matrices on {bytes_acts:?} activations, {threads} CPUs",
@@ -149,7 +165,7 @@ fn main() {
                 let (mut tn, mut tb) = (0.0, 0.0);
                 for ((m, x), y) in mats.iter().zip(&xs).zip(&mut ys) {
                     let start = Instant::now();
-                    if let Err(e) = m.matmul_on(isa, x, 1, y, t) {
+                    if let Err(e) = m.matmul_on(isa, x, rows, y, t) {
                         eprintln!("{e}");
                         std::process::exit(1);
                     }
@@ -164,6 +180,16 @@ fn main() {
                     best = tn + tb;
                     split = (tn, tb);
                 }
+            }
+            if rows > 1 {
+                println!(
+                    "{isa:?} threads {t}, m = {rows}: {:.3} ms a row, {:.1} GMAC/s (nibbles {:.1} GMAC/s; bytes {:.1} GMAC/s)",
+                    best * 1e3 / rows as f64,
+                    macs as f64 / best / 1e9,
+                    nib_macs as f64 / split.0 / 1e9,
+                    (macs - nib_macs) as f64 / split.1 / 1e9,
+                );
+                continue;
             }
             println!(
                 "{isa:?} threads {t}: {:.2} ms a token, {:.1} GB/s (nibbles {:.2} ms, {:.1} GB/s; bytes {:.2} ms, {:.1} GB/s)",

@@ -39,6 +39,11 @@ const ROWS: usize = 4;
 /// Activation rows whose repacked data a thread runs against its weight rows at a time (they
 /// stay in cache while each weight row passes).
 const CHUNK: usize = 32;
+/// Weight rows the VNNI kernel for several activation rows carries at once (each activation
+/// vector it loads serves four rows: the activations come from L2, the weights from L1).
+const QUAD: usize = 4;
+/// Activation rows that kernel carries at once.
+const QUAD_ROWS: usize = 2;
 
 /// Where column `c` (0..256) of a block sits in its repacked 256 bytes.
 fn slot(c: usize) -> usize {
@@ -188,7 +193,16 @@ pub(crate) fn product(
         let (r0, r1) = ((u * share).min(rows), ((u + 1) * share).min(rows));
         for c0 in (0..m).step_by(CHUNK) {
             let c1 = (c0 + CHUNK).min(m);
-            for r in r0..r1 {
+            let mut r = r0;
+            // Four weight rows at a time where the kernel has that form and several rows share
+            // them (the same integers and float order as one row at a time: the same bits).
+            if kernel == Kernel::Vnni && c1 - c0 > 1 {
+                while r + QUAD <= r1 {
+                    quads_of(mat, pan, r, &a, c0, c1, out);
+                    r += QUAD;
+                }
+            }
+            for r in r..r1 {
                 let mut i = c0;
                 while i < c1 {
                     let n = ROWS.min(c1 - i);
@@ -202,6 +216,31 @@ pub(crate) fn product(
         run(0);
     } else {
         engram_kvcore::team::run(units, &run);
+    }
+}
+
+/// Weight rows `r..r + 4` against activation rows `c0..c1` on the VNNI kernel.
+fn quads_of(mat: &QMatrix, pan: &Panels, r: usize, a: &Acts, c0: usize, c1: usize, out: Out) {
+    let len = pan.blocks * BLOCK;
+    let codes = &pan.codes[r * len..][..QUAD * len];
+    let mut i = c0;
+    while i < c1 {
+        let n = QUAD_ROWS.min(c1 - i);
+        let mut y = [[0f32; QUAD]; QUAD_ROWS];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only `Kernel::Vnni` calls this, which `kernel_for` chose where the CPU reports
+        // AVX-512 BW and VNNI; `codes` holds rows `r..r + 4`, rows `i..i + n` exist in `a`,
+        // prepared for this kernel.
+        unsafe {
+            match n {
+                1 => x86::quad_vnni::<1>(mat, codes, r, a, i, &mut y),
+                _ => x86::quad_vnni::<QUAD_ROWS>(mat, codes, r, a, i, &mut y),
+            }
+        }
+        for (k, row) in y.iter().enumerate().take(n) {
+            out.put_run(i + k, r, row);
+        }
+        i += n;
     }
 }
 
@@ -277,7 +316,7 @@ fn scalar(mat: &QMatrix, codes: &[u8], r: usize, a: &Acts, i: usize) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Acts, BLOCK, LANES};
+    use super::{Acts, BLOCK, LANES, QUAD, QUAD_ROWS};
     use crate::QMatrix;
 
     /// A block's 16 group scales of row `r` (`Q6_K`: `d·sc`, formed as [`super::scales`] does).
@@ -376,6 +415,79 @@ mod x86 {
         }
         for (yi, v) in y.iter_mut().zip(acc) {
             *yi = tree512(v);
+        }
+    }
+
+    /// [`row_vnni`] for weight rows `r..r + 4` at once against activation rows `i0..i0 + R`
+    /// (`R ≤ 2`): each activation vector loaded serves the four rows. Per row and activation
+    /// row the same integer sums and float steps in the same order: the same bits.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F, BW and VNNI; `codes` is rows `r..r + 4`'s `4 · blocks · 256`
+    /// bytes and rows `i0..i0 + R` exist in `a`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn quad_vnni<const R: usize>(
+        mat: &QMatrix,
+        codes: &[u8],
+        r: usize,
+        a: &Acts,
+        i0: usize,
+        y: &mut [[f32; QUAD]; QUAD_ROWS],
+    ) {
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        let len = a.blocks * BLOCK;
+        let mut acc = [[_mm512_setzero_ps(); R]; QUAD];
+        for b in 0..a.blocks {
+            let mut h = [[_mm512_setzero_si512(); R]; QUAD];
+            let mut l = [[_mm512_setzero_si512(); R]; QUAD];
+            for t in 0..4 {
+                let mut xh = [_mm512_setzero_si512(); R];
+                let mut xl = [_mm512_setzero_si512(); R];
+                for i in 0..R {
+                    let at = ((i0 + i) * a.blocks + b) * BLOCK + 64 * t;
+                    // SAFETY: row `i0 + i` holds the block's 256 bytes in each array.
+                    unsafe {
+                        xh[i] = _mm512_loadu_si512(a.high.as_ptr().add(at).cast());
+                        xl[i] = _mm512_loadu_si512(a.low.as_ptr().add(at).cast());
+                    }
+                }
+                for (w, (hw, lw)) in h.iter_mut().zip(l.iter_mut()).enumerate() {
+                    // SAFETY: `codes` holds the four rows' blocks of four 64-byte vectors.
+                    let wu = unsafe {
+                        _mm512_loadu_si512(codes.as_ptr().add(w * len + b * BLOCK + 64 * t).cast())
+                    };
+                    let ws = _mm512_xor_si512(wu, flip);
+                    for i in 0..R {
+                        hw[i] = _mm512_dpbusd_epi32(hw[i], wu, xh[i]);
+                        lw[i] = _mm512_dpbusd_epi32(lw[i], xl[i], ws);
+                    }
+                }
+            }
+            for (w, accw) in acc.iter_mut().enumerate() {
+                // SAFETY: block `b` of row `r + w`.
+                let s = unsafe { scales512(mat, r + w, b) };
+                for i in 0..R {
+                    let k = ((i0 + i) * a.blocks + b) * LANES;
+                    // SAFETY: 16 entries per row and block.
+                    let (corr, dx) = unsafe {
+                        (
+                            _mm512_loadu_si512(a.corr.as_ptr().add(k).cast()),
+                            _mm512_loadu_ps(a.dx.as_ptr().add(k)),
+                        )
+                    };
+                    let isum = _mm512_sub_epi32(
+                        _mm512_add_epi32(_mm512_slli_epi32::<8>(h[w][i]), l[w][i]),
+                        corr,
+                    );
+                    accw[i] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, dx), accw[i]);
+                }
+            }
+        }
+        for (w, accw) in acc.iter().enumerate() {
+            for (i, v) in accw.iter().enumerate() {
+                y[i][w] = tree512(*v);
+            }
         }
     }
 

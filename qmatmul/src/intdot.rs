@@ -558,6 +558,30 @@ mod x86 {
         }
     }
 
+    /// `acc` plus, per 32-bit lane, the products of `w`'s two words with the two int16 words at
+    /// `p` (broadcast): one `vpdpwssd` with a broadcast operand. Written out because LLVM splits
+    /// the intrinsic into `vpmaddwd` + `vpaddd` (two instructions for one) on CPUs it has no
+    /// tuning for, which halved the int16 kernel's rate once activation rows share the weights.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and VNNI; `p` points at 4 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dpwssd_bcst(acc: __m512i, w: __m512i, p: *const i16) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: the caller's promise; the instruction reads 4 bytes at `p` and writes `acc`.
+        unsafe {
+            std::arch::asm!(
+                "vpdpwssd {acc}, {w}, dword ptr [{p}]{{1to16}}",
+                acc = inout(zmm_reg) acc,
+                w = in(zmm_reg) w,
+                p = in(reg) p,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        acc
+    }
+
     /// Panel `p` against activation rows `i0..i0 + R`: 16 weight rows per register, one integer
     /// sum per group and row, then the group's two float terms. Int8 (`vpdpbusd`, four products
     /// a lane: the low nibbles of a vector are columns `c..c+4`, the high ones `c+4..c+8`) or
@@ -592,26 +616,33 @@ mod x86 {
                 let w = unsafe { _mm512_loadu_si512(codes.as_ptr().add(64 * v).cast()) };
                 let lo = _mm512_and_si512(w, lomask);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), lomask);
-                for (i, s) in isum.iter_mut().enumerate() {
-                    let x = (i0 + i) * a.cols + g * GROUP + 8 * v;
-                    if WIDE {
-                        let words = [
-                            _mm512_and_si512(lo, low_byte),
-                            _mm512_srli_epi16::<8>(lo),
-                            _mm512_and_si512(hi, low_byte),
-                            _mm512_srli_epi16::<8>(hi),
-                        ];
-                        for (h, wv) in words.iter().enumerate() {
-                            // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
-                            let b = unsafe { lane::<true>(a, x + 2 * h) };
-                            *s = _mm512_dpwssd_epi32(*s, *wv, _mm512_set1_epi32(b));
+                let x0 = i0 * a.cols + g * GROUP + 8 * v;
+                if WIDE {
+                    // One word vector at a time against every row: the rows' sums stay in
+                    // registers (a row loop around the four words kept them on the stack).
+                    let words = [
+                        _mm512_and_si512(lo, low_byte),
+                        _mm512_srli_epi16::<8>(lo),
+                        _mm512_and_si512(hi, low_byte),
+                        _mm512_srli_epi16::<8>(hi),
+                    ];
+                    for (h, wv) in words.iter().enumerate() {
+                        for (i, s) in isum.iter_mut().enumerate() {
+                            // SAFETY: row `i0 + i` exists and holds the group's columns
+                            // `8v..8v + 8`.
+                            *s = unsafe {
+                                dpwssd_bcst(*s, *wv, a.q16.as_ptr().add(x0 + i * a.cols + 2 * h))
+                            };
                         }
-                    } else {
-                        // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
-                        let (b0, b1) = unsafe { (lane::<false>(a, x), lane::<false>(a, x + 4)) };
-                        *s = _mm512_dpbusd_epi32(*s, lo, _mm512_set1_epi32(b0));
-                        *s = _mm512_dpbusd_epi32(*s, hi, _mm512_set1_epi32(b1));
                     }
+                    continue;
+                }
+                for (i, s) in isum.iter_mut().enumerate() {
+                    let x = x0 + i * a.cols;
+                    // SAFETY: row `i0 + i` exists and holds columns `x..x + 8`.
+                    let (b0, b1) = unsafe { (lane::<false>(a, x), lane::<false>(a, x + 4)) };
+                    *s = _mm512_dpbusd_epi32(*s, lo, _mm512_set1_epi32(b0));
+                    *s = _mm512_dpbusd_epi32(*s, hi, _mm512_set1_epi32(b1));
                 }
             }
             let (s, o) = match &pan.scales {

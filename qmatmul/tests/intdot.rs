@@ -310,12 +310,12 @@ fn every_tier_and_any_rows_or_threads_give_the_scalar_bits_of_the_quantized_prod
         let rows_f32 = matrix(block, dtype, 37, 512, 5);
         let w = rows_f32.clone().with_activations(Activations::Int16);
         assert_eq!(w.activations(), Activations::Int16, "{block:?}");
-        let x = floats(20 * 512, 9);
-        // All 20 rows at once, on one thread, on the scalar tier: the reference bits.
-        let all = product(&w, Isa::Scalar, &x, 20, 1);
+        let x = floats(40 * 512, 9);
+        // All 40 rows at once (more than a thread's chunk of activation rows), on one thread, on the scalar tier: the reference bits.
+        let all = product(&w, Isa::Scalar, &x, 40, 1);
         for isa in Isa::available() {
             for threads in [1, 2, 3] {
-                for m in [1, 2, 3, 4, 5, 8, 20] {
+                for m in [1, 2, 3, 4, 5, 8, 20, 33, 40] {
                     let y = product(&w, isa, &x[..m * 512], m, threads);
                     assert_eq!(
                         y[..],
@@ -330,19 +330,19 @@ fn every_tier_and_any_rows_or_threads_give_the_scalar_bits_of_the_quantized_prod
         assert_eq!(one[..], all[7 * 37..8 * 37], "{block:?}");
         // The weights times the quantized activations, to f32 rounding; close to the f32 product.
         let xq = quantized_activations(&x, 512, Activations::Int16).unwrap();
-        let err = rel_l2(&all, &reference(&rows_f32, &xq, 20));
+        let err = rel_l2(&all, &reference(&rows_f32, &xq, 40));
         assert!(
             err < 1e-5,
             "{block:?}: rel-L2 {err} against the quantized activations"
         );
-        let err = rel_l2(&all, &reference(&rows_f32, &x, 20));
+        let err = rel_l2(&all, &reference(&rows_f32, &x, 40));
         assert!(
             err < 1e-4,
             "{block:?}: rel-L2 {err} against f32 activations"
         );
         // The f32 activations' product is another computation of the same thing.
-        let f32_y = product(&rows_f32, Isa::active(), &x, 20, 2);
-        assert!(rel_l2(&f32_y, &reference(&rows_f32, &x, 20)) < 1e-5);
+        let f32_y = product(&rows_f32, Isa::active(), &x, 40, 2);
+        assert!(rel_l2(&f32_y, &reference(&rows_f32, &x, 40)) < 1e-5);
     }
 }
 
