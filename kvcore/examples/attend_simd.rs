@@ -8,6 +8,9 @@
 //! plain kernels, the kernels plus the second pass over the keys that measures the mass, and the
 //! fused pass (`attend_with_mass`), interleaved; `MASS=0` skips it.
 //!
+//! `GEOMETRY=HEADS/KV_HEADS/HEAD_DIM` takes another model's (`12/2/128`: Qwen2.5-1.5B); the
+//! causal lines then also give the multiply-adds a second (`q·k` and `p·v`).
+//!
 //! `CAUSAL=0` skips the causal form. `KV=tq4,q8/tq4,q8/tq5 make bench-attention` measures other
 //! codecs (`KEYS/VALUES` for one per stream): layers whose keys and values are not both TQ4 take
 //! the AVX-512 or AVX2 kernel that expands each stream by its own codec (the scalar tier: the
@@ -24,10 +27,16 @@ use engram_kvcore::{
     SourceLayer, SplitMix64, StoreConfig, TenantId, Tier, TokenRange,
 };
 
-const HEADS: usize = 9;
-
 fn main() {
-    let shape = KvShape::new(1, 3, 64).expect("shape");
+    let geometry = std::env::var("GEOMETRY").unwrap_or_else(|_| "9/3/64".into());
+    let dims: Vec<usize> = geometry
+        .split('/')
+        .map(|v| v.parse().expect("GEOMETRY is HEADS/KV_HEADS/HEAD_DIM"))
+        .collect();
+    let [heads, kv_heads, head_dim] = dims[..] else {
+        panic!("GEOMETRY is HEADS/KV_HEADS/HEAD_DIM, not {geometry}");
+    };
+    let shape = KvShape::new(1, kv_heads, head_dim).expect("shape");
     let rounds: usize = std::env::var("ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -44,7 +53,7 @@ fn main() {
             Some((k, v)) => (codec(k), codec(v)),
             None => (codec(spec), codec(spec)),
         };
-        run(shape, rounds, spec, key, value);
+        run(shape, heads, rounds, spec, key, value);
     }
 }
 
@@ -68,7 +77,14 @@ fn codec(name: &str) -> CodecKind {
     }
 }
 
-fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKind) {
+fn run(
+    shape: KvShape,
+    heads: usize,
+    rounds: usize,
+    name: &str,
+    key: CodecKind,
+    value: CodecKind,
+) {
     for tokens in [1024usize, 4096, 8192] {
         let blocks = tokens / shape.block_size;
         let mut store = BlockStore::new(StoreConfig {
@@ -92,9 +108,9 @@ fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKi
         store
             .write(0, &ids, 0, Rows::F32(&k), Rows::F32(&v))
             .expect("write");
-        let q = rng.gaussian_vec(HEADS * shape.head_dim);
+        let q = rng.gaussian_vec(heads * shape.head_dim);
         let mut out = vec![0.0f32; q.len()];
-        let params = AttentionParams::new(HEADS, shape.head_dim);
+        let params = AttentionParams::new(heads, shape.head_dim);
         let mut time = |isa: Isa, threads: usize| {
             let p = params.with_threads(threads);
             let t = Instant::now();
@@ -126,7 +142,7 @@ fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKi
         let units = (tokens * shape.kv_heads) as f64;
         if tokens == 4096 && std::env::var("CAUSAL").map_or(true, |c| c != "0") {
             let (start, new) = (tokens - 256, 256);
-            let qs = rng.gaussian_vec(new * HEADS * shape.head_dim);
+            let qs = rng.gaussian_vec(new * heads * shape.head_dim);
             let mut outs = vec![0.0f32; qs.len()];
             for isa in Isa::available() {
                 for threads in [1, 2] {
@@ -140,10 +156,13 @@ fn run(shape: KvShape, rounds: usize, name: &str, key: CodecKind, value: CodecKi
                         black_box(&outs);
                         best = best.min(t.elapsed().as_secs_f64());
                     }
+                    // Row j attends start + j + 1 keys, each a q·k and a p·v of head_dim.
+                    let macs = (new * start + new * (new + 1) / 2) * heads * shape.head_dim * 2;
                     println!(
-                        "{{\"bench\":\"attention/{name}/causal\",\"isa\":\"{isa}\",\"threads\":{threads},\"start\":{start},\"new\":{new},\"tiled\":{},\"ms\":{:.2}}}",
-                        store.causal_is_tiled(isa, 0, HEADS),
-                        best * 1e3
+                        "{{\"bench\":\"attention/{name}/causal\",\"isa\":\"{isa}\",\"threads\":{threads},\"start\":{start},\"new\":{new},\"tiled\":{},\"ms\":{:.2},\"gmac_per_s\":{:.1}}}",
+                        store.causal_is_tiled(isa, 0, heads),
+                        best * 1e3,
+                        macs as f64 / best / 1e9
                     );
                 }
             }
