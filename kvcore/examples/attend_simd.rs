@@ -77,14 +77,7 @@ fn codec(name: &str) -> CodecKind {
     }
 }
 
-fn run(
-    shape: KvShape,
-    heads: usize,
-    rounds: usize,
-    name: &str,
-    key: CodecKind,
-    value: CodecKind,
-) {
+fn run(shape: KvShape, heads: usize, rounds: usize, name: &str, key: CodecKind, value: CodecKind) {
     for tokens in [1024usize, 4096, 8192] {
         let blocks = tokens / shape.block_size;
         let mut store = BlockStore::new(StoreConfig {

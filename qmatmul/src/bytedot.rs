@@ -7,166 +7,276 @@
 //! f32 rounds to nearest, and the float terms are added in a fixed order, so every kernel tier
 //! gives the same bits for any number of activation rows and any thread count.
 //!
-//! A row's codes are repacked once, per 256 columns, into four 64-byte vectors whose 32-bit lane
-//! `j` holds four columns of group `j` (vector `t` columns `16j + 4t .. 16j + 4t + 4`), each
-//! byte stored as `w + 128`; the activations are laid out the same way. So after four vectors
-//! each lane holds one group's integer sum, and a lane's float sum runs over the row's 256-column
-//! blocks; the row's output is those 16 lane sums added in a fixed tree ([`tree16`]).
+//! The float order: per row, sixteen sums, one per group position `j` of a 256-column block, each
+//! over the row's blocks in order (`fma(Σ w·xq, s·dx, sum)`), then added in a fixed tree
+//! ([`tree16`]).
+//!
+//! The weights are repacked once into panels of [`PANEL_ROWS`] rows: per 16-column group, four
+//! 64-byte vectors whose 32-bit lane `r` holds row `r`'s four columns `4t .. 4t + 4` of the group
+//! (vector `t`), each byte stored as `w + 128`; a panel's groups are in position-major order
+//! (`j`, then the block), the order the kernels run. The groups' scales are the panel's too:
+//! `Q6_K`'s signed scale bytes with each block's `d`, else an f32 per group, 16 rows each. So one
+//! vector load serves 16 rows and a broadcast of four activation columns, as in the nibble
+//! panels.
 //!
 //! AVX-512 VNNI forms `Σ w·xq` from unsigned-by-signed byte products (`vpdpbusd`), the
 //! activation split into its bytes, `xq = 256·h + l` (`h` signed, `l` unsigned):
 //! `Σ w·xq = 256·(Σ (w + 128)·h − 128·Σ h) + Σ l·w`, the `128·Σ h` of each group formed with the
-//! activations. AVX2 multiplies 16-bit words (`vpmaddwd`); the scalar tier adds the products
-//! one by one. The sums are the same integers.
+//! activations. AVX2 multiplies 16-bit words (`vpmaddwd`) against the int16 activations as the
+//! nibble kernels hold them; the scalar tier adds the products one by one. The sums are the same
+//! integers.
 #![allow(unsafe_code)]
 
-use crate::intdot::{Kernel, kernel_for};
+use crate::intdot::{Bits, Kernel, Quantized, kernel_for, quantize};
 use crate::kernel::Out;
 use crate::{Form, Isa, QMatrix};
 
-/// Columns of one repacked block (16 groups of 16).
+/// Columns of one block (16 groups of 16), the unit of `Q6_K`'s `d`.
 pub(crate) const BLOCK: usize = 256;
-/// Groups (lanes) per block.
-const LANES: usize = 16;
+/// Columns per weight group (one scale).
+const GROUP: usize = 16;
+/// Groups per block.
+const POSITIONS: usize = BLOCK / GROUP;
+/// Weight rows per panel (one 32-bit lane each of a 512-bit register).
+const PANEL_ROWS: usize = 16;
+/// Code bytes of one panel's group: 16 rows × 16 columns.
+const PANEL_GROUP_BYTES: usize = PANEL_ROWS * GROUP;
 /// Quantization group of the activations (two weight groups).
 const ACT_GROUP: usize = 32;
 /// Multiply-adds below which one thread does the whole product.
 const PAR_MIN_MACS: usize = 1 << 16;
-/// Thread shares start on a multiple of this many rows.
-const ROW_ALIGN: usize = 16;
-/// Activation rows a kernel call carries.
-const ROWS: usize = 4;
-/// Activation rows whose repacked data a thread runs against its weight rows at a time (they
-/// stay in cache while each weight row passes).
-const CHUNK: usize = 32;
-/// Weight rows the VNNI kernel for several activation rows carries at once (each activation
-/// vector it loads serves four rows: the activations come from L2, the weights from L1).
-const QUAD: usize = 4;
-/// Activation rows that kernel carries at once.
-const QUAD_ROWS: usize = 2;
+/// Activation rows the 512-bit kernel carries at once.
+const ROWS_512: usize = 8;
+/// Activation rows the 256-bit kernel carries at once.
+const ROWS_256: usize = 4;
+/// Bytes of activations a thread keeps in cache while its panels pass (rows at a time: this
+/// over the bytes of a row, at least one kernel call's).
+const CHUNK_BYTES: usize = 512 << 10;
 
-/// Where column `c` (0..256) of a block sits in its repacked 256 bytes.
-fn slot(c: usize) -> usize {
-    let (lane, rest) = (c / LANES, c % LANES);
-    64 * (rest / 4) + 4 * lane + rest % 4
+/// How panels hold their groups' scales; rows past the matrix are 0.
+#[derive(Clone, PartialEq)]
+enum Scales {
+    /// `[panel][group][16]`, the panel's group order.
+    F32(Vec<f32>),
+    /// `Q6_K`'s: the scale is `d·sc`, `sc` `[panel][group][16]` (the panel's group order), `d`
+    /// `[panel][block][16]`.
+    K { sc: Vec<i8>, d: Vec<f32> },
 }
 
-/// A byte matrix's codes repacked for the integer kernels (its scales stay in the matrix).
+/// A byte matrix's weights repacked into panels, with its groups' scales (the matrix's only
+/// copy while it has them).
 #[derive(Clone, PartialEq)]
 pub(crate) struct Panels {
+    rows: usize,
     blocks: usize,
-    /// `[row][block][256]`, `w + 128` in [`slot`] order.
+    /// `[panel][group][PANEL_GROUP_BYTES]`, `w + 128`.
     codes: Vec<u8>,
+    scales: Scales,
+}
+
+/// Where group `(b, j)` (block `b`, position `j`) sits among a panel's `blocks · 16` groups.
+fn group_at(blocks: usize, b: usize, j: usize) -> usize {
+    j * blocks + b
+}
+
+/// Where column `k` (0..16) of a group sits in its panel group's bytes, for lane `lane`.
+fn byte_at(lane: usize, k: usize) -> usize {
+    64 * (k / 4) + 4 * lane + k % 4
 }
 
 impl Panels {
-    /// The repacked codes of a byte matrix held in rows whose width is whole blocks (`None`
-    /// otherwise).
+    /// The panels of a byte matrix held in rows whose width is whole blocks (`None` otherwise).
     pub(crate) fn of(m: &QMatrix) -> Option<Self> {
         if m.form() != Form::Bytes || !m.cols().is_multiple_of(BLOCK) || m.codes.is_empty() {
             return None;
         }
         let (rows, cols) = (m.rows(), m.cols());
-        let mut codes = vec![0u8; rows * cols];
-        for (src, dst) in m.codes.chunks_exact(cols).zip(codes.chunks_exact_mut(cols)) {
-            for (s, d) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(BLOCK)) {
-                for (c, &w) in s.iter().enumerate() {
-                    d[slot(c)] = w ^ 0x80;
+        let (blocks, groups) = (cols / BLOCK, cols / GROUP);
+        let panels = rows.div_ceil(PANEL_ROWS);
+        let lanes = panels * groups * PANEL_ROWS;
+        let mut scales = if m.sc8.is_empty() {
+            Scales::F32(vec![0.0; lanes])
+        } else {
+            Scales::K {
+                sc: vec![0; lanes],
+                d: vec![0.0; panels * blocks * PANEL_ROWS],
+            }
+        };
+        let mut codes = vec![0x80u8; panels * groups * PANEL_GROUP_BYTES];
+        for r in 0..rows {
+            let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+            let row = &m.codes[r * cols..(r + 1) * cols];
+            for b in 0..blocks {
+                if let Scales::K { d, .. } = &mut scales {
+                    d[(p * blocks + b) * PANEL_ROWS + lane] = m.supers[r * blocks + b];
+                }
+                for j in 0..POSITIONS {
+                    let g = p * groups + group_at(blocks, b, j);
+                    let src = r * groups + b * POSITIONS + j;
+                    match &mut scales {
+                        Scales::F32(s) => s[g * PANEL_ROWS + lane] = m.scales[src],
+                        Scales::K { sc, .. } => sc[g * PANEL_ROWS + lane] = m.sc8[src],
+                    }
+                    let dst = &mut codes[g * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+                    for k in 0..GROUP {
+                        dst[byte_at(lane, k)] = row[b * BLOCK + j * GROUP + k] ^ 0x80;
+                    }
                 }
             }
         }
         Some(Self {
-            blocks: cols / BLOCK,
+            rows,
+            blocks,
             codes,
+            scales,
         })
+    }
+
+    fn groups(&self) -> usize {
+        self.blocks * POSITIONS
     }
 
     /// Row `r`'s codes in column order (the byte form's row), appended to `out`.
     pub(crate) fn row_into(&self, r: usize, out: &mut Vec<u8>) {
-        let cols = self.blocks * BLOCK;
-        for b in self.codes[r * cols..(r + 1) * cols].chunks_exact(BLOCK) {
-            out.extend((0..BLOCK).map(|c| b[slot(c)] ^ 0x80));
+        let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+        for b in 0..self.blocks {
+            for j in 0..POSITIONS {
+                let g = p * self.groups() + group_at(self.blocks, b, j);
+                let src = &self.codes[g * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+                out.extend((0..GROUP).map(|k| src[byte_at(lane, k)] ^ 0x80));
+            }
+        }
+    }
+
+    /// The scales back in the matrix's row layout: `(scales, sc8, supers)` as
+    /// [`QMatrix`] holds them (f32 per group, or `Q6_K`'s bytes with `d` per block).
+    pub(crate) fn scales_back(&self) -> (Vec<f32>, Vec<i8>, Vec<f32>) {
+        let groups = self.groups();
+        let (mut f, mut sc8, mut supers) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..self.rows {
+            let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+            for b in 0..self.blocks {
+                if let Scales::K { d, .. } = &self.scales {
+                    supers.push(d[(p * self.blocks + b) * PANEL_ROWS + lane]);
+                }
+                for j in 0..POSITIONS {
+                    let at = (p * groups + group_at(self.blocks, b, j)) * PANEL_ROWS + lane;
+                    match &self.scales {
+                        Scales::F32(s) => f.push(s[at]),
+                        Scales::K { sc, .. } => sc8.push(sc[at]),
+                    }
+                }
+            }
+        }
+        (f, sc8, supers)
+    }
+
+    /// Row `r`'s group scales as f32 in column order (`Q6_K`: `d·sc`, as reading the block
+    /// did), into `out` (cleared).
+    pub(crate) fn row_scales_into(&self, r: usize, out: &mut Vec<f32>) {
+        out.clear();
+        let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+        for b in 0..self.blocks {
+            for j in 0..POSITIONS {
+                out.push(self.scale(p, group_at(self.blocks, b, j), lane));
+            }
+        }
+    }
+
+    /// Group `g` (panel order) of panel `p`'s scale in `lane`.
+    fn scale(&self, p: usize, g: usize, lane: usize) -> f32 {
+        let at = (p * self.groups() + g) * PANEL_ROWS + lane;
+        match &self.scales {
+            Scales::F32(s) => s[at],
+            Scales::K { sc, d } => {
+                // Panel order is position-major: the block is `g % blocks`.
+                let b = g % self.blocks;
+                d[(p * self.blocks + b) * PANEL_ROWS + lane] * f32::from(sc[at])
+            }
         }
     }
 
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.codes.len()
+            + match &self.scales {
+                Scales::F32(s) => 4 * s.len(),
+                Scales::K { sc, d } => sc.len() + 4 * d.len(),
+            }
     }
 }
 
-/// Activation rows quantized to int16 and laid out as the panels.
+/// Activation rows for the byte kernels: the int16 quantization, with (for VNNI) its bytes.
 pub(crate) struct Acts {
+    cols: usize,
     blocks: usize,
-    /// `[m][block][256]`, [`slot`] order: `xq` (the AVX2 and scalar kernels).
-    q16: Vec<i16>,
-    /// The same: `xq`'s high byte `h`, signed (the VNNI kernel, as `low` and `corr`).
+    /// The int16 activations (the AVX2 and scalar kernels read them as the nibble ones do).
+    q: Quantized,
+    /// `[m][group][16]`, the panels' group order: `xq`'s high byte `h`, signed (VNNI only; a
+    /// kernel's pass over one group position reads each row's bytes in sequence).
     high: Vec<i8>,
     /// The same: its low byte `l` (unsigned).
     low: Vec<u8>,
-    /// `[m][block][16]`: `32,768·Σ h` over the group.
+    /// `[m][groups]`, the panels' group order: `32,768·Σ h` over the group (VNNI only).
     corr: Vec<i32>,
-    /// `[m][block][16]`: the group's `dx` (of its 32-column quantization group).
+    /// `[m][groups]`, the panels' group order: the group's `dx` (of its 32-column
+    /// quantization group).
     dx: Vec<f32>,
 }
 
-/// Quantizes `m` rows of `cols` (whole blocks) floats into the arrays `kernel` reads.
+/// Quantizes `m` rows of `cols` (whole blocks) floats into what `kernel` reads.
 pub(crate) fn prepare(x: &[f32], m: usize, cols: usize, kernel: Kernel) -> Acts {
-    let q = crate::intdot::quantize(x, m, cols, crate::intdot::Bits::I16);
-    let blocks = cols / BLOCK;
+    let q = quantize(x, m, cols, Bits::I16);
+    let (blocks, groups) = (cols / BLOCK, cols / GROUP);
     let bytes = kernel == Kernel::Vnni;
-    let (n16, n8) = if bytes { (0, m * cols) } else { (m * cols, 0) };
+    let n8 = if bytes { m * cols } else { 0 };
     let mut a = Acts {
+        cols,
         blocks,
-        q16: vec![0; n16],
         high: vec![0; n8],
         low: vec![0; n8],
-        corr: vec![0; if bytes { m * blocks * LANES } else { 0 }],
-        dx: vec![0.0; m * blocks * LANES],
+        corr: vec![0; if bytes { m * groups } else { 0 }],
+        dx: vec![0.0; m * groups],
+        q,
     };
     for i in 0..m {
         for b in 0..blocks {
-            let base = (i * blocks + b) * BLOCK;
-            for c in 0..BLOCK {
-                let v = q.value(i, b * BLOCK + c);
-                let at = base + slot(c);
+            for j in 0..POSITIONS {
+                let g = i * groups + group_at(blocks, b, j);
+                let c0 = b * BLOCK + j * GROUP;
+                a.dx[g] = a.q.scale(i, c0 / ACT_GROUP);
                 if bytes {
-                    // |v| ≤ 32,767: the high byte is in -128..128 (arithmetic shift).
-                    a.high[at] = (v >> 8) as i8;
-                    a.low[at] = (v & 0xFF) as u8;
-                    a.corr[(i * blocks + b) * LANES + c / LANES] += 32_768 * (v >> 8);
-                } else {
-                    a.q16[at] = v as i16;
+                    let mut sum = 0i32;
+                    for c in c0..c0 + GROUP {
+                        let v = a.q.value(i, c);
+                        // |v| ≤ 32,767: the high byte is in -128..128 (arithmetic shift).
+                        let at = g * GROUP + c - c0;
+                        a.high[at] = (v >> 8) as i8;
+                        a.low[at] = (v & 0xFF) as u8;
+                        sum += v >> 8;
+                    }
+                    a.corr[g] = 32_768 * sum;
                 }
-            }
-            for j in 0..LANES {
-                a.dx[(i * blocks + b) * LANES + j] =
-                    q.scale(i, (b * BLOCK + j * LANES) / ACT_GROUP);
             }
         }
     }
     a
 }
 
-/// The lane sums of a row added in the kernels' fixed tree: lanes `j + 8`, then `j + 4`,
-/// `j + 2`, `j + 1`.
-fn tree16(v: &[f32; LANES]) -> f32 {
+/// The position sums of a row added in the kernels' fixed tree: positions `j + 8`, then
+/// `j + 4`, `j + 2`, `j + 1`.
+fn tree16(v: &[f32; POSITIONS]) -> f32 {
     let t8: [f32; 8] = std::array::from_fn(|j| v[j] + v[j + 8]);
     let t4: [f32; 4] = std::array::from_fn(|j| t8[j] + t8[j + 4]);
     let t2: [f32; 2] = std::array::from_fn(|j| t4[j] + t4[j + 2]);
     t2[0] + t2[1]
 }
 
-/// A row's group scales for block `b`: `Q6_K`'s `d·sc`, else the f32 scale held.
-fn scales(mat: &QMatrix, r: usize, b: usize) -> [f32; LANES] {
-    let g = mat.cols() / LANES;
-    let at = r * g + b * LANES;
-    if mat.sc8.is_empty() {
-        std::array::from_fn(|j| mat.scales[at + j])
-    } else {
-        let d = mat.supers[r * (mat.cols() / BLOCK) + b];
-        std::array::from_fn(|j| d * f32::from(mat.sc8[at + j]))
-    }
+/// Activation rows a thread runs against its panels at a time.
+fn chunk_rows(cols: usize) -> usize {
+    (CHUNK_BYTES / (2 * cols))
+        .max(ROWS_512)
+        .next_multiple_of(ROWS_512)
 }
 
 /// `y = x · Wᵀ` through the panels (the caller checked the lengths and that the CPU runs `isa`).
@@ -182,33 +292,21 @@ pub(crate) fn product(
     let rows = mat.rows();
     let kernel = kernel_for(isa);
     let a = prepare(x, m, mat.cols(), kernel);
+    let panels = rows.div_ceil(PANEL_ROWS);
     let units = if rows * mat.cols() * m < PAR_MIN_MACS {
         1
     } else {
-        threads.min(rows.div_ceil(ROW_ALIGN)).max(1)
+        threads.min(panels).max(1)
     };
-    let share = rows.div_ceil(units).next_multiple_of(ROW_ALIGN);
+    let share = panels.div_ceil(units);
     let out = Out::new(y, rows);
+    let chunk = chunk_rows(mat.cols());
     let run = |u: usize| {
-        let (r0, r1) = ((u * share).min(rows), ((u + 1) * share).min(rows));
-        for c0 in (0..m).step_by(CHUNK) {
-            let c1 = (c0 + CHUNK).min(m);
-            let mut r = r0;
-            // Four weight rows at a time where the kernel has that form and several rows share
-            // them (the same integers and float order as one row at a time: the same bits).
-            if kernel == Kernel::Vnni && c1 - c0 > 1 {
-                while r + QUAD <= r1 {
-                    quads_of(mat, pan, r, &a, c0, c1, out);
-                    r += QUAD;
-                }
-            }
-            for r in r..r1 {
-                let mut i = c0;
-                while i < c1 {
-                    let n = ROWS.min(c1 - i);
-                    rows_of(kernel, mat, pan, r, &a, i, n, out);
-                    i += n;
-                }
+        let (p0, p1) = ((u * share).min(panels), ((u + 1) * share).min(panels));
+        for c0 in (0..m).step_by(chunk) {
+            let c1 = (c0 + chunk).min(m);
+            for p in p0..p1 {
+                panel(kernel, pan, p, &a, c0, c1, out);
             }
         }
     };
@@ -219,360 +317,331 @@ pub(crate) fn product(
     }
 }
 
-/// Weight rows `r..r + 4` against activation rows `c0..c1` on the VNNI kernel.
-fn quads_of(mat: &QMatrix, pan: &Panels, r: usize, a: &Acts, c0: usize, c1: usize, out: Out) {
-    let len = pan.blocks * BLOCK;
-    let codes = &pan.codes[r * len..][..QUAD * len];
+/// Panel `p` against activation rows `c0..c1`.
+fn panel(kernel: Kernel, pan: &Panels, p: usize, a: &Acts, c0: usize, c1: usize, out: Out) {
+    let r0 = p * PANEL_ROWS;
+    let live = PANEL_ROWS.min(pan.rows - r0);
     let mut i = c0;
     while i < c1 {
-        let n = QUAD_ROWS.min(c1 - i);
-        let mut y = [[0f32; QUAD]; QUAD_ROWS];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: only `Kernel::Vnni` calls this, which `kernel_for` chose where the CPU reports
-        // AVX-512 BW and VNNI; `codes` holds rows `r..r + 4`, rows `i..i + n` exist in `a`,
-        // prepared for this kernel.
-        unsafe {
-            match n {
-                1 => x86::quad_vnni::<1>(mat, codes, r, a, i, &mut y),
-                _ => x86::quad_vnni::<QUAD_ROWS>(mat, codes, r, a, i, &mut y),
+        let mut y = [[0f32; PANEL_ROWS]; ROWS_512];
+        let n = match kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Vnni => {
+                let n = ROWS_512.min(c1 - i);
+                macro_rules! by_n {
+                    ($($k:literal)*) => {
+                        match n {
+                            // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports
+                            // AVX-512 BW and VNNI; rows `i..i + n` exist in `a`, prepared for
+                            // it; `p` is a panel of `pan`, of `a`'s width.
+                            $($k => unsafe { x86::panel_vnni::<$k>(pan, p, a, i, &mut y) },)*
+                            _ => {}
+                        }
+                    };
+                }
+                by_n!(1 2 3 4 5 6 7 8);
+                n
             }
-        }
-        for (k, row) in y.iter().enumerate().take(n) {
-            out.put_run(i + k, r, row);
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                let n = ROWS_256.min(c1 - i);
+                macro_rules! by_n {
+                    ($($k:literal)*) => {
+                        match n {
+                            // SAFETY: `kernel_for` chose `Avx2` only where the CPU reports AVX2
+                            // and FMA; rows `i..i + n` exist in `a`; `p` is a panel of `pan`, of
+                            // `a`'s width.
+                            $($k => unsafe { x86::panel_avx2::<$k>(pan, p, a, i, &mut y) },)*
+                            _ => {}
+                        }
+                    };
+                }
+                by_n!(1 2 3 4);
+                n
+            }
+            _ => {
+                let n = ROWS_512.min(c1 - i);
+                for (k, yk) in y.iter_mut().enumerate().take(n) {
+                    for (lane, v) in yk.iter_mut().enumerate().take(live) {
+                        *v = scalar(pan, p, lane, a, i + k);
+                    }
+                }
+                n
+            }
+        };
+        for (k, yk) in y.iter().enumerate().take(n) {
+            out.put_run(i + k, r0, &yk[..live]);
         }
         i += n;
     }
 }
 
-/// Weight row `r` against activation rows `i0..i0 + n` (`n ≤ ROWS`).
-#[allow(clippy::too_many_arguments)]
-fn rows_of(
-    kernel: Kernel,
-    mat: &QMatrix,
-    pan: &Panels,
-    r: usize,
-    a: &Acts,
-    i0: usize,
-    n: usize,
-    out: Out,
-) {
-    let mut y = [0f32; ROWS];
-    let codes = &pan.codes[r * pan.blocks * BLOCK..][..pan.blocks * BLOCK];
-    // One call of `$f::<n>` for the row count (a kernel's accumulators are its registers).
-    #[cfg(target_arch = "x86_64")]
-    macro_rules! by_n {
-        ($f:ident) => {
-            match n {
-                1 => x86::$f::<1>(mat, codes, r, a, i0, &mut y),
-                2 => x86::$f::<2>(mat, codes, r, a, i0, &mut y),
-                3 => x86::$f::<3>(mat, codes, r, a, i0, &mut y),
-                4 => x86::$f::<4>(mat, codes, r, a, i0, &mut y),
-                _ => {}
-            }
-        };
-    }
-    match kernel {
-        // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports AVX-512 BW and VNNI;
-        // rows `i0..i0 + n` exist in `a`, prepared for this kernel and laid out for `pan`.
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Vnni => unsafe { by_n!(row_vnni) },
-        // SAFETY: `kernel_for` chose `Avx2` only where the CPU reports AVX2 and FMA; rows
-        // `i0..i0 + n` exist in `a`, prepared for this kernel and laid out for `pan`.
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { by_n!(row_avx2) },
-        _ => {
-            for (i, yi) in y.iter_mut().enumerate().take(n) {
-                *yi = scalar(mat, codes, r, a, i0 + i);
-            }
-        }
-    }
-    for (i, v) in y.iter().enumerate().take(n) {
-        out.put(i0 + i, r, *v);
-    }
-}
-
-/// The reference: weight row `r` (its repacked `codes`) against activation row `i`.
-fn scalar(mat: &QMatrix, codes: &[u8], r: usize, a: &Acts, i: usize) -> f32 {
-    let mut acc = [0f32; LANES];
-    for b in 0..a.blocks {
-        let s = scales(mat, r, b);
-        let w = &codes[b * BLOCK..][..BLOCK];
-        let xq = &a.q16[(i * a.blocks + b) * BLOCK..][..BLOCK];
-        for (j, lane) in acc.iter_mut().enumerate() {
-            let isum: i32 = (0..LANES)
-                .map(|k| {
-                    let at = slot(j * LANES + k);
-                    i32::from((w[at] ^ 0x80) as i8) * i32::from(xq[at])
-                })
+/// The reference: lane `lane` of panel `p` against activation row `i`.
+fn scalar(pan: &Panels, p: usize, lane: usize, a: &Acts, i: usize) -> f32 {
+    let mut sums = [0f32; POSITIONS];
+    for (j, sum) in sums.iter_mut().enumerate() {
+        for b in 0..a.blocks {
+            let g = group_at(a.blocks, b, j);
+            let w = &pan.codes[(p * pan.groups() + g) * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let c0 = b * BLOCK + j * GROUP;
+            let isum: i32 = (0..GROUP)
+                .map(|k| i32::from((w[byte_at(lane, k)] ^ 0x80) as i8) * a.q.value(i, c0 + k))
                 .sum();
-            let sd = s[j] * a.dx[(i * a.blocks + b) * LANES + j];
-            *lane = (isum as f32).mul_add(sd, *lane);
+            let sd = pan.scale(p, g, lane) * a.dx[i * pan.groups() + g];
+            *sum = (isum as f32).mul_add(sd, *sum);
         }
     }
-    tree16(&acc)
+    tree16(&sums)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Acts, BLOCK, LANES, QUAD, QUAD_ROWS};
-    use crate::QMatrix;
+    use super::{Acts, PANEL_GROUP_BYTES, PANEL_ROWS, POSITIONS, Panels, Scales};
 
-    /// A block's 16 group scales of row `r` (`Q6_K`: `d·sc`, formed as [`super::scales`] does).
+    /// Group `g` of panel `p`'s 16 scales (`Q6_K`: `d·sc`, formed as [`Panels::scale`] does).
     ///
     /// # Safety
-    /// The CPU runs AVX-512 F; block `b` and row `r` are the matrix's.
+    /// The CPU runs AVX-512 F; `p` is a panel of `pan` and `g` one of its groups.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn scales512(mat: &QMatrix, r: usize, b: usize) -> __m512 {
-        let at = r * (mat.cols() / LANES) + b * LANES;
-        // SAFETY: 16 scales (or scale bytes) of row `r` from block `b`'s first group.
+    unsafe fn scales512(pan: &Panels, p: usize, g: usize) -> __m512 {
+        let at = (p * pan.groups() + g) * PANEL_ROWS;
+        // SAFETY: 16 scales (or scale bytes) per panel group, 16 `d` per panel block.
         unsafe {
-            if mat.sc8.is_empty() {
-                _mm512_loadu_ps(mat.scales.as_ptr().add(at))
-            } else {
-                let d = mat.supers[r * (mat.cols() / BLOCK) + b];
-                let sc = _mm_loadu_si128(mat.sc8.as_ptr().add(at).cast());
-                _mm512_mul_ps(
-                    _mm512_set1_ps(d),
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)),
-                )
+            match &pan.scales {
+                Scales::F32(s) => _mm512_loadu_ps(s.as_ptr().add(at)),
+                Scales::K { sc, d } => {
+                    let b = g % pan.blocks;
+                    let dv = _mm512_loadu_ps(d.as_ptr().add((p * pan.blocks + b) * PANEL_ROWS));
+                    let s = _mm_loadu_si128(sc.as_ptr().add(at).cast());
+                    _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s)))
+                }
             }
         }
     }
 
-    /// [`super::tree16`] on a register.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn tree512(v: __m512) -> f32 {
-        let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v);
-        let t8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_castps512_ps256(hi));
-        tree256(t8)
-    }
-
-    /// Lanes `j + 4`, `j + 2`, `j + 1` of eight sums (the rest of [`super::tree16`]).
+    /// The AVX2 half (`half`: lanes `8·half..8·half + 8`) of [`scales512`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `p` is a panel of `pan` and `g` one of its groups.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn tree256(t8: __m256) -> f32 {
-        let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps::<1>(t8));
-        let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-        _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps::<0b01>(t2, t2)))
-    }
-
-    /// Weight row `r` (its repacked `codes`) against activation rows `i0..i0 + R` into `y`.
-    ///
-    /// # Safety
-    /// The CPU runs AVX-512 F, BW and VNNI; `codes` is row `r`'s `blocks · 256` bytes and rows
-    /// `i0..i0 + R` exist in `a`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn row_vnni<const R: usize>(
-        mat: &QMatrix,
-        codes: &[u8],
-        r: usize,
-        a: &Acts,
-        i0: usize,
-        y: &mut [f32; super::ROWS],
-    ) {
-        let flip = _mm512_set1_epi8(0x80u8 as i8);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..a.blocks {
-            let mut h = [_mm512_setzero_si512(); R];
-            let mut l = [_mm512_setzero_si512(); R];
-            for t in 0..4 {
-                // SAFETY: `codes` holds the block's four 64-byte vectors.
-                let wu =
-                    unsafe { _mm512_loadu_si512(codes.as_ptr().add(b * BLOCK + 64 * t).cast()) };
-                let ws = _mm512_xor_si512(wu, flip);
-                for i in 0..R {
-                    let at = ((i0 + i) * a.blocks + b) * BLOCK + 64 * t;
-                    // SAFETY: row `i0 + i` holds the block's 256 bytes in each array.
-                    let (xh, xl) = unsafe {
-                        (
-                            _mm512_loadu_si512(a.high.as_ptr().add(at).cast()),
-                            _mm512_loadu_si512(a.low.as_ptr().add(at).cast()),
-                        )
-                    };
-                    h[i] = _mm512_dpbusd_epi32(h[i], wu, xh);
-                    l[i] = _mm512_dpbusd_epi32(l[i], xl, ws);
+    unsafe fn scales256(pan: &Panels, p: usize, g: usize, half: usize) -> __m256 {
+        let at = (p * pan.groups() + g) * PANEL_ROWS + 8 * half;
+        // SAFETY: 16 scales (or scale bytes) per panel group, 16 `d` per panel block.
+        unsafe {
+            match &pan.scales {
+                Scales::F32(s) => _mm256_loadu_ps(s.as_ptr().add(at)),
+                Scales::K { sc, d } => {
+                    let b = g % pan.blocks;
+                    let dv = _mm256_loadu_ps(
+                        d.as_ptr().add((p * pan.blocks + b) * PANEL_ROWS + 8 * half),
+                    );
+                    let s = _mm_loadl_epi64(sc.as_ptr().add(at).cast());
+                    _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)))
                 }
             }
-            // SAFETY: block `b` of row `r`.
-            let s = unsafe { scales512(mat, r, b) };
-            for i in 0..R {
-                let k = ((i0 + i) * a.blocks + b) * LANES;
-                // SAFETY: 16 entries per row and block.
-                let (corr, dx) = unsafe {
-                    (
-                        _mm512_loadu_si512(a.corr.as_ptr().add(k).cast()),
-                        _mm512_loadu_ps(a.dx.as_ptr().add(k)),
-                    )
-                };
-                let isum =
-                    _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32::<8>(h[i]), l[i]), corr);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, dx), acc[i]);
-            }
-        }
-        for (yi, v) in y.iter_mut().zip(acc) {
-            *yi = tree512(v);
         }
     }
 
-    /// [`row_vnni`] for weight rows `r..r + 4` at once against activation rows `i0..i0 + R`
-    /// (`R ≤ 2`): each activation vector loaded serves the four rows. Per row and activation
-    /// row the same integer sums and float steps in the same order: the same bits.
+    /// `acc` plus, per 32-bit lane, the four products of `u`'s unsigned bytes with the four
+    /// signed bytes at `p` (broadcast): `vpdpbusd` with a broadcast operand. Written out (and
+    /// [`dpbusd_unsigned_bcst`]) because LLVM hoists every broadcast of a group ahead of the
+    /// products and spills them to the stack, which halved the kernel's rate.
     ///
     /// # Safety
-    /// The CPU runs AVX-512 F, BW and VNNI; `codes` is rows `r..r + 4`'s `4 · blocks · 256`
-    /// bytes and rows `i0..i0 + R` exist in `a`.
+    /// The CPU runs AVX-512 F and VNNI; `p` points at 4 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dpbusd_signed_bcst(acc: __m512i, u: __m512i, p: *const i8) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: the caller's promise; the instruction reads 4 bytes at `p` and writes `acc`.
+        unsafe {
+            std::arch::asm!(
+                "vpdpbusd {acc}, {u}, dword ptr [{p}]{{1to16}}",
+                acc = inout(zmm_reg) acc,
+                u = in(zmm_reg) u,
+                p = in(reg) p,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        acc
+    }
+
+    /// `acc` plus, per 32-bit lane, the four products of the unsigned bytes at `p`
+    /// (broadcast) with `s`'s signed bytes.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and VNNI; `p` points at 4 readable bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dpbusd_unsigned_bcst(acc: __m512i, p: *const u8, s: __m512i) -> __m512i {
+        let mut acc = acc;
+        // SAFETY: the caller's promise; the broadcast reads 4 bytes at `p`.
+        unsafe {
+            std::arch::asm!(
+                "vpbroadcastd {x}, dword ptr [{p}]",
+                "vpdpbusd {acc}, {x}, {s}",
+                acc = inout(zmm_reg) acc,
+                x = out(zmm_reg) _,
+                s = in(zmm_reg) s,
+                p = in(reg) p,
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        acc
+    }
+
+    /// Panel `p` against activation rows `i0..i0 + R` into `y[i][lane]`: per group position,
+    /// the rows' sums over the blocks in registers, then the tree over positions (as
+    /// [`super::tree16`], on 16 rows at once).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F, BW and VNNI; `p` is a panel of `pan`; rows `i0..i0 + R` exist
+    /// in `a`, prepared for this kernel, of the panels' width.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn quad_vnni<const R: usize>(
-        mat: &QMatrix,
-        codes: &[u8],
-        r: usize,
+    pub(super) unsafe fn panel_vnni<const R: usize>(
+        pan: &Panels,
+        p: usize,
         a: &Acts,
         i0: usize,
-        y: &mut [[f32; QUAD]; QUAD_ROWS],
+        y: &mut [[f32; PANEL_ROWS]; super::ROWS_512],
     ) {
         let flip = _mm512_set1_epi8(0x80u8 as i8);
-        let len = a.blocks * BLOCK;
-        let mut acc = [[_mm512_setzero_ps(); R]; QUAD];
-        for b in 0..a.blocks {
-            let mut h = [[_mm512_setzero_si512(); R]; QUAD];
-            let mut l = [[_mm512_setzero_si512(); R]; QUAD];
-            for t in 0..4 {
-                let mut xh = [_mm512_setzero_si512(); R];
-                let mut xl = [_mm512_setzero_si512(); R];
-                for i in 0..R {
-                    let at = ((i0 + i) * a.blocks + b) * BLOCK + 64 * t;
-                    // SAFETY: row `i0 + i` holds the block's 256 bytes in each array.
-                    unsafe {
-                        xh[i] = _mm512_loadu_si512(a.high.as_ptr().add(at).cast());
-                        xl[i] = _mm512_loadu_si512(a.low.as_ptr().add(at).cast());
-                    }
-                }
-                for (w, (hw, lw)) in h.iter_mut().zip(l.iter_mut()).enumerate() {
-                    // SAFETY: `codes` holds the four rows' blocks of four 64-byte vectors.
-                    let wu = unsafe {
-                        _mm512_loadu_si512(codes.as_ptr().add(w * len + b * BLOCK + 64 * t).cast())
-                    };
+        let groups = pan.groups();
+        let mut sums = [[_mm512_setzero_ps(); R]; POSITIONS];
+        for (j, sum) in sums.iter_mut().enumerate() {
+            let mut acc = [_mm512_setzero_ps(); R];
+            for b in 0..pan.blocks {
+                let g = super::group_at(pan.blocks, b, j);
+                // SAFETY: a panel group holds four 64-byte vectors.
+                let w = unsafe { pan.codes.as_ptr().add((p * groups + g) * PANEL_GROUP_BYTES) };
+                let mut h = [_mm512_setzero_si512(); R];
+                let mut l = [_mm512_setzero_si512(); R];
+                for t in 0..4 {
+                    // SAFETY: vector `t` of the group.
+                    let wu = unsafe { _mm512_loadu_si512(w.add(64 * t).cast()) };
                     let ws = _mm512_xor_si512(wu, flip);
                     for i in 0..R {
-                        hw[i] = _mm512_dpbusd_epi32(hw[i], wu, xh[i]);
-                        lw[i] = _mm512_dpbusd_epi32(lw[i], xl[i], ws);
+                        let at = ((i0 + i) * groups + g) * super::GROUP + 4 * t;
+                        // SAFETY: row `i0 + i` holds the group's columns in both arrays.
+                        unsafe {
+                            h[i] = dpbusd_signed_bcst(h[i], wu, a.high.as_ptr().add(at).cast());
+                            l[i] = dpbusd_unsigned_bcst(l[i], a.low.as_ptr().add(at), ws);
+                        }
                     }
                 }
-            }
-            for (w, accw) in acc.iter_mut().enumerate() {
-                // SAFETY: block `b` of row `r + w`.
-                let s = unsafe { scales512(mat, r + w, b) };
+                // SAFETY: `g` is a group of panel `p`.
+                let s = unsafe { scales512(pan, p, g) };
                 for i in 0..R {
-                    let k = ((i0 + i) * a.blocks + b) * LANES;
-                    // SAFETY: 16 entries per row and block.
-                    let (corr, dx) = unsafe {
-                        (
-                            _mm512_loadu_si512(a.corr.as_ptr().add(k).cast()),
-                            _mm512_loadu_ps(a.dx.as_ptr().add(k)),
-                        )
-                    };
+                    let k = (i0 + i) * groups + g;
                     let isum = _mm512_sub_epi32(
-                        _mm512_add_epi32(_mm512_slli_epi32::<8>(h[w][i]), l[w][i]),
-                        corr,
+                        _mm512_add_epi32(_mm512_slli_epi32::<8>(h[i]), l[i]),
+                        _mm512_set1_epi32(a.corr[k]),
                     );
-                    accw[i] =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, dx), accw[i]);
+                    acc[i] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(isum),
+                        _mm512_mul_ps(s, _mm512_set1_ps(a.dx[k])),
+                        acc[i],
+                    );
                 }
             }
+            *sum = acc;
         }
-        for (w, accw) in acc.iter().enumerate() {
-            for (i, v) in accw.iter().enumerate() {
-                y[i][w] = tree512(*v);
-            }
+        for (i, yi) in y.iter_mut().enumerate().take(R) {
+            let t8: [__m512; 8] =
+                std::array::from_fn(|j| _mm512_add_ps(sums[j][i], sums[j + 8][i]));
+            let t4: [__m512; 4] = std::array::from_fn(|j| _mm512_add_ps(t8[j], t8[j + 4]));
+            let t2: [__m512; 2] = std::array::from_fn(|j| _mm512_add_ps(t4[j], t4[j + 2]));
+            // SAFETY: `yi` holds 16 floats.
+            unsafe { _mm512_storeu_ps(yi.as_mut_ptr(), _mm512_add_ps(t2[0], t2[1])) };
         }
     }
 
-    /// [`row_vnni`] with 16-bit products (`vpmaddwd`): the same integer sums.
+    /// [`panel_vnni`] with 16-bit products (`vpmaddwd`), 8 rows of the panel at a time: the
+    /// bytes sign-extended into words pairing columns `(0, 2)` and `(1, 3)` of each four, as the
+    /// int16 activations are stored. The same integer sums and float steps.
     ///
     /// # Safety
-    /// The CPU runs AVX2 and FMA; `codes` is row `r`'s `blocks · 256` bytes and rows
-    /// `i0..i0 + R` exist in `a`.
+    /// The CPU runs AVX2 and FMA; `p` is a panel of `pan`; rows `i0..i0 + R` exist in `a`, of
+    /// the panels' width.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn row_avx2<const R: usize>(
-        mat: &QMatrix,
-        codes: &[u8],
-        r: usize,
+    pub(super) unsafe fn panel_avx2<const R: usize>(
+        pan: &Panels,
+        p: usize,
         a: &Acts,
         i0: usize,
-        y: &mut [f32; super::ROWS],
+        y: &mut [[f32; PANEL_ROWS]; super::ROWS_512],
     ) {
-        let flip = _mm_set1_epi8(0x80u8 as i8);
-        // hadd of two quarters gives lanes (0, 1, 4, 5, 2, 3, 6, 7) of their eight.
-        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-        let g = mat.cols() / LANES;
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for b in 0..a.blocks {
-            let at = r * g + b * LANES;
-            let s: [__m256; 2] = std::array::from_fn(|half| {
-                // SAFETY: 16 scales (or scale bytes) of row `r` from block `b`'s first group.
+        let flip = _mm256_set1_epi8(0x80u8 as i8);
+        let groups = pan.groups();
+        let q16 = a.q.q16();
+        for half in 0..2 {
+            let mut sums = [[_mm256_setzero_ps(); R]; POSITIONS];
+            for (j, sum) in sums.iter_mut().enumerate() {
+                let mut acc = [_mm256_setzero_ps(); R];
+                for b in 0..pan.blocks {
+                    let g = super::group_at(pan.blocks, b, j);
+                    let col = b * super::BLOCK + j * super::GROUP;
+                    // SAFETY: a panel group holds four 64-byte vectors.
+                    let w = unsafe {
+                        pan.codes
+                            .as_ptr()
+                            .add((p * groups + g) * PANEL_GROUP_BYTES + 32 * half)
+                    };
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for t in 0..4 {
+                        // SAFETY: half `half` of vector `t` of the group.
+                        let ws = _mm256_xor_si256(
+                            unsafe { _mm256_loadu_si256(w.add(64 * t).cast()) },
+                            flip,
+                        );
+                        let even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(ws));
+                        let odd = _mm256_srai_epi16::<8>(ws);
+                        for (i, s) in isum.iter_mut().enumerate() {
+                            let at = (i0 + i) * a.cols + col + 4 * t;
+                            // SAFETY: row `i0 + i` holds the four columns from `at`, in the
+                            // int16 layout's order (columns 0, 2, 1, 3).
+                            let (x02, x13) = unsafe {
+                                (
+                                    std::ptr::read_unaligned(q16.as_ptr().add(at).cast::<i32>()),
+                                    std::ptr::read_unaligned(
+                                        q16.as_ptr().add(at + 2).cast::<i32>(),
+                                    ),
+                                )
+                            };
+                            let pairs = _mm256_add_epi32(
+                                _mm256_madd_epi16(even, _mm256_set1_epi32(x02)),
+                                _mm256_madd_epi16(odd, _mm256_set1_epi32(x13)),
+                            );
+                            *s = _mm256_add_epi32(*s, pairs);
+                        }
+                    }
+                    // SAFETY: `g` is a group of panel `p`.
+                    let s = unsafe { scales256(pan, p, g, half) };
+                    for i in 0..R {
+                        let k = (i0 + i) * groups + g;
+                        acc[i] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(isum[i]),
+                            _mm256_mul_ps(s, _mm256_set1_ps(a.dx[k])),
+                            acc[i],
+                        );
+                    }
+                }
+                *sum = acc;
+            }
+            for (i, yi) in y.iter_mut().enumerate().take(R) {
+                let t8: [__m256; 8] =
+                    std::array::from_fn(|j| _mm256_add_ps(sums[j][i], sums[j + 8][i]));
+                let t4: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(t8[j], t8[j + 4]));
+                let t2: [__m256; 2] = std::array::from_fn(|j| _mm256_add_ps(t4[j], t4[j + 2]));
+                // SAFETY: `yi` holds 16 floats; this writes lanes `8·half..8·half + 8`.
                 unsafe {
-                    if mat.sc8.is_empty() {
-                        _mm256_loadu_ps(mat.scales.as_ptr().add(at + 8 * half))
-                    } else {
-                        let d = mat.supers[r * (mat.cols() / BLOCK) + b];
-                        let sc = _mm_loadl_epi64(mat.sc8.as_ptr().add(at + 8 * half).cast());
-                        _mm256_mul_ps(
-                            _mm256_set1_ps(d),
-                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)),
-                        )
-                    }
-                }
-            });
-            for (i, acc) in acc.iter_mut().enumerate() {
-                // Per quarter of the lanes (4 groups): two dwords a group.
-                let (mut p0, mut p1, mut p2, mut p3) = (
-                    _mm256_setzero_si256(),
-                    _mm256_setzero_si256(),
-                    _mm256_setzero_si256(),
-                    _mm256_setzero_si256(),
-                );
-                let row = ((i0 + i) * a.blocks + b) * BLOCK;
-                for t in 0..4 {
-                    // SAFETY: `codes` holds the block's four 64-byte vectors, and row `i0 + i`
-                    // of the activations the block's 256 words.
-                    unsafe {
-                        let w = codes.as_ptr().add(b * BLOCK + 64 * t);
-                        let x = a.q16.as_ptr().add(row + 64 * t);
-                        let words = |k: usize| {
-                            _mm256_cvtepi8_epi16(_mm_xor_si128(
-                                _mm_loadu_si128(w.add(16 * k).cast()),
-                                flip,
-                            ))
-                        };
-                        let xs = |k: usize| _mm256_loadu_si256(x.add(16 * k).cast());
-                        p0 = _mm256_add_epi32(p0, _mm256_madd_epi16(words(0), xs(0)));
-                        p1 = _mm256_add_epi32(p1, _mm256_madd_epi16(words(1), xs(1)));
-                        p2 = _mm256_add_epi32(p2, _mm256_madd_epi16(words(2), xs(2)));
-                        p3 = _mm256_add_epi32(p3, _mm256_madd_epi16(words(3), xs(3)));
-                    }
-                }
-                let k = ((i0 + i) * a.blocks + b) * LANES;
-                for (half, sums) in [
-                    (0, _mm256_hadd_epi32(p0, p1)),
-                    (1, _mm256_hadd_epi32(p2, p3)),
-                ] {
-                    let sums = _mm256_permutevar8x32_epi32(sums, order);
-                    // SAFETY: 16 entries per row and block.
-                    let dx = unsafe { _mm256_loadu_ps(a.dx.as_ptr().add(k + 8 * half)) };
-                    acc[half] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sums),
-                        _mm256_mul_ps(s[half], dx),
-                        acc[half],
-                    );
+                    _mm256_storeu_ps(yi.as_mut_ptr().add(8 * half), _mm256_add_ps(t2[0], t2[1]));
                 }
             }
-        }
-        for (yi, v) in y.iter_mut().zip(acc) {
-            *yi = tree256(_mm256_add_ps(v[0], v[1]));
         }
     }
 }

@@ -342,6 +342,11 @@ pub(crate) fn dequantized(x: &[f32], m: usize, cols: usize, bits: Bits) -> Vec<f
 }
 
 impl Quantized {
+    /// The int16 activations, `[m][cols]`, each group in [`i16_slot`] order (empty for int8).
+    pub(crate) fn q16(&self) -> &[i16] {
+        &self.q16
+    }
+
     /// Row `i`'s scale `dx` of group `g`.
     pub(crate) fn scale(&self, i: usize, g: usize) -> f32 {
         self.d[i * self.groups + g]

@@ -426,8 +426,13 @@ impl QMatrix {
                     m.supers = Vec::new();
                 }
             }
-            // The scales stay in rows; the codes are the panels'.
-            Some((_, Panels::Bytes(_))) => m.codes = Vec::new(),
+            // The codes and scales are the panels'.
+            Some((_, Panels::Bytes(_))) => {
+                m.codes = Vec::new();
+                m.scales = Vec::new();
+                m.sc8 = Vec::new();
+                m.supers = Vec::new();
+            }
             None => {}
         }
         m
@@ -447,8 +452,12 @@ impl QMatrix {
                 for r in 0..self.rows {
                     p.row_into(r, &mut codes);
                 }
+                let (scales, sc8, supers) = p.scales_back();
                 return Self {
                     codes,
+                    scales,
+                    sc8,
+                    supers,
                     int: None,
                     ..self
                 };
@@ -610,9 +619,10 @@ impl QMatrix {
             Some((_, Panels::Bytes(p))) => {
                 let mut codes = Vec::with_capacity(self.cols);
                 p.row_into(r, &mut codes);
-                let mut buf = Vec::new();
+                let mut scales = Vec::new();
+                p.row_scales_into(r, &mut scales);
                 let row = Row {
-                    scales: self.byte_scales(r, &mut buf),
+                    scales: &scales,
                     offsets: &[],
                     codes: &codes,
                 };
