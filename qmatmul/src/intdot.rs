@@ -293,6 +293,22 @@ pub(crate) fn quantize(x: &[f32], m: usize, cols: usize, bits: Bits) -> Quantize
         d: vec![0.0; m * groups],
         s: vec![0.0; m * groups],
     };
+    #[cfg(target_arch = "x86_64")]
+    if bits == Bits::I16
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+    {
+        // SAFETY: the CPU runs AVX-512 F and BW; the arrays hold `m · cols` values and
+        // `m · groups` groups.
+        unsafe { x86::quantize_i16(&x[..m * cols], &mut a.q16, &mut a.d, &mut a.s) };
+        return a;
+    }
+    quantize_groups(x, m, cols, bits, &mut a);
+    a
+}
+
+/// [`quantize`] one group at a time (every CPU; the reference of the AVX-512 form).
+fn quantize_groups(x: &[f32], m: usize, cols: usize, bits: Bits, a: &mut Quantized) {
     let levels = bits.levels();
     for (i, xg) in x[..m * cols].chunks_exact(GROUP).enumerate() {
         // The largest magnitude, in eight lanes (exact in any order).
@@ -330,7 +346,6 @@ pub(crate) fn quantize(x: &[f32], m: usize, cols: usize, bits: Bits) -> Quantize
         a.d[i] = dx;
         a.s[i] = dx * sum as f32;
     }
-    a
 }
 
 /// [`quantize`]'s rows scaled back to floats (`dx·xq`), in column order.
@@ -543,7 +558,9 @@ pub(crate) fn scalar(row: Row<'_>, a: &Quantized, i: usize) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP, PANEL_GROUP_BYTES, PANEL_ROWS, Panels, Quantized, SUPER_GROUPS, Scales};
+    use super::{
+        Bits, GROUP, PANEL_GROUP_BYTES, PANEL_ROWS, Panels, Quantized, SUPER_GROUPS, Scales,
+    };
     use crate::kernel::Out;
 
     /// The 32-bit lane of activations at element `at` to broadcast: four int8 ones, or two
@@ -585,6 +602,67 @@ mod x86 {
             );
         }
         acc
+    }
+
+    /// [`super::quantize_groups`] for int16, a group of 32 in two registers: the same
+    /// operations in the same roundings (largest magnitude ignoring NaN, `v·inv + MAGIC −
+    /// MAGIC`, the clamp, a NaN lane 0, the integer sum), so the same bits; stored in
+    /// [`super::i16_slot`] order by one word permutation.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW; `x` and `q16` hold `32 · d.len()` values and `s` as many
+    /// as `d`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn quantize_i16(x: &[f32], q16: &mut [i16], d: &mut [f32], s: &mut [f32]) {
+        let levels = Bits::I16.levels();
+        let slots: [i16; GROUP] = std::array::from_fn(|k| super::i16_slot(k) as i16);
+        // SAFETY: 32 words.
+        let order = unsafe { _mm512_loadu_si512(slots.as_ptr().cast()) };
+        let (magic, hi, lo) = (
+            _mm512_set1_ps(super::MAGIC),
+            _mm512_set1_ps(levels),
+            _mm512_set1_ps(-levels),
+        );
+        for (g, xg) in x.chunks_exact(GROUP).enumerate() {
+            // SAFETY: the group's 32 floats.
+            let v = unsafe {
+                [
+                    _mm512_loadu_ps(xg.as_ptr()),
+                    _mm512_loadu_ps(xg.as_ptr().add(16)),
+                ]
+            };
+            // |v| with NaN lanes as 0 (the scalar maximum ignores NaN).
+            let mag = v.map(|v| {
+                let a = _mm512_abs_ps(v);
+                _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(a, a), a)
+            });
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(mag[0], mag[1]));
+            if amax == 0.0 || !amax.is_finite() {
+                continue;
+            }
+            let inv = _mm512_set1_ps(levels / amax);
+            let r = v.map(|v| {
+                let t = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), magic), magic);
+                let live = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t);
+                let t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+                _mm512_maskz_mov_epi32(live, _mm512_cvttps_epi32(t))
+            });
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(r[0], r[1]));
+            let words = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm512_cvtepi32_epi16(r[0])),
+                _mm512_cvtepi32_epi16(r[1]),
+            );
+            // SAFETY: the group's 32 words.
+            unsafe {
+                _mm512_storeu_si512(
+                    q16.as_mut_ptr().add(g * GROUP).cast(),
+                    _mm512_permutexvar_epi16(order, words),
+                );
+            }
+            let dx = amax / levels;
+            d[g] = dx;
+            s[g] = dx * sum as f32;
+        }
     }
 
     /// Panel `p` against activation rows `i0..i0 + R`: 16 weight rows per register, one integer
@@ -781,5 +859,48 @@ mod x86 {
             unsafe { _mm256_storeu_ps(out8.as_mut_ptr(), *v) };
             out.put_run(i0 + i, r0 + 8 * half, &out8[..lanes]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The AVX-512 quantization is the scalar one, bit for bit, on ordinary, zero, huge,
+    /// infinite and NaN values.
+    #[test]
+    fn every_quantization_path_gives_the_same_codes_and_scales() {
+        let (m, cols) = (7, 256);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut x: Vec<f32> = (0..m * cols)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / 16_777_216.0 - 0.5) * 8.0
+            })
+            .collect();
+        x[0..32].fill(0.0);
+        x[40] = f32::NAN;
+        x[70] = f32::INFINITY;
+        x[100] = 3.0e38;
+        x[101] = -3.0e38;
+        x[130] = 1.0e-38;
+        x[200..232].fill(f32::NAN);
+        let fast = quantize(&x, m, cols, Bits::I16);
+        let mut slow = Quantized {
+            cols,
+            groups: cols / GROUP,
+            q: Vec::new(),
+            q16: vec![0; m * cols],
+            d: vec![0.0; m * cols / GROUP],
+            s: vec![0.0; m * cols / GROUP],
+        };
+        quantize_groups(&x, m, cols, Bits::I16, &mut slow);
+        assert_eq!(fast.q16, slow.q16);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast.d), bits(&slow.d));
+        assert_eq!(bits(&fast.s), bits(&slow.s));
+        assert!(slow.q16.iter().any(|&q| q != 0));
     }
 }
