@@ -33,9 +33,9 @@ fn main() {
         .split('/')
         .map(|v| v.parse().expect("GEOMETRY is HEADS/KV_HEADS/HEAD_DIM"))
         .collect();
-    let [heads, kv_heads, head_dim] = dims[..] else {
-        panic!("GEOMETRY is HEADS/KV_HEADS/HEAD_DIM, not {geometry}");
-    };
+    let [heads, kv_heads, head_dim]: [usize; 3] = dims
+        .try_into()
+        .expect("GEOMETRY is HEADS/KV_HEADS/HEAD_DIM");
     let shape = KvShape::new(1, kv_heads, head_dim).expect("shape");
     let rounds: usize = std::env::var("ROUNDS")
         .ok()
