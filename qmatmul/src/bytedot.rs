@@ -19,10 +19,19 @@
 //! vector load serves 16 rows and a broadcast of four activation columns, as in the nibble
 //! panels.
 //!
+//! A matrix whose every weight is in `-32..32` (`Q6_K` always, `Q5_0` too) is held in **six
+//! bits** a weight, as its blocks hold it: a group is three 64-byte vectors of `u = w + 32`, two
+//! of low nibbles (byte `4r + i` of the first holds columns `i` and `4 + i` of row `r`, the
+//! second columns `8 + i` and `12 + i`) and one of the high two bits (bits `2t, 2t + 1` of byte
+//! `4r + i`: column `4t + i`'s). The kernels rebuild the four byte vectors with shifts and masks
+//! (the same integers, so the same bits); a `Q6_K` matrix is 6.625 bits a weight instead of
+//! 8.625, and a decoded token reads a quarter fewer of its bytes.
+//!
 //! AVX-512 VNNI forms `Σ w·xq` from unsigned-by-signed byte products (`vpdpbusd`), the
 //! activation split into its bytes, `xq = 256·h + l` (`h` signed, `l` unsigned):
 //! `Σ w·xq = 256·(Σ (w + 128)·h − 128·Σ h) + Σ l·w`, the `128·Σ h` of each group formed with the
-//! activations. AVX2 multiplies 16-bit words (`vpmaddwd`) against the int16 activations as the
+//! activations; six-bit panels multiply `u = w + 32` both ways (`0 ≤ u < 64` is a signed byte
+//! too): `Σ w·xq = 256·Σ u·h + Σ l·u − 32·Σ xq`. AVX2 multiplies 16-bit words (`vpmaddwd`) against the int16 activations as the
 //! nibble kernels hold them; the scalar tier adds the products one by one. The sums are the same
 //! integers.
 #![allow(unsafe_code)]
@@ -41,6 +50,10 @@ const POSITIONS: usize = BLOCK / GROUP;
 const PANEL_ROWS: usize = 16;
 /// Code bytes of one panel's group: 16 rows × 16 columns.
 const PANEL_GROUP_BYTES: usize = PANEL_ROWS * GROUP;
+/// Code bytes of one six-bit panel's group: 16 rows × 16 columns × 6 bits.
+const SIX_GROUP_BYTES: usize = PANEL_ROWS * GROUP * 6 / 8;
+/// The offset of six-bit codes: `u = w + 32`.
+const SIX_OFFSET: i32 = 32;
 /// Quantization group of the activations (two weight groups).
 const ACT_GROUP: usize = 32;
 /// Multiply-adds below which one thread does the whole product.
@@ -69,7 +82,10 @@ enum Scales {
 pub(crate) struct Panels {
     rows: usize,
     blocks: usize,
-    /// `[panel][group][PANEL_GROUP_BYTES]`, `w + 128`.
+    /// Six bits a weight (every weight in `-32..32`), else a byte.
+    six: bool,
+    /// `[panel][group][PANEL_GROUP_BYTES]`, `w + 128`; six-bit: `[panel][group][SIX_GROUP_BYTES]`
+    /// (see the module doc).
     codes: Vec<u8>,
     scales: Scales,
 }
@@ -82,6 +98,17 @@ fn group_at(blocks: usize, b: usize, j: usize) -> usize {
 /// Where column `k` (0..16) of a group sits in its panel group's bytes, for lane `lane`.
 fn byte_at(lane: usize, k: usize) -> usize {
     64 * (k / 4) + 4 * lane + k % 4
+}
+
+/// Stores lane `lane`'s 16 weights (each in `-32..32`) in a six-bit panel group.
+fn set_six(group: &mut [u8], lane: usize, w: [i8; GROUP]) {
+    let u = w.map(|v| (i32::from(v) + SIX_OFFSET) as u8);
+    for i in 0..4 {
+        let at = 4 * lane + i;
+        group[at] = (u[i] & 0x0F) | (u[4 + i] & 0x0F) << 4;
+        group[64 + at] = (u[8 + i] & 0x0F) | (u[12 + i] & 0x0F) << 4;
+        group[128 + at] = (0..4).fold(0, |h, t| h | (u[4 * t + i] >> 4) << (2 * t));
+    }
 }
 
 impl Panels {
@@ -102,7 +129,23 @@ impl Panels {
                 d: vec![0.0; panels * blocks * PANEL_ROWS],
             }
         };
-        let mut codes = vec![0x80u8; panels * groups * PANEL_GROUP_BYTES];
+        let six = m
+            .codes
+            .iter()
+            .all(|&c| (-SIX_OFFSET..SIX_OFFSET).contains(&i32::from(c as i8)));
+        let group_bytes = if six {
+            SIX_GROUP_BYTES
+        } else {
+            PANEL_GROUP_BYTES
+        };
+        // Rows past the matrix hold weight 0 (`u = 32`: bit 1 of its high bits).
+        let mut codes = vec![0x80u8; panels * groups * group_bytes];
+        if six {
+            for g in codes.chunks_exact_mut(SIX_GROUP_BYTES) {
+                g[..128].fill(0);
+                g[128..].fill(0b1010_1010);
+            }
+        }
         for r in 0..rows {
             let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
             let row = &m.codes[r * cols..(r + 1) * cols];
@@ -117,9 +160,14 @@ impl Panels {
                         Scales::F32(s) => s[g * PANEL_ROWS + lane] = m.scales[src],
                         Scales::K { sc, .. } => sc[g * PANEL_ROWS + lane] = m.sc8[src],
                     }
-                    let dst = &mut codes[g * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
-                    for k in 0..GROUP {
-                        dst[byte_at(lane, k)] = row[b * BLOCK + j * GROUP + k] ^ 0x80;
+                    let dst = &mut codes[g * group_bytes..][..group_bytes];
+                    let w = |k: usize| row[b * BLOCK + j * GROUP + k];
+                    if six {
+                        set_six(dst, lane, std::array::from_fn(|k| w(k) as i8));
+                    } else {
+                        for k in 0..GROUP {
+                            dst[byte_at(lane, k)] = w(k) ^ 0x80;
+                        }
                     }
                 }
             }
@@ -127,6 +175,7 @@ impl Panels {
         Some(Self {
             rows,
             blocks,
+            six,
             codes,
             scales,
         })
@@ -136,14 +185,39 @@ impl Panels {
         self.blocks * POSITIONS
     }
 
+    /// Bytes of one panel group's codes.
+    fn group_bytes(&self) -> usize {
+        if self.six {
+            SIX_GROUP_BYTES
+        } else {
+            PANEL_GROUP_BYTES
+        }
+    }
+
+    /// Group `g` (panel order) of panel `p`'s codes.
+    fn group(&self, p: usize, g: usize) -> &[u8] {
+        let n = self.group_bytes();
+        &self.codes[(p * self.groups() + g) * n..][..n]
+    }
+
+    /// The weight of column `k` (0..16) of a group's codes, lane `lane`.
+    fn code(&self, group: &[u8], lane: usize, k: usize) -> i8 {
+        if !self.six {
+            return (group[byte_at(lane, k)] ^ 0x80) as i8;
+        }
+        let (t, i) = (k / 4, k % 4);
+        let nib = (group[64 * (t / 2) + 4 * lane + i] >> (4 * (t % 2))) & 0x0F;
+        let high = (group[128 + 4 * lane + i] >> (2 * t)) & 0x03;
+        (i32::from(nib | high << 4) - SIX_OFFSET) as i8
+    }
+
     /// Row `r`'s codes in column order (the byte form's row), appended to `out`.
     pub(crate) fn row_into(&self, r: usize, out: &mut Vec<u8>) {
         let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
         for b in 0..self.blocks {
             for j in 0..POSITIONS {
-                let g = p * self.groups() + group_at(self.blocks, b, j);
-                let src = &self.codes[g * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
-                out.extend((0..GROUP).map(|k| src[byte_at(lane, k)] ^ 0x80));
+                let src = self.group(p, group_at(self.blocks, b, j));
+                out.extend((0..GROUP).map(|k| self.code(src, lane, k) as u8));
             }
         }
     }
@@ -217,7 +291,8 @@ pub(crate) struct Acts {
     high: Vec<i8>,
     /// The same: its low byte `l` (unsigned).
     low: Vec<u8>,
-    /// `[m][groups]`, the panels' group order: `32,768·Σ h` over the group (VNNI only).
+    /// `[m][groups]`, the panels' group order: `32,768·Σ h` over the group, six-bit panels
+    /// `32·Σ xq` (VNNI only).
     corr: Vec<i32>,
     /// `[m][groups]`, the panels' group order: the group's `dx` (of its 32-column
     /// quantization group).
@@ -225,7 +300,7 @@ pub(crate) struct Acts {
 }
 
 /// Quantizes `m` rows of `cols` (whole blocks) floats into what `kernel` reads.
-pub(crate) fn prepare(x: &[f32], m: usize, cols: usize, kernel: Kernel) -> Acts {
+pub(crate) fn prepare(x: &[f32], m: usize, cols: usize, kernel: Kernel, six: bool) -> Acts {
     let q = quantize(x, m, cols, Bits::I16);
     let (blocks, groups) = (cols / BLOCK, cols / GROUP);
     let bytes = kernel == Kernel::Vnni;
@@ -246,16 +321,18 @@ pub(crate) fn prepare(x: &[f32], m: usize, cols: usize, kernel: Kernel) -> Acts 
                 let c0 = b * BLOCK + j * GROUP;
                 a.dx[g] = a.q.scale(i, c0 / ACT_GROUP);
                 if bytes {
-                    let mut sum = 0i32;
+                    let (mut high, mut all) = (0i32, 0i32);
                     for c in c0..c0 + GROUP {
                         let v = a.q.value(i, c);
                         // |v| ≤ 32,767: the high byte is in -128..128 (arithmetic shift).
                         let at = g * GROUP + c - c0;
                         a.high[at] = (v >> 8) as i8;
                         a.low[at] = (v & 0xFF) as u8;
-                        sum += v >> 8;
+                        high += v >> 8;
+                        all += v;
                     }
-                    a.corr[g] = 32_768 * sum;
+                    // |32·Σ xq| ≤ 32·16·32,767 < 2³¹.
+                    a.corr[g] = if six { SIX_OFFSET * all } else { 32_768 * high };
                 }
             }
         }
@@ -291,7 +368,7 @@ pub(crate) fn product(
 ) {
     let rows = mat.rows();
     let kernel = kernel_for(isa);
-    let a = prepare(x, m, mat.cols(), kernel);
+    let a = prepare(x, m, mat.cols(), kernel, pan.six);
     let panels = rows.div_ceil(PANEL_ROWS);
     let units = if rows * mat.cols() * m < PAR_MIN_MACS {
         1
@@ -334,7 +411,13 @@ fn panel(kernel: Kernel, pan: &Panels, p: usize, a: &Acts, c0: usize, c1: usize,
                             // SAFETY: `kernel_for` chose `Vnni` only where the CPU reports
                             // AVX-512 BW and VNNI; rows `i..i + n` exist in `a`, prepared for
                             // it; `p` is a panel of `pan`, of `a`'s width.
-                            $($k => unsafe { x86::panel_vnni::<$k>(pan, p, a, i, &mut y) },)*
+                            $($k => unsafe {
+                                if pan.six {
+                                    x86::panel_vnni::<$k, true>(pan, p, a, i, &mut y)
+                                } else {
+                                    x86::panel_vnni::<$k, false>(pan, p, a, i, &mut y)
+                                }
+                            },)*
                             _ => {}
                         }
                     };
@@ -351,7 +434,13 @@ fn panel(kernel: Kernel, pan: &Panels, p: usize, a: &Acts, c0: usize, c1: usize,
                             // SAFETY: `kernel_for` chose `Avx2` only where the CPU reports AVX2
                             // and FMA; rows `i..i + n` exist in `a`; `p` is a panel of `pan`, of
                             // `a`'s width.
-                            $($k => unsafe { x86::panel_avx2::<$k>(pan, p, a, i, &mut y) },)*
+                            $($k => unsafe {
+                                if pan.six {
+                                    x86::panel_avx2::<$k, true>(pan, p, a, i, &mut y)
+                                } else {
+                                    x86::panel_avx2::<$k, false>(pan, p, a, i, &mut y)
+                                }
+                            },)*
                             _ => {}
                         }
                     };
@@ -382,10 +471,10 @@ fn scalar(pan: &Panels, p: usize, lane: usize, a: &Acts, i: usize) -> f32 {
     for (j, sum) in sums.iter_mut().enumerate() {
         for b in 0..a.blocks {
             let g = group_at(a.blocks, b, j);
-            let w = &pan.codes[(p * pan.groups() + g) * PANEL_GROUP_BYTES..][..PANEL_GROUP_BYTES];
+            let w = pan.group(p, g);
             let c0 = b * BLOCK + j * GROUP;
             let isum: i32 = (0..GROUP)
-                .map(|k| i32::from((w[byte_at(lane, k)] ^ 0x80) as i8) * a.q.value(i, c0 + k))
+                .map(|k| i32::from(pan.code(w, lane, k)) * a.q.value(i, c0 + k))
                 .sum();
             let sd = pan.scale(p, g, lane) * a.dx[i * pan.groups() + g];
             *sum = (isum as f32).mul_add(sd, *sum);
@@ -398,7 +487,68 @@ fn scalar(pan: &Panels, p: usize, lane: usize, a: &Acts, i: usize) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Acts, PANEL_GROUP_BYTES, PANEL_ROWS, POSITIONS, Panels, Scales};
+    use super::{Acts, PANEL_ROWS, POSITIONS, Panels, SIX_OFFSET, Scales};
+
+    /// A panel group's four byte vectors: loaded (`w + 128`), or for six-bit panels rebuilt from
+    /// its two nibble vectors and its high-bits vector (`u = w + 32`, see the module doc). The
+    /// 16-bit shifts move no bit of one byte into the kept bits of the other.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW; `w` points at a whole panel group of `SIX`'s form.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn group512<const SIX: bool>(w: *const u8) -> [__m512i; 4] {
+        // SAFETY: a group holds four (six-bit: three) 64-byte vectors.
+        unsafe {
+            let v = |t: usize| _mm512_loadu_si512(w.add(64 * t).cast());
+            if !SIX {
+                return [v(0), v(1), v(2), v(3)];
+            }
+            let (l0, l1, hb) = (v(0), v(1), v(2));
+            let (lo, hi) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+            let join = |n: __m512i, h: __m512i| {
+                _mm512_or_si512(_mm512_and_si512(n, lo), _mm512_and_si512(h, hi))
+            };
+            [
+                join(l0, _mm512_slli_epi16::<4>(hb)),
+                join(_mm512_srli_epi16::<4>(l0), _mm512_slli_epi16::<2>(hb)),
+                join(l1, hb),
+                join(_mm512_srli_epi16::<4>(l1), _mm512_srli_epi16::<2>(hb)),
+            ]
+        }
+    }
+
+    /// The AVX2 half (`half`: lanes `8·half..8·half + 8`) of [`group512`], as signed weights.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `w` points at a whole panel group of `SIX`'s form.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn group256<const SIX: bool>(w: *const u8, half: usize) -> [__m256i; 4] {
+        // SAFETY: a group holds four (six-bit: three) 64-byte vectors.
+        unsafe {
+            let v = |t: usize| _mm256_loadu_si256(w.add(64 * t + 32 * half).cast());
+            if !SIX {
+                let flip = _mm256_set1_epi8(0x80u8 as i8);
+                return [0, 1, 2, 3].map(|t| _mm256_xor_si256(v(t), flip));
+            }
+            let (l0, l1, hb) = (v(0), v(1), v(2));
+            let (lo, hi) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+            let off = _mm256_set1_epi8(SIX_OFFSET as i8);
+            let join = |n: __m256i, h: __m256i| {
+                _mm256_sub_epi8(
+                    _mm256_or_si256(_mm256_and_si256(n, lo), _mm256_and_si256(h, hi)),
+                    off,
+                )
+            };
+            [
+                join(l0, _mm256_slli_epi16::<4>(hb)),
+                join(_mm256_srli_epi16::<4>(l0), _mm256_slli_epi16::<2>(hb)),
+                join(l1, hb),
+                join(_mm256_srli_epi16::<4>(l1), _mm256_srli_epi16::<2>(hb)),
+            ]
+        }
+    }
 
     /// Group `g` of panel `p`'s 16 scales (`Q6_K`: `d·sc`, formed as [`Panels::scale`] does).
     ///
@@ -502,7 +652,7 @@ mod x86 {
     /// The CPU runs AVX-512 F, BW and VNNI; `p` is a panel of `pan`; rows `i0..i0 + R` exist
     /// in `a`, prepared for this kernel, of the panels' width.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel_vnni<const R: usize>(
+    pub(super) unsafe fn panel_vnni<const R: usize, const SIX: bool>(
         pan: &Panels,
         p: usize,
         a: &Acts,
@@ -516,14 +666,15 @@ mod x86 {
             let mut acc = [_mm512_setzero_ps(); R];
             for b in 0..pan.blocks {
                 let g = super::group_at(pan.blocks, b, j);
-                // SAFETY: a panel group holds four 64-byte vectors.
-                let w = unsafe { pan.codes.as_ptr().add((p * groups + g) * PANEL_GROUP_BYTES) };
+                // SAFETY: `g` is a group of panel `p`, of the panels' form.
+                let wv = unsafe {
+                    group512::<SIX>(pan.codes.as_ptr().add((p * groups + g) * pan.group_bytes()))
+                };
                 let mut h = [_mm512_setzero_si512(); R];
                 let mut l = [_mm512_setzero_si512(); R];
-                for t in 0..4 {
-                    // SAFETY: vector `t` of the group.
-                    let wu = unsafe { _mm512_loadu_si512(w.add(64 * t).cast()) };
-                    let ws = _mm512_xor_si512(wu, flip);
+                for (t, &wu) in wv.iter().enumerate() {
+                    // Six-bit codes are their own signed bytes.
+                    let ws = if SIX { wu } else { _mm512_xor_si512(wu, flip) };
                     for i in 0..R {
                         let at = ((i0 + i) * groups + g) * super::GROUP + 4 * t;
                         // SAFETY: row `i0 + i` holds the group's columns in both arrays.
@@ -568,14 +719,13 @@ mod x86 {
     /// The CPU runs AVX2 and FMA; `p` is a panel of `pan`; rows `i0..i0 + R` exist in `a`, of
     /// the panels' width.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn panel_avx2<const R: usize>(
+    pub(super) unsafe fn panel_avx2<const R: usize, const SIX: bool>(
         pan: &Panels,
         p: usize,
         a: &Acts,
         i0: usize,
         y: &mut [[f32; PANEL_ROWS]; super::ROWS_512],
     ) {
-        let flip = _mm256_set1_epi8(0x80u8 as i8);
         let groups = pan.groups();
         let q16 = a.q.q16();
         for half in 0..2 {
@@ -585,19 +735,15 @@ mod x86 {
                 for b in 0..pan.blocks {
                     let g = super::group_at(pan.blocks, b, j);
                     let col = b * super::BLOCK + j * super::GROUP;
-                    // SAFETY: a panel group holds four 64-byte vectors.
-                    let w = unsafe {
-                        pan.codes
-                            .as_ptr()
-                            .add((p * groups + g) * PANEL_GROUP_BYTES + 32 * half)
+                    // SAFETY: `g` is a group of panel `p`, of the panels' form.
+                    let wv = unsafe {
+                        group256::<SIX>(
+                            pan.codes.as_ptr().add((p * groups + g) * pan.group_bytes()),
+                            half,
+                        )
                     };
                     let mut isum = [_mm256_setzero_si256(); R];
-                    for t in 0..4 {
-                        // SAFETY: half `half` of vector `t` of the group.
-                        let ws = _mm256_xor_si256(
-                            unsafe { _mm256_loadu_si256(w.add(64 * t).cast()) },
-                            flip,
-                        );
+                    for (t, &ws) in wv.iter().enumerate() {
                         let even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(ws));
                         let odd = _mm256_srai_epi16::<8>(ws);
                         for (i, s) in isum.iter_mut().enumerate() {

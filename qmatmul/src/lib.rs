@@ -27,7 +27,9 @@
 //! thread count. Int16 rounds below the model's f32 noise and is about 1.5× the f32 activations'
 //! prefill speed; int8 about 2.3×, and it moves answers. A byte matrix whose width is whole
 //! 256-column blocks takes int16 activations too (W8A16, the `bytedot` module), with the same
-//! guarantees; int8 leaves it on f32 activations.
+//! guarantees; int8 leaves it on f32 activations. Its panels hold six bits a weight where every
+//! weight is in `-32..32` (`Q6_K`, `Q5_0`; `Q6_K` at 6.625 bits with its scale bytes), else a
+//! byte.
 #![deny(unsafe_code)]
 
 use half::f16;

@@ -351,11 +351,23 @@ fn the_repacked_codes_are_the_only_copy_and_give_the_weights_back() {
     for (block, dtype) in BYTES {
         let rows_f32 = matrix(block, dtype, 24, 768, 3);
         let w = rows_f32.clone().with_activations(Activations::Int16);
-        // Codes and scales once (the panels pad 24 rows to 32), not twice.
+        // Codes and scales once (the panels pad 24 rows to 32), not twice: Q6_K and Q5_0 (every
+        // weight in -32..32) in six bits a weight, Q8_0 in eight; Q6_K's scale bytes with an f32
+        // `d` per block, else an f32 per 16 columns.
+        let (code_bits, scale_bytes) = match block {
+            GgufBlock::Q6K => (6, 768 / 16 + 4 * 768 / 256),
+            GgufBlock::Q5_0 => (6, 4 * 768 / 16),
+            _ => (8, 4 * 768 / 16),
+        };
         assert_eq!(
-            w.bytes() * 24,
-            rows_f32.bytes() * 32,
-            "{block:?}: the weights held twice"
+            w.bytes(),
+            32 * (768 * code_bits / 8 + scale_bytes),
+            "{block:?}: the weights held twice, or not in their bits"
+        );
+        assert_eq!(
+            rows_f32.bytes(),
+            24 * (768 + scale_bytes),
+            "{block:?}: the rows' form"
         );
         assert_eq!(w.dequantize(), rows_f32.dequantize(), "{block:?}");
         let back = w.clone().with_activations(Activations::F32);

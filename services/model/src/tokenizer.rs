@@ -124,7 +124,9 @@ pub type ByteSpan = (usize, usize);
 /// A tokenizer plus the ids generation stops at and the model's message framing.
 #[derive(Debug, Clone)]
 pub struct TextTokenizer {
-    inner: Tokenizer,
+    /// Shared by the clones (the engine thread's and the server's): a 151K-token vocabulary
+    /// and its merges are tens of MB.
+    inner: Arc<Tokenizer>,
     stop_ids: Vec<u32>,
     format: Arc<ChatFormat>,
     /// Prepended to a text by the callers that frame whole texts (see [`Self::bos`]).
@@ -405,7 +407,7 @@ impl TextTokenizer {
             .filter_map(|t| inner.token_to_id(t))
             .collect();
         Self {
-            inner,
+            inner: Arc::new(inner),
             stop_ids,
             format: Arc::new(ChatFormat::chatml()),
             bos: None,
