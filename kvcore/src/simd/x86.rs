@@ -308,6 +308,49 @@ fn expand512n<const NZ: usize>(code: &[u8], cb: __m512) -> [__m512; NZ] {
     e
 }
 
+/// Asks for the cache lines of the rows of `positions` in `bytes` (`row` bytes a row): a hint
+/// with no effect on any result; lines outside `bytes` are not asked for. The decode kernels
+/// call it for the next tile of keys while they compute one: a tile is one block, whose rows
+/// are consecutive, but the blocks lie anywhere in the tier, and the hardware prefetcher does
+/// not reach the next one in time (on Zen 5, Qwen2.5-1.5B at 4K context: 42.3 → 37.3 ms a
+/// decoded token, `docs/models.md`).
+#[inline]
+pub(super) fn prefetch_tile(
+    bytes: &[u8],
+    row: usize,
+    keys: &KeyRange<'_>,
+    positions: std::ops::Range<usize>,
+) {
+    if row == 0 {
+        return;
+    }
+    let mut line = usize::MAX;
+    for t in positions {
+        let start = keys.row(t) * row;
+        let end = (start + row).min(bytes.len());
+        let mut at = start & !63;
+        while at < end {
+            if at != line {
+                // SAFETY: `at < bytes.len()`, so the pointer is inside the slice; a prefetch
+                // reads nothing the program sees, and SSE is part of x86_64.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast()) };
+                line = at;
+            }
+            at += 64;
+        }
+    }
+}
+
+/// The next tile's rows of every array, fetched while a tile computes (`prefetch_tile`).
+#[inline]
+fn prefetch_tq4(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, next: std::ops::Range<usize>) {
+    let (cr, nr) = (rows.code_row, rows.norm_row);
+    prefetch_tile(rows.k_codes, cr, keys, next.clone());
+    prefetch_tile(rows.v_codes, cr, keys, next.clone());
+    prefetch_tile(rows.k_norms, nr, keys, next.clone());
+    prefetch_tile(rows.v_norms, nr, keys, next);
+}
+
 /// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`. Scores of
 /// a tile of 16 keys come out of one transpose-reduce per head; the online softmax runs per
 /// tile; values are one FMA per register and head.
@@ -349,6 +392,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
+        prefetch_tq4(rows, keys, (t + n)..keys.end.min(t + n + TILE));
         for i in 0..n {
             let r = keys.row(t + i);
             let e = expand512n::<NZ>(&rows.k_codes[r * cr..][..code_len], cb);
@@ -508,6 +552,7 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
+        prefetch_tq4(rows, keys, (t + n)..keys.end.min(t + n + TILE));
         for i in 0..n {
             let r = keys.row(t + i);
             expand256(&rows.k_codes[r * cr..][..cr], loads, lo, hi, &mut e);
