@@ -290,7 +290,9 @@ pub struct ModelSection {
     /// KV codec: f32, f16, q8, tq6 … tq2, or tqBoN (TurboQuant with N outliers per row stored
     /// apart, such as tq6o1) for keys and values alike, or one per stream, keys first:
     /// `q8/tq4`. Empty (the default): the device's built-in default, `tq6o1/tq5` on the CPU and
-    /// `tq4` on CUDA. An outlier split is a key codec: `tq6o1` alone is refused.
+    /// `tq4` on CUDA — on the CPU, a checkpoint the engine ships a calibrated profile for takes
+    /// that profile's codecs instead (Gemma-3-270M: docs/kv-fidelity.md). An outlier split is a
+    /// key codec: `tq6o1` alone is refused.
     pub codec: String,
     /// A calibrated KV profile (`engram calibrate kv --out FILE`) whose per-layer, per-stream
     /// codecs replace `codec`; empty for none. It must be calibrated for `path`'s model.
@@ -428,6 +430,9 @@ impl ModelSection {
                     min_tokens: self.relocate_min_tokens,
                 }),
             kv_profile: (!self.kv_profile.is_empty()).then(|| PathBuf::from(&self.kv_profile)),
+            built_in_profile: self.codec.is_empty()
+                && self.kv_profile.is_empty()
+                && device == engram_engine::EngineDevice::Cpu,
             down_tier: (self.down_tier_kl > 0.0).then_some(engram_engine::DownTier {
                 budget_kl: self.down_tier_kl,
                 bytes: self.down_tier_mib << 20,

@@ -104,6 +104,11 @@ fn without_a_codec_each_device_takes_its_built_in_default() {
     assert_eq!((named.codec, named.value_codec), (CodecKind::TQ4, None));
     let q8 = engine(vec![("ENGRAM__MODEL__CODEC", "q8")]);
     assert_eq!((q8.codec, q8.value_codec), (CodecKind::Q8, None));
+    // A checkpoint's built-in profile stands in for the CPU default only: not where a codec
+    // or a profile is named, not on CUDA.
+    assert!(cpu.built_in_profile);
+    assert!(!q8.built_in_profile);
+    assert!(!cuda.built_in_profile);
     // Device weights: bf16 unless the configuration asks for f32.
     use engram_engine::DeviceWeights;
     assert_eq!(cpu.device_weights, DeviceWeights::Bf16);

@@ -87,6 +87,11 @@ pub struct EngineConfig {
     /// A calibrated profile (`engram calibrate kv`) whose codecs override all of the above; it
     /// must have been calibrated for the model loaded.
     pub kv_profile: Option<std::path::PathBuf>,
+    /// Without `kv_profile`: when the loaded checkpoint has a profile built into the engine
+    /// (`KvProfile::built_in`: checkpoints whose device default misses the fidelity budget),
+    /// its codecs replace `codec`, `value_codec` and `layer_codecs`. Off here; the service's
+    /// configuration turns it on when `model.codec` and `model.kv_profile` are unset on the CPU.
+    pub built_in_profile: bool,
     /// Tokens per block.
     pub block_size: usize,
     /// Hot-tier budget in bytes (when `hot_tokens` is 0).
@@ -201,6 +206,7 @@ impl Default for EngineConfig {
             value_codec: Some(crate::StreamCodecs::CPU_DEFAULT.value),
             layer_codecs: None,
             kv_profile: None,
+            built_in_profile: false,
             block_size: engram_kvcore::DEFAULT_BLOCK_SIZE,
             hot_bytes: 1 << 30,
             cold_bytes: 2 << 30,
@@ -657,6 +663,7 @@ impl EngineCore {
         let shape = model.kv_shape(config.block_size)?;
         let profile = match &config.kv_profile {
             Some(path) => Some(crate::profile::KvProfile::load(path, &model)?),
+            None if config.built_in_profile => crate::profile::KvProfile::built_in(&model)?,
             None => None,
         };
         let codecs = match &profile {
@@ -839,6 +846,11 @@ impl EngineCore {
     /// Cache activity so far.
     pub fn counters(&self) -> &CacheCounters {
         &self.counters
+    }
+
+    /// The codec of each layer and stream the cache stores.
+    pub fn codecs(&self) -> &LayerCodecs {
+        self.store.codec_kinds()
     }
 
     /// Tier occupancy.

@@ -14,6 +14,16 @@ use engram_model::Llama;
 /// Version of the profile file.
 pub const PROFILE_FORMAT: u32 = 1;
 
+/// Profiles that ship with the engine, one per checkpoint whose device default misses the
+/// fidelity budget (KL ≤ 0.01 nats on the eval corpus at ≤ 6 bits an element): the file they
+/// were calibrated for (by its SHA-256, the model's fingerprint), its name, and the profile.
+/// `EngineConfig::built_in_profile` uses them; `docs/kv-fidelity.md` has each one's command and
+/// figures.
+const BUILT_IN: &[(&str, &str)] = &[(
+    "gemma-3-270m-q4_k_m.gguf",
+    include_str!("../profiles/gemma-3-270m-q4_k_m.json"),
+)];
+
 /// Keys or values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,6 +94,37 @@ impl KvProfile {
             })?;
         profile.check(model)?;
         Ok(profile)
+    }
+
+    /// The profile built in for `model`'s checkpoint ([`BUILT_IN`]), if it has one.
+    pub fn built_in(model: &Llama) -> EngineResult<Option<Self>> {
+        for (name, json) in BUILT_IN {
+            let profile: Self =
+                serde_json::from_str(json).map_err(|e| EngineError::InvalidConfig {
+                    field: "kv_profile",
+                    reason: format!("the built-in profile of {name}: {e}"),
+                })?;
+            if profile.model == Hex32(model.fingerprint()) {
+                profile.check(model)?;
+                return Ok(Some(profile));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The checkpoints with a built-in profile: (file name, SHA-256).
+    pub fn built_in_names() -> EngineResult<Vec<(&'static str, Hex32)>> {
+        BUILT_IN
+            .iter()
+            .map(|(name, json)| {
+                let profile: Self =
+                    serde_json::from_str(json).map_err(|e| EngineError::InvalidConfig {
+                        field: "kv_profile",
+                        reason: format!("the built-in profile of {name}: {e}"),
+                    })?;
+                Ok((*name, profile.model))
+            })
+            .collect()
     }
 
     /// Refuses a profile of another format, another model or another layer count.

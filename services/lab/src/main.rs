@@ -159,7 +159,8 @@ struct EvalKvArgs {
     )]
     codecs: Vec<String>,
     /// A calibrated profile (`engram calibrate kv --out FILE`) to score as a row
-    /// `profile:FILE_NAME`; repeat for more.
+    /// `profile:FILE_NAME`, or `built-in`: the profile the engine ships for this checkpoint
+    /// (the service's default for it); repeat for more.
     #[arg(long)]
     profile: Vec<PathBuf>,
     /// An ablation, e.g. `k=tq4` (keys only), `v=tq4`, `k=tq4,layers=10-19`,
@@ -268,6 +269,14 @@ fn eval_kv(args: EvalKvArgs) -> Result<()> {
             .profile
             .iter()
             .map(|p| {
+                if p.as_os_str() == "built-in" {
+                    let profile = calibrate::KvProfile::built_in(&model)?.ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--profile built-in: this checkpoint has no built-in profile"
+                        )
+                    })?;
+                    return Ok(("profile:built-in".to_string(), profile.codecs));
+                }
                 let profile = calibrate::KvProfile::load(p, &model)?;
                 let name = p.file_name().map_or_else(
                     || p.display().to_string(),

@@ -83,11 +83,15 @@ pub async fn build_state(config: Config) -> Result<AppState, StartError> {
                 (blocks * o.block_bytes) >> 20
             )
         };
+        let head_dim = core.store().shape().head_dim;
         tracing::info!(
-            "KV tiers: hot {}; cold {} ({} bytes a block of {block_size} tokens)",
+            "KV tiers: hot {}; cold {} ({} bytes a block of {block_size} tokens); codecs {} \
+             ({:.2} bits an element)",
             tier(o.hot_capacity),
             tier(o.cold_capacity),
-            o.block_bytes
+            o.block_bytes,
+            core.codecs(),
+            core.codecs().bits_per_element(head_dim)
         );
         Some(Engine::spawn(core)?)
     } else {

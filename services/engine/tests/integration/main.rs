@@ -6,6 +6,7 @@ mod common;
 mod embed;
 mod eviction;
 mod prefix;
+mod profiles;
 mod relocate_serving;
 mod reserve;
 mod safetensors;
