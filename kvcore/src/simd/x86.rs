@@ -341,6 +341,19 @@ pub(super) fn prefetch_tile(
     }
 }
 
+/// The next tile's rows of a layer's key and value codes and norms (`prefetch_tile`).
+#[inline]
+pub(super) fn prefetch_layer(
+    bytes: &crate::store::host::LayerBytes<'_>,
+    keys: &KeyRange<'_>,
+    next: std::ops::Range<usize>,
+) {
+    prefetch_tile(bytes.k_codes, bytes.k_code_row, keys, next.clone());
+    prefetch_tile(bytes.v_codes, bytes.v_code_row, keys, next.clone());
+    prefetch_tile(bytes.k_norms, bytes.k_norm_row, keys, next.clone());
+    prefetch_tile(bytes.v_norms, bytes.v_norm_row, keys, next);
+}
+
 /// The next tile's rows of every array, fetched while a tile computes (`prefetch_tile`).
 #[inline]
 fn prefetch_tq4(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, next: std::ops::Range<usize>) {

@@ -26,7 +26,7 @@
 
 use std::arch::x86_64::*;
 
-use super::prefetch_tile;
+use super::prefetch_layer;
 use super::{
     CausalTile, MAX_D, TILE, TileApart, causal_tile, load512, store512, transpose_stage,
     transpose16,
@@ -635,11 +635,7 @@ macro_rules! codes_kernels {
                 // The next tile's rows are fetched while this one computes: a tile is one
                 // block (its rows consecutive), the blocks lie anywhere in the tier, and the
                 // hardware prefetcher does not cross to the next one in time.
-                let next = (t + n)..keys.end.min(t + n + TILE);
-                prefetch_tile(bytes.k_codes, kcr, keys, next.clone());
-                prefetch_tile(bytes.v_codes, vcr, keys, next.clone());
-                prefetch_tile(bytes.k_norms, knr, keys, next.clone());
-                prefetch_tile(bytes.v_norms, vnr, keys, next);
+                prefetch_layer(bytes, keys, (t + n)..keys.end.min(t + n + TILE));
                 per_codec!($mode, kx, NZ, expand => {
                     for (i, &r) in rows[..n].iter().enumerate() {
                         let e = expand(&bytes.k_codes[r * kcr..]);

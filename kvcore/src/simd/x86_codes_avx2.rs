@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::prefetch_tile;
+use super::prefetch_layer;
 use super::{MAX_D, MAX_GROUP, TILE, exp256, hsum256, load256, lookup256, norm_at, store256};
 use crate::codec::{Codec, CodecKind};
 use crate::simd::CodesJob;
@@ -244,11 +244,7 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
     while t < keys.end {
         let n = TILE.min(keys.end - t);
         // The next tile's rows, fetched while this one computes (`prefetch_tile`).
-        let next = (t + n)..keys.end.min(t + n + TILE);
-        prefetch_tile(bytes.k_codes, kcr, keys, next.clone());
-        prefetch_tile(bytes.v_codes, vcr, keys, next.clone());
-        prefetch_tile(bytes.k_norms, knr, keys, next.clone());
-        prefetch_tile(bytes.v_norms, vnr, keys, next);
+        prefetch_layer(bytes, keys, (t + n)..keys.end.min(t + n + TILE));
         for i in 0..n {
             let r = keys.row(t + i);
             // SAFETY: this kernel runs only with AVX2, FMA and F16C (see `supports`).

@@ -15,11 +15,12 @@ use engram_model::Llama;
 pub const PROFILE_FORMAT: u32 = 1;
 
 /// Profiles that ship with the engine, one per checkpoint whose device default misses the
-/// fidelity budget (KL ≤ 0.01 nats on the eval corpus at ≤ 6 bits an element): the file they
-/// were calibrated for (by its SHA-256, the model's fingerprint), its name, and the profile.
-/// `EngineConfig::built_in_profile` uses them; `docs/kv-fidelity.md` has each one's command and
-/// figures.
-const BUILT_IN: &[(&str, &str)] = &[(
+/// fidelity budget (KL ≤ 0.01 nats on the eval corpus at ≤ 6 bits an element): the SHA-256 of
+/// the file they were calibrated for (the model's fingerprint, checked against the profile's
+/// own when it loads), its name, and the profile. `EngineConfig::built_in_profile` uses them;
+/// `docs/kv-fidelity.md` has each one's command and figures.
+const BUILT_IN: &[(&str, &str, &str)] = &[(
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     "gemma-3-270m-q4_k_m.gguf",
     include_str!("../profiles/gemma-3-270m-q4_k_m.json"),
 )];
@@ -96,35 +97,34 @@ impl KvProfile {
         Ok(profile)
     }
 
-    /// The profile built in for `model`'s checkpoint ([`BUILT_IN`]), if it has one.
+    /// The profile built in for `model`'s checkpoint ([`BUILT_IN`]), if it has one; a
+    /// checkpoint without one parses nothing.
     pub fn built_in(model: &Llama) -> EngineResult<Option<Self>> {
-        for (name, json) in BUILT_IN {
-            let profile: Self =
-                serde_json::from_str(json).map_err(|e| EngineError::InvalidConfig {
-                    field: "kv_profile",
-                    reason: format!("the built-in profile of {name}: {e}"),
-                })?;
-            if profile.model == Hex32(model.fingerprint()) {
+        let sha = Hex32(model.fingerprint()).to_hex();
+        match BUILT_IN.iter().find(|(hex, _, _)| *hex == sha) {
+            Some(&(_, name, json)) => {
+                let profile = Self::parse_built_in(name, json)?;
                 profile.check(model)?;
-                return Ok(Some(profile));
+                Ok(Some(profile))
             }
+            None => Ok(None),
         }
-        Ok(None)
     }
 
-    /// The checkpoints with a built-in profile: (file name, SHA-256).
+    /// The checkpoints with a built-in profile, every profile parsed: (file name, the SHA-256
+    /// its profile names).
     pub fn built_in_names() -> EngineResult<Vec<(&'static str, Hex32)>> {
         BUILT_IN
             .iter()
-            .map(|(name, json)| {
-                let profile: Self =
-                    serde_json::from_str(json).map_err(|e| EngineError::InvalidConfig {
-                        field: "kv_profile",
-                        reason: format!("the built-in profile of {name}: {e}"),
-                    })?;
-                Ok((*name, profile.model))
-            })
+            .map(|&(_, name, json)| Ok((name, Self::parse_built_in(name, json)?.model)))
             .collect()
+    }
+
+    fn parse_built_in(name: &str, json: &str) -> EngineResult<Self> {
+        serde_json::from_str(json).map_err(|e| EngineError::InvalidConfig {
+            field: "kv_profile",
+            reason: format!("the built-in profile of {name}: {e}"),
+        })
     }
 
     /// Refuses a profile of another format, another model or another layer count.
