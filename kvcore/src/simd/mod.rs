@@ -232,6 +232,26 @@ impl KeyRange<'_> {
         let bs = self.block_size;
         (self.slots[t / bs] as usize * self.kv_heads + self.g) * bs + t % bs
     }
+
+    /// The rows of positions `t..t + out.len()` ([`Self::row`] of each), one division for the
+    /// run: within a block the rows are consecutive.
+    #[inline]
+    pub fn rows_into(&self, t: usize, out: &mut [usize]) {
+        if out.is_empty() {
+            return;
+        }
+        let bs = self.block_size;
+        let (mut block, mut at) = (t / bs, t % bs);
+        let mut base = (self.slots[block] as usize * self.kv_heads + self.g) * bs;
+        for r in out {
+            if at == bs {
+                (block, at) = (block + 1, 0);
+                base = (self.slots[block] as usize * self.kv_heads + self.g) * bs;
+            }
+            *r = base + at;
+            at += 1;
+        }
+    }
 }
 
 /// A layer's 4-bit TurboQuant codes and norms, and the codebook they index.

@@ -308,25 +308,21 @@ fn expand512n<const NZ: usize>(code: &[u8], cb: __m512) -> [__m512; NZ] {
     e
 }
 
-/// Asks for the cache lines of the rows of `positions` in `bytes` (`row` bytes a row): a hint
-/// with no effect on any result; lines outside `bytes` are not asked for. The decode kernels
-/// call it for the next tile of keys while they compute one: a tile is one block, whose rows
-/// are consecutive, but the blocks lie anywhere in the tier, and the hardware prefetcher does
-/// not reach the next one in time (on Zen 5, Qwen2.5-1.5B at 4K context: 42.3 → 37.3 ms a
-/// decoded token, `docs/models.md`).
+/// Asks for the cache lines of `rows` in `bytes` (`row` bytes a row): a hint with no effect on
+/// any result; lines outside `bytes` are not asked for. The decode kernels call it for the next
+/// tile of keys while they compute one: a tile is one block, whose rows are consecutive, but the
+/// blocks lie anywhere in the tier, and the hardware prefetcher does not reach the next one in
+/// time (on Zen 5, Qwen2.5-1.5B at 4K context: 42.3 → 37.3 ms a decoded token,
+/// `docs/models.md`). The rows come from [`KeyRange::rows_into`]: one division a tile, not one
+/// a row and array.
 #[inline]
-pub(super) fn prefetch_tile(
-    bytes: &[u8],
-    row: usize,
-    keys: &KeyRange<'_>,
-    positions: std::ops::Range<usize>,
-) {
+pub(super) fn prefetch_tile(bytes: &[u8], row: usize, rows: &[usize]) {
     if row == 0 {
         return;
     }
     let mut line = usize::MAX;
-    for t in positions {
-        let start = keys.row(t) * row;
+    for &r in rows {
+        let start = r * row;
         let end = (start + row).min(bytes.len());
         let mut at = start & !63;
         while at < end {
@@ -341,27 +337,34 @@ pub(super) fn prefetch_tile(
     }
 }
 
-/// The next tile's rows of a layer's key and value codes and norms (`prefetch_tile`).
+/// The rows of positions `next` (at most a tile) of a layer's key and value codes and norms
+/// (`prefetch_tile`).
 #[inline]
 pub(super) fn prefetch_layer(
     bytes: &crate::store::host::LayerBytes<'_>,
     keys: &KeyRange<'_>,
     next: std::ops::Range<usize>,
 ) {
-    prefetch_tile(bytes.k_codes, bytes.k_code_row, keys, next.clone());
-    prefetch_tile(bytes.v_codes, bytes.v_code_row, keys, next.clone());
-    prefetch_tile(bytes.k_norms, bytes.k_norm_row, keys, next.clone());
-    prefetch_tile(bytes.v_norms, bytes.v_norm_row, keys, next);
+    let mut rows = [0usize; TILE];
+    let rows = &mut rows[..next.len().min(TILE)];
+    keys.rows_into(next.start, rows);
+    prefetch_tile(bytes.k_codes, bytes.k_code_row, rows);
+    prefetch_tile(bytes.v_codes, bytes.v_code_row, rows);
+    prefetch_tile(bytes.k_norms, bytes.k_norm_row, rows);
+    prefetch_tile(bytes.v_norms, bytes.v_norm_row, rows);
 }
 
 /// The next tile's rows of every array, fetched while a tile computes (`prefetch_tile`).
 #[inline]
 fn prefetch_tq4(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, next: std::ops::Range<usize>) {
     let (cr, nr) = (rows.code_row, rows.norm_row);
-    prefetch_tile(rows.k_codes, cr, keys, next.clone());
-    prefetch_tile(rows.v_codes, cr, keys, next.clone());
-    prefetch_tile(rows.k_norms, nr, keys, next.clone());
-    prefetch_tile(rows.v_norms, nr, keys, next);
+    let mut at = [0usize; TILE];
+    let at = &mut at[..next.len().min(TILE)];
+    keys.rows_into(next.start, at);
+    prefetch_tile(rows.k_codes, cr, at);
+    prefetch_tile(rows.v_codes, cr, at);
+    prefetch_tile(rows.k_norms, nr, at);
+    prefetch_tile(rows.v_norms, nr, at);
 }
 
 /// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`. Scores of
@@ -405,9 +408,11 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
+        let mut tile_rows = [0usize; TILE];
+        keys.rows_into(t, &mut tile_rows[..n]);
         prefetch_tq4(rows, keys, (t + n)..keys.end.min(t + n + TILE));
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             let e = expand512n::<NZ>(&rows.k_codes[r * cr..][..code_len], cb);
             norms[i] = norm_at(rows.k_norms, r, nr);
             for (ls, qj) in lane_sums.iter_mut().zip(&qz) {
@@ -441,7 +446,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
             }
         }
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             let e = expand512n::<NZ>(&rows.v_codes[r * cr..][..code_len], cb);
             let norm = norm_at(rows.v_norms, r, nr);
             for (aj, sj) in acc.iter_mut().zip(&s) {
@@ -565,9 +570,11 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
+        let mut tile_rows = [0usize; TILE];
+        keys.rows_into(t, &mut tile_rows[..n]);
         prefetch_tq4(rows, keys, (t + n)..keys.end.min(t + n + TILE));
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             expand256(&rows.k_codes[r * cr..][..cr], loads, lo, hi, &mut e);
             let norm = norm_at(rows.k_norms, r, nr);
             for (j, sj) in s.iter_mut().enumerate().take(group) {
@@ -617,7 +624,7 @@ fn tq4_avx2(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, q: &[f32], group: usize, d:
             }
         }
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             expand256(&rows.v_codes[r * cr..][..cr], loads, lo, hi, &mut e);
             let norm = norm_at(rows.v_norms, r, nr);
             for (j, sj) in s.iter().enumerate().take(group) {
@@ -919,8 +926,10 @@ fn tq4_causal_avx512(
     let mut t = keys.start;
     while t < last {
         let n = TILE.min(last - t);
+        let mut tile_rows = [0usize; TILE];
+        keys.rows_into(t, &mut tile_rows[..n]);
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             expand512(&rows.k_codes[r * cr..][..cr], loads, cb, &mut e);
             ke[i * nz..][..nz].copy_from_slice(&e[..nz]);
             norms[i] = norm_at(rows.k_norms, r, nr);

@@ -622,16 +622,14 @@ macro_rules! codes_kernels {
                 transpose_stage(1),
             ];
             let mut rows = [0usize; TILE];
-            let mut vnorms = [0.0f32; TILE];
+            let mut ve = [[zero; NZ]; TILE];
             let split = kc.outliers() > 0;
             let scale = _mm512_set1_ps(job.scale);
             let mut tiles = Vec::new();
             let mut t = keys.start;
             while t < keys.end {
                 let n = TILE.min(keys.end - t);
-                for (i, r) in rows[..n].iter_mut().enumerate() {
-                    *r = keys.row(t + i);
-                }
+                keys.rows_into(t, &mut rows[..n]);
                 // The next tile's rows are fetched while this one computes: a tile is one
                 // block (its rows consecutive), the blocks lie anywhere in the tier, and the
                 // hardware prefetcher does not cross to the next one in time.
@@ -677,18 +675,29 @@ macro_rules! codes_kernels {
                         });
                     }
                 }
-                store512(&mut vnorms, tile_scales(bytes.v_norms, &rows[..n], vnr));
+                // The tile's values are expanded once into `ve`, then added head by head with
+                // that head's accumulators in registers: `G·NZ` accumulators (48 for
+                // Qwen2.5-1.5B) do not fit the 32 registers, and a key-major loop kept them in
+                // memory, a load and a store per multiply-add. Each accumulator still adds the
+                // tile's keys in order, so the sums are the same bits.
                 per_codec!($mode, vx, NZ, expand => {
-                    for (i, &r) in rows[..n].iter().enumerate() {
-                        let e = expand(&bytes.v_codes[r * vcr..]);
-                        for (aj, sj) in acc.iter_mut().zip(&s) {
-                            let w = _mm512_set1_ps(sj[i] * vnorms[i]);
-                            for (a, &x) in aj.iter_mut().zip(&e) {
-                                *a = _mm512_fmadd_ps(w, x, *a);
-                            }
-                        }
+                    for (e, &r) in ve.iter_mut().zip(&rows[..n]) {
+                        *e = expand(&bytes.v_codes[r * vcr..]);
                     }
                 });
+                let vn = tile_scales(bytes.v_norms, &rows[..n], vnr);
+                for (aj, sj) in acc.iter_mut().zip(&mut s) {
+                    let weights = _mm512_mul_ps(load512(sj), vn);
+                    store512(sj, weights);
+                    let mut a = *aj;
+                    for (&w, e) in sj.iter().zip(&ve[..n]) {
+                        let w = _mm512_set1_ps(w);
+                        for (a, &x) in a.iter_mut().zip(e) {
+                            *a = _mm512_fmadd_ps(w, x, *a);
+                        }
+                    }
+                    *aj = a;
+                }
                 t += n;
             }
             let mut part = Partial::empty(G, d);
@@ -755,9 +764,7 @@ macro_rules! codes_kernels {
             let mut t = keys.start;
             while t < last {
                 let n = TILE.min(last - t);
-                for (i, r) in rows[..n].iter_mut().enumerate() {
-                    *r = keys.row(t + i);
-                }
+                keys.rows_into(t, &mut rows[..n]);
                 per_codec!($mode, kx, NZ, expand => {
                     for (k, &r) in ke.iter_mut().zip(&rows[..n]) {
                         *k = expand(&bytes.k_codes[r * kcr..]);

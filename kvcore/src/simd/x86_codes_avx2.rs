@@ -243,10 +243,12 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
     let mut t = keys.start;
     while t < keys.end {
         let n = TILE.min(keys.end - t);
+        let mut tile_rows = [0usize; TILE];
+        keys.rows_into(t, &mut tile_rows[..n]);
         // The next tile's rows, fetched while this one computes (`prefetch_tile`).
         prefetch_layer(bytes, keys, (t + n)..keys.end.min(t + n + TILE));
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             // SAFETY: this kernel runs only with AVX2, FMA and F16C (see `supports`).
             unsafe { kx.expand(&bytes.k_codes[r * kcr..], kbook, nz, &mut e) };
             let norm = if knr == 0 {
@@ -320,7 +322,7 @@ pub(super) fn attend(job: &CodesJob<'_>) -> Partial {
             }
         }
         for i in 0..n {
-            let r = keys.row(t + i);
+            let r = tile_rows[i];
             // SAFETY: as above.
             unsafe { vx.expand(&bytes.v_codes[r * vcr..], vbook, nz, &mut e) };
             let norm = if vnr == 0 {
