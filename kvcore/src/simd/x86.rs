@@ -398,6 +398,7 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
     // at once (a transpose-reduce), so a score costs no horizontal sum of its own.
     let mut lane_sums = [[zero; TILE]; G];
     let mut norms = [0.0f32; TILE];
+    let mut ve = [[zero; NZ]; TILE];
     let stages = [
         transpose_stage(8),
         transpose_stage(4),
@@ -445,16 +446,25 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
                 });
             }
         }
+        // Values expanded once, then added head by head with its accumulators in registers
+        // (as in the codes kernel, `x86_codes.rs`): same order per accumulator, same bits.
         for i in 0..n {
             let r = tile_rows[i];
-            let e = expand512n::<NZ>(&rows.v_codes[r * cr..][..code_len], cb);
-            let norm = norm_at(rows.v_norms, r, nr);
-            for (aj, sj) in acc.iter_mut().zip(&s) {
-                let w = _mm512_set1_ps(sj[i] * norm);
-                for (a, &x) in aj.iter_mut().zip(&e) {
+            ve[i] = expand512n::<NZ>(&rows.v_codes[r * cr..][..code_len], cb);
+            norms[i] = norm_at(rows.v_norms, r, nr);
+        }
+        let vn = load512(&norms);
+        for (aj, sj) in acc.iter_mut().zip(&mut s) {
+            let weights = _mm512_mul_ps(load512(sj), vn);
+            store512(sj, weights);
+            let mut a = *aj;
+            for (&w, e) in sj.iter().zip(&ve[..n]) {
+                let w = _mm512_set1_ps(w);
+                for (a, &x) in a.iter_mut().zip(e) {
                     *a = _mm512_fmadd_ps(w, x, *a);
                 }
             }
+            *aj = a;
         }
         t += n;
     }
