@@ -308,6 +308,40 @@ fn expand512n<const NZ: usize>(code: &[u8], cb: __m512) -> [__m512; NZ] {
     e
 }
 
+/// Adds a tile's values to every head's accumulators: head `j`'s probabilities `s[j]` are
+/// scaled by the values' norms `vn` (left in `s[j]`), then each of its `NZ` accumulators adds
+/// the expanded values `ve` (one row of `NZ` registers a key) in key order. Head by head, so
+/// the head's accumulators stay in registers: `G·NZ` of them (48 for Qwen2.5-1.5B) do not fit
+/// the 32 registers, and a key-major loop kept them in memory, a load and a store per
+/// multiply-add. The same sums in the same order as the key-major loop: the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512 F. Not a `target_feature` function: always inlined into the kernels
+/// compiled for it (see `x86_codes::packed` on why).
+#[inline(always)]
+pub(super) unsafe fn add_tile_values<const NZ: usize, const G: usize>(
+    acc: &mut [[__m512; NZ]; G],
+    s: &mut [[f32; TILE]; G],
+    ve: &[[__m512; NZ]],
+    vn: __m512,
+) {
+    // SAFETY: the caller guarantees AVX-512 F.
+    unsafe {
+        for (aj, sj) in acc.iter_mut().zip(s.iter_mut()) {
+            let weights = _mm512_mul_ps(_mm512_loadu_ps(sj.as_ptr()), vn);
+            _mm512_storeu_ps(sj.as_mut_ptr(), weights);
+            let mut a = *aj;
+            for (&w, e) in sj.iter().zip(ve) {
+                let w = _mm512_set1_ps(w);
+                for (a, &x) in a.iter_mut().zip(e) {
+                    *a = _mm512_fmadd_ps(w, x, *a);
+                }
+            }
+            *aj = a;
+        }
+    }
+}
+
 /// Asks for the cache lines of `rows` in `bytes` (`row` bytes a row): a hint with no effect on
 /// any result; lines outside `bytes` are not asked for. The decode kernels call it for the next
 /// tile of keys while they compute one: a tile is one block, whose rows are consecutive, but the
@@ -453,19 +487,8 @@ fn tq4_avx512_n<const NZ: usize, const G: usize>(
             ve[i] = expand512n::<NZ>(&rows.v_codes[r * cr..][..code_len], cb);
             norms[i] = norm_at(rows.v_norms, r, nr);
         }
-        let vn = load512(&norms);
-        for (aj, sj) in acc.iter_mut().zip(&mut s) {
-            let weights = _mm512_mul_ps(load512(sj), vn);
-            store512(sj, weights);
-            let mut a = *aj;
-            for (&w, e) in sj.iter().zip(&ve[..n]) {
-                let w = _mm512_set1_ps(w);
-                for (a, &x) in a.iter_mut().zip(e) {
-                    *a = _mm512_fmadd_ps(w, x, *a);
-                }
-            }
-            *aj = a;
-        }
+        // SAFETY: this kernel runs only where the CPU has AVX-512 F.
+        unsafe { add_tile_values(&mut acc, &mut s, &ve[..n], load512(&norms)) };
         t += n;
     }
     let mut part = Partial::empty(G, d);

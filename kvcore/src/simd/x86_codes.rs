@@ -26,11 +26,11 @@
 
 use std::arch::x86_64::*;
 
-use super::prefetch_layer;
 use super::{
     CausalTile, MAX_D, TILE, TileApart, causal_tile, load512, store512, transpose_stage,
     transpose16,
 };
+use super::{add_tile_values, prefetch_layer};
 use crate::codec::{Codec, CodecKind};
 use crate::simd::CodesJob;
 use crate::simd::{CausalCodes, Partial, to_kernel_order};
@@ -675,29 +675,16 @@ macro_rules! codes_kernels {
                         });
                     }
                 }
-                // The tile's values are expanded once into `ve`, then added head by head with
-                // that head's accumulators in registers: `G·NZ` accumulators (48 for
-                // Qwen2.5-1.5B) do not fit the 32 registers, and a key-major loop kept them in
-                // memory, a load and a store per multiply-add. Each accumulator still adds the
-                // tile's keys in order, so the sums are the same bits.
+                // The tile's values are expanded once into `ve`, then added head by head
+                // (`add_tile_values`: each head's accumulators in registers).
                 per_codec!($mode, vx, NZ, expand => {
                     for (e, &r) in ve.iter_mut().zip(&rows[..n]) {
                         *e = expand(&bytes.v_codes[r * vcr..]);
                     }
                 });
                 let vn = tile_scales(bytes.v_norms, &rows[..n], vnr);
-                for (aj, sj) in acc.iter_mut().zip(&mut s) {
-                    let weights = _mm512_mul_ps(load512(sj), vn);
-                    store512(sj, weights);
-                    let mut a = *aj;
-                    for (&w, e) in sj.iter().zip(&ve[..n]) {
-                        let w = _mm512_set1_ps(w);
-                        for (a, &x) in a.iter_mut().zip(e) {
-                            *a = _mm512_fmadd_ps(w, x, *a);
-                        }
-                    }
-                    *aj = a;
-                }
+                // SAFETY: the kernels run only where the CPU has AVX-512 F.
+                unsafe { add_tile_values(&mut acc, &mut s, &ve[..n], vn) };
                 t += n;
             }
             let mut part = Partial::empty(G, d);
