@@ -5,6 +5,10 @@ family and one point per calibrated profile, from `engram eval kv --json` lines.
     engram eval kv --json --codecs ... --profile ... > rows.jsonl
     scripts/kv-frontier.py rows.jsonl > frontier.svg
 
+With arguments `NAME=FILE` (one per model: `smollm2=a.jsonl gemma3=b.jsonl`) it draws one line
+per model instead, through that model's codecs in order of bits, its profiles (the built-in
+default among them) as diamonds in the line's colour.
+
 Families: `K=V` (one codec for keys and values), and `keys X` (keys in codec X, values in each
 TurboQuant width; `keys tq6o1` is TurboQuant-6 keys with one outlier per row stored apart). Rows
 named `profile:…` are points; probes (`k:…`) and the reference are left out. Where files repeat
@@ -28,19 +32,38 @@ def family(name):
     return "K=V"
 
 
-def main():
-    rows = [json.loads(line) for path in sys.argv[1:] for line in open(path) if line.strip()]
+def read(paths):
+    rows = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     rows = [r for r in rows if r.get("kl_nats", 0) > 0 and "+" not in r["codec"]]
     # A later file's row of the same codec replaces an earlier one's.
-    rows = list({r["codec"]: r for r in rows}.values())
+    return list({r["codec"]: r for r in rows}.values())
+
+
+def main():
+    args = sys.argv[1:]
+    by_model = bool(args) and all("=" in a for a in args)
     lines = {}
     points = []
-    for r in rows:
-        f = family(r["codec"])
-        if f is None:
-            points.append(r)
-        elif f:
-            lines.setdefault(f, []).append(r)
+    if by_model:
+        # Model name -> its rows; profiles become points labelled with the model.
+        for a in args:
+            name, path = a.split("=", 1)
+            for r in read([path]):
+                if r["codec"].startswith("profile:"):
+                    points.append(dict(r, codec=f"{name} {r['codec'][len('profile:'):]}", model=name))
+                elif not r["codec"].startswith("k:"):
+                    lines.setdefault(name, []).append(r)
+        rows = [r for rs in lines.values() for r in rs] + points
+        title = "KV codecs per model: bits per element vs KL against exact KV"
+    else:
+        rows = read(args)
+        for r in rows:
+            f = family(r["codec"])
+            if f is None:
+                points.append(r)
+            elif f:
+                lines.setdefault(f, []).append(r)
+        title = "KV codecs on SmolLM2-135M: bits per element vs KL against exact KV"
     for f in lines:
         lines[f].sort(key=lambda r: r["bits_per_element"])
     w, h, left, right, top, bottom = 720, 460, 70, 190, 40, 50
@@ -59,8 +82,7 @@ def main():
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
         'font-family="sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
-        f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="15">'
-        "KV codecs on SmolLM2-135M: bits per element vs KL against exact KV</text>",
+        f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="15">{title}</text>',
     ]
     for x in range(x0, x1 + 1):
         out.append(
@@ -86,8 +108,10 @@ def main():
         f'transform="rotate(-90 16 {(top + h - bottom) / 2})">KL (nats), log scale</text>'
     )
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    color_of = {}
     for i, (f, rs) in enumerate(sorted(lines.items())):
         c = colors[i % len(colors)]
+        color_of[f] = c
         pts = " ".join(f"{px(r['bits_per_element']):.1f},{py(r['kl_nats']):.1f}" for r in rs)
         out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{pts}"/>')
         for r in rs:
@@ -99,10 +123,11 @@ def main():
         out.append(f'<text x="{w - right + 10}" y="{top + 16 * (i + 2)}" fill="{c}">{f}</text>')
     for r in points:
         x, y = px(r["bits_per_element"]), py(r["kl_nats"])
+        c = color_of.get(r.get("model"), "black")
         out.append(
             f'<path d="M {x:.1f} {y - 6:.1f} L {x + 6:.1f} {y:.1f} L {x:.1f} {y + 6:.1f} '
-            f'L {x - 6:.1f} {y:.1f} Z" fill="black"/>'
-            f'<text x="{x + 8:.1f}" y="{y + 4:.1f}" font-size="11">{r["codec"]}</text>'
+            f'L {x - 6:.1f} {y:.1f} Z" fill="{c}"/>'
+            f'<text x="{x + 8:.1f}" y="{y + 4:.1f}" font-size="11" fill="{c}">{r["codec"]}</text>'
         )
     out.append("</svg>")
     print("\n".join(out))
