@@ -27,6 +27,10 @@ use super::{EXP_MAX, EXP_MIN, EXP_P, LN2_HI, LN2_LO, LOG2E};
 mod codes;
 #[path = "x86_codes_avx2.rs"]
 mod codes_avx2;
+#[path = "x86_tile.rs"]
+mod tile;
+
+use tile::{add_tile_values, prefetch_layer, prefetch_tq4};
 
 /// Dispatches to `isa`'s kernel (the caller checked the geometry and that the CPU has `isa`).
 pub(super) fn tq4_attend(
@@ -306,99 +310,6 @@ fn expand512n<const NZ: usize>(code: &[u8], cb: __m512) -> [__m512; NZ] {
         e[2 * c + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(a), cb);
     }
     e
-}
-
-/// Adds a tile's values to every head's accumulators: head `j`'s probabilities `s[j]` are
-/// scaled by the values' norms `vn` (left in `s[j]`), then each of its `NZ` accumulators adds
-/// the expanded values `ve` (one row of `NZ` registers a key) in key order. Head by head, so
-/// the head's accumulators stay in registers: `G·NZ` of them (48 for Qwen2.5-1.5B) do not fit
-/// the 32 registers, and a key-major loop kept them in memory, a load and a store per
-/// multiply-add. The same sums in the same order as the key-major loop: the same bits.
-///
-/// # Safety
-/// The CPU has AVX-512 F. Not a `target_feature` function: always inlined into the kernels
-/// compiled for it (see `x86_codes::packed` on why).
-#[inline(always)]
-pub(super) unsafe fn add_tile_values<const NZ: usize, const G: usize>(
-    acc: &mut [[__m512; NZ]; G],
-    s: &mut [[f32; TILE]; G],
-    ve: &[[__m512; NZ]],
-    vn: __m512,
-) {
-    // SAFETY: the caller guarantees AVX-512 F.
-    unsafe {
-        for (aj, sj) in acc.iter_mut().zip(s.iter_mut()) {
-            let weights = _mm512_mul_ps(_mm512_loadu_ps(sj.as_ptr()), vn);
-            _mm512_storeu_ps(sj.as_mut_ptr(), weights);
-            let mut a = *aj;
-            for (&w, e) in sj.iter().zip(ve) {
-                let w = _mm512_set1_ps(w);
-                for (a, &x) in a.iter_mut().zip(e) {
-                    *a = _mm512_fmadd_ps(w, x, *a);
-                }
-            }
-            *aj = a;
-        }
-    }
-}
-
-/// Asks for the cache lines of `rows` in `bytes` (`row` bytes a row): a hint with no effect on
-/// any result; lines outside `bytes` are not asked for. The decode kernels call it for the next
-/// tile of keys while they compute one: a tile is one block, whose rows are consecutive, but the
-/// blocks lie anywhere in the tier, and the hardware prefetcher does not reach the next one in
-/// time (on Zen 5, Qwen2.5-1.5B at 4K context: 42.3 → 37.3 ms a decoded token,
-/// `docs/models.md`). The rows come from [`KeyRange::rows_into`]: one division a tile, not one
-/// a row and array.
-#[inline]
-pub(super) fn prefetch_tile(bytes: &[u8], row: usize, rows: &[usize]) {
-    if row == 0 {
-        return;
-    }
-    let mut line = usize::MAX;
-    for &r in rows {
-        let start = r * row;
-        let end = (start + row).min(bytes.len());
-        let mut at = start & !63;
-        while at < end {
-            if at != line {
-                // SAFETY: `at < bytes.len()`, so the pointer is inside the slice; a prefetch
-                // reads nothing the program sees, and SSE is part of x86_64.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast()) };
-                line = at;
-            }
-            at += 64;
-        }
-    }
-}
-
-/// The rows of positions `next` (at most a tile) of a layer's key and value codes and norms
-/// (`prefetch_tile`).
-#[inline]
-pub(super) fn prefetch_layer(
-    bytes: &crate::store::host::LayerBytes<'_>,
-    keys: &KeyRange<'_>,
-    next: std::ops::Range<usize>,
-) {
-    let mut rows = [0usize; TILE];
-    let rows = &mut rows[..next.len().min(TILE)];
-    keys.rows_into(next.start, rows);
-    prefetch_tile(bytes.k_codes, bytes.k_code_row, rows);
-    prefetch_tile(bytes.v_codes, bytes.v_code_row, rows);
-    prefetch_tile(bytes.k_norms, bytes.k_norm_row, rows);
-    prefetch_tile(bytes.v_norms, bytes.v_norm_row, rows);
-}
-
-/// The next tile's rows of every array, fetched while a tile computes (`prefetch_tile`).
-#[inline]
-fn prefetch_tq4(rows: &Tq4Rows<'_>, keys: &KeyRange<'_>, next: std::ops::Range<usize>) {
-    let (cr, nr) = (rows.code_row, rows.norm_row);
-    let mut at = [0usize; TILE];
-    let at = &mut at[..next.len().min(TILE)];
-    keys.rows_into(next.start, at);
-    prefetch_tile(rows.k_codes, cr, at);
-    prefetch_tile(rows.v_codes, cr, at);
-    prefetch_tile(rows.k_norms, nr, at);
-    prefetch_tile(rows.v_norms, nr, at);
 }
 
 /// The decode kernel: `G` query heads sharing each key's expansion, head_dim `16·NZ`. Scores of
