@@ -50,6 +50,125 @@ fn the_official_openai_sdk_works_unchanged() {
     println!("{stdout}");
 }
 
+/// What agent frameworks send, through the official SDK (tests/openai_tools.py): a tenant with
+/// no agent, any model name, an e-mail as `user`, content parts, tool calls forced to their
+/// schema (validated with `jsonschema`), streamed tool-call deltas, structured output, log
+/// probabilities, seeds and stops.
+#[test]
+fn frameworks_calls_work_through_the_sdk_on_a_fresh_tenant() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".venv-test/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: `make test` installs the openai SDK there",
+        python.display()
+    );
+    let srv = Server::start(&sqlite_url(), 1 << 20);
+    let (_, t) = srv.call(
+        "POST",
+        "/v1/admin/tenants",
+        Some(ADMIN),
+        json!({"name": "frameworks"}),
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/openai_tools.py"))
+        .arg(format!("http://{}", srv.addr))
+        .arg(&key)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "SDK script failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("openai tools ok"), "{stdout}");
+    assert!(stdout.contains("openai responses ok"), "{stdout}");
+    // Nothing but the default agent was created, once.
+    let (_, agents) = srv.call("GET", "/v1/agents", Some(&key), serde_json::Value::Null);
+    let names: Vec<&str> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["default"]);
+    println!("{stdout}");
+}
+
+/// The official `anthropic` SDK (tests/anthropic_sdk.py) against Messages: its `x-api-key`
+/// header, content blocks, a tool loop with a forced call, streaming, count_tokens.
+#[test]
+fn the_official_anthropic_sdk_works_unchanged() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".venv-test/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: `make test` installs the SDKs there",
+        python.display()
+    );
+    let srv = Server::start(&sqlite_url(), 1 << 20);
+    let (_, t) = srv.call(
+        "POST",
+        "/v1/admin/tenants",
+        Some(ADMIN),
+        json!({"name": "claude"}),
+    );
+    let key = t["api_key"].as_str().unwrap().to_string();
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/anthropic_sdk.py"))
+        .arg(format!("http://{}", srv.addr))
+        .arg(&key)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "SDK script failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("anthropic sdk ok"), "{stdout}");
+    println!("{stdout}");
+}
+
+/// MCP's official Python SDK client against `/mcp` (tests/mcp_client.py): the memory tools and a
+/// turn, scoped by the tenant key.
+#[test]
+fn an_mcp_client_uses_the_memory_graph() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join(".venv-test/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: `make test` installs the MCP SDK there",
+        python.display()
+    );
+    let srv = Server::start(&sqlite_url(), 1 << 20);
+    let (key, _) = srv.tenant_with_bot("mcp", "Be brief.");
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/mcp_client.py"))
+        .arg(format!("http://{}", srv.addr))
+        .arg(&key)
+        .arg("bot")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "MCP client failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("mcp ok"), "{stdout}");
+    // The turn the MCP client ran is in the session's log.
+    let (s, v) = srv.call(
+        "GET",
+        "/v1/agents/bot/sessions/mcp/cache",
+        Some(&key),
+        json!(null),
+    );
+    assert_eq!(s, 200, "{v}");
+}
+
 /// In a `user` session, tool results that end a request are logged with the turn (role `tool`,
 /// before its reply): the next request reuses them from the cache, and after a restart that
 /// lost the cache the turn with the tool results is replayed as it ran, so the next answer

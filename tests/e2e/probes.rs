@@ -225,14 +225,47 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
     ] {
         probe(m, p, body, &[404]);
     }
-    let (s, _) = srv.call(
+    // A's agent id as `model`: not A's agent but B's own default one (a name that is none of
+    // B's agents), with nothing of A's in the answer.
+    let v = probe(
         "POST",
-        "/v1/chat/completions",
-        Some(&kb),
-        json!({"model": a_agent_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        "/v1/chat/completions".into(),
+        json!({"model": a_agent_id, "messages": [{"role": "user", "content": "What day does the vault open?"}], "max_tokens": 8, "temperature": 0}),
+        &[200],
     );
-    assert_eq!(s, 404);
-    count();
+    assert_eq!(v["model"], "default", "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "{v}"
+    );
+    // A's session name as `user` (one the probes below do not use), through B's own agent:
+    // B's own, empty session.
+    let v = probe(
+        "POST",
+        "/v1/chat/completions".into(),
+        json!({"model": "bot", "user": "warm", "messages": [{"role": "user", "content": "What did I tell you to remember?"}], "max_tokens": 8, "temperature": 0}),
+        &[200],
+    );
+    assert_eq!(v["model"], "bot", "{v}");
+    // The tokenizer and the embedder hold no tenant data; they answer B for B.
+    probe(
+        "POST",
+        "/tokenize".into(),
+        json!({"content": "When does the vault open?"}),
+        &[200],
+    );
+    probe(
+        "POST",
+        "/detokenize".into(),
+        json!({"tokens": [1, 2, 3]}),
+        &[200],
+    );
+    probe(
+        "POST",
+        "/v1/embeddings".into(),
+        json!({"input": ["the launch code"]}),
+        &[200, 503],
+    );
     // A's node, edge and reservation ids through B's own agent: 404.
     for n in [n1, n2] {
         probe(

@@ -140,6 +140,10 @@ pub struct ContextRequest<'a> {
     pub fit: Option<Fit>,
     /// How the model frames messages (its chat template, or [`crate::CHATML`]).
     pub format: &'a ChatFormat,
+    /// The request's own system text (an OpenAI request's system and developer messages, the
+    /// tool definitions): a stable segment after the stable layers, as written — never cut or
+    /// spilled; a prompt that cannot hold it is [`ContextError::Overflow`].
+    pub instructions: &'a str,
 }
 
 /// What a prompt and its reply must fit in.
@@ -313,6 +317,13 @@ pub fn build(
     for l in of_class(Volatility::Stable) {
         push_layer(&mut segments, l);
     }
+    if !req.instructions.is_empty() {
+        segments.push(header(
+            SourceLayer::Rules,
+            Volatility::Stable,
+            req.instructions,
+        ));
+    }
     let stable_prefix_len: usize = segments.iter().map(|s| s.text.len()).sum();
     let stable_prefix_hash: [u8; 32] = {
         let mut h = Sha256::new();
@@ -380,9 +391,11 @@ pub fn build(
             let fixed: usize = segments.iter().map(|s| counter.count(&s.text)).sum();
             let layers: usize =
                 fitted.iter().map(|l| l.budget).sum::<usize>() + absent_memories(&fitted);
+            // The request's own system text takes its room from the window, every turn alike.
+            let instructions = counter.count(req.instructions);
             let window = fit
                 .context
-                .saturating_sub(layers.min(fit.context / 2) + fit.context / 8);
+                .saturating_sub(layers.min(fit.context / 2) + instructions + fit.context / 8);
             let mut first = window_start(&costs, req.history, window);
             // This turn's own message and reply may need more: leave more out, for it only.
             let mut used: usize = costs[first..].iter().sum();
@@ -528,6 +541,7 @@ mod tests {
             },
         ];
         let req = ContextRequest {
+            instructions: "",
             format: &crate::CHATML,
             layers: &layers,
             history: &history,
@@ -560,6 +574,7 @@ mod tests {
     fn only_the_volatile_block_changes_between_turns() {
         let a = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &agent("09:00"),
                 history: &[],
@@ -572,6 +587,7 @@ mod tests {
         .unwrap();
         let b = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &agent("09:05"),
                 history: &[],
@@ -598,6 +614,7 @@ mod tests {
         edited[3].content = "! be kind".into();
         let c = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &edited,
                 history: &[],
@@ -618,6 +635,7 @@ mod tests {
         layers[1].budget = 20;
         let built = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &layers,
                 history: &[],
@@ -644,6 +662,7 @@ mod tests {
             Layer::new(LayerKind::Soul, "b"),
         ];
         let req = ContextRequest {
+            instructions: "",
             format: &crate::CHATML,
             layers: &dup,
             history: &[],
@@ -658,6 +677,7 @@ mod tests {
             })
         ));
         let req = ContextRequest {
+            instructions: "",
             format: &crate::CHATML,
             layers: &[],
             history: &[],
@@ -677,6 +697,7 @@ mod tests {
                 l.public = marks.contains(&l.kind);
             }
             let req = ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &layers,
                 history: &[],
@@ -710,6 +731,7 @@ mod tests {
         layers[3].budget = 20;
         let hash = |msg: &str| {
             let req = ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &layers,
                 history: &[],
@@ -751,6 +773,7 @@ mod tests {
         let before_conversation = |msg: &str| {
             let built = build(
                 &ContextRequest {
+                    instructions: "",
                     format: &crate::CHATML,
                     layers: &layers,
                     history: &history,
@@ -785,6 +808,7 @@ mod tests {
         for n in (0..=400).step_by(2) {
             let built = build(
                 &ContextRequest {
+                    instructions: "",
                     format: &crate::CHATML,
                     layers: &layers,
                     history: &history[..n],
@@ -840,6 +864,7 @@ mod tests {
         };
         let built = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &layers,
                 history: &said(6),
@@ -858,6 +883,7 @@ mod tests {
         let long = "word ".repeat(2_000);
         let err = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &layers,
                 history: &said(6),
@@ -870,6 +896,57 @@ mod tests {
         .unwrap_err();
         assert!(
             matches!(err, ContextError::Overflow { context: 2_000, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_request_s_system_text_is_one_stable_segment_never_cut() {
+        let layers = agent("09:00");
+        // Far over the rules budget (600 tokens): ~2,500 tokens by this counter.
+        let system = "Always answer in French. ".repeat(400);
+        let fit = Fit {
+            context: 8_192,
+            reply: 256,
+            recall: false,
+        };
+        let req = |instructions: &'static str, history: &'static [Turn]| ContextRequest {
+            instructions,
+            format: &crate::CHATML,
+            layers: &[],
+            history,
+            user_message: "hi",
+            fit: Some(fit),
+            message_speaker: Speaker::User,
+        };
+        let system: &'static str = Box::leak(system.into_boxed_str());
+        let mut with = req(system, &[]);
+        with.layers = &layers;
+        let built = build(&with, &Chars).unwrap();
+        let seg = built
+            .segments
+            .iter()
+            .find(|s| s.text == system)
+            .expect("the system text is one segment, whole");
+        assert_eq!(seg.volatility, Volatility::Stable);
+        // After the stable layers, inside the stable prefix (so it is pinned with it).
+        let text = built.text();
+        assert!(text.find("## Identity").unwrap() < text.find(system).unwrap());
+        assert!(built.stable_prefix_len >= text.find(system).unwrap() + system.len());
+        let mut without = req("", &[]);
+        without.layers = &layers;
+        let plain = build(&without, &Chars).unwrap();
+        assert_ne!(built.stable_prefix_hash, plain.stable_prefix_hash);
+        // Nothing spilled: it is not a layer.
+        assert!(built.layers.iter().all(|l| l.spilled.is_empty()));
+        // The window gives it its room: the window shrinks by its size.
+        let w = |b: &BuiltContext| b.fit.unwrap().window;
+        assert_eq!(w(&plain) - w(&built), Chars.count(system));
+        // A prompt that cannot hold it is an overflow, with the sizes.
+        let huge: &'static str = Box::leak("x".repeat(40_000).into_boxed_str());
+        let err = build(&req(huge, &[]), &Chars).unwrap_err();
+        assert!(
+            matches!(err, ContextError::Overflow { needed, context: 8_192 } if needed > 10_000),
             "{err}"
         );
     }
@@ -909,6 +986,7 @@ mod tests {
         let with = |recall| {
             build(
                 &ContextRequest {
+                    instructions: "",
                     format: &crate::CHATML,
                     layers: &layers,
                     history: &[],
@@ -958,6 +1036,7 @@ mod tests {
         ];
         let built = build(
             &ContextRequest {
+                instructions: "",
                 format: &crate::CHATML,
                 layers: &agent("noon"),
                 history: &history,

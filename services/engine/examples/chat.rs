@@ -29,7 +29,7 @@ fn main() -> anyhow::Result<()> {
                 print!("{text}");
                 std::io::stdout().flush()?;
             }
-            StreamEvent::Done { reason, usage } => {
+            StreamEvent::Done { reason, usage, .. } => {
                 println!();
                 eprintln!("[{reason:?}, {} tokens]", usage.completion_tokens);
             }

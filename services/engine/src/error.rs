@@ -44,6 +44,12 @@ pub enum EngineError {
         /// Why it is rejected.
         reason: String,
     },
+    /// A sequence's constraint (its grammar) failed or allowed no token.
+    #[error("constrained decoding failed: {reason}")]
+    Constraint {
+        /// Why.
+        reason: String,
+    },
     /// The prompt has no tokens.
     #[error("the prompt is empty")]
     EmptyPrompt,

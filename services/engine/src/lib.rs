@@ -45,7 +45,9 @@ pub use engram_model::{
 };
 pub use error::{EngineError, EngineResult, io_error};
 pub use prefix::{BlockHash, PrefixCache, chain_hash};
-pub use sampling::{Sampler, SamplingParams, argmax};
+pub use sampling::{
+    Constraint, MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprob, argmax, logprobs_of,
+};
 pub use scheduler::{
     BlockInfo, BlockPage, BlockQuery, CollectRequest, Engine, EngineSnapshot, FinishReason,
     GenerateRequest, KvFormat, StreamEvent, Usage,

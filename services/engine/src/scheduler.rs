@@ -32,7 +32,7 @@ use crate::core::{
     ReserveRequest, RestoreChain, RestoreReport, SeqId, SequenceSpec, ShadowChain, TierPolicy,
 };
 use crate::error::{EngineError, EngineResult};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Constraint, Sampler, SamplingParams, TokenLogprob, logprobs_of};
 use engram_model::ModelConfig;
 use engram_model::{StreamDecoder, TextTokenizer};
 
@@ -47,6 +47,13 @@ pub struct GenerateRequest {
     pub spec: SequenceSpec,
     /// Sampling and stopping.
     pub sampling: SamplingParams,
+}
+
+/// A generation in the queue: the request, its constraint, where its events go.
+struct Queued {
+    req: GenerateRequest,
+    constraint: Option<Box<dyn Constraint>>,
+    tx: flume::Sender<StreamEvent>,
 }
 
 /// Why generation ended.
@@ -82,11 +89,15 @@ pub enum StreamEvent {
         tokens: Vec<u32>,
         /// Text released.
         text: String,
+        /// The tokens' log probabilities, when the request asked ([`SamplingParams::logprobs`]).
+        logprobs: Vec<TokenLogprob>,
     },
     /// The end.
     Done {
         /// Why.
         reason: FinishReason,
+        /// The stop sequence that ended it, if one did.
+        stop_sequence: Option<String>,
         /// Token counts.
         usage: Usage,
     },
@@ -95,7 +106,7 @@ pub enum StreamEvent {
 }
 
 enum Command {
-    Generate(Box<GenerateRequest>, flume::Sender<StreamEvent>),
+    Generate(Box<Queued>),
     Snapshot(flume::Sender<EngineSnapshot>),
     Blocks(BlockQuery, flume::Sender<BlockPage>),
     UnpinPrefix([u8; 32], flume::Sender<EngineResult<usize>>),
@@ -321,6 +332,16 @@ impl Engine {
     /// Queues a request; the receiver yields its events. Answers `Overloaded` when the queue is
     /// full and `InvalidSampling`/`ContextOverflow` for a request that can never run.
     pub fn submit(&self, req: GenerateRequest) -> EngineResult<flume::Receiver<StreamEvent>> {
+        self.submit_constrained(req, None)
+    }
+
+    /// [`Self::submit`] with the tokens it may generate constrained (a grammar): the sampler
+    /// masks the logits of this sequence only, so the other sequences of a batch are not held.
+    pub fn submit_constrained(
+        &self,
+        req: GenerateRequest,
+        constraint: Option<Box<dyn Constraint>>,
+    ) -> EngineResult<flume::Receiver<StreamEvent>> {
         req.sampling.validate()?;
         let prompt: usize = req.spec.segments.iter().map(|s| s.tokens.len()).sum();
         if prompt == 0 {
@@ -334,7 +355,12 @@ impl Engine {
         }
         let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
         let (etx, erx) = flume::unbounded();
-        match tx.try_send(Command::Generate(Box::new(req), etx)) {
+        let queued = Queued {
+            req,
+            constraint,
+            tx: etx,
+        };
+        match tx.try_send(Command::Generate(Box::new(queued))) {
             Ok(()) => Ok(erx),
             Err(flume::TrySendError::Full(_)) => Err(EngineError::Overloaded {
                 queued: tx.len(),
@@ -533,6 +559,8 @@ struct Active {
     tenant: TenantId,
     tx: flume::Sender<StreamEvent>,
     sampler: Sampler,
+    /// What the sequence's tokens are constrained to, if anything.
+    constraint: Option<Box<dyn Constraint>>,
     decoder: StreamDecoder,
     phase: Phase,
     admission: Admission,
@@ -540,6 +568,8 @@ struct Active {
     /// Set when the stream has ended; `reap` releases the sequence.
     finished: bool,
     pending_tokens: Vec<u32>,
+    /// Their log probabilities, when the request asked.
+    pending_logprobs: Vec<TokenLogprob>,
     /// Decoded text and how much of it was released.
     text: String,
     released: usize,
@@ -555,7 +585,7 @@ struct Worker {
     /// Sequences the current stage works on (failed if it panics).
     serving: Vec<SeqId>,
     /// Generations taken from the channel, not yet admitted.
-    waiting: VecDeque<(Box<GenerateRequest>, flume::Sender<StreamEvent>)>,
+    waiting: VecDeque<Box<Queued>>,
     /// Admissions so far, and each tenant's last one (fair admission).
     admissions: u64,
     last_admitted: HashMap<TenantId, u64>,
@@ -643,7 +673,7 @@ impl Worker {
                 break;
             };
             match cmd {
-                Command::Generate(req, tx) => self.waiting.push_back((req, tx)),
+                Command::Generate(q) => self.waiting.push_back(q),
                 Command::Snapshot(reply) => {
                     let _ = reply.send(EngineSnapshot {
                         occupancy: self.core.occupancy(),
@@ -713,9 +743,14 @@ impl Worker {
         }
         while self.running.len() < max {
             let Some(i) = self.next_fair() else { break };
-            let Some((req, tx)) = self.waiting.remove(i) else {
+            let Some(q) = self.waiting.remove(i) else {
                 break;
             };
+            let Queued {
+                req,
+                constraint,
+                tx,
+            } = *q;
             if tx.is_disconnected() {
                 continue;
             }
@@ -730,12 +765,14 @@ impl Worker {
                         tenant,
                         tx,
                         sampler: Sampler::new(req.sampling),
+                        constraint,
                         decoder: StreamDecoder::default(),
                         phase: Phase::Prefill,
                         admission,
                         generated: 0,
                         finished: false,
                         pending_tokens: Vec::new(),
+                        pending_logprobs: Vec::new(),
                         text: String::new(),
                         released: 0,
                     });
@@ -757,8 +794,8 @@ impl Worker {
         self.waiting
             .iter()
             .enumerate()
-            .min_by_key(|(i, (req, _))| {
-                let t = req.spec.tenant;
+            .min_by_key(|(i, q)| {
+                let t = q.req.spec.tenant;
                 (
                     running.get(&t).copied().unwrap_or(0),
                     self.last_admitted.get(&t).copied().unwrap_or(0),
@@ -811,8 +848,23 @@ impl Worker {
         let context = self.core.model().config().context_length;
         let seq_len = self.core.tokens(self.running[i].id).map_or(0, <[u32]>::len);
         let a = &mut self.running[i];
-        let tok = a.sampler.sample(logits);
+        let tok = match a
+            .sampler
+            .sample_constrained(logits, a.constraint.as_deref_mut())
+        {
+            Ok(t) => t,
+            Err(reason) => {
+                self.fail(i, EngineError::Constraint { reason });
+                return;
+            }
+        };
+        if let Some(top) = a.sampler.params().logprobs
+            && !stop_ids.contains(&tok)
+        {
+            a.pending_logprobs.push(logprobs_of(logits, tok, top));
+        }
         let mut finish = None;
+        let mut stop_sequence = None;
         if stop_ids.contains(&tok) {
             finish = Some(FinishReason::Stop);
         } else {
@@ -826,7 +878,16 @@ impl Worker {
                 }
             }
             if let Some(pos) = find_stop(&a.text, a.released, &a.sampler.params().stop) {
+                stop_sequence = a
+                    .sampler
+                    .params()
+                    .stop
+                    .iter()
+                    .find(|s| a.text[pos..].starts_with(s.as_str()))
+                    .cloned();
                 a.text.truncate(pos);
+                finish = Some(FinishReason::Stop);
+            } else if a.constraint.as_ref().is_some_and(|c| c.finished()) {
                 finish = Some(FinishReason::Stop);
             } else if a.generated >= a.sampler.params().max_tokens || seq_len + 1 >= context {
                 finish = Some(FinishReason::Length);
@@ -834,7 +895,9 @@ impl Worker {
         }
         // Ended by a stop token or the length: what the decoder still holds (a character cut
         // short) goes out too, so the streamed text is the decode of the streamed tokens.
-        let cut_by_stop_sequence = finish == Some(FinishReason::Stop) && !stop_ids.contains(&tok);
+        let cut_by_stop_sequence = finish == Some(FinishReason::Stop)
+            && !stop_ids.contains(&tok)
+            && !a.constraint.as_ref().is_some_and(|c| c.finished());
         if finish.is_some() && !cut_by_stop_sequence {
             match a.decoder.flush(self.core.tokenizer()) {
                 Ok(rest) => a.text.push_str(&rest),
@@ -853,6 +916,7 @@ impl Worker {
             let delta = StreamEvent::Delta {
                 tokens: std::mem::take(&mut a.pending_tokens),
                 text: a.text[a.released..upto].to_string(),
+                logprobs: std::mem::take(&mut a.pending_logprobs),
             };
             a.released = upto;
             let _ = a.tx.send(delta);
@@ -864,7 +928,11 @@ impl Worker {
                     cached_tokens: a.admission.cached_tokens,
                     completion_tokens: a.generated,
                 };
-                let _ = a.tx.send(StreamEvent::Done { reason, usage });
+                let _ = a.tx.send(StreamEvent::Done {
+                    reason,
+                    stop_sequence,
+                    usage,
+                });
                 a.finished = true;
             }
             None => a.phase = Phase::Decode(tok),

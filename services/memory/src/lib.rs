@@ -498,6 +498,28 @@ impl MemoryService {
         self.graph.write().map_err(|_| MemoryError::Poisoned)
     }
 
+    /// Unit vectors of `texts` and the tokens the embedder read of them (on a blocking
+    /// thread).
+    pub async fn embed_counted(
+        &self,
+        texts: Vec<String>,
+    ) -> Result<(Vec<Vec<f32>>, usize), MemoryError> {
+        let mut tokens = 0;
+        for t in &texts {
+            tokens += self.embedder.count_tokens(t).map_err(MemoryError::Embed)?;
+        }
+        Ok((embed_blocking(&self.embedder, texts).await?, tokens))
+    }
+
+    /// The embedding model's name (its directory's).
+    pub fn embedder_name(&self) -> String {
+        self.config
+            .embedder_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// Unit vectors of `texts` (on a blocking thread).
     pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, MemoryError> {
         embed_blocking(&self.embedder, texts).await

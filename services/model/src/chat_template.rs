@@ -64,6 +64,13 @@ impl Template {
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        // Python's `json.dumps` form (`", "` and `": "`), as Hugging Face renders templates:
+        // the tool definitions read as the model saw them in training.
+        env.add_filter("tojson", |v: Value| -> Result<Value, Error> {
+            let json = serde_json::to_value(&v)
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            Ok(Value::from_safe_string(python_json(&json)))
+        });
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| TemplateError::Render(e.to_string()))?;
         Ok(Self {
@@ -99,6 +106,50 @@ impl Template {
             eos_token => self.eos.as_str(),
         })
         .map_err(|e| TemplateError::Render(e.to_string()))
+    }
+
+    /// What the template adds to the first system message's content when `tools` (OpenAI
+    /// tool definitions) are offered: the text after the content, before the message's end.
+    /// `None` when the template has no tool branch (its output does not change) or puts the
+    /// tools anywhere else.
+    pub fn tools_suffix(
+        &self,
+        tools: &[serde_json::Value],
+        system_post: &str,
+    ) -> Result<Option<String>, TemplateError> {
+        let m = marker(7);
+        let t = self
+            .env
+            .get_template("chat")
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        let render = |with: Option<&[serde_json::Value]>| {
+            let messages = vec![context! { role => "system", content => m.as_str() }];
+            t.render(context! {
+                messages => messages,
+                tools => with.map(|t| Value::from(minijinja::value::Serde(t))),
+                add_generation_prompt => false,
+                bos_token => self.bos.as_str(),
+                eos_token => self.eos.as_str(),
+            })
+            .map_err(|e| TemplateError::Render(e.to_string()))
+        };
+        let plain = render(None)?;
+        let with = render(Some(tools))?;
+        if with == plain {
+            return Ok(None);
+        }
+        let (Some((pre, _)), Some((with_pre, after))) =
+            (plain.split_once(m.as_str()), with.split_once(m.as_str()))
+        else {
+            return Ok(None);
+        };
+        if pre != with_pre {
+            return Ok(None);
+        }
+        Ok(after
+            .strip_suffix(system_post)
+            .filter(|suffix| !suffix.is_empty())
+            .map(str::to_string))
     }
 
     /// The per-role pieces (see the module docs).
@@ -200,6 +251,42 @@ impl Template {
         }
         Ok(f)
     }
+}
+
+/// `v` as Python's `json.dumps(v, ensure_ascii=False)` writes it: `", "` between items,
+/// `": "` after keys, keys in their order.
+pub fn python_json(v: &serde_json::Value) -> String {
+    use serde_json::Value as J;
+    let mut out = String::new();
+    fn write(v: &J, out: &mut String) {
+        match v {
+            J::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            J::Object(map) => {
+                out.push('{');
+                for (i, (k, item)) in map.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(&J::String(k.clone()).to_string());
+                    out.push_str(": ");
+                    write(item, out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    write(v, &mut out);
+    out
 }
 
 fn split(why: &str) -> TemplateError {

@@ -89,6 +89,17 @@ impl Embedder {
         self.fingerprint
     }
 
+    /// Tokens the embedder reads of `text` (at most [`MAX_TOKENS`]: the rest is cut).
+    pub fn count_tokens(&self, text: &str) -> ModelResult<usize> {
+        let enc = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| ModelError::Tokenizer {
+                reason: e.to_string(),
+            })?;
+        Ok(enc.get_ids().len())
+    }
+
     /// Unit vectors of `texts`, in order (an empty slice gives none).
     pub fn embed(&self, texts: &[&str]) -> ModelResult<Vec<Vec<f32>>> {
         if texts.is_empty() {

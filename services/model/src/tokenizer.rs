@@ -131,6 +131,8 @@ pub struct TextTokenizer {
     format: Arc<ChatFormat>,
     /// Prepended to a text by the callers that frame whole texts (see [`Self::bos`]).
     bos: Option<u32>,
+    /// The model's chat template, when its pieces frame the prompt (for its tool branch).
+    template: Option<Arc<crate::chat_template::Template>>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
@@ -199,6 +201,13 @@ impl TextTokenizer {
         let (format, why) = crate::chat_template::format_for(template.as_deref(), &bos, &eos);
         if let Some(why) = why {
             tracing::warn!("{}: {why}; messages are framed with ChatML", path.display());
+        }
+        if format.source == engram_context::FormatSource::Model
+            && let Some(source) = &template
+        {
+            me.template = crate::chat_template::Template::new(source, &bos, &eos)
+                .ok()
+                .map(Arc::new);
         }
         me.format = Arc::new(format);
         Ok(me)
@@ -411,6 +420,7 @@ impl TextTokenizer {
             stop_ids,
             format: Arc::new(ChatFormat::chatml()),
             bos: None,
+            template: None,
         }
     }
 
@@ -438,6 +448,25 @@ impl TextTokenizer {
     /// Vocabulary size, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// What the model's own chat template adds to the system message for `tools` (OpenAI tool
+    /// definitions), when it has a tool branch; `None` otherwise (the caller then writes the
+    /// tools in the generic form).
+    pub fn tools_suffix(&self, tools: &[serde_json::Value]) -> Option<String> {
+        let t = self.template.as_ref()?;
+        match t.tools_suffix(tools, &self.format.system.post) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("the chat template's tool branch does not render: {e}");
+                None
+            }
+        }
+    }
+
+    /// The tokenizer as a Hugging Face `tokenizer.json` text.
+    pub fn to_json(&self) -> ModelResult<String> {
+        self.inner.to_string(false).map_err(tok_err)
     }
 
     /// Writes the tokenizer as a Hugging Face `tokenizer.json`.

@@ -1,4 +1,5 @@
-//! Authentication: `Authorization: Bearer <key>` on every request. A tenant key names its
+//! Authentication: `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's SDK
+//! sends it) on every request. A tenant key names its
 //! tenant; the admin key (from config) opens the admin endpoints.
 //!
 //! What an unauthenticated request can cost is bounded before the database is asked: keys in
@@ -21,11 +22,19 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 fn bearer(req: &HttpRequest) -> Result<String, ApiError> {
-    let header = req
-        .headers()
+    let headers = req.headers();
+    let Some(header) = headers
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| unauthorized("missing `Authorization: Bearer <key>`"))?;
+    else {
+        // Anthropic's SDK sends its key as `x-api-key`.
+        return headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| unauthorized("missing `Authorization: Bearer <key>` (or `x-api-key`)"));
+    };
     header
         .strip_prefix("Bearer ")
         .map(|k| k.trim().to_string())

@@ -163,6 +163,11 @@ impl From<EngineError> for ApiError {
                 "the engine queue is full; retry later",
             ),
             EngineError::InvalidSampling { .. } => Self::invalid(e.to_string()),
+            EngineError::Constraint { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "constraint_failed",
+                e.to_string(),
+            ),
             EngineError::ContextOverflow { .. } => {
                 Self::new(StatusCode::BAD_REQUEST, "context_overflow", e.to_string())
             }

@@ -353,7 +353,9 @@ fn json_error(err: JsonPayloadError, _: &actix_web::HttpRequest) -> actix_web::E
 pub fn configure_app(state: web::Data<AppState>) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         let limit = state.config.server.body_limit_bytes;
+        let mcp = web::Data::new(api::mcp::service(state.clone().into_inner()));
         cfg.app_data(state)
+            .app_data(mcp)
             .app_data(
                 web::JsonConfig::default()
                     .limit(limit)

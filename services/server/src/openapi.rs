@@ -365,7 +365,8 @@ impl Modify for Links {
         (name = "admin", description = "Operator: tenants, keys, cache inspection, metrics"),
         (name = "agents", description = "Agents, layers and prompt previews"),
         (name = "sessions", description = "Turns and session state"),
-        (name = "openai", description = "OpenAI-compatible endpoints"),
+        (name = "openai", description = "OpenAI-compatible endpoints (and the tokenizer's, as llama.cpp's and vLLM's servers have them)"),
+        (name = "anthropic", description = "Anthropic's Messages API"),
         (name = "memory", description = "The agent's memory graph: nodes, edges, hybrid recall, cold-tier reservations"),
     )
 )]

@@ -191,6 +191,9 @@ pub struct AppState {
     pub prefetched: Prefetched,
     /// `/readyz`'s last database ping.
     pub ready: crate::readiness::ReadyCache,
+    /// The model's vocabulary compiled for constrained decoding, on first use.
+    pub grammars:
+        std::sync::OnceLock<Result<Arc<engram_grammar::Grammars>, engram_grammar::GrammarError>>,
     /// When the state was built (the clock `/readyz` ages its answer by).
     pub started: Instant,
     /// The shadow's byte budget in force (`shadow.budget_mib`, or half the free disk under the
@@ -243,6 +246,7 @@ impl AppState {
             tokens: crate::tokens::TokenCache::default(),
             prefetched: Prefetched::new(),
             ready: crate::readiness::ReadyCache::default(),
+            grammars: std::sync::OnceLock::new(),
             started: Instant::now(),
             shadow_budget: 0,
         }
@@ -253,6 +257,23 @@ impl AppState {
     pub async fn session_slot(&self, tenant: TenantId, session: u64) -> Option<SessionSlot> {
         let wait = std::time::Duration::from_millis(self.config.limits.session_wait_ms);
         self.sessions.acquire(tenant, session, wait).await
+    }
+
+    /// The model's vocabulary compiled for constrained decoding (built on the first request
+    /// that needs it: a 151K-token vocabulary takes a fraction of a second).
+    pub fn grammars(&self) -> Result<Arc<engram_grammar::Grammars>, crate::error::ApiError> {
+        let engine = self.engine().map_err(crate::error::ApiError::from)?;
+        let built = self.grammars.get_or_init(|| {
+            let rows = engine.model_config().vocab_size;
+            engram_grammar::Grammars::new(engine.tokenizer(), rows).map(Arc::new)
+        });
+        built.clone().map_err(|e| {
+            crate::error::ApiError::new(
+                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                "grammar_unavailable",
+                e.to_string(),
+            )
+        })
     }
 
     /// The shadow, or [`Unavailable::Shadow`].

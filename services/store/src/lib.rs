@@ -23,4 +23,4 @@ pub use model::{
     MemoryScope, NewEntry, NewMemoryEdge, NewMemoryNode, Quotas, Role, Tenant, TurnRow,
     WorkingLine,
 };
-pub use repo::{Store, WORKING_MEMORY_LINES};
+pub use repo::{Store, WORKING_MEMORY_LINES, random_hex};

@@ -56,6 +56,16 @@ const SQLITE: &[(i64, &str, &str)] = &[
         "shadow_quota",
         include_str!("../../../migrations/sqlite/0009_shadow_quota.sql"),
     ),
+    (
+        10,
+        "session_labels",
+        include_str!("../../../migrations/sqlite/0010_session_labels.sql"),
+    ),
+    (
+        11,
+        "responses",
+        include_str!("../../../migrations/sqlite/0011_responses.sql"),
+    ),
 ];
 
 const POSTGRES: &[(i64, &str, &str)] = &[
@@ -103,6 +113,16 @@ const POSTGRES: &[(i64, &str, &str)] = &[
         9,
         "shadow_quota",
         include_str!("../../../migrations/postgres/0009_shadow_quota.sql"),
+    ),
+    (
+        10,
+        "session_labels",
+        include_str!("../../../migrations/postgres/0010_session_labels.sql"),
+    ),
+    (
+        11,
+        "responses",
+        include_str!("../../../migrations/postgres/0011_responses.sql"),
     ),
 ];
 

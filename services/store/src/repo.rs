@@ -43,7 +43,8 @@ fn random_bytes(buf: &mut [u8]) -> StoreResult<()> {
         .map_err(StoreError::Random)
 }
 
-fn random_hex(bytes: usize) -> StoreResult<String> {
+/// `bytes` random bytes from the OS, in hex.
+pub fn random_hex(bytes: usize) -> StoreResult<String> {
     let mut buf = vec![0u8; bytes];
     random_bytes(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
@@ -663,6 +664,37 @@ impl Store {
         .await
         .map_err(conflict("session", session_id))?;
         Ok(true)
+    }
+
+    /// Stores what the client called a session (an OpenAI `user` string the session's name is
+    /// a hash of).
+    pub async fn label_session(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+        label: &str,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE sessions SET label = $3 WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(session_id)
+            .bind(label)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// What the client called a session, if its name is a hash of that.
+    pub async fn session_label(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+    ) -> StoreResult<Option<String>> {
+        let row = sqlx::query("SELECT label FROM sessions WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("label")).transpose()?.flatten())
     }
 
     /// Whether an agent has the session.

@@ -22,11 +22,13 @@ fn collect(rx: flume::Receiver<StreamEvent>) -> Outcome {
     for ev in rx.iter() {
         match ev {
             StreamEvent::Started(_) => {}
-            StreamEvent::Delta { tokens: t, text: s } => {
+            StreamEvent::Delta {
+                tokens: t, text: s, ..
+            } => {
                 tokens.extend(t);
                 text.push_str(&s);
             }
-            StreamEvent::Done { reason, usage } => {
+            StreamEvent::Done { reason, usage, .. } => {
                 return Outcome {
                     tokens,
                     text,

@@ -113,11 +113,11 @@ fn node_kind(s: &str) -> Result<NodeKind, ApiError> {
 /// The agent and the memory service, or 404 / 503.
 async fn scope<'a>(
     state: &'a AppState,
-    caller: &TenantCaller,
+    tenant: &engram_store::Tenant,
     agent: &str,
 ) -> Result<(Agent, &'a engram_memory::MemoryService), ApiError> {
     let memory = state.memory()?;
-    let agent = state.store.agent(&caller.0.id, agent).await?;
+    let agent = state.store.agent(&tenant.id, agent).await?;
     Ok((agent, memory))
 }
 
@@ -132,6 +132,173 @@ fn own_node(
         .node(tenant, NodeId(id as u64))?
         .filter(|n| n.agent == agent.id && id >= 0)
         .ok_or_else(|| ApiError::not_found(format!("memory node `{id}` not found")))
+}
+
+/// Adds a node to `agent`'s memory (what `POST …/memory/nodes` and the MCP server's
+/// `add_memory` do).
+pub(crate) async fn add_node(
+    state: &AppState,
+    tenant: &engram_store::Tenant,
+    agent: &str,
+    body: &NewNode,
+) -> Result<engram_store::MemoryNodeRow, ApiError> {
+    let (agent, memory) = scope(state, tenant, agent).await?;
+    let kind = node_kind(&body.kind)?;
+    check_text(&body.text)?;
+    let importance = body.importance.unwrap_or(0.5);
+    check_unit("importance", importance)?;
+    if let Some(s) = &body.session {
+        check_name("session", s)?;
+    }
+    let row = state
+        .store
+        .insert_memory_node(&NewMemoryNode {
+            tenant_id: tenant.id.clone(),
+            agent_id: agent.id.clone(),
+            session_id: body.session.clone(),
+            kind: kind.as_str().to_string(),
+            text: body.text.clone(),
+            importance,
+            tokens: state.counter().count(&body.text) as i64,
+        })
+        .await?;
+    memory.add(&row).await?;
+    Ok(row)
+}
+
+/// Deletes a node of `agent`'s memory (`DELETE …/memory/nodes/{id}`, MCP `forget_memory`).
+pub(crate) async fn forget_node(
+    state: &AppState,
+    tenant: &engram_store::Tenant,
+    agent: &str,
+    id: i64,
+) -> Result<(), ApiError> {
+    let (agent, memory) = scope(state, tenant, agent).await?;
+    own_node(memory, &tenant.id, &agent, id)?;
+    state.store.delete_memory_node(&tenant.id, id).await?;
+    memory.remove(NodeId(id as u64))?;
+    Ok(())
+}
+
+/// Adds an edge between two nodes of `agent`'s memory (`POST …/memory/edges`, MCP
+/// `link_memories`).
+pub(crate) async fn add_edge(
+    state: &AppState,
+    tenant: &engram_store::Tenant,
+    agent: &str,
+    body: &NewEdge,
+) -> Result<engram_store::MemoryEdgeRow, ApiError> {
+    let (agent, memory) = scope(state, tenant, agent).await?;
+    let kind = EdgeKind::parse(&body.kind).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "unknown edge kind `{}` (mentions, relates_to, derived_from, follows, supersedes)",
+            body.kind
+        ))
+    })?;
+    let weight = body.weight.unwrap_or(1.0);
+    check_unit("weight", weight)?;
+    if body.from == body.to {
+        return Err(ApiError::invalid("an edge cannot join a node to itself"));
+    }
+    if let (Some(f), Some(t)) = (body.valid_from_ms, body.valid_to_ms)
+        && f >= t
+    {
+        return Err(ApiError::invalid(
+            "valid_from_ms must be before valid_to_ms",
+        ));
+    }
+    own_node(memory, &tenant.id, &agent, body.from)?;
+    own_node(memory, &tenant.id, &agent, body.to)?;
+    let row = state
+        .store
+        .insert_memory_edge(&NewMemoryEdge {
+            tenant_id: tenant.id.clone(),
+            from_id: body.from,
+            to_id: body.to,
+            kind: kind.as_str().to_string(),
+            weight,
+            valid_from: body.valid_from_ms,
+            valid_to: body.valid_to_ms,
+        })
+        .await?;
+    memory.add_edge(&row)?;
+    Ok(row)
+}
+
+/// Hybrid recall over `agent`'s memory (`POST …/memory/query`, MCP `query_memories`).
+pub(crate) async fn run_query(
+    state: std::sync::Arc<AppState>,
+    tenant: engram_store::Tenant,
+    agent: &str,
+    body: &QueryRequest,
+) -> Result<QueryResponse, ApiError> {
+    let (agent, memory) = scope(&state, &tenant, agent).await?;
+    check_text(&body.text)?;
+    if let Some(s) = &body.session {
+        check_name("session", s)?;
+    }
+    let k = body.k.unwrap_or(memory.config().recall_k);
+    if k == 0 || k > MAX_K {
+        return Err(ApiError::invalid(format!("k must be 1 to {MAX_K}")));
+    }
+    let hops = body.hops.unwrap_or(memory.config().hops);
+    if hops > MAX_HOPS {
+        return Err(ApiError::invalid(format!(
+            "hops must be at most {MAX_HOPS}"
+        )));
+    }
+    let kinds = body
+        .kinds
+        .as_ref()
+        .map(|ks| {
+            ks.iter()
+                .map(|k| node_kind(k))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?;
+    let results = memory
+        .recall(&RecallQuery {
+            tenant: &tenant.id,
+            agent: &agent.id,
+            text: &body.text,
+            k,
+            hops,
+            kinds,
+            exclude_session: body.exclude_session.as_deref(),
+            exclude_since_ms: None,
+            at_ms: body.at_ms.unwrap_or_else(now_ms),
+            sessions: match &body.session {
+                Some(s) => recall_scope(&agent, Some(s)),
+                None => engram_graph::SessionScope::Every,
+            },
+            asker: body.session.as_deref(),
+        })
+        .await?;
+    let reservation = if body.reserve {
+        let turn = Turn::of(
+            state.clone(),
+            tenant.clone(),
+            agent,
+            body.session.as_deref(),
+        )
+        .await?;
+        match turn
+            .neighbourhood(body.exclude_session.as_deref(), None, &body.text)
+            .await?
+        {
+            Some(n) => turn.reserve(&[], &n).await?,
+            None => None,
+        }
+    } else {
+        None
+    };
+    let shown = render(results.clone(), u32::MAX);
+    Ok(QueryResponse {
+        results,
+        canonical_order: shown.ids(),
+        tokens: shown.tokens,
+        reservation,
+    })
 }
 
 /// Adds a node (a fact, an entity, a concept or an episode) to the agent's memory.
@@ -154,27 +321,7 @@ pub async fn create_node(
     path: web::Path<String>,
     body: web::Json<NewNode>,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, memory) = scope(&state, &caller, &path).await?;
-    let kind = node_kind(&body.kind)?;
-    check_text(&body.text)?;
-    let importance = body.importance.unwrap_or(0.5);
-    check_unit("importance", importance)?;
-    if let Some(s) = &body.session {
-        check_name("session", s)?;
-    }
-    let row = state
-        .store
-        .insert_memory_node(&NewMemoryNode {
-            tenant_id: caller.0.id.clone(),
-            agent_id: agent.id.clone(),
-            session_id: body.session.clone(),
-            kind: kind.as_str().to_string(),
-            text: body.text.clone(),
-            importance,
-            tokens: state.counter().count(&body.text) as i64,
-        })
-        .await?;
-    memory.add(&row).await?;
+    let row = add_node(&state, &caller.0, &path, &body).await?;
     Ok(HttpResponse::Created().json(row))
 }
 
@@ -197,7 +344,7 @@ pub async fn list_nodes(
     path: web::Path<String>,
     page: web::Query<Page>,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, _) = scope(&state, &caller, &path).await?;
+    let (agent, _) = scope(&state, &caller.0, &path).await?;
     let (after, limit) = page.bounds()?;
     let nodes = state
         .store
@@ -285,7 +432,7 @@ pub async fn get_node(
     path: web::Path<(String, i64)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, id) = path.into_inner();
-    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let (agent, memory) = scope(&state, &caller.0, &agent).await?;
     own_node(memory, &caller.0.id, &agent, id)?;
     let row = state.store.memory_node(&caller.0.id, id).await?;
     let edges: Vec<_> = state
@@ -318,7 +465,7 @@ pub async fn update_node(
     body: web::Json<NodePatch>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, id) = path.into_inner();
-    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let (agent, memory) = scope(&state, &caller.0, &agent).await?;
     let node = own_node(memory, &caller.0.id, &agent, id)?;
     if body.text.is_none() && body.importance.is_none() {
         return Err(ApiError::invalid(
@@ -355,10 +502,7 @@ pub async fn delete_node(
     path: web::Path<(String, i64)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, id) = path.into_inner();
-    let (agent, memory) = scope(&state, &caller, &agent).await?;
-    own_node(memory, &caller.0.id, &agent, id)?;
-    state.store.delete_memory_node(&caller.0.id, id).await?;
-    memory.remove(NodeId(id as u64))?;
+    forget_node(&state, &caller.0, &agent, id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -381,40 +525,7 @@ pub async fn create_edge(
     path: web::Path<String>,
     body: web::Json<NewEdge>,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, memory) = scope(&state, &caller, &path).await?;
-    let kind = EdgeKind::parse(&body.kind).ok_or_else(|| {
-        ApiError::invalid(format!(
-            "unknown edge kind `{}` (mentions, relates_to, derived_from, follows, supersedes)",
-            body.kind
-        ))
-    })?;
-    let weight = body.weight.unwrap_or(1.0);
-    check_unit("weight", weight)?;
-    if body.from == body.to {
-        return Err(ApiError::invalid("an edge cannot join a node to itself"));
-    }
-    if let (Some(f), Some(t)) = (body.valid_from_ms, body.valid_to_ms)
-        && f >= t
-    {
-        return Err(ApiError::invalid(
-            "valid_from_ms must be before valid_to_ms",
-        ));
-    }
-    own_node(memory, &caller.0.id, &agent, body.from)?;
-    own_node(memory, &caller.0.id, &agent, body.to)?;
-    let row = state
-        .store
-        .insert_memory_edge(&NewMemoryEdge {
-            tenant_id: caller.0.id.clone(),
-            from_id: body.from,
-            to_id: body.to,
-            kind: kind.as_str().to_string(),
-            weight,
-            valid_from: body.valid_from_ms,
-            valid_to: body.valid_to_ms,
-        })
-        .await?;
-    memory.add_edge(&row)?;
+    let row = add_edge(&state, &caller.0, &path, &body).await?;
     Ok(HttpResponse::Created().json(row))
 }
 
@@ -437,7 +548,7 @@ pub async fn list_edges(
     path: web::Path<String>,
     page: web::Query<Page>,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, _) = scope(&state, &caller, &path).await?;
+    let (agent, _) = scope(&state, &caller.0, &path).await?;
     let (after, limit) = page.bounds()?;
     let edges = state
         .store
@@ -464,7 +575,7 @@ pub async fn delete_edge(
     path: web::Path<(String, i64)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, id) = path.into_inner();
-    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let (agent, memory) = scope(&state, &caller.0, &agent).await?;
     let edge = state
         .store
         .memory_edges(Some(&caller.0.id))
@@ -503,67 +614,8 @@ pub async fn query(
     path: web::Path<String>,
     body: web::Json<QueryRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let (agent, memory) = scope(&state, &caller, &path).await?;
-    check_text(&body.text)?;
-    if let Some(s) = &body.session {
-        check_name("session", s)?;
-    }
-    let k = body.k.unwrap_or(memory.config().recall_k);
-    if k == 0 || k > MAX_K {
-        return Err(ApiError::invalid(format!("k must be 1 to {MAX_K}")));
-    }
-    let hops = body.hops.unwrap_or(memory.config().hops);
-    if hops > MAX_HOPS {
-        return Err(ApiError::invalid(format!(
-            "hops must be at most {MAX_HOPS}"
-        )));
-    }
-    let kinds = body
-        .kinds
-        .as_ref()
-        .map(|ks| {
-            ks.iter()
-                .map(|k| node_kind(k))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .transpose()?;
-    let results = memory
-        .recall(&RecallQuery {
-            tenant: &caller.0.id,
-            agent: &agent.id,
-            text: &body.text,
-            k,
-            hops,
-            kinds,
-            exclude_session: body.exclude_session.as_deref(),
-            exclude_since_ms: None,
-            at_ms: body.at_ms.unwrap_or_else(now_ms),
-            sessions: match &body.session {
-                Some(s) => recall_scope(&agent, Some(s)),
-                None => engram_graph::SessionScope::Every,
-            },
-            asker: body.session.as_deref(),
-        })
-        .await?;
-    let reservation = if body.reserve {
-        let turn = Turn::of(state.into_inner(), caller.0, agent, body.session.as_deref()).await?;
-        match turn
-            .neighbourhood(body.exclude_session.as_deref(), None, &body.text)
-            .await?
-        {
-            Some(n) => turn.reserve(&[], &n).await?,
-            None => None,
-        }
-    } else {
-        None
-    };
-    let shown = render(results.clone(), u32::MAX);
-    Ok(HttpResponse::Ok().json(QueryResponse {
-        results,
-        canonical_order: shown.ids(),
-        tokens: shown.tokens,
-        reservation,
-    }))
+    let answer = run_query(state.into_inner(), caller.0, &path, &body).await?;
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 /// Filters of the reservation listing.
@@ -598,7 +650,7 @@ pub async fn list_reservations(
     if params.node.is_some_and(|n| !(0..=1 << 53).contains(&n)) {
         return Err(ApiError::invalid("node must be 0 to 2^53"));
     }
-    let (agent, memory) = scope(&state, &caller, &path).await?;
+    let (agent, memory) = scope(&state, &caller.0, &path).await?;
     let list = state
         .engine()?
         .reservations(Some(TenantId(caller.0.cache_salt)))?
@@ -638,7 +690,7 @@ pub async fn warm_reservation(
     path: web::Path<(String, u64)>,
 ) -> Result<HttpResponse, ApiError> {
     let (agent, id) = path.into_inner();
-    let (agent, memory) = scope(&state, &caller, &agent).await?;
+    let (agent, memory) = scope(&state, &caller.0, &agent).await?;
     let engine = state.engine()?;
     let mine = engine
         .reservations(Some(TenantId(caller.0.cache_salt)))?

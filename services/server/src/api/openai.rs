@@ -1,53 +1,71 @@
 //! OpenAI-compatible endpoints, so agent frameworks work unchanged.
 //!
 //! How the official SDK names an agent and a session:
-//! - `model` is the **agent** (its name or id; `GET /v1/models` lists the caller's agents);
+//! - `model` is the **agent** when it names one of the caller's agents (by name or id); any
+//!   other name — the served model's, which `GET /v1/models` lists first, or whatever a
+//!   framework sends — selects the tenant's default agent, `default`, created with no layers
+//!   on first use;
 //! - `user` (a standard request field) is the **session**: with it, the conversation comes from
 //!   the session's durable turn log and the turn is appended to it; the request's earlier
-//!   messages are ignored. Without it, the request is stateless: the earlier `user`/`assistant`
-//!   messages are the conversation and nothing is stored in the turn log. Its KV is still
-//!   cached, and shadowed under a key of the agent and the conversation's first user message,
-//!   so that a restart keeps a stateless conversation warm too.
+//!   messages are ignored. Any string of up to 256 bytes: one that is not a session name is
+//!   hashed into one (`u-…`) and kept as the session's label. Without it, the request is
+//!   stateless: the earlier `user`/`assistant` messages are the conversation and nothing is
+//!   stored in the turn log. Its KV is still cached, and shadowed under a key of the agent and
+//!   the conversation's first user message, so that a restart keeps a stateless conversation
+//!   warm too.
 //!
 //! Both kinds of request take the native route's steps (`crate::turn`): a session's lost turns
 //! are replayed before its prompt is built, exactly as on `POST …/turns`.
 //!
 //! The last message must be the user's or a tool's result (which the model then answers).
-//! `system` and `developer` messages are added to the agent's `rules` layer for the request (a
-//! stable layer: cached and pinned with the stable prefix, so a request that repeats them
-//! reuses them). In a stateless request, `tool` messages stay in the conversation with the
-//! `tool` role and an assistant's `tool_calls` follow its text as `<tool_call>{json}</tool_call>`
-//! lines. In a session, the tool results that end the request (after its last other message)
-//! are logged with the turn in the `tool` role, before its reply, and replayed like any turn.
-//! `n` other than 1, `logprobs`, `top_logprobs` and a non-empty `tools` answer 400
-//! `unsupported_parameter` instead of being ignored. `usage.prompt_tokens_details.cached_tokens`
-//! reports the prompt tokens reused from the KV cache. `stream: true` answers `chat.completion.chunk` events and
-//! `data: [DONE]`; a failure, or a turn that could not be recorded (its session deleted
-//! meanwhile), ends the stream with `data: {"error": …}` instead.
+//! `system` and `developer` messages, and the tool definitions, are the request's own system
+//! text: one stable segment after the agent's stable layers, as written (never cut to a layer's
+//! budget; a prompt that cannot hold it answers 400 with the sizes), cached and pinned with the
+//! stable prefix so a request that repeats them reuses them. In a stateless request, `tool`
+//! messages stay in the conversation with the `tool` role and an assistant's `tool_calls`
+//! follow its text as `<tool_call>{json}</tool_call>` blocks, as the model wrote them. In a
+//! session, the tool results that end the request (after its last other message) are logged
+//! with the turn in the `tool` role, before its reply, and replayed like any turn.
+//!
+//! Tools, `tool_choice` and `response_format` are described in `api/tools.rs`: the reply's
+//! calls come back as `tool_calls` (and `finish_reason: "tool_calls"`), in the JSON answer and
+//! the stream alike; a forced call or a JSON answer is constrained by a grammar.
+//!
+//! A message's content is a string or an array of text parts (image, audio and file parts
+//! answer 400 `unsupported_content`). `temperature` defaults to OpenAI's 1. `logprobs` and
+//! `top_logprobs` (≤ 20), `presence_penalty`, `frequency_penalty`, `logit_bias`, `min_p`,
+//! `seed` (same seed, same text) and `stop` (≤ 4) apply. Unknown fields are ignored, as OpenAI
+//! does; `n` other than 1 answers 400 `unsupported_parameter` instead of being ignored.
+//! `usage.prompt_tokens_details.cached_tokens` reports the prompt tokens reused from the KV
+//! cache. `stream: true` answers `chat.completion.chunk` events and `data: [DONE]`; a failure,
+//! or a turn that could not be recorded (its session deleted meanwhile), ends the stream with
+//! `data: {"error": …}` instead.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix_web::{HttpResponse, get, post, web};
-use engram_context::{Speaker, Turn as Said};
 use engram_engine::{FinishReason, SamplingParams, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
+use crate::api::chat;
 use crate::api::stream::{self, Framing};
+use crate::api::tools::{self, Tools};
 use crate::auth::TenantCaller;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::turn::{Generated, Log, Turn, generate, said_of, session_key};
-use engram_store::Role;
+use crate::turn::Generated;
 
-/// One chat message.
+/// One chat message, as a client sends it.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// Text (string content only).
-    pub content: Option<String>,
+    /// A string, or an array of content parts: `{"type": "text", "text": …}` parts are joined
+    /// by newlines; image, audio and file parts answer 400 `unsupported_content` (the served
+    /// model reads text only).
+    #[schema(value_type = Option<Object>)]
+    pub content: Option<Value>,
     /// An assistant message's tool calls (rendered into the conversation as
     /// `<tool_call>{json}</tool_call>` lines).
     #[schema(value_type = Option<Object>)]
@@ -56,14 +74,73 @@ pub struct Message {
     pub tool_call_id: Option<String>,
 }
 
+/// The text of a message's `content`: a string as is; an array's text parts joined by
+/// newlines. Any other part is refused: an image or audio part with `unsupported_content`, a
+/// part of no known type as invalid.
+fn text_of(content: &Option<Value>) -> Result<Option<String>, ApiError> {
+    let parts = match content {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => return Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "a message's `content` must be a string or an array of content parts",
+            ));
+        }
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for part in parts {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+        match kind {
+            "text" | "input_text" | "output_text" => match part.get("text") {
+                Some(Value::String(t)) => texts.push(t.as_str()),
+                _ => return Err(ApiError::invalid("a text part needs a string `text`")),
+            },
+            "image_url" | "input_image" | "image" | "input_audio" | "audio" | "file"
+            | "input_file" => {
+                return Err(ApiError::new(
+                    actix_web::http::StatusCode::BAD_REQUEST,
+                    "unsupported_content",
+                    format!(
+                        "`{kind}` content parts are not supported: the served model reads text only"
+                    ),
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "unknown content part type `{kind}` (text parts only)"
+                )));
+            }
+        }
+    }
+    Ok(Some(texts.join("\n")))
+}
+
+/// The request's messages with their contents as text.
+fn texts_of(messages: &[Message]) -> Result<Vec<chat::Msg>, ApiError> {
+    messages
+        .iter()
+        .map(|m| {
+            Ok(chat::Msg {
+                role: m.role.clone(),
+                content: text_of(&m.content)?,
+                tool_calls: m.tool_calls.clone(),
+            })
+        })
+        .collect()
+}
+
 /// Body of `POST /v1/chat/completions` (unknown OpenAI fields are accepted and ignored).
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct ChatRequest {
-    /// The agent.
+    /// An agent's name or id, or any other name (the served model's, say): the tenant's
+    /// default agent, `default`, created with no layers on first use.
     pub model: String,
     /// The conversation; the last message is the new user message.
     pub messages: Vec<Message>,
-    /// The session (optional).
+    /// The session (optional): any string of 1–256 bytes. A valid session name (1–64 letters,
+    /// digits, `-`, `_`) is the session's name; any other string names the session
+    /// `u-{first 40 hex digits of its SHA-256}`, with the string kept as the session's label.
     pub user: Option<String>,
     /// Streaming.
     #[serde(default)]
@@ -72,7 +149,7 @@ pub struct ChatRequest {
     pub max_tokens: Option<usize>,
     /// Alias of `max_tokens`.
     pub max_completion_tokens: Option<usize>,
-    /// Temperature (OpenAI's default is 1; Engram's is greedy when absent).
+    /// Temperature: OpenAI's default, 1, when absent (0 is greedy).
     pub temperature: Option<f32>,
     /// Nucleus mass.
     pub top_p: Option<f32>,
@@ -83,14 +160,35 @@ pub struct ChatRequest {
     pub stop: Option<Value>,
     /// Choices to generate: only 1 (more answers 400 `unsupported_parameter`).
     pub n: Option<u32>,
-    /// Log probabilities are not returned: `true` answers 400 `unsupported_parameter`.
+    /// Each generated token's log probability (the model's own, before sampling's changes).
     pub logprobs: Option<bool>,
-    /// Likewise (any value).
+    /// With `logprobs`, the 0–20 most likely alternatives at each token.
     pub top_logprobs: Option<u32>,
-    /// Tools: the model's chat template has no tool format, so a non-empty list answers 400
-    /// `unsupported_parameter`.
+    /// Functions the model may call (`{"type": "function", "function": {name, description,
+    /// parameters}}`), written into the system message by the model's own template.
     #[schema(value_type = Option<Object>)]
     pub tools: Option<Value>,
+    /// `auto` (the default with tools), `none`, `required`, or `{"type": "function",
+    /// "function": {"name": …}}`; `required` and a named function constrain the reply to calls
+    /// whose arguments validate against the function's `parameters`.
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<Value>,
+    /// With `required`, whether one reply may hold several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "text"}`, `{"type": "json_object"}` (any JSON object) or `{"type":
+    /// "json_schema", "json_schema": {"name": …, "schema": {…}}}`: the answer is constrained to
+    /// JSON that validates against the schema.
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<Value>,
+    /// −2 to 2: subtracted once from the logit of every token generated so far.
+    pub presence_penalty: Option<f32>,
+    /// −2 to 2: subtracted from a token's logit times its count so far.
+    pub frequency_penalty: Option<f32>,
+    /// Token id (a decimal string) → bias, −100 to 100, added to its logit.
+    #[schema(value_type = Option<Object>)]
+    pub logit_bias: Option<Value>,
+    /// 0 to 1: drop tokens less likely than this fraction of the most likely one.
+    pub min_p: Option<f32>,
 }
 
 fn now_s() -> u64 {
@@ -145,7 +243,10 @@ pub struct ChatChoice {
     pub index: u32,
     /// The reply.
     pub message: ChatReply,
-    /// `stop` or `length`.
+    /// With `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`, else null.
+    #[schema(value_type = Option<Object>)]
+    pub logprobs: Option<Value>,
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: String,
 }
 
@@ -154,8 +255,13 @@ pub struct ChatChoice {
 pub struct ChatReply {
     /// `assistant`.
     pub role: String,
-    /// The text.
-    pub content: String,
+    /// The text (null when the reply is only tool calls).
+    pub content: Option<String>,
+    /// The calls the reply makes: `{id, type: "function", function: {name, arguments}}`, the
+    /// arguments a JSON text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 /// OpenAI's usage block.
@@ -178,26 +284,25 @@ pub struct CachedTokens {
     pub cached_tokens: usize,
 }
 
-/// The caller's agents, as models.
-/// OpenAI's model list: the caller's agents.
+/// OpenAI's model list: the served model, then the caller's agents.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ModelList {
     /// `list`.
     pub object: &'static str,
-    /// One per agent.
+    /// The served model (first page only), then one per agent.
     pub data: Vec<ModelEntry>,
     /// The `cursor` of the next page (null on the last).
     pub next_cursor: Option<String>,
 }
 
-/// One agent as an OpenAI model.
+/// The served model, or one agent, as an OpenAI model.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ModelEntry {
-    /// The agent's name (the `model` of a chat request).
+    /// The served model's file name, or an agent's name (the `model` of a chat request).
     pub id: String,
     /// `model`.
     pub object: &'static str,
-    /// Creation time, s since the epoch.
+    /// Creation time, s since the epoch (0 for the served model).
     pub created: i64,
     /// `engram`.
     pub owned_by: &'static str,
@@ -206,8 +311,8 @@ pub struct ModelEntry {
     pub root: String,
 }
 
-/// The caller's agents as models, oldest first: the first 1,000 unless `limit` says otherwise,
-/// the rest through `cursor` (the answer's `next_cursor`).
+/// The served model, then the caller's agents as models, oldest first: the first 1,000 agents
+/// unless `limit` says otherwise, the rest through `cursor` (the answer's `next_cursor`).
 #[utoipa::path(
     tag = "openai",
     params(crate::pages::ListPage),
@@ -234,47 +339,30 @@ pub async fn list_models(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let data: Vec<ModelEntry> = agents
+    // The served model first (on the first page): the name a client that knows no agent
+    // sends, which selects the tenant's default agent.
+    let served = (page.cursor.is_none() && !root.is_empty()).then(|| ModelEntry {
+        id: root.clone(),
+        object: "model",
+        created: 0,
+        owned_by: "engram",
+        root: root.clone(),
+    });
+    let data: Vec<ModelEntry> = served
         .into_iter()
-        .map(|a| ModelEntry {
+        .chain(agents.into_iter().map(|a| ModelEntry {
             id: a.name,
             object: "model",
             created: a.created_at / 1000,
             owned_by: "engram",
             root: root.clone(),
-        })
+        }))
         .collect();
     Ok(HttpResponse::Ok().json(ModelList {
         object: "list",
         data,
         next_cursor,
     }))
-}
-
-/// Messages a chat request may carry at most.
-pub const MAX_MESSAGES: usize = 1024;
-/// Bytes of text one message may carry at most (a system prompt included).
-pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
-
-/// 400 unless `messages` has at most [`MAX_MESSAGES`] messages of at most
-/// [`MAX_MESSAGE_BYTES`] each: what one request may ask the service to tokenize and hold.
-fn check_messages(messages: &[Message]) -> Result<(), ApiError> {
-    if messages.len() > MAX_MESSAGES {
-        return Err(ApiError::invalid(format!(
-            "`messages` may hold at most {MAX_MESSAGES} messages"
-        )));
-    }
-    if messages.iter().any(|m| {
-        m.content
-            .as_ref()
-            .is_some_and(|c| c.len() > MAX_MESSAGE_BYTES)
-    }) {
-        return Err(ApiError::invalid(format!(
-            "a message may hold at most {} KiB of text",
-            MAX_MESSAGE_BYTES / 1024
-        )));
-    }
-    Ok(())
 }
 
 /// A chat completion through an agent (see the module docs).
@@ -287,7 +375,6 @@ fn check_messages(messages: &[Message]) -> Result<(), ApiError> {
             (crate::openapi::SseEvent = "text/event-stream"),
         )),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
-        (status = 404, description = "No agent of that name (`model`)", body = crate::error::ErrorSchema),
         (status = 400, description = "Invalid input", body = crate::error::ErrorSchema),
     ),
     security(("bearer" = []))
@@ -299,102 +386,68 @@ pub async fn chat_completions(
     body: web::Json<ChatRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let req = body.into_inner();
-    check_messages(&req.messages)?;
-    let mut turn = Turn::open(
-        state.into_inner(),
-        caller.0,
-        &req.model,
-        req.user.as_deref(),
-    )
-    .await?;
+    let messages = texts_of(&req.messages)?;
     unsupported(&req)?;
-    let system: Vec<&str> = req
-        .messages
-        .iter()
-        .filter(|m| m.role == "system" || m.role == "developer")
-        .filter_map(|m| m.content.as_deref())
-        .collect();
-    turn.add_system_text(&system.join("\n"));
-    let Some((last, earlier)) = req.messages.split_last() else {
-        return Err(ApiError::invalid("`messages` is empty"));
-    };
-    let message = match (last.role.as_str(), &last.content) {
-        ("user", Some(text)) => text.clone(),
-        // A tool's result, which the model answers next. In a session, the tool results after
-        // the request's last other message are logged with the turn (the log holds the rest
-        // of the conversation).
-        ("tool", Some(text)) => {
-            turn.message_speaker = Speaker::Tool;
-            if req.user.is_some() {
-                let results: Vec<&Message> = earlier
-                    .iter()
-                    .rev()
-                    .take_while(|m| m.role == "tool")
-                    .collect();
-                turn.preface = results
-                    .into_iter()
-                    .rev()
-                    .map(|m| m.content.clone().unwrap_or_default())
-                    .collect();
-            }
-            text.clone()
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "the last message must be the user's or a tool's, with text content",
-            ));
-        }
-    };
+    let tools = Tools::parse(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
+    let logprobs = logprobs_of_request(&req)?;
+    let vocab = state.engine()?.model_config().vocab_size;
     let sampling = SamplingParams {
-        temperature: req.temperature.unwrap_or(0.0),
+        temperature: req.temperature.unwrap_or(1.0),
         top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p.unwrap_or(0.0),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        logit_bias: chat::logit_bias_of(&req.logit_bias, vocab)?,
+        logprobs,
         seed: req.seed.unwrap_or(0),
         max_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(256),
-        stop: stop_of(&req.stop)?,
+        stop: chat::stop_of(&req.stop)?,
         ..SamplingParams::default()
     };
-    sampling.validate().map_err(ApiError::from)?;
-    turn.reply = sampling.max_tokens;
-    // A `user` session runs one turn at a time, as on the native route.
-    let session_slot = turn.hold_session().await?;
-    let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
-    let turned = if turn.session.is_some() {
-        turn.admit(&message).await?;
-        let stored = turn.history().await?;
-        // Tool results before the message: in the prompt now, logged with the turn.
-        let now = engram_memory::now_ms();
-        let mut log = stored.clone();
-        for t in &turn.preface {
-            log.said.push(said_of(Role::Tool, None, t));
-            log.created.push(now);
-        }
-        // What the cache lost (of the stored log) is replayed while the memories are
-        // recalled.
-        turn.prepare(Some(&stored), log, &message).await?
-    } else {
-        turn.state.engine()?;
-        // A stateless conversation's KV is filed under a key of its first user message.
-        turn.kv_session = Some(conversation_key(&turn, &req.messages));
-        let log = Log::unstored(earlier.iter().filter_map(said).collect());
-        let started = std::time::Instant::now();
-        let turned = turn.context(log, &message).await?;
-        turn.prepare_ms = started.elapsed().as_secs_f64() * 1e3;
-        turned
+    let offered = tools.offered();
+    let input = chat::ChatInput {
+        model: req.model,
+        messages,
+        user: req.user,
+        tools,
+        response_format: req.response_format,
+        sampling,
     };
-    let spec = turn.spec(&turned.built, |_| true)?;
+    let p = chat::prepare(state.into_inner(), caller.0, input).await?;
     let chunks = Chunks {
         id: completion_id(),
         created: now_s(),
-        model: turn.agent.name.clone(),
+        model: p.turn.agent.name.clone(),
+        tokenizer: p.turn.state.engine()?.tokenizer().clone(),
+        tools: offered,
+        scanner: tools::Scanner::default(),
     };
     if req.stream {
-        let held = (slot, session_slot);
-        return stream::pump(turn, message, turned, spec, sampling, held, chunks);
+        return stream::pump(p.turn, p.message, p.turned, p.job, p.held, chunks);
     }
-    let g = generate(&turn.state, spec, sampling).await?;
-    turn.observe(&g);
-    // No `Idempotency-Key` here (the native route has it): nothing is stored with the turn.
-    turn.record(&message, &turned, &g, "").await?;
+    let (_, g) = chat::run(p).await?;
+    let (content, calls) = if offered {
+        tools::parse_calls(&g.text)
+    } else {
+        (g.text.clone(), Vec::new())
+    };
+    let finish_reason = if calls.is_empty() {
+        finish(g.reason)
+    } else {
+        "tool_calls"
+    };
+    let tool_calls = (!calls.is_empty()).then(|| {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| tool_call_json(&chunks.id, i, c))
+            .collect()
+    });
+    let logprobs = logprobs.map(|_| json!({"content": chunks.logprobs_json(&g.logprobs)}));
     Ok(HttpResponse::Ok().json(ChatCompletion {
         id: chunks.id,
         object: "chat.completion".into(),
@@ -404,38 +457,46 @@ pub async fn chat_completions(
             index: 0,
             message: ChatReply {
                 role: "assistant".into(),
-                content: g.text,
+                content: (tool_calls.is_none() || !content.is_empty()).then_some(content),
+                tool_calls,
             },
-            finish_reason: finish(g.reason).into(),
+            logprobs,
+            finish_reason: finish_reason.into(),
         }],
         usage: usage_of(&g.usage),
     }))
 }
 
+/// A call as OpenAI writes it: an id unique to the completion, the function, its arguments as
+/// a JSON text.
+fn tool_call_json(completion: &str, index: usize, c: &tools::Call) -> Value {
+    let tail = completion.trim_start_matches("chatcmpl-");
+    json!({
+        "id": format!("call_{tail}_{index}"),
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
 /// Parameters the route cannot honour: 400 `unsupported_parameter` rather than ignored.
 fn unsupported(req: &ChatRequest) -> Result<(), ApiError> {
-    let refuse = |what: &str| {
-        Err(ApiError::new(
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::new(
             actix_web::http::StatusCode::BAD_REQUEST,
             "unsupported_parameter",
-            what.to_string(),
-        ))
-    };
-    if req.n.is_some_and(|n| n != 1) {
-        return refuse("`n` must be 1: one choice is generated per request");
-    }
-    if req.logprobs == Some(true) || req.top_logprobs.is_some() {
-        return refuse("log probabilities are not returned (`logprobs`, `top_logprobs`)");
-    }
-    let no_tools = match &req.tools {
-        None | Some(Value::Null) => true,
-        Some(Value::Array(a)) => a.is_empty(),
-        Some(_) => false,
-    };
-    if !no_tools {
-        return refuse("`tools`: the model's chat template has no tool format");
+            "`n` must be 1: one choice is generated per request",
+        ));
     }
     Ok(())
+}
+
+/// What the request asks of `logprobs` / `top_logprobs`.
+fn logprobs_of_request(req: &ChatRequest) -> Result<Option<usize>, ApiError> {
+    match (req.logprobs, req.top_logprobs) {
+        (Some(true), top) => Ok(Some(top.unwrap_or(0) as usize)),
+        (_, Some(_)) => Err(ApiError::invalid("`top_logprobs` needs `logprobs: true`")),
+        _ => Ok(None),
+    }
 }
 
 /// A completion id no other completion of this process or another has: the time in
@@ -452,82 +513,86 @@ fn completion_id() -> String {
     )
 }
 
-/// `stop`: absent, a string or a list of strings.
-fn stop_of(stop: &Option<Value>) -> Result<Vec<String>, ApiError> {
-    let bad = || ApiError::invalid("`stop` must be a string or a list of strings");
-    match stop {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(bad),
-        Some(_) => Err(bad()),
-    }
-}
-
-/// An earlier `user`, `assistant` or `tool` message as a turn of the conversation; an
-/// assistant's tool calls follow its text as `<tool_call>{json}</tool_call>` lines.
-fn said(m: &Message) -> Option<Said> {
-    let speaker = match m.role.as_str() {
-        "user" => Speaker::User,
-        "assistant" => Speaker::Assistant,
-        "tool" => Speaker::Tool,
-        _ => return None,
-    };
-    let mut text = m.content.clone().unwrap_or_default();
-    if let Some(Value::Array(calls)) = &m.tool_calls {
-        for call in calls {
-            let f = &call["function"];
-            let args = match &f["arguments"] {
-                Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
-                other => other.clone(),
-            };
-            let line = json!({"name": f["name"], "arguments": args});
-            text.push_str(&format!("\n<tool_call>\n{line}\n</tool_call>"));
-        }
-    }
-    Some(Said {
-        speaker,
-        text: text.trim_start().to_string(),
-    })
-}
-
-/// The key a stateless conversation's KV is filed (and shadowed) under: the agent's and the
-/// conversation's first user message. A client session of the same name would only share the
-/// shadow's chain record: blocks are found by their content hash, never by this key.
-fn conversation_key(turn: &Turn, messages: &[Message]) -> engram_kvcore::SessionId {
-    let first = messages
-        .iter()
-        .find(|m| m.role == "user")
-        .and_then(|m| m.content.as_deref())
-        .unwrap_or_default();
-    let h = Sha256::digest(first.as_bytes());
-    let hex: String = h[..16].iter().map(|b| format!("{b:02x}")).collect();
-    session_key(&turn.agent, &format!("\0conversation/{hex}"))
-}
-
-/// OpenAI's streaming framing: `chat.completion.chunk`s, then `data: [DONE]`.
+/// OpenAI's streaming framing: `chat.completion.chunk`s, then `data: [DONE]`. With tools
+/// offered, text that may begin a tool call is held back until it is known: a complete call is
+/// sent as one `tool_calls` delta (id, name and the whole arguments), anything else as content.
 struct Chunks {
     id: String,
     created: u64,
     model: String,
+    tokenizer: engram_engine::TextTokenizer,
+    /// Tools were offered: the reply is parsed for calls.
+    tools: bool,
+    /// The reply split into content and calls.
+    scanner: tools::Scanner,
 }
 
 impl Chunks {
     fn chunk(&self, delta: Value, reason: Option<&str>, usage: Option<Value>) -> String {
+        self.chunk_with(delta, reason, usage, None)
+    }
+
+    fn chunk_with(
+        &self,
+        delta: Value,
+        reason: Option<&str>,
+        usage: Option<Value>,
+        logprobs: Option<Value>,
+    ) -> String {
+        let mut choice = json!({"index": 0, "delta": delta, "finish_reason": reason});
+        if let Some(l) = logprobs {
+            choice["logprobs"] = l;
+        }
         let mut v = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+            "choices": [choice],
         });
         if let Some(u) = usage {
             v["usage"] = u;
         }
         stream::event(&v)
+    }
+
+    /// OpenAI's entry for one token: its text, log probability, bytes and alternatives.
+    fn logprobs_json(&self, lps: &[engram_engine::TokenLogprob]) -> Vec<Value> {
+        let piece = |t: u32| self.tokenizer.decode(&[t]).unwrap_or_default();
+        let entry = |t: u32, lp: f32| {
+            let text = piece(t);
+            json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
+        };
+        lps.iter()
+            .map(|l| {
+                let mut e = entry(l.token, l.logprob);
+                e["top_logprobs"] = Value::Array(l.top.iter().map(|&(t, p)| entry(t, p)).collect());
+                e
+            })
+            .collect()
+    }
+
+    /// The deltas for what of the reply is known (`end`: all of it): content, and each
+    /// complete call.
+    fn release(&mut self, text: &str, end: bool) -> Vec<Value> {
+        let pieces = self.scanner.feed(text, end);
+        let mut n = self.scanner.calls
+            - pieces
+                .iter()
+                .filter(|p| matches!(p, tools::Piece::Call(_)))
+                .count();
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                tools::Piece::Text(t) => json!({"content": t}),
+                tools::Piece::Call(call) => {
+                    let mut c = tool_call_json(&self.id, n, &call);
+                    n += 1;
+                    c["index"] = json!(n - 1);
+                    json!({"tool_calls": [c]})
+                }
+            })
+            .collect()
     }
 }
 
@@ -536,8 +601,20 @@ impl Framing for Chunks {
         Some(self.chunk(json!({"role": "assistant", "content": ""}), None, None))
     }
 
-    fn delta(&mut self, text: &str) -> String {
-        self.chunk(json!({"content": text}), None, None)
+    fn delta(&mut self, text: &str, logprobs: &[engram_engine::TokenLogprob]) -> String {
+        let lp = (!logprobs.is_empty()).then(|| json!({"content": self.logprobs_json(logprobs)}));
+        if !self.tools {
+            return self.chunk_with(json!({"content": text}), None, None, lp);
+        }
+        let deltas = self.release(text, false);
+        let mut frames: String = deltas
+            .into_iter()
+            .map(|d| self.chunk(d, None, None))
+            .collect();
+        if let Some(lp) = lp {
+            frames.push_str(&self.chunk_with(json!({}), None, None, Some(lp)));
+        }
+        frames
     }
 
     fn reply(&self, _: &Generated) -> String {
@@ -546,14 +623,21 @@ impl Framing for Chunks {
 
     fn done(&mut self, g: &Generated, recorded: Result<(), ApiError>) -> Vec<String> {
         match recorded {
-            Ok(()) => vec![
-                self.chunk(
-                    json!({}),
-                    Some(finish(g.reason)),
-                    Some(usage_json(&g.usage)),
-                ),
-                "data: [DONE]\n\n".to_string(),
-            ],
+            Ok(()) => {
+                let mut frames: Vec<String> = self
+                    .release("", true)
+                    .into_iter()
+                    .map(|d| self.chunk(d, None, None))
+                    .collect();
+                let reason = if self.scanner.calls > 0 {
+                    "tool_calls"
+                } else {
+                    finish(g.reason)
+                };
+                frames.push(self.chunk(json!({}), Some(reason), Some(usage_json(&g.usage))));
+                frames.push("data: [DONE]\n\n".to_string());
+                frames
+            }
             Err(e) => vec![stream::error_event(&e)],
         }
     }

@@ -172,6 +172,7 @@ fn sampling(body: &TurnRequest) -> SamplingParams {
         seed: body.seed.unwrap_or(d.seed),
         max_tokens: body.max_tokens.unwrap_or(d.max_tokens),
         stop: body.stop.clone().unwrap_or_default(),
+        ..d
     }
 }
 
@@ -262,9 +263,14 @@ pub async fn create_turn(
     };
     if body.stream {
         let held = (slot, session_slot);
-        return stream::pump(turn, body.message, turned, spec, sampling, held, framing);
+        let job = stream::Job {
+            spec,
+            sampling,
+            constraint: None,
+        };
+        return stream::pump(turn, body.message, turned, job, held, framing);
     }
-    let generated = generate(&turn.state, spec, sampling).await?;
+    let generated = generate(&turn.state, spec, sampling, None).await?;
     turn.observe(&generated);
     let reply = framing.reply(&generated);
     turn.record(&body.message, &turned, &generated, &reply)
@@ -303,7 +309,7 @@ impl Native {
 }
 
 impl Framing for Native {
-    fn delta(&mut self, text: &str) -> String {
+    fn delta(&mut self, text: &str, _: &[engram_engine::TokenLogprob]) -> String {
         stream::event(&json!({"delta": text}))
     }
 

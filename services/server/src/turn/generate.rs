@@ -3,7 +3,8 @@
 use std::time::Instant;
 
 use engram_engine::{
-    Admission, FinishReason, GenerateRequest, SamplingParams, SequenceSpec, StreamEvent, Usage,
+    Admission, Constraint, FinishReason, GenerateRequest, SamplingParams, SequenceSpec,
+    StreamEvent, TokenLogprob, Usage,
 };
 
 use super::TurnError;
@@ -18,8 +19,12 @@ pub struct Generated {
     pub text: String,
     /// Tokens so far.
     pub tokens: Vec<u32>,
+    /// Their log probabilities, when the request asked.
+    pub logprobs: Vec<TokenLogprob>,
     /// Why it ended.
     pub reason: FinishReason,
+    /// The stop sequence that ended it, if one did.
+    pub stop_sequence: Option<String>,
     /// Token counts.
     pub usage: Usage,
     /// Milliseconds from submission to the first token.
@@ -31,8 +36,8 @@ pub struct Generated {
 pub enum Step {
     /// Nothing to pass on.
     Wait,
-    /// New text.
-    Delta(String),
+    /// New text, and its tokens' log probabilities when the request asked.
+    Delta(String, Vec<TokenLogprob>),
     /// The end (the reason and usage are in the `Generated`).
     Done,
     /// The request failed.
@@ -45,7 +50,9 @@ impl Default for Generated {
             admission: None,
             text: String::new(),
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             reason: FinishReason::Stop,
+            stop_sequence: None,
             usage: Usage {
                 prompt_tokens: 0,
                 cached_tokens: 0,
@@ -64,16 +71,26 @@ impl Generated {
                 self.admission = Some(a);
                 Step::Wait
             }
-            StreamEvent::Delta { tokens, text } => {
+            StreamEvent::Delta {
+                tokens,
+                text,
+                logprobs,
+            } => {
                 if self.tokens.is_empty() {
                     self.ttft_ms = submitted.elapsed().as_secs_f64() * 1e3;
                 }
                 self.tokens.extend(tokens);
                 self.text.push_str(&text);
-                Step::Delta(text)
+                self.logprobs.extend(logprobs.iter().cloned());
+                Step::Delta(text, logprobs)
             }
-            StreamEvent::Done { reason, usage } => {
+            StreamEvent::Done {
+                reason,
+                stop_sequence,
+                usage,
+            } => {
                 self.reason = reason;
+                self.stop_sequence = stop_sequence;
                 self.usage = usage;
                 Step::Done
             }
@@ -82,18 +99,21 @@ impl Generated {
     }
 }
 
-/// Runs one generation to the end.
+/// Runs one generation to the end, its tokens constrained by `constraint` when given.
 pub async fn generate(
     state: &AppState,
     spec: SequenceSpec,
     sampling: SamplingParams,
+    constraint: Option<Box<dyn Constraint>>,
 ) -> Result<Generated, TurnError> {
-    let rx = state.engine()?.submit(GenerateRequest { spec, sampling })?;
+    let rx = state
+        .engine()?
+        .submit_constrained(GenerateRequest { spec, sampling }, constraint)?;
     let t = Instant::now();
     let mut out = Generated::default();
     while let Ok(ev) = rx.recv_async().await {
         match out.absorb(ev, t) {
-            Step::Wait | Step::Delta(_) => {}
+            Step::Wait | Step::Delta(..) => {}
             Step::Done => return Ok(out),
             Step::Failed(e) => return Err(e),
         }

@@ -191,15 +191,17 @@ pub struct Turn {
     /// turn (an OpenAI request in a session ending with several tool results: all but the
     /// last). The caller adds them to the history it builds the prompt on.
     pub preface: Vec<String>,
+    /// What the client called the session when its name is a hash of it (an OpenAI `user`
+    /// that is not a session name): stored with the session when the turn creates it.
+    pub session_label: Option<String>,
     /// Milliseconds the turn spent before the engine ran it: the replay of what the cache lost
     /// and the recall of its memories ([`Turn::prepare`]) with the prompt's build; part of its
     /// time to first token.
     pub prepare_ms: f64,
     /// The agent's current layers, read once when the turn opened.
     layers: Arc<[LayerRow]>,
-    /// The lines of the request's own system text ([`Turn::add_system_text`]): what of them
-    /// spills over the `rules` budget is the session's memory, not the agent's.
-    request_lines: std::collections::HashSet<String>,
+    /// The request's own system text ([`Turn::set_instructions`]).
+    instructions: String,
     /// The layers use DESIGN §2's expanded budgets (decided when the turn opened).
     expanded: bool,
 }
@@ -232,6 +234,7 @@ impl Turn {
             idempotency_key: None,
             message_speaker: engram_context::Speaker::User,
             preface: Vec::new(),
+            session_label: None,
             prepare_ms: 0.0,
             span: tracing::Span::current(),
             session: session.map(str::to_string),
@@ -240,7 +243,7 @@ impl Turn {
             tenant,
             agent,
             layers,
-            request_lines: Default::default(),
+            instructions: String::new(),
             expanded: false,
         };
         turn.expanded = turn.expanded_fit()?;
@@ -257,43 +260,12 @@ impl Turn {
         recall_scope(&self.agent, self.session.as_deref())
     }
 
-    /// Adds a request's system text (OpenAI `system` and `developer` messages) to the agent's
-    /// `rules` layer for this turn only: a stable layer, so it is cached and pinned with the
-    /// stable prefix, and a request that repeats it reuses it.
-    pub fn add_system_text(&mut self, text: &str) {
-        if text.trim().is_empty() {
-            return;
-        }
-        let own: std::collections::HashSet<&str> = self
-            .layers
-            .iter()
-            .filter(|r| r.kind == "rules")
-            .flat_map(|r| r.content.lines().map(str::trim))
-            .collect();
-        let carried: Vec<String> = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !own.contains(l))
-            .map(str::to_string)
-            .collect();
-        self.request_lines.extend(carried);
-        let mut rows = self.layers.to_vec();
-        match rows.iter_mut().find(|r| r.kind == "rules") {
-            Some(r) => r.content = format!("{}\n{}", r.content.trim_end(), text.trim()),
-            None => rows.push(LayerRow {
-                kind: "rules".into(),
-                version: 0,
-                content: text.trim().to_string(),
-                budget: engram_context::Budgets::standard().get(engram_context::LayerKind::Rules)
-                    as u64,
-                stable: true,
-                importance: 1.0,
-                public: false,
-                created_at: 0,
-            }),
-        }
-        self.layers = rows.into();
-        self.expanded = self.expanded_fit().unwrap_or(false);
+    /// Sets the request's own system text (OpenAI `system` and `developer` messages, the tool
+    /// definitions) for this turn: a stable segment after the agent's stable layers, cached
+    /// and pinned with the stable prefix (a request that repeats it reuses it), never cut to a
+    /// layer's budget.
+    pub fn set_instructions(&mut self, text: String) {
+        self.instructions = text;
     }
 
     /// Waits for the turn of the same session that runs, at most `limits.session_wait_ms`;

@@ -138,6 +138,7 @@ pub async fn build_context(
         message_speaker: Speaker::User,
         fit: None,
         format: state.chat_format(),
+        instructions: "",
     };
     Ok(build(&req, &state.counter())?)
 }
@@ -250,6 +251,7 @@ impl Turn {
                 recall: self.state.memory.is_some(),
             }),
             format: self.state.chat_format(),
+            instructions: &self.instructions,
         };
         Ok(build(&req, self)?)
     }

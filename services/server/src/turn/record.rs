@@ -148,7 +148,11 @@ impl Turn {
             true,
         ));
         let store = &state.store;
-        store.ensure_session(&tenant.id, &agent.id, session).await?;
+        if store.ensure_session(&tenant.id, &agent.id, session).await?
+            && let Some(label) = &self.session_label
+        {
+            store.label_session(&agent.id, session, label).await?;
+        }
         store
             .append_entries(
                 &agent.id,
@@ -169,7 +173,7 @@ impl Turn {
                 }
             }
         }
-        self.ingest_spilled(session, &spilled).await?;
+        self.ingest_spilled(&spilled).await?;
         let who = match self.message_speaker {
             Speaker::Tool => "tool",
             _ => "user",
@@ -219,10 +223,9 @@ impl Turn {
 
     /// Makes each line a layer spilled (new to the session's working memory) a fact node,
     /// unless it exists already: what did not fit the layer's budget can still be recalled when
-    /// a message is about it. A line of the agent's own layers is the agent's fact (of no
-    /// session); a line the request brought (its system text) is `session`'s, recalled as the
-    /// agent's memory scope says and deleted with the session.
-    async fn ingest_spilled(&self, session: &str, lines: &[String]) -> Result<(), TurnError> {
+    /// a message is about it. The lines are the agent's layers' (a request's own system text is
+    /// never spilled), so each is the agent's fact, of no session.
+    async fn ingest_spilled(&self, lines: &[String]) -> Result<(), TurnError> {
         let state = &self.state;
         let Some(memory) = state.memory.as_ref().filter(|m| m.config().ingest_turns) else {
             return Ok(());
@@ -231,11 +234,10 @@ impl Turn {
         let fact = NodeKind::Fact.as_str();
         for line in lines {
             let line = line.trim();
-            let of = self.request_lines.contains(line).then_some(session);
             if line.is_empty()
                 || state
                     .store
-                    .memory_node_with_text(&tenant.id, &agent.id, of, fact, line)
+                    .memory_node_with_text(&tenant.id, &agent.id, None, fact, line)
                     .await?
                     .is_some()
             {
@@ -246,7 +248,7 @@ impl Turn {
                 .insert_memory_node(&engram_store::NewMemoryNode {
                     tenant_id: tenant.id.clone(),
                     agent_id: agent.id.clone(),
-                    session_id: of.map(str::to_string),
+                    session_id: None,
                     kind: fact.to_string(),
                     text: line.to_string(),
                     importance: 0.3,

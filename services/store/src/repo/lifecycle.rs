@@ -18,8 +18,8 @@ impl Store {
             .collect()
     }
 
-    /// Deletes a session: its turn log, working memory and memory nodes (with their edges), in
-    /// one transaction. Returns the deleted nodes' ids; `NotFound` when the session does not
+    /// Deletes a session: its turn log, working memory, stored responses and memory nodes (with
+    /// their edges), in one transaction. Returns the deleted nodes' ids; `NotFound` when the session does not
     /// exist.
     pub async fn delete_session(&self, agent_id: &str, session_id: &str) -> StoreResult<Vec<i64>> {
         let mut tx = self.write_tx().await?;
@@ -36,7 +36,7 @@ impl Store {
             .bind(session_id)
             .execute(&mut *tx)
             .await?;
-        for table in ["working_memory", "turns"] {
+        for table in ["working_memory", "turns", "responses"] {
             sqlx::query(&format!(
                 "DELETE FROM {table} WHERE agent_id = $1 AND session_id = $2"
             ))
@@ -54,8 +54,8 @@ impl Store {
         Ok(nodes)
     }
 
-    /// Deletes an agent and everything it holds (sessions, turns, working memory, layers,
-    /// memory nodes and edges), in one transaction; returns the deleted nodes' ids.
+    /// Deletes an agent and everything it holds (sessions, turns, working memory, stored
+    /// responses, layers, memory nodes and edges), in one transaction; returns the deleted nodes' ids.
     pub async fn delete_agent(&self, tenant_id: &str, agent_id: &str) -> StoreResult<Vec<i64>> {
         let mut tx = self.write_tx().await?;
         let nodes = ids_of(
@@ -70,6 +70,7 @@ impl Store {
             "memory_nodes",
             "working_memory",
             "turns",
+            "responses",
             "sessions",
             "layers",
         ] {
@@ -87,7 +88,8 @@ impl Store {
         Ok(nodes)
     }
 
-    /// Deletes a tenant and everything it holds (agents and all they hold, API keys), in one
+    /// Deletes a tenant and everything it holds (agents and all they hold, stored responses,
+    /// API keys), in one
     /// transaction; returns the deleted nodes' ids.
     pub async fn delete_tenant(&self, tenant_id: &str) -> StoreResult<Vec<i64>> {
         let mut tx = self.write_tx().await?;
@@ -113,7 +115,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        for table in ["sessions", "agents", "api_keys"] {
+        for table in ["responses", "sessions", "agents", "api_keys"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE tenant_id = $1"))
                 .bind(tenant_id)
                 .execute(&mut *tx)
@@ -125,6 +127,76 @@ impl Store {
             .await?;
         commit_if_found(tx, done.rows_affected(), "tenant", tenant_id.to_string()).await?;
         Ok(nodes)
+    }
+
+    /// Stores a response of the Responses API: its body, under the tenant, the agent and the
+    /// session its chain continues.
+    pub async fn put_response(
+        &self,
+        id: &str,
+        tenant_id: &str,
+        agent_id: &str,
+        session_id: &str,
+        body: &str,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO responses (id, tenant_id, agent_id, session_id, body, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(tenant_id)
+        .bind(agent_id)
+        .bind(session_id)
+        .bind(body)
+        .bind(super::now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A tenant's stored response: its agent, session and body; `None` when it has none of
+    /// that id.
+    pub async fn response(
+        &self,
+        tenant_id: &str,
+        id: &str,
+    ) -> StoreResult<Option<(String, String, String)>> {
+        let row = sqlx::query(
+            "SELECT agent_id, session_id, body FROM responses WHERE tenant_id = $1 AND id = $2",
+        )
+        .bind(tenant_id)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok((
+                r.try_get("agent_id")?,
+                r.try_get("session_id")?,
+                r.try_get("body")?,
+            ))
+        })
+        .transpose()
+    }
+
+    /// Replaces the body of a tenant's stored response (a streamed one, once it has ended).
+    pub async fn update_response(&self, tenant_id: &str, id: &str, body: &str) -> StoreResult<()> {
+        sqlx::query("UPDATE responses SET body = $3 WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(id)
+            .bind(body)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes a tenant's stored response; false when it has none of that id.
+    pub async fn delete_response(&self, tenant_id: &str, id: &str) -> StoreResult<bool> {
+        let done = sqlx::query("DELETE FROM responses WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 }
 
