@@ -259,23 +259,6 @@ impl AppState {
         self.sessions.acquire(tenant, session, wait).await
     }
 
-    /// The model's vocabulary compiled for constrained decoding (built on the first request
-    /// that needs it: a 151K-token vocabulary takes a fraction of a second).
-    pub fn grammars(&self) -> Result<Arc<engram_grammar::Grammars>, crate::error::ApiError> {
-        let engine = self.engine().map_err(crate::error::ApiError::from)?;
-        let built = self.grammars.get_or_init(|| {
-            let rows = engine.model_config().vocab_size;
-            engram_grammar::Grammars::new(engine.tokenizer(), rows).map(Arc::new)
-        });
-        built.clone().map_err(|e| {
-            crate::error::ApiError::new(
-                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                "grammar_unavailable",
-                e.to_string(),
-            )
-        })
-    }
-
     /// The shadow, or [`Unavailable::Shadow`].
     pub fn shadow(&self) -> Result<&Shadow, Unavailable> {
         self.shadow.as_ref().ok_or(Unavailable::Shadow {

@@ -285,10 +285,10 @@ pub async fn prepare(
     // The grammar is compiled before anything is stored: a bad schema is a 400 with nothing
     // recorded.
     let constraint = if tools.constraint_needed() {
-        let grammars = state.grammars()?;
+        let grammars = tools::grammars(&state)?;
         tools.constraint(&grammars)?
     } else {
-        tools::response_format(response_format.as_ref(), || state.grammars())?
+        tools::response_format(response_format.as_ref(), || tools::grammars(&state))?
     };
     let session = user.as_deref().map(session_of_user).transpose()?;
     let agent = agent_for(&state, &tenant, &model).await?;

@@ -359,6 +359,23 @@ impl Scanner {
     }
 }
 
+/// The model's vocabulary compiled for constrained decoding (built on the first request that
+/// needs it: a 151K-token vocabulary takes a fraction of a second), or 503.
+pub fn grammars(state: &crate::state::AppState) -> Result<std::sync::Arc<Grammars>, ApiError> {
+    let engine = state.engine().map_err(ApiError::from)?;
+    let built = state.grammars.get_or_init(|| {
+        let rows = engine.model_config().vocab_size;
+        Grammars::new(engine.tokenizer(), rows).map(std::sync::Arc::new)
+    });
+    built.clone().map_err(|e| {
+        ApiError::new(
+            actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+            "grammar_unavailable",
+            e.to_string(),
+        )
+    })
+}
+
 /// The constraint `response_format` asks for: `None` for text (or absent).
 pub fn response_format(
     format: Option<&Value>,
