@@ -14,6 +14,8 @@ const CODES: &[&str] = &[
     "not_found",
     "context_overflow",
     "invalid_cache_file",
+    "unsupported_content",
+    "unsupported_parameter",
 ];
 
 /// Everything a bad request could have changed.

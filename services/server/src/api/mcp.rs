@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use actix_web::{HttpRequest, HttpResponse, route, web};
+use actix_web::{HttpRequest, HttpResponse, post, web};
 use engram_store::Tenant;
 use http_body_util::BodyExt;
 use rmcp::handler::server::tool::Extension;
@@ -304,17 +304,23 @@ impl std::fmt::Debug for McpService {
     }
 }
 
-/// The MCP endpoint (streamable HTTP: JSON-RPC requests by POST).
+/// The MCP endpoint (streamable HTTP: JSON-RPC requests by POST; the server is stateless, so
+/// there is no GET stream and no session to DELETE).
 #[utoipa::path(
     tag = "memory",
-    request_body(content = Object, description = "A JSON-RPC message of the Model Context Protocol"),
+    request_body(content = Object, description = "A JSON-RPC message of the Model Context Protocol (send `Accept: application/json, text/event-stream`)"),
     responses(
         (status = 200, description = "The JSON-RPC answer (tools: add_memory, query_memories, link_memories, forget_memory, run_turn)"),
+        (status = 202, description = "A notification or a response, accepted"),
+        (status = 400, description = "Not a JSON-RPC message, or a protocol version the server does not speak"),
         (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 406, description = "The `Accept` header does not take JSON and event streams"),
+        (status = 415, description = "Not `application/json`"),
+        (status = 422, description = "A JSON-RPC request whose parameters are invalid"),
     ),
     security(("bearer" = []))
 )]
-#[route("/mcp", method = "POST", method = "GET", method = "DELETE")]
+#[post("/mcp")]
 pub async fn mcp(
     caller: TenantCaller,
     req: HttpRequest,
