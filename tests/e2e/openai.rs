@@ -1,5 +1,5 @@
-//! The official `openai` Python SDK (installed in `.venv-test` by `make test`) streams and
-//! non-streams chat completions against the server.
+//! Real clients against the server (installed in `.venv-test` by `make test`): the official
+//! `openai` and `anthropic` SDKs and MCP's Python SDK, each a script in `tests/`.
 
 use std::path::PathBuf;
 
@@ -7,24 +7,47 @@ use serde_json::json;
 
 use crate::harness::{ADMIN, Server, sqlite_url};
 
-#[test]
-fn the_official_openai_sdk_works_unchanged() {
+/// Runs `tests/{script}` with the `.venv-test` Python (`make test` installs the SDKs there)
+/// against `srv` and `args`; answers its standard output, asserting it succeeded and printed
+/// `ok_line`.
+fn run_script(srv: &Server, script: &str, args: &[&str], ok_line: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let python = root.join(".venv-test/bin/python");
     assert!(
         python.is_file(),
-        "{} is missing: `make test` installs the openai SDK there",
+        "{} is missing: `make test` installs the SDKs there",
         python.display()
     );
-    // SQLite: the SDK exercises HTTP, not the database.
-    let srv = Server::start(&sqlite_url(), 1 << 20);
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests").join(script))
+        .arg(format!("http://{}", srv.addr))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(ok_line), "{stdout}");
+    println!("{stdout}");
+    stdout
+}
+
+/// A new tenant's key.
+fn tenant(srv: &Server, name: &str) -> String {
     let (_, t) = srv.call(
         "POST",
         "/v1/admin/tenants",
         Some(ADMIN),
-        json!({"name": "sdk"}),
+        json!({"name": name}),
     );
-    let key = t["api_key"].as_str().unwrap().to_string();
+    t["api_key"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_official_openai_sdk_works_unchanged() {
+    // SQLite: the SDK exercises HTTP, not the database.
+    let srv = Server::start(&sqlite_url(), 1 << 20);
+    let key = tenant(&srv, "sdk");
     let layers = json!([{"kind": "axioms", "content": "! Answer in one short sentence."}]);
     let (s, _) = srv.call(
         "POST",
@@ -33,21 +56,7 @@ fn the_official_openai_sdk_works_unchanged() {
         json!({"name": "helper", "layers": layers}),
     );
     assert_eq!(s, 201);
-    let out = std::process::Command::new(&python)
-        .arg(root.join("tests/openai_sdk.py"))
-        .arg(format!("http://{}", srv.addr))
-        .arg(&key)
-        .arg("helper")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "SDK script failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("openai sdk ok"), "{stdout}");
-    println!("{stdout}");
+    run_script(&srv, "openai_sdk.py", &[&key, "helper"], "openai sdk ok");
 }
 
 /// What agent frameworks send, through the official SDK (tests/openai_tools.py): a tenant with
@@ -56,35 +65,10 @@ fn the_official_openai_sdk_works_unchanged() {
 /// probabilities, seeds and stops.
 #[test]
 fn frameworks_calls_work_through_the_sdk_on_a_fresh_tenant() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let python = root.join(".venv-test/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: `make test` installs the openai SDK there",
-        python.display()
-    );
     let srv = Server::start(&sqlite_url(), 1 << 20);
-    let (_, t) = srv.call(
-        "POST",
-        "/v1/admin/tenants",
-        Some(ADMIN),
-        json!({"name": "frameworks"}),
-    );
-    let key = t["api_key"].as_str().unwrap().to_string();
-    let out = std::process::Command::new(&python)
-        .arg(root.join("tests/openai_tools.py"))
-        .arg(format!("http://{}", srv.addr))
-        .arg(&key)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "SDK script failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("openai tools ok"), "{stdout}");
-    assert!(stdout.contains("openai responses ok"), "{stdout}");
+    let key = tenant(&srv, "frameworks");
+    let out = run_script(&srv, "openai_tools.py", &[&key], "openai tools ok");
+    assert!(out.contains("openai responses ok"), "{out}");
     // Nothing but the default agent was created, once.
     let (_, agents) = srv.call("GET", "/v1/agents", Some(&key), serde_json::Value::Null);
     let names: Vec<&str> = agents["agents"]
@@ -94,71 +78,24 @@ fn frameworks_calls_work_through_the_sdk_on_a_fresh_tenant() {
         .map(|a| a["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["default"]);
-    println!("{stdout}");
 }
 
 /// The official `anthropic` SDK (tests/anthropic_sdk.py) against Messages: its `x-api-key`
 /// header, content blocks, a tool loop with a forced call, streaming, count_tokens.
 #[test]
 fn the_official_anthropic_sdk_works_unchanged() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let python = root.join(".venv-test/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: `make test` installs the SDKs there",
-        python.display()
-    );
     let srv = Server::start(&sqlite_url(), 1 << 20);
-    let (_, t) = srv.call(
-        "POST",
-        "/v1/admin/tenants",
-        Some(ADMIN),
-        json!({"name": "claude"}),
-    );
-    let key = t["api_key"].as_str().unwrap().to_string();
-    let out = std::process::Command::new(&python)
-        .arg(root.join("tests/anthropic_sdk.py"))
-        .arg(format!("http://{}", srv.addr))
-        .arg(&key)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "SDK script failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("anthropic sdk ok"), "{stdout}");
-    println!("{stdout}");
+    let key = tenant(&srv, "claude");
+    run_script(&srv, "anthropic_sdk.py", &[&key], "anthropic sdk ok");
 }
 
 /// MCP's official Python SDK client against `/mcp` (tests/mcp_client.py): the memory tools and a
 /// turn, scoped by the tenant key.
 #[test]
 fn an_mcp_client_uses_the_memory_graph() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let python = root.join(".venv-test/bin/python");
-    assert!(
-        python.is_file(),
-        "{} is missing: `make test` installs the MCP SDK there",
-        python.display()
-    );
     let srv = Server::start(&sqlite_url(), 1 << 20);
     let (key, _) = srv.tenant_with_bot("mcp", "Be brief.");
-    let out = std::process::Command::new(&python)
-        .arg(root.join("tests/mcp_client.py"))
-        .arg(format!("http://{}", srv.addr))
-        .arg(&key)
-        .arg("bot")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "MCP client failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("mcp ok"), "{stdout}");
+    run_script(&srv, "mcp_client.py", &[&key, "bot"], "mcp ok");
     // The turn the MCP client ran is in the session's log.
     let (s, v) = srv.call(
         "GET",

@@ -122,39 +122,6 @@ fn prompt_of(prompt: &Value, tok: &engram_engine::TextTokenizer) -> Result<Vec<u
     Ok(ids)
 }
 
-fn stop_of(stop: &Option<Value>) -> Result<Vec<String>, ApiError> {
-    let bad = || ApiError::invalid("`stop` must be a string or a list of at most 4 strings");
-    match stop {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(a)) if a.len() <= 4 => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(bad),
-        Some(_) => Err(bad()),
-    }
-}
-
-fn bias_of(bias: &Option<Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
-    let Some(map) = bias.as_ref().filter(|b| !b.is_null()) else {
-        return Ok(Vec::new());
-    };
-    let bad =
-        || ApiError::invalid("`logit_bias` must map token ids below the vocabulary to numbers");
-    map.as_object()
-        .ok_or_else(bad)?
-        .iter()
-        .map(|(k, v)| {
-            let id = k.parse::<u32>().ok().filter(|&t| (t as usize) < vocab);
-            match (id, v.as_f64()) {
-                (Some(id), Some(b)) => Ok((id, b as f32)),
-                _ => Err(bad()),
-            }
-        })
-        .collect()
-}
-
 fn completion_id() -> String {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let nanos = SystemTime::now()
@@ -226,10 +193,10 @@ pub async fn completions(
         top_p: req.top_p.unwrap_or(1.0),
         seed: req.seed.unwrap_or(0),
         max_tokens: req.max_tokens.unwrap_or(16),
-        stop: stop_of(&req.stop)?,
+        stop: super::chat::stop_of(&req.stop)?,
         presence_penalty: req.presence_penalty.unwrap_or(0.0),
         frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-        logit_bias: bias_of(&req.logit_bias, engine.model_config().vocab_size)?,
+        logit_bias: super::chat::logit_bias_of(&req.logit_bias, engine.model_config().vocab_size)?,
         logprobs: req.logprobs.map(|k| k as usize),
         ..SamplingParams::default()
     };

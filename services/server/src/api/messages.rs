@@ -503,20 +503,11 @@ impl Events {
                 self.text(text)
             };
         }
-        let pieces = self.scanner.feed(text, end);
-        let mut n = self.scanner.calls
-            - pieces
-                .iter()
-                .filter(|p| matches!(p, tools::Piece::Call(_)))
-                .count();
         let mut out = String::new();
-        for p in pieces {
+        for p in self.scanner.feed(text, end) {
             match p {
                 tools::Piece::Text(t) => out.push_str(&self.text(&t)),
-                tools::Piece::Call(c) => {
-                    out.push_str(&self.call(n, &c));
-                    n += 1;
-                }
+                tools::Piece::Call(n, c) => out.push_str(&self.call(n, &c)),
             }
         }
         out

@@ -575,20 +575,14 @@ impl Chunks {
     /// The deltas for what of the reply is known (`end`: all of it): content, and each
     /// complete call.
     fn release(&mut self, text: &str, end: bool) -> Vec<Value> {
-        let pieces = self.scanner.feed(text, end);
-        let mut n = self.scanner.calls
-            - pieces
-                .iter()
-                .filter(|p| matches!(p, tools::Piece::Call(_)))
-                .count();
-        pieces
+        self.scanner
+            .feed(text, end)
             .into_iter()
             .map(|p| match p {
                 tools::Piece::Text(t) => json!({"content": t}),
-                tools::Piece::Call(call) => {
+                tools::Piece::Call(n, call) => {
                     let mut c = tool_call_json(&self.id, n, &call);
-                    n += 1;
-                    c["index"] = json!(n - 1);
+                    c["index"] = json!(n);
                     json!({"tool_calls": [c]})
                 }
             })

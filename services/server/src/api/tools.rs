@@ -304,8 +304,8 @@ pub fn partial_open(text: &str) -> usize {
 pub enum Piece {
     /// Text of the answer.
     Text(String),
-    /// A complete tool call.
-    Call(Call),
+    /// A complete tool call and its index among the reply's calls.
+    Call(usize, Call),
 }
 
 /// Splits a streamed reply into text and complete calls: text that may begin a call is held
@@ -350,8 +350,8 @@ impl Scanner {
             let block: String = self.pending.drain(..end_at + close.len()).collect();
             match parse_calls(&block).1.into_iter().next() {
                 Some(call) => {
+                    out.push(Piece::Call(self.calls, call));
                     self.calls += 1;
-                    out.push(Piece::Call(call));
                 }
                 None => text_piece(block, self.calls, &mut out),
             }
@@ -465,14 +465,14 @@ mod tests {
             .iter()
             .filter_map(|p| match p {
                 Piece::Text(t) => Some(t.as_str()),
-                Piece::Call(_) => None,
+                Piece::Call(..) => None,
             })
             .collect();
         assert_eq!(text, "Sure. ");
         let calls: Vec<&Call> = pieces
             .iter()
             .filter_map(|p| match p {
-                Piece::Call(c) => Some(c),
+                Piece::Call(_, c) => Some(c),
                 Piece::Text(_) => None,
             })
             .collect();
