@@ -44,9 +44,9 @@ models:
 models-extra:
 	./scripts/fetch-models-extra.sh
 
-# What `make test` runs on: the two small extra checkpoints.
+# What `make test` runs on: the extra checkpoints (the 1.5B runs the agent framework test).
 models-test:
-	MODELS="qwen2.5-0.5b gemma3-270m" ./scripts/fetch-models-extra.sh
+	MODELS="qwen2.5-0.5b qwen2.5-1.5b gemma3-270m" ./scripts/fetch-models-extra.sh
 
 # The anchor of the 1.5B checkpoint (1.1 GB; outside `make test` for CI's budget).
 test-models: models-extra

@@ -190,6 +190,27 @@ texts = [
 ]
 assert texts[0] == texts[1], texts
 
+# `n` choices over one prompt: each its own seed (the request's plus its index), so the same
+# request gives the same choices.
+many = [
+    client.chat.completions.create(
+        model="default", messages=ask, max_tokens=12, seed=11, n=3)
+    for _ in range(2)
+]
+got = [[c.message.content for c in r.choices] for r in many]
+assert [c.index for c in many[0].choices] == [0, 1, 2], many[0]
+assert got[0] == got[1], got
+assert len(set(got[0])) > 1, f"three seeds, one text: {got[0]}"
+u = many[0].usage
+assert u.prompt_tokens > 0 and u.completion_tokens >= 3, u
+# Streamed, a request has one choice; more than eight are refused.
+for bad in [dict(n=2, stream=True), dict(n=9)]:
+    try:
+        client.chat.completions.create(model="default", messages=ask, max_tokens=4, **bad)
+        raise AssertionError(f"accepted {bad}")
+    except openai.BadRequestError:
+        pass
+
 # `stop`: up to four; a fifth is refused.
 try:
     client.chat.completions.create(

@@ -28,6 +28,7 @@ fn state(srv: &Server, url: &str, key: &str) -> Vec<Value> {
         ("/v1/agents/bot/memory/nodes", key),
         ("/v1/agents/bot/memory/edges", key),
         ("/v1/agents/bot/sessions/s/working-memory", key),
+        ("/v1/agents/bot/sessions", key),
     ] {
         let (s, v) = srv.call("GET", path, Some(k), Value::Null);
         assert_eq!(s, 200, "{path}: {v}");

@@ -72,6 +72,12 @@ fn readiness_pings_the_database_at_most_once_a_second() {
 fn listings_come_a_page_at_a_time_through_cursors() {
     let mut config = test_config(&sqlite_url(), 64 * 1024);
     config.limits.requests_per_sec = 0;
+    let served = config
+        .model
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let srv = Server::start_with(config);
     let (_, key) = srv.tenant("t", Value::Null);
     let mut made = Vec::new();
@@ -86,9 +92,11 @@ fn listings_come_a_page_at_a_time_through_cursors() {
         assert_eq!(s, 201, "{v}");
         made.push(name);
     }
-    for (route, list, name) in [
-        ("/v1/agents", "agents", "name"),
-        ("/v1/models", "data", "id"),
+    // The model list is the served model, then the agents: six rows, three pages of two.
+    let models: Vec<String> = std::iter::once(served).chain(made.clone()).collect();
+    for (route, list, name, want) in [
+        ("/v1/agents", "agents", "name", made.clone()),
+        ("/v1/models", "data", "id", models),
     ] {
         let mut seen = Vec::new();
         let mut cursor: Option<String> = None;
@@ -109,8 +117,24 @@ fn listings_come_a_page_at_a_time_through_cursors() {
                 None => break,
             }
         }
-        assert_eq!((seen.clone(), pages), (made.clone(), 3), "{route}");
+        assert_eq!((seen.clone(), pages), (want, 3), "{route}");
     }
+    // A page of one model holds the served model alone; the next starts at the first agent.
+    let (s, v) = srv.call("GET", "/v1/models?limit=1", Some(&key), Value::Null);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(1), "{v}");
+    let next = v["next_cursor"].as_str().unwrap().to_string();
+    let (s, v) = srv.call(
+        "GET",
+        &format!("/v1/models?limit=1&cursor={next}"),
+        Some(&key),
+        Value::Null,
+    );
+    assert_eq!(
+        (s, v["data"][0]["id"].as_str()),
+        (200, Some("agent-0")),
+        "{v}"
+    );
     // Tenants page the same way for the operator.
     let (s, v) = srv.call("GET", "/v1/admin/tenants?limit=1", Some(ADMIN), Value::Null);
     assert_eq!((s, v["tenants"].as_array().unwrap().len()), (200, 1), "{v}");

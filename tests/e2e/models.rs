@@ -64,8 +64,9 @@ fn serve(file: &str, question: &str) -> String {
     assert!(text.contains("\"done\":true"), "{file}: {text}");
     let (s, v) = srv.call("GET", "/v1/models", Some(&key), Value::Null);
     assert_eq!(s, 200, "{v}");
-    assert_eq!(v["data"][0]["id"], "bot", "{v}");
-    assert_eq!(v["data"][0]["root"], file, "the served checkpoint: {v}");
+    assert_eq!(v["data"][0]["id"], file, "the served model first: {v}");
+    assert_eq!(v["data"][1]["id"], "bot", "{v}");
+    assert_eq!(v["data"][1]["root"], file, "the served checkpoint: {v}");
     srv.stop();
     println!("{file}: {native:?} / {content:?}");
     native

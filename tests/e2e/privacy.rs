@@ -1,7 +1,7 @@
 //! What a request carries stays in its session (issue 64, item 1): an OpenAI request's system
-//! text that spills over the `rules` budget, and the session's episodes, are recalled only in
-//! that session unless the agent's `memory_scope` is `agent`; deleting the session removes
-//! them, with their vectors.
+//! text is never stored (issue 67: it is the prompt's own segment, never spilled), and the
+//! session's episodes are recalled only in that session unless the agent's `memory_scope` is
+//! `agent`; deleting the session removes them, with their vectors.
 
 use serde_json::{Value, json};
 
@@ -9,7 +9,8 @@ use crate::harness::{Server, sqlite_url, test_config};
 
 const PIN: &str = "Alice's bank account PIN is 4417 and her card ends in 9032.";
 
-/// A system prompt of about 3K tokens whose last line (the least likely to be kept) is the PIN.
+/// A system prompt of about 3K tokens whose last line (once the least likely to be kept) is
+/// the PIN.
 fn alice_system_prompt() -> String {
     let mut lines: Vec<String> = (0..150)
         .map(|i| format!("Guideline {i}: answer politely and keep replies short and on topic."))
@@ -85,7 +86,7 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
     config.limits.requests_per_sec = 0;
     let srv = Server::start_with(config);
     let (key, _) = srv.tenant_with_bot("platform", "You are a helpful assistant.");
-    let ask = "What is Alice's bank account PIN?";
+    let ask = "Where does my sister live?";
     chat(
         &srv,
         &key,
@@ -94,10 +95,11 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
         json!([{"role": "system", "content": alice_system_prompt()},
                {"role": "user", "content": "Hello, I am Alice and my sister lives in Lisbon."}]),
     );
-    // The PIN line spilled: a fact of Alice's session, not of the agent.
-    let pin = nodes_with(&srv, &key, "bot", "4417");
-    assert_eq!(pin.len(), 1, "{pin:?}");
-    assert_eq!(pin[0].1, "alice", "{pin:?}");
+    // The request's system text (3K tokens, over the rules budget) is the prompt's own
+    // segment, never cut and never spilled: nothing of it is stored, in any session.
+    assert!(nodes_with(&srv, &key, "bot", "4417").is_empty());
+    assert!(nodes_with(&srv, &key, "bot", "Guideline").is_empty());
+    // The turn is an episode of Alice's session, not of the agent.
     let episode = nodes_with(&srv, &key, "bot", "Lisbon");
     assert!(
         !episode.is_empty() && episode.iter().all(|(_, s)| s == "alice"),
@@ -105,8 +107,8 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
     );
     // Alice's own session recalls it (so a recall that could leak would find it) ...
     let own = recalled(&srv, &key, "bot", "alice", ask);
-    assert!(own.contains(&pin[0].0), "{own:?}");
-    // ... Bob's does not, nor her episode, in a recall or in the prompt of his turn.
+    assert!(episode.iter().any(|(id, _)| own.contains(id)), "{own:?}");
+    // ... Bob's does not, in a recall or in the prompt of his turn.
     chat(
         &srv,
         &key,
@@ -116,13 +118,11 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
     );
     let bob = recalled(&srv, &key, "bot", "bob", ask);
     let bob_prompt = previewed(&srv, &key, "bot", "bob", ask);
-    for (id, _) in pin.iter().chain(&episode) {
+    for (id, _) in &episode {
         assert!(!bob.contains(id), "bob recalls {id}: {bob:?}");
         assert!(!bob_prompt.contains(id), "bob's prompt shows {id}");
     }
-    let lisbon = recalled(&srv, &key, "bot", "bob", "Where does my sister live?");
-    assert!(episode.iter().all(|(id, _)| !lisbon.contains(id)));
-    // Deleting Alice's session removes her fact and episodes, and their vectors.
+    // Deleting Alice's session removes her episodes, and their vectors.
     let (s, d) = srv.call(
         "DELETE",
         "/v1/agents/bot/sessions/alice",
@@ -130,8 +130,7 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
         Value::Null,
     );
     assert_eq!(s, 200, "{d}");
-    assert!(d["memory_nodes"].as_u64().unwrap() >= 2, "{d}");
-    assert!(nodes_with(&srv, &key, "bot", "4417").is_empty());
+    assert!(d["memory_nodes"].as_u64().unwrap() >= 1, "{d}");
     assert!(nodes_with(&srv, &key, "bot", "Lisbon").is_empty());
     let (_, stats) = srv.call(
         "GET",
@@ -160,16 +159,17 @@ fn one_end_user_s_system_text_and_turns_never_reach_another_session() {
         "team",
         "alice",
         json!([{"role": "system", "content": alice_system_prompt()},
-               {"role": "user", "content": "Hello."}]),
+               {"role": "user", "content": "Hello, my sister lives in Lisbon."}]),
     );
-    let shared = nodes_with(&srv, &key, "team", "4417");
-    assert_eq!(shared.len(), 1, "{shared:?}");
-    assert_eq!(
-        shared[0].1, "alice",
-        "still Alice's, deleted with her session"
+    assert!(nodes_with(&srv, &key, "team", "4417").is_empty());
+    let shared = nodes_with(&srv, &key, "team", "Lisbon");
+    assert!(!shared.is_empty(), "{shared:?}");
+    assert!(
+        shared.iter().all(|(_, s)| s == "alice"),
+        "still Alice's, deleted with her session: {shared:?}"
     );
     let bob = recalled(&srv, &key, "team", "bob", ask);
-    assert!(bob.contains(&shared[0].0), "{bob:?}");
+    assert!(shared.iter().any(|(id, _)| bob.contains(id)), "{bob:?}");
     // A scope nobody knows is refused, and no agent is made.
     let (s, v) = srv.call(
         "POST",

@@ -146,6 +146,8 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
             format!("/v1/agents/{id}/sessions/secret/working-memory"),
         ),
         ("GET", format!("/v1/agents/{id}/sessions/secret/cache")),
+        ("GET", format!("/v1/agents/{id}/sessions")),
+        ("GET", format!("/v1/agents/{id}/sessions/secret/turns")),
         (
             "GET",
             format!("/v1/agents/{id}/sessions/secret/cache/export"),
@@ -311,10 +313,19 @@ fn tenant_b_reaches_nothing_of_tenant_a() {
         "/v1/agents/bot/memory/nodes",
         "/v1/agents/bot/memory/edges",
         "/v1/agents/bot/memory/reservations",
+        "/v1/agents/bot/sessions",
         "/v1/models",
     ] {
-        probe("GET", path.into(), Value::Null, &[200]);
+        let v = probe("GET", path.into(), Value::Null, &[200]);
+        assert!(!v.to_string().contains("secret"), "{path}: {v}");
     }
+    // A's session's log under B's agent: B has no such session.
+    probe(
+        "GET",
+        "/v1/agents/bot/sessions/secret/turns".into(),
+        Value::Null,
+        &[404],
+    );
     let v = probe(
         "POST",
         "/v1/agents/bot/memory/query".into(),

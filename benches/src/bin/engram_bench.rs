@@ -336,6 +336,25 @@ struct TtftArgs {
     /// Cold-tier budget in MiB.
     #[arg(long, default_value_t = 2048)]
     cold_mib: u64,
+    /// Decode steps of the constrained measurement (batches 1 and 8, each token under a JSON
+    /// schema, against the same decode unconstrained); 0: not measured.
+    #[arg(long, default_value_t = 128)]
+    constrained_steps: usize,
+}
+
+/// The schema the constrained decode follows: an object of a string, an integer and a list,
+/// bounded so that each object ends.
+fn bench_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4}
+        },
+        "required": ["city", "days", "tags"],
+        "additionalProperties": false
+    })
 }
 
 #[derive(Debug, Args)]
@@ -412,6 +431,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         batches: args.batches,
         decode_steps: args.steps,
         decode_prompt: args.decode_context,
+        constrained_steps: args.constrained_steps,
         codec: StreamCodecs::parse_or_default(&args.codec, device)?,
         engine: EngineConfig {
             device,
@@ -423,7 +443,21 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
     };
     let progress = cli::Progress::new("bench ttft", args.model.json);
     let ttft = bench::ttft(&model, &tok, &corpus, &opts, |m| progress.say(m))?;
-    let decode = bench::decode(&model, &tok, &corpus, &opts, |m| progress.say(m))?;
+    // Constrained decoding: the service's grammar for the model's vocabulary (its logits'
+    // rows), compiled once as the service does.
+    let grammars = (args.constrained_steps > 0)
+        .then(|| engram_grammar::Grammars::new(&tok, model.config().vocab_size))
+        .transpose()?;
+    let schema = bench_schema();
+    let make = |g: &engram_grammar::Grammars| -> std::result::Result<
+        Box<dyn engram_engine::Constraint>,
+        String,
+    > {
+        Ok(Box::new(g.json_schema(&schema).map_err(|e| e.to_string())?))
+    };
+    let constrain = grammars.as_ref().map(|g| move || make(g));
+    let constrain: Option<bench::Constrain<'_>> = constrain.as_ref().map(|c| c as _);
+    let decode = bench::decode(&model, &tok, &corpus, &opts, constrain, |m| progress.say(m))?;
     drop(progress);
     // Decode against the memory it must read: the weights' bytes a step, this machine's read
     // bandwidth on the engine's threads, and the share of it one sequence's decode uses.
@@ -479,9 +513,21 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
         }
         for r in &decode {
             println!(
-                "decode {:>10} batch {:>2} at {:>5} tokens: {:>8.1} tokens/s, {:>7.1} ms per token",
+                "decode {:>13} batch {:>2} at {:>5} tokens: {:>8.1} tokens/s, {:>7.2} ms per token",
                 r.mode, r.batch, r.context_tokens, r.decode_tokens_per_s, r.ms_per_token
             );
+        }
+        for b in [1, 8] {
+            let of = |mode: &str| decode.iter().find(|r| r.batch == b && r.mode == mode);
+            if let (Some(plain), Some(held)) = (of("unconstrained"), of("constrained")) {
+                println!(
+                    "constrained decoding (a JSON schema) at batch {b}: {:+.1} % time per output \
+                     token ({:.2} ms against {:.2})",
+                    100.0 * (held.ms_per_token / plain.ms_per_token - 1.0),
+                    held.ms_per_token,
+                    plain.ms_per_token
+                );
+            }
         }
         for b in &bandwidth {
             println!(

@@ -11,6 +11,9 @@
 //! TTFT is measured from admission to the first token's logits (sampling is greedy and
 //! negligible). Decode: `B` sequences with distinct prompts are prefilled, then `steps` batched
 //! decode steps are timed; the sequential baseline decodes the same `B` sequences one at a time.
+//! With a constraint (a JSON schema, say), batches 1 and 8 are also decoded under it: each
+//! sequence's logits masked and its token committed every step, as the engine's sampler does,
+//! so the rows' ratio is what constrained decoding costs a token.
 
 use std::time::Instant;
 
@@ -21,7 +24,7 @@ use engram_engine::Llama;
 use engram_engine::StreamCodecs;
 use engram_engine::TextTokenizer;
 use engram_engine::argmax;
-use engram_engine::{EngineConfig, EngineCore, SeqId, SequenceSpec};
+use engram_engine::{Constraint, EngineConfig, EngineCore, SeqId, SequenceSpec};
 use engram_engine::{EngineError, EngineResult};
 
 /// Benchmark options.
@@ -37,6 +40,8 @@ pub struct TtftOptions {
     pub decode_steps: usize,
     /// Prompt length of each decoding sequence.
     pub decode_prompt: usize,
+    /// Decode steps of the constrained and unconstrained measurements (batches 1 and 8).
+    pub constrained_steps: usize,
     /// KV codecs (keys and values alike, or one per stream).
     pub codec: StreamCodecs,
     /// The engine's options besides the codec (device, tiers, key centering).
@@ -51,6 +56,7 @@ impl Default for TtftOptions {
             batches: vec![1, 2, 4, 8, 16],
             decode_steps: 16,
             decode_prompt: 128,
+            constrained_steps: 128,
             codec: StreamCodecs::CPU_DEFAULT,
             engine: EngineConfig::default(),
         }
@@ -77,7 +83,7 @@ pub struct TtftRow {
 pub struct DecodeRow {
     /// Sequences decoded together (`sequential`: one at a time).
     pub batch: usize,
-    /// `batched` or `sequential`.
+    /// `batched`, `sequential`, or `constrained` (batched, every token under a constraint).
     pub mode: String,
     /// Total generated tokens per second.
     pub decode_tokens_per_s: f64,
@@ -199,6 +205,44 @@ fn decode_steps(
     Ok(())
 }
 
+/// Makes a fresh constraint (one per sequence, and again when one is complete).
+pub type Constrain<'a> = &'a dyn Fn() -> Result<Box<dyn Constraint>, String>;
+
+fn constraint_error(reason: String) -> EngineError {
+    EngineError::Constraint { reason }
+}
+
+/// [`decode_steps`] with every token under a constraint: masked, chosen, committed. Answers
+/// the seconds spent making constraints (a request's, not a token's cost).
+fn constrained_steps(
+    core: &mut EngineCore,
+    seqs: &mut [(SeqId, u32)],
+    steps: usize,
+    constrain: Constrain<'_>,
+) -> EngineResult<f64> {
+    let t = Instant::now();
+    let mut made: Vec<Box<dyn Constraint>> = seqs
+        .iter()
+        .map(|_| constrain())
+        .collect::<Result<_, _>>()
+        .map_err(constraint_error)?;
+    let mut making = t.elapsed().as_secs_f64();
+    for _ in 0..steps {
+        let rows = core.decode(seqs)?;
+        for ((s, mut logits), c) in seqs.iter_mut().zip(rows).zip(made.iter_mut()) {
+            c.mask(&mut logits).map_err(constraint_error)?;
+            s.1 = argmax(&logits);
+            c.commit(s.1).map_err(constraint_error)?;
+            if c.finished() {
+                let t = Instant::now();
+                *c = constrain().map_err(constraint_error)?;
+                making += t.elapsed().as_secs_f64();
+            }
+        }
+    }
+    Ok(making)
+}
+
 /// How a decode measurement steps its sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DecodeMode {
@@ -206,6 +250,8 @@ enum DecodeMode {
     Batched,
     /// Each sequence decoded to the end before the next starts.
     Sequential,
+    /// Batched, every token under a constraint.
+    Constrained,
 }
 
 /// Tokens per second of `b` fresh sequences decoded `opts.decode_steps` times in `mode`.
@@ -216,21 +262,28 @@ fn measure(
     opts: &TtftOptions,
     b: usize,
     mode: DecodeMode,
+    constrain: Option<Constrain<'_>>,
 ) -> EngineResult<DecodeRow> {
     let mut core = engine(model, tok, opts)?;
     let mut seqs = prefilled(&mut core, corpus, b, opts.decode_prompt)?;
     let t = Instant::now();
-    match mode {
-        DecodeMode::Batched => decode_steps(&mut core, &mut seqs, opts.decode_steps)?,
-        DecodeMode::Sequential => {
+    let mut making = 0.0;
+    match (mode, constrain) {
+        (DecodeMode::Constrained, Some(c)) => {
+            making = constrained_steps(&mut core, &mut seqs, opts.decode_steps, c)?;
+        }
+        (DecodeMode::Batched | DecodeMode::Constrained, _) => {
+            decode_steps(&mut core, &mut seqs, opts.decode_steps)?;
+        }
+        (DecodeMode::Sequential, _) => {
             for s in seqs.chunks_mut(1) {
                 decode_steps(&mut core, s, opts.decode_steps)?;
             }
         }
     }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = t.elapsed().as_secs_f64() - making;
     let steps = match mode {
-        DecodeMode::Batched => opts.decode_steps,
+        DecodeMode::Batched | DecodeMode::Constrained => opts.decode_steps,
         DecodeMode::Sequential => b * opts.decode_steps,
     };
     Ok(DecodeRow {
@@ -243,28 +296,68 @@ fn measure(
 }
 
 /// Decode throughput for each batch size, batched; batch 8 is also measured sequentially (the
-/// same eight sequences decoded one after another), the baseline batching must beat.
+/// same eight sequences decoded one after another), the baseline batching must beat; with
+/// `constrain`, batches 1 and 8 are also measured with every token under a constraint.
 pub fn decode(
     model: &Llama,
     tok: &TextTokenizer,
     corpus: &[u32],
     opts: &TtftOptions,
+    constrain: Option<Constrain<'_>>,
     mut progress: impl FnMut(&str),
 ) -> EngineResult<Vec<DecodeRow>> {
     let mut rows = Vec::new();
     for &b in &opts.batches {
-        let modes: &[DecodeMode] = if b == 8 {
-            &[DecodeMode::Batched, DecodeMode::Sequential]
-        } else {
-            &[DecodeMode::Batched]
-        };
-        for &mode in modes {
-            let row = measure(model, tok, corpus, opts, b, mode)?;
+        let mut modes = vec![DecodeMode::Batched];
+        if b == 8 {
+            modes.push(DecodeMode::Sequential);
+        }
+        for mode in modes {
+            let row = measure(model, tok, corpus, opts, b, mode, None)?;
             progress(&format!(
                 "{} {b}: {:.1} tokens/s, {:.1} ms per token",
                 row.mode, row.decode_tokens_per_s, row.ms_per_token
             ));
             rows.push(row);
+        }
+    }
+    // Constrained against unconstrained, batches 1 and 8, over more steps (a constrained
+    // object takes tens of tokens, and its mask's cost varies along it): measured in turn,
+    // twice each, the better of each kept.
+    if let Some(c) = constrain {
+        let long = TtftOptions {
+            decode_steps: opts.constrained_steps,
+            ..opts.clone()
+        };
+        for b in [1, 8] {
+            let mut best: [Option<DecodeRow>; 2] = [None, None];
+            for _ in 0..2 {
+                for (i, mode) in [DecodeMode::Batched, DecodeMode::Constrained]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let mut row = measure(model, tok, corpus, &long, b, mode, Some(c))?;
+                    if mode == DecodeMode::Batched {
+                        row.mode = "unconstrained".into();
+                    }
+                    if best[i]
+                        .as_ref()
+                        .is_none_or(|r| row.ms_per_token < r.ms_per_token)
+                    {
+                        best[i] = Some(row);
+                    }
+                }
+            }
+            if let [Some(plain), Some(held)] = best {
+                progress(&format!(
+                    "batch {b}: {:.2} ms per token unconstrained, {:.2} constrained ({:+.1} %)",
+                    plain.ms_per_token,
+                    held.ms_per_token,
+                    100.0 * (held.ms_per_token / plain.ms_per_token - 1.0)
+                ));
+                rows.push(plain);
+                rows.push(held);
+            }
         }
     }
     Ok(rows)

@@ -20,7 +20,7 @@ mod repo;
 pub use error::{StoreError, StoreResult};
 pub use model::{
     AdminKey, AdminScope, Agent, ApiKey, Backend, LayerRow, MemoryEdgeRow, MemoryNodeRow,
-    MemoryScope, NewEntry, NewMemoryEdge, NewMemoryNode, Quotas, Role, Tenant, TurnRow,
+    MemoryScope, NewEntry, NewMemoryEdge, NewMemoryNode, Quotas, Role, SessionRow, Tenant, TurnRow,
     WorkingLine,
 };
 pub use repo::{Store, WORKING_MEMORY_LINES, random_hex};

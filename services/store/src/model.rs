@@ -255,6 +255,21 @@ pub struct NewEntry<'a> {
     pub memories: Option<&'a str>,
 }
 
+/// A session of an agent, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionRow {
+    /// Its name.
+    pub id: String,
+    /// What the client called it, when its name is a hash of that (an OpenAI `user`), or what
+    /// it is (a branch a resent history forked off: the session's label and where it forked).
+    pub label: Option<String>,
+    /// Time.
+    pub created_at: i64,
+    /// Entries of its log.
+    pub entries: i64,
+}
+
 /// One turn of the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

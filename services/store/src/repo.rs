@@ -17,7 +17,7 @@ use lifecycle::commit_if_found;
 
 use crate::model::{
     AdminKey, AdminScope, Agent, ApiKey, Backend, LayerRow, MemoryScope, NewEntry, Quotas, Role,
-    Tenant, TurnRow, WorkingLine,
+    SessionRow, Tenant, TurnRow, WorkingLine,
 };
 
 /// Lines a session's working memory keeps at most (the newest).
@@ -697,6 +697,63 @@ impl Store {
         Ok(row.map(|r| r.try_get("label")).transpose()?.flatten())
     }
 
+    /// At most `limit` of an agent's sessions after `after` (a `(created_at, id)` of the
+    /// previous page), oldest first, with the entries of each log.
+    pub async fn sessions_page(
+        &self,
+        agent_id: &str,
+        after: Option<(i64, &str)>,
+        limit: i64,
+    ) -> StoreResult<Vec<SessionRow>> {
+        let (at, id) = after.unwrap_or((i64::MIN, ""));
+        sqlx::query(
+            "SELECT s.id, s.label, s.created_at, \
+             (SELECT COUNT(*) FROM turns t WHERE t.agent_id = s.agent_id AND t.session_id = s.id) \
+             AS entries FROM sessions s WHERE s.agent_id = $1 \
+             AND (s.created_at > $2 OR (s.created_at = $2 AND s.id > $3)) \
+             ORDER BY s.created_at, s.id LIMIT $4",
+        )
+        .bind(agent_id)
+        .bind(at)
+        .bind(id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(SessionRow {
+                id: r.try_get("id")?,
+                label: r.try_get("label")?,
+                created_at: r.try_get("created_at")?,
+                entries: r.try_get("entries")?,
+            })
+        })
+        .collect()
+    }
+
+    /// At most `limit` entries of a session's log after position `after`, in order.
+    pub async fn turns_page(
+        &self,
+        agent_id: &str,
+        session_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<TurnRow>> {
+        sqlx::query(
+            "SELECT * FROM turns WHERE agent_id = $1 AND session_id = $2 AND seq > $3 \
+             ORDER BY seq LIMIT $4",
+        )
+        .bind(agent_id)
+        .bind(session_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(Self::turn_of)
+        .collect()
+    }
+
     /// Whether an agent has the session.
     pub async fn session_exists(&self, agent_id: &str, session_id: &str) -> StoreResult<bool> {
         Ok(
@@ -871,6 +928,76 @@ impl Store {
         Ok(copied)
     }
 
+    /// Forks a session's log where a client's history left it: copies the whole log and the
+    /// working memory into a new session `branch` (labelled `label`), then drops the session's
+    /// entries from `from_seq` on, in one transaction; answers the entries dropped. `NotFound`
+    /// when `session` does not exist, `Conflict` when `branch` does. Idempotency keys stay with
+    /// the entries the session keeps.
+    pub async fn branch_session(
+        &self,
+        tenant_id: &str,
+        agent_id: &str,
+        session: &str,
+        branch: &str,
+        label: &str,
+        from_seq: i64,
+    ) -> StoreResult<u64> {
+        let mut tx = self.agent_write_tx(agent_id).await?;
+        let parent = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(session)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if parent.is_none() {
+            return Err(StoreError::NotFound {
+                entity: "session",
+                id: session.to_string(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO sessions (agent_id, id, tenant_id, created_at, label) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(agent_id)
+        .bind(branch)
+        .bind(tenant_id)
+        .bind(now_ms())
+        .bind(label)
+        .execute(&mut *tx)
+        .await
+        .map_err(conflict("session", branch))?;
+        sqlx::query(
+            "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, name, \
+             ends_prefill, memories) SELECT agent_id, $3, seq, role, text, tokens, created_at, \
+             name, ends_prefill, memories FROM turns WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(session)
+        .bind(branch)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
+             SELECT agent_id, $3, seq, kind, line, created_at FROM working_memory \
+             WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(session)
+        .bind(branch)
+        .execute(&mut *tx)
+        .await?;
+        let dropped =
+            sqlx::query("DELETE FROM turns WHERE agent_id = $1 AND session_id = $2 AND seq >= $3")
+                .bind(agent_id)
+                .bind(session)
+                .bind(from_seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        tx.commit().await?;
+        Ok(dropped)
+    }
+
     /// The answer stored with a session's turn under an idempotency key, if any.
     pub async fn turn_reply(
         &self,
@@ -897,33 +1024,33 @@ impl Store {
                 .bind(session_id)
                 .fetch_all(&self.pool)
                 .await?;
-        rows.iter()
-            .map(|r| {
-                let role: String = r.try_get("role")?;
-                let tokens: String = r.try_get("tokens")?;
-                let corrupt = |reason: String| StoreError::Corrupt {
-                    entity: "turn",
-                    reason,
-                };
-                let ids = tokens
-                    .trim_matches(|c| c == '[' || c == ']')
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(|s| s.parse::<u32>().map_err(|e| corrupt(e.to_string())))
-                    .collect::<StoreResult<Vec<_>>>()?;
-                let ends: i64 = r.try_get("ends_prefill")?;
-                Ok(TurnRow {
-                    seq: r.try_get("seq")?,
-                    role: Role::parse(&role).ok_or_else(|| corrupt(format!("role `{role}`")))?,
-                    text: r.try_get("text")?,
-                    tokens: ids,
-                    created_at: r.try_get("created_at")?,
-                    name: r.try_get("name")?,
-                    ends_prefill: ends != 0,
-                    memories: r.try_get("memories")?,
-                })
-            })
-            .collect()
+        rows.iter().map(Self::turn_of).collect()
+    }
+
+    fn turn_of(r: &AnyRow) -> StoreResult<TurnRow> {
+        let role: String = r.try_get("role")?;
+        let tokens: String = r.try_get("tokens")?;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            entity: "turn",
+            reason,
+        };
+        let ids = tokens
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<u32>().map_err(|e| corrupt(e.to_string())))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let ends: i64 = r.try_get("ends_prefill")?;
+        Ok(TurnRow {
+            seq: r.try_get("seq")?,
+            role: Role::parse(&role).ok_or_else(|| corrupt(format!("role `{role}`")))?,
+            text: r.try_get("text")?,
+            tokens: ids,
+            created_at: r.try_get("created_at")?,
+            name: r.try_get("name")?,
+            ends_prefill: ends != 0,
+            memories: r.try_get("memories")?,
+        })
     }
 
     /// Adds spilled lines of a layer to a session's working memory: a line already there (same

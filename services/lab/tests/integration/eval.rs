@@ -185,7 +185,7 @@ fn the_ttft_bench_reuses_the_prefix_it_times() {
         rows.iter()
             .all(|r| r.cold_ms > 0.0 && r.hot_ms > 0.0 && r.warm_ms > 0.0)
     );
-    let modes: Vec<_> = decode(m, t, &corpus, &opts, |_| {})
+    let modes: Vec<_> = decode(m, t, &corpus, &opts, None, |_| {})
         .unwrap()
         .into_iter()
         .map(|r| (r.batch, r.mode))
@@ -197,6 +197,57 @@ fn the_ttft_bench_reuses_the_prefix_it_times() {
             (8, "batched".into()),
             (8, "sequential".to_string())
         ]
+    );
+    // Under a constraint (here: only the first 1,000 token ids, three tokens an object), every
+    // chosen token is one the mask allowed, and batches 1 and 8 are timed both ways.
+    struct Low(usize, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl engram_engine::Constraint for Low {
+        fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+            logits
+                .iter_mut()
+                .skip(1000)
+                .for_each(|l| *l = f32::NEG_INFINITY);
+            Ok(())
+        }
+        fn commit(&mut self, token: u32) -> Result<(), String> {
+            if token >= 1000 {
+                return Err(format!("token {token} was masked"));
+            }
+            self.0 += 1;
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        fn finished(&self) -> bool {
+            self.0 == 3
+        }
+    }
+    let committed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let make = || -> Result<Box<dyn engram_engine::Constraint>, String> {
+        Ok(Box::new(Low(0, committed.clone())))
+    };
+    let opts = TtftOptions {
+        constrained_steps: 4,
+        ..opts
+    };
+    let rows = decode(m, t, &corpus, &opts, Some(&make), |_| {}).unwrap();
+    let modes: Vec<_> = rows
+        .iter()
+        .skip(3)
+        .map(|r| (r.batch, r.mode.as_str()))
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            (1, "unconstrained"),
+            (1, "constrained"),
+            (8, "unconstrained"),
+            (8, "constrained")
+        ]
+    );
+    // Two runs each of 4 steps: batch 1 and batch 8.
+    assert_eq!(
+        committed.load(std::sync::atomic::Ordering::Relaxed),
+        2 * 4 * (1 + 8)
     );
     // A corpus too short for the prompt is a clear error.
     assert!(ttft(m, t, &corpus[..50], &opts, |_| {}).is_err());

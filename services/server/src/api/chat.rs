@@ -8,15 +8,16 @@ use std::sync::Arc;
 
 use engram_context::{Speaker, Turn as Said};
 use engram_engine::SamplingParams;
-use engram_store::{Role, Tenant};
+use engram_store::Tenant;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::api::history;
 use crate::api::stream::Job;
 use crate::api::tools::{self, Tools};
 use crate::error::ApiError;
 use crate::state::{AppState, SessionSlot};
-use crate::turn::{Generated, Log, Turn, Turned, generate, said_of, session_key};
+use crate::turn::{Generated, Log, Turn, Turned, generate, session_key};
 
 /// A message with its content as text.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,9 +65,10 @@ pub fn check_messages(messages: &[Msg]) -> Result<(), ApiError> {
 
 /// The session a request's `user` names, and the label it is stored with: a valid session name
 /// is itself (no label); any other string of 1–256 bytes is `u-` and the first 40 hex digits of
-/// its SHA-256, labelled with the string.
+/// its SHA-256, labelled with the string. A name that starts with `u-` is hashed too, so no
+/// `user` can name the session another `user` string hashes to.
 pub fn session_of_user(user: &str) -> Result<(String, Option<String>), ApiError> {
-    if crate::turn::check_name("user", user).is_ok() {
+    if !user.starts_with("u-") && crate::turn::check_name("user", user).is_ok() {
         return Ok((user.to_string(), None));
     }
     if user.is_empty() || user.len() > MAX_USER_BYTES {
@@ -224,13 +226,21 @@ pub struct ChatInput {
     pub messages: Vec<Msg>,
     /// The session, if any.
     pub user: Option<String>,
+    /// Whether the messages before the last are new to the session (a Responses chain's
+    /// input items) rather than its conversation resent (a chat request's history).
+    pub appends: bool,
     /// The tools offered and the choice.
     pub tools: Tools,
     /// `response_format` (OpenAI's form), if any.
     pub response_format: Option<Value>,
     /// Sampling and stopping (`logit_bias` checked against the vocabulary by the caller).
     pub sampling: SamplingParams,
+    /// Choices to generate (1 to [`MAX_CHOICES`]); the first is the session's.
+    pub n: usize,
 }
+
+/// Choices one request may ask for at most.
+pub const MAX_CHOICES: usize = 8;
 
 /// A turn ready to generate: run it with [`run`] or stream it (`stream::pump`).
 pub struct Prepared {
@@ -244,6 +254,9 @@ pub struct Prepared {
     pub job: Job,
     /// The generation slot and the session's, held until the turn is recorded.
     pub held: (crate::limits::GenerationSlot, Option<SessionSlot>),
+    /// The other choices' jobs (`n` > 1): the same prompt, each with its own seed (the
+    /// request's plus its index) and constraint.
+    pub more: Vec<Job>,
 }
 
 /// Checks the request and prepares its turn (see the module docs): every refusal comes before
@@ -257,11 +270,16 @@ pub async fn prepare(
         model,
         messages,
         user,
+        appends,
         tools,
         response_format,
         sampling,
+        n,
     } = input;
     check_messages(&messages)?;
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(ApiError::invalid(format!("`n` must be 1 to {MAX_CHOICES}")));
+    }
     let json_answer = response_format
         .as_ref()
         .is_some_and(|f| !f.is_null() && f.get("type").and_then(Value::as_str) != Some("text"));
@@ -284,12 +302,16 @@ pub async fn prepare(
     sampling.validate().map_err(ApiError::from)?;
     // The grammar is compiled before anything is stored: a bad schema is a 400 with nothing
     // recorded.
-    let constraint = if tools.constraint_needed() {
-        let grammars = tools::grammars(&state)?;
-        tools.constraint(&grammars)?
-    } else {
-        tools::response_format(response_format.as_ref(), || tools::grammars(&state))?
+    let constrain = || {
+        if tools.constraint_needed() {
+            let grammars = tools::grammars(&state)?;
+            tools.constraint(&grammars)
+        } else {
+            tools::response_format(response_format.as_ref(), || tools::grammars(&state))
+        }
     };
+    let constraint = constrain()?;
+    let more_constraints = (1..n).map(|_| constrain()).collect::<Result<Vec<_>, _>>()?;
     let session = user.as_deref().map(session_of_user).transpose()?;
     let agent = agent_for(&state, &tenant, &model).await?;
     let mut turn = Turn::of(
@@ -317,22 +339,8 @@ pub async fn prepare(
     turn.set_instructions(instructions.join("\n\n"));
     let message = last.content.clone().unwrap_or_default();
     if last.role == "tool" {
-        // A tool's result, which the model answers next. In a session, the tool results after
-        // the request's last other message are logged with the turn (the log holds the rest
-        // of the conversation).
+        // A tool's result, which the model answers next.
         turn.message_speaker = Speaker::Tool;
-        if user.is_some() {
-            let results: Vec<&Msg> = earlier
-                .iter()
-                .rev()
-                .take_while(|m| m.role == "tool")
-                .collect();
-            turn.preface = results
-                .into_iter()
-                .rev()
-                .map(|m| m.content.clone().unwrap_or_default())
-                .collect();
-        }
     }
     turn.reply = sampling.max_tokens;
     // A `user` session runs one turn at a time, as on the native route.
@@ -340,12 +348,20 @@ pub async fn prepare(
     let slot = turn.state.limits.begin_generation(&turn.tenant.id)?;
     let turned = if turn.session.is_some() {
         turn.admit(&message).await?;
+        // The resent history against the log: what the log lacks is logged with the turn;
+        // where they part, the log forks (`api/history.rs`).
+        let sent: Vec<Said> = earlier.iter().filter_map(said).collect();
+        turn.preface = if appends {
+            sent
+        } else {
+            history::follow(&turn, &sent).await?
+        };
         let stored = turn.history().await?;
-        // Tool results before the message: in the prompt now, logged with the turn.
+        // Those entries are in the prompt now, logged with the turn.
         let now = engram_memory::now_ms();
         let mut log = stored.clone();
         for t in &turn.preface {
-            log.said.push(said_of(Role::Tool, None, t));
+            log.said.push(t.clone());
             log.created.push(now);
         }
         // What the cache lost (of the stored log) is replayed while the memories are
@@ -362,6 +378,18 @@ pub async fn prepare(
         turned
     };
     let spec = turn.spec(&turned.built, |_| true)?;
+    let more = more_constraints
+        .into_iter()
+        .zip(1u64..)
+        .map(|(constraint, i)| Job {
+            spec: spec.clone(),
+            sampling: SamplingParams {
+                seed: sampling.seed.wrapping_add(i),
+                ..sampling.clone()
+            },
+            constraint,
+        })
+        .collect();
     Ok(Prepared {
         turn,
         message,
@@ -372,22 +400,66 @@ pub async fn prepare(
             constraint,
         },
         held: (slot, session_slot),
+        more,
     })
 }
 
 /// Generates a prepared turn to the end and records it; answers the turn and the reply.
 pub async fn run(p: Prepared) -> Result<(Turn, Generated), ApiError> {
+    let (turn, mut choices) = run_choices(p).await?;
+    let first = choices.swap_remove(0);
+    Ok((turn, first))
+}
+
+/// [`run`] for every choice: the first is recorded (the session's reply); the prompt is
+/// prefilled once and the choices decode together over its blocks. The first choice's usage
+/// tells what the cache held when the request came.
+pub async fn run_choices(p: Prepared) -> Result<(Turn, Vec<Generated>), ApiError> {
     let Prepared {
         turn,
         message,
         turned,
         job,
         held,
+        more,
     } = p;
-    let g = generate(&turn.state, job.spec, job.sampling, job.constraint).await?;
-    turn.observe(&g);
+    let choices = if more.is_empty() {
+        vec![generate(&turn.state, job.spec, job.sampling, job.constraint).await?]
+    } else {
+        let arrival = crate::turn::prefill(&turn.state, job.spec.clone()).await?;
+        let runs = std::iter::once(job)
+            .chain(more)
+            .map(|j| generate(&turn.state, j.spec, j.sampling, j.constraint));
+        let mut all = futures_util::future::try_join_all(runs).await?;
+        all[0].usage.cached_tokens = arrival.cached_tokens;
+        all
+    };
+    turn.observe(&choices[0]);
     // No `Idempotency-Key` here (the native route has it): nothing is stored with the turn.
-    turn.record(&message, &turned, &g, "").await?;
+    turn.record(&message, &turned, &choices[0], "").await?;
     drop(held);
-    Ok((turn, g))
+    Ok((turn, choices))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_of_user;
+
+    #[test]
+    fn a_user_string_names_its_own_session_and_never_another_s() {
+        assert_eq!(
+            session_of_user("alice").unwrap(),
+            ("alice".to_string(), None)
+        );
+        let (mail, label) = session_of_user("alice@example.com").unwrap();
+        assert!(mail.starts_with("u-") && mail.len() == 42, "{mail}");
+        assert_eq!(label.as_deref(), Some("alice@example.com"));
+        // The hashed name sent as a `user` is hashed again: it cannot reach that session.
+        let (again, label) = session_of_user(&mail).unwrap();
+        assert_ne!(again, mail);
+        assert_eq!(label.as_deref(), Some(mail.as_str()));
+        assert!(session_of_user("").is_err());
+        assert!(session_of_user(&"x".repeat(257)).is_err());
+        assert!(session_of_user(&"é".repeat(128)).is_ok());
+    }
 }

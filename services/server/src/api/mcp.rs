@@ -256,12 +256,14 @@ impl MemoryTools {
                         tool_calls: None,
                     }],
                     user: Some(t.session),
+                    appends: false,
                     tools: Tools::parse(None, None, None)?,
                     response_format: None,
                     sampling: engram_engine::SamplingParams {
                         max_tokens: t.max_tokens.unwrap_or(256),
                         ..engram_engine::SamplingParams::default()
                     },
+                    n: 1,
                 };
                 let p = chat::prepare(state, tenant, input).await?;
                 let (turn, g) = chat::run(p).await?;

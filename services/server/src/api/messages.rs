@@ -320,9 +320,11 @@ fn chat_input(req: &MessagesRequest, state: &AppState) -> Result<chat::ChatInput
         model: req.model.clone(),
         messages: messages_of(&req.system, &req.messages)?,
         user: None,
+        appends: false,
         tools,
         response_format: None,
         sampling,
+        n: 1,
     })
 }
 
@@ -346,6 +348,7 @@ pub async fn create_message(
     let req = body.into_inner();
     let input = chat_input(&req, &state)?;
     let offered = input.tools.offered();
+    let names = input.tools.names();
     let p = chat::prepare(state.into_inner(), caller.0, input).await?;
     let id = message_id();
     let model = p.turn.agent.name.clone();
@@ -354,7 +357,7 @@ pub async fn create_message(
             id,
             model,
             tools: offered,
-            scanner: tools::Scanner::default(),
+            scanner: tools::Scanner::for_tools(names.clone()),
             open: None,
             blocks: 0,
         };
@@ -362,7 +365,7 @@ pub async fn create_message(
     }
     let (_, g) = chat::run(p).await?;
     let (text, calls) = if offered {
-        tools::parse_calls(&g.text)
+        tools::parse_reply(&g.text, &names)
     } else {
         (g.text.clone(), Vec::new())
     };

@@ -11,6 +11,7 @@ mod chat;
 pub mod completions;
 pub mod embeddings;
 pub mod health;
+mod history;
 mod idempotency;
 pub mod inspect;
 pub mod lifecycle;
@@ -48,6 +49,7 @@ routes!(
     admin::list_admin_keys, admin::revoke_admin_key, agents::create_agent,
     agents::list_agents, agents::get_agent, agents::put_layer, agents::list_layers,
     agents::preview_context, turns::create_turn, sessions::inject_context, sessions::fork_session, sessions::prefetch,
+    sessions::list_sessions, sessions::session_log,
     turns::working_memory, turns::session_cache,
     openai::list_models, openai::chat_completions, completions::completions,
     embeddings::embeddings, messages::create_message, messages::count_tokens,

@@ -158,7 +158,9 @@ pub struct ChatRequest {
     /// Stop: a string or a list.
     #[schema(value_type = Option<Object>)]
     pub stop: Option<Value>,
-    /// Choices to generate: only 1 (more answers 400 `unsupported_parameter`).
+    /// Choices to generate, 1 to 8 (default 1): each with its own seed (`seed` plus its index),
+    /// over one prefill of the prompt; the first is the session's reply. Not streamed (`n` > 1
+    /// with `stream` answers 400 `unsupported_parameter`).
     pub n: Option<u32>,
     /// Each generated token's log probability (the model's own, before sampling's changes).
     pub logprobs: Option<bool>,
@@ -331,7 +333,6 @@ pub async fn list_models(
 ) -> Result<HttpResponse, ApiError> {
     let mut page = page.into_inner();
     page.limit = page.limit.or(Some(crate::pages::MAX_LIMIT));
-    let (agents, next_cursor) = crate::pages::agents(&state.store, &caller.0.id, &page).await?;
     let root = state
         .config
         .model
@@ -339,9 +340,29 @@ pub async fn list_models(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // The served model first (on the first page): the name a client that knows no agent
-    // sends, which selects the tenant's default agent.
-    let served = (page.cursor.is_none() && !root.is_empty()).then(|| ModelEntry {
+    // The served model is the list's first row (the name a client that knows no agent sends,
+    // which selects the tenant's default agent): the first page holds it and `limit - 1`
+    // agents, so every page holds `limit` rows at most.
+    let first = page.cursor.is_none() && !root.is_empty();
+    let (agents, next_cursor) = match (first, page.limit) {
+        (true, Some(1)) => {
+            // Only the served model fits: the next page starts before the first agent.
+            page.bounds()?;
+            let any = state.store.agents_page(&caller.0.id, None, 1).await?;
+            let next = (!any.is_empty()).then(|| crate::pages::cursor(i64::MIN, "0"));
+            (Vec::new(), next)
+        }
+        (true, limit) => {
+            page.bounds()?;
+            let rest = crate::pages::ListPage {
+                limit: limit.map(|l| l - 1),
+                cursor: None,
+            };
+            crate::pages::agents(&state.store, &caller.0.id, &rest).await?
+        }
+        (false, _) => crate::pages::agents(&state.store, &caller.0.id, &page).await?,
+    };
+    let served = first.then(|| ModelEntry {
         id: root.clone(),
         object: "model",
         created: 0,
@@ -409,13 +430,17 @@ pub async fn chat_completions(
         ..SamplingParams::default()
     };
     let offered = tools.offered();
+    let names = tools.names();
+    let n = req.n.unwrap_or(1) as usize;
     let input = chat::ChatInput {
         model: req.model,
         messages,
         user: req.user,
+        appends: false,
         tools,
         response_format: req.response_format,
         sampling,
+        n,
     };
     let p = chat::prepare(state.into_inner(), caller.0, input).await?;
     let chunks = Chunks {
@@ -424,46 +449,56 @@ pub async fn chat_completions(
         model: p.turn.agent.name.clone(),
         tokenizer: p.turn.state.engine()?.tokenizer().clone(),
         tools: offered,
-        scanner: tools::Scanner::default(),
+        scanner: tools::Scanner::for_tools(names.clone()),
     };
     if req.stream {
         return stream::pump(p.turn, p.message, p.turned, p.job, p.held, chunks);
     }
-    let (_, g) = chat::run(p).await?;
-    let (content, calls) = if offered {
-        tools::parse_calls(&g.text)
-    } else {
-        (g.text.clone(), Vec::new())
-    };
-    let finish_reason = if calls.is_empty() {
-        finish(g.reason)
-    } else {
-        "tool_calls"
-    };
-    let tool_calls = (!calls.is_empty()).then(|| {
-        calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| tool_call_json(&chunks.id, i, c))
-            .collect()
-    });
-    let logprobs = logprobs.map(|_| json!({"content": chunks.logprobs_json(&g.logprobs)}));
+    let (_, all) = chat::run_choices(p).await?;
+    let choices = all
+        .iter()
+        .enumerate()
+        .map(|(index, g)| {
+            let (content, calls) = if offered {
+                tools::parse_reply(&g.text, &names)
+            } else {
+                (g.text.clone(), Vec::new())
+            };
+            let finish_reason = if calls.is_empty() {
+                finish(g.reason)
+            } else {
+                "tool_calls"
+            };
+            // Call ids are unique to the completion: the choice's index is in them.
+            let tool_calls = (!calls.is_empty()).then(|| {
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| tool_call_json(&chunks.id, index * 100 + i, c))
+                    .collect()
+            });
+            ChatChoice {
+                index: index as u32,
+                message: ChatReply {
+                    role: "assistant".into(),
+                    content: (tool_calls.is_none() || !content.is_empty()).then_some(content),
+                    tool_calls,
+                },
+                logprobs: logprobs.map(|_| json!({"content": chunks.logprobs_json(&g.logprobs)})),
+                finish_reason: finish_reason.into(),
+            }
+        })
+        .collect();
+    // The prompt once; the completions of every choice.
+    let mut usage = all[0].usage;
+    usage.completion_tokens = all.iter().map(|g| g.usage.completion_tokens).sum();
     Ok(HttpResponse::Ok().json(ChatCompletion {
         id: chunks.id,
         object: "chat.completion".into(),
         created: chunks.created,
         model: chunks.model,
-        choices: vec![ChatChoice {
-            index: 0,
-            message: ChatReply {
-                role: "assistant".into(),
-                content: (tool_calls.is_none() || !content.is_empty()).then_some(content),
-                tool_calls,
-            },
-            logprobs,
-            finish_reason: finish_reason.into(),
-        }],
-        usage: usage_of(&g.usage),
+        choices,
+        usage: usage_of(&usage),
     }))
 }
 
@@ -480,11 +515,11 @@ fn tool_call_json(completion: &str, index: usize, c: &tools::Call) -> Value {
 
 /// Parameters the route cannot honour: 400 `unsupported_parameter` rather than ignored.
 fn unsupported(req: &ChatRequest) -> Result<(), ApiError> {
-    if req.n.is_some_and(|n| n != 1) {
+    if req.stream && req.n.is_some_and(|n| n > 1) {
         return Err(ApiError::new(
             actix_web::http::StatusCode::BAD_REQUEST,
             "unsupported_parameter",
-            "`n` must be 1: one choice is generated per request",
+            "`n` > 1 is answered whole: streamed, a request has one choice",
         ));
     }
     Ok(())

@@ -363,6 +363,7 @@ pub async fn create_response(
     let req = body.into_inner();
     let tools = tools_of(&req)?;
     let offered = tools.offered();
+    let names = tools.names();
     let messages = messages_of(&req.instructions, &req.input)?;
     let store = req.store.unwrap_or(true);
     let tenant = caller.0;
@@ -409,9 +410,11 @@ pub async fn create_response(
         model,
         messages,
         user: session.clone(),
+        appends: true,
         tools,
         response_format: format_of(&req.text),
         sampling,
+        n: 1,
     };
     let p = chat::prepare(state.clone().into_inner(), tenant.clone(), input).await?;
     let head = Head {
@@ -432,7 +435,7 @@ pub async fn create_response(
             head,
             seq: 0,
             tools: offered,
-            scanner: tools::Scanner::default(),
+            scanner: tools::Scanner::for_tools(names.clone()),
             text: String::new(),
             text_open: false,
             items: Vec::new(),
@@ -443,7 +446,7 @@ pub async fn create_response(
     }
     let (_, g) = chat::run(p).await?;
     let (text, calls) = if offered {
-        tools::parse_calls(&g.text)
+        tools::parse_reply(&g.text, &names)
     } else {
         (g.text.clone(), Vec::new())
     };

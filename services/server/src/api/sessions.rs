@@ -7,7 +7,7 @@
 //! the fork's prompts find the parent's blocks without copying any, and each session's new
 //! blocks are its own — copy-on-write at block granularity.
 
-use actix_web::{HttpRequest, HttpResponse, post, web};
+use actix_web::{HttpRequest, HttpResponse, get, post, web};
 use engram_kvcore::TenantId;
 use serde::{Deserialize, Serialize};
 
@@ -226,4 +226,135 @@ pub async fn prefetch(
     let done = turn.prefetch(&text).await?;
     turn.state.metrics.count_prefetch(done.outcome);
     Ok(HttpResponse::Ok().json(done))
+}
+
+/// A page of an agent's sessions.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionList {
+    /// Sessions, oldest first: their names, labels and log sizes.
+    pub sessions: Vec<engram_store::SessionRow>,
+    /// The `cursor` of the next page (null on the last).
+    pub next_cursor: Option<String>,
+}
+
+/// An agent's sessions, oldest first, a page at a time (`limit`, `cursor`): each with its label
+/// — the OpenAI `user` string a hashed name stands for, or what a branch is (a resent history
+/// that left the log forked it: `api/history.rs`) — and its log's size.
+#[utoipa::path(
+    tag = "sessions",
+    params(crate::pages::ListPage),
+    responses(
+        (status = 200, description = "A page of sessions", body = SessionList),
+        (status = 400, description = "Invalid paging (`invalid_request`)", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/sessions")]
+pub async fn list_sessions(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    page: web::Query<crate::pages::ListPage>,
+) -> Result<HttpResponse, ApiError> {
+    let (after, limit) = page.bounds()?;
+    let agent = state.store.agent(&caller.0.id, &path.into_inner()).await?;
+    let rows = state
+        .store
+        .sessions_page(
+            &agent.id,
+            after.as_ref().map(|(t, id)| (*t, id.as_str())),
+            limit + 1,
+        )
+        .await?;
+    let (sessions, next_cursor) = crate::pages::cut(rows, limit, |s| (s.created_at, &s.id));
+    Ok(HttpResponse::Ok().json(SessionList {
+        sessions,
+        next_cursor,
+    }))
+}
+
+/// One entry of a session's log.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LogEntry {
+    /// Position in the log, from 1.
+    pub seq: i64,
+    /// `user`, `assistant`, `system`, `tool` or `event`.
+    pub role: String,
+    /// Its text.
+    pub text: String,
+    /// The name an injected entry came with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Tokens of its text.
+    pub tokens: usize,
+    /// When it was logged (ms since the epoch).
+    pub created_at: i64,
+}
+
+/// A page of a session's log.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SessionLog {
+    /// The session.
+    pub session: String,
+    /// Its label (see `GET …/sessions`).
+    pub label: Option<String>,
+    /// Entries, in order.
+    pub turns: Vec<LogEntry>,
+    /// The `cursor` of the next page (null on the last).
+    pub next_cursor: Option<String>,
+}
+
+/// A session's log — the turns, the entries injected, what requests resent — in order, a page
+/// at a time (`limit`, `cursor`).
+#[utoipa::path(
+    tag = "sessions",
+    params(crate::pages::ListPage),
+    responses(
+        (status = 200, description = "A page of the log", body = SessionLog),
+        (status = 400, description = "Invalid session name or paging (`invalid_request`)", body = crate::error::ErrorSchema),
+        (status = 401, description = "Missing or wrong key", body = crate::error::ErrorSchema),
+        (status = 404, description = "Unknown agent or session", body = crate::error::ErrorSchema),
+    ),
+    security(("bearer" = []))
+)]
+#[get("/v1/agents/{agent}/sessions/{session}/turns")]
+pub async fn session_log(
+    caller: TenantCaller,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+    page: web::Query<crate::pages::ListPage>,
+) -> Result<HttpResponse, ApiError> {
+    let (agent, session) = path.into_inner();
+    check_name("session", &session)?;
+    let (after, limit) = page.bounds()?;
+    let agent = state.store.agent(&caller.0.id, &agent).await?;
+    if !state.store.session_exists(&agent.id, &session).await? {
+        return Err(ApiError::not_found(format!("no session `{session}`")));
+    }
+    let label = state.store.session_label(&agent.id, &session).await?;
+    let after = after.map_or(0, |(seq, _)| seq);
+    let rows = state
+        .store
+        .turns_page(&agent.id, &session, after, limit + 1)
+        .await?;
+    let (rows, next_cursor) = crate::pages::cut(rows, limit, |t| (t.seq, "seq"));
+    let turns = rows
+        .into_iter()
+        .map(|t| LogEntry {
+            seq: t.seq,
+            role: t.role.as_str().to_string(),
+            tokens: t.tokens.len(),
+            text: t.text,
+            name: t.name,
+            created_at: t.created_at,
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(SessionLog {
+        session,
+        label,
+        turns,
+        next_cursor,
+    }))
 }

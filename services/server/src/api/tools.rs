@@ -183,6 +183,14 @@ impl Tools {
         self.choice != Choice::Off
     }
 
+    /// The names of the functions the reply may call (none when none are offered).
+    pub fn names(&self) -> Vec<String> {
+        if !self.offered() {
+            return Vec::new();
+        }
+        self.functions.iter().map(|f| f.name.clone()).collect()
+    }
+
     /// The text the system message gains: the model's template's tool branch, else the generic
     /// form ([`generic_suffix`]). Empty when no tools are offered.
     pub fn system_text(&self, tokenizer: &engram_engine::TextTokenizer) -> String {
@@ -274,8 +282,55 @@ pub fn parse_calls(text: &str) -> (String, Vec<Call>) {
     (content.trim().to_string(), calls)
 }
 
+/// The calls in a reply to a request that offered the functions `names`: the tagged ones (see
+/// [`parse_calls`]), else — a reply that is nothing but calls written without the tags, what
+/// small models often write once no grammar holds them — one JSON object `{"name",
+/// "arguments"}` naming an offered function, or a list of them, bare or in a code fence.
+/// Anything else is text.
+pub fn parse_reply(text: &str, names: &[String]) -> (String, Vec<Call>) {
+    let (content, calls) = parse_calls(text);
+    if !calls.is_empty() {
+        return (content, calls);
+    }
+    match bare_calls(text, Some(names)) {
+        Some(calls) => (String::new(), calls),
+        None => (content, calls),
+    }
+}
+
+/// The calls a reply is, written without tags (`names`: the functions it may call; `None`: any),
+/// or `None` when it is not only calls.
+pub fn bare_calls(text: &str, names: Option<&[String]>) -> Option<Vec<Call>> {
+    let t = text.trim();
+    let t = match t.strip_prefix("```") {
+        Some(fenced) => fenced
+            .trim_start_matches(|c: char| c.is_ascii_alphanumeric())
+            .strip_suffix("```")?
+            .trim(),
+        None => t,
+    };
+    let v: Value = serde_json::from_str(t).ok()?;
+    let items: Vec<&Value> = match &v {
+        Value::Array(a) if !a.is_empty() => a.iter().collect(),
+        Value::Object(_) => vec![&v],
+        _ => return None,
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            // A bare object is a call only with its arguments spelled out.
+            item.get("arguments").or_else(|| item.get("parameters"))?;
+            let call = call_of_value(item)?;
+            names.is_none_or(|n| n.contains(&call.name)).then_some(call)
+        })
+        .collect()
+}
+
 fn call_of(body: &str) -> Option<Call> {
-    let v: Value = serde_json::from_str(body).ok()?;
+    call_of_value(&serde_json::from_str(body).ok()?)
+}
+
+fn call_of_value(v: &Value) -> Option<Call> {
     let name = v.get("name")?.as_str()?.to_string();
     let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
         None | Some(Value::Null) => "{}".to_string(),
@@ -316,12 +371,48 @@ pub struct Scanner {
     pending: String,
     /// Calls found so far.
     pub calls: usize,
+    /// The functions offered: a reply that starts as JSON may be calls without tags (see
+    /// [`parse_reply`]), and is held back until it ends.
+    names: Vec<String>,
+    /// Text was passed on.
+    spoke: bool,
 }
 
 impl Scanner {
+    /// A scanner of a reply to a request that offered the functions `names`.
+    pub fn for_tools(names: Vec<String>) -> Self {
+        Self {
+            names,
+            ..Self::default()
+        }
+    }
+
     /// Feeds `text` in; answers what of the reply is now known (`end`: all of it).
     pub fn feed(&mut self, text: &str, end: bool) -> Vec<Piece> {
+        let out = self.scan(text, end);
+        self.spoke |= out.iter().any(|p| matches!(p, Piece::Text(_)));
+        out
+    }
+
+    fn scan(&mut self, text: &str, end: bool) -> Vec<Piece> {
         self.pending.push_str(text);
+        // A reply that starts as JSON (or a code fence) may be bare calls: known at its end.
+        let starts_json = self.pending.trim_start().starts_with(['{', '[', '`']);
+        if self.calls == 0 && !self.spoke && !self.names.is_empty() && starts_json {
+            if !end {
+                return Vec::new();
+            }
+            if let Some(calls) = bare_calls(&self.pending, Some(&self.names)) {
+                self.pending.clear();
+                return calls
+                    .into_iter()
+                    .map(|c| {
+                        self.calls += 1;
+                        Piece::Call(self.calls - 1, c)
+                    })
+                    .collect();
+            }
+        }
         let mut out = Vec::new();
         let open = CALL_OPEN.trim_end();
         let close = CALL_CLOSE.trim_start();
@@ -410,6 +501,53 @@ pub fn response_format(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_written_without_tags_are_calls_of_offered_functions_only() {
+        let names = vec!["calculate".to_string(), "price".to_string()];
+        let bare = r#"{"name": "calculate", "arguments": {"expression": "4*3"}}"#;
+        let (content, calls) = parse_reply(bare, &names);
+        assert_eq!(content, "");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "calculate");
+        assert_eq!(calls[0].arguments, r#"{"expression": "4*3"}"#);
+        // In a code fence, and a list of two.
+        let fenced = "```json\n[{\"name\": \"price\", \"arguments\": {\"fruit\": \"apple\"}},                       {\"name\": \"price\", \"parameters\": {\"fruit\": \"pear\"}}]\n```";
+        let (_, calls) = parse_reply(fenced, &names);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[1].arguments, r#"{"fruit": "pear"}"#);
+        // Not a call: a function nobody offered, no arguments, text around the object, a JSON
+        // answer.
+        for text in [
+            r#"{"name": "delete_all", "arguments": {}}"#,
+            r#"{"name": "calculate"}"#,
+            r#"Sure: {"name": "calculate", "arguments": {}}"#,
+            r#"{"city": "Paris", "days": 3}"#,
+        ] {
+            let (content, calls) = parse_reply(text, &names);
+            assert!(calls.is_empty(), "{text}");
+            assert_eq!(content, text);
+        }
+        // A streamed bare call is held back to its end and comes as a call; a JSON answer that
+        // is not one comes as text, whole.
+        let mut sc = Scanner::for_tools(names.clone());
+        assert!(sc.feed(r#"{"name": "calculate", "#, false).is_empty());
+        let pieces = sc.feed(r#""arguments": {"expression": "1+1"}}"#, true);
+        assert!(
+            matches!(&pieces[..], [Piece::Call(0, c)] if c.name == "calculate"),
+            "{pieces:?}"
+        );
+        let mut sc = Scanner::for_tools(names);
+        assert!(sc.feed(r#"{"city": "#, false).is_empty());
+        let pieces = sc.feed(r#""Paris"}"#, true);
+        assert_eq!(
+            pieces,
+            vec![Piece::Text(r#"{"city": "Paris"}"#.to_string())]
+        );
+        // Without offered functions, JSON streams as it comes.
+        let mut sc = Scanner::default();
+        assert_eq!(sc.feed("{", false), vec![Piece::Text("{".to_string())]);
+    }
 
     #[test]
     fn calls_are_parsed_out_of_a_reply_and_the_rest_is_content() {

@@ -123,7 +123,7 @@ pub async fn generate(
 
 /// Prefills `spec` (one greedy token, discarded) and waits for the end: what replay, the
 /// canonical-prefix warm and an injection do. Answers the prompt's token counts.
-pub(super) async fn prefill(state: &AppState, spec: SequenceSpec) -> Result<Usage, TurnError> {
+pub async fn prefill(state: &AppState, spec: SequenceSpec) -> Result<Usage, TurnError> {
     let rx = state.engine()?.submit(GenerateRequest {
         spec,
         sampling: SamplingParams::greedy(1),

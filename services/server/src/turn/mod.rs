@@ -42,7 +42,7 @@ use engram_engine::EngineError;
 use engram_kvcore::{SessionId, TenantId};
 use engram_store::{Agent, LayerRow, StoreError, Tenant};
 
-pub use generate::{Generated, Step, generate};
+pub use generate::{Generated, Step, generate, prefill};
 pub use inject::{Entry, Injected, MAX_ENTRIES};
 pub use keys::{AGENT_MASK, agent_bits, check_name, pin_key, public_pin_key, session_key, unpin};
 pub use prompt::{
@@ -187,10 +187,11 @@ pub struct Turn {
     /// Who says the turn's message: the user, or (an OpenAI request ending with tool results)
     /// a tool.
     pub message_speaker: engram_context::Speaker,
-    /// Tool results that come before the message in the conversation and are logged with the
-    /// turn (an OpenAI request in a session ending with several tool results: all but the
-    /// last). The caller adds them to the history it builds the prompt on.
-    pub preface: Vec<String>,
+    /// Entries of the conversation before the message that the session's log lacks and that
+    /// are logged with the turn (an OpenAI request in a session that resends its history: the
+    /// tool results before the last, the messages after a fork — `api/history.rs`). The caller
+    /// adds them to the history it builds the prompt on.
+    pub preface: Vec<engram_context::Turn>,
     /// What the client called the session when its name is a hash of it (an OpenAI `user`
     /// that is not a session name): stored with the session when the turn creates it.
     pub session_label: Option<String>,

@@ -108,7 +108,7 @@ impl Turn {
         let preface = self
             .preface
             .iter()
-            .map(|t| tok.encode(t))
+            .map(|t| tok.encode(&t.text))
             .collect::<Result<Vec<_>, _>>()?;
         let user_tokens = tok.encode(message)?;
         let entry = |role, text, tokens, ends_prefill| NewEntry {
@@ -119,13 +119,21 @@ impl Turn {
             ends_prefill,
             memories: None,
         };
-        // Tool results before the message are part of this turn's prompt, not a prefill of
-        // their own.
+        // Entries before the message are part of this turn's prompt, not a prefill of their
+        // own.
         let mut rows: Vec<NewEntry<'_>> = self
             .preface
             .iter()
             .zip(&preface)
-            .map(|(t, ids)| entry(Role::Tool, t.as_str(), ids.as_slice(), false))
+            .map(|(t, ids)| {
+                let role = match t.speaker {
+                    Speaker::User => Role::User,
+                    Speaker::Assistant => Role::Assistant,
+                    Speaker::Tool => Role::Tool,
+                    Speaker::System => Role::System,
+                };
+                entry(role, t.text.as_str(), ids.as_slice(), false)
+            })
             .collect();
         let role = match self.message_speaker {
             Speaker::Tool => Role::Tool,
