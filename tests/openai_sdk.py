@@ -82,12 +82,15 @@ looped = client.chat.completions.create(
 assert looped.choices[0].message.content, looped
 assert looped.usage.prompt_tokens > 0
 
-for bad in ({"n": 2},):
+for bad, code in (
+    ({"n": 9}, "invalid_request"),
+    ({"n": 2, "stream": True}, "unsupported_parameter"),
+):
     try:
         client.chat.completions.create(model=agent, messages=question, max_tokens=4, **bad)
         raise AssertionError(f"{bad} accepted")
     except openai.BadRequestError as e:
         body = e.body if isinstance(e.body, dict) else {}
-        assert body.get("code") == "unsupported_parameter", (e, e.body)
+        assert body.get("code") == code, (e, e.body)
 
 print(f"openai sdk ok: {answer!r}, second turn cached {cached}, streamed {text!r}")

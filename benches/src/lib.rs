@@ -55,6 +55,7 @@ macro_rules! tenant {
     }};
 }
 
+pub mod agentic;
 pub mod conversation;
 pub mod eviction;
 pub mod memory;

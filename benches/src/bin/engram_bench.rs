@@ -53,6 +53,64 @@ enum BenchCommand {
     /// run a scenario, print one, or report on result files.
     #[command(subcommand)]
     Workload(WorkloadCommand),
+    /// An agentic trace (a large stable system prompt with tools, tool results of hundreds to
+    /// thousands of tokens, ~100:1 input to output, seeded pauses, every session live) against
+    /// one OpenAI-compatible endpoint: per-turn cached share, TTFT p50/p95, wall; or, with
+    /// `--report`, result files side by side.
+    Agentic(AgenticArgs),
+}
+
+#[derive(Debug, Args)]
+struct AgenticArgs {
+    /// The endpoint's OpenAI base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8080/v1")]
+    endpoint: String,
+    /// The server's name in the results.
+    #[arg(long, default_value = "engram")]
+    label: String,
+    /// Engram's operator key: the run gets a fresh tenant.
+    #[arg(long)]
+    engram_admin_key: Option<String>,
+    /// Bearer key of the requests (without `--engram-admin-key`).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// The `model` of the requests.
+    #[arg(long, default_value = "default")]
+    model: String,
+    /// Sessions, all live at once.
+    #[arg(long, default_value_t = 4)]
+    sessions: usize,
+    /// Turns per session.
+    #[arg(long, default_value_t = 30)]
+    turns: usize,
+    /// Filler words of the system prompt besides its tool definitions.
+    #[arg(long, default_value_t = 1200)]
+    system_words: usize,
+    /// Smallest tool result, words (about a token each).
+    #[arg(long, default_value_t = 200)]
+    tool_min: usize,
+    /// Largest tool result, words.
+    #[arg(long, default_value_t = 2000)]
+    tool_max: usize,
+    /// Shortest pause between a session's turns, ms.
+    #[arg(long, default_value_t = 1000)]
+    pause_min_ms: u64,
+    /// Longest pause, ms.
+    #[arg(long, default_value_t = 60_000)]
+    pause_max_ms: u64,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 8)]
+    max_tokens: usize,
+    /// Seed of the sizes and pauses.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Where the run's JSON goes.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Instead of running: the result files to set side by side (the first is the reference
+    /// the others' TTFT is divided by).
+    #[arg(long, num_args = 1..)]
+    report: Vec<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -400,6 +458,7 @@ fn main() -> Result<()> {
         BenchCommand::Tiers(args) => bench_tiers(args),
         BenchCommand::Eviction(args) => bench_eviction(args),
         BenchCommand::Workload(cmd) => bench_workload(cmd),
+        BenchCommand::Agentic(args) => bench_agentic(args),
     }
 }
 
@@ -602,6 +661,72 @@ fn bench_e2e(args: E2eArgs) -> Result<()> {
                 r.tpot_ms_p90
             );
         }
+    }
+    Ok(())
+}
+
+fn bench_agentic(args: AgenticArgs) -> Result<()> {
+    use engram_benches::agentic::{self, AgenticOptions, AgenticRun, Trace};
+    let line = |r: &AgenticRun, reference: Option<&AgenticRun>| {
+        let s = &r.summary;
+        let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.3}", v));
+        let ratio = reference.map_or(String::new(), |b| {
+            format!(
+                ", TTFT p50 {:.2}x of {}'s",
+                s.ttft_ms_p50 / b.summary.ttft_ms_p50,
+                b.label
+            )
+        });
+        println!(
+            "{}: {} requests ({} failed), mean prompt {:.0} tokens, input/output {:.0}:1; from turn \
+             2: cached share p50 {} p10 {}, TTFT p50 {:.0} ms p95 {:.0} ms; wall {:.1} s{ratio}",
+            r.label,
+            s.requests,
+            s.errors,
+            s.prompt_tokens_mean.unwrap_or(f64::NAN),
+            s.input_per_output.unwrap_or(f64::NAN),
+            pct(s.cached_share_p50),
+            pct(s.cached_share_p10),
+            s.ttft_ms_p50,
+            s.ttft_ms_p95,
+            r.wall_ms / 1e3,
+        );
+    };
+    if !args.report.is_empty() {
+        let runs = args
+            .report
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(p).with_context(|| p.display().to_string())?;
+                Ok(serde_json::from_str::<AgenticRun>(&text)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for r in &runs {
+            line(r, runs.first().filter(|b| b.label != r.label));
+        }
+        return Ok(());
+    }
+    let trace = Trace {
+        sessions: args.sessions,
+        turns: args.turns,
+        system_words: args.system_words,
+        tool_words: (args.tool_min, args.tool_max),
+        pause_ms: (args.pause_min_ms, args.pause_max_ms),
+        max_tokens: args.max_tokens,
+        seed: args.seed,
+    };
+    let opt = AgenticOptions {
+        endpoint: args.endpoint,
+        label: args.label,
+        engram_admin_key: args.engram_admin_key,
+        api_key: args.api_key,
+        model: args.model,
+    };
+    let run = agentic::run(&trace, &opt, |m| eprintln!("{m}"))?;
+    line(&run, None);
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&run)?)
+            .with_context(|| out.display().to_string())?;
     }
     Ok(())
 }

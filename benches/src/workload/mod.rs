@@ -231,7 +231,7 @@ fn body(model: &str, messages: Vec<Value>, max_tokens: usize, stream: bool) -> V
 }
 
 /// Sends one streamed request and measures it.
-fn measure(ep: &Endpoint, key: Option<&str>, payload: &[u8]) -> RequestRecord {
+pub(crate) fn measure(ep: &Endpoint, key: Option<&str>, payload: &[u8]) -> RequestRecord {
     let t0 = Instant::now();
     let mut first: Option<f64> = None;
     let mut last = 0.0;

@@ -882,48 +882,7 @@ impl Store {
         to: &str,
     ) -> StoreResult<u64> {
         let mut tx = self.agent_write_tx(agent_id).await?;
-        let parent = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
-            .bind(agent_id)
-            .bind(from)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if parent.is_none() {
-            return Err(StoreError::NotFound {
-                entity: "session",
-                id: from.to_string(),
-            });
-        }
-        sqlx::query(
-            "INSERT INTO sessions (agent_id, id, tenant_id, created_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(agent_id)
-        .bind(to)
-        .bind(tenant_id)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await
-        .map_err(conflict("session", to))?;
-        let copied = sqlx::query(
-            "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, name, \
-             ends_prefill, memories) SELECT agent_id, $3, seq, role, text, tokens, created_at, \
-             name, ends_prefill, memories FROM turns WHERE agent_id = $1 AND session_id = $2",
-        )
-        .bind(agent_id)
-        .bind(from)
-        .bind(to)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        sqlx::query(
-            "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
-             SELECT agent_id, $3, seq, kind, line, created_at FROM working_memory \
-             WHERE agent_id = $1 AND session_id = $2",
-        )
-        .bind(agent_id)
-        .bind(from)
-        .bind(to)
-        .execute(&mut *tx)
-        .await?;
+        let copied = Self::copy_session(&mut tx, tenant_id, agent_id, from, to, None).await?;
         tx.commit().await?;
         Ok(copied)
     }
@@ -943,49 +902,7 @@ impl Store {
         from_seq: i64,
     ) -> StoreResult<u64> {
         let mut tx = self.agent_write_tx(agent_id).await?;
-        let parent = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
-            .bind(agent_id)
-            .bind(session)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if parent.is_none() {
-            return Err(StoreError::NotFound {
-                entity: "session",
-                id: session.to_string(),
-            });
-        }
-        sqlx::query(
-            "INSERT INTO sessions (agent_id, id, tenant_id, created_at, label) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(agent_id)
-        .bind(branch)
-        .bind(tenant_id)
-        .bind(now_ms())
-        .bind(label)
-        .execute(&mut *tx)
-        .await
-        .map_err(conflict("session", branch))?;
-        sqlx::query(
-            "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, name, \
-             ends_prefill, memories) SELECT agent_id, $3, seq, role, text, tokens, created_at, \
-             name, ends_prefill, memories FROM turns WHERE agent_id = $1 AND session_id = $2",
-        )
-        .bind(agent_id)
-        .bind(session)
-        .bind(branch)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
-             SELECT agent_id, $3, seq, kind, line, created_at FROM working_memory \
-             WHERE agent_id = $1 AND session_id = $2",
-        )
-        .bind(agent_id)
-        .bind(session)
-        .bind(branch)
-        .execute(&mut *tx)
-        .await?;
+        Self::copy_session(&mut tx, tenant_id, agent_id, session, branch, Some(label)).await?;
         let dropped =
             sqlx::query("DELETE FROM turns WHERE agent_id = $1 AND session_id = $2 AND seq >= $3")
                 .bind(agent_id)
@@ -996,6 +913,63 @@ impl Store {
                 .rows_affected();
         tx.commit().await?;
         Ok(dropped)
+    }
+
+    /// Within `tx`: a new session `to` (labelled `label`) with a copy of `from`'s log (without
+    /// idempotency keys) and working memory; answers the entries copied.
+    async fn copy_session(
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        tenant_id: &str,
+        agent_id: &str,
+        from: &str,
+        to: &str,
+        label: Option<&str>,
+    ) -> StoreResult<u64> {
+        let parent = sqlx::query("SELECT 1 AS one FROM sessions WHERE agent_id = $1 AND id = $2")
+            .bind(agent_id)
+            .bind(from)
+            .fetch_optional(&mut **tx)
+            .await?;
+        if parent.is_none() {
+            return Err(StoreError::NotFound {
+                entity: "session",
+                id: from.to_string(),
+            });
+        }
+        sqlx::query(
+            "INSERT INTO sessions (agent_id, id, tenant_id, created_at, label) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(agent_id)
+        .bind(to)
+        .bind(tenant_id)
+        .bind(now_ms())
+        .bind(label)
+        .execute(&mut **tx)
+        .await
+        .map_err(conflict("session", to))?;
+        let copied = sqlx::query(
+            "INSERT INTO turns (agent_id, session_id, seq, role, text, tokens, created_at, name, \
+             ends_prefill, memories) SELECT agent_id, $3, seq, role, text, tokens, created_at, \
+             name, ends_prefill, memories FROM turns WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(from)
+        .bind(to)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        sqlx::query(
+            "INSERT INTO working_memory (agent_id, session_id, seq, kind, line, created_at) \
+             SELECT agent_id, $3, seq, kind, line, created_at FROM working_memory \
+             WHERE agent_id = $1 AND session_id = $2",
+        )
+        .bind(agent_id)
+        .bind(from)
+        .bind(to)
+        .execute(&mut **tx)
+        .await?;
+        Ok(copied)
     }
 
     /// The answer stored with a session's turn under an idempotency key, if any.
