@@ -80,6 +80,42 @@ pub struct AgenticRun {
     pub summary: Summary,
 }
 
+impl AgenticRun {
+    /// The run's figures in one line; with `reference`, its TTFT p50 over the reference's.
+    pub fn line(&self, reference: Option<&AgenticRun>) -> String {
+        let s = &self.summary;
+        let share = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{v:.3}"));
+        let ratio = reference.map_or(String::new(), |b| {
+            format!(
+                ", TTFT p50 {:.2}x of {}'s",
+                s.ttft_ms_p50 / b.summary.ttft_ms_p50,
+                b.label
+            )
+        });
+        format!(
+            "{}: {} requests ({} failed), mean prompt {:.0} tokens, input/output {:.0}:1; from turn \
+             2: cached share p50 {} p10 {}, TTFT p50 {:.0} ms p95 {:.0} ms; wall {:.1} s{ratio}",
+            self.label,
+            s.requests,
+            s.errors,
+            s.prompt_tokens_mean.unwrap_or(f64::NAN),
+            s.input_per_output.unwrap_or(f64::NAN),
+            share(s.cached_share_p50),
+            share(s.cached_share_p10),
+            s.ttft_ms_p50,
+            s.ttft_ms_p95,
+            self.wall_ms / 1e3,
+        )
+    }
+}
+
+/// Runs side by side: a line each, the others' TTFT over the first's.
+pub fn report(runs: &[AgenticRun]) -> Vec<String> {
+    runs.iter()
+        .map(|r| r.line(runs.first().filter(|b| b.label != r.label)))
+        .collect()
+}
+
 /// The figures of a run, over the turns after each session's first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {

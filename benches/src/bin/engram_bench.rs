@@ -400,21 +400,6 @@ struct TtftArgs {
     constrained_steps: usize,
 }
 
-/// The schema the constrained decode follows: an object of a string, an integer and a list,
-/// bounded so that each object ends.
-fn bench_schema() -> serde_json::Value {
-    serde_json::json!({
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 24},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4}
-        },
-        "required": ["city", "days", "tags"],
-        "additionalProperties": false
-    })
-}
-
 #[derive(Debug, Args)]
 struct E2eArgs {
     #[command(flatten)]
@@ -507,7 +492,7 @@ fn bench_ttft(args: TtftArgs) -> Result<()> {
     let grammars = (args.constrained_steps > 0)
         .then(|| engram_grammar::Grammars::new(&tok, model.config().vocab_size))
         .transpose()?;
-    let schema = bench_schema();
+    let schema = engram_grammar::example_schema();
     let make = |g: &engram_grammar::Grammars| -> std::result::Result<
         Box<dyn engram_engine::Constraint>,
         String,
@@ -667,43 +652,16 @@ fn bench_e2e(args: E2eArgs) -> Result<()> {
 
 fn bench_agentic(args: AgenticArgs) -> Result<()> {
     use engram_benches::agentic::{self, AgenticOptions, AgenticRun, Trace};
-    let line = |r: &AgenticRun, reference: Option<&AgenticRun>| {
-        let s = &r.summary;
-        let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.3}", v));
-        let ratio = reference.map_or(String::new(), |b| {
-            format!(
-                ", TTFT p50 {:.2}x of {}'s",
-                s.ttft_ms_p50 / b.summary.ttft_ms_p50,
-                b.label
-            )
-        });
-        println!(
-            "{}: {} requests ({} failed), mean prompt {:.0} tokens, input/output {:.0}:1; from turn \
-             2: cached share p50 {} p10 {}, TTFT p50 {:.0} ms p95 {:.0} ms; wall {:.1} s{ratio}",
-            r.label,
-            s.requests,
-            s.errors,
-            s.prompt_tokens_mean.unwrap_or(f64::NAN),
-            s.input_per_output.unwrap_or(f64::NAN),
-            pct(s.cached_share_p50),
-            pct(s.cached_share_p10),
-            s.ttft_ms_p50,
-            s.ttft_ms_p95,
-            r.wall_ms / 1e3,
-        );
-    };
     if !args.report.is_empty() {
-        let runs = args
+        let read =
+            |p: &PathBuf| std::fs::read_to_string(p).with_context(|| p.display().to_string());
+        let runs: Vec<AgenticRun> = args
             .report
             .iter()
-            .map(|p| {
-                let text = std::fs::read_to_string(p).with_context(|| p.display().to_string())?;
-                Ok(serde_json::from_str::<AgenticRun>(&text)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for r in &runs {
-            line(r, runs.first().filter(|b| b.label != r.label));
-        }
+            .map(read)
+            .map(|t| Ok(serde_json::from_str(&t?)?))
+            .collect::<Result<_>>()?;
+        agentic::report(&runs).iter().for_each(|l| println!("{l}"));
         return Ok(());
     }
     let trace = Trace {
@@ -723,7 +681,7 @@ fn bench_agentic(args: AgenticArgs) -> Result<()> {
         model: args.model,
     };
     let run = agentic::run(&trace, &opt, |m| eprintln!("{m}"))?;
-    line(&run, None);
+    println!("{}", run.line(None));
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&run)?)
             .with_context(|| out.display().to_string())?;

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use engram_engine::{Constraint, Sampler, SamplingParams, TextTokenizer};
 use engram_grammar::{Grammars, Tool};
-use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -22,16 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "vocabulary {rows} tokens compiled in {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
-    let schema = json!({
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 24},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4}
-        },
-        "required": ["city", "days", "tags"],
-        "additionalProperties": false
-    });
+    let schema = engram_grammar::example_schema();
     let tools = [Tool {
         name: "forecast".into(),
         parameters: schema.clone(),

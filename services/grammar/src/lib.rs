@@ -319,3 +319,18 @@ impl Constraint for Guided {
         self.matcher.is_stopped()
     }
 }
+
+/// A bounded JSON schema (an object of a string, an integer and a list, each bounded so that an
+/// object ends): what `mask_cost` and `engram-bench ttft` constrain decoding to.
+pub fn example_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4}
+        },
+        "required": ["city", "days", "tags"],
+        "additionalProperties": false
+    })
+}

@@ -351,12 +351,14 @@ pub async fn prepare(
         // The resent history against the log: what the log lacks is logged with the turn;
         // where they part, the log forks (`api/history.rs`).
         let sent: Vec<Said> = earlier.iter().filter_map(said).collect();
-        turn.preface = if appends {
-            sent
+        let stored = if appends {
+            turn.preface = sent;
+            turn.history().await?
         } else {
-            history::follow(&turn, &sent).await?
+            let (stored, preface) = history::follow(&turn, &sent).await?;
+            turn.preface = preface;
+            stored
         };
-        let stored = turn.history().await?;
         // Those entries are in the prompt now, logged with the turn.
         let now = engram_memory::now_ms();
         let mut log = stored.clone();

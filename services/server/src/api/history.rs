@@ -22,29 +22,28 @@ use sha2::{Digest, Sha256};
 
 use crate::api::tools;
 use crate::error::ApiError;
-use crate::turn::Turn;
+use crate::turn::{Log, Turn, log_of};
 
 /// Brings a `user` session's log in line with the history a request resent (see the module
-/// docs), forking it when they part; answers the resent entries the log lacks, which the turn
-/// logs before its message. Runs while the turn holds its session.
-pub async fn follow(turn: &Turn, sent: &[Said]) -> Result<Vec<Said>, ApiError> {
+/// docs), forking it when they part; answers the log the turn goes on from and the resent
+/// entries it lacks, which the turn logs before its message. Runs while the turn holds its
+/// session.
+pub async fn follow(turn: &Turn, sent: &[Said]) -> Result<(Log, Vec<Said>), ApiError> {
     let Some(session) = turn.session.as_deref() else {
-        return Ok(sent.to_vec());
+        return Ok((Log::default(), sent.to_vec()));
     };
-    if sent.is_empty() {
-        return Ok(Vec::new());
-    }
     let store = &turn.state.store;
-    let rows = store.turns(&turn.agent.id, session).await?;
+    let mut rows = store.turns(&turn.agent.id, session).await?;
+    let log = log_of(&rows);
+    if sent.is_empty() {
+        return Ok((log, Vec::new()));
+    }
     // The log's conversation: its turns' entries and what earlier requests resent, not what
-    // an orchestrator injected (no client resends that).
+    // an orchestrator injected (no client resends that), nor system text.
     let conversation: Vec<(i64, Said)> = rows
         .iter()
         .enumerate()
-        .filter(|(i, t)| {
-            let answered = rows.get(i + 1).is_some_and(|n| n.role == Role::Assistant);
-            !(t.role.is_injected() && t.ends_prefill && !answered)
-        })
+        .filter(|(i, _)| !log.injected.contains(&(i + 1)))
         .filter_map(|(_, t)| {
             let speaker = match t.role {
                 Role::User => Speaker::User,
@@ -56,9 +55,9 @@ pub async fn follow(turn: &Turn, sent: &[Said]) -> Result<Vec<Said>, ApiError> {
             Some((t.seq, Said { speaker, text }))
         })
         .collect();
-    let log: Vec<Said> = conversation.iter().map(|(_, s)| s.clone()).collect();
-    let new = match match_history(&log, sent) {
-        Matched::Extends { new } => new,
+    let said: Vec<Said> = conversation.iter().map(|(_, s)| s.clone()).collect();
+    let (log, new) = match match_history(&said, sent) {
+        Matched::Extends { new } => (log, new),
         Matched::Forks { keep, new } => {
             // The old branch is kept whole under a name no `user` maps to (a hashed name is
             // `u-` and 40 hex digits; a `user` starting with `u-` is hashed).
@@ -92,10 +91,12 @@ pub async fn follow(turn: &Turn, sent: &[Said]) -> Result<Vec<Said>, ApiError> {
                 dropped,
                 "a resent history left the session's log: forked"
             );
-            new
+            // The session's log is what the branch did not drop.
+            rows.retain(|t| t.seq < from_seq);
+            (log_of(&rows), new)
         }
     };
-    Ok(sent[new..].to_vec())
+    Ok((log, sent[new..].to_vec()))
 }
 
 /// An entry as compared.

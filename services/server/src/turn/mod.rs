@@ -46,7 +46,8 @@ pub use generate::{Generated, Step, generate, prefill};
 pub use inject::{Entry, Injected, MAX_ENTRIES};
 pub use keys::{AGENT_MASK, agent_bits, check_name, pin_key, public_pin_key, session_key, unpin};
 pub use prompt::{
-    BudgetsUsed, Log, Turned, build_context, history_of, parse_kind, pipeline_layers, said_of,
+    BudgetsUsed, Log, Turned, build_context, history_of, log_of, parse_kind, pipeline_layers,
+    said_of,
 };
 pub use record::session_room;
 pub use reserve::Prefetch;

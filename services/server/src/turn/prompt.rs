@@ -102,7 +102,11 @@ pub fn said_of(role: Role, name: Option<&str>, text: &str) -> Said {
 
 /// A session's turn log as the context pipeline takes it.
 pub async fn history_of(state: &AppState, agent: &Agent, session: &str) -> Result<Log, TurnError> {
-    let rows = state.store.turns(&agent.id, session).await?;
+    Ok(log_of(&state.store.turns(&agent.id, session).await?))
+}
+
+/// The log of a session's rows, in order.
+pub fn log_of(rows: &[engram_store::TurnRow]) -> Log {
     let mut log = Log::default();
     for (i, t) in rows.iter().enumerate() {
         log.said.push(said_of(t.role, t.name.as_deref(), &t.text));
@@ -115,7 +119,7 @@ pub async fn history_of(state: &AppState, agent: &Agent, session: &str) -> Resul
             log.injected.push(i + 1);
         }
     }
-    Ok(log)
+    log
 }
 
 /// The prompt `agent` would build for `message` now (no memories), outside a turn: the
